@@ -1,0 +1,179 @@
+"""Storage interfaces: block devices and object stores (catalogs: ``catalog.abc``).
+
+These give abstract semantics only; checksums, compression and encryption
+live in TerrascaleFS above them (``terrafs.blocks``). Every backend runs
+the conformance suites in ``tests/terrafs/conformance.py``.
+
+Blocking I/O never runs on the event loop: local backends call
+``asyncio.to_thread``; the S3 backend is natively async (aiobotocore).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import AsyncIterable
+
+
+class DeviceFile(abc.ABC):
+    """An open file on a block device. One writer; reads may be concurrent."""
+
+    name: str
+
+    @abc.abstractmethod
+    async def append(self, data: bytes | memoryview) -> int:
+        """Write ``data`` at the end; return the offset it starts at. Not durable until sync()."""
+
+    @abc.abstractmethod
+    async def pread(self, offset: int, length: int) -> bytes:
+        """Read up to ``length`` bytes at ``offset`` (short at end of file)."""
+
+    @abc.abstractmethod
+    async def truncate(self, size: int) -> None:
+        """Cut the file to ``size`` bytes (durable after sync())."""
+
+    @abc.abstractmethod
+    async def sync(self) -> None:
+        """Make every earlier append/truncate durable (fdatasync on local disks)."""
+
+    @abc.abstractmethod
+    def size(self) -> int:
+        """Current size in bytes, including unsynced appends."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close the handle; unsynced data may be lost on a crash after this."""
+
+
+class BlockDevice(abc.ABC):
+    """A node-private file system: durable (write-ahead data) or volatile (cache, spill).
+
+    Names are relative paths of ``[A-Za-z0-9._-]`` parts separated by ``/``.
+    create/rename/delete are durable on return on a durable device (the
+    directory is fsync'd).
+    """
+
+    uri: str
+    durable: bool
+
+    async def open_device(self) -> None:
+        """Prepare the device (create its root). Idempotent."""
+
+    @abc.abstractmethod
+    async def create(self, name: str) -> DeviceFile:
+        """Create an empty file; AlreadyExistsError if it exists."""
+
+    @abc.abstractmethod
+    async def open(self, name: str) -> DeviceFile:
+        """Open an existing file for reading and appending."""
+
+    @abc.abstractmethod
+    async def delete(self, name: str) -> None:
+        """Remove a file; FileNotFoundInDeviceError if absent."""
+
+    @abc.abstractmethod
+    async def rename(self, src: str, dst: str) -> None:
+        """Atomically rename, replacing ``dst`` if it exists."""
+
+    @abc.abstractmethod
+    async def list(self, prefix: str = "") -> list[str]:
+        """Names of files starting with ``prefix``, sorted."""
+
+    @abc.abstractmethod
+    async def exists(self, name: str) -> bool:
+        """Whether a file of that name exists."""
+
+    async def write_file(self, name: str, data: bytes) -> None:
+        """Atomically replace ``name`` with ``data``: temp file, sync, rename."""
+        tmp = name + ".tmp"
+        if await self.exists(tmp):
+            await self.delete(tmp)
+        f = await self.create(tmp)
+        try:
+            await f.append(data)
+            if self.durable:
+                await f.sync()
+        finally:
+            await f.close()
+        await self.rename(tmp, name)
+
+    async def read_file(self, name: str) -> bytes:
+        """Whole contents of ``name``."""
+        f = await self.open(name)
+        try:
+            return await f.pread(0, f.size())
+        finally:
+            await f.close()
+
+    async def close(self) -> None:
+        """Release resources."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+    etag: str = ""
+
+
+class ObjectStore(abc.ABC):
+    """Write-once objects, globally visible; only eventual consistency is promised.
+
+    Keys are ``/``-separated relative paths. ``put`` is atomic: a reader sees
+    the whole old object, the whole new one, or none — never a part.
+    """
+
+    uri: str
+
+    async def open_store(self) -> None:
+        """Connect and check the store answers. Idempotent."""
+
+    @abc.abstractmethod
+    async def put(self, key: str, data: bytes | memoryview) -> ObjectInfo:
+        """Store ``data`` under ``key`` atomically, replacing any old object."""
+
+    async def put_stream(self, key: str, chunks: AsyncIterable[bytes]) -> ObjectInfo:
+        """Store the concatenation of ``chunks`` atomically (large objects)."""
+        parts = [bytes(c) async for c in chunks]
+        return await self.put(key, b"".join(parts))
+
+    @abc.abstractmethod
+    async def get(self, key: str) -> bytes:
+        """Whole object; ObjectNotFoundError if absent."""
+
+    @abc.abstractmethod
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """``length`` bytes from ``offset`` (short at the end of the object)."""
+
+    @abc.abstractmethod
+    async def head(self, key: str) -> ObjectInfo:
+        """Size (and etag) of an object; ObjectNotFoundError if absent."""
+
+    @abc.abstractmethod
+    async def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Objects whose key starts with ``prefix``, sorted by key."""
+
+    @abc.abstractmethod
+    async def delete(self, key: str) -> None:
+        """Remove an object; deleting an absent key is not an error."""
+
+    async def close(self) -> None:
+        """Release connections."""
+
+    async def __aenter__(self) -> "ObjectStore":
+        await self.open_store()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+def check_name(name: str) -> str:
+    """Validate a device-file name or object key; return it unchanged."""
+    from terrafs.errors import ConfigurationError
+
+    if not name or name.startswith("/") or len(name) > 1024:
+        raise ConfigurationError(f"invalid name {name!r}")
+    for part in name.split("/"):
+        if part in ("", ".", "..") or not all(c.isalnum() or c in "._-" for c in part):
+            raise ConfigurationError(f"invalid name {name!r}: parts are [A-Za-z0-9._-]+")
+    return name

@@ -1,0 +1,76 @@
+"""Exceptions raised by terrafs: storage interfaces and TerrascaleFS.
+
+One hierarchy for the package; the HTTP and CLI edge translates it into the
+contract's error codes. Corruption errors name the file/object and offset.
+"""
+from __future__ import annotations
+
+
+class TerrafsError(Exception):
+    """Raised for any terrafs failure; the base of this package's errors."""
+
+
+class ConfigurationError(TerrafsError):
+    """Raised when a URI, option or key file is malformed or names an unsupported backend."""
+
+
+class UnsupportedSchemeError(ConfigurationError):
+    """Raised when a URI scheme is known to the design but not supported in this build."""
+
+
+class NotFoundError(TerrafsError):
+    """Raised when a block-device file, object or TerrascaleFS file does not exist."""
+
+
+class ObjectNotFoundError(NotFoundError):
+    """Raised when an object store key does not exist."""
+
+
+class FileNotFoundInDeviceError(NotFoundError):
+    """Raised when a block device has no file of that name."""
+
+
+class InodeNotFoundError(NotFoundError):
+    """Raised when the catalog has no TerrascaleFS file with that inode."""
+
+
+class AlreadyExistsError(TerrafsError):
+    """Raised when creating a block-device file that already exists."""
+
+
+class TransientStorageError(TerrafsError):
+    """Raised when a store failed in a way worth retrying (throttling, timeouts, 5xx)."""
+
+
+class StorageIOError(TerrafsError):
+    """Raised when a store failed permanently (permission, bad request, disk error)."""
+
+
+class CorruptionError(TerrafsError):
+    """Raised when stored bytes fail a checksum, magic or invariant check.
+
+    ``where`` names the file or object, ``offset`` the byte position.
+    """
+
+    def __init__(self, where: str, offset: int | None, reason: str):
+        self.where = where
+        self.offset = offset
+        self.reason = reason
+        at = f" at offset {offset}" if offset is not None else ""
+        super().__init__(f"corruption in {where}{at}: {reason}")
+
+
+class EncryptionKeyError(TerrafsError):
+    """Raised when data is encrypted and the key is missing, wrong, or cannot unwrap it."""
+
+
+class FileStateError(TerrafsError):
+    """Raised when an operation does not fit a file's state (append to sealed, etc.)."""
+
+
+class ClosedError(TerrafsError):
+    """Raised when using a file, device or store after close()."""
+
+
+class CatalogConflictError(TerrafsError):
+    """Raised when a catalog transaction kept losing its compare-version checks."""
