@@ -1,0 +1,431 @@
+"""Active files: append-only, single writer, on a block device, with group commit.
+
+Format: docs/format/terrafs.md §2. An append waits in a flush buffer; a flush
+happens when the buffer holds ``flush_bytes`` or ``flush_ms`` after its first
+waiter, and writes every waiting append as one write group with one write
+and one fdatasync. Appends return only after that fdatasync.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import numpy as np
+from crc32c import crc32c
+
+from terrafs.abc import BlockDevice, DeviceFile
+from terrafs.blocks import (
+    BLOCK_MAGIC,
+    HEADER_LEN,
+    BlockHeader,
+    Codec,
+    Flags,
+    decode_payload,
+    encode_block,
+    encode_pad,
+    parse_header,
+)
+from terrafs.crypto import DataCipher, KeyEncryptionKey
+from terrafs.errors import ClosedError, CorruptionError, FileStateError, TerrafsError
+from terrafs.params import FileParams
+
+log = logging.getLogger("terrafs.active")
+
+ACTIVE_MAGIC = b"TRFSACTV"  # part of the format
+ACTIVE_VERSION = 1
+_FIXED = struct.Struct("<8sHHIQBBHIIHH")  # header fields before key id; 40 bytes
+_SCAN_WINDOW = 8 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveConfig:
+    flush_bytes: int = 64 * 1024
+    flush_ms: float = 2.0
+
+
+def encode_active_header(p: FileParams) -> bytes:
+    kid = p.key_id.encode("ascii")
+    total = _FIXED.size + len(kid) + len(p.wrapped_key) + 4
+    head = _FIXED.pack(ACTIVE_MAGIC, ACTIVE_VERSION, total, p.inode, p.gen, int(p.codec),
+                       1 if p.encrypted else 0, len(kid), p.block_size, p.page_size,
+                       len(p.wrapped_key), 0) + kid + p.wrapped_key
+    return head + struct.pack("<I", crc32c(head))
+
+
+def decode_active_header(buf: bytes, where: str) -> tuple[FileParams, int]:
+    """Parse the file header; return the params and the header length."""
+    if len(buf) < _FIXED.size:
+        raise CorruptionError(where, 0, "truncated active-file header")
+    (magic, ver, total, inode, gen, codec, enc, klen, bsize, psize, wlen,
+     _r) = _FIXED.unpack_from(buf, 0)
+    if magic != ACTIVE_MAGIC:
+        raise CorruptionError(where, 0, f"bad active-file magic {magic!r}")
+    if ver != ACTIVE_VERSION:
+        raise CorruptionError(where, 0, f"unsupported active-file version {ver}")
+    if total != _FIXED.size + klen + wlen + 4 or len(buf) < total:
+        raise CorruptionError(where, 0, "truncated or inconsistent active-file header")
+    (crc,) = struct.unpack_from("<I", buf, total - 4)
+    if crc32c(buf[: total - 4]) != crc:
+        raise CorruptionError(where, 0, "active-file header checksum mismatch")
+    kid = buf[_FIXED.size : _FIXED.size + klen].decode("ascii")
+    wrapped = bytes(buf[_FIXED.size + klen : _FIXED.size + klen + wlen])
+    try:
+        params = FileParams(inode, gen, Codec(codec), bsize, psize, kid, wrapped)
+    except (ValueError, TerrafsError) as e:
+        raise CorruptionError(where, 0, f"bad active-file header field: {e}") from e
+    if bool(enc) != params.encrypted:
+        raise CorruptionError(where, 0, "encryption flag disagrees with key fields")
+    return params, total
+
+
+class BlockIndex:
+    """Logical -> physical map of a file's data blocks, in growing numpy arrays."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._cap = 256
+        self.logical = np.zeros(self._cap, np.int64)
+        self.physical = np.zeros(self._cap, np.int64)
+        self.raw_len = np.zeros(self._cap, np.int32)
+
+    def add(self, logical: int, physical: int, raw_len: int) -> None:
+        if self.n == self._cap:
+            self._cap *= 2
+            for name in ("logical", "physical", "raw_len"):
+                arr = getattr(self, name)
+                grown = np.zeros(self._cap, arr.dtype)
+                grown[: self.n] = arr[: self.n]
+                setattr(self, name, grown)
+        self.logical[self.n], self.physical[self.n], self.raw_len[self.n] = logical, physical, raw_len
+        self.n += 1
+
+    def find(self, offset: int) -> int:
+        """Index of the block holding logical ``offset``."""
+        return int(np.searchsorted(self.logical[: self.n], offset, side="right")) - 1
+
+
+class ActiveFile:
+    """An open active file. Create with :meth:`create`, reopen with :meth:`recover`."""
+
+    def __init__(self, f: DeviceFile, params: FileParams, cipher: DataCipher | None,
+                 header_len: int, cfg: ActiveConfig, where: str):
+        self._f = f
+        self.params = params
+        self._cipher = cipher
+        self._cfg = cfg
+        self.where = where
+        self.index = BlockIndex()
+        self.durable_size = 0  # logical bytes made durable
+        self._physical_end = header_len
+        self._group = 0  # last group written
+        self._end = 0  # logical end including pending appends
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._futs: list[asyncio.Future] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._want_flush = False
+        self._flush_task: asyncio.Task | None = None
+        self._failed: BaseException | None = None
+        self._sealed = False
+        self._closed = False
+        self.stats = {"flushes": 0, "flushed_bytes": 0, "appends": 0}
+
+    @property
+    def inode(self) -> int:
+        return self.params.inode
+
+    @classmethod
+    async def create(cls, dev: BlockDevice, name: str, params: FileParams,
+                     kek: KeyEncryptionKey | None, cfg: ActiveConfig = ActiveConfig()) -> "ActiveFile":
+        """Create the file with its header, durable (with the directory) on return."""
+        where = f"{dev.uri}/{name}"
+        cipher = params.cipher(kek, where)
+        f = await dev.create(name)
+        head = encode_active_header(params)
+        await f.append(head)
+        await f.sync()
+        return cls(f, params, cipher, len(head), cfg, where)
+
+    @classmethod
+    async def recover(cls, dev: BlockDevice, name: str, kek: KeyEncryptionKey | None,
+                      cfg: ActiveConfig = ActiveConfig()) -> "ActiveFile":
+        """Open after a restart: verify every group, cut a torn tail, build the index."""
+        where = f"{dev.uri}/{name}"
+        f = await dev.open(name)
+        try:
+            params, hlen = decode_active_header(await f.pread(0, 64 * 1024), where)
+            af = cls(f, params, params.cipher(kek, where), hlen, cfg, where)
+            await af._recover_groups()
+        except BaseException:
+            await f.close()
+            raise
+        return af
+
+    # -- appends -----------------------------------------------------------------
+
+    async def append(self, data: bytes) -> int:
+        """Append ``data``; return its logical offset once it is durable."""
+        self._check_writable()
+        if not data:
+            await self.flush()
+            return self._end
+        off = self._end
+        self._end += len(data)
+        self._pending.append(bytes(data))
+        self._pending_bytes += len(data)
+        fut = asyncio.get_running_loop().create_future()
+        self._futs.append(fut)
+        self.stats["appends"] += 1
+        if self._pending_bytes >= self._cfg.flush_bytes:
+            self._kick()
+        elif self._timer is None and not self._want_flush:
+            self._timer = asyncio.get_running_loop().call_later(self._cfg.flush_ms / 1000, self._kick)
+        await fut
+        return off
+
+    async def flush(self) -> None:
+        """Make every append so far durable now."""
+        while True:
+            if self._failed is not None:
+                raise FileStateError(f"{self.where}: an earlier flush failed: {self._failed}")
+            if self._pending:
+                self._kick()
+            task = self._flush_task
+            if task is None or task.done():
+                if not self._pending:
+                    return
+                continue
+            await asyncio.shield(task)
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{self.where} is closed")
+        if self._sealed:
+            raise FileStateError(f"{self.where} is sealed; appends are not allowed")
+        if self._failed is not None:
+            # After a failed fdatasync the page cache can no longer be trusted
+            # (the "fsyncgate" lesson): refuse further writes; reopen recovers.
+            raise FileStateError(f"{self.where}: an earlier flush failed: {self._failed}")
+
+    def _kick(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._want_flush = True
+        if self._flush_task is None or self._flush_task.done():
+            self._flush_task = asyncio.ensure_future(self._flush_loop())
+
+    async def _flush_loop(self) -> None:
+        while self._want_flush and self._pending:
+            self._want_flush = False
+            batch, futs = self._pending, self._futs
+            self._pending, self._futs, self._pending_bytes = [], [], 0
+            try:
+                await self._write_group(batch)
+            except BaseException as e:
+                self._failed = e
+                for fu in futs + self._futs:
+                    if not fu.done():
+                        fu.set_exception(FileStateError(f"{self.where}: flush failed: {e}"))
+                self._pending, self._futs = [], []
+                return
+            for fu in futs:
+                if not fu.done():
+                    fu.set_result(None)
+            if self._pending_bytes >= self._cfg.flush_bytes:
+                self._want_flush = True
+
+    async def _write_group(self, batch: list[bytes]) -> None:
+        group = self._group + 1
+        phys, logical = self._physical_end, self.durable_size
+        buf, entries = await asyncio.to_thread(self._encode_group, batch, group, phys, logical)
+        await self._f.append(buf)
+        await self._f.sync()
+        for e in entries:
+            self.index.add(*e)
+        self._group = group
+        self._physical_end += len(buf)
+        self.durable_size += sum(len(b) for b in batch)
+        self.stats["flushes"] += 1
+        self.stats["flushed_bytes"] += len(buf)
+
+    def _encode_group(self, batch: list[bytes], group: int, phys: int, logical: int):
+        """Encode one write group (runs in a worker thread)."""
+        data = memoryview(batch[0] if len(batch) == 1 else b"".join(batch))
+        bs, p = self.params.block_size, self.params
+        out, entries = bytearray(), []
+        cuts = list(range(0, len(data), bs))
+        for i, start in enumerate(cuts):
+            last = i == len(cuts) - 1
+            chunk = data[start : start + bs]
+            entries.append((logical + start, phys + len(out), len(chunk)))
+            mark = len(out)
+            encode_block(out, chunk, logical_off=logical + start, group=group,
+                         end=last and p.page_size == 0, codec=p.codec, cipher=self._cipher,
+                         inode=p.inode)
+            if last and p.page_size:
+                gap = -(phys + len(out)) % p.page_size
+                if gap == 0:  # lands on a page boundary: re-encode the last block with END
+                    del out[mark:]
+                    encode_block(out, chunk, logical_off=logical + start, group=group, end=True,
+                                 codec=p.codec, cipher=self._cipher, inode=p.inode)
+                else:
+                    encode_pad(out, logical_off=logical + len(data), group=group,
+                               pad_len=gap if gap >= HEADER_LEN else gap + p.page_size)
+        return out, entries
+
+    # -- reads -------------------------------------------------------------------
+
+    async def read(self, offset: int, length: int) -> bytes:
+        """Read durable logical bytes ``[offset, offset + length)`` (short at the end)."""
+        if self._closed:
+            raise ClosedError(f"{self.where} is closed")
+        end = min(offset + length, self.durable_size)
+        parts = []
+        i = self.index.find(offset)
+        while offset < end and i < self.index.n:
+            block = await self._read_block(i)
+            lo = offset - int(self.index.logical[i])
+            take = block[lo : lo + (end - offset)]
+            parts.append(take)
+            offset += len(take)
+            i += 1
+        return b"".join(parts)
+
+    async def _read_block(self, i: int) -> bytes:
+        phys = int(self.index.physical[i])
+        head = await self._f.pread(phys, HEADER_LEN)
+        h = parse_header(head, 0, self.where)
+        payload = await self._f.pread(phys + HEADER_LEN, h.stored_len)
+        return decode_payload(h, payload, cipher=self._cipher, inode=self.inode,
+                              where=self.where, pos=phys)
+
+    async def scan(self, start: int = 0) -> AsyncIterator[tuple[int, bytes]]:
+        """Yield ``(logical_offset, bytes)`` per block from ``start`` to the durable end."""
+        i = max(self.index.find(start), 0)
+        while i < self.index.n:
+            data = await self._read_block(i)
+            lo = int(self.index.logical[i])
+            if lo + len(data) > start:
+                cut = max(start - lo, 0)
+                yield lo + cut, data[cut:]
+            i += 1
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def seal(self) -> None:
+        """Flush and refuse further appends (the catalog switch is the caller's)."""
+        await self.flush()
+        self._sealed = True
+
+    async def close(self) -> None:
+        """Flush what is pending, then close."""
+        if self._closed:
+            return
+        try:
+            if self._failed is None and not self._sealed:
+                await self.flush()
+        finally:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+            await self._f.close()
+
+    # -- recovery ----------------------------------------------------------------
+
+    async def _recover_groups(self) -> None:
+        """Scan every group from the header on (see docs/format/terrafs.md §2)."""
+        size = self._f.size()
+        reader = _Window(self._f, size)
+        pos, logical, group = self._physical_end, 0, 0
+        while pos < size:
+            entries, nxt, nlogical, err = await self._read_group(reader, pos, logical, group + 1)
+            if err is not None:
+                await self._handle_bad_tail(reader, pos, group + 1, err)
+                break
+            for e in entries:
+                self.index.add(*e)
+            pos, logical, group = nxt, nlogical, group + 1
+        self._physical_end, self.durable_size, self._end, self._group = pos, logical, logical, group
+
+    async def _read_group(self, reader: "_Window", pos: int, logical: int, group: int):
+        """Verify one group at ``pos``; return (entries, next pos, next logical, error)."""
+        entries = []
+        while True:
+            try:
+                h, head_pos = await self._verified_block(reader, pos)
+            except CorruptionError as e:
+                return None, pos, logical, e
+            if h.group != group or (h.logical_off != logical):
+                return None, pos, logical, CorruptionError(
+                    self.where, head_pos, f"block out of sequence (group {h.group}, expected {group})")
+            if not h.flags & Flags.PAD:
+                entries.append((logical, head_pos, h.raw_len))
+                logical += h.raw_len
+            pos += h.record_len
+            if h.flags & Flags.END:
+                return entries, pos, logical, None
+
+    async def _verified_block(self, reader: "_Window", pos: int) -> tuple[BlockHeader, int]:
+        head = await reader.get(pos, HEADER_LEN)
+        h = parse_header(head, 0, self.where) if len(head) == HEADER_LEN else None
+        if h is None:
+            raise CorruptionError(self.where, pos, "truncated block header")
+        payload = await reader.get(pos + HEADER_LEN, h.stored_len)
+        if len(payload) != h.stored_len:
+            raise CorruptionError(self.where, pos, "block runs past end of file")
+        if crc32c(payload) != h.payload_crc:
+            raise CorruptionError(self.where, pos, "block payload checksum mismatch")
+        return h, pos
+
+    async def _handle_bad_tail(self, reader: "_Window", pos: int, group: int,
+                               err: CorruptionError) -> None:
+        later = await self._find_later_group(reader, pos, group)
+        if later is not None:
+            raise CorruptionError(self.where, err.offset,
+                                  f"{err.reason}; group {later[1]} at offset {later[0]} follows it")
+        size = self._f.size()
+        log.warning("event=torn_tail file=%s offset=%d dropped_bytes=%d reason=%r",
+                    self.where, pos, size - pos, err.reason)
+        self.torn_tail = (pos, size - pos)
+        await self._f.truncate(pos)
+        await self._f.sync()
+
+    async def _find_later_group(self, reader: "_Window", pos: int, group: int):
+        """First verifiable block after ``pos`` whose group is later than ``group``."""
+        magic = struct.pack("<I", BLOCK_MAGIC)
+        size = self._f.size()
+        start = pos + 1
+        while start < size:
+            chunk = await reader.get(start, _SCAN_WINDOW + HEADER_LEN)
+            i = chunk.find(magic)
+            if i < 0:
+                start += _SCAN_WINDOW
+                continue
+            try:
+                h, at = await self._verified_block(reader, start + i)
+                if h.group > group:
+                    return at, h.group
+            except CorruptionError:
+                pass
+            start += i + 1
+        return None
+
+
+class _Window:
+    """Sequential reads over a device file through a large buffer (recovery scans)."""
+
+    def __init__(self, f: DeviceFile, size: int):
+        self._f, self._size = f, size
+        self._base, self._buf = 0, b""
+
+    async def get(self, pos: int, n: int) -> bytes:
+        if pos < self._base or pos + n > self._base + len(self._buf):
+            want = max(n, _SCAN_WINDOW)
+            self._buf = await self._f.pread(pos, min(want, max(self._size - pos, 0)))
+            self._base = pos
+        lo = pos - self._base
+        return self._buf[lo : lo + n]

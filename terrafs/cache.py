@@ -1,0 +1,146 @@
+"""Block cache for sealed files: a small in-memory LRU over a larger one on the volatile device.
+
+Memory holds decoded block bytes (the hot path of a cached read touches no
+thread and no disk). The volatile device holds block records exactly as
+stored in the object — still checksummed and, with a key, still encrypted —
+so the cache disk never holds plaintext and a damaged cache entry is caught
+by the block checksum and refetched. The volatile cache is emptied at open:
+its contents are re-creatable and nothing on it is trusted across restarts.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections import OrderedDict
+
+from terrafs.abc import BlockDevice
+from terrafs.errors import NotFoundError
+
+log = logging.getLogger("terrafs.cache")
+CACHE_DIR = "cache"
+
+
+class _LRU:
+    """Byte-bounded LRU map."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.used = 0
+        self._d: OrderedDict = OrderedDict()
+
+    def get(self, key):
+        v = self._d.get(key)
+        if v is not None:
+            self._d.move_to_end(key)
+        return v
+
+    def put(self, key, value, size: int) -> list:
+        """Insert; return the (key, value) pairs evicted to make room."""
+        old = self._d.pop(key, None)
+        if old is not None:
+            self.used -= old[1]
+        if size > self.capacity:
+            return []
+        self._d[key] = (value, size)
+        self.used += size
+        evicted = []
+        while self.used > self.capacity:
+            k, (v, s) = self._d.popitem(last=False)
+            self.used -= s
+            evicted.append((k, v))
+        return evicted
+
+    def pop(self, key) -> None:
+        old = self._d.pop(key, None)
+        if old is not None:
+            self.used -= old[1]
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class BlockCache:
+    """Two-level cache keyed by ``(object key, block index)``."""
+
+    def __init__(self, memory_bytes: int = 64 << 20, volatile: BlockDevice | None = None,
+                 volatile_bytes: int = 1 << 30):
+        self._mem = _LRU(memory_bytes)
+        self._dev = volatile
+        self._disk = _LRU(volatile_bytes)
+        self._writes: set[asyncio.Task] = set()
+        self.stats = {"mem_hits": 0, "disk_hits": 0, "misses": 0, "disk_bad": 0}
+
+    async def open(self) -> None:
+        """Empty the volatile cache: nothing on it is trusted across restarts."""
+        if self._dev is None:
+            return
+        for name in await self._dev.list(CACHE_DIR + "/"):
+            await self._dev.delete(name)
+
+    def get_mem(self, key):
+        hit = self._mem.get(key)
+        if hit is not None:
+            self.stats["mem_hits"] += 1
+            return hit[0]
+        return None
+
+    def put_mem(self, key, data: bytes) -> None:
+        self._mem.put(key, data, len(data) + 64)
+
+    @staticmethod
+    def _name(key) -> str:
+        obj, idx = key
+        return f"{CACHE_DIR}/{hashlib.sha1(obj.encode()).hexdigest()[:20]}/{idx:08x}"
+
+    async def get_disk(self, key) -> bytes | None:
+        """Stored record bytes from the volatile device, or None."""
+        if self._dev is None or self._disk.get(key) is None:
+            return None
+        try:
+            data = await self._dev.read_file(self._name(key))
+        except NotFoundError:
+            self._disk.pop(key)
+            return None
+        self.stats["disk_hits"] += 1
+        return data
+
+    def put_disk(self, key, record: bytes) -> None:
+        """Write a stored record to the volatile device in the background."""
+        if self._dev is None:
+            return
+        task = asyncio.ensure_future(self._write(key, record))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write(self, key, record: bytes) -> None:
+        try:
+            await self._dev.write_file(self._name(key), record)
+            for k, _ in self._disk.put(key, True, len(record)):
+                try:
+                    await self._dev.delete(self._name(k))
+                except NotFoundError:
+                    pass
+        except Exception as e:  # a cache write failure only costs a refetch
+            log.warning("event=cache_write_failed key=%s error=%r", key, e)
+
+    def drop(self, key) -> None:
+        """Forget a damaged entry so the next read refetches it."""
+        self.stats["disk_bad"] += 1
+        self._disk.pop(key)
+        self._mem.pop(key)
+
+    def forget_object(self, obj: str) -> None:
+        """Drop in-memory entries of a deleted object (disk entries age out)."""
+        for k in [k for k in self._mem._d if k[0] == obj]:
+            self._mem.pop(k)
+
+    async def drain(self) -> None:
+        """Wait for background cache writes (tests, shutdown)."""
+        while self._writes:
+            await asyncio.gather(*list(self._writes), return_exceptions=True)
+
+    def hit_ratio(self) -> float:
+        s = self.stats
+        total = s["mem_hits"] + s["disk_hits"] + s["misses"]
+        return (s["mem_hits"] + s["disk_hits"]) / total if total else 0.0

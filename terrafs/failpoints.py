@@ -1,0 +1,44 @@
+"""Named fail points in production code paths (SlateDB's pattern).
+
+Tests arm a point to raise at a chosen step (``arm("offload.after_upload")``),
+simulating a crash there; production never arms any, and an unarmed point
+costs one dict lookup.
+"""
+from __future__ import annotations
+
+import contextlib
+
+
+class FailPointCrash(Exception):
+    """Raised by an armed fail point: the process 'dies' at this step."""
+
+
+_armed: dict[str, int] = {}
+
+
+def failpoint(name: str) -> None:
+    """Raise FailPointCrash if ``name`` is armed (after its skip count runs out)."""
+    if name in _armed:
+        left = _armed[name]
+        if left <= 0:
+            del _armed[name]
+            raise FailPointCrash(name)
+        _armed[name] = left - 1
+
+
+def arm(name: str, skip: int = 0) -> None:
+    """Make the (skip+1)-th pass through ``name`` raise."""
+    _armed[name] = skip
+
+
+def disarm_all() -> None:
+    _armed.clear()
+
+
+@contextlib.contextmanager
+def armed(name: str, skip: int = 0):
+    arm(name, skip)
+    try:
+        yield
+    finally:
+        _armed.pop(name, None)

@@ -1,0 +1,352 @@
+"""TerrascaleFS: files named by inodes, tiered from block device to object store.
+
+The namespace lives in the catalog (``terrafs.records``, ``terrafs.ranges``);
+bytes live in active files (``terrafs.active``) and sealed objects
+(``terrafs.sealed``). Every state change is one catalog transaction, ordered
+against storage writes so that a crash at any step leaves either the old or
+the new state and :meth:`TerrascaleFS.open` finishes or rolls back the rest
+(docs/format/terrafs.md §5). Named fail points mark each step for tests.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import AsyncIterable, AsyncIterator
+
+from catalog.abc import Catalog, Check, Delete, Put
+from terrafs.abc import BlockDevice, DeviceFile, ObjectStore
+from terrafs.active import ActiveConfig, ActiveFile
+from terrafs.blocks import Codec
+from terrafs.cache import BlockCache
+from terrafs.catalog_ops import commit
+from terrafs.crypto import KeyEncryptionKey
+from terrafs.errors import (
+    CatalogConflictError,
+    FileNotFoundInDeviceError,
+    FileStateError,
+    InodeNotFoundError,
+)
+from terrafs.failpoints import failpoint
+from terrafs.params import new_params
+from terrafs.ranges import RangeAllocator
+from terrafs.records import (
+    FILE_PREFIX,
+    FileRecord,
+    FileState,
+    FileTier,
+    active_name,
+    file_key,
+    object_key,
+    parse_name,
+)
+from terrafs.sealed import SealedFile, SealedWriter
+
+log = logging.getLogger("terrafs.fs")
+STAGING = "staging"
+_UPLOAD_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class FsConfig:
+    node_id: str = "n1"
+    active_block_size: int = 64 * 1024
+    sealed_block_size: int = 32 * 1024
+    page_size: int = 4096  # flush groups end on a device-page boundary
+    active_codec: Codec = Codec.NONE  # zstd runs ~160 MB/s here: too slow for the WAL path
+    sealed_codec: Codec = Codec.ZSTD  # compressed in the background while offloading
+    flush: ActiveConfig = ActiveConfig()
+    cache_memory_bytes: int = 64 << 20
+    cache_volatile_bytes: int = 1 << 30
+
+
+@dataclass
+class RecoveryReport:
+    reopened: list[int] = field(default_factory=list)
+    recreated: list[int] = field(default_factory=list)
+    rolled_back: list[int] = field(default_factory=list)
+    local_deleted: list[str] = field(default_factory=list)
+    pending_offload: list[int] = field(default_factory=list)
+
+
+class TerrascaleFS:
+    def __init__(self, catalog: Catalog, block: BlockDevice, volatile: BlockDevice,
+                 objects: ObjectStore, *, kek: KeyEncryptionKey | None = None,
+                 config: FsConfig = FsConfig()):
+        self.catalog, self.block, self.volatile, self.objects = catalog, block, volatile, objects
+        self.kek, self.cfg = kek, config
+        self.inodes = RangeAllocator(catalog, "fs", 1, 2**32 - 1)
+        self.cache = BlockCache(config.cache_memory_bytes, volatile, config.cache_volatile_bytes)
+        self._active: dict[int, ActiveFile] = {}
+        self._sealed: dict[int, SealedFile] = {}
+        self._locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def open(self) -> RecoveryReport:
+        """Initialise the inode table, empty the volatile areas, recover this node's files."""
+        await self.inodes.init()
+        await self.cache.open()
+        for name in await self.volatile.list(STAGING + "/"):
+            await self.volatile.delete(name)
+        return await self.recover()
+
+    async def close(self) -> None:
+        errors = []
+        for af in list(self._active.values()):
+            try:
+                await af.close()
+            except Exception as e:  # report every failed close, not just the first
+                errors.append(e)
+        self._active.clear()
+        self._sealed.clear()
+        await self.cache.drain()
+        if errors:
+            raise errors[0]
+
+    # -- namespace ---------------------------------------------------------------
+
+    async def stat(self, inode: int) -> FileRecord:
+        e = await self.catalog.get(file_key(inode))
+        if e is None:
+            raise InodeNotFoundError(f"no file with inode {inode}")
+        return FileRecord.from_bytes(e.value)
+
+    async def list(self, owner: str | None = None) -> list[FileRecord]:
+        recs = [FileRecord.from_bytes(e.value) for e in await self.catalog.scan(FILE_PREFIX)]
+        return [r for r in recs if owner is None or r.owner == owner]
+
+    def _new_record(self, inode: int, state: FileState, tier: FileTier, codec: Codec) -> FileRecord:
+        gen = int.from_bytes(os.urandom(8), "little") >> 1
+        loc = active_name(inode, gen) if tier == FileTier.BLOCK else object_key(inode, gen)
+        return FileRecord(inode, gen, state, tier, self.cfg.node_id, loc, codec, self.kek is not None)
+
+    async def _allocate(self, state: FileState, tier: FileTier, codec: Codec) -> FileRecord:
+        made: dict[int, FileRecord] = {}
+
+        def extra(inode: int):
+            made[inode] = rec = self._new_record(inode, state, tier, codec)
+            return [Check(rec.key, 0)], [Put(rec.key, rec.to_bytes())]
+
+        return made[await self.inodes.allocate(extra)]
+
+    async def create(self, codec: Codec | None = None) -> ActiveFile:
+        """A new active file owned by this node: catalog row first, then the local file."""
+        codec = self.cfg.active_codec if codec is None else codec
+        rec = await self._allocate(FileState.ACTIVE, FileTier.BLOCK, codec)
+        failpoint("create.after_catalog")
+        af = await self._create_local(rec)
+        self._active[rec.inode] = af
+        return af
+
+    async def _create_local(self, rec: FileRecord) -> ActiveFile:
+        params = new_params(rec.inode, rec.gen, codec=rec.codec, block_size=self.cfg.active_block_size,
+                            page_size=self.cfg.page_size, kek=self.kek)
+        return await ActiveFile.create(self.block, rec.location, params, self.kek, self.cfg.flush)
+
+    async def open_active(self, inode: int) -> ActiveFile:
+        """The open handle of a local (block-tier) file, recovering it on first use."""
+        if inode in self._active:
+            return self._active[inode]
+        rec = await self.stat(inode)
+        if rec.tier != FileTier.BLOCK or rec.owner != self.cfg.node_id:
+            raise FileStateError(f"inode {inode} is not a local file of node {self.cfg.node_id}")
+        af = await ActiveFile.recover(self.block, rec.location, self.kek, self.cfg.flush)
+        if rec.state == FileState.SEALED:
+            await af.seal()
+        self._active[inode] = af
+        return af
+
+    # -- seal and offload --------------------------------------------------------
+
+    async def seal(self, inode: int) -> FileRecord:
+        """Make an active file immutable (it stays on the block device until offload)."""
+        async with self._locks[inode]:
+            e = await self._entry(inode)
+            rec = FileRecord.from_bytes(e.value)
+            if rec.state == FileState.SEALED:
+                return rec
+            if rec.state != FileState.ACTIVE:
+                raise FileStateError(f"inode {inode} is {rec.state.value}; cannot seal")
+            af = await self.open_active(inode)
+            await af.seal()
+            new = rec.evolve(state=FileState.SEALED, size=af.durable_size)
+            await self._switch(e, new)
+            return new
+
+    async def offload(self, inode: int, content: AsyncIterable[bytes] | None = None) -> FileRecord:
+        """Rewrite a sealed local file as an object, switch the catalog, drop the local file.
+
+        ``content`` replaces the file's bytes in the object (the row store drops
+        its write-ahead bookkeeping this way); by default the bytes are copied.
+        """
+        async with self._locks[inode]:
+            e = await self._entry(inode)
+            rec = FileRecord.from_bytes(e.value)
+            if rec.tier == FileTier.OBJECT:
+                return rec
+            if rec.state != FileState.SEALED:
+                raise FileStateError(f"inode {inode} is {rec.state.value}; seal it before offload")
+            af = await self.open_active(inode)
+            src = content if content is not None else _bytes_of(af.scan())
+            key, size, logical = await self._build_and_upload(rec, src)
+            new = rec.evolve(tier=FileTier.OBJECT, location=key, object_size=size, size=logical,
+                             codec=self.cfg.sealed_codec)
+            await self._switch(e, new)
+            failpoint("offload.after_catalog")
+            await self._drop_local(inode, rec.location)
+            log.info("event=offloaded inode=%d object=%s bytes=%d logical=%d", inode, key, size, logical)
+            return new
+
+    async def create_sealed(self, content: AsyncIterable[bytes]) -> FileRecord:
+        """Build a sealed file straight from a stream (no active phase)."""
+        rec = await self._allocate(FileState.BUILDING, FileTier.OBJECT, self.cfg.sealed_codec)
+        e = await self._entry(rec.inode)
+        key, size, logical = await self._build_and_upload(rec, content)
+        new = rec.evolve(state=FileState.SEALED, object_size=size, size=logical)
+        await self._switch(e, new)
+        return new
+
+    async def _build_and_upload(self, rec: FileRecord, content: AsyncIterable[bytes]):
+        """Write the sealed object on the volatile device's staging area, then upload it."""
+        params = new_params(rec.inode, rec.gen, codec=self.cfg.sealed_codec,
+                            block_size=self.cfg.sealed_block_size, kek=self.kek)
+        name = f"{STAGING}/{rec.inode:08x}-{uuid.uuid4().hex}"
+        out = await self.volatile.create(name)
+        try:
+            w = SealedWriter(out, params, self.kek)
+            async for chunk in content:
+                await w.write(chunk)
+            size = await w.finish()
+            failpoint("offload.before_upload")
+            key = object_key(rec.inode, rec.gen)
+            await self.objects.put_stream(key, _read_chunks(out, size))
+            failpoint("offload.after_upload")
+            return key, size, w.logical_size
+        finally:
+            await out.close()
+            await self.volatile.delete(name)
+
+    async def _entry(self, inode: int):
+        e = await self.catalog.get(file_key(inode))
+        if e is None:
+            raise InodeNotFoundError(f"no file with inode {inode}")
+        return e
+
+    async def _switch(self, e, new: FileRecord) -> None:
+        res = await commit(self.catalog, [Check(e.key, e.version)], [Put(e.key, new.to_bytes())])
+        if not res.committed:
+            raise CatalogConflictError(f"inode {new.inode} changed concurrently")
+
+    async def _drop_local(self, inode: int, name: str) -> None:
+        af = self._active.pop(inode, None)
+        if af is not None:
+            await af.close()
+        try:
+            await self.block.delete(name)
+        except FileNotFoundInDeviceError:
+            pass
+
+    # -- reads -------------------------------------------------------------------
+
+    async def open_sealed(self, inode: int) -> SealedFile:
+        sf = self._sealed.get(inode)
+        if sf is not None:
+            return sf
+        rec = await self.stat(inode)
+        if rec.tier != FileTier.OBJECT or rec.state != FileState.SEALED:
+            raise FileStateError(f"inode {inode} is not an offloaded sealed file")
+        sf = await SealedFile.open(self.objects, rec.location, object_size=rec.object_size,
+                                   kek=self.kek, cache=self.cache)
+        self._sealed[inode] = sf
+        return sf
+
+    async def read(self, inode: int, offset: int, length: int) -> bytes:
+        """Read logical bytes from any file: local active/sealed, or an offloaded object."""
+        if inode in self._active:
+            return await self._active[inode].read(offset, length)
+        if inode in self._sealed:
+            return await self._sealed[inode].read(offset, length)
+        rec = await self.stat(inode)
+        if rec.tier == FileTier.BLOCK:
+            return await (await self.open_active(inode)).read(offset, length)
+        return await (await self.open_sealed(inode)).read(offset, length)
+
+    # -- delete and recovery -----------------------------------------------------
+
+    async def delete(self, inode: int) -> None:
+        """Remove the row and recycle the inode in one transaction, then the bytes."""
+        async with self._locks[inode]:
+            e = await self._entry(inode)
+            rec = FileRecord.from_bytes(e.value)
+            await self.inodes.free(inode, [Check(e.key, e.version)], [Delete(e.key)])
+            failpoint("delete.after_catalog")
+            await self._remove_bytes(rec)
+        self._locks.pop(inode, None)
+
+    async def _remove_bytes(self, rec: FileRecord) -> None:
+        if rec.tier == FileTier.BLOCK:
+            await self._drop_local(rec.inode, rec.location)
+        else:
+            self._sealed.pop(rec.inode, None)
+            self.cache.forget_object(rec.location)
+            await self.objects.delete(rec.location)
+
+    async def recover(self) -> RecoveryReport:
+        """Finish or roll back whatever a crash interrupted on this node."""
+        rep = RecoveryReport()
+        mine = await self.list(owner=self.cfg.node_id)
+        wanted = {r.location for r in mine if r.tier == FileTier.BLOCK}
+        for name in await self.block.list("files/"):
+            if name not in wanted and parse_name(name) is not None:
+                await self.block.delete(name)  # offloaded, deleted, or never recorded
+                rep.local_deleted.append(name)
+        for rec in mine:
+            await self._recover_one(rec, rep)
+        return rep
+
+    async def _recover_one(self, rec: FileRecord, rep: RecoveryReport) -> None:
+        if rec.state == FileState.BUILDING:  # the stream build never finished: roll back
+            e = await self._entry(rec.inode)
+            await self.inodes.free(rec.inode, [Check(e.key, e.version)], [Delete(e.key)])
+            await self.objects.delete(rec.location)
+            rep.rolled_back.append(rec.inode)
+            return
+        if rec.tier != FileTier.BLOCK:
+            return
+        if not await self.block.exists(rec.location):
+            if rec.state != FileState.ACTIVE:
+                raise FileStateError(f"sealed local file {rec.location} of inode {rec.inode} is missing")
+            # Crash between the catalog row and the file's creation: nothing was
+            # ever appended (appends need the open file), so an empty file is exact.
+            self._active[rec.inode] = await self._create_local(rec)
+            rep.recreated.append(rec.inode)
+            return
+        await self.open_active(rec.inode)
+        rep.reopened.append(rec.inode)
+        if rec.state == FileState.SEALED:
+            rep.pending_offload.append(rec.inode)
+
+    async def sweep(self) -> list[str]:
+        """Delete objects under ``files/`` whose (inode, gen) has no catalog row."""
+        known = {(r.inode, r.gen) for r in await self.list()}
+        removed = []
+        for info in await self.objects.list("files/"):
+            ident = parse_name(info.key)
+            if ident is not None and ident not in known:
+                await self.objects.delete(info.key)
+                removed.append(info.key)
+        return removed
+
+
+async def _bytes_of(blocks: AsyncIterator[tuple[int, bytes]]) -> AsyncIterator[bytes]:
+    async for _, data in blocks:
+        yield data
+
+
+async def _read_chunks(f: DeviceFile, size: int) -> AsyncIterator[bytes]:
+    for off in range(0, size, _UPLOAD_CHUNK):
+        yield await f.pread(off, min(_UPLOAD_CHUNK, size - off))

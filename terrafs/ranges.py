@@ -1,0 +1,129 @@
+"""Peer-to-peer id allocation from a catalog table of free ranges.
+
+The seed's inode algorithm (docs/format/terrafs.md §4): each row is a free
+range ``[lo, hi)``; to allocate, pick a row at random, take its lowest id and
+replace the row in one transaction (which also carries the caller's own
+writes, e.g. the new file's row). Freeing merges the id back into its
+neighbours. Ranges are disjoint, so a version check on the picked row is
+enough to make concurrent allocators never hand out the same id. The table
+starts as ``stripes`` adjacent ranges so random picks rarely collide.
+Used for inodes (``fs``) and segment ids (``rowstore``).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Callable, Sequence
+
+from catalog.abc import Catalog, Check, Delete, Entry, Op, Put
+from terrafs.catalog_ops import commit
+from terrafs.errors import CatalogConflictError, TerrafsError
+
+Extra = Callable[[int], tuple[Sequence[Check], Sequence[Op]]]
+_MAX_ATTEMPTS = 200
+
+
+class IdsExhaustedError(TerrafsError):
+    """Raised when no free id is left in the range table."""
+
+
+class DoubleFreeError(TerrafsError):
+    """Raised when freeing an id that is already free."""
+
+
+class RangeAllocator:
+    def __init__(self, catalog: Catalog, prefix: str, lo: int, hi: int, stripes: int = 64):
+        self.catalog, self.prefix, self.lo, self.hi, self.stripes = catalog, prefix, lo, hi, stripes
+        self._rng = random.Random()
+
+    def _key(self, lo: int) -> str:
+        return f"{self.prefix}/free/{lo:08x}"
+
+    @staticmethod
+    def _val(lo: int, hi: int) -> bytes:
+        return json.dumps({"lo": lo, "hi": hi}).encode()
+
+    @staticmethod
+    def _range(e: Entry) -> tuple[int, int]:
+        d = json.loads(e.value)
+        return d["lo"], d["hi"]
+
+    async def init(self) -> None:
+        """Create the table once (whoever commits first wins; others see it done)."""
+        marker = f"{self.prefix}/init"
+        if await self.catalog.get(marker) is not None:
+            return
+        step = max((self.hi - self.lo) // self.stripes, 1)
+        bounds = list(range(self.lo, self.hi, step)) + [self.hi]
+        ops: list[Op] = [Put(marker, b"1")]
+        ops += [Put(self._key(a), self._val(a, b)) for a, b in zip(bounds, bounds[1:]) if a < b]
+        await commit(self.catalog, [Check(marker, 0)], ops)
+
+    async def _pick(self) -> Entry | None:
+        r = self._rng.randrange(self.lo, self.hi)
+        got = await self.catalog.scan(f"{self.prefix}/free/", start=self._key(r), limit=1)
+        if not got:
+            got = await self.catalog.scan(f"{self.prefix}/free/", limit=1)
+        return got[0] if got else None
+
+    async def allocate(self, extra: Extra | None = None) -> int:
+        """Take a free id; ``extra(id)`` adds checks/ops committed in the same txn."""
+        for attempt in range(_MAX_ATTEMPTS):
+            row = await self._pick()
+            if row is None:
+                raise IdsExhaustedError(f"no free ids left in {self.prefix}")
+            lo, hi = self._range(row)
+            checks: list[Check] = [Check(row.key, row.version)]
+            ops: list[Op] = [Delete(row.key)]
+            if lo + 1 < hi:
+                ops.append(Put(self._key(lo + 1), self._val(lo + 1, hi)))
+            ec, eo = extra(lo) if extra else ((), ())
+            res = await commit(self.catalog, checks + list(ec), ops + list(eo))
+            if res.committed:
+                return lo
+            if any(k != row.key for k in res.conflicts):
+                raise CatalogConflictError(f"allocation of {self.prefix} id {lo}: "
+                                           f"caller's checks failed on {res.conflicts}")
+            await asyncio.sleep(self._rng.random() * min(0.001 * 2**attempt, 0.05))
+        raise CatalogConflictError(f"could not allocate from {self.prefix} after {_MAX_ATTEMPTS} tries")
+
+    async def free(self, ident: int, checks: Sequence[Check] = (), ops: Sequence[Op] = ()) -> None:
+        """Return ``ident`` to the table, merged with its neighbours, with the caller's ops."""
+        for attempt in range(_MAX_ATTEMPTS):
+            prev_l = await self.catalog.scan(f"{self.prefix}/free/", end=self._key(ident + 1),
+                                             limit=1, reverse=True)
+            prev = prev_l[0] if prev_l else None
+            nxt = await self.catalog.get(self._key(ident + 1))
+            c, o = self._merge(ident, prev, nxt)
+            res = await commit(self.catalog, c + list(checks), o + list(ops))
+            if res.committed:
+                return
+            mine = {ch.key for ch in c}
+            if any(k not in mine for k in res.conflicts):
+                raise CatalogConflictError(f"free of {self.prefix} id {ident}: caller's checks "
+                                           f"failed on {res.conflicts}")
+            await asyncio.sleep(self._rng.random() * min(0.001 * 2**attempt, 0.05))
+        raise CatalogConflictError(f"could not free {self.prefix} id {ident}")
+
+    def _merge(self, ident: int, prev: Entry | None, nxt: Entry | None):
+        checks = [Check(self._key(ident + 1), nxt.version if nxt else 0)]
+        ops: list[Op] = []
+        lo, hi = ident, ident + 1
+        if prev is not None:
+            plo, phi = self._range(prev)
+            if plo <= ident < phi:
+                raise DoubleFreeError(f"{self.prefix} id {ident} is already free")
+            checks.append(Check(prev.key, prev.version))
+            if phi == ident:
+                lo = plo
+        if nxt is not None:
+            hi = self._range(nxt)[1]
+            ops.append(Delete(nxt.key))
+        if lo == ident:
+            checks.append(Check(self._key(ident), 0))
+        ops.append(Put(self._key(lo), self._val(lo, hi)))
+        return checks, ops
+
+    async def free_ranges(self) -> list[tuple[int, int]]:
+        return [self._range(e) for e in await self.catalog.scan(f"{self.prefix}/free/")]

@@ -1,0 +1,300 @@
+"""Sealed files: immutable objects with a block map and a fixed-size footer.
+
+Format: docs/format/terrafs.md §3. :class:`SealedWriter` builds one from a
+stream of logical bytes on a staging device file; :class:`SealedFile` pages
+blocks in through ranged reads and the :class:`~terrafs.cache.BlockCache`.
+"""
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import AsyncIterator
+
+import numpy as np
+from crc32c import crc32c
+
+from terrafs.abc import DeviceFile, ObjectStore
+from terrafs.blocks import Codec, decode_block, encode_block
+from terrafs.cache import BlockCache
+from terrafs.crypto import KeyEncryptionKey
+from terrafs.errors import CorruptionError, TerrafsError
+from terrafs.params import FileParams
+
+SEAL_MAGIC = b"TRFSSEAL"  # part of the format
+SEAL_VERSION = 1
+FOOTER = struct.Struct("<8sHHIQQQIIQIBBHI24sI")
+FOOTER_LEN = FOOTER.size  # 96
+MAP_ENTRY = struct.Struct("<QQII")  # logical_off, physical_off, record_len, raw_len
+_MAP_DTYPE = np.dtype([("logical", "<u8"), ("physical", "<u8"), ("rec", "<u4"), ("raw", "<u4")])
+_ENCODE_BATCH = 1 << 20  # logical bytes encoded per worker-thread hop
+_SCAN_RANGE = 8 << 20  # bytes per ranged read of a sequential scan
+
+assert FOOTER_LEN == 96 and _MAP_DTYPE.itemsize == MAP_ENTRY.size == 24
+
+
+class SealedWriter:
+    """Builds a sealed file's bytes on a staging device file from a stream."""
+
+    def __init__(self, out: DeviceFile, params: FileParams, kek: KeyEncryptionKey | None):
+        self._out = out
+        self.params = params
+        self._cipher = params.cipher(kek, f"sealed inode {params.inode}")
+        self._buf = bytearray()
+        self._logical = 0
+        self._map = bytearray()
+        self._count = 0
+
+    async def write(self, data) -> None:
+        self._buf += data
+        if len(self._buf) >= _ENCODE_BATCH:
+            await self._encode(final=False)
+
+    async def _encode(self, final: bool) -> None:
+        bs = self.params.block_size
+        n = len(self._buf) if final else len(self._buf) // bs * bs
+        if n == 0:
+            return
+        chunk = bytes(self._buf[:n])
+        del self._buf[:n]
+        base = self._out.size()
+        out, entries = await asyncio.to_thread(self._encode_blocks, chunk, base)
+        await self._out.append(out)
+        self._map += entries
+
+    def _encode_blocks(self, chunk: bytes, base: int):
+        p, out, entries = self.params, bytearray(), bytearray()
+        view = memoryview(chunk)
+        for start in range(0, len(chunk), p.block_size):
+            piece = view[start : start + p.block_size]
+            mark = len(out)
+            encode_block(out, piece, logical_off=self._logical, group=0, end=True,
+                         codec=p.codec, cipher=self._cipher, inode=p.inode)
+            entries += MAP_ENTRY.pack(self._logical, base + mark, len(out) - mark, len(piece))
+            self._logical += len(piece)
+            self._count += 1
+        return out, entries
+
+    async def finish(self) -> int:
+        """Write the remaining blocks, key section, map and footer; return the object size."""
+        await self._encode(final=True)
+        p = self.params
+        key_off = key_len = 0
+        if p.encrypted:
+            kid = p.key_id.encode("ascii")
+            sec = struct.pack("<H", len(kid)) + kid + struct.pack("<H", len(p.wrapped_key)) + p.wrapped_key
+            sec += struct.pack("<I", crc32c(sec))
+            key_off, key_len = self._out.size(), len(sec)
+            await self._out.append(sec)
+        map_off = self._out.size()
+        await self._out.append(bytes(self._map))
+        footer = FOOTER.pack(SEAL_MAGIC, SEAL_VERSION, FOOTER_LEN, p.inode, p.gen, self._logical,
+                             map_off, self._count, crc32c(bytes(self._map)), key_off, key_len,
+                             int(p.codec), 1 if p.encrypted else 0, 0, p.block_size, bytes(24), 0)
+        footer = footer[:-4] + struct.pack("<I", crc32c(footer[:-4]))
+        await self._out.append(footer)
+        return self._out.size()
+
+    @property
+    def logical_size(self) -> int:
+        return self._logical + len(self._buf)
+
+
+def parse_footer(buf: bytes, where: str, object_size: int) -> dict:
+    at = object_size - FOOTER_LEN
+    if len(buf) != FOOTER_LEN:
+        raise CorruptionError(where, at, "object too short for a sealed-file footer")
+    (magic, ver, flen, inode, gen, lsize, map_off, count, map_crc, key_off, key_len, codec, enc,
+     _r, bsize, _res, crc) = FOOTER.unpack(buf)
+    if magic != SEAL_MAGIC:
+        raise CorruptionError(where, at, f"bad sealed-file magic {magic!r}")
+    if crc32c(buf[:-4]) != crc:
+        raise CorruptionError(where, at, "footer checksum mismatch")
+    if ver != SEAL_VERSION or flen != FOOTER_LEN:
+        raise CorruptionError(where, at, f"unsupported sealed-file version {ver}")
+    if map_off + count * MAP_ENTRY.size != at or (key_len and key_off + key_len != map_off):
+        raise CorruptionError(where, at, "footer section offsets are inconsistent")
+    return dict(inode=inode, gen=gen, logical_size=lsize, map_off=map_off, count=count,
+                map_crc=map_crc, key_off=key_off, key_len=key_len, codec=codec, enc=enc,
+                block_size=bsize)
+
+
+def parse_key_section(sec: bytes, where: str, at: int) -> tuple[str, bytes]:
+    if len(sec) < 8 or crc32c(sec[:-4]) != struct.unpack_from("<I", sec, len(sec) - 4)[0]:
+        raise CorruptionError(where, at, "key section checksum mismatch")
+    (klen,) = struct.unpack_from("<H", sec, 0)
+    kid = sec[2 : 2 + klen].decode("ascii")
+    (wlen,) = struct.unpack_from("<H", sec, 2 + klen)
+    return kid, sec[4 + klen : 4 + klen + wlen]
+
+
+class SealedFile:
+    """A sealed file opened for paged reads."""
+
+    def __init__(self, store: ObjectStore, key: str, object_size: int, meta: dict,
+                 blocks: np.ndarray, params: FileParams, kek: KeyEncryptionKey | None,
+                 cache: BlockCache):
+        self._store, self.key, self.object_size = store, key, object_size
+        self.where = f"{store.uri}/{key}"
+        self.meta, self.params = meta, params
+        self.size = meta["logical_size"]
+        self._blocks = blocks
+        self._logical = blocks["logical"].astype(np.int64)
+        self._cipher = params.cipher(kek, self.where)
+        self._cache = cache
+        self._inflight: dict[int, asyncio.Future] = {}
+
+    @classmethod
+    async def open(cls, store: ObjectStore, key: str, *, object_size: int | None = None,
+                   kek: KeyEncryptionKey | None = None, cache: BlockCache | None = None) -> "SealedFile":
+        """Read the footer, key section and block map (two ranged reads)."""
+        if object_size is None:
+            object_size = (await store.head(key)).size
+        where = f"{store.uri}/{key}"
+        if object_size < FOOTER_LEN:
+            raise CorruptionError(where, 0, "object too short for a sealed-file footer")
+        meta = parse_footer(await store.get_range(key, object_size - FOOTER_LEN, FOOTER_LEN),
+                            where, object_size)
+        lo = meta["key_off"] if meta["key_len"] else meta["map_off"]
+        tail = await store.get_range(key, lo, object_size - FOOTER_LEN - lo)
+        raw_map = tail[meta["key_len"] :]
+        if crc32c(raw_map) != meta["map_crc"]:
+            raise CorruptionError(where, meta["map_off"], "block map checksum mismatch")
+        kid, wrapped = ("", b"")
+        if meta["key_len"]:
+            kid, wrapped = parse_key_section(tail[: meta["key_len"]], where, meta["key_off"])
+        blocks = np.frombuffer(raw_map, _MAP_DTYPE)
+        _check_map(blocks, meta, where)
+        try:
+            params = FileParams(meta["inode"], meta["gen"], Codec(meta["codec"]), meta["block_size"],
+                                0, kid, wrapped)
+        except (ValueError, TerrafsError) as e:
+            raise CorruptionError(where, object_size - FOOTER_LEN, f"bad footer field: {e}") from e
+        return cls(store, key, object_size, meta, blocks, params, kek, cache or BlockCache(4 << 20))
+
+    async def read(self, offset: int, length: int) -> bytes:
+        """Logical bytes ``[offset, offset + length)``, short at the end of the file."""
+        end = min(offset + length, self.size)
+        if offset >= end:
+            return b""
+        first = int(np.searchsorted(self._logical, offset, side="right")) - 1
+        last = int(np.searchsorted(self._logical, end - 1, side="right")) - 1
+        if first == last:  # the common point read: one block
+            block = self._cache.get_mem((self.key, first)) or (await self._fetch(first, first))[0]
+            lo = offset - int(self._logical[first])
+            return block[lo : lo + (end - offset)]
+        blocks = await self._fetch(first, last)
+        data = b"".join(blocks)
+        lo = offset - int(self._logical[first])
+        return data[lo : lo + (end - offset)]
+
+    async def _fetch(self, first: int, last: int) -> list[bytes]:
+        """Decoded blocks ``first..last``: memory, then volatile cache, then ranged reads."""
+        out: list[bytes | None] = []
+        missing = []
+        for i in range(first, last + 1):
+            b = self._cache.get_mem((self.key, i))
+            if b is None:
+                rec = await self._cache.get_disk((self.key, i))
+                if rec is not None:
+                    try:
+                        b = self._decode(rec, i)
+                    except CorruptionError:
+                        self._cache.drop((self.key, i))  # bad cache copy: refetch below
+                        b = None
+                    if b is not None:
+                        self._cache.put_mem((self.key, i), b)
+            if b is None:
+                missing.append(i)
+            out.append(b)
+        for lo, hi in _runs(missing):
+            got = await self._get_run(lo, hi)
+            for i, b in zip(range(lo, hi + 1), got):
+                out[i - first] = b
+        return out  # type: ignore[return-value]
+
+    async def _get_run(self, lo: int, hi: int) -> list[bytes]:
+        """Fetch blocks ``lo..hi`` with one ranged read, verify, decode and cache them."""
+        self._cache.stats["misses"] += hi - lo + 1
+        start = int(self._blocks["physical"][lo])
+        stop = int(self._blocks["physical"][hi]) + int(self._blocks["rec"][hi])
+        raw = await self._store.get_range(self.key, start, stop - start)
+        if len(raw) != stop - start:
+            raise CorruptionError(self.where, start, "object shorter than its block map says")
+        out = []
+        for i in range(lo, hi + 1):
+            a = int(self._blocks["physical"][i]) - start
+            rec = raw[a : a + int(self._blocks["rec"][i])]
+            b = self._decode(rec, i)
+            self._cache.put_mem((self.key, i), b)
+            self._cache.put_disk((self.key, i), rec)
+            out.append(b)
+        return out
+
+    def _decode(self, rec: bytes, i: int) -> bytes:
+        phys = int(self._blocks["physical"][i])
+        h, data = decode_block(rec, 0, cipher=self._cipher, inode=self.params.inode,
+                               where=self.where)
+        if h.logical_off != int(self._logical[i]) or h.raw_len != int(self._blocks["raw"][i]):
+            raise CorruptionError(self.where, phys, "block does not match the block map")
+        return data
+
+    async def scan(self, start: int = 0) -> AsyncIterator[tuple[int, bytes]]:
+        """Yield ``(logical_offset, bytes)`` in order, reading large ranges, bypassing the cache."""
+        n = len(self._blocks)
+        i = max(int(np.searchsorted(self._logical, start, side="right")) - 1, 0)
+        while i < n:
+            j = i
+            limit = int(self._blocks["physical"][i]) + _SCAN_RANGE
+            while j + 1 < n and int(self._blocks["physical"][j + 1]) + int(self._blocks["rec"][j + 1]) <= limit:
+                j += 1
+            start_p = int(self._blocks["physical"][i])
+            raw = await self._store.get_range(
+                self.key, start_p, int(self._blocks["physical"][j]) + int(self._blocks["rec"][j]) - start_p)
+            decoded = await asyncio.to_thread(self._decode_many, raw, start_p, i, j)
+            for k, data in zip(range(i, j + 1), decoded):
+                lo = int(self._logical[k])
+                if lo + len(data) > start:
+                    cut = max(start - lo, 0)
+                    yield lo + cut, data[cut:]
+            i = j + 1
+
+    def _decode_many(self, raw: bytes, base: int, i: int, j: int) -> list[bytes]:
+        out = []
+        for k in range(i, j + 1):
+            a = int(self._blocks["physical"][k]) - base
+            out.append(self._decode(raw[a : a + int(self._blocks["rec"][k])], k))
+        return out
+
+    async def verify(self) -> None:
+        """Decode every block (fsck); raises CorruptionError at the first bad one."""
+        async for _ in self.scan():
+            pass
+
+
+def _check_map(blocks: np.ndarray, meta: dict, where: str) -> None:
+    """Invariants of the block map (docs/format/terrafs.md §3)."""
+    if len(blocks) == 0:
+        if meta["logical_size"] != 0:
+            raise CorruptionError(where, meta["map_off"], "empty block map for a non-empty file")
+        return
+    logical = blocks["logical"].astype(np.int64)
+    raw = blocks["raw"].astype(np.int64)
+    ok = logical[0] == 0 and np.array_equal(logical[1:], (logical + raw)[:-1])
+    ok = ok and int(logical[-1] + raw[-1]) == meta["logical_size"]
+    phys_end = blocks["physical"].astype(np.int64) + blocks["rec"].astype(np.int64)
+    ok = ok and int(phys_end.max()) <= (meta["key_off"] or meta["map_off"])
+    if not ok:
+        raise CorruptionError(where, meta["map_off"], "block map is not contiguous")
+
+
+def _runs(idx: list[int]):
+    """Group sorted indexes into contiguous (lo, hi) runs."""
+    if not idx:
+        return
+    lo = prev = idx[0]
+    for i in idx[1:]:
+        if i != prev + 1:
+            yield lo, prev
+            lo = i
+        prev = i
+    yield lo, prev
