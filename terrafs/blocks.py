@@ -115,6 +115,8 @@ def parse_header(buf, pos: int, where: str) -> BlockHeader:
         raise CorruptionError(where, pos, "block header checksum mismatch")
     if ver != BLOCK_VERSION:
         raise CorruptionError(where, pos, f"unsupported block version {ver}")
+    if flags & ~0x0F:
+        raise CorruptionError(where, pos, f"unknown block flags {flags:#04x}")
     if rlen > MAX_BLOCK_SIZE or slen > MAX_BLOCK_SIZE + 1024:
         raise CorruptionError(where, pos, f"block length out of range ({slen}/{rlen})")
     return BlockHeader(flags, loff, group, slen, rlen, pcrc)
@@ -127,6 +129,8 @@ def decode_payload(h: BlockHeader, payload, *, cipher: DataCipher | None, inode:
         raise CorruptionError(where, pos, "truncated block payload")
     if crc32c(payload) != h.payload_crc:
         raise CorruptionError(where, pos, "block payload checksum mismatch")
+    if h.flags & Flags.PAD:
+        return b""
     data = payload
     if h.flags & Flags.AESGCM:
         if cipher is None:
