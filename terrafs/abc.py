@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import AsyncIterable
+from typing import AsyncIterable, Callable, Sequence, Union
+
+Buffer = Union[bytes, bytearray, memoryview]
 
 
 class DeviceFile(abc.ABC):
@@ -38,6 +40,19 @@ class DeviceFile(abc.ABC):
     @abc.abstractmethod
     def size(self) -> int:
         """Current size in bytes, including unsynced appends."""
+
+    async def append_durable(self, build: Callable[[int], Sequence[Buffer]]) -> tuple[int, int]:
+        """Append the buffers ``build(offset)`` returns and make them durable, as one step.
+
+        Returns (offset, length). Local disks run ``build``, the write and the
+        fdatasync in one worker-thread hop (a group commit's whole flush);
+        ``build`` must therefore be thread-safe with respect to its inputs.
+        """
+        off = self.size()
+        data = b"".join(build(off))
+        await self.append(data)
+        await self.sync()
+        return off, len(data)
 
     @abc.abstractmethod
     async def close(self) -> None:

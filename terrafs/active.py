@@ -24,7 +24,7 @@ from terrafs.blocks import (
     Codec,
     Flags,
     decode_payload,
-    encode_block,
+    encode_block_parts,
     encode_pad,
     parse_header,
 )
@@ -239,43 +239,48 @@ class ActiveFile:
                 self._want_flush = True
 
     async def _write_group(self, batch: list[bytes]) -> None:
-        group = self._group + 1
-        phys, logical = self._physical_end, self.durable_size
-        buf, entries = await asyncio.to_thread(self._encode_group, batch, group, phys, logical)
-        await self._f.append(buf)
-        await self._f.sync()
+        group, logical = self._group + 1, self.durable_size
+        entries: list[tuple[int, int, int]] = []
+        # Encode, write and fdatasync in one worker-thread hop on local disks.
+        phys, n = await self._f.append_durable(
+            lambda phys: self._encode_group(batch, group, phys, logical, entries))
         for e in entries:
             self.index.add(*e)
         self._group = group
-        self._physical_end += len(buf)
+        self._physical_end = phys + n
         self.durable_size += sum(len(b) for b in batch)
         self.stats["flushes"] += 1
-        self.stats["flushed_bytes"] += len(buf)
+        self.stats["flushed_bytes"] += n
 
-    def _encode_group(self, batch: list[bytes], group: int, phys: int, logical: int):
-        """Encode one write group (runs in a worker thread)."""
-        data = memoryview(batch[0] if len(batch) == 1 else b"".join(batch))
-        bs, p = self.params.block_size, self.params
-        out, entries = bytearray(), []
-        cuts = list(range(0, len(data), bs))
-        for i, start in enumerate(cuts):
-            last = i == len(cuts) - 1
-            chunk = data[start : start + bs]
-            entries.append((logical + start, phys + len(out), len(chunk)))
-            mark = len(out)
-            encode_block(out, chunk, logical_off=logical + start, group=group,
-                         end=last and p.page_size == 0, codec=p.codec, cipher=self._cipher,
-                         inode=p.inode)
+    def _encode_group(self, batch: list[bytes], group: int, phys: int, logical: int,
+                      entries: list) -> list:
+        """The buffers of one write group starting at physical ``phys`` (worker thread).
+
+        Blocks are cut across append boundaries without joining the appends;
+        ``entries`` receives (logical, physical, raw_len) of each data block.
+        """
+        p, parts, pos = self.params, [], phys
+        blocks = list(_cut(batch, p.block_size))
+        total = sum(n for _, n in blocks)
+        for i, (pieces, n) in enumerate(blocks):
+            last = i == len(blocks) - 1
+            kw = dict(logical_off=logical, group=group, codec=p.codec, cipher=self._cipher, inode=p.inode)
+            mark = len(parts)
+            rec = encode_block_parts(parts, pieces, n, end=last and p.page_size == 0, **kw)
             if last and p.page_size:
-                gap = -(phys + len(out)) % p.page_size
+                gap = -(pos + rec) % p.page_size
                 if gap == 0:  # lands on a page boundary: re-encode the last block with END
-                    del out[mark:]
-                    encode_block(out, chunk, logical_off=logical + start, group=group, end=True,
-                                 codec=p.codec, cipher=self._cipher, inode=p.inode)
+                    del parts[mark:]
+                    rec = encode_block_parts(parts, pieces, n, end=True, **kw)
                 else:
-                    encode_pad(out, logical_off=logical + len(data), group=group,
+                    pad = bytearray()
+                    encode_pad(pad, logical_off=logical + n, group=group,
                                pad_len=gap if gap >= HEADER_LEN else gap + p.page_size)
-        return out, entries
+                    parts.append(pad)
+            entries.append((logical, pos, n))
+            pos += rec
+            logical += n
+        return parts
 
     # -- reads -------------------------------------------------------------------
 
@@ -413,6 +418,23 @@ class ActiveFile:
                 pass
             start += i + 1
         return None
+
+
+def _cut(batch: list[bytes], size: int):
+    """Split appends into blocks of at most ``size`` bytes: yields (pieces, length)."""
+    pieces, n = [], 0
+    for data in batch:
+        view = memoryview(data)
+        while view:
+            take = view[: size - n]
+            pieces.append(take)
+            n += len(take)
+            view = view[len(take) :]
+            if n == size:
+                yield pieces, n
+                pieces, n = [], 0
+    if pieces:
+        yield pieces, n
 
 
 class _Window:

@@ -96,6 +96,26 @@ def encode_block(out: bytearray, data, *, logical_off: int, group: int, end: boo
     out += payload
 
 
+def encode_block_parts(parts: list, pieces: list, raw_len: int, *, logical_off: int, group: int,
+                       end: bool, codec: Codec = Codec.NONE, cipher: DataCipher | None = None,
+                       inode: int = 0) -> int:
+    """Like :func:`encode_block` for data given as several buffers; appends the
+    record's buffers to ``parts`` (zero-copy when there is nothing to transform)
+    and returns the record length."""
+    if codec == Codec.NONE and cipher is None:
+        crc = 0
+        for piece in pieces:
+            crc = crc32c(piece, crc)
+        parts.append(_pack_header(int(Flags.END) if end else 0, logical_off, group, raw_len, raw_len, crc))
+        parts.extend(pieces)
+        return HEADER_LEN + raw_len
+    out = bytearray()
+    encode_block(out, b"".join(pieces), logical_off=logical_off, group=group, end=end, codec=codec,
+                 cipher=cipher, inode=inode)
+    parts.append(out)
+    return len(out)
+
+
 def encode_pad(out: bytearray, *, logical_off: int, group: int, pad_len: int) -> None:
     """Append a PAD+END block whose whole record is ``pad_len`` bytes (>= HEADER_LEN)."""
     stored = pad_len - HEADER_LEN

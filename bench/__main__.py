@@ -1,0 +1,21 @@
+"""`make bench`: run every benchmark and print its comparison table."""
+import asyncio
+import sys
+
+from bench import terrafs_bench
+
+SUITES = {"terrafs": terrafs_bench.main}
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(SUITES)
+    for n in names:
+        if n not in SUITES:
+            print(f"unknown benchmark {n!r}; known: {', '.join(SUITES)}", file=sys.stderr)
+            return 2
+        asyncio.run(SUITES[n]())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

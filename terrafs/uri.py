@@ -1,0 +1,116 @@
+"""URI scheme -> backend table (pyiceberg's SCHEMA_TO_FILE_IO pattern).
+
+One table says which scheme opens which kind of store. Schemes from the
+design that this build does not implement answer with a clear error.
+Options travel as query parameters (``?endpoint_url=...&region=...``).
+"""
+from __future__ import annotations
+
+import enum
+import os
+from urllib.parse import parse_qsl, urlsplit
+
+from terrafs.abc import BlockDevice, ObjectStore
+from terrafs.errors import ConfigurationError, UnsupportedSchemeError
+
+
+class Kind(str, enum.Enum):
+    BLOCK = "block device"
+    OBJECT = "object store"
+    CATALOG = "catalog"
+
+
+# scheme -> kinds it can open in this build
+SCHEMES: dict[str, frozenset[Kind]] = {
+    "trfs": frozenset({Kind.BLOCK, Kind.OBJECT}),
+    "trkv": frozenset({Kind.CATALOG}),
+    "trs3": frozenset({Kind.OBJECT}),
+    "memory": frozenset({Kind.BLOCK, Kind.OBJECT, Kind.CATALOG}),
+    "raft": frozenset({Kind.CATALOG}),
+}
+# schemes of the design that need a cloud this build does not talk to
+UNSUPPORTED = {
+    "trec2": "Amazon EC2 block storage", "trmd": "Azure Managed Disk",
+    "trpgblob": "Azure page blobs", "trblob": "Azure Blob Storage",
+    "trdyn": "Amazon DynamoDB", "trtab": "Azure Table Storage",
+}
+
+
+def local_path(uri: str) -> str:
+    """Filesystem path of a ``trfs://``/``trkv://`` URI.
+
+    ``scheme:///abs/dir`` is absolute; ``scheme://./rel/dir`` (or any other
+    netloc) is relative to the working directory.
+    """
+    parts = urlsplit(uri)
+    if parts.query:
+        raise ConfigurationError(f"{uri}: {parts.scheme}:// takes no options ({parts.query})")
+    if parts.netloc:
+        path = parts.netloc + parts.path
+    else:
+        path = parts.path
+    if not path:
+        raise ConfigurationError(f"{uri}: no path")
+    return path
+
+
+def _scheme(uri: str, kind: Kind) -> str:
+    scheme = urlsplit(uri).scheme
+    if scheme in UNSUPPORTED:
+        raise UnsupportedSchemeError(
+            f"{uri}: {scheme}:// ({UNSUPPORTED[scheme]}) is not supported in this build")
+    if scheme not in SCHEMES:
+        raise ConfigurationError(f"{uri}: unknown scheme {scheme!r}; expected one of "
+                                 f"{', '.join(s for s, k in SCHEMES.items() if kind in k)}")
+    if kind not in SCHEMES[scheme]:
+        raise ConfigurationError(f"{uri}: {scheme}:// is not a {kind.value}")
+    return scheme
+
+
+def open_block_device(uri: str, durable: bool = True) -> BlockDevice:
+    scheme = _scheme(uri, Kind.BLOCK)
+    if scheme == "memory":
+        from terrafs.backends.memory import MemoryBlockDevice
+
+        return MemoryBlockDevice(uri, durable)
+    from terrafs.backends.local import LocalBlockDevice
+
+    return LocalBlockDevice(local_path(uri), durable, uri=uri)
+
+
+def open_object_store(uri: str) -> ObjectStore:
+    scheme = _scheme(uri, Kind.OBJECT)
+    if scheme == "memory":
+        from terrafs.backends.memory import MemoryObjectStore
+
+        return MemoryObjectStore(uri)
+    if scheme == "trs3":
+        from terrafs.backends.s3 import S3ObjectStore
+
+        return S3ObjectStore.from_uri(uri)
+    from terrafs.backends.local import LocalObjectStore
+
+    return LocalObjectStore(local_path(uri), uri=uri)
+
+
+def open_catalog(uri: str):
+    """A catalog backend for ``uri`` (not yet opened: call ``await c.open()``)."""
+    scheme = _scheme(uri, Kind.CATALOG)
+    if scheme == "memory":
+        from catalog.memory import MemoryCatalog
+
+        return MemoryCatalog()
+    if scheme == "raft":
+        raise UnsupportedSchemeError(f"{uri}: the Raft catalog is not built yet (issue 7); use trkv://")
+    from catalog.local import LocalCatalog
+
+    return LocalCatalog(os.path.abspath(local_path(uri)))
+
+
+def query_options(uri: str, allowed: set[str]) -> dict[str, str]:
+    """Query parameters of ``uri``; an unknown one is a ConfigurationError naming it."""
+    opts = dict(parse_qsl(urlsplit(uri).query, keep_blank_values=True))
+    for k in opts:
+        if k not in allowed:
+            raise ConfigurationError(f"{uri}: unknown option {k!r} (known: {', '.join(sorted(allowed))})")
+    return opts
