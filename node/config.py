@@ -1,0 +1,142 @@
+"""Node configuration: TOML (contract §4) or the embedded defaults under a data dir.
+
+Parsed with the standard library's ``tomllib`` into frozen dataclasses;
+every key is checked, and an unknown key or bad value is a ConfigError whose
+one-line message names the key.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+
+from node.errors import ConfigError
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
+_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_DUR = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
+_DUR_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_size(key: str, v) -> int:
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    m = _SIZE.match(str(v)) if isinstance(v, str) else None
+    if not m:
+        raise ConfigError(f"{key}: expected a size like 64KiB or 256MiB, got {v!r}")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_duration(key: str, v) -> float:
+    m = _DUR.match(v) if isinstance(v, str) else None
+    if not m:
+        raise ConfigError(f"{key}: expected a duration like 7d, 12h or 30s, got {v!r}")
+    return int(m.group(1)) * _DUR_S[m.group(2)]
+
+
+def parse_listen(key: str, v) -> tuple[str, int]:
+    host, sep, port = str(v).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key}: expected HOST:PORT, got {v!r}")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node_id: str = "n1"
+    listen: tuple[str, int] = ("127.0.0.1", 7400)
+    block: str = "trfs://./data/block"
+    volatile: str = "trfs://./data/cache"
+    objects: str = "trfs://./data/objects"
+    catalog: str = "trkv://./data/catalog"
+    catalog_secret_file: str | None = None
+    catalog_dir: str | None = None
+    seal_bytes: int = 256 << 20
+    flush_bytes: int = 64 << 10
+    flush_ms: float = 2.0
+    token: str | None = None
+    encryption_key_file: str | None = None
+    retention_s: float = 7 * 86400
+
+
+# section -> key -> (field name, parser)
+_SCHEMA = {
+    "node": {"id": ("node_id", lambda k, v: _str(k, v)), "listen": ("listen", parse_listen)},
+    "storage": {"block": ("block", lambda k, v: _str(k, v)), "volatile": ("volatile", lambda k, v: _str(k, v)),
+                "objects": ("objects", lambda k, v: _str(k, v))},
+    "catalog": {"uri": ("catalog", lambda k, v: _str(k, v)),
+                "secret_file": ("catalog_secret_file", lambda k, v: _str(k, v)),
+                "dir": ("catalog_dir", lambda k, v: _str(k, v))},
+    "segments": {"seal_bytes": ("seal_bytes", parse_size), "flush_bytes": ("flush_bytes", parse_size),
+                 "flush_ms": ("flush_ms", lambda k, v: _num(k, v))},
+    "security": {"token": ("token", lambda k, v: _str(k, v)), "token_file": ("token", _read_token),
+                 "encryption_key_file": ("encryption_key_file", lambda k, v: _str(k, v))},
+    "history": {"retention": ("retention_s", parse_duration)},
+}
+
+
+def _str(key: str, v) -> str:
+    if not isinstance(v, str) or not v:
+        raise ConfigError(f"{key}: expected a non-empty string, got {v!r}")
+    return v
+
+
+def _num(key: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise ConfigError(f"{key}: expected a non-negative number, got {v!r}")
+    return float(v)
+
+
+def _read_token(key: str, v) -> str:
+    try:
+        with open(_str(key, v)) as f:
+            tok = f.read().strip()
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot read {v}: {e.strerror}") from None
+    if not tok:
+        raise ConfigError(f"{key}: {v} is empty")
+    return tok
+
+
+def defaults(data_dir: str = "./data") -> NodeConfig:
+    """The embedded defaults under ``data_dir`` (contract §1)."""
+    d = data_dir.rstrip("/") or "."
+    pre = "trfs://" + (d if d.startswith("/") else "./" + d.removeprefix("./"))
+    kv = "trkv://" + (d if d.startswith("/") else "./" + d.removeprefix("./"))
+    return NodeConfig(block=f"{pre}/block", volatile=f"{pre}/cache", objects=f"{pre}/objects",
+                      catalog=f"{kv}/catalog")
+
+
+def load(path: str) -> NodeConfig:
+    """Read and validate a TOML config file."""
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"--config: cannot read {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config: {path} is not valid TOML: {e}") from None
+    return from_dict(doc)
+
+
+def from_dict(doc: dict) -> NodeConfig:
+    values: dict = {}
+    for section, body in doc.items():
+        if section not in _SCHEMA:
+            raise ConfigError(f"{section}: unknown section (known: {', '.join(_SCHEMA)})")
+        if not isinstance(body, dict):
+            raise ConfigError(f"{section}: expected a table")
+        for key, v in body.items():
+            full = f"{section}.{key}"
+            if key not in _SCHEMA[section]:
+                raise ConfigError(f"{full}: unknown key")
+            name, parse = _SCHEMA[section][key]
+            values[name] = parse(full, v)
+    cfg = NodeConfig(**values)
+    if cfg.catalog.startswith("raft://") and not cfg.catalog_secret_file:
+        raise ConfigError("catalog.secret_file: required with a raft:// catalog")
+    if cfg.encryption_key_file and not os.path.exists(cfg.encryption_key_file):
+        raise ConfigError(f"security.encryption_key_file: {cfg.encryption_key_file} does not exist")
+    return cfg
