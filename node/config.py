@@ -61,22 +61,6 @@ class NodeConfig:
     retention_s: float = 7 * 86400
 
 
-# section -> key -> (field name, parser)
-_SCHEMA = {
-    "node": {"id": ("node_id", lambda k, v: _str(k, v)), "listen": ("listen", parse_listen)},
-    "storage": {"block": ("block", lambda k, v: _str(k, v)), "volatile": ("volatile", lambda k, v: _str(k, v)),
-                "objects": ("objects", lambda k, v: _str(k, v))},
-    "catalog": {"uri": ("catalog", lambda k, v: _str(k, v)),
-                "secret_file": ("catalog_secret_file", lambda k, v: _str(k, v)),
-                "dir": ("catalog_dir", lambda k, v: _str(k, v))},
-    "segments": {"seal_bytes": ("seal_bytes", parse_size), "flush_bytes": ("flush_bytes", parse_size),
-                 "flush_ms": ("flush_ms", lambda k, v: _num(k, v))},
-    "security": {"token": ("token", lambda k, v: _str(k, v)), "token_file": ("token", _read_token),
-                 "encryption_key_file": ("encryption_key_file", lambda k, v: _str(k, v))},
-    "history": {"retention": ("retention_s", parse_duration)},
-}
-
-
 def _str(key: str, v) -> str:
     if not isinstance(v, str) or not v:
         raise ConfigError(f"{key}: expected a non-empty string, got {v!r}")
@@ -98,6 +82,22 @@ def _read_token(key: str, v) -> str:
     if not tok:
         raise ConfigError(f"{key}: {v} is empty")
     return tok
+
+
+# section -> key -> (field name, parser)
+_SCHEMA = {
+    "node": {"id": ("node_id", lambda k, v: _str(k, v)), "listen": ("listen", parse_listen)},
+    "storage": {"block": ("block", lambda k, v: _str(k, v)), "volatile": ("volatile", lambda k, v: _str(k, v)),
+                "objects": ("objects", lambda k, v: _str(k, v))},
+    "catalog": {"uri": ("catalog", lambda k, v: _str(k, v)),
+                "secret_file": ("catalog_secret_file", lambda k, v: _str(k, v)),
+                "dir": ("catalog_dir", lambda k, v: _str(k, v))},
+    "segments": {"seal_bytes": ("seal_bytes", parse_size), "flush_bytes": ("flush_bytes", parse_size),
+                 "flush_ms": ("flush_ms", lambda k, v: _num(k, v))},
+    "security": {"token": ("token", lambda k, v: _str(k, v)), "token_file": ("token", _read_token),
+                 "encryption_key_file": ("encryption_key_file", lambda k, v: _str(k, v))},
+    "history": {"retention": ("retention_s", parse_duration)},
+}
 
 
 def defaults(data_dir: str = "./data") -> NodeConfig:
