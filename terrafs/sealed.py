@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from bisect import bisect_right
 from typing import AsyncIterator
 
 import numpy as np
@@ -139,6 +140,7 @@ class SealedFile:
         self.size = meta["logical_size"]
         self._blocks = blocks
         self._logical = blocks["logical"].astype(np.int64)
+        self._starts = self._logical.tolist()  # bisect on a list beats numpy for one lookup
         self._cipher = params.cipher(kek, self.where)
         self._cache = cache
         self._inflight: dict[int, asyncio.Future] = {}
@@ -176,15 +178,13 @@ class SealedFile:
         end = min(offset + length, self.size)
         if offset >= end:
             return b""
-        first = int(np.searchsorted(self._logical, offset, side="right")) - 1
-        last = int(np.searchsorted(self._logical, end - 1, side="right")) - 1
+        first = bisect_right(self._starts, offset) - 1
+        last = bisect_right(self._starts, end - 1) - 1
+        lo = offset - self._starts[first]
         if first == last:  # the common point read: one block
             block = self._cache.get_mem((self.key, first)) or (await self._fetch(first, first))[0]
-            lo = offset - int(self._logical[first])
             return block[lo : lo + (end - offset)]
-        blocks = await self._fetch(first, last)
-        data = b"".join(blocks)
-        lo = offset - int(self._logical[first])
+        data = b"".join(await self._fetch(first, last))
         return data[lo : lo + (end - offset)]
 
     async def _fetch(self, first: int, last: int) -> list[bytes]:
