@@ -131,6 +131,8 @@ class ActiveFile:
         self._failed: BaseException | None = None
         self._sealed = False
         self._closed = False
+        self._read_only = False
+        self.torn_tail: tuple[int, int] | None = None  # (offset, bytes) cut or found at recovery
         self.stats = {"flushes": 0, "flushed_bytes": 0, "appends": 0}
 
     @property
@@ -151,13 +153,17 @@ class ActiveFile:
 
     @classmethod
     async def recover(cls, dev: BlockDevice, name: str, kek: KeyEncryptionKey | None,
-                      cfg: ActiveConfig = ActiveConfig()) -> "ActiveFile":
-        """Open after a restart: verify every group, cut a torn tail, build the index."""
+                      cfg: ActiveConfig = ActiveConfig(), *, read_only: bool = False) -> "ActiveFile":
+        """Open after a restart: verify every group, cut a torn tail, build the index.
+
+        ``read_only`` (fsck) reports a torn tail in ``torn_tail`` instead of cutting it.
+        """
         where = f"{dev.uri}/{name}"
         f = await dev.open(name)
         try:
             params, hlen = decode_active_header(await f.pread(0, 64 * 1024), where)
             af = cls(f, params, params.cipher(kek, where), hlen, cfg, where)
+            af._read_only = read_only
             await af._recover_groups()
         except BaseException:
             await f.close()
@@ -393,9 +399,12 @@ class ActiveFile:
             raise CorruptionError(self.where, err.offset,
                                   f"{err.reason}; group {later[1]} at offset {later[0]} follows it")
         size = self._f.size()
+        self.torn_tail = (pos, size - pos)
+        if self._read_only:
+            self._sealed = True  # a read-only open never writes
+            return
         log.warning("event=torn_tail file=%s offset=%d dropped_bytes=%d reason=%r",
                     self.where, pos, size - pos, err.reason)
-        self.torn_tail = (pos, size - pos)
         await self._f.truncate(pos)
         await self._f.sync()
 
