@@ -1,0 +1,45 @@
+"""In-memory catalog over the shared state machine (tests; the reference model)."""
+from __future__ import annotations
+
+from catalog.abc import Catalog, Entry, TxnResult
+from catalog.errors import CatalogUnavailableError
+from catalog.state import CatalogState, validate_txn
+
+
+class MemoryCatalog(Catalog):
+    def __init__(self, uri: str = "memory://catalog"):
+        self.uri = uri
+        self.state = CatalogState()
+        self._closed = False
+
+    def _st(self) -> CatalogState:
+        if self._closed:
+            raise CatalogUnavailableError(f"{self.uri} is closed")
+        return self.state
+
+    async def open(self) -> None:
+        self._closed = False
+
+    async def close(self) -> None:
+        self._closed = True
+
+    async def get(self, key: str) -> Entry | None:
+        return self._st().get(key)
+
+    async def get_many(self, keys) -> dict[str, Entry]:
+        st = self._st()
+        return {k: e for k in keys if (e := st.get(k)) is not None}
+
+    async def scan(self, prefix="", *, start=None, end=None, limit=None, reverse=False) -> list[Entry]:
+        return self._st().scan(prefix, start, end, limit, reverse)
+
+    async def txn(self, checks=(), ops=(), *, request_id=None) -> TxnResult:
+        st = self._st()
+        validate_txn(checks, ops, request_id)
+        return st.apply(checks, ops, request_id)
+
+    async def outcome(self, request_id: str) -> TxnResult | None:
+        return self._st().outcome(request_id)
+
+    async def revision(self) -> int:
+        return self._st().revision
