@@ -48,8 +48,10 @@ class _Pending:
 
 
 class LocalCatalog(Catalog):
-    def __init__(self, path: str, *, snapshot_bytes: int = 4 << 20, uri: str | None = None):
+    def __init__(self, path: str, *, snapshot_bytes: int = 4 << 20, uri: str | None = None,
+                 read_only: bool = False):
         self.path = os.path.abspath(path)
+        self.read_only = read_only  # fsck: report a torn tail, write nothing
         self.uri = uri or f"trkv://{self.path}"
         self.snapshot_bytes = snapshot_bytes
         self.state = CatalogState()
@@ -83,6 +85,8 @@ class LocalCatalog(Catalog):
         await asyncio.to_thread(self._open_sync)
 
     def _open_sync(self) -> None:
+        if self.read_only and not os.path.isdir(self.path):
+            raise CatalogUnavailableError(f"{self.uri}: no catalog directory")
         os.makedirs(self.path, exist_ok=True)
         fd = os.open(os.path.join(self.path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o640)
         try:
@@ -117,7 +121,7 @@ class LocalCatalog(Catalog):
     def _recover(self) -> None:
         names = sorted(os.listdir(self.path))
         for n in names:
-            if n.endswith(".tmp"):
+            if n.endswith(".tmp") and not self.read_only:
                 os.unlink(os.path.join(self.path, n))
         snaps = [n for n in names if _SNAP.match(n)]
         logs = [n for n in names if _LOG.match(n)]
@@ -127,6 +131,8 @@ class LocalCatalog(Catalog):
                 self.state = CatalogState.restore(f.read(), where)
         for i, name in enumerate(logs):
             self._replay(name, last=i == len(logs) - 1)
+        if self.read_only:
+            return
         if logs:
             self._open_log(logs[-1])
         else:
@@ -147,6 +153,8 @@ class LocalCatalog(Catalog):
                 log.warning("event=catalog_torn_tail file=%s offset=%d dropped_bytes=%d reason=%r",
                             where, pos, len(buf) - pos, e.reason)
                 self.torn_tail = (where, pos)
+                if self.read_only:
+                    return
                 with open(where, "r+b") as f:
                     f.truncate(pos)
                     os.fsync(f.fileno())
@@ -201,6 +209,8 @@ class LocalCatalog(Catalog):
 
     async def txn(self, checks=(), ops=(), *, request_id=None) -> TxnResult:
         st = self._st()
+        if self.read_only:
+            raise CatalogUnavailableError(f"{self.uri} is open read-only")
         validate_txn(checks, ops, request_id)
         if request_id is not None:
             known = st.outcome(request_id)

@@ -28,6 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help="TOML config file (contract §4)")
     run.add_argument("--data-dir", default="./data", help="embedded defaults under this directory")
     run.add_argument("--listen", help="HOST:PORT (overrides the config)")
+    fsck = sub.add_parser("fsck", help="offline: verify every checksum and invariant of a node's data")
+    fsck.add_argument("data_dir", nargs="?", help="a data directory with the embedded layout")
+    fsck.add_argument("--config", help="check the stores this config names")
     return p
 
 
@@ -48,12 +51,31 @@ def _node_run(args) -> int:
     return 0
 
 
+def _fsck(args, parser) -> int:
+    from node.fsck import fsck
+
+    if bool(args.data_dir) == bool(args.config):
+        parser.error("fsck takes DATA_DIR or --config FILE")
+    if args.data_dir and not os.path.isdir(args.data_dir):
+        raise config_mod.ConfigError(f"DATA_DIR: {args.data_dir} is not a directory")
+    cfg = config_mod.load(args.config) if args.config else config_mod.defaults(args.data_dir)
+    problems = asyncio.run(fsck(cfg))
+    for p in problems:
+        print(p.line())
+    damaged = [p for p in problems if p.damage]
+    print(f"fsck: {len(damaged)} problem(s), {len(problems) - len(damaged)} notice(s)", file=sys.stderr)
+    return 1 if damaged else 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     _setup_logging()
     try:
         if args.cmd == "node":
             return _node_run(args)
+        if args.cmd == "fsck":
+            return _fsck(args, parser)
     except (NodeError, TerrafsError, CatalogError) as e:
         print(f"terrascale: error: {e}", file=sys.stderr)
         return 1
