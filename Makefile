@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
+	@echo "Terrascale node on http://127.0.0.1:7400 (data in ./data; Ctrl-C stops it)"
+	@echo "  try:  curl -s http://127.0.0.1:7400/readyz    or    .venv/bin/terrascale fsck ./data  (once stopped)"
 	$(VENV)/bin/terrascale node run --data-dir ./data --listen 127.0.0.1:7400
 
 test: $(STAMP)
