@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from catalog.abc import Catalog, Check, Entry, Op, Put, TxnResult
+from catalog.abc import Check, Op, Put, TxnResult
 from catalog.errors import CatalogConfigError, CatalogCorruptionError, CatalogUnavailableError
 from catalog.logfile import (
     BadRecord,
@@ -24,6 +24,7 @@ from catalog.logfile import (
     encode_record,
     find_valid_record_after,
 )
+from catalog.memory import StateReads
 from catalog.state import CatalogState, validate_txn
 
 log = logging.getLogger("catalog.local")
@@ -47,7 +48,7 @@ class _Pending:
     fut: asyncio.Future
 
 
-class LocalCatalog(Catalog):
+class LocalCatalog(StateReads):
     def __init__(self, path: str, *, snapshot_bytes: int = 4 << 20, uri: str | None = None,
                  read_only: bool = False):
         self.path = os.path.abspath(path)
@@ -186,24 +187,6 @@ class LocalCatalog(Catalog):
         if self._log_fd >= 0:
             os.close(self._log_fd)
         self._log_fd, self._log_name, self._log_size = fd, name, os.fstat(fd).st_size
-
-    # -- reads ---------------------------------------------------------------------
-
-    async def get(self, key: str) -> Entry | None:
-        return self._st().get(key)
-
-    async def get_many(self, keys) -> dict[str, Entry]:
-        st = self._st()
-        return {k: e for k in keys if (e := st.get(k)) is not None}
-
-    async def scan(self, prefix="", *, start=None, end=None, limit=None, reverse=False) -> list[Entry]:
-        return self._st().scan(prefix, start, end, limit, reverse)
-
-    async def outcome(self, request_id: str) -> TxnResult | None:
-        return self._st().outcome(request_id)
-
-    async def revision(self) -> int:
-        return self._st().revision
 
     # -- writes: group commit ---------------------------------------------------------
 

@@ -1,12 +1,38 @@
 """In-memory catalog over the shared state machine (tests; the reference model)."""
 from __future__ import annotations
 
+import abc
+
 from catalog.abc import Catalog, Entry, TxnResult
 from catalog.errors import CatalogUnavailableError
 from catalog.state import CatalogState, validate_txn
 
 
-class MemoryCatalog(Catalog):
+class StateReads(Catalog):
+    """Reads served from a local :class:`CatalogState` (memory, trkv://; Raft's stale reads)."""
+
+    @abc.abstractmethod
+    def _st(self) -> CatalogState:
+        """The state, once the backend says it may be read (open, not failed)."""
+
+    async def get(self, key: str) -> Entry | None:
+        return self._st().get(key)
+
+    async def get_many(self, keys) -> dict[str, Entry]:
+        st = self._st()
+        return {k: e for k in keys if (e := st.get(k)) is not None}
+
+    async def scan(self, prefix="", *, start=None, end=None, limit=None, reverse=False) -> list[Entry]:
+        return self._st().scan(prefix, start, end, limit, reverse)
+
+    async def outcome(self, request_id: str) -> TxnResult | None:
+        return self._st().outcome(request_id)
+
+    async def revision(self) -> int:
+        return self._st().revision
+
+
+class MemoryCatalog(StateReads):
     def __init__(self, uri: str = "memory://catalog"):
         self.uri = uri
         self.state = CatalogState()
@@ -23,23 +49,7 @@ class MemoryCatalog(Catalog):
     async def close(self) -> None:
         self._closed = True
 
-    async def get(self, key: str) -> Entry | None:
-        return self._st().get(key)
-
-    async def get_many(self, keys) -> dict[str, Entry]:
-        st = self._st()
-        return {k: e for k in keys if (e := st.get(k)) is not None}
-
-    async def scan(self, prefix="", *, start=None, end=None, limit=None, reverse=False) -> list[Entry]:
-        return self._st().scan(prefix, start, end, limit, reverse)
-
     async def txn(self, checks=(), ops=(), *, request_id=None) -> TxnResult:
         st = self._st()
         validate_txn(checks, ops, request_id)
         return st.apply(checks, ops, request_id)
-
-    async def outcome(self, request_id: str) -> TxnResult | None:
-        return self._st().outcome(request_id)
-
-    async def revision(self) -> int:
-        return self._st().revision
