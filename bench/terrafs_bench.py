@@ -23,7 +23,7 @@ from terrafs.sealed import SealedFile, SealedWriter
 
 APPENDERS = 64
 TOTAL_BYTES = 128 << 20
-ROUNDS = 3
+ROUNDS = 5
 READS = 20_000
 
 
