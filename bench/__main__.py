@@ -2,9 +2,9 @@
 import asyncio
 import sys
 
-from bench import terrafs_bench
+from bench import rowcodec_bench, terrafs_bench
 
-SUITES = {"terrafs": terrafs_bench.main}
+SUITES = {"terrafs": terrafs_bench.main, "rowcodec": rowcodec_bench.main}
 
 
 def main(argv: list[str]) -> int:

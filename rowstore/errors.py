@@ -1,0 +1,22 @@
+"""Exceptions raised by the row store."""
+
+
+class RowstoreError(Exception):
+    """Raised for any row-store failure; the base of this package's errors."""
+
+
+class SchemaError(RowstoreError):
+    """Raised when a schema, type name or schema change is invalid."""
+
+
+class RowValidationError(RowstoreError):
+    """Raised when rows do not fit their schema (missing key, wrong type, unknown column)."""
+
+
+class RowCorruptionError(RowstoreError):
+    """Raised when encoded rows fail an invariant; names where and at which offset."""
+
+    def __init__(self, where: str, offset: int | None, reason: str):
+        self.where, self.offset, self.reason = where, offset, reason
+        at = f" at offset {offset}" if offset is not None else ""
+        super().__init__(f"corruption in {where}{at}: {reason}")

@@ -1,0 +1,116 @@
+"""The contract's column types (CONTRACT.md §3), each mapped to one Arrow type
+and to its fixed-width row storage (docs/format/segment.md §1)."""
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from rowstore.errors import SchemaError
+
+TS = pa.timestamp("us", tz="UTC")
+LOGICAL_KEY = b"terrascale.type"  # Arrow field metadata naming the logical type
+
+
+class Kind(str, enum.Enum):
+    INT8 = "int8"
+    INT16 = "int16"
+    INT32 = "int32"
+    INT64 = "int64"
+    UINT8 = "uint8"
+    UINT16 = "uint16"
+    UINT32 = "uint32"
+    UINT64 = "uint64"
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+    BOOL = "bool"
+    STRING = "string"
+    BINARY = "binary"
+    TIMESTAMP = "timestamp"
+    DATE = "date"
+    UUID = "uuid"
+    JSON = "json"
+    POINT = "point"
+    BOX = "box"
+    RANGE = "range"
+
+
+_RANGE_ELEMS = {Kind.INT64, Kind.FLOAT64, Kind.TIMESTAMP}
+_PRIMITIVE_ARROW = {
+    Kind.INT8: pa.int8(), Kind.INT16: pa.int16(), Kind.INT32: pa.int32(), Kind.INT64: pa.int64(),
+    Kind.UINT8: pa.uint8(), Kind.UINT16: pa.uint16(), Kind.UINT32: pa.uint32(), Kind.UINT64: pa.uint64(),
+    Kind.FLOAT32: pa.float32(), Kind.FLOAT64: pa.float64(), Kind.BOOL: pa.bool_(),
+    Kind.STRING: pa.string(), Kind.BINARY: pa.binary(), Kind.TIMESTAMP: TS, Kind.DATE: pa.date32(),
+    Kind.UUID: pa.binary(16), Kind.JSON: pa.string(),
+}
+# numpy storage of fixed-width kinds (part of the format, docs/format/segment.md §1)
+_STORAGE = {
+    Kind.INT8: "<i1", Kind.INT16: "<i2", Kind.INT32: "<i4", Kind.INT64: "<i8",
+    Kind.UINT8: "<u1", Kind.UINT16: "<u2", Kind.UINT32: "<u4", Kind.UINT64: "<u8",
+    Kind.FLOAT32: "<f4", Kind.FLOAT64: "<f8", Kind.BOOL: "<u1", Kind.TIMESTAMP: "<i8",
+    Kind.DATE: "<i4", Kind.UUID: ("u1", (16,)), Kind.POINT: ("<f8", (2,)), Kind.BOX: ("<f8", (4,)),
+}
+VARIABLE = {Kind.STRING, Kind.BINARY, Kind.JSON}
+PRIMARY_KEY_KINDS = {Kind.INT64, Kind.STRING, Kind.UUID}
+
+# range flags (part of the format)
+LOWER_INC, UPPER_INC, LOWER_UNB, UPPER_UNB = 0x01, 0x02, 0x04, 0x08
+
+_RANGE_RE = re.compile(r"^range<\s*(\w+)\s*>$")
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnType:
+    kind: Kind
+    elem: Kind | None = None  # element kind of range<...>
+
+    @classmethod
+    def parse(cls, text: str) -> "ColumnType":
+        t = text.strip().lower()
+        m = _RANGE_RE.match(t)
+        if m:
+            try:
+                elem = Kind(m.group(1))
+            except ValueError:
+                elem = None
+            if elem not in _RANGE_ELEMS:
+                raise SchemaError(f"range<{m.group(1)}>: ranges are of int64, float64 or timestamp")
+            return cls(Kind.RANGE, elem)
+        try:
+            kind = Kind(t)
+        except ValueError:
+            raise SchemaError(f"unknown type {text!r}") from None
+        if kind == Kind.RANGE:
+            raise SchemaError("range needs an element type: range<int64|float64|timestamp>")
+        return cls(kind)
+
+    def __str__(self) -> str:
+        return f"range<{self.elem.value}>" if self.kind == Kind.RANGE else self.kind.value
+
+    @property
+    def variable(self) -> bool:
+        return self.kind in VARIABLE
+
+    def arrow(self) -> pa.DataType:
+        """The one Arrow type this column type maps to."""
+        if self.kind in _PRIMITIVE_ARROW:
+            return _PRIMITIVE_ARROW[self.kind]
+        if self.kind == Kind.POINT:
+            return pa.struct([("x", pa.float64()), ("y", pa.float64())])
+        if self.kind == Kind.BOX:
+            return pa.struct([(n, pa.float64()) for n in ("xmin", "ymin", "xmax", "ymax")])
+        e = _PRIMITIVE_ARROW[self.elem]
+        return pa.struct([("lower", e), ("upper", e), ("lower_inclusive", pa.bool_()),
+                          ("upper_inclusive", pa.bool_())])
+
+    def storage(self):
+        """numpy dtype spec of the fixed-width storage (None for variable-width)."""
+        if self.variable:
+            return None
+        if self.kind == Kind.RANGE:
+            v = "<f8" if self.elem == Kind.FLOAT64 else "<i8"
+            return np.dtype([("lo", v), ("hi", v), ("f", "u1")])
+        return _STORAGE[self.kind]
