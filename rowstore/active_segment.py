@@ -1,0 +1,139 @@
+"""Active segments: the write-ahead log of a table partition, on a TerrascaleFS active file.
+
+Rows are appended in atomic batches; an append returns rowids only after the
+group-commit flush made the batch durable. localids are implicit in row
+order; the localid -> file offset index lives in memory in a growing numpy
+array and is rebuilt by scanning the file at recovery (docs/format/segment.md §2).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import numpy as np
+import pyarrow as pa
+
+from rowstore.errors import RowstoreError
+from rowstore.rowcodec import Decoded, Encoded, decode_rows, encode_rows
+from rowstore.schema import SchemaVersion
+from rowstore.wal import Kind, WalReader, WalState, batch_bytes, frame, U64
+from terrafs.active import ActiveFile
+
+_ROW_READ = 512  # bytes read for a point get before the row's length is known
+
+
+def rowids(segid: int, localids: np.ndarray) -> np.ndarray:
+    return (np.uint64(segid) << np.uint64(32)) | localids.astype(np.uint64)
+
+
+def split_rowids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.asarray(ids, np.uint64)
+    return (ids >> np.uint64(32)).astype(np.uint32), (ids & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+
+
+class _Offsets:
+    """localid -> logical file offset, in a numpy array that doubles as it grows."""
+
+    def __init__(self) -> None:
+        self.arr = np.zeros(1024, np.int64)
+        self.lens = np.zeros(1024, np.int32)
+
+    def put(self, base: int, offs: np.ndarray, lens: np.ndarray) -> None:
+        need = base + len(offs)
+        if need > len(self.arr):
+            cap = max(need, 2 * len(self.arr))
+            self.arr = np.resize(self.arr, cap)
+            self.lens = np.resize(self.lens, cap)
+        self.arr[base:need] = offs
+        self.lens[base:need] = lens
+
+
+class ActiveSegment:
+    def __init__(self, segid: int, file: ActiveFile, where: str):
+        self.segid, self.file, self.where = segid, file, where
+        self._idx = _Offsets()
+        self._next = 0  # next localid to hand out (call order = file order)
+        self.durable_rows = 0
+        self.min_ts: int | None = None
+        self.max_ts: int | None = None
+        self.wal = WalState()
+        self._txns = itertools.count(1)
+
+    @property
+    def nbytes(self) -> int:
+        return self.file.durable_size
+
+    # -- writes ----------------------------------------------------------------------
+
+    async def append(self, batch: pa.RecordBatch, schema: SchemaVersion, commit_ts: int,
+                     deleted: np.ndarray | None = None) -> np.ndarray:
+        """Append one atomic batch; return its rowids once durable."""
+        enc = await asyncio.to_thread(encode_rows, batch, schema, commit_ts, deleted) \
+            if batch.num_rows > 4096 else encode_rows(batch, schema, commit_ts, deleted)
+        return await self.append_encoded(enc, commit_ts)
+
+    async def append_encoded(self, enc: Encoded, commit_ts: int) -> np.ndarray:
+        n = len(enc.starts)
+        txn = next(self._txns)
+        payload, first = batch_bytes(txn, commit_ts, n, enc.buf)
+        base = self._next  # reserved before the await: localid order = file order
+        self._next += n
+        off = await self.file.append(payload)
+        lens = np.diff(np.append(enc.starts, enc.nbytes))
+        self._idx.put(base, off + first + enc.starts, lens)
+        self.durable_rows = max(self.durable_rows, base + n)
+        self._note_ts(commit_ts)
+        return rowids(self.segid, np.arange(base, base + n, dtype=np.uint32))
+
+    async def append_record(self, kind: Kind, body: bytes) -> None:
+        """An opaque, progress or checkpoint record (durable on return)."""
+        if kind == Kind.PROGRESS:
+            self.wal.closed_ts = max(self.wal.closed_ts, U64.unpack(body)[0])
+        await self.file.append(frame(kind, body))
+
+    def _note_ts(self, ts: int) -> None:
+        self.min_ts = ts if self.min_ts is None else min(self.min_ts, ts)
+        self.max_ts = ts if self.max_ts is None else max(self.max_ts, ts)
+
+    # -- reads -----------------------------------------------------------------------
+
+    async def get_raw(self, localid: int) -> bytes:
+        """The encoded row bytes of one durable row."""
+        if not 0 <= localid < self.durable_rows:
+            raise RowstoreError(f"segment {self.segid}: no row {localid} (rows: {self.durable_rows})")
+        off, ln = int(self._idx.arr[localid]), int(self._idx.lens[localid])
+        return await self.file.read(off, ln)
+
+    async def get(self, localids, schemas, target: SchemaVersion) -> Decoded:
+        raws = [await self.get_raw(int(i)) for i in np.atleast_1d(localids)]
+        buf = np.frombuffer(b"".join(raws), np.uint8)
+        starts = np.cumsum([0] + [len(r) for r in raws[:-1]]).astype(np.int64)
+        return decode_rows(buf, starts, schemas, target, self.where)
+
+    async def batches(self):
+        """Committed batches in file order (seal/offload, fsck, index rebuilds)."""
+        reader = WalReader(self.where)
+        async for _, data in self.file.scan():
+            for b in reader.feed(data):
+                yield b
+        reader.finish()
+
+    # -- recovery --------------------------------------------------------------------
+
+    @classmethod
+    async def recover(cls, segid: int, file: ActiveFile) -> "ActiveSegment":
+        """Rebuild the localid index from the file; batches without COMMIT are dropped."""
+        seg = cls(segid, file, file.where)
+        reader = WalReader(file.where)
+        async for _, data in file.scan():
+            for b in reader.feed(data):
+                n = len(b.starts)
+                lens = np.diff(np.append(b.starts, b.rows.shape[0]))
+                seg._idx.put(seg._next, b.file_offset + b.starts, lens)
+                seg._next += n
+                seg._note_ts(b.commit_ts)
+                seg._txns = itertools.count(b.txn + 1)
+        reader.finish()
+        seg.durable_rows = seg._next
+        seg.wal = reader.state
+        return seg

@@ -1,0 +1,142 @@
+"""Write-ahead records of an active segment (docs/format/segment.md §2).
+
+A batch is framed ``BATCH … COMMIT`` and written as one TerrascaleFS append
+(an atomic write group). :class:`WalReader` parses the file's logical bytes
+as they stream in (records may span blocks) and yields only committed
+batches; a batch without its COMMIT is dropped.
+"""
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+
+from rowstore.errors import RowCorruptionError
+
+REC = struct.Struct("<BBHI")  # kind, reserved, reserved, body length — part of the format
+BATCH_HEAD = struct.Struct("<QQI")  # txn id, commit_ts, row count
+U64 = struct.Struct("<Q")
+
+
+class Kind(enum.IntEnum):
+    BATCH = 1
+    COMMIT = 2
+    PROGRESS = 3
+    CHECKPOINT = 4
+    OPAQUE = 5
+
+
+def frame(kind: Kind, body: bytes | memoryview) -> bytes:
+    return REC.pack(int(kind), 0, 0, len(body)) + bytes(body)
+
+
+def batch_bytes(txn: int, commit_ts: int, nrows: int, rows: np.ndarray) -> tuple[bytes, int]:
+    """``BATCH`` + ``COMMIT`` for one append; also the offset of the first row within it."""
+    head = BATCH_HEAD.pack(txn, commit_ts, nrows)
+    out = (REC.pack(int(Kind.BATCH), 0, 0, len(head) + rows.shape[0]) + head + rows.tobytes()
+           + frame(Kind.COMMIT, U64.pack(txn)))
+    return out, REC.size + BATCH_HEAD.size
+
+
+@numba.njit(cache=True, nogil=True)
+def row_offsets(buf, start, n, end):
+    """Offsets of ``n`` consecutive rows from ``start``; -1 if a length runs past ``end``."""
+    out = np.empty(n, np.int64)
+    pos = start
+    for i in range(n):
+        if pos + 4 > end:
+            out[0] = -1
+            return out
+        ln = buf[pos] | (buf[pos + 1] << 8) | (buf[pos + 2] << 16) | (np.int64(buf[pos + 3]) << 24)
+        if ln < 17 or pos + ln > end:
+            out[0] = -1
+            return out
+        out[i] = pos
+        pos += ln
+    if pos != end:
+        out[0] = -1
+    return out
+
+
+@dataclass
+class CommittedBatch:
+    txn: int
+    commit_ts: int
+    rows: np.ndarray  # uint8 bytes of the rows
+    starts: np.ndarray  # int64 offsets of rows within ``rows``
+    file_offset: int  # logical file offset of ``rows[0]``
+
+
+@dataclass
+class WalState:
+    """What recovery learns besides the batches."""
+
+    closed_ts: int = 0
+    checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (id, file offset)
+    dropped: int = 0  # batches without COMMIT
+
+
+class WalReader:
+    """Incremental parser: feed logical bytes in order, collect committed batches."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self._buf = bytearray()
+        self._base = 0  # file offset of _buf[0]
+        self._open: tuple[int, int, int, bytes, int] | None = None  # txn, ts, n, rows, offset
+        self.state = WalState()
+
+    def feed(self, data: bytes) -> list[CommittedBatch]:
+        self._buf += data
+        out, pos = [], 0
+        with memoryview(self._buf) as mv:  # released before the buffer is resized
+            while len(mv) - pos >= REC.size:
+                kind, _a, _b, blen = REC.unpack_from(mv, pos)
+                if len(mv) - pos - REC.size < blen:
+                    break
+                got = self._record(kind, mv[pos + REC.size : pos + REC.size + blen], self._base + pos)
+                if got is not None:
+                    out.append(got)
+                pos += REC.size + blen
+        del self._buf[:pos]
+        self._base += pos
+        return out
+
+    def _record(self, kind: int, body, at: int) -> CommittedBatch | None:
+        if kind == Kind.BATCH:
+            if self._open is not None:
+                self.state.dropped += 1  # the previous batch never committed
+            txn, ts, n = BATCH_HEAD.unpack_from(body, 0)
+            self._open = (txn, ts, n, bytes(body[BATCH_HEAD.size :]), at + REC.size + BATCH_HEAD.size)
+        elif kind == Kind.COMMIT:
+            (txn,) = U64.unpack_from(body, 0)
+            if self._open is None or self._open[0] != txn:
+                raise RowCorruptionError(self.where, at, f"COMMIT of txn {txn} without its BATCH")
+            return self._commit(at)
+        elif kind == Kind.PROGRESS:
+            self.state.closed_ts = max(self.state.closed_ts, U64.unpack_from(body, 0)[0])
+        elif kind == Kind.CHECKPOINT:
+            self.state.checkpoints.append((U64.unpack_from(body, 0)[0], at))
+        elif kind != Kind.OPAQUE:
+            raise RowCorruptionError(self.where, at, f"unknown write-ahead record kind {kind}")
+        return None
+
+    def _commit(self, at: int) -> CommittedBatch:
+        txn, ts, n, rows, off = self._open
+        self._open = None
+        arr = np.frombuffer(rows, np.uint8)
+        starts = row_offsets(arr, 0, n, arr.shape[0]) if n else np.zeros(0, np.int64)
+        if n and starts[0] < 0:
+            raise RowCorruptionError(self.where, off, f"rows of txn {txn} do not add up to the batch")
+        return CommittedBatch(txn, ts, arr, starts, off)
+
+    def finish(self) -> None:
+        """End of file: an open batch or a partial record never committed."""
+        if self._open is not None:
+            self.state.dropped += 1
+            self._open = None
+        if self._buf:
+            raise RowCorruptionError(self.where, self._base, "partial write-ahead record at the end")

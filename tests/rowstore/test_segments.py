@@ -1,0 +1,117 @@
+"""Active segments (write-ahead, atomic batches, recovery) and sealed segments (B+ tree footer)."""
+import asyncio
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from catalog.memory import MemoryCatalog
+from rowstore.active_segment import ActiveSegment, split_rowids
+from rowstore.errors import RowCorruptionError
+from rowstore.schema import SchemaVersion, parse_schema
+from rowstore.sealed_segment import FOOTER_LEN, LEAF_CAP, SealedSegment, sealed_bytes
+from rowstore.wal import Kind, U64
+from terrafs.active import ActiveConfig
+from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
+from terrafs.fs import FsConfig, TerrascaleFS
+
+S1 = parse_schema("id int64 primary key, lat float64, name string")
+S2 = S1.add_column("alt", "float32")
+SCHEMAS = {1: S1, 2: S2}
+KEYS = SchemaVersion(0, (S1.key,), S1.key.id, 99)
+
+
+def batch(lo, hi, schema=S1):
+    d = {"id": pa.array(range(lo, hi), pa.int64()), "lat": pa.array([i * 0.5 for i in range(lo, hi)]),
+         "name": pa.array([f"n{i}" * (i % 7) for i in range(lo, hi)])}
+    if schema is S2:
+        d["alt"] = pa.array([float(i) for i in range(lo, hi)], pa.float32())
+    return pa.record_batch(d, schema=schema.arrow())
+
+
+async def new_world():
+    w = type("W", (), {})()
+    w.cat, w.block, w.objects = MemoryCatalog(), MemoryBlockDevice(), MemoryObjectStore()
+    w.fs = TerrascaleFS(w.cat, w.block, MemoryBlockDevice(durable=False), w.objects,
+                        config=FsConfig(sealed_block_size=4096, flush=ActiveConfig(flush_ms=0.5)))
+    await w.fs.open()
+    return w
+
+
+async def test_append_get_and_recover():
+    w = await new_world()
+    af = await w.fs.create()
+    seg = ActiveSegment(5, af, af.where)
+    ids = await asyncio.gather(*(seg.append(batch(i * 100, i * 100 + 100), S1, 1000 + i) for i in range(10)))
+    all_ids = np.concatenate(ids)
+    segs, locs = split_rowids(all_ids)
+    assert (segs == 5).all() and sorted(locs.tolist()) == list(range(1000))
+    await seg.append_record(Kind.PROGRESS, U64.pack(2000))
+    await seg.append_record(Kind.OPAQUE, b"bookkeeping")
+    got = await seg.get(locs[[0, 150, 999]], SCHEMAS.__getitem__, S1)
+    want = pa.Table.from_batches([batch(i * 100, i * 100 + 100) for i in range(10)])
+    by_id = {r["id"]: r for r in want.to_pylist()}
+    for row in got.batch.to_pylist():
+        assert row == by_id[row["id"]]
+    before = {loc: await seg.get_raw(loc) for loc in [0, 500, 999]}
+    w.block.crash()
+    await w.fs.close()
+    fs2 = TerrascaleFS(w.cat, w.block, MemoryBlockDevice(durable=False), w.objects, config=w.fs.cfg)
+    await fs2.open()
+    seg2 = await ActiveSegment.recover(5, await fs2.open_active(af.inode))
+    assert seg2.durable_rows == 1000 and seg2.wal.closed_ts == 2000 and (seg2.min_ts, seg2.max_ts) == (1000, 1009)
+    for loc, raw in before.items():
+        assert await seg2.get_raw(loc) == raw
+    ids = await seg2.append(batch(5000, 5001), S1, 3000)
+    assert split_rowids(ids)[1].tolist() == [1000]
+
+
+async def test_seal_offload_and_paged_reads():
+    w = await new_world()
+    af = await w.fs.create()
+    seg = ActiveSegment(9, af, af.where)
+    n = 3 * LEAF_CAP + 17  # several leaves and an internal level
+    for lo in range(0, n, 700):
+        hi = min(lo + 700, n)
+        await seg.append(batch(lo, hi, S1 if lo < 1500 else S2), S1 if lo < 1500 else S2, 100 + lo)
+    await seg.append_record(Kind.OPAQUE, b"x" * 5000)  # dropped by offload
+    await w.fs.seal(af.inode)
+    probes = [0, 1, LEAF_CAP - 1, LEAF_CAP, 2 * LEAF_CAP + 5, n - 1]
+    before = {loc: await seg.get_raw(loc) for loc in probes}
+    stats = {}
+    rec = await w.fs.offload(af.inode, sealed_bytes(9, seg.batches(), SCHEMAS.__getitem__, KEYS, stats))
+    assert stats["rows"] == n
+    sseg = await SealedSegment.open(await w.fs.open_sealed(rec.inode))
+    f = sseg.footer
+    assert (f.segid, f.rows, f.height, f.versions) == (9, n, 2, (1, 2))
+    assert (f.min_ts, f.max_ts) == (100, 100 + 2800)
+    for loc, raw in before.items():
+        assert await sseg.get_raw(loc) == raw
+    rows = await sseg.get([0, n - 1], SCHEMAS.__getitem__, S2)
+    assert rows.batch.to_pylist()[0]["alt"] is None and rows.batch.to_pylist()[1]["alt"] == float(n - 1)
+    scanned = [d async for d in sseg.scan(SCHEMAS.__getitem__, S2)]
+    ids = np.concatenate([d.batch.column("id").to_numpy() for d in scanned])
+    assert ids.tolist() == list(range(n))
+    with pytest.raises(RowCorruptionError):
+        await sseg.locate(n)
+
+
+async def test_damaged_footer_and_page_detected():
+    w = await new_world()
+    af = await w.fs.create()
+    seg = ActiveSegment(3, af, af.where)
+    await seg.append(batch(0, 50), S1, 7)
+    await w.fs.seal(af.inode)
+    chunks = [c async for c in sealed_bytes(3, seg.batches(), SCHEMAS.__getitem__, KEYS)]
+    raw = b"".join(chunks)
+    assert len(chunks[-1]) == FOOTER_LEN
+
+    async def gen(data):
+        yield data
+
+    bad = bytearray(raw)
+    bad[-50] ^= 1
+    rec = await w.fs.create_sealed(gen(bytes(bad)))
+    with pytest.raises(RowCorruptionError, match="footer checksum"):
+        await SealedSegment.open(await w.fs.open_sealed(rec.inode))
