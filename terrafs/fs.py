@@ -15,9 +15,9 @@ import os
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import AsyncIterable, AsyncIterator
+from typing import AsyncIterable, AsyncIterator, Callable, Sequence
 
-from catalog.abc import Catalog, Check, Delete, Put
+from catalog.abc import Catalog, Check, Delete, Op, Put
 from terrafs.abc import BlockDevice, DeviceFile, ObjectStore
 from terrafs.active import ActiveConfig, ActiveFile
 from terrafs.blocks import Codec
@@ -46,6 +46,7 @@ from terrafs.records import (
 from terrafs.sealed import SealedFile, SealedWriter
 
 log = logging.getLogger("terrafs.fs")
+Extra = Callable[["FileRecord"], tuple[Sequence[Check], Sequence[Op]]]
 STAGING = "staging"
 _UPLOAD_CHUNK = 8 << 20
 
@@ -124,19 +125,25 @@ class TerrascaleFS:
         loc = active_name(inode, gen) if tier == FileTier.BLOCK else object_key(inode, gen)
         return FileRecord(inode, gen, state, tier, self.cfg.node_id, loc, codec, self.kek is not None)
 
-    async def _allocate(self, state: FileState, tier: FileTier, codec: Codec) -> FileRecord:
+    async def _allocate(self, state: FileState, tier: FileTier, codec: Codec,
+                        extra: Extra | None = None) -> FileRecord:
         made: dict[int, FileRecord] = {}
 
-        def extra(inode: int):
+        def ops(inode: int):
             made[inode] = rec = self._new_record(inode, state, tier, codec)
-            return [Check(rec.key, 0)], [Put(rec.key, rec.to_bytes())]
+            ec, eo = extra(rec) if extra else ((), ())
+            return [Check(rec.key, 0), *ec], [Put(rec.key, rec.to_bytes()), *eo]
 
-        return made[await self.inodes.allocate(extra)]
+        return made[await self.inodes.allocate(ops)]
 
-    async def create(self, codec: Codec | None = None) -> ActiveFile:
-        """A new active file owned by this node: catalog row first, then the local file."""
+    async def create(self, codec: Codec | None = None, extra: Extra | None = None) -> ActiveFile:
+        """A new active file owned by this node: catalog row first, then the local file.
+
+        ``extra(record)`` adds checks/ops to the creating transaction (the row
+        store names the file in its segment row this way, atomically).
+        """
         codec = self.cfg.active_codec if codec is None else codec
-        rec = await self._allocate(FileState.ACTIVE, FileTier.BLOCK, codec)
+        rec = await self._allocate(FileState.ACTIVE, FileTier.BLOCK, codec, extra)
         failpoint("create.after_catalog")
         af = await self._create_local(rec)
         self._active[rec.inode] = af
@@ -162,8 +169,11 @@ class TerrascaleFS:
 
     # -- seal and offload --------------------------------------------------------
 
-    async def seal(self, inode: int) -> FileRecord:
-        """Make an active file immutable (it stays on the block device until offload)."""
+    async def seal(self, inode: int, extra: Extra | None = None) -> FileRecord:
+        """Make an active file immutable (it stays on the block device until offload).
+
+        ``extra(new_record)`` adds checks/ops to the same catalog transaction.
+        """
         async with self._locks[inode]:
             e = await self._entry(inode)
             rec = FileRecord.from_bytes(e.value)
@@ -174,14 +184,16 @@ class TerrascaleFS:
             af = await self.open_active(inode)
             await af.seal()
             new = rec.evolve(state=FileState.SEALED, size=af.durable_size)
-            await self._switch(e, new)
+            await self._switch(e, new, extra)
             return new
 
-    async def offload(self, inode: int, content: AsyncIterable[bytes] | None = None) -> FileRecord:
+    async def offload(self, inode: int, content: AsyncIterable[bytes] | None = None,
+                      extra: Extra | None = None) -> FileRecord:
         """Rewrite a sealed local file as an object, switch the catalog, drop the local file.
 
         ``content`` replaces the file's bytes in the object (the row store drops
         its write-ahead bookkeeping this way); by default the bytes are copied.
+        ``extra(new_record)`` adds checks/ops to the switching transaction.
         """
         async with self._locks[inode]:
             e = await self._entry(inode)
@@ -195,7 +207,7 @@ class TerrascaleFS:
             key, size, logical = await self._build_and_upload(rec, src)
             new = rec.evolve(tier=FileTier.OBJECT, location=key, object_size=size, size=logical,
                              codec=self.cfg.sealed_codec)
-            await self._switch(e, new)
+            await self._switch(e, new, extra)
             failpoint("offload.after_catalog")
             await self._drop_local(inode, rec.location)
             log.info("event=offloaded inode=%d object=%s bytes=%d logical=%d", inode, key, size, logical)
@@ -236,8 +248,9 @@ class TerrascaleFS:
             raise InodeNotFoundError(f"no file with inode {inode}")
         return e
 
-    async def _switch(self, e, new: FileRecord) -> None:
-        res = await commit(self.catalog, [Check(e.key, e.version)], [Put(e.key, new.to_bytes())])
+    async def _switch(self, e, new: FileRecord, extra: Extra | None = None) -> None:
+        ec, eo = extra(new) if extra else ((), ())
+        res = await commit(self.catalog, [Check(e.key, e.version), *ec], [Put(e.key, new.to_bytes()), *eo])
         if not res.committed:
             raise CatalogConflictError(f"inode {new.inode} changed concurrently")
 

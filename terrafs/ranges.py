@@ -67,22 +67,31 @@ class RangeAllocator:
             got = await self.catalog.scan(f"{self.prefix}/free/", limit=1)
         return got[0] if got else None
 
+    async def reserve(self) -> tuple[int, list[Check], list[Op]]:
+        """Pick a free id without taking it: the checks/ops that take it, for a caller's txn.
+
+        The ops only commit if the picked range row is unchanged, so combining
+        several reservations (an inode and a segid, say) in one txn is safe.
+        """
+        row = await self._pick()
+        if row is None:
+            raise IdsExhaustedError(f"no free ids left in {self.prefix}")
+        lo, hi = self._range(row)
+        ops: list[Op] = [Delete(row.key)]
+        if lo + 1 < hi:
+            ops.append(Put(self._key(lo + 1), self._val(lo + 1, hi)))
+        return lo, [Check(row.key, row.version)], ops
+
     async def allocate(self, extra: Extra | None = None) -> int:
         """Take a free id; ``extra(id)`` adds checks/ops committed in the same txn."""
         for attempt in range(_MAX_ATTEMPTS):
-            row = await self._pick()
-            if row is None:
-                raise IdsExhaustedError(f"no free ids left in {self.prefix}")
-            lo, hi = self._range(row)
-            checks: list[Check] = [Check(row.key, row.version)]
-            ops: list[Op] = [Delete(row.key)]
-            if lo + 1 < hi:
-                ops.append(Put(self._key(lo + 1), self._val(lo + 1, hi)))
+            lo, checks, ops = await self.reserve()
+            row_key = checks[0].key
             ec, eo = extra(lo) if extra else ((), ())
             res = await commit(self.catalog, checks + list(ec), ops + list(eo))
             if res.committed:
                 return lo
-            if any(k != row.key for k in res.conflicts):
+            if any(k != row_key for k in res.conflicts):
                 raise CatalogConflictError(f"allocation of {self.prefix} id {lo}: "
                                            f"caller's checks failed on {res.conflicts}")
             await asyncio.sleep(self._rng.random() * min(0.001 * 2**attempt, 0.05))

@@ -1,0 +1,173 @@
+"""The segment table and the segment life cycle: create, append, seal, offload, read.
+
+Catalog rows ``rs/seg/<segid:08x>`` hold the segment's table, partition,
+state, owner, TerrascaleFS inode and statistics. Segids come from a free-range
+table (``rs/free/…``, the inode algorithm). Every state change of a segment
+is in the same catalog transaction as the change of its file, so the two
+never disagree after a crash.
+
+    create ──> ACTIVE ──seal──> SEALED ──offload──> OFFLOADED ──(GC)──> RETIRED
+"""
+from __future__ import annotations
+
+import enum
+import json
+import logging
+from dataclasses import asdict, dataclass, replace
+from typing import Callable
+
+import numpy as np
+
+from catalog.abc import Catalog, Check, Put
+from rowstore.active_segment import ActiveSegment, split_rowids
+from rowstore.errors import RowstoreError
+from rowstore.rowcodec import Decoded
+from rowstore.schema import SchemaVersion
+from rowstore.sealed_segment import SealedSegment, sealed_bytes
+from terrafs.errors import CatalogConflictError
+from terrafs.fs import TerrascaleFS
+from terrafs.ranges import RangeAllocator
+from terrafs.records import FileRecord
+
+log = logging.getLogger("rowstore.segments")
+SEG_PREFIX = "rs/seg/"
+
+
+class SegState(str, enum.Enum):
+    ACTIVE = "active"
+    SEALED = "sealed"
+    OFFLOADED = "offloaded"
+    RETIRED = "retired"
+
+
+@dataclass(frozen=True)
+class SegmentRecord:
+    segid: int
+    table: str
+    partition: int
+    state: SegState
+    owner: str
+    inode: int
+    rows: int = 0
+    bytes: int = 0
+    min_ts: int = 0
+    max_ts: int = 0
+    live_rows: int = 0
+    live_bytes: int = 0
+    location: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{SEG_PREFIX}{self.segid:08x}"
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(dict(asdict(self), state=self.state.value), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "SegmentRecord":
+        d = json.loads(raw)
+        return cls(**dict(d, state=SegState(d["state"])))
+
+
+class SegmentStore:
+    """One node's view of the row store: its active segments and every sealed one."""
+
+    def __init__(self, fs: TerrascaleFS, schemas: Callable[[int], SchemaVersion]):
+        self.fs, self.catalog = fs, fs.catalog
+        self.schemas = schemas
+        self.node = fs.cfg.node_id
+        self.segids = RangeAllocator(self.catalog, "rs", 1, 2**32 - 1)
+        self.active: dict[int, ActiveSegment] = {}
+        self._sealed: dict[int, SealedSegment] = {}
+
+    async def open(self) -> list[int]:
+        """Init the segid table; reopen this node's local segments; finish pending offloads
+        is left to the caller (it needs the key schema); returns segids still to offload."""
+        await self.segids.init()
+        pending = []
+        for rec in await self.list(owner=self.node):
+            if rec.state in (SegState.ACTIVE, SegState.SEALED):
+                self.active[rec.segid] = await ActiveSegment.recover(
+                    rec.segid, await self.fs.open_active(rec.inode))
+            if rec.state == SegState.SEALED:
+                pending.append(rec.segid)
+        return pending
+
+    async def list(self, owner: str | None = None, table: str | None = None) -> list[SegmentRecord]:
+        recs = [SegmentRecord.from_bytes(e.value) for e in await self.catalog.scan(SEG_PREFIX)]
+        return [r for r in recs if (owner is None or r.owner == owner) and (table is None or r.table == table)]
+
+    async def record(self, segid: int) -> tuple[SegmentRecord, object]:
+        e = await self.catalog.get(f"{SEG_PREFIX}{segid:08x}")
+        if e is None:
+            raise RowstoreError(f"no segment {segid}")
+        return SegmentRecord.from_bytes(e.value), e
+
+    async def create(self, table: str, partition: int) -> ActiveSegment:
+        """A new active segment: inode, file row, segid and segment row in ONE transaction."""
+        for _ in range(100):
+            segid, checks, ops = await self.segids.reserve()
+            rec = SegmentRecord(segid, table, partition, SegState.ACTIVE, self.node, 0)
+
+            def extra(f: FileRecord, rec=rec, checks=checks, ops=ops):
+                row = replace(rec, inode=f.inode)
+                return [*checks, Check(row.key, 0)], [*ops, Put(row.key, row.to_bytes())]
+
+            try:
+                af = await self.fs.create(extra=extra)
+            except CatalogConflictError:
+                continue  # another allocator took this segid range row first
+            seg = ActiveSegment(segid, af, af.where)
+            self.active[segid] = seg
+            return seg
+        raise RowstoreError("could not allocate a segment id")
+
+    async def seal(self, segid: int) -> SegmentRecord:
+        rec, e = await self.record(segid)
+        if rec.state != SegState.ACTIVE:
+            return rec
+        seg = self.active[segid]
+        new = replace(rec, state=SegState.SEALED, rows=seg.durable_rows, bytes=seg.nbytes,
+                      min_ts=seg.min_ts or 0, max_ts=seg.max_ts or 0, live_rows=seg.durable_rows,
+                      live_bytes=seg.nbytes)
+        await self.fs.seal(rec.inode, extra=lambda _f: ([Check(e.key, e.version)], [Put(e.key, new.to_bytes())]))
+        return new
+
+    async def offload(self, segid: int, key_schema: SchemaVersion) -> SegmentRecord:
+        """Rewrite the sealed segment as an object (rows + B+ tree + footer), switch, drop local."""
+        rec, e = await self.record(segid)
+        if rec.state == SegState.OFFLOADED:
+            return rec
+        if rec.state != SegState.SEALED:
+            raise RowstoreError(f"segment {segid} is {rec.state.value}; seal it first")
+        seg = self.active[segid]
+        stats: dict = {}
+
+        def extra(f: FileRecord):
+            new = replace(rec, state=SegState.OFFLOADED, bytes=f.size, live_bytes=f.size, location=f.location)
+            return [Check(e.key, e.version)], [Put(e.key, new.to_bytes())]
+
+        await self.fs.offload(rec.inode, sealed_bytes(segid, seg.batches(), self.schemas, key_schema, stats),
+                              extra=extra)
+        self.active.pop(segid, None)
+        log.info("event=segment_offloaded segid=%d rows=%s", segid, stats.get("rows"))
+        return (await self.record(segid))[0]
+
+    async def sealed(self, segid: int) -> SealedSegment:
+        s = self._sealed.get(segid)
+        if s is None:
+            rec, _ = await self.record(segid)
+            if rec.state != SegState.OFFLOADED:
+                raise RowstoreError(f"segment {segid} is {rec.state.value}, not offloaded")
+            s = self._sealed[segid] = await SealedSegment.open(await self.fs.open_sealed(rec.inode))
+        return s
+
+    async def get(self, ids, target: SchemaVersion) -> Decoded:
+        """Rows by rowid (all in one segment), from its active file or its object."""
+        segs, locs = split_rowids(np.atleast_1d(ids))
+        if len(set(segs.tolist())) != 1:
+            raise RowstoreError("get() takes rowids of one segment")
+        segid = int(segs[0])
+        if segid in self.active:
+            return await self.active[segid].get(locs, self.schemas, target)
+        return await (await self.sealed(segid)).get(locs, self.schemas, target)
