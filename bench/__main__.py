@@ -2,9 +2,10 @@
 import asyncio
 import sys
 
-from bench import rowcodec_bench, terrafs_bench
+from bench import rowcodec_bench, rowstore_bench, terrafs_bench
 
-SUITES = {"terrafs": terrafs_bench.main, "rowcodec": rowcodec_bench.main}
+SUITES = {"terrafs": terrafs_bench.main, "rowcodec": rowcodec_bench.main,
+          "rowstore": rowstore_bench.main}
 
 
 def main(argv: list[str]) -> int:

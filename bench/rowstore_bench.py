@@ -1,0 +1,154 @@
+"""Durable appends of ~140-byte rows (issue 3), peers in the same run.
+
+Ours: an active segment (TerrascaleFS active file on a local disk, group
+commit, fdatasync before the rowids return), encoding Arrow batches included.
+Peers, writing the same row bytes under random int64 keys, durably:
+RocksDB (rocksdict, WriteBatch with sync), SQLite (WAL, synchronous=FULL,
+executemany in one transaction), LMDB (one write txn per batch, sync).
+1 and 64 concurrent writers (threads for the peers), batches of 1 and 1000.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sqlite3
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+import lmdb
+import numpy as np
+import pyarrow as pa
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from bench.common import Result, Timer, print_table, write_json
+from bench.rowcodec_bench import SCHEMA, sample
+from rowstore.active_segment import ActiveSegment
+from rowstore.rowcodec import encode_rows
+from terrafs.active import ActiveConfig, ActiveFile
+from terrafs.backends.local import LocalBlockDevice
+from terrafs.blocks import Codec
+from terrafs.params import new_params
+
+ROWS = {1000: 300_000, 1: 3_000}  # rows written per configuration, by batch size
+
+
+def _batches(src: pa.RecordBatch, size: int, total: int) -> list[pa.RecordBatch]:
+    return [src.slice(i, size) for i in range(0, total, size)]
+
+
+async def ours(root: str, writers: int, size: int, src: pa.RecordBatch) -> float:
+    dev = LocalBlockDevice(root)
+    p = new_params(1, 1, codec=Codec.NONE, block_size=64 * 1024, page_size=4096)
+    af = await ActiveFile.create(dev, "seg.act", p, None, ActiveConfig(flush_bytes=64 * 1024, flush_ms=2))
+    seg = ActiveSegment(1, af, af.where)
+    batches = _batches(src, size, ROWS[size])
+    per = [batches[w::writers] for w in range(writers)]
+
+    async def writer(mine):
+        for b in mine:
+            await seg.append(b, SCHEMA, 1)
+
+    with Timer() as t:
+        await asyncio.gather(*(writer(m) for m in per))
+    await af.close()
+    await dev.delete("seg.act")
+    return ROWS[size] / t.seconds
+
+
+def _payloads(src: pa.RecordBatch, size: int) -> list[list[tuple[bytes, bytes]]]:
+    enc = encode_rows(src.slice(0, ROWS[size]), SCHEMA, 1)
+    ends = np.append(enc.starts[1:], enc.nbytes)
+    raw = enc.buf.tobytes()
+    keys = np.random.default_rng(3).integers(0, 2**63, ROWS[size]).astype(">u8")
+    items = [(keys[i].tobytes(), raw[enc.starts[i] : ends[i]]) for i in range(ROWS[size])]
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _threads(fn, batches, writers: int) -> float:
+    per = [batches[w::writers] for w in range(writers)]
+    with Timer() as t, ThreadPoolExecutor(writers) as ex:
+        list(ex.map(lambda mine: [fn(b) for b in mine], per))
+    return sum(len(b) for b in batches) / t.seconds
+
+
+def rocks(root: str, batches, writers: int) -> float:
+    db = Rdict(os.path.join(root, "rocks"), Options())
+    wo = WriteOptions()
+    wo.sync = True
+
+    def put(items):
+        wb = WriteBatch()
+        for k, v in items:
+            wb.put(k, v)
+        db.write(wb, wo)
+
+    try:
+        return _threads(put, batches, writers)
+    finally:
+        db.close()
+        Rdict.destroy(os.path.join(root, "rocks"))
+
+
+def sqlite(root: str, batches, writers: int) -> float:
+    path = os.path.join(root, "bench.sqlite")
+    init = sqlite3.connect(path)
+    init.execute("PRAGMA journal_mode=WAL")
+    init.execute("CREATE TABLE r (k BLOB PRIMARY KEY, v BLOB)")
+    init.close()
+
+    import threading
+
+    local = threading.local()
+
+    def put(items):
+        con = getattr(local, "con", None)
+        if con is None:
+            con = local.con = sqlite3.connect(path, timeout=60, check_same_thread=False)
+            con.execute("PRAGMA synchronous=FULL")
+        with con:
+            con.executemany("INSERT OR REPLACE INTO r VALUES (?, ?)", items)
+
+    try:
+        return _threads(put, batches, writers)
+    finally:
+        for f in os.listdir(root):
+            if f.startswith("bench.sqlite"):
+                os.unlink(os.path.join(root, f))
+
+
+def lmdb_peer(root: str, batches, writers: int) -> float:
+    env = lmdb.open(os.path.join(root, "lmdb"), map_size=8 << 30, sync=True)
+
+    def put(items):
+        with env.begin(write=True) as txn:
+            for k, v in items:
+                txn.put(k, v)
+
+    try:
+        return _threads(put, batches, writers)
+    finally:
+        env.close()
+        shutil.rmtree(os.path.join(root, "lmdb"))
+
+
+async def main() -> list[Result]:
+    src = sample(max(ROWS.values()))
+    results = []
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", ".")) as root:
+        for size in (1000, 1):
+            payloads = _payloads(src, size)
+            for writers in (1, 64):
+                mine = await ours(root, writers, size, src)
+                for name, fn in (("RocksDB WriteBatch+sync", rocks), ("SQLite WAL FULL", sqlite),
+                                 ("LMDB txn per batch", lmdb_peer)):
+                    peer = await asyncio.to_thread(fn, root, payloads, writers)
+                    results.append(Result(f"durable append, batch {size}, {writers} writer(s)", mine, name,
+                                          peer, "rows/s", ">= 1M rows/s & ahead" if size == 1000 else "report"))
+    print_table("Row store durable appends (issue 3)", results)
+    print(f"\nJSON: {write_json('rowstore', results)}")
+    return results
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
