@@ -1,7 +1,7 @@
 """`terrascale fsck`: offline, read-only verification of a node's data.
 
 Checks the catalog log and snapshots, then every TerrascaleFS file and object
-(``terrafs.fsck``). Segment-level invariants join when the row store lands.
+(``terrafs.fsck``), then every segment's invariants (``rowstore.fsck``).
 """
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from node.config import NodeConfig
 from node.errors import ConfigError
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.fsck import Problem, check_fs
+from rowstore.fsck import check_segments
+from terrafs.backends.memory import MemoryBlockDevice
+from terrafs.fs import FsConfig, TerrascaleFS
 from terrafs.uri import local_path, open_block_device, open_object_store
 
 
@@ -32,7 +35,11 @@ async def fsck(cfg: NodeConfig) -> list[Problem]:
     objects = open_object_store(cfg.objects)
     try:
         await objects.open_store()
-        problems += await check_fs(catalog, open_block_device(cfg.block), objects, kek)
+        block = open_block_device(cfg.block)
+        problems += await check_fs(catalog, block, objects, kek)
+        fs = TerrascaleFS(catalog, block, MemoryBlockDevice(durable=False), objects, kek=kek,
+                          config=FsConfig(node_id=cfg.node_id))  # read-only use: no open()
+        problems += await check_segments(fs)
     finally:
         await objects.close()
         await catalog.close()
