@@ -10,6 +10,7 @@ never disagree after a crash.
 """
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import logging
@@ -72,9 +73,13 @@ class SegmentRecord:
 class SegmentStore:
     """One node's view of the row store: its active segments and every sealed one."""
 
-    def __init__(self, fs: TerrascaleFS, schemas: Callable[[int], SchemaVersion]):
+    def __init__(self, fs: TerrascaleFS, schemas: Callable[[int], SchemaVersion],
+                 seal_bytes: int = 256 << 20):
         self.fs, self.catalog = fs, fs.catalog
         self.schemas = schemas
+        self.seal_bytes = seal_bytes
+        self._current: dict[tuple[str, int], ActiveSegment] = {}
+        self._rolling: dict[tuple[str, int], asyncio.Lock] = {}
         self.node = fs.cfg.node_id
         self.segids = RangeAllocator(self.catalog, "rs", 1, 2**32 - 1)
         self.active: dict[int, ActiveSegment] = {}
@@ -89,6 +94,8 @@ class SegmentStore:
             if rec.state in (SegState.ACTIVE, SegState.SEALED):
                 self.active[rec.segid] = await ActiveSegment.recover(
                     rec.segid, await self.fs.open_active(rec.inode))
+            if rec.state == SegState.ACTIVE:
+                self._current[(rec.table, rec.partition)] = self.active[rec.segid]
             if rec.state == SegState.SEALED:
                 pending.append(rec.segid)
         return pending
@@ -121,6 +128,39 @@ class SegmentStore:
             self.active[segid] = seg
             return seg
         raise RowstoreError("could not allocate a segment id")
+
+    async def append(self, table: str, partition: int, batch, schema: SchemaVersion, commit_ts: int,
+                     deleted=None) -> np.ndarray:
+        """Append to the partition's current segment; roll over once it reaches ``seal_bytes``.
+
+        The full segment is sealed and a new one takes over; offloading it is
+        the offloader's job (``pending_offload``)."""
+        seg = await self.current(table, partition)
+        ids = await seg.append(batch, schema, commit_ts, deleted)
+        if seg.nbytes >= self.seal_bytes:
+            await self._roll(table, partition, seg)
+        return ids
+
+    async def current(self, table: str, partition: int) -> ActiveSegment:
+        seg = self._current.get((table, partition))
+        if seg is None:
+            async with self._rolling.setdefault((table, partition), asyncio.Lock()):
+                seg = self._current.get((table, partition))
+                if seg is None:
+                    seg = self._current[(table, partition)] = await self.create(table, partition)
+        return seg
+
+    async def _roll(self, table: str, partition: int, full: ActiveSegment) -> None:
+        async with self._rolling.setdefault((table, partition), asyncio.Lock()):
+            if self._current.get((table, partition)) is not full:
+                return  # another appender rolled it already
+            self._current[(table, partition)] = await self.create(table, partition)
+        await self.seal(full.segid)
+        log.info("event=segment_sealed segid=%d bytes=%d rows=%d", full.segid, full.nbytes, full.durable_rows)
+
+    async def pending_offload(self) -> list[int]:
+        """This node's sealed segments still on its block device."""
+        return [r.segid for r in await self.list(owner=self.node) if r.state == SegState.SEALED]
 
     async def seal(self, segid: int) -> SegmentRecord:
         rec, e = await self.record(segid)

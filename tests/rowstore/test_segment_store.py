@@ -78,3 +78,23 @@ async def test_acknowledged_rows_survive_a_crash():
     got = await st2.get(np.concatenate(acked), S1)
     assert sorted(got.batch.column("id").to_pylist()) == list(range(200))
     assert split_rowids(np.concatenate(acked))[0].tolist() == [seg.segid] * 200
+
+
+async def test_rollover_at_seal_bytes():
+    w = World()
+    st = await w.start()
+    st.seal_bytes = 20_000
+    ids = []
+    for i in range(12):
+        ids.append(await st.append("t", 3, batch(i * 100, i * 100 + 100), S1, 10 + i))
+    recs = await st.list(table="t")
+    states = sorted(r.state.value for r in recs)
+    assert states.count("active") == 1 and states.count("sealed") >= 2
+    for segid in await st.pending_offload():
+        await st.offload(segid, KEYS)
+    for i, part in enumerate(ids):
+        got = await st.get(part, S1)
+        assert got.batch.column("id").to_pylist() == list(range(i * 100, i * 100 + 100))
+    w.block.crash()
+    st2 = await w.start()
+    assert (await st2.current("t", 3)).segid == (await st.current("t", 3)).segid
