@@ -2,10 +2,10 @@
 import asyncio
 import sys
 
-from bench import rowcodec_bench, rowstore_bench, terrafs_bench
+from bench import rowcodec_bench, rowstore_bench, rowstore_read_bench, terrafs_bench
 
 SUITES = {"terrafs": terrafs_bench.main, "rowcodec": rowcodec_bench.main,
-          "rowstore": rowstore_bench.main}
+          "rowstore": rowstore_bench.main, "rowstore_read": rowstore_read_bench.main}
 
 
 def main(argv: list[str]) -> int:

@@ -80,13 +80,13 @@ async def _leaf_offsets(seg: SealedSegment) -> np.ndarray:
         nxt = []
         for off in level:
             node = await seg._page(off, leaf=False)
-            nxt += [int(c) for c in node[2::2]]
+            nxt += node[2::2]
         level = nxt
     parts, expect = [], 0
     for off in level:
         leaf = await seg._page(off, leaf=True)
-        if int(leaf[0]) != expect:
-            raise RowCorruptionError(seg.where, off, f"leaf starts at localid {int(leaf[0])}, expected {expect}")
-        parts.append(leaf[2:])
-        expect += int(leaf[1])
+        if leaf[0] != expect:
+            raise RowCorruptionError(seg.where, off, f"leaf starts at localid {leaf[0]}, expected {expect}")
+        parts.append(np.array(leaf[2:], np.int64))
+        expect += leaf[1]
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -38,6 +39,7 @@ ACTIVE_MAGIC = b"TRFSACTV"  # part of the format
 ACTIVE_VERSION = 1
 _FIXED = struct.Struct("<8sHHIQBBHIIHH")  # header fields before key id; 40 bytes
 _SCAN_WINDOW = 8 << 20
+_RECENT_BLOCKS = 256  # decoded blocks kept per open active file (16 MiB at 64 KiB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +145,8 @@ class ActiveFile:
         self._sealed = False
         self._closed = False
         self._read_only = False
+        self._recent: OrderedDict[int, bytes] = OrderedDict()  # decoded blocks, for point reads
+        self.cache = None  # a shared BlockCache (memory tier) replaces _recent when set
         self.torn_tail: tuple[int, int] | None = None  # (offset, bytes) cut or found at recovery
         self.stats = {"flushes": 0, "flushed_bytes": 0, "appends": 0}
 
@@ -319,6 +323,24 @@ class ActiveFile:
         return b"".join(parts)
 
     async def _read_block(self, i: int) -> bytes:
+        """Decoded block ``i``; blocks never change once durable, so recent ones are kept."""
+        if self.cache is not None:
+            hit = self.cache.get_mem((self.where, i))
+            if hit is None:
+                hit = await self._load_block(i)
+                self.cache.put_mem((self.where, i), hit)
+            return hit
+        hit = self._recent.get(i)
+        if hit is not None:
+            self._recent.move_to_end(i)
+            return hit
+        data = await self._load_block(i)
+        self._recent[i] = data
+        if len(self._recent) > _RECENT_BLOCKS:
+            self._recent.popitem(last=False)
+        return data
+
+    async def _load_block(self, i: int) -> bytes:
         phys = int(self.index.physical[i])
         head = await self._f.pread(phys, HEADER_LEN)
         h = parse_header(head, 0, self.where)

@@ -146,6 +146,7 @@ class TerrascaleFS:
         rec = await self._allocate(FileState.ACTIVE, FileTier.BLOCK, codec, extra)
         failpoint("create.after_catalog")
         af = await self._create_local(rec)
+        af.cache = self.cache
         self._active[rec.inode] = af
         return af
 
@@ -162,6 +163,7 @@ class TerrascaleFS:
         if rec.tier != FileTier.BLOCK or rec.owner != self.cfg.node_id:
             raise FileStateError(f"inode {inode} is not a local file of node {self.cfg.node_id}")
         af = await ActiveFile.recover(self.block, rec.location, self.kek, self.cfg.flush)
+        af.cache = self.cache
         if rec.state == FileState.SEALED:
             await af.seal()
         self._active[inode] = af
@@ -335,7 +337,8 @@ class TerrascaleFS:
                 raise FileStateError(f"sealed local file {rec.location} of inode {rec.inode} is missing")
             # Crash between the catalog row and the file's creation: nothing was
             # ever appended (appends need the open file), so an empty file is exact.
-            self._active[rec.inode] = await self._create_local(rec)
+            self._active[rec.inode] = af = await self._create_local(rec)
+            af.cache = self.cache
             rep.recreated.append(rec.inode)
             return
         await self.open_active(rec.inode)

@@ -1,0 +1,132 @@
+"""Row-store reads (issue 3), peers in the same run.
+
+* point ``get(rowid)`` returning the row's bytes: active segment, sealed
+  (cached), sealed (cold: no cache, local object store) — vs RocksDB ``get``
+  of the same rows under their keys;
+* sealed scan decoding to Arrow — vs reading the same rows from an Arrow IPC file.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import tempfile
+
+import numpy as np
+import pyarrow as pa
+from rocksdict import Options, Rdict
+
+from bench.common import Result, Timer, print_table, write_json
+from bench.rowcodec_bench import SCHEMA, sample
+from catalog.memory import MemoryCatalog
+from rowstore.schema import SchemaVersion
+from rowstore.sealed_segment import SealedSegment
+from rowstore.segments import SegmentStore
+from terrafs.backends.local import LocalBlockDevice, LocalObjectStore
+from terrafs.cache import BlockCache
+from terrafs.fs import FsConfig, TerrascaleFS
+from terrafs.sealed import SealedFile
+
+N = 300_000
+GETS = 20_000
+KEYS = SchemaVersion(0, (SCHEMA.key,), SCHEMA.key.id, 99)
+
+
+async def main() -> list[Result]:
+    src = sample(N)
+    rng = random.Random(5)
+    locs = [rng.randrange(N) for _ in range(GETS)]
+    results = []
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", ".")) as root:
+        fs = TerrascaleFS(MemoryCatalog(), LocalBlockDevice(f"{root}/block"),
+                          LocalBlockDevice(f"{root}/cache", durable=False), LocalObjectStore(f"{root}/objects"),
+                          config=FsConfig(cache_memory_bytes=256 << 20))
+        await fs.open()
+        st = SegmentStore(fs, lambda v: SCHEMA)
+        await st.open()
+        seg = await st.create("bench", 0)
+        for i in range(0, N, 10_000):
+            await seg.append(src.slice(i, 10_000), SCHEMA, 1)
+        active_rate = await _gets(seg.get_raw, locs)
+        rocks_rate = await asyncio.to_thread(_rocks, root, seg, src, locs)
+        await st.seal(seg.segid)
+        rec = await st.offload(seg.segid, KEYS)
+        sseg = await st.sealed(seg.segid)
+        await _gets(sseg.get_raw, locs)  # warm the caches
+        cached_rate = await _gets(sseg.get_raw, locs)
+        frec = await fs.stat(rec.inode)
+        cold_sf = await SealedFile.open(fs.objects, frec.location, object_size=frec.object_size,
+                                        cache=BlockCache(0))
+        cold = await SealedSegment.open(cold_sf)
+        cold._pages = _NoCache()
+        cold_rate = await _gets(cold.get_raw, locs[:2000], repeat=1)
+        scan_rate, ipc_rate = await _scan(sseg, src, root)
+        await fs.close()
+    g = "point get(rowid) -> row bytes"
+    results += [
+        Result(f"{g}, active segment", active_rate, "RocksDB get", rocks_rate, "gets/s", "report"),
+        Result(f"{g}, sealed cached", cached_rate, "RocksDB get", rocks_rate, "gets/s", ">= 1.0x"),
+        Result(f"{g}, sealed cold (local objects)", cold_rate, "RocksDB get", rocks_rate, "gets/s", "report"),
+        Result("sealed scan -> Arrow batches", scan_rate, "Arrow IPC file read", ipc_rate, "rows/s", ">= 0.5x"),
+    ]
+    print_table("Row-store reads (issue 3)", results)
+    print(f"\nJSON: {write_json('rowstore_read', results)}")
+    return results
+
+
+class _NoCache(dict):
+    def __setitem__(self, k, v):  # cold reads: never keep an index page
+        pass
+
+
+async def _gets(get, locs, repeat: int = 3) -> float:
+    """Median over ``repeat`` passes (the VM is noisy)."""
+    rates = []
+    for _ in range(repeat):
+        with Timer() as t:
+            for i in locs:
+                await get(i)
+        rates.append(len(locs) / t.seconds)
+    return sorted(rates)[len(rates) // 2]
+
+
+def _rocks(root: str, seg, src: pa.RecordBatch, locs) -> float:
+    db = Rdict(os.path.join(root, "rocks"), Options())
+    ids = src.column("id").to_numpy()
+    keys = [int(k).to_bytes(8, "big") for k in ids]
+    value = b"x" * 148  # the size of our encoded rows
+    try:
+        for k in keys:
+            db[k] = value
+        db.flush()
+        rates = []
+        for _ in range(3):
+            with Timer() as t:
+                for i in locs:
+                    db[keys[i]]
+            rates.append(len(locs) / t.seconds)
+        return sorted(rates)[1]
+    finally:
+        db.close()
+        Rdict.destroy(os.path.join(root, "rocks"))
+
+
+async def _scan(sseg: SealedSegment, src: pa.RecordBatch, root: str) -> tuple[float, float]:
+    with Timer() as t:
+        n = 0
+        async for d in sseg.scan(lambda v: SCHEMA, SCHEMA):
+            n += d.batch.num_rows
+    assert n == N
+    ours = N / t.seconds
+    path = os.path.join(root, "rows.arrow")
+    with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, src.schema) as w:
+        for i in range(0, N, 65536):
+            w.write_batch(src.slice(i, 65536))
+    with Timer() as t:
+        with pa.OSFile(path, "rb") as f:
+            pa.ipc.open_file(f).read_all()
+    return ours, N / t.seconds
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
