@@ -19,10 +19,10 @@ from typing import Callable
 
 import numpy as np
 
-from catalog.abc import Catalog, Check, Put
+from catalog.abc import Catalog, Check, Delete, Put
 from rowstore.active_segment import ActiveSegment, split_rowids
 from rowstore.errors import RowstoreError
-from rowstore.rowcodec import Decoded
+from rowstore.rowcodec import Decoded, decode_rows
 from rowstore.schema import SchemaVersion
 from rowstore.sealed_segment import SealedSegment, sealed_bytes
 from terrafs.errors import CatalogConflictError
@@ -192,6 +192,34 @@ class SegmentStore:
         self.active.pop(segid, None)
         log.info("event=segment_offloaded segid=%d rows=%s", segid, stats.get("rows"))
         return (await self.record(segid))[0]
+
+    async def delete(self, segid: int) -> None:
+        """Drop a segment: its row, its file and its segid's return to the free table, in one
+        transaction, then the bytes (the garbage collector calls this)."""
+        for _ in range(100):
+            rec, e = await self.record(segid)
+            checks, ops = await self.segids.release(segid)
+            try:
+                await self.fs.delete(rec.inode, [Check(e.key, e.version), *checks], [Delete(e.key), *ops])
+                break
+            except CatalogConflictError:
+                continue  # a neighbouring free range changed; recompute the merge
+        else:
+            raise RowstoreError(f"could not delete segment {segid}")
+        self.active.pop(segid, None)
+        self._sealed.pop(segid, None)
+        for k, seg in list(self._current.items()):
+            if seg.segid == segid:
+                del self._current[k]
+
+    async def scan(self, segid: int, target: SchemaVersion):
+        """Every row of a segment in localid order, as decoded Arrow batches."""
+        if segid in self.active:
+            async for b in self.active[segid].batches():
+                yield decode_rows(b.rows, b.starts, self.schemas, target, self.active[segid].where)
+        else:
+            async for d in (await self.sealed(segid)).scan(self.schemas, target):
+                yield d
 
     async def sealed(self, segid: int) -> SealedSegment:
         s = self._sealed.get(segid)

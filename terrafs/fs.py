@@ -292,12 +292,13 @@ class TerrascaleFS:
 
     # -- delete and recovery -----------------------------------------------------
 
-    async def delete(self, inode: int) -> None:
-        """Remove the row and recycle the inode in one transaction, then the bytes."""
+    async def delete(self, inode: int, checks: Sequence[Check] = (), ops: Sequence[Op] = ()) -> None:
+        """Remove the row and recycle the inode in one transaction (with the caller's
+        checks/ops), then the bytes."""
         async with self._locks[inode]:
             e = await self._entry(inode)
             rec = FileRecord.from_bytes(e.value)
-            await self.inodes.free(inode, [Check(e.key, e.version)], [Delete(e.key)])
+            await self.inodes.free(inode, [Check(e.key, e.version), *checks], [Delete(e.key), *ops])
             failpoint("delete.after_catalog")
             await self._remove_bytes(rec)
         self._locks.pop(inode, None)

@@ -97,14 +97,17 @@ class RangeAllocator:
             await asyncio.sleep(self._rng.random() * min(0.001 * 2**attempt, 0.05))
         raise CatalogConflictError(f"could not allocate from {self.prefix} after {_MAX_ATTEMPTS} tries")
 
+    async def release(self, ident: int) -> tuple[list[Check], list[Op]]:
+        """The checks/ops that return ``ident`` to the table (for a caller's txn)."""
+        prev_l = await self.catalog.scan(f"{self.prefix}/free/", end=self._key(ident + 1),
+                                         limit=1, reverse=True)
+        nxt = await self.catalog.get(self._key(ident + 1))
+        return self._merge(ident, prev_l[0] if prev_l else None, nxt)
+
     async def free(self, ident: int, checks: Sequence[Check] = (), ops: Sequence[Op] = ()) -> None:
         """Return ``ident`` to the table, merged with its neighbours, with the caller's ops."""
         for attempt in range(_MAX_ATTEMPTS):
-            prev_l = await self.catalog.scan(f"{self.prefix}/free/", end=self._key(ident + 1),
-                                             limit=1, reverse=True)
-            prev = prev_l[0] if prev_l else None
-            nxt = await self.catalog.get(self._key(ident + 1))
-            c, o = self._merge(ident, prev, nxt)
+            c, o = await self.release(ident)
             res = await commit(self.catalog, c + list(checks), o + list(ops))
             if res.committed:
                 return

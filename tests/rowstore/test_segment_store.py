@@ -98,3 +98,51 @@ async def test_rollover_at_seal_bytes():
     w.block.crash()
     st2 = await w.start()
     assert (await st2.current("t", 3)).segid == (await st.current("t", 3)).segid
+
+
+async def test_delete_recycles_segid_and_scan():
+    w = World()
+    st = await w.start()
+    a = await st.create("t", 0)
+    b = await st.create("t", 1)
+    await a.append(batch(0, 2000), S1, 1)
+    got = [d async for d in st.scan(a.segid, S1)]
+    assert sum(d.batch.num_rows for d in got) == 2000
+    await st.seal(a.segid)
+    await st.offload(a.segid, KEYS)
+    got = [d async for d in st.scan(a.segid, S1)]
+    assert pa_ids(got) == list(range(2000))
+    free_before = await st.segids.free_ranges()
+    await st.delete(a.segid)
+    assert await w.objects.list("files/") == []
+    assert sum(hi - lo for lo, hi in await st.segids.free_ranges()) == \
+        sum(hi - lo for lo, hi in free_before) + 1
+    assert [r.segid for r in await st.list()] == [b.segid]
+    await st.delete(b.segid)
+    assert sum(hi - lo for lo, hi in await st.segids.free_ranges()) == 2**32 - 2  # everything back
+
+
+def pa_ids(decoded):
+    return [i for d in decoded for i in d.batch.column("id").to_pylist()]
+
+
+async def test_flipped_byte_in_sealed_segment_is_never_served():
+    from terrafs.errors import CorruptionError
+
+    w = World()
+    st = await w.start()
+    seg = await st.create("t", 0)
+    ids = await seg.append(batch(0, 3000), S1, 1)
+    await st.seal(seg.segid)
+    rec = await st.offload(seg.segid, KEYS)
+    raw = bytearray(await w.objects.get(rec.location))
+    raw[5000] ^= 0x04  # inside the row section
+    await w.objects.put(rec.location, bytes(raw))
+    st2 = await w.start()
+    with pytest.raises(CorruptionError) as ei:
+        async for _ in st2.scan(seg.segid, S1):
+            pass
+    assert ei.value.where.endswith(rec.location) and ei.value.offset is not None
+    with pytest.raises(CorruptionError):
+        for part in np.array_split(ids, 30):
+            await st2.get(part[:1], S1)
