@@ -146,3 +146,27 @@ async def test_flipped_byte_in_sealed_segment_is_never_served():
     with pytest.raises(CorruptionError):
         for part in np.array_split(ids, 30):
             await st2.get(part[:1], S1)
+
+
+async def test_segments_on_s3_through_moto(s3_bucket_uri):
+    """Seal and offload to S3 (a moto_server process), then page rows in from another node."""
+    from terrafs.uri import open_object_store
+
+    store = open_object_store(s3_bucket_uri)
+    await store.open_store()
+    w = World()
+    w.objects = store
+    st = await w.start()
+    seg = await st.create("t", 0)
+    ids = await seg.append(batch(0, 5000), S1, 42)
+    await st.seal(seg.segid)
+    rec = await st.offload(seg.segid, KEYS)
+    assert (await store.head(rec.location)).size > 0
+    other = SegmentStore(TerrascaleFS(w.cat, MemoryBlockDevice(), MemoryBlockDevice(durable=False), store,
+                                      config=FsConfig(node_id="n2")), st.schemas)
+    await other.fs.open()
+    await other.open()
+    got = await other.get(ids[[0, 2500, 4999]], S1)
+    assert got.batch.column("id").to_pylist() == [0, 2500, 4999]
+    assert pa_ids([d async for d in other.scan(seg.segid, S1)]) == list(range(5000))
+    await store.close()
