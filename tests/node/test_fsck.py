@@ -80,3 +80,37 @@ def test_fsck_usage(tmp_path):
     assert subprocess.run([TERRASCALE, "fsck"], capture_output=True).returncode == 2
     r = subprocess.run([TERRASCALE, "fsck", str(tmp_path / "nope")], capture_output=True, text=True)
     assert r.returncode == 1 and "not a directory" in r.stderr
+
+
+async def _make_segments(d):
+    from rowstore.segments import SegmentStore
+    from tests.rowstore.test_segments import KEYS, S1, SCHEMAS, batch
+
+    cat = LocalCatalog(str(d / "catalog"))
+    await cat.open()
+    fs = TerrascaleFS(cat, LocalBlockDevice(str(d / "block")), LocalBlockDevice(str(d / "cache"), durable=False),
+                      LocalObjectStore(str(d / "objects")), config=FsConfig(sealed_block_size=4096))
+    await fs.open()
+    st = SegmentStore(fs, SCHEMAS.__getitem__)
+    await st.open()
+    seg = await st.create("t", 0)
+    await seg.append(batch(0, 2000), S1, 5)
+    await st.seal(seg.segid)
+    rec = await st.offload(seg.segid, KEYS)
+    live = await st.create("t", 1)
+    await live.append(batch(0, 10), S1, 6)
+    await fs.close()
+    await cat.close()
+    return d / "objects" / rec.location
+
+
+def test_fsck_with_segments(tmp_path):
+    d = tmp_path / "data"
+    obj = asyncio.run(_make_segments(d))
+    r = _fsck(d)
+    assert r.returncode == 0, r.stdout + r.stderr
+    raw = bytearray(obj.read_bytes())
+    raw[len(raw) // 2] ^= 0x08
+    obj.write_bytes(raw)
+    r = _fsck(d)
+    assert r.returncode == 1 and str(obj) in r.stdout
