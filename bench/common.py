@@ -36,8 +36,8 @@ class Timer:
 
 def print_table(title: str, results: list[Result]) -> None:
     print(f"\n## {title}\n")
-    print(f"| workload | ours | peer | peer value | ratio | target |")
-    print(f"| --- | ---: | --- | ---: | ---: | --- |")
+    print("| workload | ours | peer | peer value | ratio | target |")
+    print("| --- | ---: | --- | ---: | ---: | --- |")
     for r in results:
         print(f"| {r.workload} | {r.ours:,.0f} {r.unit} | {r.peer_name} | {r.peer:,.0f} {r.unit} "
               f"| {r.ratio:.2f}x | {r.target} |")

@@ -12,7 +12,6 @@ import os
 import random
 import tempfile
 
-import numpy as np
 import pyarrow as pa
 from rocksdict import Options, Rdict
 

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from rowstore.errors import RowstoreError
-from rowstore.rowcodec import Decoded, Encoded, decode_rows, encode_rows
+from rowstore.rowcodec import Decoded, Encoded, decode_row_list, encode_rows
 from rowstore.schema import SchemaVersion
 from rowstore.wal import Kind, WalReader, WalState, batch_bytes, frame, U64
 from terrafs.active import ActiveFile
@@ -106,9 +106,7 @@ class ActiveSegment:
 
     async def get(self, localids, schemas, target: SchemaVersion) -> Decoded:
         raws = [await self.get_raw(int(i)) for i in np.atleast_1d(localids)]
-        buf = np.frombuffer(b"".join(raws), np.uint8)
-        starts = np.cumsum([0] + [len(r) for r in raws[:-1]]).astype(np.int64)
-        return decode_rows(buf, starts, schemas, target, self.where)
+        return decode_row_list(raws, schemas, target, self.where)
 
     async def batches(self):
         """Committed batches in file order (seal/offload, fsck, index rebuilds)."""

@@ -19,7 +19,7 @@ import numpy as np
 from crc32c import crc32c
 
 from rowstore.errors import RowCorruptionError
-from rowstore.rowcodec import Decoded, decode_rows
+from rowstore.rowcodec import Decoded, decode_row_list, decode_rows
 from rowstore.schema import SchemaVersion
 from terrafs.sealed import SealedFile
 
@@ -222,9 +222,7 @@ class SealedSegment:
 
     async def get(self, localids, schemas, target: SchemaVersion) -> Decoded:
         raws = [await self.get_raw(int(i)) for i in np.atleast_1d(localids)]
-        buf = np.frombuffer(b"".join(raws), np.uint8)
-        starts = np.cumsum([0] + [len(r) for r in raws[:-1]]).astype(np.int64)
-        return decode_rows(buf, starts, schemas, target, self.where)
+        return decode_row_list(raws, schemas, target, self.where)
 
     async def scan(self, schemas, target: SchemaVersion) -> AsyncIterator[Decoded]:
         """Every row in localid order, as decoded batches, reading the row section sequentially.

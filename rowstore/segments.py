@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from catalog.abc import Catalog, Check, Delete, Put
+from catalog.abc import Check, Delete, Put
 from rowstore.active_segment import ActiveSegment, split_rowids
 from rowstore.errors import RowstoreError
 from rowstore.rowcodec import Decoded, decode_rows

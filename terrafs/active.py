@@ -283,7 +283,6 @@ class ActiveFile:
         """
         p, parts, pos = self.params, [], phys
         blocks = list(_cut(batch, p.block_size))
-        total = sum(n for _, n in blocks)
         for i, (pieces, n) in enumerate(blocks):
             last = i == len(blocks) - 1
             kw = dict(logical_off=logical, group=group, codec=p.codec, cipher=self._cipher, inode=p.inode)

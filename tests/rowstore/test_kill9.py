@@ -1,6 +1,5 @@
 """kill -9 a process that appends batches and seals/offloads segments on local disks;
 after restart every acknowledged row reads back by rowid, whatever step was cut."""
-import asyncio
 import os
 import signal
 import subprocess

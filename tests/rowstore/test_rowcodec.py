@@ -29,7 +29,6 @@ def test_worked_example():
 
 def _values(schema):
     """A hypothesis strategy for one row as {column: python value or None}."""
-    t = lambda name: schema.by_name(name)  # noqa: E731
     f64 = st.floats(allow_nan=False, width=64)
     ts = st.datetimes(min_value=dt.datetime(1970, 1, 1), max_value=dt.datetime(2200, 1, 1),
                       timezones=st.just(dt.timezone.utc))

@@ -1,6 +1,5 @@
 """Active segments (write-ahead, atomic batches, recovery) and sealed segments (B+ tree footer)."""
 import asyncio
-import os
 
 import numpy as np
 import pyarrow as pa

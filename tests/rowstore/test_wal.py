@@ -1,5 +1,4 @@
 """Write-ahead records: committed batches replay, a batch without COMMIT is dropped."""
-import numpy as np
 import pyarrow as pa
 import pytest
 

@@ -1,6 +1,5 @@
 """kill -9 while 16 writers append to an active file on a local disk: every
 acknowledged append is there after recovery, byte for byte."""
-import asyncio
 import hashlib
 import os
 import signal
