@@ -20,3 +20,15 @@ class RowCorruptionError(RowstoreError):
         self.where, self.offset, self.reason = where, offset, reason
         at = f" at offset {offset}" if offset is not None else ""
         super().__init__(f"corruption in {where}{at}: {reason}")
+
+
+class TableNotFoundError(RowstoreError):
+    """Raised when a table does not exist (at the time asked about)."""
+
+
+class TableExistsError(RowstoreError):
+    """Raised when creating a table whose name is taken."""
+
+
+class ConflictError(RowstoreError):
+    """Raised when a concurrent change won a race (retry the operation)."""
