@@ -1,0 +1,189 @@
+"""Immutable sorted runs of the primary-key index on TerrascaleFS (docs/format/index-run.md)."""
+from __future__ import annotations
+
+import struct
+from bisect import bisect_right
+from typing import AsyncIterator
+
+import numpy as np
+from crc32c import crc32c
+
+from rowstore.errors import RowCorruptionError
+from rowstore.memtable import Run, merge_runs
+from terrafs.sealed import SealedFile
+
+RUN_MAGIC = b"TRIDXRN1"  # part of the format
+RUN_VERSION = 1
+PAGE_ENTRIES = 170
+FOOTER = struct.Struct("<8sHBBQQIQQI8sI")
+FOOTER_LEN = FOOTER.size  # 64
+KINDS = {"int64": 1, "string": 2, "uuid": 3}
+assert FOOTER_LEN == 64
+
+
+def _page(run: Run, a: int, b: int, kind: str) -> bytes:
+    keys = run.keys[a:b]
+    if kind == "int64":
+        kb = keys.astype("<u8").tobytes()
+    elif kind == "uuid":
+        kb = keys.astype("S16").tobytes()
+    else:
+        parts = [bytes(k) for k in keys]
+        ends = np.cumsum([len(p) for p in parts], dtype=np.uint32)
+        kb = ends.astype("<u4").tobytes() + b"".join(parts)
+    return (struct.pack("<I", b - a) + kb + run.ts[a:b].astype("<u8").tobytes()
+            + run.rowids[a:b].astype("<u8").tobytes())
+
+
+def _fence_key(key, kind: str) -> bytes:
+    if kind == "int64":
+        return struct.pack("<Q", int(key))
+    if kind == "uuid":
+        return bytes(key).ljust(16, b"\0")
+    k = bytes(key)
+    return struct.pack("<H", len(k)) + k
+
+
+async def run_bytes(run: Run, kind: str, level: int) -> AsyncIterator[bytes]:
+    """Stream a run's file: pages, fence, footer."""
+    pos, fence = 0, [struct.pack("<I", (len(run) + PAGE_ENTRIES - 1) // PAGE_ENTRIES)]
+    for a in range(0, len(run), PAGE_ENTRIES):
+        b = min(a + PAGE_ENTRIES, len(run))
+        page = _page(run, a, b, kind)
+        fence.append(struct.pack("<QI", pos, b - a) + _fence_key(run.keys[a], kind))
+        pos += len(page)
+        yield page
+    fence_b = b"".join(fence)
+    yield fence_b
+    min_ts = int(run.ts.min()) if len(run) else 0
+    max_ts = int(run.ts.max()) if len(run) else 0
+    body = FOOTER.pack(RUN_MAGIC, RUN_VERSION, KINDS[kind], level, len(run), pos, len(fence_b),
+                       min_ts, max_ts, crc32c(fence_b), bytes(8), 0)
+    yield body[:-4] + struct.pack("<I", crc32c(body[:-4]))
+
+
+class IndexRun:
+    """A run opened for point lookups and scans through the block cache."""
+
+    def __init__(self, sf: SealedFile, kind: str, meta: tuple, fence: list):
+        self.sf, self.kind, self.where = sf, kind, sf.where
+        (self.level, self.entries, self.min_ts, self.max_ts, self._fence_off) = meta
+        self._offs, self._counts, self._firsts = fence
+        self._pages: dict[int, Run] = {}
+
+    @classmethod
+    async def open(cls, sf: SealedFile) -> "IndexRun":
+        at = sf.size - FOOTER_LEN
+        raw = await sf.read(at, FOOTER_LEN) if at >= 0 else b""
+        if len(raw) != FOOTER_LEN:
+            raise RowCorruptionError(sf.where, 0, "file too short for an index-run footer")
+        f = FOOTER.unpack(raw)
+        if f[0] != RUN_MAGIC or crc32c(raw[:-4]) != f[-1]:
+            raise RowCorruptionError(sf.where, at, "bad index-run footer")
+        if f[1] != RUN_VERSION:
+            raise RowCorruptionError(sf.where, at, f"unsupported index-run version {f[1]}")
+        kind = {v: k for k, v in KINDS.items()}.get(f[2])
+        if kind is None:
+            raise RowCorruptionError(sf.where, at, f"unknown key kind {f[2]}")
+        fence = await sf.read(f[5], f[6])
+        if crc32c(fence) != f[9]:
+            raise RowCorruptionError(sf.where, f[5], "index-run fence checksum mismatch")
+        parsed = _parse_fence(fence, kind, sf.where, f[5])
+        if sum(parsed[1]) != f[4]:
+            raise RowCorruptionError(sf.where, f[5], "fence counts do not add up to the entry count")
+        return cls(sf, kind, (f[3], f[4], f[7], f[8], f[5]), parsed)
+
+    async def page(self, i: int) -> Run:
+        p = self._pages.get(i)
+        if p is None:
+            end = self._offs[i + 1] if i + 1 < len(self._offs) else self._fence_off
+            raw = await self.sf.read(self._offs[i], end - self._offs[i])
+            p = _parse_page(raw, self.kind, self._counts[i], self.where, self._offs[i])
+            self._pages[i] = p
+        return p
+
+    def pages_for(self, key) -> range:
+        """Pages that may hold versions of ``key`` (usually one)."""
+        k = _cmp_key(key, self.kind)
+        lo = max(bisect_right(self._firsts, k) - 1, 0)
+        hi = lo
+        while hi + 1 < len(self._firsts) and self._firsts[hi + 1] <= k:
+            hi += 1
+        # versions of one key may start on the page before the first page whose first key is k
+        while lo > 0 and self._firsts[lo] == k:
+            lo -= 1
+        return range(lo, hi + 1)
+
+    async def versions(self, key) -> Run:
+        """All entries of ``key`` in this run (ts descending)."""
+        runs = [await self.page(i) for i in self.pages_for(key)]
+        run = merge_runs(runs) if len(runs) > 1 else (runs[0] if runs else None)
+        if run is None:
+            return Run(np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+        k = np.array([key], dtype=run.keys.dtype) if run.keys.dtype.kind == "S" else np.uint64(key)
+        a, b = np.searchsorted(run.keys, k, "left"), np.searchsorted(run.keys, k, "right")
+        a, b = int(np.atleast_1d(a)[0]), int(np.atleast_1d(b)[0])
+        return Run(run.keys[a:b], run.ts[a:b], run.rowids[a:b])
+
+    async def all(self) -> Run:
+        """Every entry (merges, checks)."""
+        return merge_runs([await self.page(i) for i in range(len(self._offs))]) if self._offs else \
+            Run(np.zeros(0, np.uint64 if self.kind == "int64" else "S1"), np.zeros(0, np.uint64),
+                np.zeros(0, np.uint64))
+
+
+def _cmp_key(key, kind: str):
+    return int(key) if kind == "int64" else bytes(key)
+
+
+def _parse_fence(fence: bytes, kind: str, where: str, at: int):
+    try:
+        (n,) = struct.unpack_from("<I", fence, 0)
+        pos, offs, counts, firsts = 4, [], [], []
+        for _ in range(n):
+            off, cnt = struct.unpack_from("<QI", fence, pos)
+            pos += 12
+            if kind == "int64":
+                (k,) = struct.unpack_from("<Q", fence, pos)
+                pos += 8
+            elif kind == "uuid":
+                k = fence[pos : pos + 16]
+                pos += 16
+            else:
+                (ln,) = struct.unpack_from("<H", fence, pos)
+                k = fence[pos + 2 : pos + 2 + ln]
+                pos += 2 + ln
+            offs.append(off)
+            counts.append(cnt)
+            firsts.append(k)
+    except struct.error as e:
+        raise RowCorruptionError(where, at, f"malformed fence: {e}") from e
+    if any(b < a for a, b in zip(firsts, firsts[1:])) or any(b <= a for a, b in zip(offs, offs[1:])):
+        raise RowCorruptionError(where, at, "fence is not sorted")
+    return offs, counts, firsts
+
+
+def _parse_page(raw: bytes, kind: str, count: int, where: str, at: int) -> Run:
+    try:
+        (n,) = struct.unpack_from("<I", raw, 0)
+        if n != count:
+            raise RowCorruptionError(where, at, f"page holds {n} entries; the fence says {count}")
+        pos = 4
+        if kind == "int64":
+            keys = np.frombuffer(raw, "<u8", n, pos).astype(np.uint64)
+            pos += 8 * n
+        elif kind == "uuid":
+            keys = np.frombuffer(raw, "S16", n, pos).copy()
+            pos += 16 * n
+        else:
+            ends = np.frombuffer(raw, "<u4", n, pos).astype(np.int64)
+            pos += 4 * n
+            starts = np.concatenate([[0], ends[:-1]])
+            keys = np.array([raw[pos + a : pos + b] for a, b in zip(starts, ends)], dtype="S") if n else \
+                np.zeros(0, "S1")
+            pos += int(ends[-1]) if n else 0
+        ts = np.frombuffer(raw, "<u8", n, pos).astype(np.uint64)
+        rowids = np.frombuffer(raw, "<u8", n, pos + 8 * n).astype(np.uint64)
+    except (struct.error, ValueError) as e:
+        raise RowCorruptionError(where, at, f"malformed index page: {e}") from e
+    return Run(keys, ts, rowids)
