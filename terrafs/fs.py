@@ -215,13 +215,17 @@ class TerrascaleFS:
             log.info("event=offloaded inode=%d object=%s bytes=%d logical=%d", inode, key, size, logical)
             return new
 
-    async def create_sealed(self, content: AsyncIterable[bytes]) -> FileRecord:
-        """Build a sealed file straight from a stream (no active phase)."""
+    async def create_sealed(self, content: AsyncIterable[bytes], extra: Extra | None = None) -> FileRecord:
+        """Build a sealed file straight from a stream (no active phase).
+
+        ``extra(record)`` joins the transaction that publishes the file, so a
+        caller's reference to it (an index manifest, say) appears atomically with it.
+        """
         rec = await self._allocate(FileState.BUILDING, FileTier.OBJECT, self.cfg.sealed_codec)
         e = await self._entry(rec.inode)
         key, size, logical = await self._build_and_upload(rec, content)
         new = rec.evolve(state=FileState.SEALED, object_size=size, size=logical)
-        await self._switch(e, new)
+        await self._switch(e, new, extra)
         return new
 
     async def _build_and_upload(self, rec: FileRecord, content: AsyncIterable[bytes]):

@@ -1,0 +1,203 @@
+"""One partition's primary-key index: memtable + checkpointed runs in levels (RFC 0001).
+
+Newer data is always above older data: the memtable holds entries newer than
+every run, L0 runs are newest-first and newer than L1, L1 newer than L2. A
+lookup at T therefore stops at the first level that has a version of the key
+with ``ts <= T``. The run list and the checkpoint mark live in one catalog row
+(the manifest), swapped by compare-and-set, so a crash leaves the old or the
+new manifest and recovery replays the write-ahead after the mark.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from catalog.abc import Check, Put
+from rowstore.errors import ConflictError
+from rowstore.index_run import IndexRun, run_bytes
+from rowstore.memtable import TOMBSTONE, MemTable, Run, merge_runs, visible
+from terrafs.catalog_ops import commit
+from terrafs.errors import CatalogConflictError
+from terrafs.fs import TerrascaleFS
+
+log = logging.getLogger("rowstore.pk_index")
+L0_LIMIT = 4  # the 5th L0 run triggers an L0 -> L1 merge
+LEVEL_RATIO = 10
+
+
+@dataclass
+class Manifest:
+    runs: list[dict] = field(default_factory=list)  # {"inode", "level", "entries"}; newest first per level
+    mark: list[int] = field(default_factory=lambda: [0, 0])  # (segid, localid) replay starts at
+    checkpoints: int = 0
+    garbage: list[int] = field(default_factory=list)  # inodes of replaced runs, deleted after the swap
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"runs": self.runs, "mark": self.mark, "checkpoints": self.checkpoints,
+                           "garbage": self.garbage}).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "Manifest":
+        d = json.loads(raw)
+        return cls(d["runs"], d["mark"], d["checkpoints"], d.get("garbage", []))
+
+
+def purge(run: Run, horizon: int, bottom: bool) -> Run:
+    """The History RFC's purge rule, vectorized over a sorted run.
+
+    Keep every version newer than ``horizon`` and, per key, the newest version
+    at or below it (what a read at the horizon sees). That one is dropped too
+    when it is a deletion — but only at the bottom level, where nothing older
+    could resurface from a lower level.
+    """
+    if len(run) == 0:
+        return run
+    old = run.ts <= np.uint64(horizon)
+    new_key = np.ones(len(run), bool)
+    new_key[1:] = run.keys[1:] != run.keys[:-1]
+    prev_new = np.zeros(len(run), bool)
+    prev_new[1:] = ~old[:-1]
+    first_old = old & (new_key | prev_new)
+    keep = ~old | first_old
+    if bottom:
+        keep &= ~(first_old & (run.rowids == TOMBSTONE))
+    return Run(run.keys[keep], run.ts[keep], run.rowids[keep])
+
+
+class PartitionIndex:
+    def __init__(self, fs: TerrascaleFS, key: str, kind: str):
+        self.fs, self.key, self.kind = fs, key, kind  # key: the manifest's catalog key
+        self.mem = MemTable(kind)
+        self._frozen: list[MemTable] = []  # being checkpointed; still read
+        self.runs: list[tuple[int, IndexRun]] = []  # (level, run), newest first
+        self.manifest = Manifest()
+        self._version = 0
+
+    async def open(self) -> Manifest:
+        """Load the runs named by the manifest; the caller replays the log from ``mark``."""
+        e = await self.fs.catalog.get(self.key)
+        if e is not None:
+            self.manifest, self._version = Manifest.from_bytes(e.value), e.version
+        self.runs = [(r["level"], await IndexRun.open(await self.fs.open_sealed(r["inode"])))
+                     for r in self.manifest.runs]
+        await self._collect()  # a merge that crashed before deleting what it replaced
+        return self.manifest
+
+    def insert(self, keys: np.ndarray, ts: int, rowids: np.ndarray) -> None:
+        self.mem.insert(keys, ts, rowids)
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def get(self, key, as_of: int) -> int:
+        """The rowid visible at ``as_of`` for one encoded key; 0 if none (absent or deleted)."""
+        k = np.array([key], dtype=np.uint64 if self.kind == "int64" else "S")
+        for mt in [self.mem, *reversed(self._frozen)]:
+            r = int(mt.get(k, as_of)[0])
+            if r:
+                return 0 if r == int(TOMBSTONE) else r
+        for _, run in self.runs:
+            v = await run.versions(key)
+            j = int(np.argmax(v.ts <= np.uint64(as_of))) if len(v) else 0
+            if len(v) and v.ts[j] <= np.uint64(as_of):
+                r = int(v.rowids[j])
+                return 0 if r == int(TOMBSTONE) else r
+        return 0
+
+    async def scan(self, lo, hi, as_of: int) -> Run:
+        """Visible (key, ts, rowid) with ``lo <= key < hi`` (None: unbounded), in key order."""
+        parts = [mt.consolidated() for mt in [self.mem, *self._frozen]]
+        for _, run in self.runs:
+            parts.append(await run.all())  # whole runs for now; key-range page reads are a later optimization
+        merged = merge_runs([p for p in parts if len(p)]) if any(len(p) for p in parts) else parts[0]
+        a = 0 if lo is None else int(np.searchsorted(merged.keys, lo, "left"))
+        b = len(merged) if hi is None else int(np.searchsorted(merged.keys, hi, "left"))
+        return visible(Run(merged.keys[a:b], merged.ts[a:b], merged.rowids[a:b]), as_of)
+
+    # -- checkpoint and merge -------------------------------------------------------------
+
+    async def checkpoint(self, mark: tuple[int, int]) -> bool:
+        """Write the memtable as an L0 run; the file and the manifest naming it (with the
+        replay mark) are published in ONE transaction."""
+        if self.mem.entries == 0:
+            return False
+        frozen, self.mem = self.mem, MemTable(self.kind)
+        self._frozen.append(frozen)
+        try:
+            run = frozen.consolidated()
+            rec = await self._publish(run, 0, lambda r: Manifest(
+                [{"inode": r.inode, "level": 0, "entries": len(run)}] + self.manifest.runs,
+                list(mark), self.manifest.checkpoints + 1, self.manifest.garbage))
+            self.runs.insert(0, (0, await IndexRun.open(await self.fs.open_sealed(rec.inode))))
+        finally:
+            self._frozen.remove(frozen)
+        log.info("event=index_checkpoint manifest=%s entries=%d", self.key, frozen.entries)
+        return True
+
+    async def maybe_merge(self, horizon: int) -> bool:
+        """Leveled policy: more than L0_LIMIT L0 runs -> merge into L1; L1 too big -> into L2."""
+        l0 = [r for lv, r in self.runs if lv == 0]
+        if len(l0) > L0_LIMIT:
+            await self.merge(0, horizon)
+            return True
+        l1 = sum(r.entries for lv, r in self.runs if lv == 1)
+        if l1 > LEVEL_RATIO * L0_LIMIT * max([r.entries for r in l0] or [1]):
+            await self.merge(1, horizon)
+            return True
+        return False
+
+    async def merge(self, level: int, horizon: int) -> None:
+        """Merge every run of ``level`` and ``level + 1`` into one run at ``level + 1``."""
+        src = [(m, lr) for m, lr in zip(self.manifest.runs, self.runs) if lr[0] in (level, level + 1)]
+        bottom = not any(lv > level + 1 for lv, _ in self.runs)
+        merged = purge(merge_runs([await r.all() for _, (_, r) in src]), horizon, bottom)
+        gone = [m["inode"] for m, _ in src]
+        rest = [m for m in self.manifest.runs if m["inode"] not in gone]
+
+        def manifest(rec):
+            entry = {"inode": rec.inode, "level": level + 1, "entries": len(merged)}
+            return Manifest([m for m in rest if m["level"] < level] + [entry] +
+                            [m for m in rest if m["level"] > level + 1],
+                            self.manifest.mark, self.manifest.checkpoints, self.manifest.garbage + gone)
+
+        rec = await self._publish(merged, level + 1, manifest)
+        run = await IndexRun.open(await self.fs.open_sealed(rec.inode))
+        keep = [(m["inode"], lr) for m, lr in zip(self.manifest.runs, self.runs) if m["inode"] != rec.inode]
+        by_inode = dict(keep)
+        self.runs = [(m["level"], run if m["inode"] == rec.inode else by_inode[m["inode"]])
+                     for m in self.manifest.runs]
+        await self._collect()
+        log.info("event=index_merge manifest=%s level=%d runs=%d entries=%d", self.key, level, len(src), len(merged))
+
+    async def _publish(self, run: Run, level: int, make_manifest) -> object:
+        """Create the run's file; its publishing transaction also swaps the manifest."""
+        box = {}
+
+        def extra(rec):
+            box["m"] = make_manifest(rec)
+            return [Check(self.key, self._version)], [Put(self.key, box["m"].to_bytes())]
+
+        try:
+            rec = await self.fs.create_sealed(run_bytes(run, self.kind, level), extra=extra)
+        except CatalogConflictError as e:
+            raise ConflictError(f"{self.key} changed under this partition's writer") from e
+        self.manifest = box["m"]
+        self._version = (await self.fs.catalog.get(self.key)).version
+        return rec
+
+    async def _collect(self) -> None:
+        """Delete replaced runs named in ``garbage``, then clear the list."""
+        if not self.manifest.garbage:
+            return
+        for inode in self.manifest.garbage:
+            try:
+                await self.fs.delete(inode)
+            except Exception as e:  # already gone (a crash between delete and clear)
+                log.info("event=index_garbage_skip inode=%d reason=%r", inode, e)
+        new = Manifest(self.manifest.runs, self.manifest.mark, self.manifest.checkpoints, [])
+        res = await commit(self.fs.catalog, [Check(self.key, self._version)], [Put(self.key, new.to_bytes())])
+        if not res.committed:
+            raise ConflictError(f"{self.key} changed under this partition's writer")
+        self.manifest, self._version = new, res.revision
