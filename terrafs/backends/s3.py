@@ -1,14 +1,15 @@
-"""S3 object store through aiobotocore (URI scheme ``trs3``).
+"""S3 object store through aiobotocore (URI scheme ``trs3``). See docs/s3.md.
 
 ``trs3://BUCKET/prefix?endpoint_url=…&region=…&access_key_id=…&secret_access_key=…
-&max_attempts=5&part_size=8388608&multipart_threshold=8388608``
+&max_attempts=5&backoff_base=0.1&part_size=8388608&multipart_threshold=8388608``
 
-Transient failures (throttling, 5xx, timeouts, refused connections) are
-retried with exponential backoff and full jitter, on top of a single botocore
-attempt, so the policy is ours and visible; after the last attempt the
-caller gets ``TransientStorageError``. Large objects go up as multipart
-uploads (aborted on failure), so a reader never sees part of an object.
-See docs/s3.md.
+Transient failures (throttling, 5xx, timeouts, refused or dropped
+connections, bodies cut short) are retried with exponential backoff and full
+jitter on top of a single botocore attempt, so the policy is ours, bounded
+and visible; after the last attempt the caller gets ``TransientStorageError``.
+Large objects go up as multipart uploads that are aborted on any failure, so
+a reader never sees part of an object. No botocore exception reaches a
+caller: each is mapped onto ``terrafs.errors`` and chained as the cause.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import asyncio
 import contextlib
 import random
 from typing import AsyncIterable
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import aiohttp
 from aiobotocore.config import AioConfig
@@ -24,10 +25,11 @@ from aiobotocore.session import get_session
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
-    ConnectionClosedError,
-    ConnectTimeoutError,
-    EndpointConnectionError,
-    ReadTimeoutError,
+    ConnectionError as BotoConnectionError,
+    HTTPClientError,
+    IncompleteReadError,
+    NoCredentialsError,
+    PartialCredentialsError,
 )
 
 from terrafs.abc import ObjectInfo, ObjectStore, check_name
@@ -39,83 +41,100 @@ from terrafs.errors import (
 )
 from terrafs.uri import query_options
 
-_OPTIONS = {"endpoint_url", "region", "access_key_id", "secret_access_key", "max_attempts",
-            "part_size", "multipart_threshold"}
-_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
-                    "ServiceUnavailable", "RequestTimeTooSkewed", "500", "502", "503", "504"}
-_NETWORK_ERRORS = (EndpointConnectionError, ConnectionClosedError, ConnectTimeoutError, ReadTimeoutError,
+_SECRET_OPTIONS = {"access_key_id", "secret_access_key"}
+_INT_OPTIONS = {"max_attempts", "part_size", "multipart_threshold"}
+_FLOAT_OPTIONS = {"backoff_base"}
+_OPTIONS = {"endpoint_url", "region"} | _SECRET_OPTIONS | _INT_OPTIONS | _FLOAT_OPTIONS
+
+_NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
+_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "TooManyRequests",
+                    "RequestTimeout", "RequestTimeoutException", "InternalError", "ServiceUnavailable"}
+# botocore wraps aiohttp's failures in ConnectionError (refused, connect
+# timeout) and HTTPClientError (closed, read timeout, body cut short); the raw
+# ones are listed too because a body read can surface them directly.
+_NETWORK_ERRORS = (BotoConnectionError, HTTPClientError, IncompleteReadError,
                    aiohttp.ClientError, asyncio.TimeoutError, OSError)
-MIN_PART = 5 << 20  # S3's minimum part size (all but the last part)
+MIN_PART = 5 << 20  # S3's minimum part size (every part but the last)
+MAX_PART = 5 << 30  # S3's maximum part size
+BACKOFF_MAX = 5.0  # seconds: the cap on one backoff sleep
 
 
 class S3ObjectStore(ObjectStore):
+    """Objects under ``prefix/`` in one bucket of any S3-speaking server."""
+
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, access_key_id: str | None = None,
                  secret_access_key: str | None = None, max_attempts: int = 5,
-                 part_size: int = 8 << 20, multipart_threshold: int = 8 << 20,
-                 base_delay: float = 0.05, uri: str | None = None):
-        if not bucket:
-            raise ConfigurationError("trs3:// needs a bucket name")
-        if part_size < MIN_PART:
-            raise ConfigurationError(f"part_size must be at least {MIN_PART} bytes (S3's minimum)")
-        self.bucket, self.prefix = bucket, prefix.strip("/")
+                 backoff_base: float = 0.1, part_size: int = 8 << 20,
+                 multipart_threshold: int = 8 << 20, uri: str | None = None):
+        _check_config(bucket, access_key_id, secret_access_key, max_attempts, backoff_base,
+                      part_size, multipart_threshold)
+        self.bucket = bucket
+        self.prefix = "/".join(p for p in prefix.split("/") if p)  # never a double slash
         self.endpoint_url, self.region = endpoint_url, region
         self._creds = (access_key_id, secret_access_key)
-        self.max_attempts, self.part_size = max(1, max_attempts), part_size
-        self.multipart_threshold, self.base_delay = multipart_threshold, base_delay
+        self.max_attempts, self.backoff_base = max_attempts, backoff_base
+        self.part_size, self.multipart_threshold = part_size, multipart_threshold
         self.uri = uri or f"trs3://{bucket}/{self.prefix}"
+        self._label = f"trs3://{bucket}/{self.prefix} at {endpoint_url or 'AWS'}"  # for messages
         self._stack: contextlib.AsyncExitStack | None = None
         self._client = None
         self._opening = asyncio.Lock()
 
     @classmethod
     def from_uri(cls, uri: str) -> "S3ObjectStore":
+        """Parse ``trs3://BUCKET/prefix?options``; unknown options are ConfigurationError."""
         parts = urlsplit(uri)
         if parts.scheme != "trs3":
             raise ConfigurationError(f"{uri}: not a trs3:// URI")
-        opts = query_options(uri, _OPTIONS)
-        ints = {}
-        for k in ("max_attempts", "part_size", "multipart_threshold"):
-            if k in opts:
+        opts: dict = {k: v for k, v in query_options(uri, _OPTIONS).items() if v != ""}
+        public = {k: v for k, v in opts.items() if k not in _SECRET_OPTIONS}
+        for names, conv in ((_INT_OPTIONS, int), (_FLOAT_OPTIONS, float)):
+            for k in names & opts.keys():
                 try:
-                    ints[k] = int(opts.pop(k))
+                    opts[k] = conv(opts[k])
                 except ValueError:
-                    raise ConfigurationError(f"{uri}: option {k} must be an integer") from None
-        public = f"trs3://{parts.netloc}{parts.path}"
-        if opts.get("endpoint_url"):
-            public += f"?endpoint_url={opts['endpoint_url']}"
-        return cls(parts.netloc, parts.path, **opts, **ints, uri=public)
+                    raise ConfigurationError(f"{uri}: option {k} must be a number") from None
+        query = urlencode(public, safe=":/")
+        shown = f"trs3://{parts.netloc}{parts.path}" + (f"?{query}" if query else "")
+        return cls(parts.netloc, parts.path, **opts, uri=shown)
 
     # -- connection ------------------------------------------------------------------
 
     async def open_store(self) -> None:
-        """Create the client and check the bucket answers."""
+        """Create the client and check the bucket answers (HeadBucket)."""
         await self._c()
 
     async def _c(self):
-        if self._client is not None:
-            return self._client
-        async with self._opening:
-            if self._client is None:
-                stack = contextlib.AsyncExitStack()
-                cfg = AioConfig(retries={"total_max_attempts": 1, "mode": "standard"},  # retries are ours
-                                s3={"addressing_style": "path"}, connect_timeout=5, read_timeout=60)
-                client = await stack.enter_async_context(get_session().create_client(
-                    "s3", endpoint_url=self.endpoint_url, region_name=self.region,
-                    aws_access_key_id=self._creds[0], aws_secret_access_key=self._creds[1], config=cfg))
-                try:
-                    await self._retry("head_bucket", lambda: client.head_bucket(Bucket=self.bucket))
-                except ObjectNotFoundError:
-                    await stack.aclose()
-                    raise StorageIOError(f"{self.uri}: bucket {self.bucket!r} does not exist "
-                                         f"at {self.endpoint_url or 'AWS'}") from None
-                except BaseException:
-                    await stack.aclose()
-                    raise
-                self._stack, self._client = stack, client
+        """The client, opened on first use; concurrent first uses open it once."""
+        if self._client is None:
+            async with self._opening:
+                if self._client is None:
+                    self._stack, self._client = await self._connect()
         return self._client
 
+    async def _connect(self):
+        stack = contextlib.AsyncExitStack()
+        # Path-style for custom endpoints (MinIO, moto: no wildcard DNS); AWS picks its own.
+        style = "path" if self.endpoint_url else "auto"
+        cfg = AioConfig(retries={"total_max_attempts": 1, "mode": "standard"},  # retries are ours
+                        s3={"addressing_style": style}, connect_timeout=5, read_timeout=60,
+                        max_pool_connections=32)
+        try:
+            client = await stack.enter_async_context(get_session().create_client(
+                "s3", endpoint_url=self.endpoint_url, region_name=self.region,
+                aws_access_key_id=self._creds[0], aws_secret_access_key=self._creds[1], config=cfg))
+            await self._retry("head_bucket", lambda: client.head_bucket(Bucket=self.bucket))
+        except ObjectNotFoundError as e:
+            await stack.aclose()
+            raise StorageIOError(f"{self._label}: bucket {self.bucket!r} does not exist") from e
+        except BaseException:
+            await stack.aclose()
+            raise
+        return stack, client
+
     async def close(self) -> None:
+        """Close the client and its connection pool; a later call opens a new one."""
         if self._stack is not None:
             stack, self._stack, self._client = self._stack, None, None
             await stack.aclose()
@@ -127,30 +146,38 @@ class S3ObjectStore(ObjectStore):
     # -- retries and errors ----------------------------------------------------------
 
     async def _retry(self, what: str, call):
-        """Run ``call()`` with backoff on transient errors; map every botocore error."""
+        """Run ``call()``; back off and retry transient failures; map every botocore error."""
+        where = f"{self._label}: {what}"
         for attempt in range(1, self.max_attempts + 1):
             try:
                 return await call()
             except ClientError as e:
-                err = _classify(e, f"{self.uri}: {what}")
+                err, cause = _classify(e, where), e
             except _NETWORK_ERRORS as e:
-                err = TransientStorageError(f"{self.uri}: {what}: {type(e).__name__}: {e}")
+                err, cause = TransientStorageError(f"{where}: {type(e).__name__}: {e}"), e
+            except (NoCredentialsError, PartialCredentialsError) as e:
+                raise ConfigurationError(f"{where}: no usable AWS credentials: {e}") from e
             except BotoCoreError as e:
-                raise StorageIOError(f"{self.uri}: {what}: {e}") from e
-            if not isinstance(err, TransientStorageError) or attempt == self.max_attempts:
-                raise err
-            await asyncio.sleep(random.uniform(0, self.base_delay * 2 ** (attempt - 1)))
-        raise AssertionError("unreachable")
+                raise StorageIOError(f"{where}: {e}") from e
+            if not isinstance(err, TransientStorageError):
+                raise err from cause
+            if attempt == self.max_attempts:
+                raise TransientStorageError(f"{err} (gave up after {attempt} attempts)") from cause
+            await asyncio.sleep(self._backoff(attempt))
+        raise AssertionError("unreachable: max_attempts >= 1")
 
-    # -- operations ------------------------------------------------------------------
+    def _backoff(self, attempt: int) -> float:
+        """Full jitter: uniform in [0, min(cap, base * 2^(attempt-1))] (AWS's advice)."""
+        return random.uniform(0, min(BACKOFF_MAX, self.backoff_base * 2 ** (attempt - 1)))
+
+    # -- writes ----------------------------------------------------------------------
 
     async def put(self, key: str, data) -> ObjectInfo:
-        k = self._key(key)
-        data = bytes(data)
+        k, data = self._key(key), bytes(data)
         if len(data) <= self.multipart_threshold:
             c = await self._c()
             r = await self._retry(f"put {key}", lambda: c.put_object(Bucket=self.bucket, Key=k, Body=data))
-            return ObjectInfo(key, len(data), r.get("ETag", "").strip('"'))
+            return ObjectInfo(key, len(data), _etag(r))
 
         async def parts():
             for i in range(0, len(data), self.part_size):
@@ -159,7 +186,7 @@ class S3ObjectStore(ObjectStore):
         return await self._multipart(key, k, parts())
 
     async def put_stream(self, key: str, chunks: AsyncIterable[bytes]) -> ObjectInfo:
-        """Buffer up to one part; small totals become a single put, large ones multipart."""
+        """Buffer up to the threshold: small totals become one put, larger ones multipart."""
         k = self._key(key)
         it = chunks.__aiter__()
         head = bytearray()
@@ -168,30 +195,31 @@ class S3ObjectStore(ObjectStore):
             if len(head) > self.multipart_threshold:
                 break
         else:
-            return await self.put(key, bytes(head))
+            return await self.put(key, head)
+        return await self._multipart(key, k, self._split(head, it))
 
-        async def parts():
-            buf = head
-            async for c in it:
-                buf += c
-                while len(buf) >= 2 * self.part_size:
-                    yield bytes(buf[: self.part_size])
-                    del buf[: self.part_size]
-            while len(buf) - self.part_size >= MIN_PART:  # every part but the last >= S3's minimum
+    async def _split(self, buf: bytearray, rest):
+        """Cut ``buf`` + ``rest`` into parts; holds at most about two parts plus a chunk."""
+        async for c in rest:
+            buf += c
+            while len(buf) >= 2 * self.part_size:
                 yield bytes(buf[: self.part_size])
                 del buf[: self.part_size]
-            if buf:
-                yield bytes(buf)
-
-        return await self._multipart(key, k, parts())
+        while len(buf) - self.part_size >= MIN_PART:  # the last part may be small, no other
+            yield bytes(buf[: self.part_size])
+            del buf[: self.part_size]
+        if buf:
+            yield bytes(buf)
 
     async def _multipart(self, key: str, k: str, parts) -> ObjectInfo:
+        """Upload ``parts`` as one multipart upload; abort it on any failure or cancellation."""
         c = await self._c()
         up = await self._retry(f"create multipart {key}",
                                lambda: c.create_multipart_upload(Bucket=self.bucket, Key=k))
         uid, done, size = up["UploadId"], [], 0
         try:
-            async for n, body in _numbered(parts):
+            async for body in parts:
+                n = len(done) + 1
                 r = await self._retry(f"upload part {n} of {key}", lambda: c.upload_part(
                     Bucket=self.bucket, Key=k, UploadId=uid, PartNumber=n, Body=body))
                 done.append({"PartNumber": n, "ETag": r["ETag"]})
@@ -199,15 +227,24 @@ class S3ObjectStore(ObjectStore):
             r = await self._retry(f"complete multipart {key}", lambda: c.complete_multipart_upload(
                 Bucket=self.bucket, Key=k, UploadId=uid, MultipartUpload={"Parts": done}))
         except BaseException:
-            with contextlib.suppress(Exception):
-                await c.abort_multipart_upload(Bucket=self.bucket, Key=k, UploadId=uid)
+            await self._abort(c, k, uid)
             raise
-        return ObjectInfo(key, size, r.get("ETag", "").strip('"'))
+        return ObjectInfo(key, size, _etag(r))
+
+    async def _abort(self, c, k: str, uid: str) -> None:
+        """Best effort, once: the original error matters more; a bucket lifecycle
+        rule (AbortIncompleteMultipartUpload) reclaims what this misses."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(c.abort_multipart_upload(Bucket=self.bucket, Key=k, UploadId=uid), 30)
+
+    # -- reads -----------------------------------------------------------------------
 
     async def get(self, key: str) -> bytes:
         return await self._read(key, None)
 
     async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        if offset < 0:
+            raise ValueError(f"negative offset {offset}")
         if length <= 0:
             await self.head(key)  # still report a missing object
             return b""
@@ -215,9 +252,9 @@ class S3ObjectStore(ObjectStore):
 
     async def _read(self, key: str, rng: str | None) -> bytes:
         c, k = await self._c(), self._key(key)
+        kw = {"Range": rng} if rng else {}
 
-        async def call():
-            kw = {"Range": rng} if rng else {}
+        async def call():  # the body read is inside the retry: a cut-off body is retried too
             r = await c.get_object(Bucket=self.bucket, Key=k, **kw)
             async with r["Body"] as stream:
                 return await stream.read()
@@ -225,27 +262,26 @@ class S3ObjectStore(ObjectStore):
         try:
             return await self._retry(f"get {key}", call)
         except _RangePastEnd:
-            await self.head(key)
-            return b""
+            return b""  # S3 says 416 only for an existing object (missing ones are NoSuchKey)
 
     async def head(self, key: str) -> ObjectInfo:
         c, k = await self._c(), self._key(key)
         r = await self._retry(f"head {key}", lambda: c.head_object(Bucket=self.bucket, Key=k))
-        return ObjectInfo(key, r["ContentLength"], r.get("ETag", "").strip('"'))
+        return ObjectInfo(key, r["ContentLength"], _etag(r))
 
     async def list(self, prefix: str = "") -> list[ObjectInfo]:
         c = await self._c()
         base = f"{self.prefix}/" if self.prefix else ""
 
-        async def call():
+        async def call():  # a failed page restarts the listing: pages are not resumable safely
             out = []
             pages = c.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix)
             async for page in pages:
-                for o in page.get("Contents", []):
-                    out.append(ObjectInfo(o["Key"][len(base):], o["Size"], o.get("ETag", "").strip('"')))
+                out.extend(ObjectInfo(o["Key"][len(base):], o["Size"], _etag(o))
+                           for o in page.get("Contents", []))
             return out
 
-        return sorted(await self._retry(f"list {prefix}", call), key=lambda o: o.key)
+        return sorted(await self._retry(f"list {prefix!r}", call), key=lambda o: o.key)
 
     async def delete(self, key: str) -> None:
         c, k = await self._c(), self._key(key)
@@ -253,23 +289,36 @@ class S3ObjectStore(ObjectStore):
 
 
 class _RangePastEnd(StorageIOError):
-    """S3 answers 416 to a range starting at or past the end: we return b""."""
+    """Raised internally when S3 answers 416 to a range starting at or past the end."""
 
 
-def _classify(e: ClientError, what: str) -> Exception:
-    code = str(e.response.get("Error", {}).get("Code", ""))
+def _classify(e: ClientError, where: str) -> Exception:
+    """Map an S3 error response onto terrafs.errors (not raised here: _retry decides)."""
+    err = e.response.get("Error", {})
+    code = str(err.get("Code", ""))
     status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-    if code in ("NoSuchKey", "404", "NotFound", "NoSuchBucket"):
-        return ObjectNotFoundError(f"{what}: not found")
+    if code in _NOT_FOUND_CODES:
+        return ObjectNotFoundError(f"{where}: not found")
     if code == "InvalidRange":
-        return _RangePastEnd(what)
-    if code in _TRANSIENT_CODES or status >= 500:
-        return TransientStorageError(f"{what}: {code or status}")
-    return StorageIOError(f"{what}: {code or status}: {e.response.get('Error', {}).get('Message', '')}")
+        return _RangePastEnd(where)
+    if code in _TRANSIENT_CODES or status == 429 or status >= 500:
+        return TransientStorageError(f"{where}: {code or status}")
+    return StorageIOError(f"{where}: {code or status}: {err.get('Message', '')}")
 
 
-async def _numbered(parts):
-    n = 0
-    async for p in parts:
-        n += 1
-        yield n, p
+def _check_config(bucket, access_key_id, secret_access_key, max_attempts, backoff_base,
+                  part_size, multipart_threshold) -> None:
+    if not bucket:
+        raise ConfigurationError("trs3:// needs a bucket name")
+    if (access_key_id is None) != (secret_access_key is None):
+        raise ConfigurationError("trs3://: give both access_key_id and secret_access_key, or neither")
+    if max_attempts < 1 or backoff_base < 0:
+        raise ConfigurationError("trs3://: max_attempts must be >= 1 and backoff_base >= 0")
+    if not MIN_PART <= part_size <= MAX_PART:
+        raise ConfigurationError(f"trs3://: part_size must be within [{MIN_PART}, {MAX_PART}] (S3's limits)")
+    if multipart_threshold < 0:
+        raise ConfigurationError("trs3://: multipart_threshold must be >= 0")
+
+
+def _etag(r: dict) -> str:
+    return r.get("ETag", "").strip('"')
