@@ -1,0 +1,137 @@
+"""Column index building blocks (docs/rfcs/0002-column-index.md): value -> roaring bitmap of
+rowids for equality, and per-axis range breakdown for ranges and bounding boxes.
+
+An :class:`AxisIndex` indexes intervals ``[lo, hi]`` on one numeric axis (a
+point or scalar is the interval ``[v, v]``; a box contributes one axis each).
+Values are split into at most ``buckets`` equi-depth buckets; an interval is
+added to every bucket it overlaps (the breakdown). A query interval is the
+union of the buckets it overlaps; buckets it covers completely need no check,
+and the candidates of the (at most two) edge buckets are refined exactly from
+a side table — no row is fetched. Everything is vectorized; Python loops run
+over buckets, never over rows.
+"""
+from __future__ import annotations
+
+import array
+from dataclasses import dataclass
+
+import numpy as np
+from pyroaring import BitMap64
+
+MAX_BUCKETS = 256
+
+
+def bitmap(ids: np.ndarray) -> BitMap64:
+    """A roaring bitmap from uint64 rowids (the array.array path is ~6x faster than numpy's)."""
+    return BitMap64(array.array("Q", np.ascontiguousarray(ids, np.uint64).tobytes()))
+
+
+def ids_of(bm: BitMap64) -> np.ndarray:
+    return np.frombuffer(bm.to_array(), np.uint64) if len(bm) else np.zeros(0, np.uint64)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A query interval; ``None`` bounds are unbounded."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_inc: bool = True
+    hi_inc: bool = True
+
+    @classmethod
+    def from_op(cls, op: str, v) -> "Interval":
+        return {"=": cls(v, v), "<": cls(None, v, hi_inc=False), "<=": cls(None, v),
+                ">": cls(v, None, lo_inc=False), ">=": cls(v, None)}[op]
+
+    def overlaps(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Which row intervals ``[lo, hi]`` intersect this one (vectorized, exact)."""
+        ok = np.ones(len(lo), bool)
+        if self.lo is not None:
+            ok &= (hi >= self.lo) if self.lo_inc else (hi > self.lo)
+        if self.hi is not None:
+            ok &= (lo <= self.hi) if self.hi_inc else (lo < self.hi)
+        return ok
+
+
+class AxisIndex:
+    def __init__(self, lo: np.ndarray, hi: np.ndarray, rowids: np.ndarray, buckets: int = MAX_BUCKETS):
+        valid = ~(np.isnan(lo) | np.isnan(hi)) if lo.dtype.kind == "f" else np.ones(len(lo), bool)
+        lo, hi, rowids = lo[valid], hi[valid], np.asarray(rowids, np.uint64)[valid]
+        order = np.argsort(rowids, kind="stable")
+        self.rowids, self.lo, self.hi = rowids[order], lo[order], hi[order]  # side table, by rowid
+        self.bounds = _equi_depth(np.concatenate([lo, hi]), buckets)
+        self.bitmaps = self._breakdown()
+
+    def _breakdown(self) -> list[BitMap64]:
+        nb = len(self.bounds)
+        if nb == 0:
+            return []
+        first = np.clip(np.searchsorted(self.bounds, self.lo, "right") - 1, 0, nb - 1)
+        last = np.clip(np.searchsorted(self.bounds, self.hi, "right") - 1, 0, nb - 1)
+        span = last - first + 1  # an interval goes into every bucket it overlaps
+        rows = np.repeat(np.arange(len(self.rowids)), span)
+        bucket = np.repeat(first, span) + (np.arange(len(rows)) - np.repeat(np.cumsum(span) - span, span))
+        order = np.argsort(bucket, kind="stable")
+        bucket, rows = bucket[order], rows[order]
+        cuts = np.searchsorted(bucket, np.arange(nb + 1))
+        return [bitmap(self.rowids[rows[cuts[j] : cuts[j + 1]]]) for j in range(nb)]
+
+    def query(self, q: Interval) -> BitMap64:
+        """Exactly the rowids whose interval overlaps ``q``."""
+        nb = len(self.bounds)
+        if nb == 0:
+            return BitMap64()
+        a = 0 if q.lo is None else max(int(np.searchsorted(self.bounds, q.lo, "right")) - 1, 0)
+        b = nb - 1 if q.hi is None else int(np.searchsorted(self.bounds, q.hi, "right")) - 1
+        if b < 0 or a > b:
+            return BitMap64()
+        out = BitMap64()
+        for j in range(a, b + 1):
+            if self._covered(j, q):
+                out |= self.bitmaps[j]
+        edges = BitMap64.union(*[self.bitmaps[j] for j in {a, b} if not self._covered(j, q)]) \
+            if any(not self._covered(j, q) for j in {a, b}) else BitMap64()
+        edges -= out
+        if len(edges):
+            cand = ids_of(edges)
+            pos = np.searchsorted(self.rowids, cand)
+            out |= bitmap(cand[q.overlaps(self.lo[pos], self.hi[pos])])
+        return out
+
+    def _covered(self, j: int, q: Interval) -> bool:
+        """Whether every interval in bucket j surely overlaps q: bucket j lies inside q."""
+        lo_b = self.bounds[j]
+        hi_b = self.bounds[j + 1] if j + 1 < len(self.bounds) else None
+        if hi_b is None:
+            return False  # the last bucket is open-ended: always refine
+        left_ok = q.lo is None or (lo_b > q.lo or (q.lo_inc and lo_b >= q.lo))
+        right_ok = q.hi is None or hi_b <= q.hi  # bucket is [lo_b, hi_b): values < hi_b <= q.hi
+        return bool(left_ok and right_ok)
+
+
+def _equi_depth(values: np.ndarray, buckets: int) -> np.ndarray:
+    """Sorted distinct bucket lower bounds (the first is the minimum value)."""
+    if len(values) == 0:
+        return np.zeros(0, values.dtype)
+    qs = np.quantile(values, np.linspace(0, 1, buckets + 1)[:-1], method="lower")
+    return np.unique(qs)
+
+
+class ValueIndex:
+    """Exact value -> bitmap, for equality on strings, booleans and low-cardinality numbers."""
+
+    def __init__(self, values: np.ndarray, rowids: np.ndarray):
+        rowids = np.asarray(rowids, np.uint64)
+        keys, inv = np.unique(values, return_inverse=True)
+        order = np.argsort(inv, kind="stable")
+        cuts = np.searchsorted(inv[order], np.arange(len(keys) + 1))
+        self.bitmaps = {k.item() if hasattr(k, "item") else k: bitmap(rowids[order[cuts[i] : cuts[i + 1]]])
+                        for i, k in enumerate(keys)}
+        self.all = bitmap(rowids)
+
+    def eq(self, v) -> BitMap64:
+        return self.bitmaps.get(v, BitMap64())
+
+    def ne(self, v) -> BitMap64:
+        return self.all - self.eq(v)
