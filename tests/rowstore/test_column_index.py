@@ -65,3 +65,19 @@ def test_selective_bbox_touches_few_buckets():
     got = ax.query(Interval(100, 131.6)) & ay.query(Interval(500, 531.6))  # ~0.1%
     want = ids[(x >= 100) & (x <= 131.6) & (y >= 500) & (y <= 531.6)]
     assert sorted(ids_of(got).tolist()) == sorted(want.tolist()) and 50 < len(got) < 400
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(0, 600), seed=st.integers(0, 10**6), q=st.tuples(*[st.floats(-250, 250)] * 4),
+       g=st.sampled_from([1, 2, 7, 64]))
+def test_grid_bbox_matches_brute_force(n, seed, q, g):
+    from rowstore.column_index import GridIndex
+
+    rng = np.random.default_rng(seed)
+    x, y = np.round(rng.normal(0, 80, n)), rng.normal(0, 80, n)  # rounded x: ties on cell bounds
+    ids = rowids(n)
+    xmin, xmax = min(q[0], q[2]), max(q[0], q[2])
+    ymin, ymax = min(q[1], q[3]), max(q[1], q[3])
+    got = GridIndex(x, y, ids, g).query(xmin, ymin, xmax, ymax)
+    want = ids[(x >= xmin) & (x <= xmax) & (y >= ymin) & (y <= ymax)]
+    assert got.tolist() == sorted(want.tolist())
