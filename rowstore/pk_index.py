@@ -162,12 +162,10 @@ class PartitionIndex:
                             [m for m in rest if m["level"] > level + 1],
                             self.manifest.mark, self.manifest.checkpoints, self.manifest.garbage + gone)
 
+        by_inode = {m["inode"]: r for m, (_, r) in zip(self.manifest.runs, self.runs)}  # before the swap
         rec = await self._publish(merged, level + 1, manifest)
-        run = await IndexRun.open(await self.fs.open_sealed(rec.inode))
-        keep = [(m["inode"], lr) for m, lr in zip(self.manifest.runs, self.runs) if m["inode"] != rec.inode]
-        by_inode = dict(keep)
-        self.runs = [(m["level"], run if m["inode"] == rec.inode else by_inode[m["inode"]])
-                     for m in self.manifest.runs]
+        by_inode[rec.inode] = await IndexRun.open(await self.fs.open_sealed(rec.inode))
+        self.runs = [(m["level"], by_inode[m["inode"]]) for m in self.manifest.runs]
         await self._collect()
         log.info("event=index_merge manifest=%s level=%d runs=%d entries=%d", self.key, level, len(src), len(merged))
 

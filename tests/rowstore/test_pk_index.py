@@ -128,3 +128,27 @@ async def test_crash_during_checkpoint_changes_nothing():
     again = PartitionIndex(fresh, "idx/t/2/manifest", "int64")
     m = await again.open()
     assert m.runs == [] and m.mark == [0, 0]  # replay from the old mark recovers everything
+
+
+async def test_merge_with_an_untouched_lower_level():
+    """L0 -> L1 while an L2 run exists: the L2 run must stay attached to its manifest entry."""
+    fs, rng, model = await world(), random.Random(21), Model()
+    idx = PartitionIndex(fs, "idx/t/3/manifest", "int64")
+    await idx.open()
+    ts = 100
+    for i in range(3):
+        ts = await fill(idx, model, rng, 3, ts)
+        await idx.checkpoint((1, i))
+    await idx.merge(0, horizon=0)  # L0+L1 -> L1
+    await idx.merge(1, horizon=0)  # L1+L2 -> L2
+    for i in range(3, 6):
+        ts = await fill(idx, model, rng, 3, ts)
+        await idx.checkpoint((1, i))
+    await idx.merge(0, horizon=0)  # L0 -> L1, L2 untouched
+    assert [lv for lv, _ in idx.runs] == [1, 2]
+    assert [m["level"] for m in idx.manifest.runs] == [1, 2]
+    assert [r.sf.meta["inode"] for _, r in idx.runs] == [m["inode"] for m in idx.manifest.runs]
+    await check(idx, model, [110, ts])
+    again = PartitionIndex(fs, "idx/t/3/manifest", "int64")
+    await again.open()
+    await check(again, model, [105, ts])
