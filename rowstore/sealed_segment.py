@@ -19,6 +19,7 @@ import numpy as np
 from crc32c import crc32c
 
 from rowstore.errors import RowCorruptionError
+from rowstore.memtable import encode_keys
 from rowstore.rowcodec import Decoded, decode_row_list, decode_rows
 from rowstore.schema import SchemaVersion
 from terrafs.sealed import SealedFile
@@ -79,12 +80,11 @@ class Footer:
                    f[21][: min(f[20], KEY_PREFIX)], f[23][: min(f[22], KEY_PREFIX)], f[20], f[22], f[24])
 
 
-def key_bytes(values: np.ndarray | list, kind: str) -> list[bytes]:
-    """Primary keys as bytes whose byte order is the key order (int64: sign-flipped big-endian)."""
-    if kind == "int64":
-        v = (np.asarray(values, np.int64).view(np.uint64) ^ np.uint64(1 << 63)).astype(">u8")
-        return [b.tobytes() for b in v]
-    return [v.encode() if isinstance(v, str) else bytes(v) for v in values]
+def key_bytes(keys: np.ndarray) -> bytes:
+    """One encoded key (``memtable.encode_keys``) as bytes whose order is the key order."""
+    if keys.dtype == np.uint64:
+        return int(keys).to_bytes(8, "big")
+    return bytes(keys)
 
 
 # -- writing ----------------------------------------------------------------------------
@@ -101,9 +101,11 @@ async def sealed_bytes(segid: int, batches, schemas: Callable[[int], SchemaVersi
             continue
         offsets.append(pos + b.starts)
         dec = decode_rows(b.rows, b.starts, schemas, key_schema)
-        keys = key_bytes(dec.batch.column(0).to_pylist(), str(key_schema.key.type))
-        kmin = min([kmin] + keys if kmin is not None else keys)
-        kmax = max([kmax] + keys if kmax is not None else keys)
+        enc = encode_keys(dec.batch.column(0), str(key_schema.key.type))  # vectorized, order-preserving
+        srt = np.sort(enc)  # numpy has no min/max for bytes; a sort is vectorized either way
+        lo, hi = key_bytes(srt[0]), key_bytes(srt[-1])
+        kmin = lo if kmin is None else min(kmin, lo)
+        kmax = hi if kmax is None else max(kmax, hi)
         versions.update(int(v) for v in np.unique(dec.schema_ver))
         min_ts = b.commit_ts if min_ts is None else min(min_ts, b.commit_ts)
         max_ts = b.commit_ts if max_ts is None else max(max_ts, b.commit_ts)

@@ -114,3 +114,22 @@ async def test_damaged_footer_and_page_detected():
     rec = await w.fs.create_sealed(gen(bytes(bad)))
     with pytest.raises(RowCorruptionError, match="footer checksum"):
         await SealedSegment.open(await w.fs.open_sealed(rec.inode))
+
+
+async def test_footer_min_max_keys_for_string_and_int_keys():
+    from rowstore.sealed_segment import Footer, FOOTER_LEN
+
+    flip = lambda v: ((v + (1 << 64)) % (1 << 64) ^ (1 << 63)).to_bytes(8, "big")  # noqa: E731
+    for text, vals, lo, hi in (
+        ("id string primary key, v int64", ["pear", "apple", "zoo"], b"apple", b"zoo"),
+        ("id int64 primary key, v int64", [5, -3, 9], flip(-3), flip(9)),
+    ):
+        s = parse_schema(text)
+        keys_schema = SchemaVersion(0, (s.key,), s.key.id, 99)
+        w = await new_world()
+        af = await w.fs.create()
+        seg = ActiveSegment(4, af, af.where)
+        await seg.append(pa.record_batch({"id": vals, "v": [1, 2, 3]}, schema=s.arrow()), s, 7)
+        raw = b"".join([c async for c in sealed_bytes(4, seg.batches(), lambda v: s, keys_schema)])
+        f = Footer.unpack(raw[-FOOTER_LEN:], "t", 0)
+        assert (f.min_key, f.max_key) == (lo, hi)
