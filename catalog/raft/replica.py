@@ -1,0 +1,308 @@
+"""One Raft replica of the catalog: a hardened pysyncobj ``SyncObj`` (RFC 0005).
+
+The replicated state is a ``CatalogState``; the one replicated method applies
+an encoded entry and never raises. The replica runs its own tick thread
+(``autoTick=False``): tick, flush the outbox (journal fsync before acks), run
+tasks posted by the event loop thread, publish a ``View``. State changes and
+local reads both hold ``lock``.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+import pysyncobj.syncobj as pso
+from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.journal import Journal
+from pysyncobj.node import TCPNode
+from pysyncobj.pipe_notifier import PipeNotifier
+
+from catalog.abc import Check, Delete, Put, TxnResult
+from catalog.errors import CatalogCorruptionError
+from catalog.raft.journal import DurableJournal, JournalError, decode_dump, encode_dump, fsync_dir
+from catalog.raft.wire import BATCH_BYTES, HardenedTransport, install_plain_pickle, plain_dumps
+from catalog.state import CatalogState, validate_txn
+
+log = logging.getLogger("catalog.raft")
+
+# Entry payloads (inside pysyncobj's pickled command). Part of the journal format.
+TXN, BARRIER = 1, 2
+_PUT, _DEL = 1, 2
+MAX_ENTRY_BYTES = 60 * 1024  # < BATCH_BYTES: pysyncobj's chunked path (broken >= 64 KiB) never runs
+assert MAX_ENTRY_BYTES < BATCH_BYTES
+
+# Tuned defaults (issue 7, problem 8); every one can be overridden for tests.
+TUNING = dict(
+    appendEntriesUseBatch=False,     # send at once; batching cost ~100 ms per txn
+    appendEntriesPeriod=0.05,        # heartbeat
+    raftMinTimeout=0.3, raftMaxTimeout=0.9,
+    connectionTimeout=1.5, connectionRetryTime=0.2,
+    leaderFallbackTimeout=1.0,       # a leader cut off from the majority steps down
+    appendEntriesBatchSizeBytes=BATCH_BYTES, logCompactionBatchSize=BATCH_BYTES,
+    logCompactionMinEntries=5000, logCompactionMinTime=300,
+    bindRetryTime=0.1, maxBindRetries=50,
+    commandsWaitLeader=False,        # no leader: fail at once (definitely not applied)
+    dynamicMembershipChange=True, useFork=False,
+)
+TICK_WAIT = 0.02
+
+
+@dataclass(frozen=True)
+class EntryError:
+    """The deterministic outcome of an entry that could not be applied."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class View:
+    """What the tick thread last saw; read without locks by the event loop."""
+
+    role: str = "follower"
+    leader: str | None = None
+    term: int = 0
+    has_quorum: bool = False
+    no_quorum_since: float = 0.0
+    commit_index: int = 0
+    last_applied: int = 0
+
+
+# -- entry codec ------------------------------------------------------------------------------
+
+def encode_txn(checks, ops, request_id: str) -> bytes:
+    rid = request_id.encode()
+    out = bytearray(struct.pack("<BH", TXN, len(rid)) + rid + struct.pack("<H", len(checks)))
+    for c in checks:
+        kb = c.key.encode()
+        out += struct.pack("<H", len(kb)) + kb + struct.pack("<Q", c.version)
+    out += struct.pack("<H", len(ops))
+    for op in ops:
+        kb = op.key.encode()
+        if isinstance(op, Put):
+            out += struct.pack("<BH", _PUT, len(kb)) + kb + struct.pack("<I", len(op.value)) + bytes(op.value)
+        else:
+            out += struct.pack("<BH", _DEL, len(kb)) + kb
+    return bytes(out)
+
+
+def decode_txn(p: bytes):
+    (rl,) = struct.unpack_from("<H", p, 1)
+    rid = p[3:3 + rl].decode()
+    pos = 3 + rl
+    (n,) = struct.unpack_from("<H", p, pos)
+    pos, checks = pos + 2, []
+    for _ in range(n):
+        (kl,) = struct.unpack_from("<H", p, pos)
+        key = p[pos + 2:pos + 2 + kl].decode()
+        (ver,) = struct.unpack_from("<Q", p, pos + 2 + kl)
+        checks.append(Check(key, ver))
+        pos += 10 + kl
+    (n,) = struct.unpack_from("<H", p, pos)
+    pos, ops = pos + 2, []
+    for _ in range(n):
+        kind, kl = struct.unpack_from("<BH", p, pos)
+        key = p[pos + 3:pos + 3 + kl].decode()
+        pos += 3 + kl
+        if kind == _PUT:
+            (vl,) = struct.unpack_from("<I", p, pos)
+            ops.append(Put(key, p[pos + 4:pos + 4 + vl]))
+            pos += 4 + vl
+        elif kind == _DEL:
+            ops.append(Delete(key))
+        else:
+            raise ValueError(f"unknown op kind {kind}")
+    if pos != len(p):
+        raise ValueError("trailing bytes in entry")
+    return checks, ops, rid
+
+
+def apply_entry(state: CatalogState, payload) -> TxnResult | int | EntryError:
+    """Apply one entry. Deterministic and never raises (issue 7, problem 4)."""
+    try:
+        if not isinstance(payload, bytes) or not payload:
+            return EntryError("entry is not bytes")
+        if payload[0] == BARRIER:
+            return state.revision
+        if payload[0] != TXN:
+            return EntryError(f"unknown entry kind {payload[0]}")
+        checks, ops, rid = decode_txn(payload)
+        validate_txn(checks, ops, rid)
+        return state.apply(checks, ops, rid)
+    except Exception as e:  # noqa: BLE001 — an error value, the same on every replica
+        return EntryError(f"{type(e).__name__}: {e}")
+
+
+def _create_journal(journal):
+    return journal if isinstance(journal, Journal) else _stock_create_journal(journal)
+
+
+_stock_create_journal = pso.createJournal
+
+
+class Replica(SyncObj):
+    def __init__(self, self_addr: str, partners: list[str], path: str, secret: str, tuning: dict | None = None):
+        install_plain_pickle()
+        pso.createJournal = _create_journal  # lets conf.journalFile be our Journal object
+        self.lock = threading.Lock()
+        self.state = CatalogState()
+        self.path, self.address = path, self_addr
+        self.view = View(no_quorum_since=time.monotonic())
+        self.fatal: BaseException | None = None
+        self._tasks: collections.deque = collections.deque()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.transport: HardenedTransport | None = None
+        self.journal = DurableJournal(path)
+        conf = SyncObjConf(**{**TUNING, **(tuning or {})}, autoTick=False, password=secret,
+                           bindAddress=self_addr, journalFile=self.journal,
+                           fullDumpFile=os.path.join(path, "dump.trd"),
+                           serializer=self._serialize, deserializer=self._deserialize)
+        super().__init__(self_addr, [p for p in partners if p != self_addr], conf,
+                         transportClass=self._make_transport)
+        self._poller = _FlushingPoller(self._poller, self._flush)
+        self._wake = PipeNotifier(self._poller)
+
+    def _make_transport(self, syncobj, self_node, others):
+        self.transport = HardenedTransport(syncobj, self_node, others)
+        return self.transport
+
+    # -- the state machine -----------------------------------------------------------------
+
+    @replicated
+    def _apply(self, payload):
+        with self.lock:
+            return apply_entry(self.state, payload)
+
+    def read(self, fn):
+        """Run ``fn(state)`` under the state lock (problem 7: no torn multi-key reads)."""
+        with self.lock:
+            return fn(self.state)
+
+    def _serialize(self, filename: str, data) -> None:
+        last, prev, cluster = data
+        raw = encode_dump(last, prev, sorted(n.address for n in cluster), self.state.snapshot())
+        with open(filename, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _deserialize(self, filename: str):
+        try:
+            with open(filename, "rb") as f:
+                raw = f.read()
+                os.fsync(f.fileno())  # a dump received from the leader was only renamed
+            fsync_dir(os.path.dirname(filename))
+            last, prev, members, st = decode_dump(raw, filename)
+            state = CatalogState.restore(st, filename)
+        except BaseException as e:
+            self.fatal = e  # pysyncobj would log and go on without the state: stop instead
+            raise
+        with self.lock:
+            self.state = state
+        return last, prev, [TCPNode(m) for m in members]
+
+    # -- thread ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"raft-{self.address}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def post(self, fn) -> None:
+        """Run ``fn()`` on the tick thread (it may touch pysyncobj's internals)."""
+        self._tasks.append(fn)
+        self._wake.notify()
+
+    def submit(self, payload: bytes, callback) -> None:
+        self._apply(payload, callback=callback)
+
+    def submit_membership(self, op: str, address: str, callback) -> None:
+        self._applyCommand(plain_dumps([op, address]), callback, pso._COMMAND_TYPE.MEMBERSHIP)
+
+    def _flush(self) -> None:
+        if self.fatal is None:
+            self.transport.flush(self.journal.sync)
+
+    def _run(self) -> None:
+        errors = 0
+        try:
+            while not self._stopping and self.fatal is None:
+                try:
+                    self.doTick(TICK_WAIT)
+                    if self.fatal is not None:
+                        break
+                    self._flush()
+                    while self._tasks:
+                        self._tasks.popleft()()
+                    self._publish()
+                except (JournalError, CatalogCorruptionError) as e:
+                    self.fatal = e
+                except Exception:  # a peer's bad message: log, go on (the state machine never raises)
+                    errors += 1
+                    if errors < 20 or errors % 1000 == 0:
+                        log.exception("event=raft_tick_error count=%d", errors)
+        finally:
+            if self.fatal is not None:
+                log.error("event=raft_replica_stopped address=%s reason=%r", self.address, str(self.fatal))
+            while self._tasks:  # let waiters see the replica is gone
+                try:
+                    self._tasks.popleft()()
+                except Exception:
+                    pass
+            try:
+                self._doDestroy()
+            except Exception:
+                log.exception("event=raft_destroy_error")
+
+    def _publish(self) -> None:
+        leader = self._getLeader()
+        role = "leader" if self._isLeader() else "follower"
+        quorum = self.hasQuorum
+        old = self.view
+        since = old.no_quorum_since if not quorum and not old.has_quorum else time.monotonic()
+        v = View(role, leader.address if leader is not None else None, self.raftCurrentTerm, quorum,
+                 since, self.raftCommitIndex, self.raftLastApplied)
+        if v != old:
+            self.view = v
+
+    def status(self) -> dict:
+        """Cluster status as this replica sees it (tick thread only)."""
+        st = self.getStatus()
+        members = [{"id": self.address, "address": self.address, "alive": True, "self": True}]
+        for n in sorted(self.otherNodes, key=lambda n: n.address):
+            members.append({"id": n.address, "address": n.address, "alive": self.isNodeConnected(n),
+                            "self": False})
+        roles = {0: "follower", 1: "candidate", 2: "leader"}
+        leader = st["leader"]
+        return {"self": self.address, "role": roles.get(st["state"], "unknown"),
+                "leader": leader.address if leader is not None else None, "term": st["raft_term"],
+                "has_quorum": st["has_quorum"], "commit_index": st["commit_idx"],
+                "last_applied": st["last_applied"], "log_entries": st["log_len"],
+                "journal_syncs": self.journal.syncs, "members": members}
+
+
+class _FlushingPoller:
+    """Flushes the outbox before blocking in poll, so nothing queued waits out a tick."""
+
+    def __init__(self, inner, flush):
+        self._inner, self._flush = inner, flush
+
+    def subscribe(self, descr, callback, eventMask):
+        self._inner.subscribe(descr, callback, eventMask)
+
+    def unsubscribe(self, descr):
+        self._inner.unsubscribe(descr)
+
+    def poll(self, timeout):
+        self._flush()
+        self._inner.poll(timeout)
