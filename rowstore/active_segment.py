@@ -16,7 +16,7 @@ import pyarrow as pa
 from rowstore.errors import RowstoreError
 from rowstore.rowcodec import Decoded, Encoded, decode_row_list, encode_rows
 from rowstore.schema import SchemaVersion
-from rowstore.wal import Kind, WalReader, WalState, batch_bytes, frame, U64
+from rowstore.wal import DECIDED, Kind, WalReader, WalState, batch_bytes, commit_bytes, frame, U64
 from terrafs.active import ActiveFile
 
 _ROW_READ = 512  # bytes read for a point get before the row's length is known
@@ -72,18 +72,37 @@ class ActiveSegment:
             if batch.num_rows > 4096 else encode_rows(batch, schema, commit_ts, deleted)
         return await self.append_encoded(enc, commit_ts)
 
-    async def append_encoded(self, enc: Encoded, commit_ts: int) -> np.ndarray:
+    async def append_encoded(self, enc: Encoded, commit_ts: int, txn: int | None = None) -> np.ndarray:
+        """One ``BATCH … COMMIT``; with a decided ``txn`` (RFC 0003) only the ``BATCH`` — the
+        caller then calls :meth:`commit_prepared` or :meth:`abort_prepared`, and appends nothing
+        else to this segment in between."""
         n = len(enc.starts)
-        txn = next(self._txns)
-        payload, first = batch_bytes(txn, commit_ts, n, enc.buf)
+        prepare = txn is not None
+        txn = next(self._txns) if txn is None else txn
+        payload, first = batch_bytes(txn, commit_ts, n, enc.buf, commit=not prepare)
         base = self._next  # reserved before the await: localid order = file order
         self._next += n
-        off = await self.file.append(payload)
+        try:
+            off = await self.file.append(payload)
+        except BaseException:
+            if prepare:
+                self._next = base
+            raise
         lens = np.diff(np.append(enc.starts, enc.nbytes))
         self._idx.put(base, off + first + enc.starts, lens)
         self.durable_rows = max(self.durable_rows, base + n)
         self._note_ts(commit_ts)
         return rowids(self.segid, np.arange(base, base + n, dtype=np.uint32))
+
+    async def commit_prepared(self, txn: int) -> None:
+        """``COMMIT`` a prepared batch (durable on return; callers need not wait for it)."""
+        await self.file.append(commit_bytes(txn))
+
+    def abort_prepared(self, ids: np.ndarray) -> None:
+        """Forget a prepared batch: its localids go to the next batch, and a reader drops its
+        ``BATCH`` (no ``COMMIT`` before the next ``BATCH`` or the end of the file)."""
+        base = int(split_rowids(ids[:1])[1][0]) if len(ids) else self._next
+        self._next = self.durable_rows = base
 
     async def append_record(self, kind: Kind, body: bytes) -> None:
         """An opaque, progress or checkpoint record (durable on return)."""
@@ -119,19 +138,31 @@ class ActiveSegment:
     # -- recovery --------------------------------------------------------------------
 
     @classmethod
-    async def recover(cls, segid: int, file: ActiveFile) -> "ActiveSegment":
-        """Rebuild the localid index from the file; batches without COMMIT are dropped."""
+    async def recover(cls, segid: int, file: ActiveFile, decide=None) -> "ActiveSegment":
+        """Rebuild the localid index from the file; batches without COMMIT are dropped — except
+        a trailing prepared batch of a decided txn, for which ``await decide(txn)`` says whether
+        it committed (then its ``COMMIT`` is appended now)."""
         seg = cls(segid, file, file.where)
         reader = WalReader(file.where)
         async for _, data in file.scan():
             for b in reader.feed(data):
-                n = len(b.starts)
-                lens = np.diff(np.append(b.starts, b.rows.shape[0]))
-                seg._idx.put(seg._next, b.file_offset + b.starts, lens)
-                seg._next += n
-                seg._note_ts(b.commit_ts)
-                seg._txns = itertools.count(b.txn + 1)
+                seg._replayed(b)
         reader.finish()
+        tail = reader.state.trailing
+        if tail is not None and tail.txn & DECIDED and decide is not None and await decide(tail.txn):
+            await seg.commit_prepared(tail.txn)
+            seg._replayed(tail)
+            reader.state.dropped -= 1
+            reader.state.trailing = None
         seg.durable_rows = seg._next
         seg.wal = reader.state
         return seg
+
+    def _replayed(self, b) -> None:
+        n = len(b.starts)
+        lens = np.diff(np.append(b.starts, b.rows.shape[0]))
+        self._idx.put(self._next, b.file_offset + b.starts, lens)
+        self._next += n
+        self._note_ts(b.commit_ts)
+        if not b.txn & DECIDED:
+            self._txns = itertools.count(b.txn + 1)

@@ -125,6 +125,32 @@ class IndexRun:
         a, b = int(np.atleast_1d(a)[0]), int(np.atleast_1d(b)[0])
         return Run(run.keys[a:b], run.ts[a:b], run.rowids[a:b])
 
+    def _fence_array(self) -> np.ndarray:
+        f = getattr(self, "_fence_np", None)
+        if f is None:
+            f = self._fence_np = (np.array(self._firsts, np.uint64) if self.kind == "int64"
+                                  else np.array(self._firsts, dtype="S"))
+        return f
+
+    async def get_many(self, keys: np.ndarray, as_of: int) -> np.ndarray:
+        """Per key (encoded): the newest rowid with ts <= as_of, TOMBSTONE if that is a
+        deletion, 0 if this run has no such version. Reads only the pages the keys need."""
+        from rowstore.memtable import MemTable  # noqa: PLC0415
+
+        if not self._offs or len(keys) == 0:
+            return np.zeros(len(keys), np.uint64)
+        firsts = self._fence_array()
+        # versions of a key may start on the page before the first page whose first key is it
+        lo = np.maximum(np.searchsorted(firsts, keys, "left") - 1, 0)
+        hi = np.maximum(np.searchsorted(firsts, keys, "right") - 1, 0)
+        span = hi - lo + 1
+        pages = np.unique(np.repeat(lo, span) + (np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)))
+        runs = [await self.page(int(i)) for i in pages]  # in page order: already sorted
+        run = runs[0] if len(runs) == 1 else Run(np.concatenate([r.keys for r in runs]),
+                                                  np.concatenate([r.ts for r in runs]),
+                                                  np.concatenate([r.rowids for r in runs]))
+        return MemTable._get_many(run, keys, as_of)
+
     async def all(self) -> Run:
         """Every entry (merges, checks)."""
         return merge_runs([await self.page(i) for i in range(len(self._offs))]) if self._offs else \

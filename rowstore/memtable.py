@@ -26,7 +26,9 @@ def encode_keys(arr: pa.Array, kind: str) -> np.ndarray:
         return arr.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64) ^ np.uint64(1 << 63)
     if kind == "uuid":
         return np.frombuffer(arr.buffers()[1], "S16")[arr.offset : arr.offset + len(arr)].copy()
-    return np.array([s.encode() for s in arr.to_pylist()], dtype="S") if len(arr) else np.zeros(0, "S1")
+    from rowstore.partitioning import string_keys  # noqa: PLC0415 (partitioning imports numba kernels)
+
+    return string_keys(arr)
 
 
 def decode_keys(keys: np.ndarray, kind: str) -> list:
@@ -116,6 +118,9 @@ class MemTable:
         out = np.zeros(len(keys), np.uint64)
         if len(run) == 0 or len(keys) == 0:
             return out
+        if run.keys.dtype.kind == "S" and keys.dtype.itemsize > run.keys.dtype.itemsize:
+            return np.where(np.char.str_len(keys) > run.keys.dtype.itemsize, np.uint64(0),  # longer than any key
+                            self.get(keys.astype(run.keys.dtype), as_of)).astype(np.uint64)
         k = keys.astype(run.keys.dtype) if run.keys.dtype.kind == "S" else keys
         if len(keys) > 64:  # many keys: one vectorized pass over the visible versions
             return self._get_many(run, k, as_of)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from catalog.abc import Check, Put
+from catalog.abc import Check, Delete, Put
 from rowstore.errors import ConflictError
 from rowstore.index_run import IndexRun, run_bytes
 from rowstore.memtable import TOMBSTONE, MemTable, Run, merge_runs, visible
@@ -68,8 +68,9 @@ def purge(run: Run, horizon: int, bottom: bool) -> Run:
 
 
 class PartitionIndex:
-    def __init__(self, fs: TerrascaleFS, key: str, kind: str):
+    def __init__(self, fs: TerrascaleFS, key: str, kind: str, columns=None):
         self.fs, self.key, self.kind = fs, key, kind  # key: the manifest's catalog key
+        self.columns = columns  # rowstore.colindex.PartitionColumns: runs published with ours
         self.mem = MemTable(kind)
         self._frozen: list[MemTable] = []  # being checkpointed; still read
         self.runs: list[tuple[int, IndexRun]] = []  # (level, run), newest first
@@ -84,8 +85,21 @@ class PartitionIndex:
         self.runs = [(r["level"], await IndexRun.open(await self.fs.open_sealed(r["inode"])))
                      for r in self.manifest.runs]
         await self._collect()  # a merge that crashed before deleting what it replaced
+        await self._drop_unpublished()
+        if self.columns is not None:
+            for r in self.manifest.runs:
+                await self.columns.attach(r["inode"], r.get("cols", {}))
         return self.manifest
 
+    async def _drop_unpublished(self) -> None:
+        """Column runs written for a checkpoint or merge that crashed before publishing."""
+        for e in await self.fs.catalog.scan(f"{self.key}/pending/"):
+            inode = int(e.key.rsplit("/", 1)[1], 16)
+            try:
+                await self.fs.delete(inode, [], [Delete(e.key)])
+            except Exception as err:  # noqa: BLE001 - the file is gone already: drop the row
+                log.info("event=index_pending_skip inode=%d reason=%r", inode, err)
+                await commit(self.fs.catalog, [], [Delete(e.key)])
     def insert(self, keys: np.ndarray, ts: int, rowids: np.ndarray) -> None:
         self.mem.insert(keys, ts, rowids)
 
@@ -106,6 +120,21 @@ class PartitionIndex:
                 return 0 if r == int(TOMBSTONE) else r
         return 0
 
+    async def get_many(self, keys: np.ndarray, as_of: int) -> np.ndarray:
+        """Per encoded key: the rowid visible at ``as_of``; 0 if absent or deleted."""
+        out = np.zeros(len(keys), np.uint64)
+        todo = np.arange(len(keys))
+        levels = [self.mem, *reversed(self._frozen)]
+        for lv in [*levels, *(r for _, r in self.runs)]:
+            if len(todo) == 0:
+                break
+            got = lv.get(keys[todo], as_of) if isinstance(lv, MemTable) else await lv.get_many(keys[todo], as_of)
+            hit = got != 0
+            out[todo[hit]] = got[hit]
+            todo = todo[~hit]
+        out[out == TOMBSTONE] = 0
+        return out
+
     async def scan(self, lo, hi, as_of: int) -> Run:
         """Visible (key, ts, rowid) with ``lo <= key < hi`` (None: unbounded), in key order."""
         parts = [mt.consolidated() for mt in [self.mem, *self._frozen]]
@@ -119,18 +148,32 @@ class PartitionIndex:
     # -- checkpoint and merge -------------------------------------------------------------
 
     async def checkpoint(self, mark: tuple[int, int]) -> bool:
-        """Write the memtable as an L0 run; the file and the manifest naming it (with the
-        replay mark) are published in ONE transaction."""
+        """Write the memtable as an L0 run (and the column runs of the same rows); the files
+        and the manifest naming them (with the replay mark) are published in ONE transaction.
+
+        The caller guarantees the memtable holds exactly the rows before ``mark`` (no batch
+        of this partition in flight while it calls)."""
         if self.mem.entries == 0:
             return False
         frozen, self.mem = self.mem, MemTable(self.kind)
         self._frozen.append(frozen)
+        ctoken = self.columns.freeze() if self.columns is not None else None
         try:
             run = frozen.consolidated()
+            cols = await self.columns.write_runs(ctoken) if ctoken is not None else {}
             rec = await self._publish(run, 0, lambda r: Manifest(
-                [{"inode": r.inode, "level": 0, "entries": len(run)}] + self.manifest.runs,
-                list(mark), self.manifest.checkpoints + 1, self.manifest.garbage))
+                [{"inode": r.inode, "level": 0, "entries": len(run), "cols": cols}] + self.manifest.runs,
+                list(mark), self.manifest.checkpoints + 1, self.manifest.garbage), cols)
             self.runs.insert(0, (0, await IndexRun.open(await self.fs.open_sealed(rec.inode))))
+            if ctoken is not None:
+                await self.columns.attach(rec.inode, cols)
+                self.columns.release(ctoken)
+                ctoken = None
+        except BaseException:
+            self.mem = _prepend(frozen, self.mem, self.kind)  # still readable; a later checkpoint retries
+            if ctoken is not None:
+                self.columns.thaw(ctoken)
+            raise
         finally:
             self._frozen.remove(frozen)
         log.info("event=index_checkpoint manifest=%s entries=%d", self.key, frozen.entries)
@@ -153,29 +196,49 @@ class PartitionIndex:
         src = [(m, lr) for m, lr in zip(self.manifest.runs, self.runs) if lr[0] in (level, level + 1)]
         bottom = not any(lv > level + 1 for lv, _ in self.runs)
         merged = purge(merge_runs([await r.all() for _, (_, r) in src]), horizon, bottom)
-        gone = [m["inode"] for m, _ in src]
+        cols = await self._merge_columns([m for m, _ in src], merged)
+        gone = [m["inode"] for m, _ in src] + [i for m, _ in src for i in m.get("cols", {}).values()]
         rest = [m for m in self.manifest.runs if m["inode"] not in gone]
 
         def manifest(rec):
-            entry = {"inode": rec.inode, "level": level + 1, "entries": len(merged)}
+            entry = {"inode": rec.inode, "level": level + 1, "entries": len(merged), "cols": cols}
             return Manifest([m for m in rest if m["level"] < level] + [entry] +
                             [m for m in rest if m["level"] > level + 1],
                             self.manifest.mark, self.manifest.checkpoints, self.manifest.garbage + gone)
 
         by_inode = {m["inode"]: r for m, (_, r) in zip(self.manifest.runs, self.runs)}  # before the swap
-        rec = await self._publish(merged, level + 1, manifest)
+        rec = await self._publish(merged, level + 1, manifest, cols)
         by_inode[rec.inode] = await IndexRun.open(await self.fs.open_sealed(rec.inode))
         self.runs = [(m["level"], by_inode[m["inode"]]) for m in self.manifest.runs]
+        if self.columns is not None:
+            await self.columns.attach(rec.inode, cols)
+            for m, _ in src:
+                self.columns.detach(m["inode"])
         await self._collect()
         log.info("event=index_merge manifest=%s level=%d runs=%d entries=%d", self.key, level, len(src), len(merged))
 
-    async def _publish(self, run: Run, level: int, make_manifest) -> object:
-        """Create the run's file; its publishing transaction also swaps the manifest."""
+    async def _merge_columns(self, src: list[dict], merged: Run) -> dict[str, int]:
+        """Column runs for a merged key run: the sources' pairs minus what the purge dropped."""
+        if self.columns is None or not self.columns.columns:
+            return {}
+        pieces = []
+        for m in src:
+            for cid_s, inode in m.get("cols", {}).items():
+                if int(cid_s) in self.columns.columns:
+                    rowids, values = await self.columns.run_data(inode)
+                    pieces.append((rowids, {int(cid_s): values}))
+        keep = np.sort(merged.rowids[merged.rowids != TOMBSTONE])
+        return await self.columns.write_runs(pieces, keep)
+
+    async def _publish(self, run: Run, level: int, make_manifest, cols: dict | None = None) -> object:
+        """Create the run's file; its publishing transaction also swaps the manifest (and
+        clears the pending marks of the column runs it names)."""
         box = {}
+        pending = [Delete(self.columns.pending_key(i)) for i in (cols or {}).values()]
 
         def extra(rec):
             box["m"] = make_manifest(rec)
-            return [Check(self.key, self._version)], [Put(self.key, box["m"].to_bytes())]
+            return [Check(self.key, self._version)], [Put(self.key, box["m"].to_bytes()), *pending]
 
         try:
             rec = await self.fs.create_sealed(run_bytes(run, self.kind, level), extra=extra)
@@ -199,3 +262,13 @@ class PartitionIndex:
         if not res.committed:
             raise ConflictError(f"{self.key} changed under this partition's writer")
         self.manifest, self._version = new, res.revision
+
+
+def _prepend(older: MemTable, newer: MemTable, kind: str) -> MemTable:
+    """One memtable holding ``older``'s entries and then ``newer``'s."""
+    out = MemTable(kind)
+    for mt in (older, newer):
+        run = mt.consolidated()
+        if len(run):
+            out.insert(run.keys, run.ts, run.rowids)
+    return out

@@ -56,6 +56,7 @@ class SegmentRecord:
     live_rows: int = 0
     live_bytes: int = 0
     location: str = ""
+    seq: int = 0  # position among its partition's segments (replay order; segids are not ordered)
 
     @property
     def key(self) -> str:
@@ -85,15 +86,17 @@ class SegmentStore:
         self.active: dict[int, ActiveSegment] = {}
         self._sealed: dict[int, SealedSegment] = {}
 
-    async def open(self) -> list[int]:
+    async def open(self, decide=None) -> list[int]:
         """Init the segid table; reopen this node's local segments; finish pending offloads
-        is left to the caller (it needs the key schema); returns segids still to offload."""
+        is left to the caller (it needs the key schema); returns segids still to offload.
+
+        ``decide(txn)`` answers for a segment ending in a prepared batch (RFC 0003)."""
         await self.segids.init()
         pending = []
         for rec in await self.list(owner=self.node):
             if rec.state in (SegState.ACTIVE, SegState.SEALED):
                 self.active[rec.segid] = await ActiveSegment.recover(
-                    rec.segid, await self.fs.open_active(rec.inode))
+                    rec.segid, await self.fs.open_active(rec.inode), decide)
             if rec.state == SegState.ACTIVE:
                 self._current[(rec.table, rec.partition)] = self.active[rec.segid]
             if rec.state == SegState.SEALED:
@@ -110,11 +113,13 @@ class SegmentStore:
             raise RowstoreError(f"no segment {segid}")
         return SegmentRecord.from_bytes(e.value), e
 
-    async def create(self, table: str, partition: int) -> ActiveSegment:
+    async def create(self, table: str, partition: int, seq: int | None = None) -> ActiveSegment:
         """A new active segment: inode, file row, segid and segment row in ONE transaction."""
+        if seq is None:
+            seq = 1 + max((r.seq for r in await self.list(table=table) if r.partition == partition), default=0)
         for _ in range(100):
             segid, checks, ops = await self.segids.reserve()
-            rec = SegmentRecord(segid, table, partition, SegState.ACTIVE, self.node, 0)
+            rec = SegmentRecord(segid, table, partition, SegState.ACTIVE, self.node, 0, seq=seq)
 
             def extra(f: FileRecord, rec=rec, checks=checks, ops=ops):
                 row = replace(rec, inode=f.inode)
@@ -148,6 +153,20 @@ class SegmentStore:
                 seg = self._current.get((table, partition))
                 if seg is None:
                     seg = self._current[(table, partition)] = await self.create(table, partition)
+        return seg
+
+    async def roll(self, table: str, partition: int) -> ActiveSegment | None:
+        """Seal the partition's current segment now (if it holds rows); a new one takes over
+        at the next append. Returns the sealed segment."""
+        seg = self._current.get((table, partition))
+        if seg is None or seg.durable_rows == 0:
+            return None
+        async with self._rolling.setdefault((table, partition), asyncio.Lock()):
+            if self._current.get((table, partition)) is not seg:
+                return None
+            del self._current[(table, partition)]
+        await self.seal(seg.segid)
+        log.info("event=segment_sealed segid=%d bytes=%d rows=%d", seg.segid, seg.nbytes, seg.durable_rows)
         return seg
 
     async def _roll(self, table: str, partition: int, full: ActiveSegment) -> None:

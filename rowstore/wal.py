@@ -33,12 +33,20 @@ def frame(kind: Kind, body: bytes | memoryview) -> bytes:
     return REC.pack(int(kind), 0, 0, len(body)) + bytes(body)
 
 
-def batch_bytes(txn: int, commit_ts: int, nrows: int, rows: np.ndarray) -> tuple[bytes, int]:
-    """``BATCH`` + ``COMMIT`` for one append; also the offset of the first row within it."""
+DECIDED = 1 << 63  # txn ids with this bit are decided in the catalog (RFC 0003; part of the format)
+
+
+def batch_bytes(txn: int, commit_ts: int, nrows: int, rows: np.ndarray, commit: bool = True) -> tuple[bytes, int]:
+    """``BATCH`` (+ ``COMMIT`` unless a prepare) for one append; also the offset of the first row."""
     head = BATCH_HEAD.pack(txn, commit_ts, nrows)
-    out = (REC.pack(int(Kind.BATCH), 0, 0, len(head) + rows.shape[0]) + head + rows.tobytes()
-           + frame(Kind.COMMIT, U64.pack(txn)))
+    out = REC.pack(int(Kind.BATCH), 0, 0, len(head) + rows.shape[0]) + head + rows.tobytes()
+    if commit:
+        out += commit_bytes(txn)
     return out, REC.size + BATCH_HEAD.size
+
+
+def commit_bytes(txn: int) -> bytes:
+    return frame(Kind.COMMIT, U64.pack(txn))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -77,6 +85,7 @@ class WalState:
     closed_ts: int = 0
     checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (id, file offset)
     dropped: int = 0  # batches without COMMIT
+    trailing: CommittedBatch | None = None  # the last batch, if it has no COMMIT (recovery decides)
 
 
 class WalReader:
@@ -124,7 +133,7 @@ class WalReader:
             raise RowCorruptionError(self.where, at, f"unknown write-ahead record kind {kind}")
         return None
 
-    def _commit(self, at: int) -> CommittedBatch:
+    def _commit(self, at: int | None) -> CommittedBatch:
         txn, ts, n, rows, off = self._open
         self._open = None
         arr = np.frombuffer(rows, np.uint8)
@@ -134,9 +143,10 @@ class WalReader:
         return CommittedBatch(txn, ts, arr, starts, off)
 
     def finish(self) -> None:
-        """End of file: an open batch or a partial record never committed."""
+        """End of file: an open batch never committed (kept in ``state.trailing`` so recovery can
+        ask the catalog about a decided txn); a partial record is corruption."""
         if self._open is not None:
             self.state.dropped += 1
-            self._open = None
+            self.state.trailing = self._commit(None)
         if self._buf:
             raise RowCorruptionError(self.where, self._base, "partial write-ahead record at the end")

@@ -152,3 +152,32 @@ async def test_merge_with_an_untouched_lower_level():
     again = PartitionIndex(fs, "idx/t/3/manifest", "int64")
     await again.open()
     await check(again, model, [105, ts])
+
+
+async def test_get_many_matches_model_across_levels():
+    """The vectorized multi-key lookup equals the model at every timestamp, keys in any level."""
+    fs = await world()
+    idx = PartitionIndex(fs, "idx/t/0/manifest", "int64")
+    await idx.open()
+    m, rng, ts = Model(), random.Random(7), 100
+    for rnd in range(7):
+        ts = await fill(idx, m, rng, 8, ts)
+        await idx.checkpoint((1, rnd))
+        await idx.maybe_merge(0)
+    ts = await fill(idx, m, rng, 4, ts)
+    keys = list(range(-205, 205))
+    for t in range(98, ts + 2, 5):
+        assert (await idx.get_many(enc(keys), t)).tolist() == [m.at(k, t) for k in keys], t
+
+
+async def test_checkpoint_failure_keeps_entries_readable():
+    fs = await world()
+    idx = PartitionIndex(fs, "idx/t/0/manifest", "int64")
+    await idx.open()
+    m, rng = Model(), random.Random(3)
+    ts = await fill(idx, m, rng, 5, 100)
+    with armed("offload.after_upload"), pytest.raises(FailPointCrash):
+        await idx.checkpoint((1, 0))
+    await check(idx, m, [ts])
+    assert await idx.checkpoint((1, 0))
+    await check(idx, m, [ts])
