@@ -135,8 +135,27 @@ def from_dict(doc: dict) -> NodeConfig:
             name, parse = _SCHEMA[section][key]
             values[name] = parse(full, v)
     cfg = NodeConfig(**values)
-    if cfg.catalog.startswith("raft://") and not cfg.catalog_secret_file:
-        raise ConfigError("catalog.secret_file: required with a raft:// catalog")
+    if cfg.catalog.startswith("raft://"):
+        _check_raft(cfg)
     if cfg.encryption_key_file and not os.path.exists(cfg.encryption_key_file):
         raise ConfigError(f"security.encryption_key_file: {cfg.encryption_key_file} does not exist")
     return cfg
+
+
+def _check_raft(cfg: NodeConfig) -> None:
+    """raft:// needs a well-formed member list with self=, a readable secret and a dir."""
+    from catalog.errors import CatalogConfigError
+    from catalog.raft import parse_raft_uri, read_secret
+
+    if not cfg.catalog_secret_file:
+        raise ConfigError("catalog.secret_file: required with a raft:// catalog")
+    try:
+        parse_raft_uri(cfg.catalog)
+    except CatalogConfigError as e:
+        raise ConfigError(f"catalog.uri: {e}") from None
+    if not cfg.catalog_dir:
+        raise ConfigError("catalog.dir: required with a raft:// catalog (journal and snapshots)")
+    try:
+        read_secret(cfg.catalog_secret_file)
+    except CatalogConfigError as e:
+        raise ConfigError(str(e)) from None

@@ -93,15 +93,25 @@ def open_object_store(uri: str) -> ObjectStore:
     return LocalObjectStore(local_path(uri), uri=uri)
 
 
-def open_catalog(uri: str):
-    """A catalog backend for ``uri`` (not yet opened: call ``await c.open()``)."""
+def open_catalog(uri: str, *, secret_file: str | None = None, dir: str | None = None):
+    """A catalog backend for ``uri`` (not yet opened: call ``await c.open()``).
+
+    ``raft://`` also needs the cluster secret file and its directory (``[catalog]``
+    ``secret_file`` and ``dir``); other schemes ignore them.
+    """
     scheme = _scheme(uri, Kind.CATALOG)
     if scheme == "memory":
         from catalog.memory import MemoryCatalog
 
         return MemoryCatalog()
     if scheme == "raft":
-        raise UnsupportedSchemeError(f"{uri}: the Raft catalog is not built yet (issue 7); use trkv://")
+        from catalog.errors import CatalogConfigError
+        from catalog.raft import RaftCatalog
+
+        try:
+            return RaftCatalog.from_uri(uri, secret_file=secret_file, dir=dir)
+        except CatalogConfigError as e:
+            raise ConfigurationError(str(e)) from e
     from catalog.local import LocalCatalog
 
     return LocalCatalog(os.path.abspath(local_path(uri)))
