@@ -32,3 +32,19 @@ class TableExistsError(RowstoreError):
 
 class ConflictError(RowstoreError):
     """Raised when a concurrent change won a race (retry the operation)."""
+
+
+class QueryError(RowValidationError):
+    """Raised when a query's predicates, columns or limits are invalid."""
+
+
+class FutureTimestampError(RowstoreError):
+    """Raised when a read asks for a timestamp the cluster has not closed yet."""
+
+
+class HistoryPurgedError(RowstoreError):
+    """Raised when a read asks for a timestamp before the retention horizon."""
+
+
+class UnavailableError(RowstoreError):
+    """Raised when the data asked for cannot be served now (not recovered, closed)."""

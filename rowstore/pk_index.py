@@ -147,17 +147,24 @@ class PartitionIndex:
 
     # -- checkpoint and merge -------------------------------------------------------------
 
-    async def checkpoint(self, mark: tuple[int, int]) -> bool:
+    async def checkpoint(self, mark) -> bool:
         """Write the memtable as an L0 run (and the column runs of the same rows); the files
         and the manifest naming them (with the replay mark) are published in ONE transaction.
 
-        The caller guarantees the memtable holds exactly the rows before ``mark`` (no batch
-        of this partition in flight while it calls)."""
+        The caller guarantees the memtable holds exactly the rows before ``mark``."""
         if self.mem.entries == 0:
             return False
+        return await self.finish_checkpoint(self.begin_checkpoint(), mark)
+
+    def begin_checkpoint(self):
+        """Freeze the memtables (synchronously: nothing can slip in between key and column
+        entries); reads still see the frozen ones until the runs are published."""
         frozen, self.mem = self.mem, MemTable(self.kind)
         self._frozen.append(frozen)
-        ctoken = self.columns.freeze() if self.columns is not None else None
+        return frozen, (self.columns.freeze() if self.columns is not None else None)
+
+    async def finish_checkpoint(self, token, mark) -> bool:
+        frozen, ctoken = token
         try:
             run = frozen.consolidated()
             cols = await self.columns.write_runs(ctoken) if ctoken is not None else {}

@@ -192,7 +192,7 @@ class SegmentStore:
         await self.fs.seal(rec.inode, extra=lambda _f: ([Check(e.key, e.version)], [Put(e.key, new.to_bytes())]))
         return new
 
-    async def offload(self, segid: int, key_schema: SchemaVersion) -> SegmentRecord:
+    async def offload(self, segid: int, key_schema: SchemaVersion, schemas=None) -> SegmentRecord:
         """Rewrite the sealed segment as an object (rows + B+ tree + footer), switch, drop local."""
         rec, e = await self.record(segid)
         if rec.state == SegState.OFFLOADED:
@@ -206,7 +206,7 @@ class SegmentStore:
             new = replace(rec, state=SegState.OFFLOADED, bytes=f.size, live_bytes=f.size, location=f.location)
             return [Check(e.key, e.version)], [Put(e.key, new.to_bytes())]
 
-        await self.fs.offload(rec.inode, sealed_bytes(segid, seg.batches(), self.schemas, key_schema, stats),
+        await self.fs.offload(rec.inode, sealed_bytes(segid, seg.batches(), schemas or self.schemas, key_schema, stats),
                               extra=extra)
         self.active.pop(segid, None)
         log.info("event=segment_offloaded segid=%d rows=%s", segid, stats.get("rows"))
@@ -231,13 +231,14 @@ class SegmentStore:
             if seg.segid == segid:
                 del self._current[k]
 
-    async def scan(self, segid: int, target: SchemaVersion):
+    async def scan(self, segid: int, target: SchemaVersion, schemas=None):
         """Every row of a segment in localid order, as decoded Arrow batches."""
+        schemas = schemas or self.schemas
         if segid in self.active:
             async for b in self.active[segid].batches():
-                yield decode_rows(b.rows, b.starts, self.schemas, target, self.active[segid].where)
+                yield decode_rows(b.rows, b.starts, schemas, target, self.active[segid].where)
         else:
-            async for d in (await self.sealed(segid)).scan(self.schemas, target):
+            async for d in (await self.sealed(segid)).scan(schemas, target):
                 yield d
 
     async def sealed(self, segid: int) -> SealedSegment:
@@ -249,12 +250,13 @@ class SegmentStore:
             s = self._sealed[segid] = await SealedSegment.open(await self.fs.open_sealed(rec.inode))
         return s
 
-    async def get(self, ids, target: SchemaVersion) -> Decoded:
+    async def get(self, ids, target: SchemaVersion, schemas=None) -> Decoded:
         """Rows by rowid (all in one segment), from its active file or its object."""
+        schemas = schemas or self.schemas
         segs, locs = split_rowids(np.atleast_1d(ids))
         if len(set(segs.tolist())) != 1:
             raise RowstoreError("get() takes rowids of one segment")
         segid = int(segs[0])
         if segid in self.active:
-            return await self.active[segid].get(locs, self.schemas, target)
-        return await (await self.sealed(segid)).get(locs, self.schemas, target)
+            return await self.active[segid].get(locs, schemas, target)
+        return await (await self.sealed(segid)).get(locs, schemas, target)

@@ -1,0 +1,525 @@
+"""The tables of one node: writes with commit timestamps, reads as of any time.
+
+Design: docs/rfcs/0001 (key index), 0002 (column index), 0003 (time travel). A
+batch is split by key hash into its partitions; one partition commits with one
+``BATCH … COMMIT`` append, several with the two-phase commit of RFC 0003 whose
+commit point is one catalog transaction. Reads resolve ``as_of`` to a closed
+timestamp T, take the table definition at T, and apply the reconstruction rule
+through the key index: a row version is visible at T iff it is the newest version
+of its key with ``commit_ts <= T`` and not a deletion.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from catalog.abc import Check, Delete, Put
+from rowstore.active_segment import split_rowids
+from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, QueryError,
+                             RowValidationError, TableNotFoundError)
+from rowstore.fetch import fetch
+from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
+from rowstore.memtable import encode_keys
+from rowstore.partition import Partition
+from rowstore.partitioning import partition_of
+from rowstore.query import batch_mask, parse_bbox, parse_where
+from rowstore.rowcodec import encode_rows
+from rowstore.schema import SchemaVersion
+from rowstore.segments import SegmentStore, SegState
+from rowstore.table_io import conform, key_array, stamp
+from rowstore.tables_catalog import TableCatalog, TableDef
+from rowstore.timeline import Timeline
+from rowstore.wal import DECIDED
+from terrafs.catalog_ops import commit
+from terrafs.fs import TerrascaleFS
+
+log = logging.getLogger("rowstore.database")
+TXN_PREFIX = "txn/"
+COMMITTED, ABORTED = b"committed", b"aborted"
+_THREAD_ROWS = 4096  # encode bigger batches in a worker thread
+MAX_LIMIT = 10_000_000
+
+
+@dataclass(frozen=True)
+class TablesConfig:
+    partitions: int = 8
+    seal_bytes: int = 256 << 20
+    memtable_bytes: int = 64 << 20  # all partitions' key memtables together
+    retention_ms: int = 7 * 86_400_000
+    closed_wait_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    count: int
+    commit_ts: int
+
+
+def txn_key(txn: int) -> str:
+    return f"{TXN_PREFIX}{txn:016x}"
+
+
+class Table:
+    """One table id's partitions (a dropped and re-created name is another Table)."""
+
+    def __init__(self, store: SegmentStore, d: TableDef):
+        self.table_id, self.name = d.table_id, d.name
+        self.kind = d.schema.key.type.kind.value
+        indexed = [c for c in d.schema.columns if c.id in d.indexes]
+        self.parts = [Partition(store, d.table_id, p, self.kind, indexed) for p in range(d.partitions)]
+
+    def forget_columns(self, schema: SchemaVersion) -> None:
+        """Stop indexing columns the schema no longer has."""
+        for p in self.parts:
+            for cid in [c for c in p.columns.columns if schema.by_id(c) is None]:
+                del p.columns.columns[cid]
+
+
+class Database:
+    def __init__(self, fs: TerrascaleFS, cfg: TablesConfig = TablesConfig()):
+        self.fs, self.catalog, self.cfg = fs, fs.catalog, cfg
+        self.clock = HybridClock(self.catalog, fs.cfg.node_id)
+        self.timeline = Timeline(self.clock)
+        self.catalog_tables = TableCatalog(self.catalog, self.clock)
+        self.store = SegmentStore(fs, self._schema_of_segment_rows, cfg.seal_bytes)
+        self._tables: dict[str, Table] = {}
+        self._opening: dict[str, asyncio.Lock] = {}
+        self._defs: dict[str, TableDef] = {}  # table id -> newest definition with a schema
+        self._schemas: dict[str, object] = {}  # table id -> version lookup
+        self._bg: set[asyncio.Task] = set()
+        self._decided: list[str] = []
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Clock, segments (deciding prepared batches), then every table's indexes."""
+        await self.clock.open()
+        await self.store.open(self._decide_at_recovery)
+        if self._decided:
+            await commit(self.catalog, [], [Delete(k) for k in self._decided])
+            self._decided.clear()
+        for d in await self.catalog_tables.list():
+            await self._table(d)
+
+    async def close(self) -> None:
+        for t in list(self._bg):
+            with contextlib.suppress(BaseException):
+                await t
+
+    def _spawn(self, coro) -> None:
+        t = asyncio.ensure_future(coro)
+        self._bg.add(t)
+        t.add_done_callback(self._bg_done)
+
+    def _bg_done(self, t: asyncio.Task) -> None:
+        self._bg.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.warning("event=background_failed error=%r", t.exception())
+
+    async def _decide_at_recovery(self, txn: int) -> bool:
+        """A prepared batch found at the end of a segment: committed iff the catalog says so;
+        an undecided one is aborted (by compare-and-set: a late coordinator cannot commit it)."""
+        key = txn_key(txn)
+        for _ in range(10):
+            e = await self.catalog.get(key)
+            if e is not None:
+                if e.value == COMMITTED:
+                    self._decided.append(key)
+                return e.value == COMMITTED
+            res = await commit(self.catalog, [Check(key, 0)], [Put(key, ABORTED)])
+            if res.committed:
+                return False
+        raise ConflictError(f"cannot decide transaction {key}")
+
+    # -- tables -------------------------------------------------------------------------------
+
+    async def create_table(self, name: str, schema, indexes=(), partitions: int | None = None) -> TableDef:
+        d = await self.catalog_tables.create(name, schema, list(indexes), partitions or self.cfg.partitions)
+        Table(self.store, d)  # refuses unindexable columns before anything else is built
+        await self._table(d)
+        return d
+
+    async def alter_table(self, name: str, change) -> TableDef:
+        d = await self.catalog_tables.alter(name, change)
+        self._schemas.pop(d.table_id, None)
+        t = self._tables.get(d.table_id)
+        if t is not None:
+            t.forget_columns(d.schema)
+            self._defs[d.table_id] = d
+        return d
+
+    async def drop_table(self, name: str) -> TableDef:
+        return await self.catalog_tables.drop(name)
+
+    async def describe(self, name: str, as_of: int | None = None) -> TableDef:
+        if as_of is None:
+            return await self.catalog_tables.describe(name)
+        return await self.catalog_tables.describe(name, await self.snapshot(as_of))
+
+    async def list_tables(self, as_of: int | None = None) -> list[TableDef]:
+        return await self.catalog_tables.list(None if as_of is None else await self.snapshot(as_of))
+
+    async def _table(self, d: TableDef) -> Table:
+        t = self._tables.get(d.table_id)
+        if t is not None:
+            return t
+        async with self._opening.setdefault(d.table_id, asyncio.Lock()):
+            t = self._tables.get(d.table_id)
+            if t is None:
+                latest = await self._latest_def(d)
+                t = Table(self.store, latest)
+                schemas = await self._schemas_of(latest)
+                for p in t.parts:
+                    n = await p.open(schemas, latest.schema)
+                    if n:
+                        log.info("event=partition_replayed table=%s partition=%d rows=%d", d.name, p.pid, n)
+                self._tables[d.table_id] = t
+        return t
+
+    async def _latest_def(self, d: TableDef) -> TableDef:
+        """The newest definition of ``d``'s table id that has a schema."""
+        cur = self._defs.get(d.table_id)
+        if cur is not None and cur.ts >= d.ts:
+            return cur
+        newest = d
+        for e in await self.catalog.scan(f"tbl/{d.name}/v/"):
+            td = TableDef.from_entry(d.name, int(e.key.rsplit("/", 1)[1], 16), e.value)
+            if td.table_id == d.table_id and td.schema is not None and td.ts >= newest.ts:
+                newest = td
+        self._defs[d.table_id] = newest
+        return newest
+
+    async def _schemas_of(self, d: TableDef):
+        """version id -> SchemaVersion for every version ``d``'s table id has had so far."""
+        latest = await self._latest_def(d)
+        got = self._schemas.get(d.table_id)
+        if got is None or got[0] != latest.history:
+            got = (latest.history, await self.catalog_tables.schemas(latest))
+            self._schemas[d.table_id] = got
+        return got[1]
+
+    def _schema_of_segment_rows(self, version: int) -> SchemaVersion:
+        raise RuntimeError("segment rows are decoded with their table's schema lookup")
+
+    # -- writes -------------------------------------------------------------------------------
+
+    async def upsert(self, name: str, data: pa.RecordBatch | pa.Table) -> WriteResult:
+        """Insert or replace rows by primary key, atomically; returns once durable and visible."""
+        d = await self.catalog_tables.describe(name)
+        batch = conform(data, d.schema)
+        return await self._write(d, batch, None)
+
+    async def delete(self, name: str, keys) -> WriteResult:
+        """Delete rows by primary key (absent keys are fine); ``count`` = keys that existed."""
+        d = await self.catalog_tables.describe(name)
+        karr = key_array(keys, d.schema.key)
+        table = await self._table(d)
+        enc = encode_keys(karr, table.kind)
+        existed = 0
+        pids = partition_of(enc, len(table.parts))
+        T = self.timeline.closed
+        for p in np.unique(pids):
+            existed += int(np.count_nonzero(await table.parts[p].index.get_many(enc[pids == p], T)))
+        cols = [karr if c.id == d.schema.primary_key else _filler(c, len(karr)) for c in d.schema.columns]
+        batch = pa.RecordBatch.from_arrays(cols, schema=d.schema.arrow())
+        res = await self._write(d, batch, np.ones(len(karr), bool))
+        return WriteResult(existed, res.commit_ts)
+
+    async def _write(self, d: TableDef, batch: pa.RecordBatch, deleted: np.ndarray | None) -> WriteResult:
+        table = await self._table(d)
+        keys = encode_keys(batch.column(batch.schema.get_field_index(d.schema.key.name)), table.kind)
+        if keys.dtype.kind == "S" and keys.dtype.itemsize > 1024:
+            raise RowValidationError("primary keys are at most 1024 bytes")
+        batch, keys, deleted = _last_wins(batch, keys, deleted)
+        if batch.num_rows == 0:
+            return WriteResult(0, self.timeline.closed)
+        pids = partition_of(keys, len(table.parts))
+        subs = _split(batch, keys, deleted, pids)
+
+        def encode_all():
+            return [encode_rows(b, d.schema, 0, dl) for _, b, _, dl in subs]
+
+        encs = await asyncio.to_thread(encode_all) if batch.num_rows > _THREAD_ROWS else encode_all()
+        work = [(table.parts[p], b, dl, e) for (p, b, _, dl), e in zip(subs, encs)]
+        ts = await (self._commit_one(*work[0], d.schema) if len(work) == 1 else self._commit_many(work, d.schema))
+        return WriteResult(batch.num_rows, ts)
+
+    async def _commit_one(self, part: Partition, batch, deleted, enc, schema) -> int:
+        async with part.lock:
+            seg = await part.current()
+            ts = await self.timeline.begin()
+            part.enter()
+            stamp(enc, ts)
+            task = await part.append(seg, enc, ts)
+        try:
+            ids = await task
+            part.apply(split_rowids(ids)[1], seg.segid, batch, ts, _deleted(deleted, batch), schema)
+        finally:
+            part.leave()
+            self.timeline.end(ts)
+        await self.timeline.wait_closed(ts)
+        self._spawn(part.roll_if_full())
+        return ts
+
+    async def _commit_many(self, work, schema) -> int:
+        work = sorted(work, key=lambda w: w[0].pid)
+        txn = DECIDED | secrets.randbits(63)
+        async with contextlib.AsyncExitStack() as locks:
+            for part, *_ in work:
+                await locks.enter_async_context(part.lock)
+            segs = [await part.current() for part, *_ in work]
+            ts = await self.timeline.begin()
+            try:
+                tasks = []
+                for (part, _, _, enc), seg in zip(work, segs):
+                    part.enter()
+                    stamp(enc, ts)
+                    tasks.append(await part.append(seg, enc, ts, txn))
+                got = await asyncio.gather(*tasks, return_exceptions=True)
+                failed = next((g for g in got if isinstance(g, BaseException)), None)
+                if failed is not None or not await self._decide(txn, True):
+                    for seg, g in zip(segs, got):
+                        if not isinstance(g, BaseException):
+                            seg.abort_prepared(g)
+                    raise failed or ConflictError("the batch was aborted during recovery elsewhere")
+                commits = [asyncio.ensure_future(seg.commit_prepared(txn)) for seg in segs]
+                await asyncio.sleep(0)  # COMMIT X enqueued before the locks are released
+                for (part, batch, deleted, _), seg, ids in zip(work, segs, got):
+                    part.apply(split_rowids(ids)[1], seg.segid, batch, ts, _deleted(deleted, batch), schema)
+            finally:
+                for part, *_ in work:
+                    part.leave()
+                self.timeline.end(ts)
+        self._spawn(self._forget_decision(txn, commits))
+        await self.timeline.wait_closed(ts)
+        for part, *_ in work:
+            self._spawn(part.roll_if_full())
+        return ts
+
+    async def _decide(self, txn: int, want: bool) -> bool:
+        """The commit point: ``txn/X`` = committed (or aborted), by compare-and-set."""
+        key = txn_key(txn)
+        res = await commit(self.catalog, [Check(key, 0)], [Put(key, COMMITTED if want else ABORTED)])
+        if res.committed:
+            return want
+        e = await self.catalog.get(key)
+        return e is not None and e.value == COMMITTED
+
+    async def _forget_decision(self, txn: int, commits) -> None:
+        await asyncio.gather(*commits)
+        await commit(self.catalog, [], [Delete(txn_key(txn))])
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def horizon(self) -> int:
+        return ts_from_ms(max(time.time_ns() // 1_000_000 - self.cfg.retention_ms, 0))
+
+    async def snapshot(self, as_of: int | None = None) -> int:
+        """The read timestamp: ``closed`` by default; a given T once it is closed."""
+        if as_of is None:
+            return self.timeline.closed
+        if isinstance(as_of, bool) or not isinstance(as_of, int) or not 0 <= as_of <= MAX_TS:
+            raise QueryError(f"as_of must be a commit timestamp (an integer 0..{MAX_TS}), not {as_of!r}")
+        if as_of < self.horizon():
+            raise HistoryPurgedError(f"as_of {as_of} is before the retention horizon {self.horizon()}")
+        if as_of <= self.timeline.closed:
+            return as_of
+        if ms_of(as_of) > time.time_ns() // 1_000_000:
+            raise FutureTimestampError(f"as_of {as_of} is in the future (closed timestamp {self.timeline.closed})")
+        self.clock.observe(as_of)  # later commits get larger timestamps; wait for the older ones
+        if not await self.timeline.wait_closed(as_of, self.cfg.closed_wait_s):
+            raise FutureTimestampError(f"as_of {as_of} is not closed yet (closed timestamp {self.timeline.closed})")
+        return as_of
+
+    async def _read_ctx(self, name: str, as_of: int | None):
+        T = await self.snapshot(as_of)
+        d = await self.catalog_tables.describe(name, T)
+        table = await self._table(d)
+        return T, d, table, await self._schemas_of(d)
+
+    async def get(self, name: str, key, as_of: int | None = None) -> dict | None:
+        """The row with primary key ``key`` as of T (columns and names of T), or None."""
+        T, d, table, schemas = await self._read_ctx(name, as_of)
+        enc = encode_keys(key_array([key], d.schema.key), table.kind)
+        part = table.parts[int(partition_of(enc, len(table.parts))[0])]
+        rowid = int((await part.index.get_many(enc, T))[0])
+        if rowid == 0:
+            return None
+        return (await fetch(self.store, np.array([rowid], np.uint64), schemas, d.schema)).batch.to_pylist()[0]
+
+    async def scan(self, name: str, lo=None, hi=None, as_of: int | None = None, columns=None,
+                   limit: int | None = None) -> tuple[pa.Table, int]:
+        """Rows with ``lo <= key < hi`` (None: unbounded) visible at T, in key order."""
+        T, d, table, schemas = await self._read_ctx(name, as_of)
+        bounds = [None if b is None else encode_keys(key_array([b], d.schema.key), table.kind)[0] for b in (lo, hi)]
+        parts = []
+        for part in table.parts:
+            vis = await part.index.scan(bounds[0], bounds[1], T)
+            parts.append((await fetch(self.store, vis.rowids, schemas, d.schema)).batch)
+        return _finish(parts, d.schema, columns, limit), T
+
+    async def query(self, name: str, where=None, bbox=None, columns=None, limit: int | None = 10_000,
+                    as_of: int | None = None) -> tuple[pa.Table, int]:
+        """Rows visible at T matching every ``where`` term and the bounding box, in key order."""
+        T, d, table, schemas = await self._read_ctx(name, as_of)
+        terms, box = parse_where(d.schema, where), parse_bbox(d.schema, bbox)
+        _check_columns(d.schema, columns)
+        _check_limit(limit)
+        preds = terms + ([box] if box is not None else [])
+        out = []
+        for part in table.parts:
+            out.append(await self._query_part(part, d, schemas, T, terms, box, preds))
+        return _finish(out, d.schema, columns, limit), T
+
+    async def _query_part(self, part: Partition, d: TableDef, schemas, T, terms, box, preds) -> pa.RecordBatch:
+        cands = None
+        for pred in preds:
+            c = part.columns.candidates(pred)
+            if c is not None:
+                cands = c if cands is None else np.intersect1d(cands, c, assume_unique=True)
+        if cands is None:  # no index applies: every visible row of the partition
+            rows = await fetch(self.store, (await part.index.scan(None, None, T)).rowids, schemas, d.schema)
+            return rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box)))
+        rows = await fetch(self.store, cands, schemas, d.schema)
+        keys = encode_keys(rows.batch.column(d.schema.key.name), part.kind)
+        visible = (await part.index.get_many(keys, T)) == np.sort(cands)
+        return rows.batch.filter(pa.array(visible & batch_mask(rows.batch, terms, box)))
+
+    # -- background jobs (the daemon schedules them; the admin API runs them now) -------------
+
+    async def checkpoint(self, force: bool = True) -> dict:
+        """Checkpoint memtables: all of them, or (``force=False``) the largest until the
+        budget is met. Then run any merge the policy wants."""
+        parts = [p for t in self._tables.values() for p in t.parts]
+        if not force:
+            parts.sort(key=lambda p: p.mem_bytes, reverse=True)
+            total, chosen = sum(p.mem_bytes for p in parts), []
+            for p in parts:
+                if total <= self.cfg.memtable_bytes:
+                    break
+                chosen.append(p)
+                total -= p.mem_bytes
+            parts = chosen
+        done = [p for p in parts if await p.checkpoint()]
+        merged = 0
+        for t in self._tables.values():
+            for p in t.parts:
+                merged += await p.merge(self.horizon())
+        return {"checkpointed": len(done), "merged": merged}
+
+    async def seal(self) -> dict:
+        sealed = [s for t in self._tables.values() for p in t.parts if (s := await p.roll()) is not None]
+        return {"sealed": sealed}
+
+    async def offload(self) -> dict:
+        done = []
+        for segid in await self.store.pending_offload():
+            rec, _ = await self.store.record(segid)
+            d = self._defs.get(rec.table)
+            if d is None:
+                continue  # a table this node has not opened (it will be, at the next start)
+            await self.store.offload(segid, d.schema, await self._schemas_of(d))
+            done.append(segid)
+        return {"offloaded": done}
+
+    async def segment_records(self, table: str | None = None):
+        recs = await self.store.list()
+        if table is not None:
+            d = await self.catalog_tables.describe(table)
+            recs = [r for r in recs if r.table == d.table_id]
+        names = {tid: d.name for tid, d in self._defs.items()}
+        return [(names.get(r.table, r.table), r) for r in recs]
+
+    def memtable_bytes(self) -> int:
+        return sum(p.mem_bytes for t in self._tables.values() for p in t.parts)
+
+    @property
+    def states(self) -> dict:
+        return {s.value: 0 for s in SegState}
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _filler(col, n: int) -> pa.Array:
+    """Values for a tombstone's non-key columns: null, or zeros where nulls are refused."""
+    t = col.type.arrow()
+    if col.nullable:
+        return pa.nulls(n, t)
+    return pa.array([_zero(t)] * n, t)
+
+
+def _zero(t: pa.DataType):
+    if pa.types.is_struct(t):
+        return {f.name: _zero(f.type) for f in t}
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return ""
+    if pa.types.is_fixed_size_binary(t):
+        return bytes(t.byte_width)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return b""
+    if pa.types.is_boolean(t):
+        return False
+    return 0
+
+
+def _last_wins(batch: pa.RecordBatch, keys: np.ndarray, deleted):
+    """Within one batch the last row of a key wins (as if applied in order)."""
+    if len(keys) < 2:
+        return batch, keys, deleted
+    _, first_rev = np.unique(keys[::-1], return_index=True)
+    if len(first_rev) == len(keys):
+        return batch, keys, deleted
+    keep = np.sort(len(keys) - 1 - first_rev)
+    return batch.take(pa.array(keep)), keys[keep], None if deleted is None else deleted[keep]
+
+
+def _split(batch, keys, deleted, pids):
+    if len(pids) and (pids == pids[0]).all():
+        return [(int(pids[0]), batch, keys, deleted)]
+    order = np.argsort(pids, kind="stable")
+    sp = pids[order]
+    cuts = np.flatnonzero(np.diff(sp)) + 1
+    out = []
+    for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(sp)]):
+        idx = order[a:b]
+        out.append((int(sp[a]), batch.take(pa.array(idx)), keys[idx], None if deleted is None else deleted[idx]))
+    return out
+
+
+def _deleted(deleted, batch) -> np.ndarray:
+    return np.zeros(batch.num_rows, bool) if deleted is None else deleted
+
+
+def _check_columns(schema: SchemaVersion, columns) -> None:
+    if columns is None:
+        return
+    if not isinstance(columns, (list, tuple)) or not all(isinstance(c, str) for c in columns):
+        raise QueryError("columns must be a list of column names")
+    for c in columns:
+        if schema.by_name(c) is None:
+            raise QueryError(f"no column {c!r}")
+
+
+def _check_limit(limit) -> None:
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
+        raise QueryError(f"limit must be an integer 0..{MAX_LIMIT}")
+
+
+def _finish(parts: list[pa.RecordBatch], schema: SchemaVersion, columns, limit) -> pa.Table:
+    t = pa.Table.from_batches([p for p in parts if p.num_rows], schema=schema.arrow()) if any(
+        p.num_rows for p in parts) else schema.arrow().empty_table()
+    if t.num_rows > 1:
+        t = t.sort_by([(schema.key.name, "ascending")])
+    if limit is not None:
+        t = t.slice(0, limit)
+    return t.select(list(columns)) if columns is not None else t

@@ -1,0 +1,69 @@
+"""Commit timestamps in flight and the closed timestamp (docs/rfcs/0003-time-travel.md).
+
+Every batch takes its timestamp through :meth:`Timeline.begin` and leaves with
+:meth:`end` once it is applied or has failed. ``closed`` is the largest T such
+that no batch with ts <= T can still become visible: just below the oldest batch
+in flight, or the clock's last timestamp when none is. A batch is acknowledged
+only after ``closed >= ts`` (:meth:`wait_closed`), so a read at ``closed`` sees
+every acknowledged commit.
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+
+from rowstore.hlc import HybridClock
+
+
+class Timeline:
+    def __init__(self, clock: HybridClock):
+        self.clock = clock
+        self._heap: list[int] = []
+        self._live: dict[int, int] = {}
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._n = 0
+
+    async def begin(self) -> int:
+        """A new commit timestamp, registered in flight (no await after the clock's)."""
+        ts = await self.clock.now()
+        self._live[ts] = self._live.get(ts, 0) + 1
+        heapq.heappush(self._heap, ts)
+        return ts
+
+    def end(self, ts: int) -> None:
+        left = self._live[ts] - 1
+        if left:
+            self._live[ts] = left
+        else:
+            del self._live[ts]
+        while self._heap and self._heap[0] not in self._live:
+            heapq.heappop(self._heap)
+        self._release()
+
+    @property
+    def closed(self) -> int:
+        return self._heap[0] - 1 if self._heap else self.clock.last
+
+    @property
+    def in_flight(self) -> int:
+        return sum(self._live.values())
+
+    async def wait_closed(self, ts: int, timeout: float | None = None) -> bool:
+        """Wait until every batch with a timestamp <= ts has been applied or has failed."""
+        if self.closed >= ts:
+            return True
+        fut = asyncio.get_running_loop().create_future()
+        self._n += 1
+        heapq.heappush(self._waiters, (ts, self._n, fut))
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return self.closed >= ts
+
+    def _release(self) -> None:
+        c = self.closed
+        while self._waiters and self._waiters[0][0] <= c:
+            _, _, fut = heapq.heappop(self._waiters)
+            if not fut.done():
+                fut.set_result(None)
