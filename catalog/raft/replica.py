@@ -40,8 +40,8 @@ assert MAX_ENTRY_BYTES < BATCH_BYTES
 TUNING = dict(
     appendEntriesUseBatch=False,     # send at once; batching cost ~100 ms per txn
     appendEntriesPeriod=0.05,        # heartbeat
-    raftMinTimeout=0.3, raftMaxTimeout=0.9,
-    connectionTimeout=1.5, connectionRetryTime=0.2,
+    raftMinTimeout=0.2, raftMaxTimeout=0.6,   # a new leader well within the 2 s of issue 7
+    connectionTimeout=1.0, connectionRetryTime=0.2,
     leaderFallbackTimeout=1.0,       # a leader cut off from the majority steps down
     appendEntriesBatchSizeBytes=BATCH_BYTES, logCompactionBatchSize=BATCH_BYTES,
     logCompactionMinEntries=5000, logCompactionMinTime=300,
