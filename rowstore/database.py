@@ -38,6 +38,7 @@ from rowstore.tables_catalog import TableCatalog, TableDef
 from rowstore.timeline import Timeline
 from rowstore.wal import DECIDED
 from terrafs.catalog_ops import commit
+from terrafs.failpoints import failpoint
 from terrafs.fs import TerrascaleFS
 
 log = logging.getLogger("rowstore.database")
@@ -102,9 +103,10 @@ class Database:
         """Clock, segments (deciding prepared batches), then every table's indexes."""
         await self.clock.open()
         await self.store.open(self._decide_at_recovery)
-        if self._decided:
-            await commit(self.catalog, [], [Delete(k) for k in self._decided])
-            self._decided.clear()
+        done = sorted(set(self._decided))  # every participant is local: all have their COMMIT now
+        for i in range(0, len(done), 64):
+            await commit(self.catalog, [], [Delete(k) for k in done[i : i + 64]])
+        self._decided.clear()
         for d in await self.catalog_tables.list():
             await self._table(d)
 
@@ -284,11 +286,13 @@ class Database:
                     tasks.append(await part.append(seg, enc, ts, txn))
                 got = await asyncio.gather(*tasks, return_exceptions=True)
                 failed = next((g for g in got if isinstance(g, BaseException)), None)
+                failpoint("txn.after_prepare")
                 if failed is not None or not await self._decide(txn, True):
                     for seg, g in zip(segs, got):
                         if not isinstance(g, BaseException):
                             seg.abort_prepared(g)
                     raise failed or ConflictError("the batch was aborted during recovery elsewhere")
+                failpoint("txn.after_decision")
                 commits = [asyncio.ensure_future(seg.commit_prepared(txn)) for seg in segs]
                 await asyncio.sleep(0)  # COMMIT X enqueued before the locks are released
                 for (part, batch, deleted, _), seg, ids in zip(work, segs, got):

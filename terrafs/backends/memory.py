@@ -26,14 +26,17 @@ class _MemData:
 
 
 class MemoryDeviceFile(DeviceFile):
-    def __init__(self, name: str, data: _MemData):
+    def __init__(self, name: str, data: _MemData, dev: "MemoryBlockDevice | None" = None):
         self.name = name
         self._d = data
         self._closed = False
+        self._dev, self._gen = dev, dev.generation if dev is not None else 0
 
     def _check(self) -> _MemData:
         if self._closed:
             raise ClosedError(f"file {self.name} is closed")
+        if self._dev is not None and self._dev.generation != self._gen:
+            raise ClosedError(f"file {self.name} was opened before a crash (its process is gone)")
         return self._d
 
     async def append(self, data) -> int:
@@ -66,17 +69,18 @@ class MemoryBlockDevice(BlockDevice):
         self.uri = uri
         self.durable = durable
         self._files: dict[str, _MemData] = {}
+        self.generation = 0  # bumped by crash(): handles from before it are dead
 
     async def create(self, name: str) -> DeviceFile:
         check_name(name)
         if name in self._files:
             raise AlreadyExistsError(f"{self.uri}/{name} exists")
         self._files[name] = _MemData()
-        return MemoryDeviceFile(name, self._files[name])
+        return MemoryDeviceFile(name, self._files[name], self)
 
     async def open(self, name: str) -> DeviceFile:
         try:
-            return MemoryDeviceFile(name, self._files[check_name(name)])
+            return MemoryDeviceFile(name, self._files[check_name(name)], self)
         except KeyError:
             raise FileNotFoundInDeviceError(f"{self.uri}/{name} not found") from None
 
@@ -104,6 +108,7 @@ class MemoryBlockDevice(BlockDevice):
         garble a random byte of what was kept (a torn write).
         """
         rng = random.Random(tear_seed)
+        self.generation += 1
         for d in self._files.values():
             keep = d.synced
             if tear_seed is not None and len(d.buf) > d.synced:
