@@ -1,12 +1,21 @@
 """numba kernels for the byte loops of the row codec that numpy cannot vectorize.
 
-Each moves variable-length byte runs between row-oriented and columnar
-buffers; compiled once and cached on disk (``cache=True``).
+Encoding scatters packed fixed parts and variable-length runs into the row
+buffer. Decoding is one pass per schema version over the rows
+(:func:`gather_columns`: checks every row header against the layout,
+writes each fixed-width field straight into its own column buffer, copies
+the null bytes, commit timestamps and flags, and computes the offsets of
+every wanted variable-width column), then one copy per variable-width
+column (:func:`gather_var`). Compiled once and cached on disk
+(``cache=True``); ``nogil`` so scans decode in worker threads in parallel.
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
+
+# gather_columns status codes
+OK, OTHER_VERSION, PAST_END, BAD_LENGTH, NOT_CHAINED = 0, 1, 2, 3, 4
 
 
 @numba.njit(cache=True, nogil=True)
@@ -25,27 +34,124 @@ def scatter_runs(out, dst_start, src, src_start, lens):
         out[d : d + n] = src[s : s + n]
 
 
+@numba.njit(inline="always")
+def _u16(b, p):
+    return np.uint16(b[p]) | (np.uint16(b[p + 1]) << np.uint16(8))
+
+
+@numba.njit(inline="always")
+def _u32(b, p):
+    # byte loads with shifts: LLVM combines them into one unaligned load
+    return (np.int64(b[p]) | (np.int64(b[p + 1]) << 8) | (np.int64(b[p + 2]) << 16)
+            | (np.int64(b[p + 3]) << 24))
+
+
+@numba.njit(inline="always")
+def _u64(b, p):
+    lo = np.uint64(_u32(b, p))
+    hi = np.uint64(_u32(b, p + 4))
+    return lo | (hi << np.uint64(32))
+
+
 @numba.njit(cache=True, nogil=True)
-def gather_fixed(buf, starts, fixed_size, out):
-    """``out[i] = buf[starts[i] : starts[i] + fixed_size]`` for every row."""
+def header_u32(buf, starts, at, out):
+    """``out[i]`` = the u32 at byte ``at`` of the row at ``starts[i]`` (headers in bounds)."""
+    for i in range(starts.shape[0]):
+        out[i] = _u32(buf, starts[i] + at)
+
+
+@numba.njit(cache=True, nogil=True)
+def gather_columns(buf, starts, ver, row_size, vend_off, nvar, chain_end,
+                   fsrc, fwidth, fdst, out8, out16, out32, out64,
+                   nb, nulls, ts, flags, vsel, voffs):
+    """One pass over rows of schema version ``ver`` (docs/format/segment.md §1).
+
+    For each row: header in bounds, version equal to ``ver``, var ends
+    non-decreasing, ``row_len`` equal to the fixed size plus the var bytes
+    and inside ``buf``; with ``chain_end >= 0`` also that each row ends
+    where the next starts and the last at ``chain_end``. Then field k
+    (``fwidth[k]`` bytes at ``fsrc[k]`` within the row) goes to its column
+    buffer at byte ``fdst[k]`` (64-byte aligned) of ``out8`` (``out16``…
+    ``out64`` are views of the same memory); ``nb`` null bytes to
+    ``nulls[i]``; commit ts and flags; and for each wanted var column
+    ``vsel[k]`` the running offsets ``voffs[k]``.
+
+    Returns ``(status, row)``: ``(OK, n)`` or the first offending row.
+    """
+    n = starts.shape[0]
+    size = buf.shape[0]
+    nf = fsrc.shape[0]
+    nsel = vsel.shape[0]
+    for k in range(nsel):
+        voffs[k, 0] = 0
+    for i in range(n):
+        s = starts[i]
+        if s < 0 or s + row_size > size:
+            return PAST_END, i
+        if _u32(buf, s + 4) != ver:
+            return OTHER_VERSION, i
+        var_len = 0
+        for j in range(nvar):
+            e = _u32(buf, s + vend_off + 4 * j)
+            if e < var_len:
+                return BAD_LENGTH, i
+            var_len = e
+        ln = _u32(buf, s)
+        if ln != row_size + var_len or s + ln > size:
+            return BAD_LENGTH, i
+        if chain_end >= 0:
+            nxt = starts[i + 1] if i + 1 < n else chain_end
+            if s + ln != nxt:
+                return NOT_CHAINED, i
+        ts[i] = _u64(buf, s + 8)
+        flags[i] = buf[s + 16]
+        for q in range(nb):
+            nulls[i, q] = buf[s + 17 + q]
+        for k in range(nf):
+            w = fwidth[k]
+            src = s + fsrc[k]
+            if w == 8:
+                out64[fdst[k] // 8 + i] = _u64(buf, src)
+            elif w == 4:
+                out32[fdst[k] // 4 + i] = np.uint32(_u32(buf, src))
+            elif w == 2:
+                out16[fdst[k] // 2 + i] = _u16(buf, src)
+            elif w == 1:
+                out8[fdst[k] + i] = buf[src]
+            else:  # a multiple of 8 (uuid)
+                words = w // 8
+                at = fdst[k] // 8 + i * words
+                for q in range(words):
+                    out64[at + q] = _u64(buf, src + 8 * q)
+        for k in range(nsel):
+            j = vsel[k]
+            begin = _u32(buf, s + vend_off + 4 * (j - 1)) if j else 0
+            voffs[k, i + 1] = voffs[k, i] + _u32(buf, s + vend_off + 4 * j) - begin
+    return OK, n
+
+
+@numba.njit(cache=True, nogil=True)
+def gather_var(buf, starts, row_size, vend_off, j, offs, out):
+    """Concatenate var column ``j`` of every row into ``out`` at ``offs`` (from gather_columns)."""
     for i in range(starts.shape[0]):
         s = starts[i]
-        out[i] = buf[s : s + fixed_size]
-
-
-@numba.njit(cache=True, nogil=True)
-def gather_runs(buf, src_start, lens, out_offsets, out):
-    """Concatenate ``buf[src_start[i] : + lens[i]]`` into ``out`` at ``out_offsets[i]``."""
-    for i in range(src_start.shape[0]):
-        d, s, n = out_offsets[i], src_start[i], lens[i]
-        out[d : d + n] = buf[s : s + n]
+        begin = _u32(buf, s + vend_off + 4 * (j - 1)) if j else 0
+        d = offs[i]
+        m = offs[i + 1] - d
+        src = buf[s + row_size + begin : s + row_size + begin + m]
+        dst = out[d : d + m]
+        for q in range(m):  # a plain loop over two slices: vectorized, unlike slice assignment
+            dst[q] = src[q]
 
 
 def warm_up() -> None:
     """Compile (or load from cache) every kernel with the dtypes the codec uses."""
-    b = np.zeros(8, np.uint8)
+    b = np.zeros(64, np.uint8)
     i64 = np.zeros(1, np.int64)
     scatter_rows(b, i64, np.zeros((1, 1), np.uint8), 1)
     scatter_runs(b, i64, b, i64, i64)
-    gather_fixed(b, i64, 1, np.zeros((1, 1), np.uint8))
-    gather_runs(b, i64, i64, i64, b)
+    header_u32(b, i64, 4, np.zeros(1, np.uint32))
+    gather_columns(b, i64, 0, 17, 17, 0, -1, i64, i64, i64, b, b.view(np.uint16), b.view(np.uint32),
+                   b.view(np.uint64), 0, np.zeros((1, 0), np.uint8), np.zeros(1, np.uint64),
+                   np.zeros(1, np.uint8), i64[:0], np.zeros((0, 2), np.int64))
+    gather_var(b, i64, 17, 17, 0, np.zeros(2, np.int64), b)

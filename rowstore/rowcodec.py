@@ -190,6 +190,11 @@ class Decoded:
     schema_ver: np.ndarray  # uint32 per row
 
 
+_REASONS = {kernels.PAST_END: "row runs past the end of the data",
+            kernels.BAD_LENGTH: "row length disagrees with its fields",
+            kernels.NOT_CHAINED: "row does not end where the next one begins"}
+
+
 def decode_row_list(raws: list[bytes], schemas: Callable[[int], SchemaVersion], target: SchemaVersion,
                     where: str) -> Decoded:
     """Decode separately fetched rows (point gets) in one vectorized call."""
@@ -200,9 +205,8 @@ def decode_row_list(raws: list[bytes], schemas: Callable[[int], SchemaVersion], 
 
 
 def row_versions(buf: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """The schema version id of each row (vectorized 4-byte gather)."""
-    idx = starts[:, None] + np.arange(4, 8)
-    return buf[idx].view("<u4").ravel()
+    """The schema version id of each row."""
+    return _header_u32(buf, np.ascontiguousarray(starts, np.int64), 4, "rows", 0)
 
 
 def decode_rows(buf: np.ndarray, starts: np.ndarray, schemas: Callable[[int], SchemaVersion],
@@ -212,115 +216,187 @@ def decode_rows(buf: np.ndarray, starts: np.ndarray, schemas: Callable[[int], Sc
     Columns are matched by id: a column the row's version lacks is null, a
     column the target lacks is skipped.
     """
+    return _decode(buf, starts, schemas, target, where, -1, 0)
+
+
+def decode_run(buf: np.ndarray, starts: np.ndarray, schemas: Callable[[int], SchemaVersion],
+               target: SchemaVersion, where: str, base: int = 0) -> Decoded:
+    """Like :func:`decode_rows` for rows that fill ``buf`` back to back (a scan's run): also
+    checks that every row ends where the next begins and the last at the end of ``buf``.
+    Error offsets are ``base`` + the offset in ``buf``."""
     buf = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf
-    starts = np.asarray(starts, np.int64)
+    return _decode(buf, starts, schemas, target, where, buf.shape[0], base)
+
+
+def _decode(buf, starts, schemas, target: SchemaVersion, where: str, chain_end: int, base: int) -> Decoded:
+    buf = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf
+    starts = np.ascontiguousarray(starts, np.int64)
     n = starts.shape[0]
-    if n and (starts.min() < 0 or starts.max() + HEADER.itemsize > buf.shape[0]):
-        raise RowCorruptionError(where, int(starts.max()), "row header past the end of the data")
-    vers = row_versions(buf, starts) if n else np.zeros(0, np.uint32)
+    if n == 0:
+        empty = pa.RecordBatch.from_arrays([pa.array([], c.type.arrow()) for c in target.columns],
+                                           schema=_arrow(target))
+        return Decoded(empty, np.zeros(0, np.uint64), np.zeros(0, bool), np.zeros(0, np.uint32))
+    if starts.min() < 0 or starts.max() + HEADER.itemsize > buf.shape[0]:
+        raise RowCorruptionError(where, base + int(starts.max()), "row header past the end of the data")
+    first = int(buf[starts[0] + 4 : starts[0] + 8].view("<u4")[0])
+    one = _decode_version(buf, starts, first, schemas(first), target, where, chain_end, base)
+    if one is not None:  # the common case: every row has the same version, one pass
+        return one
+    vers = _header_u32(buf, starts, 4, where, base)
+    if chain_end >= 0:
+        ends = starts + _header_u32(buf, starts, 0, where, base)
+        bad = ends != np.append(starts[1:], chain_end)
+        if bad.any():
+            raise RowCorruptionError(where, base + int(starts[np.argmax(bad)]), _REASONS[kernels.NOT_CHAINED])
     parts, order = [], []
     for v in np.unique(vers):
         sel = np.nonzero(vers == v)[0]
-        parts.append(_decode_version(buf, starts[sel], schemas(int(v)), target, where))
+        parts.append(_decode_version(buf, starts[sel], int(v), schemas(int(v)), target, where, -1, base))
         order.append(sel)
-    if not parts:
-        empty = pa.RecordBatch.from_arrays([pa.array([], c.type.arrow()) for c in target.columns],
-                                           schema=target.arrow())
-        return Decoded(empty, np.zeros(0, np.uint64), np.zeros(0, bool), vers)
-    if len(parts) == 1:
-        b, ts, de = parts[0]
-        return Decoded(b, ts, de, vers)
     perm = np.argsort(np.concatenate(order), kind="stable")
-    table = pa.Table.from_batches([p[0] for p in parts]).take(pa.array(perm))
-    return Decoded(table.combine_chunks().to_batches()[0], np.concatenate([p[1] for p in parts])[perm],
-                   np.concatenate([p[2] for p in parts])[perm], vers)
+    table = pa.Table.from_batches([p.batch for p in parts]).take(pa.array(perm))
+    return Decoded(table.combine_chunks().to_batches()[0], np.concatenate([p.commit_ts for p in parts])[perm],
+                   np.concatenate([p.deleted for p in parts])[perm], vers)
 
 
-def _decode_version(buf, starts, schema: SchemaVersion, target: SchemaVersion, where: str):
+def _header_u32(buf, starts, at: int, where: str, base: int) -> np.ndarray:
+    if starts.shape[0] and (starts.min() < 0 or starts.max() + HEADER.itemsize > buf.shape[0]):
+        raise RowCorruptionError(where, base + int(starts.max()), "row header past the end of the data")
+    out = np.empty(starts.shape[0], np.uint32)
+    kernels.header_u32(buf, starts, at, out)
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _arrow(schema: SchemaVersion) -> pa.Schema:
+    return schema.arrow()
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How rows of one schema version become the columns of a target version."""
+
+    lay: Layout
+    vend_off: int  # offset of the var ends within a row
+    fsrc: np.ndarray  # per field: offset within the row
+    fwidth: np.ndarray  # per field: bytes
+    vsel: np.ndarray  # per wanted var column: its index among the version's var columns
+    cols: tuple  # per target column: (column, position in the version or -1, field indexes, var slot or -1)
+
+
+def _field_parts(t) -> list[tuple[int, int]]:
+    """(offset, width) of the separately gathered parts of a fixed-width value: struct
+    children become their own contiguous arrays."""
+    if t.kind == Kind.POINT:
+        return [(0, 8), (8, 8)]
+    if t.kind == Kind.BOX:
+        return [(0, 8), (8, 8), (16, 8), (24, 8)]
+    if t.kind == Kind.RANGE:
+        return [(0, 8), (8, 8), (16, 1)]
+    return [(0, np.dtype(t.storage()).itemsize)]
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(schema: SchemaVersion, target: SchemaVersion) -> _Plan:
     lay = layout(schema)
-    n = starts.shape[0]
-    if starts.max() + lay.size > buf.shape[0]:
-        raise RowCorruptionError(where, int(starts.max()), "row runs past the end of the data")
-    raw = np.empty((n, lay.size), np.uint8)
-    kernels.gather_fixed(buf, starts, lay.size, raw)
-    fx = raw.view(lay.dtype).ravel()
-    _check_lengths(fx, lay, starts, buf.shape[0], where)
-    pos = {c.id: i for i, c in enumerate(schema.columns)}
-    var_idx = {c.id: j for j, c in enumerate(lay.var)}
-    arrays = []
+    fsrc, fwidth, vsel, cols = [], [], [], []
     for col in target.columns:
         src = schema.by_id(col.id)
         if src is None or str(src.type) != str(col.type):
+            cols.append((col, -1, (), -1))
+        elif col.type.variable:
+            cols.append((col, schema.columns.index(src), (), len(vsel)))
+            vsel.append(lay.var.index(src))
+        else:
+            at = lay.dtype.fields[f"c{col.id}"][1]
+            idx = []
+            for rel, width in _field_parts(col.type):
+                idx.append(len(fsrc))
+                fsrc.append(at + rel)
+                fwidth.append(width)
+            cols.append((col, schema.columns.index(src), tuple(idx), -1))
+    vend_off = lay.dtype.fields["vend"][1] if lay.var else lay.size
+    return _Plan(lay, vend_off, np.array(fsrc, np.int64), np.array(fwidth, np.int64),
+                 np.array(vsel, np.int64), tuple(cols))
+
+
+def _decode_version(buf, starts, ver: int, schema: SchemaVersion, target: SchemaVersion, where: str,
+                    chain_end: int, base: int) -> Decoded | None:
+    """One kernel pass; None if some row has another version than ``ver``."""
+    plan = _plan(schema, target)
+    n = starts.shape[0]
+    nb = (len(schema.columns) + 7) // 8
+    sizes = -(-(plan.fwidth * n) // 64) * 64  # each column buffer 64-byte aligned
+    fdst = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=fdst[1:])
+    out8 = np.empty(max(int(sizes.sum()), 64), np.uint8)
+    nulls = np.empty((n, nb), np.uint8)
+    ts, flags = np.empty(n, np.uint64), np.empty(n, np.uint8)
+    voffs = np.empty((len(plan.vsel), n + 1), np.int64)
+    status, i = kernels.gather_columns(
+        buf, starts, ver, plan.lay.size, plan.vend_off, len(plan.lay.var), chain_end, plan.fsrc, plan.fwidth,
+        fdst, out8, out8.view(np.uint16), out8.view(np.uint32), out8.view(np.uint64), nb, nulls, ts, flags,
+        plan.vsel, voffs)
+    if status == kernels.OTHER_VERSION:
+        return None
+    if status != kernels.OK:
+        raise RowCorruptionError(where, base + int(starts[i]), _REASONS[status])
+    any_null = np.bitwise_or.reduce(nulls, axis=0)
+    fields = [out8[d : d + w * n] for d, w in zip(fdst.tolist(), plan.fwidth.tolist())]
+    arrays = []
+    for col, pos, idx, slot in plan.cols:
+        if pos < 0:
             arrays.append(pa.nulls(n, col.type.arrow()))
             continue
-        i = pos[col.id]
-        null = (fx["nulls"][:, i // 8] >> (i % 8)) & 1 == 1
-        if col.type.variable:
-            arrays.append(_var_array(buf, starts, fx, lay, var_idx[col.id], col, null))
+        valid = None
+        if (any_null[pos // 8] >> (pos % 8)) & 1:
+            valid = _bits(((nulls[:, pos // 8] >> (pos % 8)) & 1) == 0)
+        if slot >= 0:
+            arrays.append(_var_array(buf, starts, plan, slot, voffs[slot], col, valid))
         else:
-            arrays.append(_fixed_array(fx[f"c{col.id}"], col, null))
-    batch = pa.RecordBatch.from_arrays(arrays, schema=target.arrow())
-    return batch, fx["ts"].copy(), (fx["flags"] & DELETED) != 0
+            arrays.append(_fixed_array(col, [fields[k] for k in idx], n, valid))
+    batch = pa.RecordBatch.from_arrays(arrays, schema=_arrow(target))
+    return Decoded(batch, ts, (flags & DELETED) != 0, np.full(n, ver, np.uint32))
 
 
-def _check_lengths(fx, lay: Layout, starts, size: int, where: str) -> None:
-    lens = fx["len"].astype(np.int64)
-    var_end = fx["vend"][:, -1].astype(np.int64) if lay.var else 0
-    bad = (lens != lay.size + var_end) | (starts + lens > size)
-    if lay.var and lay.var.__len__() > 1:
-        bad |= np.any(np.diff(fx["vend"].astype(np.int64), axis=1) < 0, axis=1)
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise RowCorruptionError(where, int(starts[i]), "row length disagrees with its fields")
-
-
-def _validity(null: np.ndarray):
-    if not null.any():
+def _bits(mask: np.ndarray):
+    """An Arrow bitmap buffer from a bool array (None when every bit is set)."""
+    if mask.all():
         return None
-    return pa.py_buffer(np.packbits(~null, bitorder="little"))
+    return pa.py_buffer(np.packbits(mask, bitorder="little"))
 
 
-def _fixed_array(vals, col: Column, null: np.ndarray) -> pa.Array:
+def _fixed_array(col: Column, parts: list[np.ndarray], n: int, valid) -> pa.Array:
     k, t = col.type.kind, col.type.arrow()
-    mask = pa.array(null) if null.any() else None
     if k == Kind.BOOL:
-        return pa.array(vals.astype(bool), type=t, mask=null if null.any() else None)
-    if k == Kind.TIMESTAMP:
-        return pa.array(vals.astype(np.int64), pa.int64(), mask=null if null.any() else None).cast(t)
-    if k == Kind.DATE:
-        return pa.array(vals.astype(np.int32), pa.int32(), mask=null if null.any() else None).cast(t)
-    if k == Kind.UUID:
-        data = pa.py_buffer(np.ascontiguousarray(vals).tobytes())
-        return pa.Array.from_buffers(t, len(vals), [_validity(null), data])
+        return pa.Array.from_buffers(t, n, [valid, pa.py_buffer(np.packbits(parts[0], bitorder="little"))])
     if k in (Kind.POINT, Kind.BOX):
-        names = ("x", "y") if k == Kind.POINT else ("xmin", "ymin", "xmax", "ymax")
-        kids = [pa.array(np.ascontiguousarray(vals[:, j])) for j in range(len(names))]
-        return pa.StructArray.from_arrays(kids, names=names, mask=mask)
+        kids = [pa.Array.from_buffers(pa.float64(), n, [None, pa.py_buffer(p)]) for p in parts]
+        return pa.Array.from_buffers(t, n, [valid], children=kids)
     if k == Kind.RANGE:
-        return _range_array(vals, col, null, mask)
-    return pa.array(vals, type=t, mask=null if null.any() else None)
+        return _range_array(col, parts, n, valid)
+    return pa.Array.from_buffers(t, n, [valid, pa.py_buffer(parts[0])])
 
 
-def _range_array(vals, col: Column, null: np.ndarray, mask) -> pa.Array:
+def _range_array(col: Column, parts: list[np.ndarray], n: int, valid) -> pa.Array:
     t = col.type.arrow()
     elem = t.field("lower").type
-    f = vals["f"]
-    base = pa.float64() if col.type.elem == Kind.FLOAT64 else pa.int64()
-    lo = pa.array(vals["lo"], base, mask=(f & LOWER_UNB) != 0).cast(elem)
-    hi = pa.array(vals["hi"], base, mask=(f & UPPER_UNB) != 0).cast(elem)
-    kids = [lo, hi, pa.array((f & LOWER_INC) != 0), pa.array((f & UPPER_INC) != 0)]
-    return pa.StructArray.from_arrays(kids, fields=list(t), mask=mask)
+    lo, hi, f = parts
+    kids = [pa.Array.from_buffers(elem, n, [_bits((f & LOWER_UNB) == 0), pa.py_buffer(lo)]),
+            pa.Array.from_buffers(elem, n, [_bits((f & UPPER_UNB) == 0), pa.py_buffer(hi)]),
+            pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits((f & LOWER_INC) != 0,
+                                                                               bitorder="little"))]),
+            pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits((f & UPPER_INC) != 0,
+                                                                               bitorder="little"))])]
+    return pa.Array.from_buffers(t, n, [valid], children=kids)
 
 
-def _var_array(buf, starts, fx, lay: Layout, j: int, col: Column, null: np.ndarray) -> pa.Array:
-    ends = fx["vend"].astype(np.int64)
-    begin = ends[:, j - 1] if j else np.zeros(len(starts), np.int64)
-    lens = ends[:, j] - begin
-    offsets = np.zeros(len(starts) + 1, np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    data = np.empty(int(offsets[-1]), np.uint8)
-    kernels.gather_runs(buf, starts + lay.size + begin, lens, offsets[:-1], data)
-    big = pa.large_string() if col.type.kind != Kind.BINARY else pa.large_binary()
-    arr = pa.Array.from_buffers(big, len(starts), [_validity(null), pa.py_buffer(offsets),
-                                                   pa.py_buffer(data)])
-    return arr.cast(col.type.arrow())
+def _var_array(buf, starts, plan: _Plan, slot: int, offs: np.ndarray, col: Column, valid) -> pa.Array:
+    n = starts.shape[0]
+    data = np.empty(int(offs[-1]), np.uint8)
+    kernels.gather_var(buf, starts, plan.lay.size, plan.vend_off, int(plan.vsel[slot]), offs, data)
+    t = col.type.arrow()
+    if offs[-1] < 2**31:
+        return pa.Array.from_buffers(t, n, [valid, pa.py_buffer(offs.astype(np.int32)), pa.py_buffer(data)])
+    big = pa.large_binary() if col.type.kind == Kind.BINARY else pa.large_string()
+    return pa.Array.from_buffers(big, n, [valid, pa.py_buffer(offs), pa.py_buffer(data)]).cast(t)

@@ -9,8 +9,10 @@ pages on the path to a row, and the row — nothing else.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import struct
 from bisect import bisect_right
+from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
@@ -20,7 +22,7 @@ from crc32c import crc32c
 
 from rowstore.errors import RowCorruptionError
 from rowstore.memtable import encode_keys
-from rowstore.rowcodec import Decoded, decode_row_list, decode_rows
+from rowstore.rowcodec import Decoded, decode_row_list, decode_rows, decode_run
 from rowstore.schema import SchemaVersion
 from terrafs.sealed import SealedFile
 
@@ -30,7 +32,8 @@ PAGE = 4096
 LEAF_CAP = (PAGE - 8) // 4  # 1022 offsets
 NODE_CAP = (PAGE - 4) // 8  # 511 children
 KEY_PREFIX = 24
-_SCAN_DECODE = 4 << 20  # bytes of rows per decode call in a scan
+_SCAN_RUN = 2 << 20  # bytes of whole rows fetched and decoded as one unit of a scan
+_SCAN_AHEAD = 2  # runs in flight at once (one per core here)
 MAX_VERSIONS = 8
 FOOTER = struct.Struct("<8sHHIQQQQIQQI8IH24sH24sI28sI")
 FOOTER_LEN = FOOTER.size  # 192
@@ -226,29 +229,76 @@ class SealedSegment:
         raws = [await self.get_raw(int(i)) for i in np.atleast_1d(localids)]
         return decode_row_list(raws, schemas, target, self.where)
 
-    async def scan(self, schemas, target: SchemaVersion) -> AsyncIterator[Decoded]:
-        """Every row in localid order, as decoded batches, reading the row section sequentially.
+    async def row_offsets(self) -> np.ndarray:
+        """Every row's offset, from the leaf level of the tree (one ranged read of the index
+        section, checked against the footer's ``index_crc``; leaves dense and in order)."""
+        f = self.footer
+        at = f.rows_len
+        index = np.frombuffer(await self.sf.read_uncached(at, self.sf.size - FOOTER_LEN - at), np.uint8)
+        if index.shape[0] != self.sf.size - FOOTER_LEN - at or crc32c(index) != f.index_crc:
+            raise RowCorruptionError(self.where, at, "index pages do not match the footer's index_crc")
+        return _leaf_level(index, f.rows, f.rows_len, self.where, at)
 
-        Blocks are gathered into ~4 MiB runs before decoding: a decode call has
-        a fixed cost that one 32 KiB block would not amortize.
+    async def scan(self, schemas, target: SchemaVersion) -> AsyncIterator[Decoded]:
+        """Every row in localid order, as decoded batches.
+
+        The leaf level gives every row's offset, so the row section splits into
+        runs of whole rows (~``_SCAN_RUN`` bytes) that are independent: up to
+        ``_SCAN_AHEAD`` runs are fetched, decompressed and decoded at once in
+        worker threads (zstd and the decode kernels release the GIL), and
+        yielded in order. Each run's rows must chain exactly through it.
         """
-        pieces, have, carry, base = [], 0, np.zeros(0, np.uint8), 0
-        async for off, data in self.sf.scan(0):
-            piece = np.frombuffer(data, np.uint8)[: max(self.footer.rows_len - off, 0)]
-            if piece.shape[0]:
-                pieces.append(piece)
-                have += piece.shape[0]
-            last = off + len(data) >= self.footer.rows_len
-            if have >= _SCAN_DECODE or (last and pieces):
-                buf = np.concatenate([carry, *pieces])
-                pieces, have = [], 0
-                starts, consumed = walk_rows(buf, buf.shape[0])
-                if consumed < 0:
-                    raise RowCorruptionError(self.where, base - consumed - 1, "row length below the header size")
-                if len(starts):
-                    yield await asyncio.to_thread(decode_rows, buf, starts, schemas, target, self.where)
-                carry, base = buf[consumed:], base + consumed
-            if last:
-                break
-        if carry.shape[0]:
-            raise RowCorruptionError(self.where, base, "a row runs past the row section")
+        offsets = await self.row_offsets()
+        rows_len = self.footer.rows_len
+        if offsets.shape[0] == 0:
+            return
+        cuts = np.unique(np.searchsorted(offsets, np.arange(0, rows_len, _SCAN_RUN)))
+        runs = iter(zip(cuts.tolist(), cuts[1:].tolist() + [offsets.shape[0]]))
+
+        async def run(a: int, b: int) -> Decoded:
+            lo = int(offsets[a])
+            hi = int(offsets[b]) if b < offsets.shape[0] else rows_len
+            data = await self.sf.read_uncached(lo, hi - lo)
+            if len(data) != hi - lo:
+                raise RowCorruptionError(self.where, lo, "row section shorter than the footer says")
+            return await asyncio.to_thread(decode_run, np.frombuffer(data, np.uint8), offsets[a:b] - lo,
+                                           schemas, target, self.where, lo)
+
+        ahead: deque[asyncio.Future] = deque()
+        try:
+            for a, b in itertools.islice(runs, _SCAN_AHEAD):
+                ahead.append(asyncio.ensure_future(run(a, b)))
+            while ahead:
+                done = await ahead.popleft()
+                nxt = next(runs, None)
+                if nxt is not None:
+                    ahead.append(asyncio.ensure_future(run(*nxt)))
+                yield done
+        finally:
+            for fut in ahead:  # the consumer stopped early, or a run failed
+                fut.cancel()
+                fut.add_done_callback(_consume)
+
+
+def _consume(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()  # retrieved, so a failure after an early stop is not logged as unhandled
+
+
+def _leaf_level(index: np.ndarray, rows: int, rows_len: int, where: str, at: int) -> np.ndarray:
+    """Row offsets from leaf pages packed back to back at the start of the index section."""
+    words = index[: index.shape[0] // 4 * 4].view("<u4")
+    parts, pos, expect = [], 0, 0
+    while expect < rows or not parts:
+        if pos + 2 > words.shape[0]:
+            raise RowCorruptionError(where, at + 4 * pos, "leaf level ends before the footer's row count")
+        first, count = int(words[pos]), int(words[pos + 1])
+        if first != expect or count > LEAF_CAP or pos + 2 + count > words.shape[0] or (count == 0 and rows):
+            raise RowCorruptionError(where, at + 4 * pos, f"leaf page at localid {first} (expected {expect}) "
+                                                          f"holding {count} rows is inconsistent")
+        parts.append(words[pos + 2 : pos + 2 + count])
+        pos, expect = pos + 2 + count, expect + count
+    offs = np.concatenate(parts).astype(np.int64)
+    if expect != rows or (rows and (offs[0] != 0 or np.any(np.diff(offs) <= 0) or offs[-1] >= rows_len)):
+        raise RowCorruptionError(where, at, "row offsets in the leaf pages are not increasing inside the row section")
+    return offs

@@ -258,6 +258,33 @@ class SealedFile:
                     yield lo + cut, data[cut:]
             i = j + 1
 
+    async def read_uncached(self, offset: int, length: int) -> memoryview:
+        """Logical bytes ``[offset, offset + length)`` (short at the end) for sequential scans:
+        one ranged read of the blocks they touch, each verified and decoded in a worker thread
+        into one writable buffer; the cache is neither read nor filled."""
+        end = min(offset + length, self.size)
+        if offset >= end:
+            return memoryview(bytearray())
+        first = bisect_right(self._starts, offset) - 1
+        last = bisect_right(self._starts, end - 1) - 1
+        start = int(self._blocks["physical"][first])
+        stop = int(self._blocks["physical"][last]) + int(self._blocks["rec"][last])
+        raw = await self._store.get_range(self.key, start, stop - start)
+        if len(raw) != stop - start:
+            raise CorruptionError(self.where, start, "object shorter than its block map says")
+        return await asyncio.to_thread(self._decode_into, raw, start, first, last, offset, end)
+
+    def _decode_into(self, raw: bytes, base: int, first: int, last: int, offset: int, end: int) -> memoryview:
+        out = memoryview(np.empty(end - offset, np.uint8)).cast("B")
+        raw = memoryview(raw)
+        for k in range(first, last + 1):
+            a = int(self._blocks["physical"][k]) - base
+            data = memoryview(self._decode(raw[a : a + int(self._blocks["rec"][k])], k))
+            lo = int(self._logical[k])
+            take_lo, take_hi = max(offset - lo, 0), min(end - lo, len(data))
+            out[lo + take_lo - offset : lo + take_hi - offset] = data[take_lo:take_hi]
+        return out
+
     def _decode_many(self, raw: bytes, base: int, i: int, j: int) -> list[bytes]:
         out = []
         for k in range(i, j + 1):

@@ -128,3 +128,45 @@ def test_uuid_and_empty():
     assert decode_rows(enc.buf, enc.starts, lambda v: s, s).batch.to_pylist() == [{"id": u, "v": 5}]
     empty = encode_rows(b.slice(0, 0), s, 3)
     assert decode_rows(empty.buf, empty.starts, lambda v: s, s).batch.num_rows == 0
+
+
+def test_decode_run_checks_rows_chain_and_names_offsets():
+    from rowstore.rowcodec import decode_run
+
+    v1 = parse_schema("id int64 primary key, name string")
+    v2 = v1.add_column("x", "float64")
+    e1 = encode_rows(pa.record_batch({"id": [1, 2], "name": ["a", "bb"]}), v1, 5)
+    e2 = encode_rows(pa.record_batch({"id": [3], "name": ["ccc"], "x": [1.5]}, schema=v2.arrow()), v2, 6)
+    buf = np.concatenate([e1.buf, e2.buf])
+    starts = np.concatenate([e1.starts, e2.starts + e1.nbytes])
+    got = decode_run(buf, starts, {1: v1, 2: v2}.__getitem__, v2, "seg", base=1000)
+    assert got.batch.to_pylist() == [{"id": 1, "name": "a", "x": None}, {"id": 2, "name": "bb", "x": None},
+                                     {"id": 3, "name": "ccc", "x": 1.5}]
+    assert got.commit_ts.tolist() == [5, 5, 6] and got.schema_ver.tolist() == [1, 1, 2]
+    for schemas, cut in (({1: v1}, e1.nbytes), ({1: v1, 2: v2}, len(buf))):
+        extra = np.concatenate([buf[:cut], np.zeros(3, np.uint8)])  # 3 stray bytes after the last row
+        with pytest.raises(RowCorruptionError, match="does not end where") as ei:
+            decode_run(extra, starts[: 2 if cut == e1.nbytes else 3], schemas.__getitem__, v1, "seg", base=1000)
+        assert ei.value.where == "seg" and ei.value.offset >= 1000
+    with pytest.raises(RowCorruptionError, match="header past the end"):
+        decode_rows(buf, np.array([len(buf) - 4]), lambda v: v1, v1)
+
+
+def test_decode_projects_every_type_into_other_versions():
+    """Dropped, renamed and added columns of every type, decoded from one version into another."""
+    s = SCHEMA
+    t = s
+    for name in ("b", "k", "q", "s", "o"):
+        t = t.drop_column(name)
+    t = t.rename_column("i", "i2").add_column("k", "string").add_column("z", "range<float64>")
+    row = {"id": 1, "a": 2, "b": 3, "c": None, "d": 4, "e": 5, "f": 6, "g": 7, "h": 1.5, "i": 2.5, "j": True,
+           "k": "kk", "l": b"ll", "m": dt.datetime(2020, 1, 2, tzinfo=dt.timezone.utc), "n": dt.date(2021, 3, 4),
+           "o": b"u" * 16, "p": '{"v": 1}', "q": {"x": 1.0, "y": 2.0}, "r": None,
+           "s": {"lower": None, "upper": 5, "lower_inclusive": False, "upper_inclusive": True},
+           "t": None, "u": None}
+    table = pa.Table.from_pylist([row, dict(row, id=2, j=None, k=None)], schema=s.arrow())
+    enc = encode_rows(table, s, 9)
+    got = decode_rows(enc.buf, enc.starts, lambda v: s, t).batch.to_pylist()
+    keep = {k: v for k, v in row.items() if k not in ("b", "k", "q", "s", "o", "i")}
+    assert got[0] == dict(keep, i2=2.5, k=None, z=None)
+    assert got[1] == dict(keep, id=2, j=None, i2=2.5, k=None, z=None)

@@ -9,7 +9,7 @@ from catalog.memory import MemoryCatalog
 from rowstore.active_segment import ActiveSegment, split_rowids
 from rowstore.errors import RowCorruptionError
 from rowstore.schema import SchemaVersion, parse_schema
-from rowstore.sealed_segment import FOOTER_LEN, LEAF_CAP, SealedSegment, sealed_bytes
+from rowstore.sealed_segment import FOOTER_LEN, LEAF_CAP, Footer, SealedSegment, sealed_bytes
 from rowstore.wal import Kind, U64
 from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
@@ -133,3 +133,116 @@ async def test_footer_min_max_keys_for_string_and_int_keys():
         raw = b"".join([c async for c in sealed_bytes(4, seg.batches(), lambda v: s, keys_schema)])
         f = Footer.unpack(raw[-FOOTER_LEN:], "t", 0)
         assert (f.min_key, f.max_key) == (lo, hi)
+
+
+async def _offloaded(w, n, segid=11, deleted_every=0):
+    """An offloaded segment of ``n`` rows in batches of 300, alternating versions S1/S2."""
+    af = await w.fs.create()
+    seg = ActiveSegment(segid, af, af.where)
+    for lo in range(0, n, 300):
+        hi, s = min(lo + 300, n), S1 if (lo // 300) % 2 == 0 else S2
+        dels = (np.arange(lo, hi) % deleted_every == 0) if deleted_every else None
+        await seg.append(batch(lo, hi, s), s, 1000 + lo, dels)
+    await w.fs.seal(af.inode)
+    rec = await w.fs.offload(af.inode, sealed_bytes(segid, seg.batches(), SCHEMAS.__getitem__, KEYS))
+    return await SealedSegment.open(await w.fs.open_sealed(rec.inode))
+
+
+async def test_scan_in_runs_equals_point_gets(monkeypatch):
+    import rowstore.sealed_segment as ss
+
+    monkeypatch.setattr(ss, "_SCAN_RUN", 5000)  # many runs, several in flight, rows cut across blocks
+    monkeypatch.setattr(ss, "_SCAN_AHEAD", 3)
+    w = await new_world()
+    n = 4 * LEAF_CAP + 3
+    sseg = await _offloaded(w, n, deleted_every=7)
+    scanned = [d async for d in sseg.scan(SCHEMAS.__getitem__, S2)]
+    assert len(scanned) > 5
+    got = pa.Table.from_batches([d.batch for d in scanned])
+    want = await sseg.get(np.arange(n), SCHEMAS.__getitem__, S2)
+    assert got.to_pylist() == want.batch.to_pylist()
+    assert got.column("id").to_pylist() == list(range(n))
+    ts = np.concatenate([d.commit_ts for d in scanned])
+    assert ts.tolist() == want.commit_ts.tolist() == [1000 + i // 300 * 300 for i in range(n)]
+    assert np.concatenate([d.deleted for d in scanned]).tolist() == [i % 7 == 0 for i in range(n)]
+    assert np.concatenate([d.schema_ver for d in scanned]).tolist() == [1 + (i // 300) % 2 for i in range(n)]
+
+
+async def test_scan_stopped_early_leaves_nothing_running(monkeypatch):
+    import rowstore.sealed_segment as ss
+
+    monkeypatch.setattr(ss, "_SCAN_RUN", 2000)
+    w = await new_world()
+    sseg = await _offloaded(w, 3000)
+    it = sseg.scan(SCHEMAS.__getitem__, S1)
+    first = await it.__anext__()
+    assert first.batch.column("id").to_pylist()[0] == 0
+    await it.aclose()
+    await asyncio.sleep(0.05)
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert all(t.done() for t in others)
+
+
+def _reindex(raw: bytes, at: int, value: int, fix_crc: bool) -> bytes:
+    """``raw`` (a sealed segment) with the u32 at ``at`` replaced; optionally the footer's
+    index_crc (and footer crc) recomputed so that only the tree's own invariants can tell."""
+    from crc32c import crc32c
+
+    from rowstore.sealed_segment import FOOTER
+
+    out = bytearray(raw)
+    out[at : at + 4] = value.to_bytes(4, "little")
+    if fix_crc:
+        f = list(FOOTER.unpack(bytes(out[-FOOTER_LEN:])))
+        f[24] = crc32c(bytes(out[f[6] : len(out) - FOOTER_LEN]))  # index pages: rows_len .. footer
+        body = FOOTER.pack(*f)
+        out[-FOOTER_LEN:] = body[:-4] + crc32c(body[:-4]).to_bytes(4, "little")
+    return bytes(out)
+
+
+@pytest.mark.parametrize("fix_crc,msg", [(False, "index_crc"), (True, "leaf page")])
+async def test_damaged_leaf_level_is_named(fix_crc, msg):
+    w = await new_world()
+    af = await w.fs.create()
+    seg = ActiveSegment(3, af, af.where)
+    await seg.append(batch(0, 2 * LEAF_CAP + 5), S1, 7)
+    await w.fs.seal(af.inode)
+    raw = b"".join([c async for c in sealed_bytes(3, seg.batches(), SCHEMAS.__getitem__, KEYS)])
+    f = Footer.unpack(raw[-FOOTER_LEN:], "t", 0)
+    second_leaf = f.rows_len + 8 + 4 * LEAF_CAP
+    bad = _reindex(raw, second_leaf, LEAF_CAP + 1, fix_crc)  # the second leaf's first localid
+
+    async def gen():
+        yield bad
+
+    rec = await w.fs.create_sealed(gen())
+    sseg = await SealedSegment.open(await w.fs.open_sealed(rec.inode))
+    with pytest.raises(RowCorruptionError, match=msg) as ei:
+        async for _ in sseg.scan(SCHEMAS.__getitem__, S1):
+            pass
+    assert ei.value.where == sseg.where and ei.value.offset is not None
+
+
+async def test_row_offsets_that_do_not_chain_are_named():
+    """A leaf offset moved inside the row section (index crc kept valid): the run's rows no
+    longer chain and the scan names the row, instead of serving shifted bytes."""
+    w = await new_world()
+    af = await w.fs.create()
+    seg = ActiveSegment(3, af, af.where)
+    await seg.append(batch(0, 100), S1, 7)
+    await w.fs.seal(af.inode)
+    raw = b"".join([c async for c in sealed_bytes(3, seg.batches(), SCHEMAS.__getitem__, KEYS)])
+    f = Footer.unpack(raw[-FOOTER_LEN:], "t", 0)
+    at = f.rows_len + 8 + 4 * 50  # offset of localid 50
+    old = int.from_bytes(raw[at : at + 4], "little")
+    bad = _reindex(raw, at, old + 1, fix_crc=True)
+
+    async def gen():
+        yield bad
+
+    rec = await w.fs.create_sealed(gen())
+    sseg = await SealedSegment.open(await w.fs.open_sealed(rec.inode))
+    with pytest.raises(RowCorruptionError) as ei:
+        async for _ in sseg.scan(SCHEMAS.__getitem__, S1):
+            pass
+    assert ei.value.offset is not None and ei.value.where == sseg.where

@@ -1,0 +1,54 @@
+"""SealedFile.read_uncached: the sequential-scan read path (one ranged read, verified, no cache)."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from terrafs.blocks import Codec
+from terrafs.cache import BlockCache
+from terrafs.crypto import KeyEncryptionKey
+from terrafs.errors import CorruptionError
+from terrafs.faults import FaultyObjectStore
+from terrafs.sealed import SealedFile
+from tests.terrafs.test_sealed import build, sample
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.binary(max_size=20_000), codec=st.sampled_from(list(Codec)), bs=st.sampled_from([512, 4096]),
+       reads=st.lists(st.tuples(st.integers(0, 21_000), st.integers(0, 9000)), max_size=8))
+async def test_equals_read_and_leaves_the_cache_alone(data, codec, bs, reads):
+    store, size = await build(data, codec=codec, block_size=bs)
+    cache = BlockCache(1 << 20)
+    sf = await SealedFile.open(store, "obj", object_size=size, cache=cache)
+    for off, n in reads:
+        assert bytes(await sf.read_uncached(off, n)) == data[off : off + n]
+    assert cache.stats == {"mem_hits": 0, "disk_hits": 0, "misses": 0, "disk_bad": 0}
+    assert len(cache._mem) == 0
+
+
+async def test_one_ranged_read_and_encrypted_blocks():
+    kek = KeyEncryptionKey(b"k" * 32)
+    data = sample(100_000)
+    store, size = await build(data, block_size=4096, kek=kek)
+    counted = FaultyObjectStore(store)
+    sf = await SealedFile.open(counted, "obj", object_size=size, kek=kek)
+    before = counted.plan.counts["get"]
+    assert bytes(await sf.read_uncached(5_000, 60_000)) == data[5_000:65_000]
+    assert counted.plan.counts["get"] == before + 1
+
+
+@pytest.mark.parametrize("codec", list(Codec))
+async def test_flipped_byte_is_never_returned(codec):
+    data = sample(60_000)
+    store, size = await build(data, codec=codec, block_size=4096)
+    raw = bytearray(await store.get("obj"))
+    for pos in range(0, size - 200, 997):  # every part of every block record in the data section
+        bad = bytearray(raw)
+        bad[pos] ^= 0x10
+        await store.put("obj", bytes(bad))
+        try:
+            sf = await SealedFile.open(store, "obj", object_size=size)
+        except CorruptionError:
+            continue  # the damage hit the map or the footer
+        with pytest.raises(CorruptionError) as ei:
+            await sf.read_uncached(0, len(data))
+        assert ei.value.where.endswith("obj") and ei.value.offset is not None
