@@ -159,7 +159,8 @@ class RaftCatalog(Catalog):
 
     # -- submitting entries --------------------------------------------------------------------
 
-    async def _attempt(self, send, timeout: float):
+    def _submit(self, send) -> asyncio.Future:
+        """Hand one attempt to the tick thread; the future gets (result, FAIL_REASON)."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
 
@@ -173,38 +174,57 @@ class RaftCatalog(Catalog):
                 pass
 
         send(done)
+        return fut
+
+    async def _attempt(self, send, timeout: float):
+        fut = self._submit(send)
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             return None, None
 
     async def _replicate(self, send, what: str):
-        """Submit until SUCCESS or the deadline; retries are safe (request ids, barriers)."""
+        """Submit until SUCCESS or the deadline; retries are safe (request ids, barriers).
+
+        An attempt that times out stays pending: whichever attempt answers first wins,
+        and all of them carry the same entry, so the state machine applies it once."""
         deadline = time.monotonic() + self.timeout
         submitted, delay, last = False, 0.01, "no attempt"
+        pending: set[asyncio.Future] = set()
         while True:
             rep = self.replica()
             now = time.monotonic()
             v = rep.view
             if not v.has_quorum and now - v.no_quorum_since > self.quorum_grace:
-                if not submitted:
+                if not submitted and not pending:
                     raise CatalogUnavailableError(
                         f"{self.uri}: unavailable: no quorum ({self.self_addr} reaches too few members "
                         f"for {now - v.no_quorum_since:.1f} s); {what} was not applied")
                 last = "no quorum"
             elif now < deadline and v.has_quorum:
-                res, err = await self._attempt(lambda cb: send(rep, cb),
-                                               min(self.attempt_timeout, deadline - now))
-                if err == FAIL_REASON.SUCCESS:
-                    return res
-                if err is None or err not in _NOT_SUBMITTED:
-                    submitted = True
-                last = "timed out" if err is None else _reason(err)
+                pending.add(self._submit(lambda cb: send(rep, cb)))
+            wait = max(min(self.attempt_timeout if pending else delay, deadline - now), 0)
+            if pending:
+                done, _ = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    submitted, last = True, "timed out"
+                for f in done:
+                    pending.discard(f)
+                    res, err = f.result()
+                    if err == FAIL_REASON.SUCCESS:
+                        return res
+                    if err not in _NOT_SUBMITTED:
+                        submitted = True
+                    last = _reason(err)
+                if done and not pending:
+                    await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
+                    delay = min(delay * 2, 0.2)
+            else:
+                await asyncio.sleep(wait)
+                delay = min(delay * 2, 0.2)
             if time.monotonic() >= deadline:
                 break
-            await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
-            delay = min(delay * 2, 0.2)
-        if submitted:
+        if submitted or pending:
             raise CatalogTimeoutError(f"{self.uri}: {what}: outcome unknown after {self.timeout:g} s "
                                       f"(last: {last}); it may still commit")
         raise CatalogUnavailableError(f"{self.uri}: unavailable: {what} was not applied "
