@@ -27,7 +27,7 @@ from catalog.errors import (
     InvalidTransactionError,
 )
 from catalog.raft.journal import decode_dump
-from catalog.raft.replica import BARRIER, MAX_ENTRY_BYTES, EntryError, Replica, encode_txn
+from catalog.raft.replica import BARRIER, MAX_ENTRY_BYTES, EntryError, Replica, encode_group, encode_txn
 from catalog.state import validate_txn
 
 log = logging.getLogger("catalog.raft")
@@ -35,6 +35,7 @@ _BARRIER = bytes([BARRIER])
 # Failures after which the entry is certainly not in any log.
 _NOT_SUBMITTED = {FAIL_REASON.MISSING_LEADER, FAIL_REASON.QUEUE_FULL, FAIL_REASON.NOT_LEADER}
 _URI_OPTIONS = {"self", "timeout"}
+MAX_GROUPS_IN_FLIGHT = 4  # more concurrent txns than this share entries (GROUP)
 
 
 def parse_raft_uri(uri: str) -> tuple[list[str], str, dict[str, str]]:
@@ -93,6 +94,8 @@ class RaftCatalog(Catalog):
         self._closed = False
         self._next_barrier: asyncio.Future | None = None
         self._barrier_running = False
+        self._queue: list[tuple[bytes, str, asyncio.Future]] = []
+        self._in_flight = 0
         self.stale = StaleReads(self)
 
     @classmethod
@@ -237,14 +240,43 @@ class RaftCatalog(Catalog):
         payload = encode_txn(checks, ops, rid)
         if len(payload) > MAX_ENTRY_BYTES:
             raise InvalidTransactionError(f"transaction encodes to {len(payload)} bytes; max {MAX_ENTRY_BYTES}")
-        try:
-            res = await self._replicate(lambda rep, cb: rep.submit(payload, cb), f"transaction {rid}")
-        except CatalogTimeoutError as e:
-            e.request_id = rid
-            raise
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append((payload, rid, fut))
+        self._pump()
+        res = await fut
         if isinstance(res, EntryError):
             raise CatalogError(f"{self.uri}: transaction {rid} refused by the state machine: {res.reason}")
         return res if request_id is not None else dataclasses.replace(res, request_id=None)
+
+    def _pump(self) -> None:
+        """Start entries for queued txns: alone while few are in flight, else grouped."""
+        while self._queue and self._in_flight < MAX_GROUPS_IN_FLIGHT:
+            take, size = 0, 3
+            while take < len(self._queue) and (take == 0 or size + 4 + len(self._queue[take][0]) <= MAX_ENTRY_BYTES):
+                size += 4 + len(self._queue[take][0])
+                take += 1
+            batch, self._queue = self._queue[:take], self._queue[take:]
+            self._in_flight += 1
+            asyncio.ensure_future(self._run_entry(batch))
+
+    async def _run_entry(self, batch) -> None:
+        single = len(batch) == 1
+        payload = batch[0][0] if single else encode_group([p for p, _, _ in batch])
+        what = f"transaction {batch[0][1]}" if single else f"{len(batch)} transactions ({batch[0][1]}, ...)"
+        try:
+            res = await self._replicate(lambda rep, cb: rep.submit(payload, cb), what)
+        except Exception as e:
+            for _, rid, fut in batch:
+                if not fut.done():
+                    fut.set_exception(_for_request(e, rid, single))
+        else:
+            results = [res] if single else res if isinstance(res, list) else [res] * len(batch)
+            for (_, _, fut), r in zip(batch, results):
+                if not fut.done():
+                    fut.set_result(r)
+        finally:
+            self._in_flight -= 1
+            self._pump()
 
     # -- linearizable reads --------------------------------------------------------------------
 
@@ -383,6 +415,17 @@ class StaleReads:
 
     async def revision(self) -> int:
         return self._cat.replica().read(lambda st: st.revision)
+
+
+def _for_request(e: Exception, rid: str, alone: bool) -> Exception:
+    """The failure of a shared entry as each of its transactions' own exception."""
+    if not alone:
+        try:
+            e = type(e)(str(e))
+        except TypeError:
+            e = CatalogError(str(e))
+    e.request_id = rid
+    return e
 
 
 def _reason(err) -> str:

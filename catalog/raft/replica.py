@@ -31,7 +31,7 @@ from catalog.state import CatalogState, validate_txn
 log = logging.getLogger("catalog.raft")
 
 # Entry payloads (inside pysyncobj's pickled command). Part of the journal format.
-TXN, BARRIER = 1, 2
+TXN, BARRIER, GROUP = 1, 2, 3
 _PUT, _DEL = 1, 2
 MAX_ENTRY_BYTES = 60 * 1024  # < BATCH_BYTES: pysyncobj's chunked path (broken >= 64 KiB) never runs
 assert MAX_ENTRY_BYTES < BATCH_BYTES
@@ -121,13 +121,35 @@ def decode_txn(p: bytes):
     return checks, ops, rid
 
 
-def apply_entry(state: CatalogState, payload) -> TxnResult | int | EntryError:
+def encode_group(payloads: list[bytes]) -> bytes:
+    """Several txn payloads as one entry, applied in order (group commit at the catalog level)."""
+    out = bytearray(struct.pack("<BH", GROUP, len(payloads)))
+    for p in payloads:
+        out += struct.pack("<I", len(p)) + p
+    return bytes(out)
+
+
+def _split_group(p: bytes) -> list[bytes]:
+    (n,) = struct.unpack_from("<H", p, 1)
+    pos, out = 3, []
+    for _ in range(n):
+        (ln,) = struct.unpack_from("<I", p, pos)
+        out.append(p[pos + 4:pos + 4 + ln])
+        pos += 4 + ln
+    if pos != len(p) or any(len(x) == 0 or x[0] != TXN for x in out):
+        raise ValueError("malformed group")
+    return out
+
+
+def apply_entry(state: CatalogState, payload) -> TxnResult | int | EntryError | list:
     """Apply one entry. Deterministic and never raises (issue 7, problem 4)."""
     try:
         if not isinstance(payload, bytes) or not payload:
             return EntryError("entry is not bytes")
         if payload[0] == BARRIER:
             return state.revision
+        if payload[0] == GROUP:
+            return [apply_entry(state, p) for p in _split_group(payload)]
         if payload[0] != TXN:
             return EntryError(f"unknown entry kind {payload[0]}")
         checks, ops, rid = decode_txn(payload)

@@ -425,3 +425,20 @@ def test_stock_file_journal_is_what_we_replace(tmp_path):
     j.add(b"\x00x", 1, 1)
     assert j[0] == (b"\x00x", 1, 1)
     j._destroy()
+
+
+def test_group_entries_apply_in_order_like_separate_entries():
+    """Concurrent txns share one entry (GROUP); each is applied, deduplicated and answered alone."""
+    from catalog.raft.replica import encode_group
+
+    a, b = CatalogState(), CatalogState()
+    txns = [encode_txn([Check("k", 0)], [Put("k", b"1")], "r1"),
+            encode_txn([Check("k", 0)], [Put("k", b"2")], "r2"),  # conflicts with r1
+            encode_txn([], [Put("j", b"3")], "r3"),
+            encode_txn([Check("k", 0)], [Put("k", b"1")], "r1")]  # a retry of r1
+    got = apply_entry(a, encode_group(txns))
+    assert got == [apply_entry(b, t) for t in txns]
+    assert [r.committed for r in got] == [True, False, True, True] and got[3] == got[0]
+    assert a.scan() == b.scan() and a.revision == 2
+    bad = apply_entry(a, encode_group([b"\x02"]))  # a barrier is not a txn: the whole entry is refused
+    assert type(bad).__name__ == "EntryError" and a.revision == 2
