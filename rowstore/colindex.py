@@ -108,14 +108,16 @@ class PartitionColumns:
 
     # -- writes -----------------------------------------------------------------------------
 
-    def insert(self, rowids: np.ndarray, batch: pa.RecordBatch) -> None:
-        """Index the non-null values of each indexed column of ``batch`` (tombstones excluded
-        by the caller)."""
+    def insert(self, rowids: np.ndarray, batch: pa.RecordBatch, schema) -> None:
+        """Index the values of each indexed column of ``batch`` (whose columns are named as in
+        ``schema``: columns are matched by id, so renames do not matter); tombstones are
+        excluded by the caller."""
         if not self.columns or len(rowids) == 0:
             return
         vals = {}
-        for cid, col in self.columns.items():
-            i = batch.schema.get_field_index(col.name)
+        for cid in self.columns:
+            col = schema.by_id(cid)
+            i = batch.schema.get_field_index(col.name) if col is not None else -1
             if i >= 0:
                 vals[cid] = batch.column(i)
         self.mem.append((np.asarray(rowids, np.uint64), vals))

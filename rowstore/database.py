@@ -317,8 +317,10 @@ class Database:
         return e is not None and e.value == COMMITTED
 
     async def _forget_decision(self, txn: int, commits) -> None:
-        await asyncio.gather(*commits)
-        await commit(self.catalog, [], [Delete(txn_key(txn))])
+        """Once every participant's COMMIT X is durable, nobody needs ``txn/X`` again."""
+        got = await asyncio.gather(*commits, return_exceptions=True)
+        if not any(isinstance(g, BaseException) for g in got):
+            await commit(self.catalog, [], [Delete(txn_key(txn))])
 
     # -- reads --------------------------------------------------------------------------------
 

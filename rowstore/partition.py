@@ -77,7 +77,7 @@ class Partition:
         self.index.insert(keys, ts, np.where(deleted, TOMBSTONE, ids))
         if self.columns.columns:
             live = ~deleted
-            self.columns.insert(ids[live], batch.filter(pa.array(live)) if not live.all() else batch)
+            self.columns.insert(ids[live], batch.filter(pa.array(live)) if not live.all() else batch, schema)
 
     async def current(self) -> ActiveSegment:
         return await self.store.current(self.table_id, self.pid)

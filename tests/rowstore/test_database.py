@@ -225,3 +225,16 @@ async def test_rollover_at_seal_bytes_and_background_jobs():
     assert states.count("sealed") >= 2
     assert (await db.offload())["offloaded"]
     assert await ids_at(db) == list(range(1000))
+
+
+async def test_rows_of_several_versions_in_one_fetch():
+    """A shorter row of a newer version at the end of a fetched range must not be read with
+    the older version's (longer) layout."""
+    w = TablesWorld(1)
+    db = await w.start()
+    await db.create_table("t", "id int64 primary key, v float64, e1 int64")
+    await db.upsert("t", pa.table({"id": pa.array([32], pa.int64()), "e1": pa.array([5], pa.int64())}))
+    await db.alter_table("t", lambda s: s.drop_column("e1"))
+    await db.upsert("t", pa.table({"id": pa.array([0], pa.int64()), "v": [1.0]}))
+    t, _ = await db.scan("t")
+    assert t.to_pylist() == [{"id": 0, "v": 1.0}, {"id": 32, "v": None}]
