@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import pysyncobj.syncobj as pso
 from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.journal import Journal
 from pysyncobj.node import TCPNode
 from pysyncobj.pipe_notifier import PipeNotifier
@@ -159,6 +160,14 @@ def apply_entry(state: CatalogState, payload) -> TxnResult | int | EntryError | 
         return EntryError(f"{type(e).__name__}: {e}")
 
 
+def copy_state(st: CatalogState) -> CatalogState:
+    """A snapshot-able copy, in C-level copies (entries and results are immutable)."""
+    c = CatalogState(st._cap)
+    c.revision, c._data, c._keys = st.revision, dict(st._data), list(st._keys)
+    c._outcomes = collections.OrderedDict(st._outcomes)
+    return c
+
+
 def _create_journal(journal):
     return journal if isinstance(journal, Journal) else _stock_create_journal(journal)
 
@@ -180,10 +189,14 @@ class Replica(SyncObj):
         self._thread: threading.Thread | None = None
         self.transport: HardenedTransport | None = None
         self.journal = DurableJournal(path)
+        self._dump_state = SERIALIZER_STATE.NOT_SERIALIZING
+        self._dump_thread: threading.Thread | None = None
+        self._dump_args: tuple | None = None
         conf = SyncObjConf(**{**TUNING, **(tuning or {})}, autoTick=False, password=secret,
                            bindAddress=self_addr, journalFile=self.journal,
                            fullDumpFile=os.path.join(path, "dump.trd"),
-                           serializer=self._serialize, deserializer=self._deserialize)
+                           serializer=self._serialize, deserializer=self._deserialize,
+                           serializeChecker=self._dump_status)
         super().__init__(self_addr, [p for p in partners if p != self_addr], conf,
                          transportClass=self._make_transport)
         self._poller = _FlushingPoller(self._poller, self._flush)
@@ -205,13 +218,61 @@ class Replica(SyncObj):
         with self.lock:
             return fn(self.state)
 
-    def _serialize(self, filename: str, data) -> None:
+    def _serialize(self, tmp: str, data) -> None:
+        """pysyncobj's dump hook (tick thread). It renames ``tmp`` over the dump as soon as we
+        return, and drops journal entries once ``_dump_status`` says SUCCESS.
+
+        The state is copied here (C-level copies, milliseconds); encoding and writing the new
+        dump runs on a helper thread so heartbeats go on. Meanwhile ``tmp`` is a hard link to
+        the current dump, so the rename changes nothing and the dump on disk always matches the
+        journal. The first dump (none on disk yet) is written here, synchronously: it is small."""
         last, prev, cluster = data
-        raw = encode_dump(last, prev, sorted(n.address for n in cluster), self.state.snapshot())
-        with open(filename, "wb") as f:
+        members = sorted(n.address for n in cluster)
+        state = copy_state(self.state)
+        final = self.conf.fullDumpFile
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        self._dump_state = SERIALIZER_STATE.SERIALIZING
+        if not os.path.exists(final):
+            self._write_dump(tmp, last, prev, members, state)
+            self._dump_state = SERIALIZER_STATE.SUCCESS
+            return
+        os.link(final, tmp)
+        # Start writing only after pysyncobj's rename of tmp (it follows our return): see _dump_status.
+        self._dump_args = (final, last, prev, members, state)
+
+    def _dump_in_background(self, final, last, prev, members, state) -> None:
+        tmp = final + ".bg.tmp"
+        try:
+            if os.path.exists(final + ".tmp"):
+                os.unlink(final + ".tmp")  # the placeholder link, left by the no-op rename
+            self._write_dump(tmp, last, prev, members, state)
+            os.replace(tmp, final)
+            fsync_dir(os.path.dirname(final))
+            self._dump_state = SERIALIZER_STATE.SUCCESS
+        except Exception:
+            log.exception("event=raft_dump_failed file=%s", final)
+            self._dump_state = SERIALIZER_STATE.FAILED
+
+    @staticmethod
+    def _write_dump(path, last, prev, members, state: CatalogState) -> None:
+        raw = encode_dump(last, prev, members, state.snapshot())
+        with open(path, "wb") as f:
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
+
+    def _dump_status(self):
+        """pysyncobj's serializeChecker: SUCCESS/FAILED are reported once, then idle."""
+        if self._dump_args is not None:
+            args, self._dump_args = self._dump_args, None
+            self._dump_thread = threading.Thread(target=self._dump_in_background, args=args,
+                                                 name=f"raft-dump-{self.address}", daemon=True)
+            self._dump_thread.start()
+        st = self._dump_state
+        if st in (SERIALIZER_STATE.SUCCESS, SERIALIZER_STATE.FAILED):
+            self._dump_state = SERIALIZER_STATE.NOT_SERIALIZING
+        return st
 
     def _deserialize(self, filename: str):
         try:
@@ -226,6 +287,9 @@ class Replica(SyncObj):
             raise
         with self.lock:
             self.state = state
+        # Loading a big dump takes a while: do not count it against the leader (no pre-vote in
+        # pysyncobj; a needless election would depose a healthy leader).
+        self._SyncObj__raftElectionDeadline = time.monotonic() + self.conf.raftMaxTimeout
         return last, prev, [TCPNode(m) for m in members]
 
     # -- thread ------------------------------------------------------------------------------
@@ -239,6 +303,8 @@ class Replica(SyncObj):
         self._wake.notify()
         if self._thread is not None:
             self._thread.join()
+        if self._dump_thread is not None:
+            self._dump_thread.join()
 
     def post(self, fn) -> None:
         """Run ``fn()`` on the tick thread (it may touch pysyncobj's internals)."""

@@ -179,6 +179,11 @@ class HardenedTransport(TCPTransport):
         conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
         self._onNodeConnected(node)
 
+    def _onMessageReceived(self, node, message):
+        if isinstance(message, dict) and _plain_ae(message) and message.get("prevLogIdx") is not None:
+            message = skip_known_entries(self._syncObj.journal, message)
+        super()._onMessageReceived(node, message)
+
     def _refuse(self, conn, why: str) -> None:
         log.warning("event=raft_peer_refused reason=%r", why)
         conn.disconnect()
@@ -248,3 +253,39 @@ def coalesce(msgs: list) -> list:
             continue
         out.append(m)
     return front + out
+
+
+def skip_known_entries(journal, m: dict) -> dict:
+    """Raft's rule that pysyncobj skips: truncate the follower's log only on a conflict.
+
+    pysyncobj cuts everything after ``prevLogIdx`` whenever the follower's log is
+    longer, even when the entries it holds are the very ones being sent (a re-send
+    after an out-of-date acknowledgement, frequent with pipelining). That re-writes
+    entries already applied, and entries past the message's end that this node
+    has acknowledged vanish until they are sent again. Leading entries already
+    held with the same term are dropped from the message; when nothing new is
+    left, it becomes a heartbeat at the end of what matches. Entries up to a
+    held entry of the leader's own term match the leader's log (Log Matching:
+    one leader per term), so the follower may answer with its whole log then.
+    """
+    ents = m["entries"]
+    if not ents or len(journal) == 0:
+        return m
+    first, last = journal[0][1], journal[-1][1]
+    k = 0
+    for _, idx, term in ents:
+        if idx > last or (idx >= first and journal[idx - first][2] != term):
+            break
+        k += 1  # held (or compacted into the dump, so committed and identical)
+    if k == 0:
+        return m
+    out = dict(m)
+    if k < len(ents):
+        out["prevLogIdx"], out["prevLogTerm"], out["entries"] = ents[k - 1][1], ents[k - 1][2], ents[k:]
+    elif journal[-1][2] == m["term"]:
+        out["prevLogIdx"], out["prevLogTerm"], out["entries"] = last, m["term"], []
+    elif ents[-1][1] >= first:
+        out["prevLogIdx"], out["prevLogTerm"], out["entries"] = ents[-1][1], ents[-1][2], []
+    else:
+        return m
+    return out

@@ -442,3 +442,31 @@ def test_group_entries_apply_in_order_like_separate_entries():
     assert a.scan() == b.scan() and a.revision == 2
     bad = apply_entry(a, encode_group([b"\x02"]))  # a barrier is not a txn: the whole entry is refused
     assert type(bad).__name__ == "EntryError" and a.revision == 2
+
+
+def test_followers_truncate_only_on_a_conflict():
+    """pysyncobj cuts a follower's log after prevLogIdx whenever the log is longer, even for
+    entries it already holds (re-sends after a stale ack): acknowledged entries past the
+    message vanish. skip_known_entries keeps Raft's rule: only a conflicting entry cuts."""
+    from catalog.raft.wire import skip_known_entries
+
+    log = [(b"c%d" % i, i, 1 if i < 5 else 2) for i in range(3, 11)]  # indexes 3..10, term 2 from 5
+    ae = lambda prev, ents, term=2: {"type": "append_entries", "term": term, "commit_index": 4,  # noqa: E731
+                                     "prevLogIdx": prev, "prevLogTerm": 1, "entries": ents}
+    # a re-send of 5..7 while 8..10 (leader's term) are held: heartbeat at the end of the log
+    m = skip_known_entries(log, ae(4, log[2:5]))
+    assert (m["prevLogIdx"], m["prevLogTerm"], m["entries"]) == (10, 2, [])
+    # new entries after known ones: only the new ones, after the last known
+    new = [(b"n11", 11, 2)]
+    m = skip_known_entries(log, ae(8, log[6:8] + new))
+    assert (m["prevLogIdx"], m["entries"]) == (10, new)
+    # a conflict at 9 (a new leader of term 3): cut from 9, as Raft says
+    conflict = [(b"x9", 9, 3), (b"x10", 10, 3)]
+    m = skip_known_entries(log, ae(7, [log[5]] + conflict, term=3))
+    assert (m["prevLogIdx"], m["prevLogTerm"], m["entries"]) == (8, 2, conflict)
+    # entries before the journal start are in the dump (committed): known
+    m = skip_known_entries(log, ae(0, [(b"a", 1, 1), (b"b", 2, 1)] + log[:2]))
+    assert m["prevLogIdx"] == 10 and m["entries"] == []
+    # nothing known: untouched
+    m0 = ae(10, new)
+    assert skip_known_entries(log, m0) is m0
