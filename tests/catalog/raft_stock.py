@@ -47,8 +47,16 @@ def _wait(pred, timeout=10.0):
 
 
 def serve(d, port):
-    """A stock node with default config (no password, no bindAddress) that stays up."""
-    c = Counter(f"127.0.0.1:{port}", [], SyncObjConf())
+    """A stock node, no password, bound to loopback only (it runs whatever pickle it is sent)."""
+    c = Counter(f"127.0.0.1:{port}", [], SyncObjConf(bindAddress=f"127.0.0.1:{port}"))
+    print(json.dumps({"ready": True}), flush=True)
+    time.sleep(60)
+    c.destroy()
+
+
+def serve_default_bind(d, port):
+    """A stock node with the default bind address; a password keeps strangers out meanwhile."""
+    c = Counter(f"127.0.0.1:{port}", [], SyncObjConf(password="0123456789abcdef"))
     print(json.dumps({"ready": True}), flush=True)
     time.sleep(60)
     c.destroy()
