@@ -200,8 +200,8 @@ class PartitionColumns:
         return np.sort(np.concatenate(parts))
 
     @property
-    def mem_entries(self) -> int:
-        return sum(len(r) for r, _ in self.mem)
+    def mem_bytes(self) -> int:
+        return sum(r.nbytes + sum(a.nbytes for a in v.values()) for r, v in self.mem)
 
 
 # -- helpers ----------------------------------------------------------------------------------

@@ -96,6 +96,7 @@ class Database:
         self._schemas: dict[str, object] = {}  # table id -> version lookup
         self._bg: set[asyncio.Task] = set()
         self._decided: list[str] = []
+        self._wake = asyncio.Event()  # a write crossed the memtable budget: maintain now
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -251,6 +252,8 @@ class Database:
         encs = await asyncio.to_thread(encode_all) if batch.num_rows > _THREAD_ROWS else encode_all()
         work = [(table.parts[p], b, dl, e) for (p, b, _, dl), e in zip(subs, encs)]
         ts = await (self._commit_one(*work[0], d.schema) if len(work) == 1 else self._commit_many(work, d.schema))
+        if self.memtable_bytes() > self.cfg.memtable_bytes:
+            self._wake.set()
         return WriteResult(batch.num_rows, ts)
 
     async def _commit_one(self, part: Partition, batch, deleted, enc, schema) -> int:
@@ -399,6 +402,28 @@ class Database:
         return rows.batch.filter(pa.array(visible & batch_mask(rows.batch, terms, box)))
 
     # -- background jobs (the daemon schedules them; the admin API runs them now) -------------
+
+    async def maintain(self) -> dict:
+        """One round of background work: checkpoint the largest memtables while over the
+        budget, run the merges the policy wants, offload sealed segments."""
+        out = await self.checkpoint(force=False)
+        out.update(await self.offload())
+        return out
+
+    async def run_background(self, interval_s: float = 1.0) -> None:
+        """Maintain forever (the daemon runs this as a task and cancels it at shutdown)."""
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), interval_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.maintain()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - logged and retried next round; never kills the loop
+                log.warning("event=maintain_failed error=%r", e)
 
     async def checkpoint(self, force: bool = True) -> dict:
         """Checkpoint memtables: all of them, or (``force=False``) the largest until the

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import struct
+from collections import OrderedDict
 from bisect import bisect_right
 from typing import AsyncIterator
 
@@ -15,6 +16,7 @@ from terrafs.sealed import SealedFile
 RUN_MAGIC = b"TRIDXRN1"  # part of the format
 RUN_VERSION = 1
 PAGE_ENTRIES = 170
+PARSED_PAGES = 512  # per open run: memory is bounded by configuration, not by the run's size
 FOOTER = struct.Struct("<8sHBBQQIQQI8sI")
 FOOTER_LEN = FOOTER.size  # 64
 KINDS = {"int64": 1, "string": 2, "uuid": 3}
@@ -69,7 +71,7 @@ class IndexRun:
         self.sf, self.kind, self.where = sf, kind, sf.where
         (self.level, self.entries, self.min_ts, self.max_ts, self._fence_off) = meta
         self._offs, self._counts, self._firsts = fence
-        self._pages: dict[int, Run] = {}
+        self._pages: OrderedDict[int, Run] = OrderedDict()  # parsed pages, LRU (blocks stay in the block cache)
 
     @classmethod
     async def open(cls, sf: SealedFile) -> "IndexRun":
@@ -95,11 +97,15 @@ class IndexRun:
 
     async def page(self, i: int) -> Run:
         p = self._pages.get(i)
-        if p is None:
+        if p is not None:
+            self._pages.move_to_end(i)
+        else:
             end = self._offs[i + 1] if i + 1 < len(self._offs) else self._fence_off
             raw = await self.sf.read(self._offs[i], end - self._offs[i])
             p = _parse_page(raw, self.kind, self._counts[i], self.where, self._offs[i])
             self._pages[i] = p
+            if len(self._pages) > PARSED_PAGES:
+                self._pages.popitem(last=False)
         return p
 
     def pages_for(self, key) -> range:

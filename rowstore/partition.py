@@ -131,7 +131,7 @@ class Partition:
 
     @property
     def mem_bytes(self) -> int:
-        return self.index.mem.nbytes
+        return self.index.mem.nbytes + self.columns.mem_bytes
 
 
 def segment_states(recs: list[SegmentRecord]) -> dict[str, int]:

@@ -238,3 +238,23 @@ async def test_rows_of_several_versions_in_one_fetch():
     await db.upsert("t", pa.table({"id": pa.array([0], pa.int64()), "v": [1.0]}))
     t, _ = await db.scan("t")
     assert t.to_pylist() == [{"id": 0, "v": 1.0}, {"id": 32, "v": None}]
+
+
+async def test_memtable_budget_drives_background_checkpoints():
+    import asyncio
+    w, db = await make(partitions=2, memtable_bytes=20_000)
+    job = asyncio.ensure_future(db.run_background(interval_s=0.05))
+    try:
+        for i in range(20):
+            await db.upsert("m", rows(range(i * 50, i * 50 + 50), seed=i))
+        for _ in range(100):
+            if db.memtable_bytes() <= 20_000:
+                break
+            await asyncio.sleep(0.02)
+        assert db.memtable_bytes() <= 20_000
+        assert any(p.index.runs for t in db._tables.values() for p in t.parts)
+    finally:
+        job.cancel()
+    assert await ids_at(db) == list(range(1000))
+    t, _ = await db.query("m", where=[["v", ">", 0.0]], limit=None)
+    assert t.num_rows == sum(1 for v in (await db.scan("m"))[0].column("v").to_pylist() if v > 0)
