@@ -67,40 +67,96 @@ class Encoded:
 
 def encode_rows(batch: pa.RecordBatch | pa.Table, schema: SchemaVersion, commit_ts: int,
                 deleted: np.ndarray | None = None) -> Encoded:
-    """Encode every row of ``batch`` (columns by name, as in ``schema``)."""
-    lay = layout(schema)
+    """Encode every row of ``batch`` (columns by name, as in ``schema``).
+
+    Each fixed-width field is read straight from its Arrow buffer (nulls are
+    zeroed by the kernel, not filled here); one kernel pass writes every
+    row's fixed part, then one copy per variable-width column.
+    """
+    lay, fields = layout(schema), _enc_fields(schema)
     n = batch.num_rows
-    fx = np.zeros(n, lay.dtype)
-    fx["ver"], fx["ts"] = schema.version, commit_ts
-    if deleted is not None:
-        fx["flags"] = np.where(deleted, DELETED, 0)
-    var_lens, var_src = [], []
+    nb = (len(schema.columns) + 7) // 8
+    nulls = np.zeros((n, nb), np.uint8)
+    srcs, var = [], []
     for i, col in enumerate(schema.columns):
         arr = _column(batch, col)
-        null = _null_mask(arr)
-        fx["nulls"][:, i // 8] |= null.astype(np.uint8) << (i % 8)
+        null = None
+        if arr.null_count:
+            null = arr.is_null().to_numpy(zero_copy_only=False)
+            nulls[:, i // 8] |= null.astype(np.uint8) << (i % 8)
         if col.type.variable:
-            data, start, lens = _var_values(arr, null)
-            var_src.append((data, start))
-            var_lens.append(lens)
+            var.append(_var_values(arr, null))
         else:
-            fx[f"c{col.id}"] = _fixed_values(col, arr, null)
-    var_total = np.zeros(n, np.int64)
-    if lay.var:
-        ends = np.cumsum(np.stack(var_lens, axis=1), axis=1)
-        fx["vend"] = ends
-        var_total = ends[:, -1]
-    row_len = lay.size + var_total
-    fx["len"] = row_len
+            srcs.extend(_field_sources(col, arr, null))
+    ends = np.zeros((n, len(var)), np.int64)
+    if var:
+        np.cumsum(np.stack([lens for _, _, lens in var], axis=1), axis=1, out=ends)
+    row_len = np.full(n, lay.size, np.int64)
+    if var:
+        row_len += ends[:, -1]
     starts = np.zeros(n, np.int64)
     np.cumsum(row_len[:-1], out=starts[1:])
-    out = np.empty(int(row_len.sum()), np.uint8)
-    kernels.scatter_rows(out, starts, fx.view(np.uint8).reshape(n, lay.size), lay.size)
-    prev = np.zeros(n, np.int64)
-    for (data, src_start), lens in zip(var_src, var_lens):
-        kernels.scatter_runs(out, starts + lay.size + prev, data, src_start, lens)
-        prev = prev + lens
+    out = np.empty(int(starts[-1] + row_len[-1]) if n else 0, np.uint8)
+    src_off = np.zeros(len(srcs), np.int64)
+    np.cumsum([a.shape[0] for a in srcs[:-1]], out=src_off[1:])
+    src = np.concatenate(srcs) if srcs else np.zeros(0, np.uint8)
+    flags = np.where(deleted, DELETED, 0).astype(np.uint8) if deleted is not None else np.zeros(n, np.uint8)
+    ts = int(np.uint64(commit_ts).view(np.int64))  # the kernel writes the same 8 bytes
+    kernels.scatter_fields(out, starts, row_len, schema.version, ts, flags,
+                           nb, nulls, src, src_off, fields.width, fields.dst, fields.pos, fields.vend_off, ends)
+    for j, (data, src_start, lens) in enumerate(var):
+        kernels.scatter_runs(out, starts + lay.size + (ends[:, j - 1] if j else 0), data, src_start, lens)
     return Encoded(out, starts)
+
+
+@dataclass(frozen=True)
+class _EncFields:
+    width: np.ndarray  # per field: bytes
+    dst: np.ndarray  # per field: offset within the row
+    pos: np.ndarray  # per field: the column's position (its null bit)
+    vend_off: int
+
+
+@functools.lru_cache(maxsize=1024)
+def _enc_fields(schema: SchemaVersion) -> _EncFields:
+    lay = layout(schema)
+    width, dst, pos = [], [], []
+    for i, col in enumerate(schema.columns):
+        if col.type.variable:
+            continue
+        at = lay.dtype.fields[f"c{col.id}"][1]
+        for rel, w in _field_parts(col.type):
+            width.append(w)
+            dst.append(at + rel)
+            pos.append(i)
+    vend_off = lay.dtype.fields["vend"][1] if lay.var else lay.size
+    return _EncFields(np.array(width, np.int64), np.array(dst, np.int64), np.array(pos, np.int64), vend_off)
+
+
+def _raw(arr: pa.Array, width: int) -> np.ndarray:
+    """The value bytes of a fixed-width array (garbage where null), zero-copy."""
+    buf = arr.buffers()[1]
+    if buf is None:
+        return np.zeros(len(arr) * width, np.uint8)
+    return np.frombuffer(buf, np.uint8, count=len(arr) * width, offset=arr.offset * width)
+
+
+def _field_sources(col: Column, arr: pa.Array, null) -> list[np.ndarray]:
+    """Per part of the column (``_field_parts``): its values as n * width bytes."""
+    k = col.type.kind
+    if k == Kind.BOOL:
+        bits = arr.buffers()[1]
+        if bits is None:
+            return [np.zeros(len(arr), np.uint8)]
+        return [np.unpackbits(np.frombuffer(bits, np.uint8), count=arr.offset + len(arr),
+                              bitorder="little")[arr.offset :]]
+    if k in (Kind.POINT, Kind.BOX):
+        names = ("x", "y") if k == Kind.POINT else ("xmin", "ymin", "xmax", "ymax")
+        return [_num(_child(arr, f), np.float64).view(np.uint8) for f in names]
+    if k == Kind.RANGE:
+        vals = _range_values(col, arr, null if null is not None else np.zeros(len(arr), bool))
+        return [np.ascontiguousarray(vals[f]).view(np.uint8) for f in ("lo", "hi", "f")]
+    return [_raw(arr, np.dtype(col.type.storage()).itemsize)]
 
 
 def _column(batch, col: Column) -> pa.Array:
@@ -133,23 +189,6 @@ def _num(arr: pa.Array, dtype) -> np.ndarray:
     return np.asarray(arr.to_numpy(zero_copy_only=False)).astype(dtype, copy=False)
 
 
-def _fixed_values(col: Column, arr: pa.Array, null: np.ndarray):
-    k = col.type.kind
-    if k in (Kind.TIMESTAMP, Kind.DATE):
-        return _num(arr.cast(pa.int64() if k == Kind.TIMESTAMP else pa.int32()), np.int64)
-    if k == Kind.UUID:
-        raw = np.frombuffer(arr.buffers()[1], np.uint8)[arr.offset * 16 : (arr.offset + len(arr)) * 16]
-        vals = raw.reshape(-1, 16).copy()
-        vals[null] = 0
-        return vals
-    if k in (Kind.POINT, Kind.BOX):
-        names = ("x", "y") if k == Kind.POINT else ("xmin", "ymin", "xmax", "ymax")
-        return np.stack([_num(_child(arr, f), np.float64) for f in names], axis=1)
-    if k == Kind.RANGE:
-        return _range_values(col, arr, null)
-    return _num(arr, col.type.storage())
-
-
 def _child(arr: pa.StructArray, name: str) -> pa.Array:
     return arr.field(name)  # .field() applies the struct's offset
 
@@ -168,15 +207,20 @@ def _range_values(col: Column, arr: pa.StructArray, null: np.ndarray) -> np.ndar
     return out
 
 
-def _var_values(arr: pa.Array, null: np.ndarray):
+def _var_values(arr: pa.Array, null: np.ndarray | None):
     """(data bytes, start of each value in data, length of each value; 0 when null)."""
-    if not pa.types.is_large_binary(arr.type):
-        arr = arr.cast(pa.large_binary())
-    offs = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset : arr.offset + len(arr) + 1]
-    data = arr.buffers()[2]
-    data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-    lens = np.where(null, 0, offs[1:] - offs[:-1])
-    return data, offs[:-1].copy(), lens.astype(np.int64)
+    n = len(arr)
+    bufs = arr.buffers()
+    if bufs[1] is None:
+        return np.zeros(0, np.uint8), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    large = pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type)
+    offs = np.frombuffer(bufs[1], np.int64 if large else np.int32)[arr.offset : arr.offset + n + 1]
+    offs = offs.astype(np.int64)
+    data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    lens = offs[1:] - offs[:-1]
+    if null is not None:
+        lens[null] = 0
+    return data, offs[:-1], lens
 
 
 # -- decoding -------------------------------------------------------------------------

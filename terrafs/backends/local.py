@@ -76,6 +76,13 @@ class LocalDeviceFile(DeviceFile):
         _pwrite_all(self._fdc(), data, offset)
         self._size = max(self._size, offset + len(data))
 
+    def writev_sync(self, parts, offset: int) -> int:
+        """Blocking positional write of several buffers (one pwritev where the kernel allows),
+        for code running in a worker thread; returns the bytes written."""
+        n = _pwritev_all(self._fdc(), parts, offset)
+        self._size = max(self._size, offset + n)
+        return n
+
     def fdatasync_sync(self) -> None:
         _fdatasync(self._fdc())
 
