@@ -240,3 +240,30 @@ async def test_compaction_restart_and_snapshot_to_a_lagging_follower(tmp_path):
         assert (await cat.txn(ops=[Put("again", b"")], request_id="r7")).revision == 8  # ids remembered
     finally:
         cl.stop_all()
+
+
+async def test_transfer_leadership_then_remove_the_old_leader(tmp_path):
+    cl = Cluster(str(tmp_path))
+    cl.start_all()
+    try:
+        lead = await cl.wait_leader()
+        await cl.client(lead).txn(ops=[Put("a", b"1")])
+        with pytest.raises(CatalogError, match="refused"):  # the leader cannot remove itself
+            await cl.client(lead).call("remove_member", address=cl.addrs[lead])
+        target = next(i for i in range(3) if i != lead)
+        await cl.client(lead).call("revision")  # the target is caught up (transfer requires it)
+        await cl.client(lead).call("transfer", to=cl.addrs[target])
+        assert await cl.wait_leader(not_=cl.addrs[lead]) == target
+        await cl.client(target).call("remove_member", address=cl.addrs[lead])
+        rest = [i for i in range(3) if i != lead]
+        for i in rest:
+            st = await cl.status(i)
+            t0 = time.monotonic()
+            while len(st["members"]) != 2:
+                assert time.monotonic() - t0 < 10
+                await asyncio.sleep(0.05)
+                st = await cl.status(i)
+        r = await cl.client(rest[1]).txn([], [Put("b", b"2")])
+        assert r["committed"] and (await RemoteCatalog(cl, rest).get("a")).value == b"1"
+    finally:
+        cl.stop_all()
