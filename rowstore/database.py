@@ -28,7 +28,8 @@ from rowstore.fetch import fetch
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
 from rowstore.memtable import encode_keys
 from rowstore.partition import Partition
-from rowstore.partitioning import partition_of
+from rowstore.partitioning import encode_one, partition_of, partition_one
+from rowstore.pointread import decode_one
 from rowstore.query import batch_mask, parse_bbox, parse_where
 from rowstore.rowcodec import encode_rows
 from rowstore.schema import SchemaVersion
@@ -354,14 +355,36 @@ class Database:
         return T, d, table, await self._schemas_of(d)
 
     async def get(self, name: str, key, as_of: int | None = None) -> dict | None:
-        """The row with primary key ``key`` as of T (columns and names of T), or None."""
-        T, d, table, schemas = await self._read_ctx(name, as_of)
-        enc = encode_keys(key_array([key], d.schema.key), table.kind)
-        part = table.parts[int(partition_of(enc, len(table.parts))[0])]
-        rowid = int((await part.index.get_many(enc, T))[0])
+        """The row with primary key ``key`` as of T (columns and names of T), or None.
+
+        The scalar path: no arrays, one index walk, one row read, one struct unpack."""
+        T = await self.snapshot(as_of)
+        d = await self.catalog_tables.describe(name, T)
+        table = self._tables.get(d.table_id) or await self._table(d)
+        try:
+            k = encode_one(key, table.kind) if table.kind != "uuid" else \
+                encode_one(key_array([key], d.schema.key)[0].as_py(), "uuid")
+        except (TypeError, ValueError, AttributeError) as e:
+            raise RowValidationError(f"primary key {key!r} is not a valid {d.schema.key.type}") from e
+        part = table.parts[partition_one(k, len(table.parts))]
+        rowid = await part.index.get(k, T)
         if rowid == 0:
             return None
-        return (await fetch(self.store, np.array([rowid], np.uint64), schemas, d.schema)).batch.to_pylist()[0]
+        raw, where = await self.store.row_bytes(rowid)
+        return decode_one(raw, await self._schemas_of(d), d.schema, where)
+
+    async def get_many(self, name: str, keys, as_of: int | None = None) -> pa.Table:
+        """Rows for many keys at once (vectorized lookups and reads), in key order; absent
+        keys are left out."""
+        T, d, table, schemas = await self._read_ctx(name, as_of)
+        enc = encode_keys(key_array(keys, d.schema.key), table.kind)
+        pids = partition_of(enc, len(table.parts))
+        ids = []
+        for p in np.unique(pids):
+            got = await table.parts[p].index.get_many(enc[pids == p], T)
+            ids.append(got[got != 0])
+        rowids = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.uint64)
+        return _finish([(await fetch(self.store, rowids, schemas, d.schema)).batch], d.schema, None, None)
 
     async def scan(self, name: str, lo=None, hi=None, as_of: int | None = None, columns=None,
                    limit: int | None = None) -> tuple[pa.Table, int]:

@@ -15,7 +15,7 @@ from rowstore.errors import RowstoreError
 from rowstore.rowcodec import Decoded, decode_rows
 from rowstore.schema import SchemaVersion
 
-_GAP = 64 << 10  # rows closer than this are read in one range
+_GAP = 4096  # rows closer than this are read in one range (blocks are cached: small reads are cheap)
 _SCAN_SHARE = 8  # scan the segment when more than 1/8 of its rows are wanted
 
 
@@ -54,9 +54,8 @@ async def _segment_rows(store, segid: int, locs: np.ndarray, schemas, target) ->
 async def _from_active(seg: ActiveSegment, locs, schemas, target) -> Decoded:
     if len(locs) and int(locs.max()) >= seg.durable_rows:
         raise RowstoreError(f"segment {seg.segid}: no row {int(locs.max())} (rows: {seg.durable_rows})")
-    offs = seg._idx.arr[locs].astype(np.int64)
-    lens = seg._idx.lens[locs].astype(np.int64)
-    return await _read_clusters(seg.file.read, offs, lens, schemas, target, seg.where)
+    buf, starts = await seg.file.read_ranges(seg._idx.arr[locs], seg._idx.lens[locs])
+    return decode_rows(buf, starts, schemas, target, seg.where)
 
 
 async def _read_clusters(read, offs, lens, schemas, target, where: str) -> Decoded:

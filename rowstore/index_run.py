@@ -120,6 +120,21 @@ class IndexRun:
             lo -= 1
         return range(lo, hi + 1)
 
+    async def get_one(self, key, as_of: int) -> int:
+        """The newest rowid of ``key`` with ts <= as_of in this run (TOMBSTONE for a deletion),
+        0 if none: the scalar path of a point get."""
+        k = np.uint64(key) if self.kind == "int64" else bytes(key)
+        for i in self.pages_for(key):
+            p = await self.page(i)
+            if p.keys.dtype.kind == "S" and len(k) > p.keys.dtype.itemsize:
+                continue
+            j, hi = int(p.keys.searchsorted(k, "left")), int(p.keys.searchsorted(k, "right"))
+            while j < hi:
+                if p.ts[j] <= as_of:
+                    return int(p.rowids[j])
+                j += 1
+        return 0
+
     async def versions(self, key) -> Run:
         """All entries of ``key`` in this run (ts descending)."""
         runs = [await self.page(i) for i in self.pages_for(key)]

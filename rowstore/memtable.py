@@ -122,27 +122,43 @@ class MemTable:
             return np.where(np.char.str_len(keys) > run.keys.dtype.itemsize, np.uint64(0),  # longer than any key
                             self.get(keys.astype(run.keys.dtype), as_of)).astype(np.uint64)
         k = keys.astype(run.keys.dtype) if run.keys.dtype.kind == "S" else keys
-        if len(keys) > 64:  # many keys: one vectorized pass over the visible versions
-            return self._get_many(run, k, as_of)
-        lo = np.searchsorted(run.keys, k, "left")
-        hi = np.searchsorted(run.keys, k, "right")
-        for i in np.nonzero(hi > lo)[0]:
-            seg = run.ts[lo[i] : hi[i]]  # descending
-            j = len(seg) - int(np.searchsorted(seg[::-1], np.uint64(as_of), "right"))  # entries newer than as_of
-            if j < len(seg):
-                out[i] = run.rowids[lo[i] + j]
-        return out
+        return self._get_many(run, k, as_of)
+
+    def get_one(self, key, as_of: int) -> int:
+        """``get`` for one encoded key (a Python int or bytes): no arrays built."""
+        run = self.consolidated()
+        if len(run) == 0:
+            return 0
+        if run.keys.dtype.kind == "S":
+            if len(key) > run.keys.dtype.itemsize:
+                return 0
+        else:
+            key = np.uint64(key)  # a Python int above 2**63 would be compared as a float
+        lo = int(run.keys.searchsorted(key, "left"))
+        hi = int(run.keys.searchsorted(key, "right"))
+        for j in range(lo, hi):  # ts descending: the first at or below as_of
+            if run.ts[j] <= as_of:
+                return int(run.rowids[j])
+        return 0
 
     @staticmethod
     def _get_many(run: Run, keys: np.ndarray, as_of: int) -> np.ndarray:
-        m = run.ts <= np.uint64(as_of)
-        vk, vr = run.keys[m], run.rowids[m]
-        first = np.ones(len(vk), bool)
-        first[1:] = vk[1:] != vk[:-1]
-        vk, vr = vk[first], vr[first]  # newest visible entry per key, tombstones kept
-        pos = np.minimum(np.searchsorted(vk, keys, "left"), max(len(vk) - 1, 0))
-        hit = (len(vk) > 0) & (vk[pos] == keys) if len(vk) else np.zeros(len(keys), bool)
-        return np.where(hit, vr[pos] if len(vk) else 0, np.uint64(0)).astype(np.uint64)
+        """Per key: the first entry with ts <= as_of (entries of a key are ts-descending);
+        O(keys · log run + versions skipped), never a pass over the whole run."""
+        out = np.zeros(len(keys), np.uint64)
+        if len(run) == 0 or len(keys) == 0:
+            return out
+        lo = np.searchsorted(run.keys, keys, "left")
+        hi = np.searchsorted(run.keys, keys, "right")
+        j, t = lo.copy(), np.uint64(as_of)
+        todo = np.flatnonzero(hi > lo)
+        while len(todo):  # usually one round: the newest version is visible
+            ok = run.ts[j[todo]] <= t
+            out[todo[ok]] = run.rowids[j[todo[ok]]]
+            todo = todo[~ok]
+            j[todo] += 1
+            todo = todo[j[todo] < hi[todo]]
+        return out
 
     def scan(self, lo: np.ndarray | None, hi: np.ndarray | None, as_of: int) -> Run:
         """Visible entries with ``lo <= key < hi`` (None: unbounded), in key order."""

@@ -83,3 +83,31 @@ def string_keys(arr: pa.Array) -> np.ndarray:
     raw = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
     _fill_fixed(raw, offsets, out)
     return out.view(f"S{width}").ravel()
+
+
+_M64 = (1 << 64) - 1
+
+
+def partition_one(key, parts: int) -> int:
+    """:func:`partition_of` for one encoded key (an int, or bytes) without arrays."""
+    if isinstance(key, int):
+        z = (key + 0x9E3779B97F4A7C15) & _M64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        return (z ^ (z >> 31)) % parts
+    h = 0xCBF29CE484222325
+    for b in bytes(key).rstrip(b"\0"):
+        h = ((h ^ b) * 0x100000001B3) & _M64
+    return h % parts
+
+
+def encode_one(key, kind: str):
+    """One user key as the index's order-preserving scalar (int for int64, else bytes)."""
+    if kind == "int64":
+        return (int(key) & _M64) ^ (1 << 63)
+    if kind == "uuid":
+        return bytes(key)
+    b = key.encode()
+    if b"\0" in b:
+        raise RowValidationError("string primary keys must not contain NUL characters")
+    return b

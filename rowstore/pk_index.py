@@ -24,6 +24,7 @@ from terrafs.errors import CatalogConflictError
 from terrafs.fs import TerrascaleFS
 
 log = logging.getLogger("rowstore.pk_index")
+_TOMB = int(TOMBSTONE)
 L0_LIMIT = 4  # the 5th L0 run triggers an L0 -> L1 merge
 LEVEL_RATIO = 10
 
@@ -106,18 +107,15 @@ class PartitionIndex:
     # -- reads -------------------------------------------------------------------------
 
     async def get(self, key, as_of: int) -> int:
-        """The rowid visible at ``as_of`` for one encoded key; 0 if none (absent or deleted)."""
-        k = np.array([key], dtype=np.uint64 if self.kind == "int64" else "S")
+        """The rowid visible at ``as_of`` for one encoded key (int or bytes); 0 if none."""
         for mt in [self.mem, *reversed(self._frozen)]:
-            r = int(mt.get(k, as_of)[0])
+            r = mt.get_one(key, as_of)
             if r:
-                return 0 if r == int(TOMBSTONE) else r
+                return 0 if r == _TOMB else r
         for _, run in self.runs:
-            v = await run.versions(key)
-            j = int(np.argmax(v.ts <= np.uint64(as_of))) if len(v) else 0
-            if len(v) and v.ts[j] <= np.uint64(as_of):
-                r = int(v.rowids[j])
-                return 0 if r == int(TOMBSTONE) else r
+            r = await run.get_one(key, as_of)
+            if r:
+                return 0 if r == _TOMB else r
         return 0
 
     async def get_many(self, keys: np.ndarray, as_of: int) -> np.ndarray:

@@ -250,6 +250,19 @@ class SegmentStore:
             s = self._sealed[segid] = await SealedSegment.open(await self.fs.open_sealed(rec.inode))
         return s
 
+    async def row_bytes(self, rowid: int) -> tuple[bytes, str]:
+        """One row's encoded bytes and where they came from (for a point read)."""
+        segid, loc = rowid >> 32, rowid & 0xFFFFFFFF
+        seg = self.active.get(segid)
+        if seg is not None:
+            try:
+                return await seg.get_raw(loc), seg.where
+            except Exception:  # noqa: BLE001 - offloaded under us: read the object below
+                if segid in self.active:
+                    raise
+        sealed = await self.sealed(segid)
+        return await sealed.get_raw(loc), sealed.where
+
     async def get(self, ids, target: SchemaVersion, schemas=None) -> Decoded:
         """Rows by rowid (all in one segment), from its active file or its object."""
         schemas = schemas or self.schemas

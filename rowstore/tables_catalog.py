@@ -14,6 +14,7 @@ re-created table gets a new table id and its own schema versions.
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 import uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -65,6 +66,7 @@ class TableCatalog:
     def __init__(self, catalog: Catalog, clock: HybridClock):
         self.catalog, self.clock = catalog, clock
         self._versions: dict[tuple[str, int], SchemaVersion] = {}  # (table id, version) -> schema
+        self._hist: dict[str, list[TableDef]] = {}  # name -> versions, oldest first
 
     async def describe(self, name: str, as_of: int | None = None) -> TableDef:
         """The definition at ``as_of`` (default: now); TableNotFoundError if absent or dropped."""
@@ -74,11 +76,27 @@ class TableCatalog:
         return d
 
     async def _at(self, name: str, as_of: int | None) -> TableDef | None:
-        end = _vkey(name, as_of + 1) if as_of is not None else None
-        got = await self.catalog.scan(f"tbl/{name}/v/", end=end, limit=1, reverse=True)
-        if not got:
-            return None
-        return TableDef.from_entry(name, int(got[0].key.rsplit("/", 1)[1], 16), got[0].value)
+        hist = await self.history(name)
+        if as_of is not None:
+            hist = hist[: bisect_right([d.ts for d in hist], as_of)] if hist and hist[-1].ts > as_of else hist
+        return hist[-1] if hist else None
+
+    async def history(self, name: str) -> list[TableDef]:
+        """Every version of the name, oldest first. Cached: every change on this node goes
+        through :meth:`_write`, which refreshes it (with several nodes, changes made elsewhere
+        are picked up by :meth:`forget` — the cluster issue wires a catalog watch to it)."""
+        hist = self._hist.get(name)
+        if hist is None:
+            hist = [TableDef.from_entry(name, int(e.key.rsplit("/", 1)[1], 16), e.value)
+                    for e in await self.catalog.scan(f"tbl/{name}/v/")]
+            self._hist[name] = hist
+        return hist
+
+    def forget(self, name: str | None = None) -> None:
+        if name is None:
+            self._hist.clear()
+        else:
+            self._hist.pop(name, None)
 
     async def list(self, as_of: int | None = None) -> list[TableDef]:
         names = sorted({e.key.split("/")[1] for e in await self.catalog.scan("tbl/") if e.key.endswith("/head")})
@@ -123,6 +141,7 @@ class TableCatalog:
         d = TableDef(d.name, d.table_id, d.partitions, d.indexes, d.schema, ts, d.history)
         res = await commit(self.catalog, [Check(f"tbl/{name}/head", head.version if head else 0)],
                            [Put(f"tbl/{name}/head", str(ts).encode()), Put(_vkey(name, ts), d.to_bytes())])
+        self.forget(name)
         if not res.committed:
             raise ConflictError(f"table {name!r} changed concurrently; retry")
         return d
