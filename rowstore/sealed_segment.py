@@ -234,7 +234,7 @@ class SealedSegment:
         section, checked against the footer's ``index_crc``; leaves dense and in order)."""
         f = self.footer
         at = f.rows_len
-        index = np.frombuffer(await self.sf.read_uncached(at, self.sf.size - FOOTER_LEN - at), np.uint8)
+        index = np.frombuffer(await self.sf.read_sequential(at, self.sf.size - FOOTER_LEN - at), np.uint8)
         if index.shape[0] != self.sf.size - FOOTER_LEN - at or crc32c(index) != f.index_crc:
             raise RowCorruptionError(self.where, at, "index pages do not match the footer's index_crc")
         return _leaf_level(index, f.rows, f.rows_len, self.where, at)
@@ -258,7 +258,7 @@ class SealedSegment:
         async def run(a: int, b: int) -> Decoded:
             lo = int(offsets[a])
             hi = int(offsets[b]) if b < offsets.shape[0] else rows_len
-            data = await self.sf.read_uncached(lo, hi - lo)
+            data = await self.sf.read_sequential(lo, hi - lo)
             if len(data) != hi - lo:
                 raise RowCorruptionError(self.where, lo, "row section shorter than the footer says")
             return await asyncio.to_thread(decode_run, np.frombuffer(data, np.uint8), offsets[a:b] - lo,

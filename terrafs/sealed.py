@@ -258,31 +258,42 @@ class SealedFile:
                     yield lo + cut, data[cut:]
             i = j + 1
 
-    async def read_uncached(self, offset: int, length: int) -> memoryview:
-        """Logical bytes ``[offset, offset + length)`` (short at the end) for sequential scans:
-        one ranged read of the blocks they touch, each verified and decoded in a worker thread
-        into one writable buffer; the cache is neither read nor filled."""
+    async def read_sequential(self, offset: int, length: int) -> memoryview:
+        """Logical bytes ``[offset, offset + length)`` (short at the end) for sequential scans,
+        as one writable buffer. Blocks the memory cache holds are taken from it; the others
+        are fetched with one ranged read per run of them, verified and decoded in a worker
+        thread. The cache is never filled (a scan would evict what point reads need)."""
         end = min(offset + length, self.size)
         if offset >= end:
             return memoryview(bytearray())
         first = bisect_right(self._starts, offset) - 1
         last = bisect_right(self._starts, end - 1) - 1
-        start = int(self._blocks["physical"][first])
-        stop = int(self._blocks["physical"][last]) + int(self._blocks["rec"][last])
-        raw = await self._store.get_range(self.key, start, stop - start)
-        if len(raw) != stop - start:
-            raise CorruptionError(self.where, start, "object shorter than its block map says")
-        return await asyncio.to_thread(self._decode_into, raw, start, first, last, offset, end)
+        cached = {k: b for k in range(first, last + 1) if (b := self._cache.get_mem((self.key, k))) is not None}
+        fetched = []
+        for lo, hi in _runs([k for k in range(first, last + 1) if k not in cached]):
+            start = int(self._blocks["physical"][lo])
+            stop = int(self._blocks["physical"][hi]) + int(self._blocks["rec"][hi])
+            raw = await self._store.get_range(self.key, start, stop - start)
+            if len(raw) != stop - start:
+                raise CorruptionError(self.where, start, "object shorter than its block map says")
+            fetched.append((lo, hi, start, raw))
+        return await asyncio.to_thread(self._assemble, cached, fetched, offset, end)
 
-    def _decode_into(self, raw: bytes, base: int, first: int, last: int, offset: int, end: int) -> memoryview:
+    def _assemble(self, cached: dict, fetched: list, offset: int, end: int) -> memoryview:
         out = memoryview(np.empty(end - offset, np.uint8)).cast("B")
-        raw = memoryview(raw)
-        for k in range(first, last + 1):
-            a = int(self._blocks["physical"][k]) - base
-            data = memoryview(self._decode(raw[a : a + int(self._blocks["rec"][k])], k))
+
+        def put(k: int, data) -> None:
             lo = int(self._logical[k])
             take_lo, take_hi = max(offset - lo, 0), min(end - lo, len(data))
-            out[lo + take_lo - offset : lo + take_hi - offset] = data[take_lo:take_hi]
+            out[lo + take_lo - offset : lo + take_hi - offset] = memoryview(data)[take_lo:take_hi]
+
+        for k, data in cached.items():
+            put(k, data)
+        for lo, hi, base, raw in fetched:
+            raw = memoryview(raw)
+            for k in range(lo, hi + 1):
+                a = int(self._blocks["physical"][k]) - base
+                put(k, self._decode(raw[a : a + int(self._blocks["rec"][k])], k))
         return out
 
     def _decode_many(self, raw: bytes, base: int, i: int, j: int) -> list[bytes]:

@@ -1,4 +1,5 @@
-"""SealedFile.read_uncached: the sequential-scan read path (one ranged read, verified, no cache)."""
+"""SealedFile.read_sequential: the scan read path (memory-cached blocks used, the rest fetched and
+verified, the cache never filled)."""
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,9 +21,23 @@ async def test_equals_read_and_leaves_the_cache_alone(data, codec, bs, reads):
     cache = BlockCache(1 << 20)
     sf = await SealedFile.open(store, "obj", object_size=size, cache=cache)
     for off, n in reads:
-        assert bytes(await sf.read_uncached(off, n)) == data[off : off + n]
+        assert bytes(await sf.read_sequential(off, n)) == data[off : off + n]
     assert cache.stats == {"mem_hits": 0, "disk_hits": 0, "misses": 0, "disk_bad": 0}
     assert len(cache._mem) == 0
+
+
+async def test_cached_blocks_are_used_not_refetched():
+    data = sample(100_000)
+    store, size = await build(data, block_size=4096)
+    counted = FaultyObjectStore(store)
+    cache = BlockCache(1 << 20)
+    sf = await SealedFile.open(counted, "obj", object_size=size, cache=cache)
+    assert await sf.read(20_000, 10) == data[20_000:20_010]  # block 4 now in the memory cache
+    gets = counted.plan.counts["get"]
+    assert bytes(await sf.read_sequential(16_384, 4096)) == data[16_384:20_480]  # exactly block 4
+    assert counted.plan.counts["get"] == gets
+    assert bytes(await sf.read_sequential(10_000, 30_000)) == data[10_000:40_000]
+    assert counted.plan.counts["get"] == gets + 2  # the runs before and after block 4
 
 
 async def test_one_ranged_read_and_encrypted_blocks():
@@ -32,7 +47,7 @@ async def test_one_ranged_read_and_encrypted_blocks():
     counted = FaultyObjectStore(store)
     sf = await SealedFile.open(counted, "obj", object_size=size, kek=kek)
     before = counted.plan.counts["get"]
-    assert bytes(await sf.read_uncached(5_000, 60_000)) == data[5_000:65_000]
+    assert bytes(await sf.read_sequential(5_000, 60_000)) == data[5_000:65_000]
     assert counted.plan.counts["get"] == before + 1
 
 
@@ -50,5 +65,5 @@ async def test_flipped_byte_is_never_returned(codec):
         except CorruptionError:
             continue  # the damage hit the map or the footer
         with pytest.raises(CorruptionError) as ei:
-            await sf.read_uncached(0, len(data))
+            await sf.read_sequential(0, len(data))
         assert ei.value.where.endswith("obj") and ei.value.offset is not None
