@@ -1,7 +1,8 @@
 """Segment invariants for `terrascale fsck` (docs/format/segment.md §4), read-only.
 
 Offloaded segments: footer, every index page (localids dense, counts sum to
-the row count, offsets increasing inside the row section), every row header
+the row count, offsets increasing inside the row section, ``index_crc``, the
+leaf level packed where scans read it), every row header
 (lengths chain exactly through the row section, schema version listed in the
 footer, commit timestamp inside the footer's range). Local segments: the
 write-ahead framing parses and every committed batch's rows add up.
@@ -60,7 +61,10 @@ async def check_sealed_segment(seg: SealedSegment, rec: SegmentRecord | None = N
         raise RowCorruptionError(where, f.root_off, f"index holds {len(offsets)} rows; footer says {f.rows}")
     if len(offsets) and (offsets[0] != 0 or np.any(np.diff(offsets) <= 0) or offsets[-1] >= f.rows_len):
         raise RowCorruptionError(where, f.root_off, "row offsets are not increasing inside the row section")
-    rows = np.frombuffer(await seg.sf.read(0, f.rows_len), np.uint8)
+    # index_crc, and the leaf level where scans read it (packed from rows_len), agree with the tree
+    if not np.array_equal(await seg.row_offsets(), offsets):
+        raise RowCorruptionError(where, f.root_off, "the leaf level and the tree disagree")
+    rows = np.frombuffer(await seg.sf.read_sequential(0, f.rows_len), np.uint8)
     starts, end = walk_rows(rows, rows.shape[0])
     if end != f.rows_len or not np.array_equal(starts, offsets):
         raise RowCorruptionError(where, int(end if end >= 0 else -end - 1), "row lengths do not chain to the index")

@@ -58,3 +58,21 @@ async def test_inconsistent_footer_is_named(change, msg):
     seg = await _open(st, _refoot(raw, **change))
     with pytest.raises(RowCorruptionError, match=msg):
         await check_sealed_segment(seg)
+
+
+async def test_index_crc_is_checked():
+    """A child's first localid in the root (a byte only point reads follow) changed in an
+    otherwise consistent object: only index_crc can tell, and fsck names it."""
+    from rowstore.sealed_segment import LEAF_CAP, Footer
+
+    w = World()
+    st = await w.start()
+    _, raw = await _segment_bytes(st, n=LEAF_CAP + 100)
+    f = Footer.unpack(raw[-FOOTER_LEN:], "t", 0)
+    assert f.height == 2
+    bad = bytearray(raw)
+    at = f.root_off + 4 + 8  # second child's first localid
+    assert int.from_bytes(bad[at : at + 4], "little") == LEAF_CAP
+    bad[at : at + 4] = (LEAF_CAP + 5).to_bytes(4, "little")
+    with pytest.raises(RowCorruptionError, match="index_crc"):
+        await check_sealed_segment(await _open(st, bytes(bad)))
