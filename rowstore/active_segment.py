@@ -94,9 +94,10 @@ class ActiveSegment:
         self._note_ts(commit_ts)
         return rowids(self.segid, np.arange(base, base + n, dtype=np.uint32))
 
-    async def commit_prepared(self, txn: int) -> None:
-        """``COMMIT`` a prepared batch (durable on return; callers need not wait for it)."""
-        await self.file.append(commit_bytes(txn))
+    async def commit_prepared(self, txn: int, lazy: bool = False) -> None:
+        """``COMMIT`` a prepared batch (durable on return; callers need not wait for it, and
+        with ``lazy`` it rides with the next flush instead of starting one)."""
+        await self.file.append(commit_bytes(txn), lazy=lazy)
 
     def abort_prepared(self, ids: np.ndarray) -> None:
         """Forget a prepared batch: its localids go to the next batch, and a reader drops its

@@ -104,6 +104,7 @@ class PartitionColumns:
             index_kind(c)  # refuse unindexable columns up front
         self.mem: list[tuple[np.ndarray, dict[int, pa.Array]]] = []
         self.frozen: list[list] = []
+        self._mem_bytes = 0
         self.runs: dict[int, dict[int, ColumnRun]] = {}  # primary-key run inode -> column id -> run
 
     # -- writes -----------------------------------------------------------------------------
@@ -121,9 +122,10 @@ class PartitionColumns:
             if i >= 0:
                 vals[cid] = batch.column(i)
         self.mem.append((np.asarray(rowids, np.uint64), vals))
+        self._mem_bytes += _piece_bytes(self.mem[-1])
 
     def freeze(self) -> list:
-        token, self.mem = self.mem, []
+        token, self.mem, self._mem_bytes = self.mem, [], 0
         self.frozen.append(token)
         return token
 
@@ -131,6 +133,7 @@ class PartitionColumns:
         """A checkpoint failed: its frozen entries go back to the memtable."""
         self.frozen.remove(token)
         self.mem = token + self.mem
+        self._mem_bytes += sum(_piece_bytes(p) for p in token)
 
     def release(self, token: list) -> None:
         self.frozen.remove(token)
@@ -201,10 +204,15 @@ class PartitionColumns:
 
     @property
     def mem_bytes(self) -> int:
-        return sum(r.nbytes + sum(a.nbytes for a in v.values()) for r, v in self.mem)
+        return self._mem_bytes
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+def _piece_bytes(piece) -> int:
+    rowids, vals = piece
+    return rowids.nbytes + sum(a.nbytes for a in vals.values())
 
 
 def _gather(pieces, cid: int, col: Column) -> tuple[np.ndarray, pa.Array]:

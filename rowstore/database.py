@@ -31,7 +31,7 @@ from rowstore.partition import Partition
 from rowstore.partitioning import encode_one, partition_of, partition_one
 from rowstore.pointread import decode_one
 from rowstore.query import batch_mask, parse_bbox, parse_where
-from rowstore.rowcodec import encode_rows
+from rowstore.rowcodec import Encoded, encode_rows
 from rowstore.schema import SchemaVersion
 from rowstore.segments import SegmentStore, SegState
 from rowstore.table_io import conform, key_array, stamp
@@ -46,6 +46,7 @@ log = logging.getLogger("rowstore.database")
 TXN_PREFIX = "txn/"
 COMMITTED, ABORTED = b"committed", b"aborted"
 _THREAD_ROWS = 4096  # encode bigger batches in a worker thread
+_GROUP_ROWS = 256_000  # rows committed together by one multi-partition group at most
 MAX_LIMIT = 10_000_000
 
 
@@ -56,6 +57,32 @@ class TablesConfig:
     memtable_bytes: int = 64 << 20  # all partitions' key memtables together
     retention_ms: int = 7 * 86_400_000
     closed_wait_s: float = 2.0
+
+
+@dataclass
+class _Member:
+    """A multi-partition batch waiting in its table's commit queue."""
+
+    work: list  # (partition, sub-batch, deleted, encoded rows)
+    schema: SchemaVersion
+    fut: asyncio.Future
+    ts: int = 0
+
+    @property
+    def rows(self) -> int:
+        return sum(b.num_rows for _, b, _, _ in self.work)
+
+
+def _concat(encs: list) -> Encoded:
+    """Several batches' encoded rows for one partition as one record, each stamped with its
+    own commit timestamp (rows carry theirs; the record's header carries the largest)."""
+    for e, ts in encs:
+        stamp(e, ts)
+    if len(encs) == 1:
+        return encs[0][0]
+    offs = np.cumsum([0] + [e.nbytes for e, _ in encs[:-1]])
+    return Encoded(np.concatenate([e.buf for e, _ in encs]),
+                   np.concatenate([e.starts + o for (e, _), o in zip(encs, offs)]))
 
 
 @dataclass(frozen=True)
@@ -98,6 +125,8 @@ class Database:
         self._bg: set[asyncio.Task] = set()
         self._decided: list[str] = []
         self._wake = asyncio.Event()  # a write crossed the memtable budget: maintain now
+        self._groups: dict[str, list] = {}  # table id -> multi-partition batches waiting to commit
+        self._leading: set[str] = set()  # table ids whose group committer is running
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -252,7 +281,8 @@ class Database:
 
         encs = await asyncio.to_thread(encode_all) if batch.num_rows > _THREAD_ROWS else encode_all()
         work = [(table.parts[p], b, dl, e) for (p, b, _, dl), e in zip(subs, encs)]
-        ts = await (self._commit_one(*work[0], d.schema) if len(work) == 1 else self._commit_many(work, d.schema))
+        ts = await (self._commit_one(*work[0], d.schema) if len(work) == 1 else
+                    self._commit_many(table, work, d.schema))
         if self.memtable_bytes() > self.cfg.memtable_bytes:
             self._wake.set()
         return WriteResult(batch.num_rows, ts)
@@ -274,20 +304,57 @@ class Database:
         self._spawn(part.roll_if_full())
         return ts
 
-    async def _commit_many(self, work, schema) -> int:
-        work = sorted(work, key=lambda w: w[0].pid)
+    async def _commit_many(self, table: Table, work, schema) -> int:
+        """Queue a multi-partition batch; one committer per table takes every batch queued
+        and commits them as ONE two-phase group (one prepare fsync per partition, one
+        decision), each batch keeping its own commit timestamp (LevelDB's writer queue)."""
+        m = _Member(work, schema, asyncio.get_running_loop().create_future())
+        q = self._groups.setdefault(table.table_id, [])
+        q.append(m)
+        if table.table_id not in self._leading:
+            self._leading.add(table.table_id)
+            self._spawn(self._group_loop(table.table_id, q))
+        return await m.fut
+
+    async def _group_loop(self, tid: str, q: list) -> None:
+        try:
+            while q:
+                group, rows = [q.pop(0)], 0
+                rows = group[0].rows
+                while q and rows + q[0].rows <= _GROUP_ROWS:
+                    rows += q[0].rows
+                    group.append(q.pop(0))
+                try:
+                    await self._commit_group(group)
+                except BaseException as e:  # noqa: BLE001 - every member learns it; the loop goes on
+                    for m in group:
+                        if not m.fut.done():
+                            m.fut.set_exception(e)
+                    if isinstance(e, asyncio.CancelledError):
+                        raise
+        finally:
+            self._leading.discard(tid)
+
+    async def _commit_group(self, group: list["_Member"]) -> None:
+        by_pid: dict[int, list] = {}
+        for i, m in enumerate(group):
+            for part, batch, deleted, enc in m.work:
+                by_pid.setdefault(part.pid, []).append((i, part, batch, deleted, enc))
+        pids = sorted(by_pid)
+        parts = [by_pid[p][0][1] for p in pids]
         txn = DECIDED | secrets.randbits(63)
         async with contextlib.AsyncExitStack() as locks:
-            for part, *_ in work:
+            for part in parts:
                 await locks.enter_async_context(part.lock)
-            segs = [await part.current() for part, *_ in work]
-            ts = await self.timeline.begin()
+            segs = [await part.current() for part in parts]
+            for m in group:
+                m.ts = await self.timeline.begin()
+            for part in parts:
+                part.enter()
             try:
-                tasks = []
-                for (part, _, _, enc), seg in zip(work, segs):
-                    part.enter()
-                    stamp(enc, ts)
-                    tasks.append(await part.append(seg, enc, ts, txn))
+                encs = [_concat([(e, group[i].ts) for i, _, _, _, e in by_pid[p]]) for p in pids]
+                top = group[-1].ts
+                tasks = [await part.append(seg, enc, top, txn) for part, seg, enc in zip(parts, segs, encs)]
                 got = await asyncio.gather(*tasks, return_exceptions=True)
                 failed = next((g for g in got if isinstance(g, BaseException)), None)
                 failpoint("txn.after_prepare")
@@ -297,19 +364,36 @@ class Database:
                             seg.abort_prepared(g)
                     raise failed or ConflictError("the batch was aborted during recovery elsewhere")
                 failpoint("txn.after_decision")
-                commits = [asyncio.ensure_future(seg.commit_prepared(txn)) for seg in segs]
+                commits = [asyncio.ensure_future(seg.commit_prepared(txn, lazy=True)) for seg in segs]
                 await asyncio.sleep(0)  # COMMIT X enqueued before the locks are released
-                for (part, batch, deleted, _), seg, ids in zip(work, segs, got):
-                    part.apply(split_rowids(ids)[1], seg.segid, batch, ts, _deleted(deleted, batch), schema)
-            finally:
-                for part, *_ in work:
-                    part.leave()
-                self.timeline.end(ts)
+            except BaseException:
+                self._leave(parts, group)
+                raise
+        # The next group may prepare now; this one's entries become visible (its partitions
+        # stay "in flight", so a checkpoint waits for them) and then it is acknowledged.
+        try:
+            for p, part, seg, ids in zip(pids, parts, segs, got):
+                seg._note_ts(group[0].ts)
+                locs, at = split_rowids(ids)[1], 0
+                for i, _, batch, deleted, _ in by_pid[p]:
+                    n = batch.num_rows
+                    part.apply(locs[at : at + n], seg.segid, batch, group[i].ts, _deleted(deleted, batch),
+                               group[i].schema)
+                    at += n
+        finally:
+            self._leave(parts, group)
         self._spawn(self._forget_decision(txn, commits))
-        await self.timeline.wait_closed(ts)
-        for part, *_ in work:
+        await self.timeline.wait_closed(group[-1].ts)
+        for m in group:
+            m.fut.set_result(m.ts)
+        for part in parts:
             self._spawn(part.roll_if_full())
-        return ts
+
+    def _leave(self, parts, group) -> None:
+        for part in parts:
+            part.leave()
+        for m in group:
+            self.timeline.end(m.ts)
 
     async def _decide(self, txn: int, want: bool) -> bool:
         """The commit point: ``txn/X`` = committed (or aborted), by compare-and-set."""
@@ -536,15 +620,17 @@ def _last_wins(batch: pa.RecordBatch, keys: np.ndarray, deleted):
 
 
 def _split(batch, keys, deleted, pids):
+    """Sub-batches by partition: one take into partition order, then zero-copy slices."""
     if len(pids) and (pids == pids[0]).all():
         return [(int(pids[0]), batch, keys, deleted)]
     order = np.argsort(pids, kind="stable")
     sp = pids[order]
+    batch, keys = batch.take(pa.array(order)), keys[order]
+    deleted = None if deleted is None else deleted[order]
     cuts = np.flatnonzero(np.diff(sp)) + 1
     out = []
-    for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(sp)]):
-        idx = order[a:b]
-        out.append((int(sp[a]), batch.take(pa.array(idx)), keys[idx], None if deleted is None else deleted[idx]))
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(sp)]):
+        out.append((int(sp[a]), batch.slice(a, b - a), keys[a:b], None if deleted is None else deleted[a:b]))
     return out
 
 

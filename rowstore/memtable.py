@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import pyarrow as pa
 
 TOMBSTONE = np.uint64(2**64 - 1)  # the rowid of a deletion (part of the run format)
-_MAX_RUNS = 8
 
 
 def encode_keys(arr: pa.Array, kind: str) -> np.ndarray:
@@ -56,16 +56,49 @@ class Run:
 
 
 def sort_run(keys: np.ndarray, ts: np.ndarray, rowids: np.ndarray) -> Run:
-    order = np.lexsort((np.iinfo(np.uint64).max - ts, keys))  # last key is primary: key asc, ts desc
+    if len(ts) and ts[0] == ts[-1] and (ts == ts[0]).all():  # one batch: one timestamp, keys suffice
+        order = np.argsort(keys, kind="stable")
+    else:
+        order = np.lexsort((np.iinfo(np.uint64).max - ts, keys))  # last key is primary: key asc, ts desc
     return Run(keys[order], ts[order], rowids[order])
 
 
 def merge_runs(runs: list[Run]) -> Run:
     if len(runs) == 1:
         return runs[0]
+    if len(runs) == 2 and runs[0].keys.dtype == np.uint64 and runs[1].keys.dtype == np.uint64:
+        a, b = runs
+        order = _merge_order(a.keys, a.ts, b.keys, b.ts)  # linear: both are sorted already
+        return Run(np.concatenate([a.keys, b.keys])[order], np.concatenate([a.ts, b.ts])[order],
+                   np.concatenate([a.rowids, b.rowids])[order])
     width = max((r.keys.dtype.itemsize for r in runs), default=1)
     keys = np.concatenate([r.keys.astype(f"S{width}") if r.keys.dtype.kind == "S" else r.keys for r in runs])
     return sort_run(keys, np.concatenate([r.ts for r in runs]), np.concatenate([r.rowids for r in runs]))
+
+
+@numba.njit(cache=True, nogil=True)
+def _merge_order(ak, ats, bk, bts):
+    """Positions (into a ++ b) of two (key asc, ts desc) runs merged in that order."""
+    na, nb = ak.shape[0], bk.shape[0]
+    out = np.empty(na + nb, np.int64)
+    i = j = k = 0
+    while i < na and j < nb:
+        if ak[i] < bk[j] or (ak[i] == bk[j] and ats[i] >= bts[j]):
+            out[k] = i
+            i += 1
+        else:
+            out[k] = na + j
+            j += 1
+        k += 1
+    while i < na:
+        out[k] = i
+        i += 1
+        k += 1
+    while j < nb:
+        out[k] = na + j
+        j += 1
+        k += 1
+    return out
 
 
 def visible(run: Run, as_of: int) -> Run:
@@ -88,7 +121,11 @@ class MemTable:
         self.entries = 0
 
     def insert(self, keys: np.ndarray, ts: int | np.ndarray, rowids: np.ndarray) -> None:
-        """One atomic batch: every key at commit ``ts`` (rowid TOMBSTONE = deleted)."""
+        """One atomic batch: every key at commit ``ts`` (rowid TOMBSTONE = deleted).
+
+        Mini-runs merge like a binary counter (a run merges into the one before it while
+        that one is at most twice its size), so inserting n entries costs O(n log² n) in all
+        and a lookup searches O(log n) runs."""
         n = len(keys)
         if n == 0:
             return
@@ -97,11 +134,12 @@ class MemTable:
         self._runs.append(run)
         self.nbytes += run.nbytes
         self.entries += n
-        if len(self._runs) > _MAX_RUNS:
-            self._runs = [merge_runs(self._runs)]
+        while len(self._runs) >= 2 and len(self._runs[-2]) <= 2 * len(self._runs[-1]):
+            b, a = self._runs.pop(), self._runs.pop()
+            self._runs.append(merge_runs([a, b]))
 
     def consolidated(self) -> Run:
-        """All entries as one sorted run (also what a checkpoint writes)."""
+        """All entries as one sorted run (scans, and what a checkpoint writes)."""
         if not self._runs:
             empty = np.zeros(0, np.uint64 if self.kind == "int64" else "S1")
             return Run(empty, np.zeros(0, np.uint64), np.zeros(0, np.uint64))
@@ -112,53 +150,37 @@ class MemTable:
     def get(self, keys: np.ndarray, as_of: int) -> np.ndarray:
         """Per key: the visible rowid at ``as_of``, TOMBSTONE if deleted, 0 if never written.
 
-        (rowid 0 is in segment 0, which is never allocated: segids start at 1.)
-        """
-        run = self.consolidated()
-        out = np.zeros(len(keys), np.uint64)
-        if len(run) == 0 or len(keys) == 0:
-            return out
-        if run.keys.dtype.kind == "S" and keys.dtype.itemsize > run.keys.dtype.itemsize:
-            return np.where(np.char.str_len(keys) > run.keys.dtype.itemsize, np.uint64(0),  # longer than any key
-                            self.get(keys.astype(run.keys.dtype), as_of)).astype(np.uint64)
-        k = keys.astype(run.keys.dtype) if run.keys.dtype.kind == "S" else keys
-        return self._get_many(run, k, as_of)
+        (rowid 0 is in segment 0, which is never allocated: segids start at 1.) Every
+        mini-run is searched and the newest version at or below ``as_of`` wins."""
+        best_r, best_t = np.zeros(len(keys), np.uint64), np.zeros(len(keys), np.uint64)
+        for run in self._runs:
+            r, t = _lookup(run, keys, as_of)
+            newer = (r != 0) & (t >= best_t)
+            best_r[newer], best_t[newer] = r[newer], t[newer]
+        return best_r
 
     def get_one(self, key, as_of: int) -> int:
         """``get`` for one encoded key (a Python int or bytes): no arrays built."""
-        run = self.consolidated()
-        if len(run) == 0:
-            return 0
-        if run.keys.dtype.kind == "S":
-            if len(key) > run.keys.dtype.itemsize:
-                return 0
-        else:
+        if self.kind == "int64":
             key = np.uint64(key)  # a Python int above 2**63 would be compared as a float
-        lo = int(run.keys.searchsorted(key, "left"))
-        hi = int(run.keys.searchsorted(key, "right"))
-        for j in range(lo, hi):  # ts descending: the first at or below as_of
-            if run.ts[j] <= as_of:
-                return int(run.rowids[j])
-        return 0
+        best_r, best_t = 0, -1
+        for run in self._runs:
+            if run.keys.dtype.kind == "S" and len(key) > run.keys.dtype.itemsize:
+                continue
+            lo = int(run.keys.searchsorted(key, "left"))
+            hi = int(run.keys.searchsorted(key, "right"))
+            for j in range(lo, hi):  # ts descending: the first at or below as_of
+                t = int(run.ts[j])
+                if t <= as_of:
+                    if t > best_t:
+                        best_r, best_t = int(run.rowids[j]), t
+                    break
+        return best_r
 
     @staticmethod
     def _get_many(run: Run, keys: np.ndarray, as_of: int) -> np.ndarray:
-        """Per key: the first entry with ts <= as_of (entries of a key are ts-descending);
-        O(keys · log run + versions skipped), never a pass over the whole run."""
-        out = np.zeros(len(keys), np.uint64)
-        if len(run) == 0 or len(keys) == 0:
-            return out
-        lo = np.searchsorted(run.keys, keys, "left")
-        hi = np.searchsorted(run.keys, keys, "right")
-        j, t = lo.copy(), np.uint64(as_of)
-        todo = np.flatnonzero(hi > lo)
-        while len(todo):  # usually one round: the newest version is visible
-            ok = run.ts[j[todo]] <= t
-            out[todo[ok]] = run.rowids[j[todo[ok]]]
-            todo = todo[~ok]
-            j[todo] += 1
-            todo = todo[j[todo] < hi[todo]]
-        return out
+        """Per key: the first entry of one sorted run with ts <= as_of (0 if none)."""
+        return _lookup(run, keys, as_of)[0]
 
     def scan(self, lo: np.ndarray | None, hi: np.ndarray | None, as_of: int) -> Run:
         """Visible entries with ``lo <= key < hi`` (None: unbounded), in key order."""
@@ -166,3 +188,28 @@ class MemTable:
         a = 0 if lo is None else int(np.searchsorted(run.keys, lo, "left"))
         b = len(run) if hi is None else int(np.searchsorted(run.keys, hi, "left"))
         return visible(Run(run.keys[a:b], run.ts[a:b], run.rowids[a:b]), as_of)
+
+
+def _lookup(run: Run, keys: np.ndarray, as_of: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per key: (rowid, ts) of its first entry in ``run`` with ts <= as_of ((0, 0) if none);
+    O(keys · log run + versions skipped), never a pass over the whole run."""
+    out, ts_out = np.zeros(len(keys), np.uint64), np.zeros(len(keys), np.uint64)
+    if len(run) == 0 or len(keys) == 0:
+        return out, ts_out
+    if run.keys.dtype.kind == "S" and keys.dtype.kind == "S" and keys.dtype.itemsize > run.keys.dtype.itemsize:
+        fits = np.char.str_len(keys) <= run.keys.dtype.itemsize  # longer keys are in no entry
+        r, t = _lookup(run, keys[fits].astype(run.keys.dtype), as_of)
+        out[fits], ts_out[fits] = r, t
+        return out, ts_out
+    lo = np.searchsorted(run.keys, keys, "left")
+    hi = np.searchsorted(run.keys, keys, "right")
+    j, t = lo.copy(), np.uint64(as_of)
+    todo = np.flatnonzero(hi > lo)
+    while len(todo):  # usually one round: the newest version is visible
+        ok = run.ts[j[todo]] <= t
+        hit = todo[ok]
+        out[hit], ts_out[hit] = run.rowids[j[hit]], run.ts[j[hit]]
+        todo = todo[~ok]
+        j[todo] += 1
+        todo = todo[j[todo] < hi[todo]]
+    return out, ts_out

@@ -300,5 +300,5 @@ def _leaf_level(index: np.ndarray, rows: int, rows_len: int, where: str, at: int
         pos, expect = pos + 2 + count, expect + count
     offs = np.concatenate(parts).astype(np.int64)
     if expect != rows or (rows and (offs[0] != 0 or np.any(np.diff(offs) <= 0) or offs[-1] >= rows_len)):
-        raise RowCorruptionError(where, at, "row offsets in the leaf pages are not increasing inside the row section")
+        raise RowCorruptionError(where, at, "leaf offsets are not increasing inside the row section")
     return offs

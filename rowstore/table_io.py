@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid as uuidlib
 
+import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,7 +20,6 @@ from rowstore.rowcodec import Encoded
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import Kind
 
-_TS_AT = np.arange(8, 16)  # commit_ts bytes within a row header (docs/format/segment.md §1)
 
 
 def conform(data: pa.RecordBatch | pa.Table, schema: SchemaVersion) -> pa.RecordBatch:
@@ -120,6 +120,14 @@ def _null_key(key: Column):
 
 
 def stamp(enc: Encoded, ts: int) -> None:
-    """Write the commit timestamp into every encoded row's header (vectorized)."""
+    """Write the commit timestamp into every encoded row's header."""
     if len(enc.starts):
-        enc.buf[enc.starts[:, None] + _TS_AT] = np.frombuffer(np.uint64(ts).tobytes(), np.uint8)
+        _stamp(enc.buf, enc.starts, np.frombuffer(np.uint64(ts).tobytes(), np.uint8))
+
+
+@numba.njit(cache=True, nogil=True)
+def _stamp(buf, starts, ts8):
+    for i in range(starts.shape[0]):
+        s = starts[i] + 8  # commit_ts within a row header (docs/format/segment.md §1)
+        for q in range(8):
+            buf[s + q] = ts8[q]

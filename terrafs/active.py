@@ -198,8 +198,11 @@ class ActiveFile:
 
     # -- appends -----------------------------------------------------------------
 
-    async def append(self, data: bytes) -> int:
-        """Append ``data``; return its logical offset once it is durable."""
+    async def append(self, data: bytes, lazy: bool = False) -> int:
+        """Append ``data``; return its logical offset once it is durable.
+
+        ``lazy``: do not start a flush for this append (it rides with the next one, or the
+        timer's) — for records nobody waits on, such as a two-phase commit's COMMIT."""
         self._check_writable()
         if not data:
             await self.flush()
@@ -212,7 +215,7 @@ class ActiveFile:
         self._futs.append(fut)
         self.stats["appends"] += 1
         idle = self._flush_task is None or self._flush_task.done()
-        if self._pending_bytes >= self._cfg.flush_bytes or (self._cfg.eager and idle):
+        if self._pending_bytes >= self._cfg.flush_bytes or (self._cfg.eager and idle and not lazy):
             self._kick()
         elif self._timer is None and not self._want_flush:
             self._timer = asyncio.get_running_loop().call_later(self._cfg.flush_ms / 1000, self._kick)

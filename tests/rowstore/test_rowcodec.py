@@ -173,7 +173,8 @@ def test_decode_projects_every_type_into_other_versions():
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.lists(_values(SCHEMA), min_size=1, max_size=30), cut=st.tuples(st.integers(0, 30), st.integers(0, 30)))
+@given(rows=st.lists(_values(SCHEMA), min_size=1, max_size=30),
+       cut=st.tuples(st.integers(0, 30), st.integers(0, 30)))
 def test_sliced_arrays_encode_like_fresh_ones(rows, cut):
     """Encoding reads Arrow buffers directly: a slice (non-zero offsets, also inside bitmaps and
     struct children) must give exactly the bytes of the same rows built fresh."""
