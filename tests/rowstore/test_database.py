@@ -258,3 +258,50 @@ async def test_memtable_budget_drives_background_checkpoints():
     assert await ids_at(db) == list(range(1000))
     t, _ = await db.query("m", where=[["v", ">", 0.0]], limit=None)
     assert t.num_rows == sum(1 for v in (await db.scan("m"))[0].column("v").to_pylist() if v > 0)
+
+
+async def test_concurrent_batches_commit_in_groups_each_with_its_own_timestamp():
+    import asyncio
+    w, db = await make()
+    results = {}
+
+    async def client(c):
+        for i in range(6):
+            ids = range(c * 1000 + i * 50, c * 1000 + i * 50 + 50)  # spans every partition
+            results[(c, i)] = await db.upsert("m", rows(ids, v=float(c * 10 + i)))
+
+    await asyncio.gather(*(client(c) for c in range(8)))
+    tss = sorted(r.commit_ts for r in results.values())
+    assert len(set(tss)) == len(tss)  # one commit_ts per batch, even when committed together
+    for (c, i), r in results.items():  # as of its own ts, a batch and every earlier one are visible
+        seen = set(await ids_at(db, r.commit_ts))
+        earlier = {k for (c2, i2), r2 in results.items() if r2.commit_ts <= r.commit_ts
+                   for k in range(c2 * 1000 + i2 * 50, c2 * 1000 + i2 * 50 + 50)}
+        assert seen == earlier
+
+
+async def test_crash_inside_a_group_loses_only_unacknowledged_batches_whole():
+    import asyncio
+    w, db = await make()
+    acked, failed = [], []
+
+    async def client(c):
+        for i in range(5):
+            ids = list(range(c * 1000 + i * 40, c * 1000 + i * 40 + 40))
+            try:
+                await db.upsert("m", rows(ids))
+                acked.append(ids)
+            except FailPointCrash:
+                failed.append(ids)
+                return
+
+    with armed("txn.after_prepare", skip=2):
+        await asyncio.gather(*(client(c) for c in range(6)))
+    assert failed
+    w.crash()
+    db2 = await w.start()
+    have = set(await ids_at(db2))
+    for ids in acked:
+        assert set(ids) <= have
+    for ids in failed:
+        assert not set(ids) & have
