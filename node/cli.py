@@ -2,32 +2,94 @@
 
 argparse (standard library) gives exit status 2 and a usage line on bad
 arguments, which is what the contract asks; every failure below it is one
-line on stderr, never a traceback.
+line on stderr, never a traceback. Commands other than ``node run`` and
+``fsck`` talk to a node over HTTP through ``node.client.Client``.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
+import json
 import logging
 import os
+import re
 import sys
 
 from catalog.errors import CatalogError
 from node import config as config_mod
 from node.errors import NodeError
+from rowstore.errors import RowstoreError
 from terrafs.errors import TerrafsError
+
+OUTPUTS = ("table", "json", "csv", "arrow")
+_WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(!=|<=|>=|=|<|>)\s*(.*?)\s*$")
+
+
+class UsageError(Exception):
+    """Raised for a malformed argument the parser could not catch (exit 2)."""
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="terrascale", description="Terrascale storage engine")
-    p.add_argument("--endpoint", default=os.environ.get("TERRASCALE_ENDPOINT", "http://127.0.0.1:7400"))
-    p.add_argument("--token", default=os.environ.get("TERRASCALE_TOKEN"))
+    p.add_argument("--endpoint", default=os.environ.get("TERRASCALE_ENDPOINT", "http://127.0.0.1:7400"),
+                   help="node URL (env TERRASCALE_ENDPOINT)")
+    p.add_argument("--token", default=os.environ.get("TERRASCALE_TOKEN"), help="bearer token (env TERRASCALE_TOKEN)")
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--output", "-o", choices=OUTPUTS, default="table", help="output format")
     sub = p.add_subparsers(dest="cmd", required=True)
+
     node = sub.add_parser("node", help="run a node daemon").add_subparsers(dest="node_cmd", required=True)
     run = node.add_parser("run", help="run a node in the foreground")
     run.add_argument("--config", help="TOML config file (contract §4)")
     run.add_argument("--data-dir", default="./data", help="embedded defaults under this directory")
     run.add_argument("--listen", help="HOST:PORT (overrides the config)")
+
+    table = sub.add_parser("table", help="create, list, describe, alter, drop tables").add_subparsers(
+        dest="table_cmd", required=True)
+    c = table.add_parser("create", parents=[out], help="create a table")
+    c.add_argument("name")
+    c.add_argument("--schema", required=True, help="'id int64 primary key, ts timestamp, loc point, name string'")
+    c.add_argument("--index", default="", help="columns to index, comma-separated")
+    c.add_argument("--partitions", type=int, help="number of partitions (default: the node's)")
+    lst = table.add_parser("list", parents=[out], help="list tables")
+    lst.add_argument("--as-of", type=int)
+    d = table.add_parser("describe", parents=[out], help="a table's schema (as of T)")
+    d.add_argument("name")
+    d.add_argument("--as-of", type=int)
+    dr = table.add_parser("drop", parents=[out], help="drop a table")
+    dr.add_argument("name")
+    a = table.add_parser("alter", parents=[out], help="add-column 'c float64' | drop-column C | rename-column OLD NEW")
+    a.add_argument("name")
+    a.add_argument("change", choices=("add-column", "drop-column", "rename-column"))
+    a.add_argument("args", nargs="+")
+
+    ing = sub.add_parser("ingest", help="bulk load a file (restartable: upserts by key)")
+    ing.add_argument("name")
+    ing.add_argument("file")
+    ing.add_argument("--format", choices=("parquet", "csv", "arrow", "ndjson"), help="default: from the extension")
+    ing.add_argument("--batch-rows", type=int, default=10_000)
+    ing.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    g = sub.add_parser("get", parents=[out], help="one row by primary key")
+    g.add_argument("name")
+    g.add_argument("key")
+    g.add_argument("--as-of", type=int)
+
+    q = sub.add_parser("query", parents=[out], help="filtered read")
+    q.add_argument("name")
+    q.add_argument("--where", action="append", default=[], help="'col op value', op in = != < <= > >=")
+    q.add_argument("--bbox", help="COL:XMIN,YMIN,XMAX,YMAX")
+    q.add_argument("--as-of", type=int)
+    q.add_argument("--columns", help="a,b,c")
+    q.add_argument("--limit", type=int)
+
+    adm = sub.add_parser("admin", help="operator actions").add_subparsers(dest="admin_cmd", required=True)
+    for name in ("status", "seal", "offload", "gc", "checkpoint", "cluster"):
+        adm.add_parser(name, parents=[out])
+    segs = adm.add_parser("segments", parents=[out])
+    segs.add_argument("--table")
+
     fsck = sub.add_parser("fsck", help="offline: verify every checksum and invariant of a node's data")
     fsck.add_argument("data_dir", nargs="?", help="a data directory with the embedded layout")
     fsck.add_argument("--config", help="check the stores this config names")
@@ -39,11 +101,15 @@ def _setup_logging() -> None:
                         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
 
 
+# -- offline commands -----------------------------------------------------------------------------
+
+
 def _node_run(args) -> int:
     from dataclasses import replace
 
     from node.daemon import run
 
+    _setup_logging()
     cfg = config_mod.load(args.config) if args.config else config_mod.defaults(args.data_dir)
     if args.listen:
         cfg = replace(cfg, listen=config_mod.parse_listen("--listen", args.listen))
@@ -54,6 +120,7 @@ def _node_run(args) -> int:
 def _fsck(args, parser) -> int:
     from node.fsck import fsck
 
+    _setup_logging()
     if bool(args.data_dir) == bool(args.config):
         parser.error("fsck takes DATA_DIR or --config FILE")
     if args.data_dir and not os.path.isdir(args.data_dir):
@@ -67,21 +134,296 @@ def _fsck(args, parser) -> int:
     return 1 if damaged else 0
 
 
+# -- output ---------------------------------------------------------------------------------------
+
+
+def _emit(doc, fmt: str, rows_key: str | None = None) -> None:
+    """Print an API answer: a list of rows under ``rows_key`` as a table/CSV/JSON/Arrow, or a document."""
+    rows = doc.get(rows_key) if rows_key and isinstance(doc, dict) else None
+    if fmt == "json":
+        print(json.dumps(doc, indent=None if rows is not None else 2))
+        return
+    if rows is None:
+        rows = [doc] if fmt in ("csv", "arrow") else None
+    if rows is None:
+        _print_doc(doc)
+    elif fmt == "arrow":
+        import pyarrow as pa
+
+        from node.client import _arrow_body
+
+        sys.stdout.buffer.write(_arrow_body(pa.Table.from_pylist([_flat(r) for r in rows])))
+        sys.stdout.flush()
+    elif fmt == "csv":
+        _print_csv(rows)
+    else:
+        _print_table(rows)
+
+
+def _emit_arrow_table(t, fmt: str, as_of=None) -> None:
+    if fmt == "arrow":
+        from node.client import _arrow_body
+
+        sys.stdout.buffer.write(_arrow_body(t))
+        sys.stdout.flush()
+        return
+    from node.codec import table_to_rows
+
+    rows = table_to_rows(t)
+    if fmt == "json":
+        print(json.dumps({"rows": rows, "as_of": as_of}))
+    elif fmt == "csv":
+        _print_csv(rows, t.column_names)
+    else:
+        _print_table(rows, t.column_names)
+        print(f"({len(rows)} row{'s' if len(rows) != 1 else ''}{f', as of {as_of}' if as_of else ''})",
+              file=sys.stderr)
+
+
+def _flat(r: dict) -> dict:
+    return {k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()}
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, separators=(",", ":"))
+    return str(v)
+
+
+def _print_table(rows: list[dict], cols: list[str] | None = None) -> None:
+    cols = cols or list(dict.fromkeys(k for r in rows for k in r))
+    cells = [[_cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def _print_csv(rows: list[dict], cols: list[str] | None = None) -> None:
+    cols = cols or list(dict.fromkeys(k for r in rows for k in r))
+    w = csv.writer(sys.stdout)
+    w.writerow(cols)
+    for r in rows:
+        w.writerow([_cell(r.get(c)) for c in cols])
+
+
+def _print_doc(doc, indent: int = 0) -> None:
+    pad = "  " * indent
+    for k, v in doc.items():
+        if isinstance(v, dict) and v and all(not isinstance(x, (dict, list)) for x in v.values()):
+            print(f"{pad}{k}: " + ", ".join(f"{a}={b}" for a, b in v.items()))
+        elif isinstance(v, dict) and v:
+            print(f"{pad}{k}:")
+            _print_doc(v, indent + 1)
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            print(f"{pad}{k}:")
+            for x in v:
+                print(f"{pad}  - " + ", ".join(f"{a}={_cell(b)}" for a, b in x.items()))
+        else:
+            print(f"{pad}{k}: {_cell(v) if not isinstance(v, list) else ', '.join(map(_cell, v))}")
+
+
+# -- online commands ------------------------------------------------------------------------------
+
+
+def _schema_columns(text: str):
+    from rowstore.schema import parse_schema
+
+    sv = parse_schema(text)
+    cols = [{"name": c.name, "type": str(c.type), "nullable": c.nullable} for c in sv.columns]
+    return cols, sv.key.name
+
+
+def _table_cmd(c, args) -> int:
+    fmt = args.output
+    if args.table_cmd == "create":
+        cols, pk = _schema_columns(args.schema)
+        idx = [i.strip() for i in args.index.split(",") if i.strip()]
+        d = c.create_table(args.name, cols, pk, idx, args.partitions)
+        _describe_out(d, fmt)
+    elif args.table_cmd == "list":
+        doc = c.list_tables(args.as_of)
+        if fmt in ("table", "csv"):
+            rows = [{"name": t["name"], "primary_key": t["primary_key"], "columns": len(t["columns"]),
+                     "indexes": ",".join(t["indexes"]), "partitions": t["partitions"]} for t in doc["tables"]]
+            (_print_table if fmt == "table" else _print_csv)(rows, ["name", "primary_key", "columns", "indexes",
+                                                                    "partitions"])
+        else:
+            _emit(doc, fmt, "tables")
+    elif args.table_cmd == "describe":
+        _describe_out(c.describe(args.name, args.as_of), fmt)
+    elif args.table_cmd == "drop":
+        _emit(c.drop_table(args.name), fmt)
+    elif args.table_cmd == "alter":
+        _describe_out(_alter(c, args), fmt)
+    return 0
+
+
+def _alter(c, args):
+    a = args.args
+    if args.change == "add-column":
+        words = " ".join(a).split(None, 1)
+        if len(words) != 2:
+            raise UsageError("add-column takes 'NAME TYPE', e.g. 'c float64'")
+        return c.add_column(args.name, words[0], words[1])
+    if args.change == "drop-column":
+        if len(a) != 1:
+            raise UsageError("drop-column takes one column name")
+        return c.drop_column(args.name, a[0])
+    if len(a) != 2:
+        raise UsageError("rename-column takes OLD NEW")
+    return c.rename_column(args.name, a[0], a[1])
+
+
+def _describe_out(d: dict, fmt: str) -> None:
+    if fmt in ("table", "csv"):
+        if fmt == "table":
+            print(f"table {d['name']}  (primary key {d['primary_key']}, {d['partitions']} partitions, "
+                  f"schema version {d['schema_version']}, ts {d['ts']})")
+        rows = [{"column": col["name"], "type": col["type"], "nullable": col["nullable"],
+                 "indexed": col["name"] in d["indexes"]} for col in d["columns"]]
+        (_print_table if fmt == "table" else _print_csv)(rows, ["column", "type", "nullable", "indexed"])
+    else:
+        _emit(d, fmt)
+
+
+def _parse_where(expr: str) -> list:
+    m = _WHERE.match(expr)
+    if not m:
+        raise UsageError(f"--where {expr!r}: expected 'col op value' with op in = != < <= > >=")
+    col, op, value = m.groups()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        value = value[1:-1]
+    return [col, op, value]
+
+
+def _parse_bbox(text: str) -> dict:
+    col, sep, rest = text.partition(":")
+    parts = rest.split(",")
+    try:
+        nums = [float(x) for x in parts]
+    except ValueError:
+        nums = []
+    if not sep or not col or len(nums) != 4:
+        raise UsageError(f"--bbox {text!r}: expected COL:XMIN,YMIN,XMAX,YMAX")
+    return dict(column=col, xmin=nums[0], ymin=nums[1], xmax=nums[2], ymax=nums[3])
+
+
+def _query(c, args) -> int:
+    where = [_parse_where(w) for w in args.where] or None
+    bbox = _parse_bbox(args.bbox) if args.bbox else None
+    columns = [x.strip() for x in args.columns.split(",") if x.strip()] if args.columns else None
+    status, body, headers = c.request(
+        "POST", f"/v1/tables/{_q(args.name)}/query",
+        json.dumps({k: v for k, v in (("where", where), ("bbox", bbox), ("as_of", args.as_of),
+                                      ("columns", columns), ("limit", args.limit)) if v is not None}).encode(),
+        "application/json", "application/vnd.apache.arrow.stream")
+    if status >= 400:
+        from node.client import _raise
+
+        _raise(status, body)
+    from node.client import _read_arrow
+
+    _emit_arrow_table(_read_arrow(body), args.output, int(headers.get("x-terrascale-as-of", 0)) or None)
+    return 0
+
+
+def _q(s: str) -> str:
+    from urllib.parse import quote
+
+    return quote(s, safe="")
+
+
+def _get(c, args) -> int:
+    row = c.get(args.name, args.key, args.as_of)
+    if row is None:
+        print(f"terrascale: error: row_not_found: no row with key {args.key!r} in {args.name!r}", file=sys.stderr)
+        return 1
+    if args.output == "table":
+        width = max(len(k) for k in row)
+        for k, v in row.items():
+            print(f"{k.ljust(width)}  {_cell(v)}")
+    else:
+        _emit({"rows": [row]}, args.output, "rows") if args.output != "json" else print(json.dumps(row))
+    return 0
+
+
+def _admin(c, args) -> int:
+    cmd, fmt = args.admin_cmd, args.output
+    if cmd == "status":
+        _emit(c.status(), fmt)
+    elif cmd == "segments":
+        doc = c.segments(args.table)
+        _emit(doc, fmt, "segments")
+    elif cmd == "cluster":
+        doc = c.cluster()
+        if fmt == "table":
+            print(f"leader {doc['leader']}  term {doc['term']}  catalog {doc.get('catalog')}")
+            _print_table(doc["members"])
+            for t, parts in doc["partitions"].items():
+                owners = sorted(set(parts.values()))
+                print(f"table {t}: {len(parts)} partitions on {', '.join(owners)}")
+        else:
+            _emit(doc, fmt, "members")
+    else:
+        _emit(c.admin(cmd), fmt)
+    return 0
+
+
+def _online(args) -> int:
+    from node.client import Client
+
+    try:
+        c = Client(args.endpoint, args.token)
+    except ValueError as e:
+        raise UsageError(f"--endpoint: {e}") from None
+    with c:
+        if args.cmd == "table":
+            return _table_cmd(c, args)
+        if args.cmd == "get":
+            return _get(c, args)
+        if args.cmd == "query":
+            return _query(c, args)
+        if args.cmd == "admin":
+            return _admin(c, args)
+        if args.cmd == "ingest":
+            from node.ingest import ingest
+
+            return ingest(c, args)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    _setup_logging()
+    from node.client import ApiError
+
     try:
         if args.cmd == "node":
             return _node_run(args)
         if args.cmd == "fsck":
             return _fsck(args, parser)
-    except (NodeError, TerrafsError, CatalogError) as e:
+        return _online(args)
+    except UsageError as e:
+        parser.print_usage(sys.stderr)
+        print(f"terrascale: error: {e}", file=sys.stderr)
+        return 2
+    except ApiError as e:
+        print(f"terrascale: error: {e.code}: {e.message}", file=sys.stderr)
+        return 1
+    except ConnectionError as e:
         print(f"terrascale: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except (NodeError, TerrafsError, CatalogError, RowstoreError) as e:
+        print(f"terrascale: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 1
-    return 2
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        print("terrascale: interrupted", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

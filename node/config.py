@@ -47,6 +47,9 @@ def parse_listen(key: str, v) -> tuple[str, int]:
 class NodeConfig:
     node_id: str = "n1"
     listen: tuple[str, int] = ("127.0.0.1", 7400)
+    advertise: str | None = None  # HOST:PORT other nodes use to reach this one (default: listen)
+    max_body: int = 64 << 20  # request bodies above this are refused with 413
+    shutdown_timeout_s: float = 30.0
     block: str = "trfs://./data/block"
     volatile: str = "trfs://./data/cache"
     objects: str = "trfs://./data/objects"
@@ -58,7 +61,14 @@ class NodeConfig:
     flush_ms: float = 2.0
     token: str | None = None
     encryption_key_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
     retention_s: float = 7 * 86400
+    partitions: int = 8
+    memtable_bytes: int = 64 << 20
+    checkpoint_every_s: float = 1.0
+    offload_every_s: float = 5.0
+    seal_every_s: float = 0.0  # 0: segments seal only when they reach seal_bytes
 
 
 def _str(key: str, v) -> str:
@@ -84,9 +94,25 @@ def _read_token(key: str, v) -> str:
     return tok
 
 
+def _readable(key: str, v) -> str:
+    path = _str(key, v)
+    if not os.access(path, os.R_OK):
+        raise ConfigError(f"{key}: cannot read {path}")
+    return path
+
+
+def _partitions(key: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 256:
+        raise ConfigError(f"{key}: expected an integer 1..256, got {v!r}")
+    return v
+
+
 # section -> key -> (field name, parser)
 _SCHEMA = {
-    "node": {"id": ("node_id", lambda k, v: _str(k, v)), "listen": ("listen", parse_listen)},
+    "node": {"id": ("node_id", lambda k, v: _str(k, v)), "listen": ("listen", parse_listen),
+             "advertise": ("advertise", lambda k, v: "%s:%d" % parse_listen(k, v)),
+             "max_body": ("max_body", parse_size),
+             "shutdown_timeout": ("shutdown_timeout_s", parse_duration)},
     "storage": {"block": ("block", lambda k, v: _str(k, v)), "volatile": ("volatile", lambda k, v: _str(k, v)),
                 "objects": ("objects", lambda k, v: _str(k, v))},
     "catalog": {"uri": ("catalog", lambda k, v: _str(k, v)),
@@ -95,8 +121,13 @@ _SCHEMA = {
     "segments": {"seal_bytes": ("seal_bytes", parse_size), "flush_bytes": ("flush_bytes", parse_size),
                  "flush_ms": ("flush_ms", lambda k, v: _num(k, v))},
     "security": {"token": ("token", lambda k, v: _str(k, v)), "token_file": ("token", _read_token),
-                 "encryption_key_file": ("encryption_key_file", lambda k, v: _str(k, v))},
+                 "encryption_key_file": ("encryption_key_file", lambda k, v: _str(k, v)),
+                 "tls_cert": ("tls_cert", _readable), "tls_key": ("tls_key", _readable)},
     "history": {"retention": ("retention_s", parse_duration)},
+    "tables": {"partitions": ("partitions", _partitions), "memtable_bytes": ("memtable_bytes", parse_size)},
+    "jobs": {"checkpoint_every": ("checkpoint_every_s", parse_duration),
+             "offload_every": ("offload_every_s", parse_duration),
+             "seal_every": ("seal_every_s", parse_duration)},
 }
 
 
@@ -137,6 +168,8 @@ def from_dict(doc: dict) -> NodeConfig:
     cfg = NodeConfig(**values)
     if cfg.catalog.startswith("raft://"):
         _check_raft(cfg)
+    if bool(cfg.tls_cert) != bool(cfg.tls_key):
+        raise ConfigError("security.tls_cert: tls_cert and tls_key go together")
     if cfg.encryption_key_file and not os.path.exists(cfg.encryption_key_file):
         raise ConfigError(f"security.encryption_key_file: {cfg.encryption_key_file} does not exist")
     return cfg

@@ -3,8 +3,16 @@
 aiohttp serves HTTP on the same event loop as the storage engine (see
 docs/DEPENDENCIES.md for why aiohttp). Startup steps register their cleanup
 on an AsyncExitStack, so shutdown closes exactly what was opened, in reverse
-(aiohttp's web_runner pattern). This module is the daemon's spine; the data
-API (contract §3) arrives with the row store and tables (issues 3-5).
+(aiohttp's web_runner pattern):
+
+    objects store -> catalog -> TerrascaleFS (recover files) -> Database (recover
+    segments, decide prepared batches, replay indexes) -> cluster registration ->
+    background jobs -> ready (/readyz 200, sd_notify READY=1)
+
+Stop (SIGTERM/SIGINT): not ready (/readyz 503, STOPPING=1), stop accepting
+connections, let in-flight requests finish, stop the jobs, checkpoint the
+memtables (so the next start replays less), close the engine, the file system,
+the catalog and the object store — all within ``node.shutdown_timeout``.
 """
 from __future__ import annotations
 
@@ -12,39 +20,52 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import time
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from catalog.errors import CatalogError
+from node import sdnotify
+from node.api import Api
+from node.cluster import Cluster
 from node.config import NodeConfig
 from node.errors import ConfigError
+from node.jobs import Jobs
+from node.metrics import Metrics
+from rowstore.database import Database, TablesConfig
+from rowstore.partition import segment_states
+from terrafs.active import ActiveConfig
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.errors import TerrafsError
 from terrafs.fs import FsConfig, TerrascaleFS
-from terrafs.active import ActiveConfig
 from terrafs.records import FileState, FileTier
 from terrafs.uri import open_block_device, open_catalog, open_object_store
 
 log = logging.getLogger("terrascale.node")
-SHUTDOWN_TIMEOUT_S = 30
 
 
 class Node:
     def __init__(self, cfg: NodeConfig):
         self.cfg = cfg
         self.ready = False
+        self.stopping = False
         self.started = time.time()
         self.fs: TerrascaleFS | None = None
+        self.db: Database | None = None
         self.catalog = None
+        self.jobs: Jobs | None = None
+        self.cluster: Cluster | None = None
+        self.metrics = Metrics()
         self._stack = contextlib.AsyncExitStack()
-        self.registry = CollectorRegistry()
-        self._files = Gauge("terrascale_files", "TerrascaleFS files by state and tier",
-                            ["state", "tier"], registry=self.registry)
-        self._cache_ratio = Gauge("terrascale_block_cache_hit_ratio", "Sealed-block cache hit ratio",
-                                  registry=self.registry)
+
+    @property
+    def http_url(self) -> str:
+        scheme = "https" if self.cfg.tls_cert else "http"
+        host, port = self.cfg.listen
+        return f"{scheme}://{self.cfg.advertise or f'{host}:{port}'}"
 
     async def open(self) -> None:
         """Open every store (failing fast with the config key at fault) and recover."""
@@ -55,90 +76,125 @@ class Node:
         objects = _configured("storage.objects", lambda: open_object_store(c.objects))
         await _reachable("storage.objects", objects.open_store())
         self._stack.push_async_callback(objects.close)
-        self.catalog = _configured("catalog.uri", lambda: open_catalog(c.catalog))
+        self.catalog = _configured("catalog.uri", lambda: open_catalog(
+            c.catalog, secret_file=c.catalog_secret_file, dir=c.catalog_dir))
         await _reachable("catalog.uri", self.catalog.open())
         self._stack.push_async_callback(self.catalog.close)
         fs_cfg = FsConfig(node_id=c.node_id, flush=ActiveConfig(c.flush_bytes, c.flush_ms))
         self.fs = TerrascaleFS(self.catalog, block, volatile, objects, kek=kek, config=fs_cfg)
+        t0 = time.perf_counter()
         report = await self.fs.open()
         self._stack.push_async_callback(self.fs.close)
-        log.info("event=recovered node=%s reopened=%d recreated=%d rolled_back=%d local_deleted=%d",
+        log.info("event=files_recovered node=%s reopened=%d recreated=%d rolled_back=%d local_deleted=%d",
                  c.node_id, len(report.reopened), len(report.recreated), len(report.rolled_back),
                  len(report.local_deleted))
+        self.db = Database(self.fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes,
+                                                 memtable_bytes=c.memtable_bytes,
+                                                 retention_ms=int(c.retention_s * 1000)))
+        await self.db.open()
+        self._stack.push_async_callback(self._close_db)
+        log.info("event=recovered node=%s tables=%d seconds=%.3f", c.node_id, len(self.db._tables),
+                 time.perf_counter() - t0)
+        raft = self.catalog.self_addr if c.catalog.startswith("raft://") else None
+        self.cluster = Cluster(self.catalog, c.node_id, self.http_url, raft)
+        self._stack.push_async_callback(self.cluster.close)
+        await self.cluster.register()
+        self.jobs = Jobs(self.db, self.metrics, c)
+        self.jobs.start()
+        self._stack.push_async_callback(self.jobs.stop)
         self.ready = True
+        self.metrics.ready.set(1)
+
+    async def _close_db(self) -> None:
+        try:
+            out = await self.db.checkpoint(force=True)
+            log.info("event=shutdown_checkpoint node=%s checkpointed=%s merged=%s", self.cfg.node_id,
+                     out.get("checkpointed"), out.get("merged"))
+        except Exception as e:  # noqa: BLE001 - the write-ahead log has it all; the next start replays it
+            log.warning("event=shutdown_checkpoint_failed node=%s error=%r", self.cfg.node_id, e)
+        await self.db.close()
 
     async def close(self) -> None:
         self.ready = False
+        self.metrics.ready.set(0)
         await self._stack.aclose()
 
-    # -- HTTP ----------------------------------------------------------------------
+    # -- views for the API -----------------------------------------------------------------------
 
-    def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors])
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/readyz", self.readyz)
-        app.router.add_get("/metrics", self.metrics)
-        app.router.add_get("/v1/admin/status", self.status)
-        return app
-
-    @web.middleware
-    async def _errors(self, request, handler):
-        """No traceback ever reaches a client: every error has the contract's shape."""
-        try:
-            return await handler(request)
-        except web.HTTPException as e:
-            code = {404: "not_found", 405: "method_not_allowed"}.get(e.status, "http_error")
-            return error(e.status, code, e.reason)
-        except (TerrafsError, CatalogError) as e:
-            log.warning("event=request_failed path=%s error=%r", request.path, e)
-            return error(500, "storage_error", str(e))
-        except Exception as e:  # the last line of defence
-            log.exception("event=request_crashed path=%s", request.path)
-            return error(500, "internal", type(e).__name__)
-
-    def _authorized(self, request) -> bool:
-        return self.cfg.token is None or request.headers.get("Authorization") == f"Bearer {self.cfg.token}"
-
-    async def healthz(self, request):
-        return web.json_response({"status": "ok"})
-
-    async def readyz(self, request):
-        if not self._authorized(request):
-            return error(401, "unauthorized", "missing or wrong bearer token")
-        if not self.ready:
-            return error(503, "not_ready", "recovery has not finished")
-        await self.catalog.revision()  # the catalog answers
-        return web.json_response({"status": "ready"})
-
-    async def metrics(self, request):
-        if not self._authorized(request):
-            return error(401, "unauthorized", "missing or wrong bearer token")
-        if self.fs is not None:
+    async def render_metrics(self) -> tuple[bytes, str]:
+        m = self.metrics
+        if self.fs is not None and self.ready:
             counts = {(s, t): 0 for s in FileState for t in FileTier}
-            for r in await self.fs.list():
+            for r in await self.fs.list(owner=self.cfg.node_id):
                 counts[(r.state, r.tier)] += 1
             for (s, t), n in counts.items():
-                self._files.labels(s.value, t.value).set(n)
-            self._cache_ratio.set(self.fs.cache.hit_ratio())
-        return web.Response(body=generate_latest(self.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+                m.files.labels(s.value, t.value).set(n)
+            m.cache_ratio.set(self.fs.cache.hit_ratio())
+            for k, v in self.fs.cache.stats.items():
+                m.cache_events.labels(k).set(v)
+            for state, n in segment_states([r for _, r in await self.db.segment_records()]).items():
+                m.segments.labels(state).set(n)
+            stats = [seg.file.stats for seg in list(self.db.store.active.values())]
+            m.flushes.set(sum(s["flushes"] for s in stats))
+            m.flushed_bytes.set(sum(s["flushed_bytes"] for s in stats))
+            m.flush_appends.set(sum(s["appends"] for s in stats))
+            m.memtable_bytes.set(self.db.memtable_bytes())
+            m.closed_ts.set(self.db.timeline.closed)
+        return generate_latest(m.registry), CONTENT_TYPE_LATEST
 
-    async def status(self, request):
-        if not self._authorized(request):
-            return error(401, "unauthorized", "missing or wrong bearer token")
-        files = await self.fs.list() if self.fs else []
-        by_state: dict[str, int] = {}
-        for r in files:
-            by_state[f"{r.state.value}/{r.tier.value}"] = by_state.get(f"{r.state.value}/{r.tier.value}", 0) + 1
-        return web.json_response({
-            "node_id": self.cfg.node_id, "uptime_s": round(time.time() - self.started, 3),
-            "role": "single", "ready": self.ready, "catalog_revision": await self.catalog.revision(),
-            "files": by_state, "catalog_leader": self.cfg.node_id,
-        })
+    async def status(self) -> dict:
+        recs = [r for _, r in await self.db.segment_records()] if self.ready else []
+        tables = await self.db.list_tables() if self.ready else []
+        owned = 0
+        for d in tables:
+            if await self.cluster.owner(d.name) == self.cfg.node_id:
+                owned += d.partitions
+        cs = await self._catalog_status()
+        return {
+            "node_id": self.cfg.node_id, "address": self.http_url, "ready": self.ready,
+            "uptime_s": round(time.time() - self.started, 3), "role": cs["role"],
+            "partitions_owned": owned, "tables": len(tables), "segments": segment_states(recs),
+            "closed_ts": self.db.timeline.closed if self.db else None,
+            "catalog_leader": cs["leader"], "catalog_revision": await self.catalog.revision(),
+            "memtable_bytes": self.db.memtable_bytes() if self.db else 0,
+            "jobs": {name: {"every_s": every, "last": (self.jobs.last.get(name) if self.jobs else None)}
+                     for name, every in (self.jobs.schedule.items() if self.jobs else ())},
+        }
 
+    async def _catalog_status(self) -> dict:
+        """role / leader / term of the catalog, leader as a node id where it is known."""
+        if self.cluster is None or not self.cluster.multi:
+            return {"role": "single", "leader": self.cfg.node_id, "term": 1, "members": None}
+        st = await self.catalog.cluster_status()
+        by_raft = {m.get("raft"): nid for nid, m in (await self.cluster.members()).items()}
+        return {"role": st["role"], "leader": by_raft.get(st["leader"], st["leader"]), "term": st["term"],
+                "members": st["members"], "by_raft": by_raft, "has_quorum": st.get("has_quorum")}
 
-def error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+    async def cluster_view(self) -> dict:
+        cs = await self._catalog_status()
+        members = await self.cluster.members()
+        tables = await self.db.list_tables() if self.ready else []
+        parts = await self.cluster.partitions(tables)
+        if cs["members"] is None:
+            out = [{"id": self.cfg.node_id, "address": self.http_url, "alive": self.ready}]
+        else:
+            out = []
+            for m in cs["members"]:
+                nid = cs["by_raft"].get(m["address"])
+                out.append({"id": nid or m["address"], "address": members.get(nid, {}).get("http"),
+                            "raft_address": m["address"], "alive": bool(m["alive"]), "self": bool(m["self"])})
+        return {"members": out, "leader": cs["leader"], "term": cs["term"], "partitions": parts,
+                "catalog": "raft" if cs["members"] is not None else "trkv"}
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.cfg.tls_cert:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            ctx.load_cert_chain(self.cfg.tls_cert, self.cfg.tls_key)
+        except (ssl.SSLError, OSError) as e:
+            raise ConfigError(f"security.tls_cert: cannot load the certificate and key: {e}") from None
+        return ctx
 
 
 def _configured(key: str, make):
@@ -155,6 +211,12 @@ async def _reachable(key: str, opening) -> None:
         raise ConfigError(f"{key}: store is unreachable: {e}") from None
 
 
+async def _watchdog(every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        sdnotify.notify("WATCHDOG=1")
+
+
 async def run(cfg: NodeConfig) -> None:
     """Run until SIGTERM/SIGINT, then stop accepting, finish requests and close cleanly."""
     node = Node(cfg)
@@ -162,18 +224,49 @@ async def run(cfg: NodeConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(node.app(), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    ctx = node.ssl_context()
+    runner = web.AppRunner(Api(node).app(), access_log=None, shutdown_timeout=cfg.shutdown_timeout_s,
+                           handle_signals=False)
     await runner.setup()
     host, port = cfg.listen
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ctx, backlog=1024)
+    dog = None
     try:
-        await site.start()  # /healthz answers and /readyz says 503 while recovering
-        log.info("event=listening node=%s address=http://%s:%d", cfg.node_id, host, port)
-        await node.open()
-        log.info("event=ready node=%s", cfg.node_id)
-        await stop.wait()
+        try:
+            await site.start()  # /healthz answers and /readyz says 503 while recovering
+        except OSError as e:
+            raise ConfigError(f"node.listen: cannot listen on {host}:{port}: {e.strerror}") from None
+        log.info("event=listening node=%s address=%s", cfg.node_id, node.http_url)
+        opening = asyncio.ensure_future(node.open())
+        await asyncio.wait([opening, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if not opening.done():  # stopped while recovering
+            opening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await opening
+        else:
+            opening.result()
+            log.info("event=ready node=%s address=%s", cfg.node_id, node.http_url)
+            sdnotify.notify(f"READY=1\nSTATUS=serving on {node.http_url}")
+            every = sdnotify.watchdog_interval()
+            dog = asyncio.ensure_future(_watchdog(every)) if every else None
+            await stop.wait()
         log.info("event=stopping node=%s", cfg.node_id)
     finally:
-        await runner.cleanup()  # stop accepting, let in-flight requests finish
-        await node.close()
-        log.info("event=stopped node=%s", cfg.node_id)
+        node.stopping = True
+        node.ready = False
+        sdnotify.notify("STOPPING=1")
+        t0 = time.perf_counter()
+        try:
+            await asyncio.wait_for(_shutdown(runner, node), cfg.shutdown_timeout_s + 5)
+        except asyncio.TimeoutError:
+            log.error("event=shutdown_timeout node=%s seconds=%.0f", cfg.node_id, cfg.shutdown_timeout_s)
+            raise
+        finally:
+            if dog is not None:
+                dog.cancel()
+        log.info("event=stopped node=%s seconds=%.3f", cfg.node_id, time.perf_counter() - t0)
+
+
+async def _shutdown(runner: web.AppRunner, node: Node) -> None:
+    await runner.cleanup()  # stop accepting, let in-flight requests finish (shutdown_timeout)
+    await node.close()

@@ -1,0 +1,446 @@
+"""The HTTP API (contract §3; OpenAPI: docs/openapi.yaml).
+
+Errors from the engine are translated once, here, into the contract's shape
+``{"error": {"code", "message"}}``; nothing else reaches a client. JSON bodies
+are parsed and converted to Arrow in a worker thread once they are large, and
+so are large responses, so one big request never stalls the others.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+
+from aiohttp import web
+
+from catalog.errors import CatalogError, CatalogTimeoutError, CatalogUnavailableError, InvalidTransactionError
+from node.cluster import FORWARDED
+from node.codec import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table, schema_to_json,
+                        table_to_rows, write_arrow_stream)
+from rowstore.database import MAX_LIMIT
+from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, QueryError, RowstoreError,
+                             RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
+                             UnavailableError)
+from rowstore.schema import Column, SchemaVersion, _check_name
+from rowstore.types import ColumnType, Kind
+from terrafs.errors import TerrafsError
+
+log = logging.getLogger("terrascale.node")
+THREAD_BYTES = 256 << 10  # bodies (and results) bigger than this are converted off the event loop
+THREAD_ROWS = 2000
+
+
+class ApiError(Exception):
+    """Raised by a handler to answer with one contract error."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+# engine error -> (status, code); the first matching class wins (subclasses before bases)
+_ERRORS = [
+    (QueryError, 400, "invalid_query"), (RowValidationError, 400, "invalid_rows"),
+    (SchemaError, 400, "invalid_schema"), (InvalidTransactionError, 400, "invalid_request"),
+    (TableNotFoundError, 404, "table_not_found"), (TableExistsError, 409, "table_exists"),
+    (ConflictError, 409, "conflict"), (FutureTimestampError, 409, "future_timestamp"),
+    (HistoryPurgedError, 410, "history_purged"), (UnavailableError, 503, "unavailable"),
+    (CatalogTimeoutError, 503, "unavailable"), (CatalogUnavailableError, 503, "unavailable"),
+]
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large",
+               415: "unsupported_media_type"}
+
+
+def error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return text.splitlines()[0][:1000]
+
+
+class Api:
+    def __init__(self, node):
+        self.node = node
+
+    @property
+    def db(self):
+        if not self.node.ready:
+            raise ApiError(503, "not_ready", "the node is starting or stopping (see /readyz)")
+        return self.node.db
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._edge], client_max_size=self.node.cfg.max_body)
+        r = app.router
+        r.add_get("/healthz", self.healthz)
+        r.add_get("/readyz", self.readyz)
+        r.add_get("/metrics", self.metrics)
+        r.add_post("/v1/tables", self.create_table)
+        r.add_get("/v1/tables", self.list_tables)
+        r.add_get("/v1/tables/{table}", self.describe)
+        r.add_delete("/v1/tables/{table}", self.drop_table)
+        r.add_post("/v1/tables/{table}/columns", self.add_column)
+        r.add_delete("/v1/tables/{table}/columns/{column}", self.drop_column)
+        r.add_patch("/v1/tables/{table}/columns/{column}", self.rename_column)
+        r.add_post("/v1/tables/{table}/rows", self.upsert)
+        r.add_post("/v1/tables/{table}/delete", self.delete_rows)
+        r.add_get("/v1/tables/{table}/rows/{key}", self.get_row)
+        r.add_post("/v1/tables/{table}/query", self.query)
+        r.add_get("/v1/admin/status", self.status)
+        r.add_get("/v1/admin/segments", self.segments)
+        for job in ("seal", "offload", "checkpoint"):
+            r.add_post(f"/v1/admin/{job}", self._job(job))
+        r.add_post("/v1/admin/gc", self.gc)
+        r.add_get("/v1/admin/cluster", self.cluster)
+        return app
+
+    # -- the edge: auth, routing to the owner, errors, metrics ------------------------------------
+
+    @web.middleware
+    async def _edge(self, request: web.Request, handler):
+        m = self.node.metrics
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+        t0 = time.perf_counter()
+        m.in_flight.inc()
+        try:
+            resp = await self._guarded(request, handler)
+        finally:
+            m.in_flight.dec()
+        m.requests.labels(request.method, route, str(resp.status)).inc()
+        m.latency.labels(request.method, route).observe(time.perf_counter() - t0)
+        return resp
+
+    async def _guarded(self, request: web.Request, handler) -> web.StreamResponse:
+        try:
+            if request.path != "/healthz" and not self._authorized(request):
+                return error(401, "unauthorized", "missing or wrong bearer token")
+            table = request.match_info.get("table")
+            if table is not None:
+                forwarded = await self._route(request, table)
+                if forwarded is not None:
+                    return forwarded
+            return await handler(request)
+        except ApiError as e:
+            return error(e.status, e.code, str(e))
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            return error(e.status, _HTTP_CODES.get(e.status, "http_error"), e.reason)
+        except RowstoreError as e:
+            for cls, status, code in _ERRORS:
+                if isinstance(e, cls):
+                    return error(status, code, _one_line(e))
+            log.warning("event=request_failed path=%s error=%r", request.path, e)
+            return error(500, "storage_error", _one_line(e))
+        except CatalogError as e:
+            for cls, status, code in _ERRORS:
+                if isinstance(e, cls):
+                    return error(status, code, _one_line(e))
+            log.warning("event=request_failed path=%s error=%r", request.path, e)
+            return error(500, "catalog_error", _one_line(e))
+        except TerrafsError as e:
+            log.warning("event=request_failed path=%s error=%r", request.path, e)
+            return error(500, "storage_error", _one_line(e))
+        except (ConnectionError, OSError, asyncio.TimeoutError) as e:
+            log.warning("event=request_failed path=%s error=%r", request.path, e)
+            return error(503, "unavailable", _one_line(e))
+        except Exception as e:  # the last line of defence: never a traceback to the client
+            log.exception("event=request_crashed path=%s", request.path)
+            return error(500, "internal", type(e).__name__)
+
+    def _authorized(self, request) -> bool:
+        tok = self.node.cfg.token
+        if tok is None:
+            return True
+        got = request.headers.get("Authorization", "")
+        return hmac.compare_digest(got.encode(), f"Bearer {tok}".encode())
+
+    async def _route(self, request: web.Request, table: str):
+        """Forward to the table's owner (None: this node serves it)."""
+        cluster = self.node.cluster
+        if cluster is None or not cluster.multi or request.method == "POST" and request.path == "/v1/tables":
+            return None
+        owner = await cluster.owner(table)
+        if owner == cluster.node_id:
+            return None
+        if FORWARDED in request.headers:  # sent here by a node with an older map
+            owner = await cluster.owner(table, fresh=True)
+            if owner == cluster.node_id:
+                return None
+            raise ApiError(421, "misdirected", f"table {table!r} is owned by {owner}")
+        self.node.metrics.forwarded.labels(owner).inc()
+        return await cluster.forward(request, owner, await request.read())
+
+    # -- health -----------------------------------------------------------------------------------
+
+    async def healthz(self, request):
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, request):
+        if not self.node.ready:
+            return error(503, "not_ready", "recovery has not finished" if not self.node.stopping
+                         else "the node is stopping")
+        try:
+            await asyncio.wait_for(self.node.catalog.revision(), 5)  # the catalog answers
+        except (CatalogError, asyncio.TimeoutError) as e:
+            return error(503, "not_ready", f"the catalog does not answer: {_one_line(e)}")
+        return web.json_response({"status": "ready"})
+
+    async def metrics(self, request):
+        body, ctype = await self.node.render_metrics()
+        return web.Response(body=body, headers={"Content-Type": ctype})
+
+    # -- tables -----------------------------------------------------------------------------------
+
+    async def create_table(self, request):
+        doc = await _json_object(request, {"name", "columns", "primary_key", "indexes", "partitions"},
+                                 required=("name", "columns", "primary_key"))
+        name = doc["name"]
+        if not isinstance(name, str):
+            raise ApiError(400, "invalid_schema", '"name" must be a string')
+        _check_name(name)
+        schema = _schema_from_json(doc["columns"], doc["primary_key"])
+        indexes = doc.get("indexes") or []
+        if not isinstance(indexes, list) or not all(isinstance(i, str) for i in indexes):
+            raise ApiError(400, "invalid_schema", '"indexes" must be a list of column names')
+        partitions = doc.get("partitions")
+        if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)):
+            raise ApiError(400, "invalid_schema", '"partitions" must be an integer')
+        db = self.db
+        if self.node.cluster.multi:
+            db.catalog_tables.forget(name)
+            await self.node.cluster.claim(name)
+        d = await db.create_table(name, schema, indexes=indexes, partitions=partitions)
+        log.info("event=table_created table=%s partitions=%d", name, d.partitions)
+        return web.json_response(_table_json(d), status=201)
+
+    async def list_tables(self, request):
+        as_of = _as_of_param(request)
+        if self.node.cluster.multi:
+            self.db.catalog_tables.forget()  # other nodes change the catalog too
+        return web.json_response({"tables": [_table_json(d) for d in await self.db.list_tables(as_of)]})
+
+    async def describe(self, request):
+        d = await self.db.describe(request.match_info["table"], _as_of_param(request))
+        return web.json_response(_table_json(d))
+
+    async def drop_table(self, request):
+        d = await self.db.drop_table(request.match_info["table"])
+        log.info("event=table_dropped table=%s", d.name)
+        return web.json_response({"dropped": d.name, "commit_ts": d.ts})
+
+    async def add_column(self, request):
+        doc = await _json_object(request, {"name", "type", "nullable"}, required=("name", "type"))
+        name, type_text = doc["name"], doc["type"]
+        if not isinstance(name, str) or not isinstance(type_text, str):
+            raise ApiError(400, "invalid_schema", '"name" and "type" must be strings')
+        if doc.get("nullable", True) is not True:
+            raise ApiError(400, "invalid_schema", "an added column is nullable (existing rows have no value)")
+        d = await self.db.alter_table(request.match_info["table"], lambda s: s.add_column(name, type_text))
+        return web.json_response(_table_json(d))
+
+    async def drop_column(self, request):
+        col = request.match_info["column"]
+        d = await self.db.alter_table(request.match_info["table"], lambda s: s.drop_column(col))
+        return web.json_response(_table_json(d))
+
+    async def rename_column(self, request):
+        doc = await _json_object(request, {"name"}, required=("name",))
+        new, old = doc["name"], request.match_info["column"]
+        if not isinstance(new, str):
+            raise ApiError(400, "invalid_schema", '"name" must be a string')
+        d = await self.db.alter_table(request.match_info["table"], lambda s: s.rename_column(old, new))
+        return web.json_response(_table_json(d))
+
+    # -- rows -------------------------------------------------------------------------------------
+
+    async def upsert(self, request):
+        table = request.match_info["table"]
+        db = self.db
+        body = await request.read()
+        if request.content_type == ARROW_STREAM:
+            data = await _cpu(len(body), read_arrow_stream, body)
+        elif request.content_type in ("application/json", "application/octet-stream", ""):
+            schema = (await db.describe(table)).schema
+
+            def convert():
+                doc = _parse_json(body)
+                if not isinstance(doc, dict) or set(doc) != {"rows"}:
+                    raise ApiError(400, "invalid_rows", 'expected a JSON object {"rows": [...]}')
+                return rows_to_table(doc["rows"], schema)
+
+            data = await _cpu(len(body), convert)
+        else:
+            raise ApiError(415, "unsupported_media_type",
+                           f"rows come as application/json or {ARROW_STREAM}, not {request.content_type}")
+        t0 = time.perf_counter()
+        res = await db.upsert(table, data)
+        m = self.node.metrics
+        m.write_wait.observe(time.perf_counter() - t0)
+        m.batch_rows.observe(data.num_rows)
+        m.rows_written.labels("upsert").inc(res.count)
+        return web.json_response({"committed": res.count, "commit_ts": res.commit_ts})
+
+    async def delete_rows(self, request):
+        doc = await _json_object(request, {"keys"}, required=("keys",))
+        if not isinstance(doc["keys"], list):
+            raise ApiError(400, "invalid_rows", '"keys" must be a list')
+        res = await self.db.delete(request.match_info["table"], doc["keys"])
+        self.node.metrics.rows_written.labels("delete").inc(len(doc["keys"]))
+        return web.json_response({"deleted": res.count, "commit_ts": res.commit_ts})
+
+    async def get_row(self, request):
+        table, raw = request.match_info["table"], request.match_info["key"]
+        as_of = _as_of_param(request)
+        db = self.db
+        d = await db.describe(table)
+        key = raw
+        if d.schema.key.type.kind == Kind.INT64:
+            try:
+                key = int(raw)
+            except ValueError:
+                raise ApiError(400, "invalid_key", f"primary key {d.schema.key.name!r} is int64, not {raw!r}") from None
+        row = await db.get(table, key, as_of)
+        if row is None:
+            raise ApiError(404, "row_not_found", f"no row with key {raw!r} in {table!r}"
+                           + (f" as of {as_of}" if as_of is not None else ""))
+        schema = d.schema
+        if as_of is not None or set(row) != {c.name for c in schema.columns}:
+            schema = (await db.describe(table, as_of)).schema
+        return web.json_response(row_to_json(row, schema))
+
+    async def query(self, request):
+        table = request.match_info["table"]
+        body = await request.read()
+        doc = _parse_json(body) if body.strip() else {}
+        if not isinstance(doc, dict):
+            raise ApiError(400, "invalid_query", "the query is a JSON object")
+        extra = set(doc) - {"where", "bbox", "as_of", "columns", "limit"}
+        if extra:
+            raise ApiError(400, "invalid_query", f"unknown field(s): {', '.join(sorted(extra))}")
+        as_of = _as_of_value(doc.get("as_of"))
+        limit = doc.get("limit", 10_000)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ApiError(400, "invalid_query", f'"limit" must be a non-negative integer, not {limit!r}')
+        t, T = await self.db.query(table, where=doc.get("where"), bbox=doc.get("bbox"), columns=doc.get("columns"),
+                                   limit=limit if limit <= MAX_LIMIT else None, as_of=as_of)
+        if t.num_rows > limit:
+            t = t.slice(0, limit)
+        if ARROW_STREAM in request.headers.get("Accept", ""):
+            payload = await _cpu(t.nbytes, write_arrow_stream, t)
+            return web.Response(body=payload, content_type=ARROW_STREAM, headers={"X-Terrascale-As-Of": str(T)})
+        text = await _cpu(t.num_rows * (THREAD_BYTES // THREAD_ROWS),
+                          lambda: json.dumps({"rows": table_to_rows(t), "as_of": T}, allow_nan=False))
+        return web.Response(text=text, content_type="application/json", headers={"X-Terrascale-As-Of": str(T)})
+
+    # -- admin ------------------------------------------------------------------------------------
+
+    async def status(self, request):
+        return web.json_response(await self.node.status())
+
+    async def segments(self, request):
+        table = request.query.get("table")
+        recs = await self.db.segment_records(table)
+        return web.json_response({"segments": [_segment_json(name, r) for name, r in recs]})
+
+    def _job(self, name: str):
+        async def run(request):
+            self.db  # noqa: B018 - 503 before ready
+            return web.json_response({"job": name, **await self.node.jobs.run(name)})
+        return run
+
+    async def gc(self, request):
+        recs = await self.db.segment_records()
+        retired = [r.segid for _, r in recs if r.state.value == "retired"]
+        return web.json_response({
+            "job": "gc", "collected": 0, "eligible": len(retired), "implemented": False,
+            "message": "segment garbage collection is not built yet (it comes with a later issue); "
+                       "nothing was collected and nothing is retired yet"})
+
+    async def cluster(self, request):
+        return web.json_response(await self.node.cluster_view())
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+async def _cpu(size: int, fn, *args):
+    """Run ``fn`` in a worker thread when the work is big enough to stall the event loop."""
+    return await asyncio.to_thread(fn, *args) if size > THREAD_BYTES else fn(*args)
+
+
+def _parse_json(body: bytes):
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {_one_line(e)}") from None
+
+
+async def _json_object(request, allowed: set, required=()) -> dict:
+    body = await request.read()
+    doc = await _cpu(len(body), _parse_json, body)
+    if not isinstance(doc, dict):
+        raise ApiError(400, "invalid_json", "expected a JSON object")
+    extra = set(doc) - allowed
+    if extra:
+        raise ApiError(400, "bad_request", f"unknown field(s): {', '.join(sorted(extra))}")
+    missing = [k for k in required if k not in doc]
+    if missing:
+        raise ApiError(400, "bad_request", f"missing field(s): {', '.join(missing)}")
+    return doc
+
+
+def _as_of_value(v):
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ApiError(400, "invalid_as_of", f"as_of must be a commit timestamp (a non-negative integer), not {v!r}")
+    return v
+
+
+def _as_of_param(request):
+    raw = request.query.get("as_of")
+    if raw is None:
+        return None
+    if not raw.isdigit():
+        raise ApiError(400, "invalid_as_of", f"as_of must be a commit timestamp (a non-negative integer), not {raw!r}")
+    return int(raw)
+
+
+def _schema_from_json(columns, primary_key) -> SchemaVersion:
+    if not isinstance(columns, list) or not columns:
+        raise ApiError(400, "invalid_schema", '"columns" must be a non-empty list')
+    if not isinstance(primary_key, str):
+        raise ApiError(400, "invalid_schema", '"primary_key" must be a column name')
+    cols = []
+    for i, c in enumerate(columns):
+        if not isinstance(c, dict) or not {"name", "type"} <= set(c) or set(c) - {"name", "type", "nullable"}:
+            raise ApiError(400, "invalid_schema", f"columns[{i}]: expected {{name, type, nullable}}")
+        name, type_text, nullable = c["name"], c["type"], c.get("nullable", True)
+        if not isinstance(name, str) or not isinstance(type_text, str) or not isinstance(nullable, bool):
+            raise ApiError(400, "invalid_schema", f"columns[{i}]: name and type are strings, nullable a boolean")
+        _check_name(name)
+        if name == primary_key:
+            if "nullable" in c and nullable:
+                raise ApiError(400, "invalid_schema", f"the primary key {name!r} cannot be nullable")
+            nullable = False
+        cols.append(Column(i + 1, name, ColumnType.parse(type_text), nullable))
+    pk = next((c.id for c in cols if c.name == primary_key), None)
+    if pk is None:
+        raise ApiError(400, "invalid_schema", f"primary_key {primary_key!r} is not one of the columns")
+    return SchemaVersion(1, tuple(cols), pk, len(cols) + 1)
+
+
+def _table_json(d) -> dict:
+    return {"name": d.name, "table_id": d.table_id, "columns": schema_to_json(d.schema),
+            "primary_key": d.schema.key.name, "indexes": d.index_names(), "partitions": d.partitions,
+            "schema_version": d.schema.version, "ts": d.ts}
+
+
+def _segment_json(table: str, r) -> dict:
+    return {"segid": r.segid, "table": table, "partition": r.partition, "state": r.state.value,
+            "rows": r.rows, "live_rows": r.live_rows, "bytes": r.bytes, "live_bytes": r.live_bytes,
+            "location": r.location, "owner": r.owner, "min_ts": r.min_ts, "max_ts": r.max_ts}

@@ -1,0 +1,341 @@
+"""Rows between JSON and Arrow, exactly as the contract's Types section says (CONTRACT.md §3).
+
+JSON in (``{"rows": [...]}``): every value is checked against its column's type
+and the batch is rejected whole on the first misfit, naming the row and column.
+No silent coercion: a string is not a number, a float is not an integer, a
+number is not a boolean. What each type takes:
+
+=================  =====================================================================
+int*/uint*         JSON integer in range
+float32/float64    JSON number, or "NaN" / "Infinity" / "-Infinity" (protobuf's convention)
+bool               true / false
+string             JSON string
+binary             base64 string
+timestamp          ISO-8601 string (``Z`` or an offset; none means UTC) or integer µs
+date               ``YYYY-MM-DD``
+uuid               canonical string
+json               any JSON value (stored as its compact text)
+point / box        ``{"x", "y"}`` / ``{"xmin", "ymin", "xmax", "ymax"}`` of numbers
+range<E>           ``{"lower", "upper", "lower_inclusive", "upper_inclusive"}``; a null or
+                   missing bound is unbounded; flags default to ``[lower, upper)``
+=================  =====================================================================
+
+JSON out: the same shapes, timestamps as ISO-8601 ending in ``Z``. Columns are
+converted whole (Arrow kernels where one exists), not value by value.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import json
+import math
+import uuid as uuidlib
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rowstore.errors import RowValidationError
+from rowstore.query import timestamp_us
+from rowstore.schema import Column, SchemaVersion
+from rowstore.types import LOGICAL_KEY, ColumnType, Kind
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+_INT_RANGE = {
+    Kind.INT8: (-(2**7), 2**7), Kind.INT16: (-(2**15), 2**15), Kind.INT32: (-(2**31), 2**31),
+    Kind.INT64: (-(2**63), 2**63), Kind.UINT8: (0, 2**8), Kind.UINT16: (0, 2**16),
+    Kind.UINT32: (0, 2**32), Kind.UINT64: (0, 2**64),
+}
+_SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_EPOCH_DAY = dt.date(1970, 1, 1)
+
+
+class _Bad(Exception):
+    """One value does not fit its type (becomes a RowValidationError naming row and column)."""
+
+
+# -- JSON in --------------------------------------------------------------------------------------
+
+
+def rows_to_table(rows, schema: SchemaVersion) -> pa.Table:
+    """``rows`` (a list of JSON objects) as an Arrow table of the columns they name.
+
+    Columns no row names are left out (the engine fills them with nulls); a column
+    some rows lack is null there. Raises RowValidationError on the first misfit."""
+    if not isinstance(rows, list):
+        raise RowValidationError('"rows" must be a list of objects')
+    names: dict[str, Column] = {}
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise RowValidationError(f"rows[{i}]: expected an object, got {_jtype(r)}")
+        for k in r:
+            if k not in names:
+                col = schema.by_name(k)
+                if col is None:
+                    raise RowValidationError(f"rows[{i}]: unknown column {k!r}")
+                names[k] = col
+    if schema.key.name not in names and rows:
+        raise RowValidationError(f"the primary key column {schema.key.name!r} is missing")
+    arrays, fields = [], []
+    for name, col in names.items():
+        arrays.append(column_from_json([r.get(name) for r in rows], col))
+        fields.append(col.field())
+    if not rows:
+        return schema.arrow().empty_table()
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def column_from_json(values: list, col: Column) -> pa.Array:
+    conv = _IN[col.type.kind]
+    out = []
+    for i, v in enumerate(values):
+        if v is None:
+            out.append(None)
+            continue
+        try:
+            out.append(conv(v, col.type))
+        except _Bad as e:
+            raise RowValidationError(f"rows[{i}].{col.name}: {e}") from None
+    try:
+        return pa.array(out, col.type.arrow())
+    except (pa.ArrowInvalid, OverflowError) as e:  # belt and braces: the checks above should catch it
+        raise RowValidationError(f"column {col.name!r}: {e}") from None
+
+
+def _jtype(v) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(v), "a number")
+
+
+def _int(v, t: ColumnType):
+    if type(v) is not int:
+        raise _Bad(f"expected an integer ({t}), got {_jtype(v)} {v!r}")
+    lo, hi = _INT_RANGE[t.kind]
+    if not lo <= v < hi:
+        raise _Bad(f"{v} is out of range for {t}")
+    return v
+
+
+def _float(v, t: ColumnType = None):
+    if type(v) in (int, float):
+        if t is not None and t.kind == Kind.FLOAT32 and math.isfinite(v) and abs(v) > 3.4028234663852886e38:
+            raise _Bad(f"{v} is out of range for float32")
+        return float(v)
+    if isinstance(v, str) and v in _SPECIAL_FLOATS:
+        return _SPECIAL_FLOATS[v]
+    raise _Bad(f"expected a number, got {_jtype(v)} {v!r}")
+
+
+def _bool(v, t):
+    if type(v) is not bool:
+        raise _Bad(f"expected true or false, got {_jtype(v)} {v!r}")
+    return v
+
+
+def _string(v, t):
+    if not isinstance(v, str):
+        raise _Bad(f"expected a string, got {_jtype(v)} {v!r}")
+    return v
+
+
+def _binary(v, t):
+    if not isinstance(v, str):
+        raise _Bad(f"expected a base64 string, got {_jtype(v)}")
+    try:
+        return base64.b64decode(v, validate=True)
+    except (binascii.Error, ValueError):
+        raise _Bad(f"{v[:40]!r} is not valid base64") from None
+
+
+def _timestamp(v, t=None):
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise _Bad(f"expected an ISO-8601 string or integer microseconds, got {_jtype(v)} {v!r}")
+    try:
+        us = timestamp_us(v)
+    except (ValueError, TypeError, OverflowError):
+        raise _Bad(f"{v!r} is not an ISO-8601 timestamp") from None
+    if not -(2**63) <= us < 2**63:
+        raise _Bad(f"{v!r} is out of range for timestamp")
+    return us
+
+
+def _date(v, t):
+    if not isinstance(v, str) or len(v) != 10:
+        raise _Bad(f"expected a date YYYY-MM-DD, got {_jtype(v)} {v!r}")
+    try:
+        return dt.date.fromisoformat(v)
+    except ValueError:
+        raise _Bad(f"{v!r} is not a date YYYY-MM-DD") from None
+
+
+def _uuid(v, t):
+    if not isinstance(v, str):
+        raise _Bad(f"expected a uuid string, got {_jtype(v)} {v!r}")
+    try:
+        return uuidlib.UUID(v).bytes
+    except ValueError:
+        raise _Bad(f"{v!r} is not a uuid") from None
+
+
+def _json(v, t):
+    return json.dumps(v, separators=(",", ":"), allow_nan=False)
+
+
+def _struct(fields):
+    def conv(v, t):
+        if not isinstance(v, dict):
+            raise _Bad(f"expected an object {{{', '.join(fields)}}}, got {_jtype(v)}")
+        if set(v) != set(fields):
+            raise _Bad(f"expected exactly the fields {', '.join(fields)}; got {', '.join(sorted(v)) or 'none'}")
+        out = {}
+        for f in fields:
+            x = v[f]
+            if type(x) not in (int, float) or not math.isfinite(x):
+                raise _Bad(f"{f} must be a finite number, got {x!r}")
+            out[f] = float(x)
+        return out
+    return conv
+
+
+_RANGE_FIELDS = ("lower", "upper", "lower_inclusive", "upper_inclusive")
+
+
+def _range(v, t: ColumnType):
+    if not isinstance(v, dict):
+        raise _Bad(f"expected an object {{{', '.join(_RANGE_FIELDS)}}}, got {_jtype(v)}")
+    extra = set(v) - set(_RANGE_FIELDS)
+    if extra:
+        raise _Bad(f"unknown range field(s) {', '.join(sorted(extra))}")
+    elem = {Kind.INT64: lambda x: _int(x, ColumnType(Kind.INT64)), Kind.FLOAT64: _float,
+            Kind.TIMESTAMP: _timestamp}[t.elem]
+    out = {}
+    for f in ("lower", "upper"):
+        out[f] = None if v.get(f) is None else elem(v[f])
+    for f, default in (("lower_inclusive", True), ("upper_inclusive", False)):
+        x = v.get(f, default)
+        if type(x) is not bool:
+            raise _Bad(f"{f} must be true or false, got {x!r}")
+        out[f] = x
+    return out
+
+
+_IN = {
+    **{k: _int for k in _INT_RANGE}, Kind.FLOAT32: _float, Kind.FLOAT64: _float, Kind.BOOL: _bool,
+    Kind.STRING: _string, Kind.BINARY: _binary, Kind.TIMESTAMP: _timestamp, Kind.DATE: _date,
+    Kind.UUID: _uuid, Kind.JSON: _json, Kind.POINT: _struct(("x", "y")),
+    Kind.BOX: _struct(("xmin", "ymin", "xmax", "ymax")), Kind.RANGE: _range,
+}
+
+
+# -- JSON out -------------------------------------------------------------------------------------
+
+
+def column_type(field: pa.Field) -> ColumnType | None:
+    """The contract type a result field carries in its metadata (None: plain Arrow)."""
+    meta = field.metadata or {}
+    return ColumnType.parse(meta[LOGICAL_KEY].decode()) if LOGICAL_KEY in meta else None
+
+
+def table_to_rows(t: pa.Table) -> list[dict]:
+    """Every row as a JSON-ready dict (columns converted whole)."""
+    cols = {}
+    for field, arr in zip(t.schema, t.columns):
+        ct = column_type(field)
+        cols[field.name] = column_to_json(arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr, ct)
+    names = list(cols)
+    return [dict(zip(names, vals)) for vals in zip(*cols.values())] if names else [{} for _ in range(t.num_rows)]
+
+
+def column_to_json(arr: pa.Array, ct: ColumnType | None) -> list:
+    k = ct.kind if ct is not None else None
+    if pa.types.is_timestamp(arr.type):
+        return _ts_strings(arr)
+    if pa.types.is_date(arr.type):
+        return arr.cast(pa.string()).to_pylist()
+    if k == Kind.UUID:
+        return [None if b is None else str(uuidlib.UUID(bytes=b)) for b in arr.to_pylist()]
+    if k == Kind.JSON:
+        return [None if s is None else json.loads(s) for s in arr.to_pylist()]
+    if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type) or pa.types.is_fixed_size_binary(arr.type):
+        return [None if b is None else base64.b64encode(b).decode() for b in arr.to_pylist()]
+    if pa.types.is_floating(arr.type):
+        return [_float_out(x) for x in arr.to_pylist()]
+    if k == Kind.RANGE and ct.elem == Kind.TIMESTAMP:
+        lo, hi = _ts_strings(arr.field("lower")), _ts_strings(arr.field("upper"))
+        vals = arr.to_pylist()
+        return [None if v is None else dict(v, lower=a, upper=b) for v, a, b in zip(vals, lo, hi)]
+    if k in (Kind.POINT, Kind.BOX, Kind.RANGE):
+        return [None if v is None else {f: _float_out(x) if isinstance(x, float) else x for f, x in v.items()}
+                for v in arr.to_pylist()]
+    return arr.to_pylist()
+
+
+def _ts_strings(arr: pa.Array) -> list:
+    if not pa.types.is_timestamp(arr.type):
+        arr = arr.cast(pa.timestamp("us", tz="UTC"))
+    elif arr.type.tz is None or arr.type.unit != "us":
+        arr = arr.cast(pa.timestamp("us", tz="UTC"))
+    return pc.strftime(arr, format="%Y-%m-%dT%H:%M:%SZ").to_pylist()
+
+
+def _float_out(x):
+    if x is None or math.isfinite(x):
+        return x
+    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+def value_to_json(v, ct: ColumnType | None):
+    """One Python value as the engine's point read returns it (datetime, date, bytes, str
+    for json, dicts for point/box/range) in its JSON form."""
+    if v is None:
+        return None
+    if isinstance(v, dt.datetime):
+        return iso_z(v)
+    if isinstance(v, dt.date):
+        return v.isoformat()
+    k = ct.kind if ct is not None else None
+    if k == Kind.UUID:
+        return str(uuidlib.UUID(bytes=bytes(v)))
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(v)).decode()
+    if k == Kind.JSON:
+        return json.loads(v)
+    if isinstance(v, float):
+        return _float_out(v)
+    if isinstance(v, dict):
+        return {f: value_to_json(x, None) for f, x in v.items()}
+    return v
+
+
+def iso_z(t: dt.datetime) -> str:
+    if t.tzinfo is not None:
+        t = t.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%f") + "Z"
+
+
+def row_to_json(row: dict, schema: SchemaVersion | None) -> dict:
+    types = {c.name: c.type for c in schema.columns} if schema is not None else {}
+    return {name: value_to_json(v, types.get(name)) for name, v in row.items()}
+
+
+# -- Arrow IPC ------------------------------------------------------------------------------------
+
+
+def read_arrow_stream(body: bytes) -> pa.Table:
+    """An Arrow IPC stream body as a table; a malformed stream is a RowValidationError."""
+    try:
+        with pa.ipc.open_stream(pa.BufferReader(body)) as r:
+            return r.read_all()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError, ValueError) as e:
+        raise RowValidationError(f"the body is not a valid Arrow IPC stream: {str(e).splitlines()[0]}") from None
+
+
+def write_arrow_stream(t: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    return sink.getvalue().to_pybytes()
+
+
+def schema_to_json(schema: SchemaVersion) -> list[dict]:
+    return [{"name": c.name, "type": str(c.type), "nullable": c.nullable, "id": c.id} for c in schema.columns]

@@ -1,0 +1,219 @@
+"""`terrascale ingest NAME FILE`: bulk load Parquet, CSV, Arrow IPC or NDJSON in batches.
+
+Each batch of ``--batch-rows`` rows is sent as one Arrow IPC stream to
+``POST /v1/tables/{t}/rows``, which is atomic and durable on return. Rows are
+upserts by primary key, so re-running an interrupted ingest rewrites the rows it
+had already loaded with the same values and yields the same table: no
+bookkeeping, no duplicates (``tests/node/test_cli.py`` kills one mid-file and
+re-runs it). Batches go in file order, one at a time, so when a key appears twice
+in a file the later row wins, as it would in one batch; the next batch is read
+and converted while the current one is in flight.
+
+Values are converted to the table's column types on this side: Parquet and
+Arrow carry their own types (the node accepts lossless conversions); CSV cells
+are parsed as the column's type (``point``/``box``/``range``/``json`` cells hold
+their JSON form, ``binary`` base64, ``uuid`` the canonical string); NDJSON lines
+are JSON rows exactly as ``POST …/rows`` takes them.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import sys
+import time
+
+import pyarrow as pa
+
+from node.codec import column_from_json, rows_to_table
+from node.errors import NodeError
+from rowstore.errors import RowValidationError
+from rowstore.schema import SchemaVersion
+from rowstore.types import ColumnType, Kind
+
+_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".arrow": "arrow", ".arrows": "arrow",
+            ".ipc": "arrow", ".feather": "arrow", ".ndjson": "ndjson", ".jsonl": "ndjson", ".json": "ndjson"}
+_CSV_NATIVE = {Kind.INT8, Kind.INT16, Kind.INT32, Kind.INT64, Kind.UINT8, Kind.UINT16, Kind.UINT32, Kind.UINT64,
+               Kind.FLOAT32, Kind.FLOAT64, Kind.BOOL, Kind.STRING, Kind.TIMESTAMP, Kind.DATE}
+
+
+class IngestError(NodeError):
+    """Raised when the input file cannot be read or does not fit the table."""
+
+
+def schema_of(desc: dict) -> SchemaVersion:
+    """The table's current schema from ``GET /v1/tables/{t}``."""
+    from rowstore.schema import Column
+
+    cols = tuple(Column(c["id"], c["name"], ColumnType.parse(c["type"]), c["nullable"]) for c in desc["columns"])
+    pk = next(c.id for c in cols if c.name == desc["primary_key"])
+    return SchemaVersion(desc["schema_version"], cols, pk, max(c.id for c in cols) + 1)
+
+
+def detect_format(path: str, given: str | None) -> str:
+    if given:
+        return given
+    fmt = _FORMATS.get(os.path.splitext(path)[1].lower())
+    if fmt is None:
+        raise IngestError(f"{path}: cannot tell the format from the extension; pass --format")
+    return fmt
+
+
+def count_rows(path: str, fmt: str) -> int | None:
+    """The number of rows (exact for Parquet and Arrow files, lines for text; None if unknown)."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    if fmt == "arrow":
+        try:
+            with pa.ipc.open_file(path) as r:
+                return sum(r.get_record_batch(i).num_rows for i in range(r.num_record_batches))
+        except pa.ArrowInvalid:
+            return None  # a stream: no footer to count from
+    n, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            n += chunk.count(b"\n")
+            last = chunk[-1:]
+    n += last != b"\n"
+    return max(n - (fmt == "csv"), 0)
+
+
+def batches(path: str, fmt: str, schema: SchemaVersion, batch_rows: int):
+    """Yield Arrow tables of at most ``batch_rows`` rows, in file order."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        for b in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
+            yield pa.Table.from_batches([b])
+    elif fmt == "arrow":
+        yield from _rebatch(_arrow_batches(path), batch_rows)
+    elif fmt == "csv":
+        yield from _rebatch(_csv_batches(path, schema), batch_rows)
+    else:
+        yield from _ndjson(path, schema, batch_rows)
+
+
+def _arrow_batches(path: str):
+    try:
+        r = pa.ipc.open_file(path)
+        for i in range(r.num_record_batches):
+            yield r.get_record_batch(i)
+    except pa.ArrowInvalid:
+        with pa.ipc.open_stream(pa.OSFile(path)) as s:
+            yield from s
+
+
+def _rebatch(it, n: int):
+    buf, have = [], 0
+    for b in it:
+        while b.num_rows:
+            take = min(n - have, b.num_rows)
+            buf.append(b.slice(0, take))
+            have += take
+            b = b.slice(take)
+            if have == n:
+                yield pa.Table.from_batches(buf)
+                buf, have = [], 0
+    if have:
+        yield pa.Table.from_batches(buf)
+
+
+def _csv_batches(path: str, schema: SchemaVersion):
+    import pyarrow.csv as pacsv
+
+    types = {c.name: c.type.arrow() if c.type.kind in _CSV_NATIVE else pa.string() for c in schema.columns}
+    reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=4 << 20),
+                            convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=True))
+    base = 0
+    for b in reader:
+        yield _csv_convert(b, schema, base)
+        base += b.num_rows
+
+
+def _csv_convert(b: pa.RecordBatch, schema: SchemaVersion, base: int) -> pa.RecordBatch:
+    """CSV string cells of non-native types as their column type (JSON text, base64, uuid)."""
+    arrays, fields = [], []
+    for name, arr in zip(b.schema.names, b.columns):
+        col = schema.by_name(name)
+        if col is not None and col.type.kind not in _CSV_NATIVE:
+            vals = arr.to_pylist()
+            if col.type.kind in (Kind.POINT, Kind.BOX, Kind.RANGE, Kind.JSON):
+                try:
+                    vals = [None if v is None else json.loads(v) for v in vals]
+                except ValueError as e:
+                    raise RowValidationError(f"column {name!r} (rows {base}..): cells must be JSON: {e}") from None
+            arr = column_from_json(vals, col)
+        arrays.append(arr)
+        fields.append(pa.field(name, arr.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _ndjson(path: str, schema: SchemaVersion, n: int):
+    rows, first = [], 1
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except ValueError as e:
+                raise IngestError(f"{path}:{lineno}: not a JSON object: {e}") from None
+            if len(rows) == n:
+                yield _ndjson_table(rows, schema, path, first)
+                rows, first = [], lineno + 1
+    if rows:
+        yield _ndjson_table(rows, schema, path, first)
+
+
+def _ndjson_table(rows, schema, path, first):
+    try:
+        return rows_to_table(rows, schema)
+    except RowValidationError as e:
+        raise IngestError(f"{path} (batch from line {first}): {e}") from None
+
+
+def ingest(client, args) -> int:
+    if args.batch_rows < 1:
+        from node.cli import UsageError
+
+        raise UsageError("--batch-rows must be at least 1")
+    if not os.path.isfile(args.file):
+        raise IngestError(f"{args.file}: no such file")
+    fmt = detect_format(args.file, args.format)
+    schema = schema_of(client.describe(args.name))
+    total = count_rows(args.file, fmt)
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit=" rows", unit_scale=True, desc=f"ingest {args.name}", file=sys.stderr,
+               disable=args.no_progress, dynamic_ncols=True, smoothing=0.1)
+    committed, n_batches, last_ts, t0 = 0, 0, None, time.perf_counter()
+    it = batches(args.file, fmt, schema, args.batch_rows)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            nxt = pool.submit(_next, it)
+            while True:
+                t = nxt.result()
+                if t is None:
+                    break
+                nxt = pool.submit(_next, it)  # read and convert the next batch while this one is sent
+                res = client.upsert(args.name, t)
+                committed += res["committed"]
+                n_batches += 1
+                last_ts = res["commit_ts"]
+                bar.update(t.num_rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, UnicodeDecodeError) as e:
+        raise IngestError(f"{args.file}: {str(e).splitlines()[0]}") from None
+    except RowValidationError as e:
+        raise IngestError(f"{args.file}: {e}") from None
+    finally:
+        bar.close()
+    took = time.perf_counter() - t0
+    print(f"ingested {committed} rows in {n_batches} batches into {args.name} in {took:.1f}s "
+          f"({committed / took if took else 0:,.0f} rows/s); last commit_ts {last_ts}", file=sys.stderr)
+    return 0
+
+
+def _next(it):
+    return next(it, None)

@@ -1,0 +1,92 @@
+"""Background jobs, each on its own schedule, each also runnable now from the admin API.
+
+| job        | what it does (``rowstore.database.Database``)                          | schedule |
+| ---------- | ---------------------------------------------------------------------- | -------- |
+| checkpoint | checkpoint the largest memtables while over the budget, then merges    | ``jobs.checkpoint_every`` (and at once when the budget is crossed) |
+| offload    | rewrite sealed segments as objects, drop the local copies              | ``jobs.offload_every`` |
+| seal       | seal every partition's current segment (rollover at ``seal_bytes`` is inline in the engine) | ``jobs.seal_every``, off by default |
+
+The group-commit flush timer (``segments.flush_ms``) lives in the write path
+itself (``terrafs/active.py``), not here. A job never runs twice at once: the
+admin API's "run now" waits for a scheduled run in progress and then runs.
+Every run is timed (``terrascale_job_seconds``) and counted by outcome.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from node.metrics import Metrics
+
+log = logging.getLogger("terrascale.node")
+BUDGET_POLL_S = 0.2
+
+
+class Jobs:
+    def __init__(self, db, metrics: Metrics, cfg):
+        self.db, self.m = db, metrics
+        self.schedule = {"checkpoint": cfg.checkpoint_every_s, "offload": cfg.offload_every_s,
+                         "seal": cfg.seal_every_s}
+        self._locks = {name: asyncio.Lock() for name in self.schedule}
+        self._tasks: list[asyncio.Task] = []
+        self.last: dict[str, dict] = {}
+
+    async def run(self, name: str, trigger: str = "admin") -> dict:
+        """Run job ``name`` now; returns what it did (the engine's report)."""
+        work = {"checkpoint": lambda: self.db.checkpoint(force=trigger == "admin"),
+                "offload": self.db.offload, "seal": self.db.seal}[name]
+        async with self._locks[name]:
+            t0 = time.perf_counter()
+            try:
+                out = await work()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.m.job_runs.labels(name, trigger, "error").inc()
+                raise
+            took = time.perf_counter() - t0
+            self.m.job_seconds.labels(name).observe(took)
+            self.m.job_runs.labels(name, trigger, "ok").inc()
+        if any(out.values()) or trigger == "admin":
+            log.info("event=job_done job=%s trigger=%s seconds=%.3f %s", name, trigger, took,
+                     " ".join(f"{k}={_short(v)}" for k, v in out.items()))
+        self.last[name] = {"at": time.time(), "seconds": round(took, 4), "result": out}
+        return out
+
+    def start(self) -> None:
+        for name, every in self.schedule.items():
+            if every > 0:
+                self._tasks.append(asyncio.ensure_future(self._loop(name, every)))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+
+    async def _loop(self, name: str, every: float) -> None:
+        """Every ``every`` seconds; the checkpoint job also as soon as the memtable budget is crossed."""
+        next_at = time.monotonic() + every
+        while True:
+            if name == "checkpoint":
+                while time.monotonic() < next_at and self.db.memtable_bytes() <= self.db.cfg.memtable_bytes:
+                    await asyncio.sleep(min(BUDGET_POLL_S, max(next_at - time.monotonic(), 0)))
+            else:
+                await asyncio.sleep(max(next_at - time.monotonic(), 0))
+            next_at = time.monotonic() + every
+            try:
+                await self.run(name, "schedule")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - logged, counted, retried at the next tick
+                log.warning("event=job_failed job=%s error=%r", name, e)
+
+
+def _short(v) -> str:
+    if isinstance(v, list):
+        return str(len(v)) if len(v) > 8 else ",".join(map(str, v)) or "0"
+    return str(v)

@@ -1,0 +1,46 @@
+"""The node's Prometheus metrics (one registry per node, so tests can run several)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LAT = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("terrascale_http_requests_total", "HTTP requests by route and status",
+                                ["method", "route", "status"], registry=r)
+        self.latency = Histogram("terrascale_http_request_seconds", "HTTP request latency by route",
+                                 ["method", "route"], buckets=_LAT, registry=r)
+        self.in_flight = Gauge("terrascale_http_requests_in_flight", "HTTP requests being served", registry=r)
+        self.forwarded = Counter("terrascale_http_forwarded_total", "Requests forwarded to the owning node",
+                                 ["owner"], registry=r)
+        self.rows_written = Counter("terrascale_rows_written_total", "Rows upserted or deleted", ["op"],
+                                    registry=r)
+        self.write_wait = Histogram("terrascale_write_commit_seconds",
+                                    "Time from a batch's arrival in the engine to durable and visible "
+                                    "(encode + group-commit flush wait)", buckets=_LAT, registry=r)
+        self.batch_rows = Histogram("terrascale_write_batch_rows", "Rows per write batch",
+                                    buckets=(1, 10, 100, 1000, 10_000, 100_000, 1_000_000), registry=r)
+        self.flushes = Gauge("terrascale_flushes", "Group-commit flushes of this node's open active files",
+                             registry=r)
+        self.flushed_bytes = Gauge("terrascale_flushed_bytes", "Bytes flushed (fdatasync'd) by this node's "
+                                   "open active files", registry=r)
+        self.flush_appends = Gauge("terrascale_flush_appends", "Appends gathered into those flushes",
+                                   registry=r)
+        self.segments = Gauge("terrascale_segments", "Segments by state", ["state"], registry=r)
+        self.files = Gauge("terrascale_files", "TerrascaleFS files by state and tier", ["state", "tier"],
+                           registry=r)
+        self.cache_ratio = Gauge("terrascale_block_cache_hit_ratio", "Sealed-block cache hit ratio", registry=r)
+        self.cache_events = Gauge("terrascale_block_cache_events", "Sealed-block cache lookups by outcome",
+                                  ["outcome"], registry=r)
+        self.memtable_bytes = Gauge("terrascale_memtable_bytes", "Key and column memtables, all partitions",
+                                    registry=r)
+        self.closed_ts = Gauge("terrascale_closed_timestamp", "The closed timestamp (reads see up to it)",
+                               registry=r)
+        self.job_seconds = Histogram("terrascale_job_seconds", "Background job duration", ["job"],
+                                     buckets=_LAT, registry=r)
+        self.job_runs = Counter("terrascale_job_runs_total", "Background job runs by outcome",
+                                ["job", "trigger", "outcome"], registry=r)
+        self.ready = Gauge("terrascale_ready", "1 once recovery finished and the node serves", registry=r)
