@@ -178,14 +178,15 @@ class PartitionColumns:
 
     # -- reads ------------------------------------------------------------------------------
 
-    def candidates(self, pred: Pred) -> np.ndarray | None:
-        """Sorted rowids of row versions whose value may satisfy ``pred``; None if the
-        column is not indexed or its index cannot answer this predicate."""
+    def candidates(self, pred: Pred) -> tuple[np.ndarray, np.ndarray] | None:
+        """Sorted rowids of row versions whose value may satisfy ``pred``, with the source
+        of each (the inode of the key-index run holding its entry; 0: a memtable); None if
+        the column is not indexed or its index cannot answer this predicate."""
         cid = pred.column.id
         if cid not in self.columns:
             return None
-        parts = []
-        for run_cols in self.runs.values():
+        parts, srcs = [], []
+        for pk_inode, run_cols in self.runs.items():
             run = run_cols.get(cid)
             if run is None:
                 continue
@@ -193,14 +194,18 @@ class PartitionColumns:
             if got is None:
                 return None
             parts.append(got)
+            srcs.append(np.full(len(got), pk_inode, np.int64))
         for piece in [*self.mem, *(p for tok in self.frozen for p in tok)]:
             rowids, vals = piece
             arr = vals.get(cid)
             if arr is not None:
                 parts.append(rowids[exact(self.columns[cid], arr, pred)])
+                srcs.append(np.zeros(len(parts[-1]), np.int64))
         if not parts:
-            return np.zeros(0, np.uint64)
-        return np.sort(np.concatenate(parts))
+            return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+        ids, src = np.concatenate(parts), np.concatenate(srcs)
+        order = np.argsort(ids, kind="stable")
+        return ids[order], src[order]
 
     @property
     def mem_bytes(self) -> int:

@@ -495,17 +495,24 @@ class Database:
         return _finish(out, d.schema, columns, limit), T
 
     async def _query_part(self, part: Partition, d: TableDef, schemas, T, terms, box, preds) -> pa.RecordBatch:
-        cands = None
+        cands = srcs = None
         for pred in preds:
-            c = part.columns.candidates(pred)
-            if c is not None:
-                cands = c if cands is None else np.intersect1d(cands, c, assume_unique=True)
+            got = part.columns.candidates(pred)
+            if got is None:
+                continue
+            if cands is None:
+                cands, srcs = got
+            else:
+                cands, i, _ = np.intersect1d(cands, got[0], assume_unique=True, return_indices=True)
+                srcs = srcs[i]
         if cands is None:  # no index applies: every visible row of the partition
             rows = await fetch(self.store, (await part.index.scan(None, None, T)).rowids, schemas, d.schema)
             return rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box)))
-        rows = await fetch(self.store, cands, schemas, d.schema)
+        rows = await fetch(self.store, cands, schemas, d.schema)  # in rowid order, as cands
         keys = encode_keys(rows.batch.column(d.schema.key.name), part.kind)
-        visible = (await part.index.get_many(keys, T)) == np.sort(cands)
+        visible = (rows.commit_ts <= np.uint64(T)) & ~rows.deleted
+        idx = np.flatnonzero(visible)
+        visible[idx] = ~await part.index.superseded(keys[idx], rows.commit_ts[idx], srcs[idx], T)
         return rows.batch.filter(pa.array(visible & batch_mask(rows.batch, terms, box)))
 
     # -- background jobs (the daemon schedules them; the admin API runs them now) -------------

@@ -1,11 +1,14 @@
 """Fetching many rows by rowid, vectorized: one decode per segment, few reads.
 
 Rows of one segment are located (active: the in-memory offset index; sealed: the
-B+ tree pages, cached), sorted by offset and read in clusters — one read per run
-of nearby rows — then decoded in one call. When a query wants a large share of a
+B+ tree, or for many rows its whole leaf level, cached), their bytes gathered from
+the blocks they lie in (each block fetched once: ``terrafs.gather``), then decoded
+in one call. When a query wants a large share of a
 segment, a sequential scan with a localid mask is cheaper than locating rows.
 """
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import numpy as np
 import pyarrow as pa
@@ -15,8 +18,10 @@ from rowstore.errors import RowstoreError
 from rowstore.rowcodec import Decoded, decode_rows
 from rowstore.schema import SchemaVersion
 
-_GAP = 4096  # rows closer than this are read in one range (blocks are cached: small reads are cheap)
 _SCAN_SHARE = 8  # scan the segment when more than 1/8 of its rows are wanted
+_FEW = 16  # fewer rows than this from a sealed segment: walk the tree for each
+_OFFSET_SEGMENTS = 64
+_OFFSETS: OrderedDict = OrderedDict()
 
 
 async def fetch(store, rowids: np.ndarray, schemas, target: SchemaVersion) -> Decoded:
@@ -45,10 +50,31 @@ async def _segment_rows(store, segid: int, locs: np.ndarray, schemas, target) ->
     sealed = await store.sealed(segid)
     if len(locs) * _SCAN_SHARE > sealed.footer.rows:
         return await _by_scan(store, segid, locs, schemas, target)
-    spans = [await sealed.locate(int(i)) for i in locs]
-    offs = np.array([s for s, _ in spans], np.int64)
-    lens = np.array([n for _, n in spans], np.int64)
-    return await _read_clusters(sealed.sf.read, offs, lens, schemas, target, sealed.where)
+    if len(locs) < _FEW:
+        spans = [await sealed.locate(int(i)) for i in locs]
+        offs = np.array([s for s, _ in spans], np.int64)
+        lens = np.array([n for _, n in spans], np.int64)
+    else:  # many rows: every offset from the leaf level at once (cached per segment)
+        ends = await _row_ends(sealed)
+        offs = ends[locs.astype(np.int64)]
+        lens = ends[locs.astype(np.int64) + 1] - offs
+    buf, starts = await sealed.sf.read_ranges(offs, lens)
+    return decode_rows(buf, starts, schemas, target, sealed.where)
+
+
+async def _row_ends(sealed) -> np.ndarray:
+    """Row offsets of a sealed segment plus the end of the row section (an LRU of segments:
+    4 bytes a row, bounded by ``_OFFSET_SEGMENTS``)."""
+    key = (sealed.where, sealed.footer.segid)
+    got = _OFFSETS.get(key)
+    if got is None:
+        got = np.append((await sealed.row_offsets()).astype(np.int64), sealed.footer.rows_len)
+        _OFFSETS[key] = got
+        if len(_OFFSETS) > _OFFSET_SEGMENTS:
+            _OFFSETS.popitem(last=False)
+    else:
+        _OFFSETS.move_to_end(key)
+    return got
 
 
 async def _from_active(seg: ActiveSegment, locs, schemas, target) -> Decoded:
@@ -56,25 +82,6 @@ async def _from_active(seg: ActiveSegment, locs, schemas, target) -> Decoded:
         raise RowstoreError(f"segment {seg.segid}: no row {int(locs.max())} (rows: {seg.durable_rows})")
     buf, starts = await seg.file.read_ranges(seg._idx.arr[locs], seg._idx.lens[locs])
     return decode_rows(buf, starts, schemas, target, seg.where)
-
-
-async def _read_clusters(read, offs, lens, schemas, target, where: str) -> Decoded:
-    order = np.argsort(offs, kind="stable")
-    o, n = offs[order], lens[order]
-    breaks = np.flatnonzero(o[1:] - (o[:-1] + n[:-1]) > _GAP) + 1
-    bufs, starts, base = [], np.empty(len(o), np.int64), 0
-    for a, b in zip(np.r_[0, breaks], np.r_[breaks, len(o)]):
-        lo, hi = int(o[a]), int(o[b - 1] + n[b - 1])
-        raw = await read(lo, hi - lo)
-        if len(raw) != hi - lo:
-            raise RowstoreError(f"{where}: short read at {lo}")
-        bufs.append(np.frombuffer(raw, np.uint8))
-        starts[a:b] = o[a:b] - lo + base
-        base += hi - lo
-    buf = np.concatenate(bufs) if len(bufs) > 1 else bufs[0]
-    inv = np.empty_like(order)
-    inv[order] = np.arange(len(order))
-    return decode_rows(buf, starts[inv], schemas, target, where)
 
 
 async def _by_scan(store, segid: int, locs, schemas, target) -> Decoded:

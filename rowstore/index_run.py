@@ -154,14 +154,17 @@ class IndexRun:
         return f
 
     async def get_many(self, keys: np.ndarray, as_of: int) -> np.ndarray:
-        """Per key (encoded): the newest rowid with ts <= as_of, TOMBSTONE if that is a
-        deletion, 0 if this run has no such version. Reads only the pages the keys need."""
-        from rowstore.memtable import MemTable  # noqa: PLC0415
+        """Per key (encoded): the newest rowid with ts <= as_of (TOMBSTONE for a deletion),
+        0 if this run has no such version. Reads only the pages the keys need."""
+        return (await self.lookup(keys, as_of))[0]
+
+    async def lookup(self, keys: np.ndarray, as_of: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per key: (rowid, ts) of its newest entry with ts <= as_of here; (0, 0) if none."""
+        from rowstore.memtable import _lookup  # noqa: PLC0415
 
         if not self._offs or len(keys) == 0:
-            return np.zeros(len(keys), np.uint64)
+            return np.zeros(len(keys), np.uint64), np.zeros(len(keys), np.uint64)
         firsts = self._fence_array()
-        # versions of a key may start on the page before the first page whose first key is it
         lo = np.maximum(np.searchsorted(firsts, keys, "left") - 1, 0)
         hi = np.maximum(np.searchsorted(firsts, keys, "right") - 1, 0)
         span = hi - lo + 1
@@ -170,7 +173,7 @@ class IndexRun:
         run = runs[0] if len(runs) == 1 else Run(np.concatenate([r.keys for r in runs]),
                                                   np.concatenate([r.ts for r in runs]),
                                                   np.concatenate([r.rowids for r in runs]))
-        return MemTable._get_many(run, keys, as_of)
+        return _lookup(run, keys, as_of)
 
     async def all(self) -> Run:
         """Every entry (merges, checks)."""

@@ -148,21 +148,28 @@ class MemTable:
         return self._runs[0]
 
     def get(self, keys: np.ndarray, as_of: int) -> np.ndarray:
-        """Per key: the visible rowid at ``as_of``, TOMBSTONE if deleted, 0 if never written.
+        return self.lookup(keys, as_of)[0]
+
+    def lookup(self, keys: np.ndarray, as_of: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per key: (rowid, ts) visible at ``as_of`` (TOMBSTONE if deleted; (0, 0) if never written).
 
         (rowid 0 is in segment 0, which is never allocated: segids start at 1.) Every
         mini-run is searched and the newest version at or below ``as_of`` wins."""
+        if len(self._runs) > 2:
+            self.consolidated()  # reads are coming: one run to search from now on
         best_r, best_t = np.zeros(len(keys), np.uint64), np.zeros(len(keys), np.uint64)
         for run in self._runs:
             r, t = _lookup(run, keys, as_of)
             newer = (r != 0) & (t >= best_t)
             best_r[newer], best_t[newer] = r[newer], t[newer]
-        return best_r
+        return best_r, best_t
 
     def get_one(self, key, as_of: int) -> int:
         """``get`` for one encoded key (a Python int or bytes): no arrays built."""
         if self.kind == "int64":
             key = np.uint64(key)  # a Python int above 2**63 would be compared as a float
+        if len(self._runs) > 2:
+            self.consolidated()  # reads are coming: one run to search from now on
         best_r, best_t = 0, -1
         for run in self._runs:
             if run.keys.dtype.kind == "S" and len(key) > run.keys.dtype.itemsize:

@@ -133,6 +133,30 @@ class PartitionIndex:
         out[out == TOMBSTONE] = 0
         return out
 
+    async def superseded(self, keys: np.ndarray, ts: np.ndarray, source: np.ndarray, as_of: int) -> np.ndarray:
+        """For row versions (key, ts) whose index entry lives in ``source`` (a run's inode; 0:
+        the memtables): whether a newer version with ts <= as_of exists. Only levels that can
+        hold one are searched: memtables always; a run only if its ts range reaches above
+        the version's ts and not past ``as_of``, and never the version's own run when that
+        run keeps one version per key."""
+        out = np.zeros(len(keys), bool)
+        t = np.asarray(ts, np.uint64)
+        for mt in [self.mem, *self._frozen]:
+            _, found = mt.lookup(keys, as_of)
+            out |= found > t
+        own_unique = {m["inode"] for m in self.manifest.runs if m.get("unique")}
+        for m, (_, run) in zip(self.manifest.runs, self.runs):
+            if run.min_ts > as_of:
+                continue
+            need = ~out & (source != 0) & (t < np.uint64(run.max_ts))
+            if m["inode"] in own_unique:
+                need &= source != m["inode"]
+            idx = np.flatnonzero(need)
+            if len(idx):
+                _, found = await run.lookup(keys[idx], as_of)
+                out[idx] |= found > t[idx]
+        return out
+
     async def scan(self, lo, hi, as_of: int) -> Run:
         """Visible (key, ts, rowid) with ``lo <= key < hi`` (None: unbounded), in key order."""
         parts = [mt.consolidated() for mt in [self.mem, *self._frozen]]
@@ -167,7 +191,8 @@ class PartitionIndex:
             run = frozen.consolidated()
             cols = await self.columns.write_runs(ctoken) if ctoken is not None else {}
             rec = await self._publish(run, 0, lambda r: Manifest(
-                [{"inode": r.inode, "level": 0, "entries": len(run), "cols": cols}] + self.manifest.runs,
+                [{"inode": r.inode, "level": 0, "entries": len(run), "cols": cols, "unique": _unique(run)}]
+                + self.manifest.runs,
                 list(mark), self.manifest.checkpoints + 1, self.manifest.garbage), cols)
             self.runs.insert(0, (0, await IndexRun.open(await self.fs.open_sealed(rec.inode))))
             if ctoken is not None:
@@ -206,7 +231,8 @@ class PartitionIndex:
         rest = [m for m in self.manifest.runs if m["inode"] not in gone]
 
         def manifest(rec):
-            entry = {"inode": rec.inode, "level": level + 1, "entries": len(merged), "cols": cols}
+            entry = {"inode": rec.inode, "level": level + 1, "entries": len(merged), "cols": cols,
+                     "unique": _unique(merged)}
             return Manifest([m for m in rest if m["level"] < level] + [entry] +
                             [m for m in rest if m["level"] > level + 1],
                             self.manifest.mark, self.manifest.checkpoints, self.manifest.garbage + gone)
@@ -277,3 +303,9 @@ def _prepend(older: MemTable, newer: MemTable, kind: str) -> MemTable:
         if len(run):
             out.insert(run.keys, run.ts, run.rowids)
     return out
+
+
+def _unique(run: Run) -> bool:
+    """Whether the run holds at most one version per key (then a version found in it needs
+    no check against the rest of it)."""
+    return bool(len(run) < 2 or not (run.keys[1:] == run.keys[:-1]).any())

@@ -30,6 +30,7 @@ from terrafs.blocks import (
     parse_header,
 )
 from terrafs.crypto import DataCipher, KeyEncryptionKey
+from terrafs.gather import read_ranges
 from terrafs.errors import ClosedError, CorruptionError, FileStateError, TerrafsError
 from terrafs.params import FileParams
 
@@ -359,29 +360,11 @@ class ActiveFile:
         is fetched once, and the ranges come back inside one buffer with their starts."""
         if self._closed:
             raise ClosedError(f"{self.where} is closed")
-        offsets = np.asarray(offsets, np.int64)
-        ends = offsets + np.asarray(lengths, np.int64)
-        if len(offsets) == 0:
-            return np.zeros(0, np.uint8), np.zeros(0, np.int64)
-        if offsets.min() < 0 or ends.max() > self.durable_size:
-            raise ValueError(f"{self.where}: a range lies outside the durable bytes")
-        logical = self.index.logical[: self.index.n]
-        first = np.searchsorted(logical, offsets, side="right") - 1
-        last = np.searchsorted(logical, np.maximum(ends - 1, offsets), side="right") - 1
-        span = last - first + 1
-        blocks = np.unique(np.repeat(first, span) + (np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)))
-        data = {int(i): memoryview(await self._read_block(int(i))) for i in blocks}
-        lens = ends - offsets
-        starts = np.zeros(len(offsets), np.int64)
-        np.cumsum(lens[:-1], out=starts[1:])
-        out = bytearray(int(lens.sum()))
-        for o, e, b, p in zip(offsets.tolist(), ends.tolist(), first.tolist(), starts.tolist()):
-            while o < e:  # usually one block; a range may run into the next ones
-                base = int(logical[b])
-                piece = data[b][o - base : e - base]
-                out[p : p + len(piece)] = piece
-                o, p, b = o + len(piece), p + len(piece), b + 1
-        return np.frombuffer(out, np.uint8), starts
+
+        async def fetch(blocks):
+            return {i: await self._read_block(i) for i in blocks}
+
+        return await read_ranges(self.index.logical[: self.index.n], self.durable_size, offsets, lengths, fetch)
 
     async def _read_block(self, i: int) -> bytes:
         """Decoded block ``i``; blocks never change once durable, so recent ones are kept."""

@@ -18,6 +18,7 @@ from terrafs.abc import DeviceFile, ObjectStore
 from terrafs.blocks import Codec, decode_block, encode_block
 from terrafs.cache import BlockCache
 from terrafs.crypto import KeyEncryptionKey
+from terrafs.gather import read_ranges
 from terrafs.errors import CorruptionError, TerrafsError
 from terrafs.params import FileParams
 
@@ -186,6 +187,19 @@ class SealedFile:
             return block[lo : lo + (end - offset)]
         data = b"".join(await self._fetch(first, last))
         return data[lo : lo + (end - offset)]
+
+    async def read_ranges(self, offsets, lengths) -> tuple[np.ndarray, np.ndarray]:
+        """Many ranges at once: each block touched is fetched once (adjacent misses in one
+        ranged read), only the ranges' bytes are copied; see ``terrafs.gather``."""
+
+        async def fetch(blocks):
+            out = {}
+            for lo, hi in _runs(blocks):
+                for i, b in zip(range(lo, hi + 1), await self._fetch(lo, hi)):
+                    out[i] = b
+            return out
+
+        return await read_ranges(self._logical, self.size, offsets, lengths, fetch)
 
     async def _fetch(self, first: int, last: int) -> list[bytes]:
         """Decoded blocks ``first..last``: memory, then volatile cache, then ranged reads."""
