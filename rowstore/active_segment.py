@@ -105,11 +105,11 @@ class ActiveSegment:
         base = int(split_rowids(ids[:1])[1][0]) if len(ids) else self._next
         self._next = self.durable_rows = base
 
-    async def append_record(self, kind: Kind, body: bytes) -> None:
+    async def append_record(self, kind: Kind, body: bytes, lazy: bool = False) -> None:
         """An opaque, progress or checkpoint record (durable on return)."""
         if kind == Kind.PROGRESS:
             self.wal.closed_ts = max(self.wal.closed_ts, U64.unpack(body)[0])
-        await self.file.append(frame(kind, body))
+        await self.file.append(frame(kind, body), lazy=lazy)
 
     def _note_ts(self, ts: int) -> None:
         self.min_ts = ts if self.min_ts is None else min(self.min_ts, ts)

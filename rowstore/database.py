@@ -522,6 +522,8 @@ class Database:
         budget, run the merges the policy wants, offload sealed segments."""
         out = await self.checkpoint(force=False)
         out.update(await self.offload())
+        closed = self.timeline.closed
+        out["progress"] = sum([await p.progress(closed) for t in self._tables.values() for p in t.parts])
         return out
 
     async def run_background(self, interval_s: float = 1.0) -> None:

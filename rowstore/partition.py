@@ -22,6 +22,7 @@ from rowstore.pk_index import PartitionIndex
 from rowstore.rowcodec import Encoded
 from rowstore.schema import Column, SchemaVersion
 from rowstore.segments import SegmentRecord, SegmentStore, SegState
+from rowstore.wal import U64, Kind
 
 log = logging.getLogger("rowstore.partition")
 
@@ -108,6 +109,18 @@ class Partition:
             await self._drained.wait()
             seg = await self.store.roll(self.table_id, self.pid)
             return seg.segid if seg is not None else None
+
+    async def progress(self, closed: int) -> bool:
+        """Record ``PROGRESS(closed)`` in the current segment (docs/format/segment.md §2) when the
+        closed timestamp moved past the last one recorded; it rides with the next flush."""
+        seg = self.store._current.get((self.table_id, self.pid))
+        if seg is None or closed <= seg.wal.closed_ts:
+            return False
+        async with self.lock:  # ordered with the partition's batches
+            task = asyncio.ensure_future(seg.append_record(Kind.PROGRESS, U64.pack(closed), lazy=True))
+            await asyncio.sleep(0)
+        await task
+        return True
 
     # -- checkpoint and merge --------------------------------------------------------------
 

@@ -305,3 +305,13 @@ async def test_crash_inside_a_group_loses_only_unacknowledged_batches_whole():
         assert set(ids) <= have
     for ids in failed:
         assert not set(ids) & have
+
+
+async def test_progress_records_close_timestamps_in_the_write_ahead():
+    w, db = await make(partitions=2)
+    r = await db.upsert("m", rows(range(20)))
+    assert (await db.maintain())["progress"] == 2
+    assert (await db.maintain())["progress"] == 0  # nothing new to close
+    w.crash()
+    db2 = await w.start()
+    assert all(seg.wal.closed_ts >= r.commit_ts for seg in db2.store.active.values())
