@@ -199,8 +199,8 @@ async def bboxes(root: str) -> list[Result]:
                 data.column("id").filter(pa.array(m))
             npy.append(t.seconds)
             with Timer() as t:
-                con.execute("select id from pts where \"loc.x\" between ? and ? and \"loc.y\" between ? and ?",
-                            [box["xmin"], box["xmax"], box["ymin"], box["ymax"]]).to_arrow_table()
+                con.sql("select id from pts where \"loc.x\" between ? and ? and \"loc.y\" between ? and ?",
+                        params=[box["xmin"], box["xmax"], box["ymin"], box["ymax"]]).to_arrow_table()
             duck.append(t.seconds)
         assert got.num_rows == full.num_rows == int(m.sum())
         q = statistics.median(ours)
