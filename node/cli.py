@@ -413,14 +413,14 @@ def main(argv: list[str] | None = None) -> int:
     except ApiError as e:
         print(f"terrascale: error: {e.code}: {e.message}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # stdout closed early (| head)
+        return 0
     except ConnectionError as e:
         print(f"terrascale: error: {e}", file=sys.stderr)
         return 1
     except (NodeError, TerrafsError, CatalogError, RowstoreError) as e:
         print(f"terrascale: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 1
-    except BrokenPipeError:
-        return 0
     except KeyboardInterrupt:
         print("terrascale: interrupted", file=sys.stderr)
         return 1

@@ -88,22 +88,45 @@ class Node:
         log.info("event=files_recovered node=%s reopened=%d recreated=%d rolled_back=%d local_deleted=%d",
                  c.node_id, len(report.reopened), len(report.recreated), len(report.rolled_back),
                  len(report.local_deleted))
-        self.db = Database(self.fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes,
-                                                 memtable_bytes=c.memtable_bytes,
-                                                 retention_ms=int(c.retention_s * 1000)))
-        await self.db.open()
-        self._stack.push_async_callback(self._close_db)
-        log.info("event=recovered node=%s tables=%d seconds=%.3f", c.node_id, len(self.db._tables),
-                 time.perf_counter() - t0)
         raft = self.catalog.self_addr if c.catalog.startswith("raft://") else None
         self.cluster = Cluster(self.catalog, c.node_id, self.http_url, raft)
         self._stack.push_async_callback(self.cluster.close)
+        self.db = Database(self.fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes,
+                                                 memtable_bytes=c.memtable_bytes,
+                                                 retention_ms=int(c.retention_s * 1000)))
+        await self._open_db()
+        self._stack.push_async_callback(self._close_db)
+        log.info("event=recovered node=%s tables=%d seconds=%.3f", c.node_id,
+                 len(await self.db.list_tables()), time.perf_counter() - t0)
         await self.cluster.register()
         self.jobs = Jobs(self.db, self.metrics, c)
         self.jobs.start()
         self._stack.push_async_callback(self.jobs.stop)
         self.ready = True
         self.metrics.ready.set(1)
+
+    async def _open_db(self) -> None:
+        """Recover the tables this node owns, and only those.
+
+        ``Database.open`` opens every table in the catalog, replaying each partition's
+        write-ahead log — which lives on the owner's block device, so on another node of
+        a cluster it cannot be read. Until the engine takes an ownership filter, the
+        table list it opens from is narrowed to this node's tables for the duration of
+        ``open`` (an instance attribute, removed again right after)."""
+        if not self.cluster.multi:
+            await self.db.open()
+            return
+        tables = self.db.catalog_tables
+        every = tables.list
+
+        async def owned(as_of=None):
+            return [d for d in await every(as_of) if await self.cluster.owner(d.name, fresh=True) == self.cfg.node_id]
+
+        tables.list = owned
+        try:
+            await self.db.open()
+        finally:
+            del tables.list
 
     async def _close_db(self) -> None:
         try:
