@@ -343,8 +343,10 @@ class Api:
 
     async def segments(self, request):
         table = request.query.get("table")
-        recs = await self.db.segment_records(table)
-        return web.json_response({"segments": [_segment_json(name, r) for name, r in recs]})
+        db = self.db
+        recs = await db.segment_records(table)
+        return web.json_response({"segments": [_segment_json(name, r, db.store.active.get(r.segid))
+                                               for name, r in recs]})
 
     def _job(self, name: str):
         async def run(request):
@@ -440,7 +442,13 @@ def _table_json(d) -> dict:
             "schema_version": d.schema.version, "ts": d.ts}
 
 
-def _segment_json(table: str, r) -> dict:
+def _segment_json(table: str, r, local=None) -> dict:
+    """A segment row; an active segment of this node reports its durable rows and bytes so far
+    (its catalog row gets them when it is sealed)."""
+    rows, nbytes = r.rows, r.bytes
+    if r.state.value == "active" and local is not None:
+        rows, nbytes = local.durable_rows, local.nbytes
     return {"segid": r.segid, "table": table, "partition": r.partition, "state": r.state.value,
-            "rows": r.rows, "live_rows": r.live_rows, "bytes": r.bytes, "live_bytes": r.live_bytes,
+            "rows": rows, "live_rows": rows if r.state.value == "active" else r.live_rows, "bytes": nbytes,
+            "live_bytes": nbytes if r.state.value == "active" else r.live_bytes,
             "location": r.location, "owner": r.owner, "min_ts": r.min_ts, "max_ts": r.max_ts}

@@ -173,6 +173,7 @@ def test_admin_jobs_segments_status_cluster(c):
     c.upsert("adm", points(range(5000)))
     segs = c.segments("adm")["segments"]
     assert segs and {s["state"] for s in segs} == {"active"} and all(s["table"] == "adm" for s in segs)
+    assert sum(s["rows"] for s in segs) == 5000 and all(s["bytes"] > 0 for s in segs)
     assert set(segs[0]) >= {"segid", "table", "partition", "state", "rows", "live_rows", "bytes", "live_bytes",
                             "location"}
     mine = {s["segid"] for s in segs}
