@@ -129,7 +129,11 @@ class ActiveSegment:
         return decode_row_list(raws, schemas, target, self.where)
 
     async def batches(self):
-        """Committed batches in file order (seal/offload, fsck, index rebuilds)."""
+        """Committed batches in file order (seal/offload, fsck, index rebuilds, change feeds).
+
+        Flushes first: a ``COMMIT`` appended lazily (a commit group's) must be durable for
+        the reader, which only sees durable bytes, to count its batch as committed."""
+        await self.file.flush()
         reader = WalReader(self.where)
         async for _, data in self.file.scan():
             for b in reader.feed(data):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -24,6 +25,7 @@ from catalog.abc import Check, Delete, Put
 from rowstore.active_segment import split_rowids
 from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, QueryError,
                              RowValidationError, TableNotFoundError)
+from rowstore.external import SegmentSlice, visible_bitmap
 from rowstore.fetch import fetch
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
 from rowstore.memtable import encode_keys
@@ -515,6 +517,116 @@ class Database:
         visible[idx] = ~await part.index.superseded(keys[idx], rows.commit_ts[idx], srcs[idx], T)
         return rows.batch.filter(pa.array(visible & batch_mask(rows.batch, terms, box)))
 
+    # -- external readers (the Spark bridge: docs/rfcs/0006-external-reads.md) ----------------
+
+    async def read_plan(self, name: str, as_of: int | None = None, where=None, bbox=None,
+                        sealed_only: bool = False, lease_s: float = 600.0) -> dict:
+        """A snapshot for readers that go to object storage themselves: per offloaded segment
+        its object and a bitmap of the localids visible at T (narrowed by the column index when
+        ``where``/``bbox`` can use it), and the partitions whose visible rows are still on this
+        node (read with :meth:`tail`). A lease keeps the plan's segments from being collected."""
+        T, d, table, schemas = await self._read_ctx(name, as_of)
+        terms, box = parse_where(d.schema, where), parse_bbox(d.schema, bbox)
+        preds = terms + ([box] if box is not None else [])
+        by_seg: dict[int, list[np.ndarray]] = {}
+        for part in table.parts:
+            ids = (await part.index.scan(None, None, T)).rowids
+            cands = _candidates(part, preds)
+            if cands is not None:
+                ids = np.intersect1d(ids, cands, assume_unique=True)
+            segs, locs = split_rowids(ids)
+            cuts = np.flatnonzero(np.diff(segs)) + 1
+            for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(segs)]):
+                if b > a:
+                    by_seg.setdefault(int(segs[a]), []).append(locs[a:b])
+        recs = {r.segid: r for r in await self.store.list(table=d.table_id)}
+        sealed, tail = [], set()
+        for segid, parts in sorted(by_seg.items()):
+            rec = recs[segid]
+            if rec.state == SegState.OFFLOADED:
+                f = await self.fs.stat(rec.inode)
+                sealed.append(SegmentSlice(segid, f.location, f.object_size, rec.rows,
+                                           visible_bitmap(np.concatenate(parts))).to_json())
+            else:
+                tail.add(rec.partition)
+        lease = await self.acquire_lease(sorted(recs), lease_s)
+        return {"as_of": T, "table": d.name, "table_id": d.table_id, "schema": d.schema.to_json(),
+                "versions": [schemas(v).to_json() for v in d.history if _has(schemas, v)],
+                "objects": self.fs.objects.uri, "encrypted": self.fs.kek is not None,
+                "sealed": sealed, "tail": [] if sealed_only else sorted(tail), "lease": lease}
+
+    async def tail(self, name: str, partition: int, as_of: int, where=None, bbox=None) -> pa.Table:
+        """The visible rows at T of one partition that are not in offloaded segments."""
+        T, d, table, schemas = await self._read_ctx(name, as_of)
+        if not 0 <= partition < len(table.parts):
+            raise QueryError(f"table {name!r} has partitions 0..{len(table.parts) - 1}")
+        terms, box = parse_where(d.schema, where), parse_bbox(d.schema, bbox)
+        part = table.parts[partition]
+        ids = (await part.index.scan(None, None, T)).rowids
+        offloaded = {r.segid for r in await self.store.list(table=d.table_id) if r.state == SegState.OFFLOADED}
+        keep = ~np.isin(split_rowids(ids)[0], np.array(sorted(offloaded), np.uint32))
+        rows = await fetch(self.store, ids[keep], schemas, d.schema)
+        return pa.Table.from_batches([rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box)))])
+
+    async def changes(self, name: str, after: int, upto: int | None = None) -> tuple[pa.Table, int]:
+        """Every row change committed in (after, upto], in commit order (then key): the columns
+        of the schema at ``upto``, plus ``commit_ts`` and ``op`` ("upsert" or "delete")."""
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise QueryError(f"after must be a commit timestamp, not {after!r}")
+        T, d, table, schemas = await self._read_ctx(name, upto)
+        if after < self.horizon() and after != 0:
+            raise HistoryPurgedError(f"changes after {after} reach before the retention horizon")
+        parts = []
+        for rec in await self.store.list(table=d.table_id):
+            seg = self.store.active.get(rec.segid)
+            lo, hi = (seg.min_ts, seg.max_ts) if seg is not None else (rec.min_ts, rec.max_ts)
+            if (seg is not None and seg.min_ts is None) or (hi is not None and hi <= after) or \
+                    (lo is not None and lo > T):
+                continue  # empty, or nothing in (after, T]
+            async for dec in self.store.scan(rec.segid, d.schema, schemas):
+                m = (dec.commit_ts > np.uint64(after)) & (dec.commit_ts <= np.uint64(T))
+                if m.any():
+                    idx = np.flatnonzero(m)
+                    b = dec.batch.take(pa.array(idx))
+                    ops = np.where(dec.deleted[idx], "delete", "upsert")
+                    parts.append(b.append_column("commit_ts", pa.array(dec.commit_ts[idx].astype(np.int64)))
+                                 .append_column("op", pa.array(ops)))
+        if not parts:
+            schema = d.schema.arrow().append(pa.field("commit_ts", pa.int64())).append(pa.field("op", pa.string()))
+            return schema.empty_table(), T
+        t = pa.Table.from_batches(parts)
+        return t.sort_by([("commit_ts", "ascending"), (d.schema.key.name, "ascending")]), T
+
+    async def acquire_lease(self, segids: list[int], ttl_s: float) -> str:
+        """A read lease: the garbage collector must not delete these segments before it
+        expires (``lease/<id>``: expiry in ms since the epoch and the segment ids)."""
+        lease = secrets.token_hex(8)
+        body = json.dumps({"expires_ms": int(time.time() * 1000 + ttl_s * 1000), "segids": segids}).encode()
+        await commit(self.catalog, [Check(f"lease/{lease}", 0)], [Put(f"lease/{lease}", body)])
+        return lease
+
+    async def renew_lease(self, lease: str, ttl_s: float) -> None:
+        e = await self.catalog.get(f"lease/{lease}")
+        if e is None:
+            raise ConflictError(f"lease {lease} expired or released")
+        d = json.loads(e.value)
+        d["expires_ms"] = int(time.time() * 1000 + ttl_s * 1000)
+        res = await commit(self.catalog, [Check(e.key, e.version)], [Put(e.key, json.dumps(d).encode())])
+        if not res.committed:
+            raise ConflictError(f"lease {lease} changed concurrently")
+
+    async def release_lease(self, lease: str) -> None:
+        await commit(self.catalog, [], [Delete(f"lease/{lease}")])
+
+    async def leased_segments(self) -> set[int]:
+        """Segments an unexpired lease protects (for the garbage collector)."""
+        now, out = time.time() * 1000, set()
+        for e in await self.catalog.scan("lease/"):
+            d = json.loads(e.value)
+            if d["expires_ms"] > now:
+                out.update(d["segids"])
+        return out
+
     # -- background jobs (the daemon schedules them; the admin API runs them now) -------------
 
     async def maintain(self) -> dict:
@@ -645,6 +757,23 @@ def _split(batch, keys, deleted, pids):
 
 def _deleted(deleted, batch) -> np.ndarray:
     return np.zeros(batch.num_rows, bool) if deleted is None else deleted
+
+
+def _candidates(part: Partition, preds) -> np.ndarray | None:
+    cands = None
+    for pred in preds:
+        got = part.columns.candidates(pred)
+        if got is not None:
+            cands = got[0] if cands is None else np.intersect1d(cands, got[0], assume_unique=True)
+    return cands
+
+
+def _has(schemas, v: int) -> bool:
+    try:
+        schemas(v)
+        return True
+    except Exception:  # noqa: BLE001 - a version the lookup does not know
+        return False
 
 
 def _check_columns(schema: SchemaVersion, columns) -> None:
