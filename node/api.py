@@ -95,6 +95,9 @@ class Api:
             r.add_post(f"/v1/admin/{job}", self._job(job))
         r.add_post("/v1/admin/gc", self.gc)
         r.add_get("/v1/admin/cluster", self.cluster)
+        from node.bridge_api import add_bridge_routes  # noqa: PLC0415 (it imports this module)
+
+        add_bridge_routes(self, r)  # the Spark bridge's read plans, tails, change feed, leases
         return app
 
     # -- the edge: auth, routing to the owner, errors, metrics ------------------------------------
