@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench venv clean
+.PHONY: run demo test bench venv clean
 
 venv: $(STAMP)
 
@@ -18,9 +18,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	@echo "Terrascale node on http://127.0.0.1:7400 (data in ./data; Ctrl-C stops it)"
-	@echo "  try:  curl -s http://127.0.0.1:7400/readyz    or    .venv/bin/terrascale fsck ./data  (once stopped)"
+	@echo "Terrascale node: http://127.0.0.1:7400  (data in ./data; Ctrl-C stops it cleanly)"
+	@echo "  try, in another terminal:"
+	@echo "    curl -s http://127.0.0.1:7400/readyz"
+	@echo "    .venv/bin/terrascale table create demo --schema 'id int64 primary key, ts timestamp, loc point, name string' --index loc"
+	@echo "    .venv/bin/terrascale admin status"
 	$(VENV)/bin/terrascale node run --data-dir ./data --listen 127.0.0.1:7400
+
+# The tour: a 3-node cluster on loopback (ports 7500-7521, data in ./demo-cluster, removed
+# and re-created each run), ingest with a progress bar, seal/offload, queries, time travel.
+demo: $(STAMP)
+	$(PY) -m node.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
