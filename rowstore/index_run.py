@@ -175,11 +175,30 @@ class IndexRun:
                                                   np.concatenate([r.rowids for r in runs]))
         return _lookup(run, keys, as_of)
 
+    async def range(self, lo=None, hi=None) -> Run:
+        """The entries of the pages that may hold keys in ``[lo, hi)`` (None: unbounded); the
+        caller cuts the exact range."""
+        if not self._offs:
+            return Run(np.zeros(0, np.uint64 if self.kind == "int64" else "S1"), np.zeros(0, np.uint64),
+                       np.zeros(0, np.uint64))
+        firsts = self._fence_array()
+        a = 0 if lo is None else max(int(np.searchsorted(firsts, lo, "left")) - 1, 0)
+        b = len(self._offs) if hi is None else max(int(np.searchsorted(firsts, hi, "left")), 1)
+        return _concat([await self.page(i) for i in range(a, b)])
+
     async def all(self) -> Run:
         """Every entry (merges, checks)."""
-        return merge_runs([await self.page(i) for i in range(len(self._offs))]) if self._offs else \
-            Run(np.zeros(0, np.uint64 if self.kind == "int64" else "S1"), np.zeros(0, np.uint64),
-                np.zeros(0, np.uint64))
+        return await self.range()
+
+
+def _concat(pages: list[Run]) -> Run:
+    """Pages in page order are already sorted: concatenation is the merge."""
+    if not pages:
+        return Run(np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+    if len(pages) == 1:
+        return pages[0]
+    return Run(np.concatenate([p.keys for p in pages]), np.concatenate([p.ts for p in pages]),
+               np.concatenate([p.rowids for p in pages]))
 
 
 def _cmp_key(key, kind: str):

@@ -161,7 +161,8 @@ class PartitionIndex:
         """Visible (key, ts, rowid) with ``lo <= key < hi`` (None: unbounded), in key order."""
         parts = [mt.consolidated() for mt in [self.mem, *self._frozen]]
         for _, run in self.runs:
-            parts.append(await run.all())  # whole runs for now; key-range page reads are a later optimization
+            if run.min_ts <= as_of:  # a run made only of later versions holds nothing visible at T
+                parts.append(await run.range(lo, hi))  # only the pages overlapping [lo, hi)
         merged = merge_runs([p for p in parts if len(p)]) if any(len(p) for p in parts) else parts[0]
         a = 0 if lo is None else int(np.searchsorted(merged.keys, lo, "left"))
         b = len(merged) if hi is None else int(np.searchsorted(merged.keys, hi, "left"))
