@@ -181,3 +181,20 @@ async def test_checkpoint_failure_keeps_entries_readable():
     await check(idx, m, [ts])
     assert await idx.checkpoint((1, 0))
     await check(idx, m, [ts])
+
+
+async def test_range_scans_read_only_overlapping_pages_and_match_the_model():
+    fs = await world()
+    idx = PartitionIndex(fs, "idx/t/0/manifest", "int64")
+    await idx.open()
+    m, rng, ts = Model(), random.Random(11), 100
+    for rnd in range(4):
+        ts = await fill(idx, m, rng, 12, ts)
+        await idx.checkpoint((1, rnd))
+    ts = await fill(idx, m, rng, 3, ts)
+    for _ in range(40):
+        lo, hi = sorted(rng.sample(range(-220, 220), 2))
+        t = rng.randrange(100, ts + 2)
+        got = await idx.scan(enc([lo])[0], enc([hi])[0], t)
+        want = [(k, m.at(k, t)) for k in range(lo, hi) if m.at(k, t)]
+        assert list(zip(decode_keys(got.keys, "int64"), got.rowids.tolist())) == want, (lo, hi, t)
