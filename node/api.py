@@ -166,13 +166,12 @@ class Api:
         cluster = self.node.cluster
         if cluster is None or not cluster.multi or request.method == "POST" and request.path == "/v1/tables":
             return None
-        owner = await cluster.owner(table)
+        owner = await cluster.owner(table)  # cached: enough to choose where to forward
+        if owner == cluster.node_id or FORWARDED in request.headers:
+            owner = await cluster.owner(table, fresh=True)  # serving here needs the current answer
         if owner == cluster.node_id:
             return None
-        if FORWARDED in request.headers:  # sent here by a node with an older map
-            owner = await cluster.owner(table, fresh=True)
-            if owner == cluster.node_id:
-                return None
+        if FORWARDED in request.headers:  # sent here by a node with an older map: it retries
             raise ApiError(421, "misdirected", f"table {table!r} is owned by {owner}")
         self.node.metrics.forwarded.labels(owner).inc()
         return await cluster.forward(request, owner, await request.read())

@@ -46,7 +46,8 @@ class Cluster:
     def __init__(self, catalog, node_id: str, http_url: str, raft_addr: str | None):
         self.catalog, self.node_id, self.http_url, self.raft_addr = catalog, node_id, http_url, raft_addr
         self.multi = raft_addr is not None
-        self._owners: dict[str, tuple[str | None, float]] = {}
+        self._owners: dict[str, tuple[str | None, float, int]] = {}  # table -> (owner, when, row version)
+        self.on_change = None
         self._members: dict[str, dict] = {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -81,26 +82,34 @@ class Cluster:
                            [Put(key, self.node_id.encode())])
         if not res.committed:
             raise ConflictError(f"table {table!r} is being created by another node; retry")
-        self._owners[table] = (self.node_id, time.monotonic())
+        await self.owner(table, fresh=True)
 
     async def owner(self, table: str, fresh: bool = False) -> str:
         """The node id owning ``table`` (this node when none is recorded: a table made
-        before ownership existed, or the single-node case)."""
+        before ownership existed, or the single-node case).
+
+        Cached for OWNER_TTL_S — good enough to pick a node to forward to (a stale pick is
+        answered 421 and retried). Serving a table locally asks with ``fresh=True``. When
+        the owner row changed since it was last seen (the table was dropped and created
+        again, perhaps elsewhere), ``on_change(table)`` lets the engine drop what it
+        cached about the name."""
         if not self.multi:
             return self.node_id
         hit = self._owners.get(table)
         if hit is not None and not fresh and time.monotonic() - hit[1] < OWNER_TTL_S:
             return hit[0] or self.node_id
         e = await self.catalog.get(OWNER + table)
-        who = e.value.decode() if e is not None else None
-        self._owners[table] = (who, time.monotonic())
+        who, version = (e.value.decode(), e.version) if e is not None else (None, 0)
+        if hit is not None and hit[2] != version and self.on_change is not None:
+            self.on_change(table)
+        self._owners[table] = (who, time.monotonic(), version)
         return who or self.node_id
 
     async def partitions(self, tables) -> dict:
         """``{table: {partition: owner}}`` for the given TableDefs."""
         out = {}
         for d in tables:
-            who = await self.owner(d.name)
+            who = await self.owner(d.name, fresh=True)
             out[d.name] = {str(p): who for p in range(d.partitions)}
         return out
 

@@ -1,5 +1,6 @@
 """The whole HTTP API against a real `terrascale node run` process, through node.client."""
 import asyncio
+import time
 import base64
 import datetime as dt
 import json
@@ -248,3 +249,59 @@ def test_async_client_mirrors_the_api(node):
                 await ac.describe("nope")
             assert ei.value.code == "table_not_found"
     asyncio.run(go())
+
+
+def _self_signed(tmp_path):
+    """A self-signed certificate for 127.0.0.1 (cert.pem, key.pem)."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    return str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+
+
+def test_tls(tmp_path):
+    cert, key = _self_signed(tmp_path)
+    node = NodeProc(tmp_path, token=TOKEN)
+    node.config.write_text(node.config.read_text() + f'tls_cert = "{cert}"\ntls_key = "{key}"\n')
+    node.base = node.base.replace("http://", "https://")
+    try:
+        node.start(wait=False)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with Client(node.base, TOKEN, verify=cert) as c:
+                    assert c.readyz() == {"status": "ready"}
+                break
+            except (ConnectionError, ApiError):
+                assert time.monotonic() < deadline and node.proc.poll() is None, node.log()
+                time.sleep(0.1)
+        with Client(node.base, TOKEN, verify=cert) as c:
+            c.create_table("sec", [("id", "int64"), ("s", "string")], "id")
+            assert c.upsert("sec", [{"id": 1, "s": "over tls"}])["committed"] == 1
+            assert c.get("sec", 1) == {"id": 1, "s": "over tls"}
+            assert c.status()["address"].startswith("https://")
+        with pytest.raises(ConnectionError):  # an unverified peer is refused by the client ...
+            with Client(node.base, TOKEN) as c:
+                c.readyz()
+        with pytest.raises(ConnectionError):  # ... and plain HTTP gets no answer from a TLS port
+            with Client(node.base.replace("https://", "http://"), TOKEN) as c:
+                c.readyz()
+    finally:
+        node.ensure_stopped()
