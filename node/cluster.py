@@ -116,7 +116,8 @@ class Cluster:
     # -- forwarding ----------------------------------------------------------------------------
 
     async def forward(self, request, owner: str, body: bytes):
-        """Send the request to ``owner`` and return (status, headers, body) of its answer."""
+        """Send the request to ``owner``; its answer as a Response (None: this node turned out
+        to be the owner after all). An owner that does not answer is a ConnectionError (503)."""
         from aiohttp import web  # noqa: PLC0415
 
         for attempt in (0, 1):
@@ -128,15 +129,18 @@ class Cluster:
                 self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
             headers = {h: request.headers[h] for h in _HOP_HEADERS if h in request.headers}
             headers[FORWARDED] = self.node_id
-            async with self._session.request(request.method, m["http"] + request.path_qs, data=body or None,
-                                             headers=headers) as r:
-                payload = await r.read()
-                if r.status == 421 and attempt == 0:  # the owner moved: refresh and retry once
-                    owner = await self.owner(request.match_info["table"], fresh=True)
-                    if owner == self.node_id:
-                        return None
-                    continue
-                return web.Response(status=r.status, body=payload,
-                                    headers={k: v for k, v in r.headers.items()
-                                             if k in ("Content-Type", "X-Terrascale-As-Of")})
+            try:
+                async with self._session.request(request.method, m["http"] + request.path_qs, data=body or None,
+                                                 headers=headers) as r:
+                    status, rheaders, payload = r.status, r.headers, await r.read()
+            except aiohttp.ClientError as e:  # the owner is down or unreachable: 503 to the caller
+                raise ConnectionError(f"owner {owner} of this table ({m['http']}) does not answer: {e}") from e
+            if status == 421 and attempt == 0:  # the owner moved: refresh and retry once
+                owner = await self.owner(request.match_info["table"], fresh=True)
+                if owner == self.node_id:
+                    return None
+                continue
+            return web.Response(status=status, body=payload,
+                                headers={k: v for k, v in rheaders.items()
+                                         if k in ("Content-Type", "X-Terrascale-As-Of")})
         raise ConnectionError("the table's owner changed twice while forwarding")

@@ -11,7 +11,7 @@ import tomllib
 
 import pytest
 
-from node.client import Client
+from node.client import ApiError, Client
 from node.config import from_dict
 from tests.fixtures.moto import free_port
 from tests.node.proc import TERRASCALE, NodeProc
@@ -189,8 +189,13 @@ def test_local_cluster_three_nodes_forward_to_the_owner_and_survive_a_restart(tm
             assert c2.query("a", limit=1000).num_rows == 1 and c2.get("b", 7) == {"id": 7}
             assert c2.upsert("a", [{"id": 1000, "w": 2.0}])["committed"] == 1
             assert c2.cluster()["partitions"]["a"]["0"] == "n3"
+            os.kill(int((d / "n3.pid").read_text()), signal.SIGKILL)  # the owner of "a" and "b" dies
+            with pytest.raises(ApiError) as ei:
+                c2.get("b", 7)
+            assert ei.value.status == 503 and ei.value.code == "unavailable"
+            assert {t["name"] for t in c2.list_tables()["tables"]} == {"a", "b"}  # the catalog still answers
     finally:
         _cluster("down", d, base)
     logs = "".join((d / f"n{i}.log").read_text() for i in (1, 2, 3))
-    assert "Traceback" not in logs and logs.count("event=stopped") == 6
+    assert "Traceback" not in logs and logs.count("event=stopped") == 5  # n3's second run was killed
 
