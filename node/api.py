@@ -163,6 +163,7 @@ class Api:
 
     async def _route(self, request: web.Request, table: str):
         """Forward to the table's owner (None: this node serves it)."""
+        self.db  # noqa: B018 - 503 before ready (the owner map needs the catalog)
         cluster = self.node.cluster
         if cluster is None or not cluster.multi or request.method == "POST" and request.path == "/v1/tables":
             return None
@@ -212,7 +213,7 @@ class Api:
         if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)):
             raise ApiError(400, "invalid_schema", '"partitions" must be an integer')
         db = self.db
-        if self.node.cluster.multi:
+        if self.node.cluster is not None and self.node.cluster.multi:
             db.catalog_tables.forget(name)
             await self.node.cluster.claim(name)
         d = await db.create_table(name, schema, indexes=indexes, partitions=partitions)
@@ -221,9 +222,10 @@ class Api:
 
     async def list_tables(self, request):
         as_of = _as_of_param(request)
-        if self.node.cluster.multi:
-            self.db.catalog_tables.forget()  # other nodes change the catalog too
-        return web.json_response({"tables": [_table_json(d) for d in await self.db.list_tables(as_of)]})
+        db = self.db
+        if self.node.cluster is not None and self.node.cluster.multi:
+            db.catalog_tables.forget()  # other nodes change the catalog too
+        return web.json_response({"tables": [_table_json(d) for d in await db.list_tables(as_of)]})
 
     async def describe(self, request):
         d = await self.db.describe(request.match_info["table"], _as_of_param(request))
@@ -341,6 +343,7 @@ class Api:
     # -- admin ------------------------------------------------------------------------------------
 
     async def status(self, request):
+        self.db  # noqa: B018 - 503 before ready
         return web.json_response(await self.node.status())
 
     async def segments(self, request):
@@ -365,6 +368,7 @@ class Api:
                        "nothing was collected and nothing is retired yet"})
 
     async def cluster(self, request):
+        self.db  # noqa: B018 - 503 before ready
         return web.json_response(await self.node.cluster_view())
 
 

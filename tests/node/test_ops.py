@@ -1,12 +1,15 @@
 """ops/: the systemd unit (systemd-analyze verify), sd_notify readiness from a real process,
 the example configs, and ops/local-cluster.sh up 1 / up 3 / down with requests forwarded
 between nodes."""
+import json
 import os
+import time
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import tomllib
 
 import pytest
@@ -86,7 +89,8 @@ def test_example_configs_are_valid(name, tmp_path):
 
 
 def test_sd_notify_ready_only_once_ready_then_watchdog_and_stopping(tmp_path):
-    sock_path = str(tmp_path / "notify.sock")
+    sock_dir = tempfile.mkdtemp(prefix="tsn")  # AF_UNIX paths are short (108 bytes)
+    sock_path = os.path.join(sock_dir, "n.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(sock_path)
     sock.settimeout(60)
@@ -106,6 +110,7 @@ def test_sd_notify_ready_only_once_ready_then_watchdog_and_stopping(tmp_path):
     finally:
         node.ensure_stopped()
         sock.close()
+        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def _cluster(cmd: str, d, base: int) -> subprocess.CompletedProcess:
@@ -199,3 +204,36 @@ def test_local_cluster_three_nodes_forward_to_the_owner_and_survive_a_restart(tm
     logs = "".join((d / f"n{i}.log").read_text() for i in (1, 2, 3))
     assert "Traceback" not in logs and logs.count("event=stopped") == 5  # n3's second run was killed
 
+
+
+def test_not_ready_until_recovered_and_sigterm_while_recovering(tmp_path):
+    """One member of a 3-node Raft catalog alone has no quorum, so it cannot recover: it
+    answers /healthz, says 503 everywhere else, and stops cleanly on SIGTERM meanwhile."""
+    (tmp_path / "secret").write_text("0123456789abcdef0123456789abcdef\n")
+    raft = [free_port() for _ in range(3)]
+    members = ",".join(f"127.0.0.1:{p}" for p in raft)
+    node = NodeProc(tmp_path)
+    node.config.write_text(node.config.read_text().replace(
+        f'uri = "trkv://{node.data}/catalog"',
+        f'uri = "raft://{members}?self=127.0.0.1:{raft[0]}&timeout=60"\n'
+        f'secret_file = "{tmp_path / "secret"}"\ndir = "{node.data / "raft"}"'))
+    try:
+        node.start(wait=False)
+        with node.client(timeout=10) as c:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    assert c.healthz() == {"status": "ok"}
+                    break
+                except ConnectionError:
+                    assert time.monotonic() < deadline and node.proc.poll() is None, node.log()
+                    time.sleep(0.05)
+            for method, path in (("GET", "/readyz"), ("GET", "/v1/tables"), ("POST", "/v1/tables/x/rows"),
+                                 ("GET", "/v1/admin/status"), ("GET", "/v1/admin/cluster")):
+                status, body, _ = c.request(method, path, b"{}", "application/json")
+                assert status == 503 and json.loads(body)["error"]["code"] == "not_ready", (path, body)
+        rc, log = node.stop()
+        assert rc == 0 and "event=stopping" in log and "event=stopped" in log and "event=ready" not in log
+        assert "Traceback" not in log
+    finally:
+        node.ensure_stopped()
