@@ -17,11 +17,13 @@ import http.client
 import json
 import ssl
 import threading
+import time
 from urllib.parse import quote, urlencode, urlsplit
 
 import pyarrow as pa
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+IDLE_RECONNECT_S = 30  # below the server's keep-alive timeout (aiohttp: 75 s): never reuse a connection it may drop
 
 
 class ApiError(Exception):
@@ -101,6 +103,7 @@ class Client:
         self._host, self._port, self._tls = u.hostname, u.port or (443 if u.scheme == "https" else 80), u.scheme == "https"
         self._verify = verify
         self._conn: http.client.HTTPConnection | None = None
+        self._last = 0.0
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -133,6 +136,8 @@ class Client:
         if accept:
             headers["Accept"] = accept
         with self._lock:
+            if self._conn is not None and time.monotonic() - self._last > IDLE_RECONNECT_S:
+                self.close()
             for attempt in (0, 1):
                 if self._conn is None:
                     self._conn = self._connect()
@@ -140,6 +145,7 @@ class Client:
                     self._conn.request(method, path, body=body, headers=headers)
                     r = self._conn.getresponse()
                     data = r.read()
+                    self._last = time.monotonic()
                     return r.status, data, {k.lower(): v for k, v in r.getheaders()}
                 except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
                     self.close()  # a kept-alive connection the server closed: one fresh try
