@@ -12,6 +12,7 @@ import hmac
 import json
 import logging
 import time
+import traceback
 
 from aiohttp import web
 
@@ -55,6 +56,12 @@ _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 
 
 def error(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+def _where(e: BaseException) -> str:
+    """file:line of the innermost frame (logs stay one line per event)."""
+    tb = traceback.extract_tb(e.__traceback__)
+    return f"{tb[-1].filename}:{tb[-1].lineno}" if tb else "?"
 
 
 def _one_line(e: BaseException) -> str:
@@ -151,7 +158,7 @@ class Api:
             log.warning("event=request_failed path=%s error=%r", request.path, e)
             return error(503, "unavailable", _one_line(e))
         except Exception as e:  # the last line of defence: never a traceback to the client
-            log.exception("event=request_crashed path=%s", request.path)
+            log.error("event=request_crashed path=%s error=%r at=%s", request.path, e, _where(e))
             return error(500, "internal", type(e).__name__)
 
     def _authorized(self, request) -> bool:
