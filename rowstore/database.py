@@ -493,10 +493,11 @@ class Database:
         preds = terms + ([box] if box is not None else [])
         out = []
         for part in table.parts:
-            out.append(await self._query_part(part, d, schemas, T, terms, box, preds))
+            out.append(await self._query_part(part, d, schemas, T, terms, box, preds, limit))
         return _finish(out, d.schema, columns, limit), T
 
-    async def _query_part(self, part: Partition, d: TableDef, schemas, T, terms, box, preds) -> pa.RecordBatch:
+    async def _query_part(self, part: Partition, d: TableDef, schemas, T, terms, box, preds,
+                          limit: int | None = None) -> pa.RecordBatch:
         cands = srcs = None
         for pred in preds:
             got = part.columns.candidates(pred)
@@ -507,15 +508,33 @@ class Database:
             else:
                 cands, i, _ = np.intersect1d(cands, got[0], assume_unique=True, return_indices=True)
                 srcs = srcs[i]
-        if cands is None:  # no index applies: every visible row of the partition
-            rows = await fetch(self.store, (await part.index.scan(None, None, T)).rowids, schemas, d.schema)
-            return rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box)))
+        if cands is None:  # no index applies: the partition's visible rows, in key order
+            return await self._scan_part(part, d, schemas, T, terms, box, limit)
         rows = await fetch(self.store, cands, schemas, d.schema)  # in rowid order, as cands
         keys = encode_keys(rows.batch.column(d.schema.key.name), part.kind)
         visible = (rows.commit_ts <= np.uint64(T)) & ~rows.deleted
         idx = np.flatnonzero(visible)
         visible[idx] = ~await part.index.superseded(keys[idx], rows.commit_ts[idx], srcs[idx], T)
         return rows.batch.filter(pa.array(visible & batch_mask(rows.batch, terms, box)))
+
+    async def _scan_part(self, part: Partition, d: TableDef, schemas, T, terms, box, limit) -> pa.RecordBatch:
+        """Visible rows in key order, fetched in growing chunks until ``limit`` of them match:
+        the answer is the first ``limit`` keys overall, so no partition needs more."""
+        ids = (await part.index.scan(None, None, T)).rowids  # key order
+        got, at, step = [], 0, max(4 * (limit or 0), 4096)
+        while at < len(ids):
+            chunk = ids[at : at + step] if limit is not None else ids
+            at += len(chunk)
+            rows = await fetch(self.store, chunk, schemas, d.schema)  # rowid order
+            b = rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box)))
+            got.append(b)
+            if limit is not None and sum(x.num_rows for x in got) >= limit:
+                break
+            step *= 4
+        got = [b for b in got if b.num_rows]
+        if not got:
+            return _empty_batch(d.schema)
+        return got[0] if len(got) == 1 else pa.Table.from_batches(got).combine_chunks().to_batches()[0]
 
     # -- external readers (the Spark bridge: docs/rfcs/0006-external-reads.md) ----------------
 
@@ -791,6 +810,10 @@ def _check_limit(limit) -> None:
         return
     if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
         raise QueryError(f"limit must be an integer 0..{MAX_LIMIT}")
+
+
+def _empty_batch(schema: SchemaVersion) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array([], c.type.arrow()) for c in schema.columns], schema=schema.arrow())
 
 
 def _finish(parts: list[pa.RecordBatch], schema: SchemaVersion, columns, limit) -> pa.Table:

@@ -67,14 +67,17 @@ async def test_change_feed_in_commit_order():
 
 
 async def test_leases():
+    import asyncio
     w, db = await make(partitions=2)
     await db.upsert("m", rows(range(10)))
     plan = await db.read_plan("m")
-    assert set(await db.leased_segments()) == {r.segid for _, r in await db.segment_records("m")}
-    await db.renew_lease(plan["lease"], 0.001)
-    import asyncio
-    await asyncio.sleep(0.01)
-    assert await db.leased_segments() == set()  # expired
+    segs = {r.segid for _, r in await db.segment_records("m")}
+    assert set(await db.leased_segments()) == segs
+    await db.renew_lease(plan["lease"], 30)
     await db.release_lease(plan["lease"])
+    assert await db.leased_segments() == set()
+    short = await db.acquire_lease(sorted(segs), 0.001)
+    await asyncio.sleep(0.01)
+    assert await db.leased_segments() == set()  # expired: protects nothing
     with pytest.raises(ConflictError):
-        await db.renew_lease(plan["lease"], 10)
+        await db.renew_lease(short, 10)  # the collector may already have acted on it
