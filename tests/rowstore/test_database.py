@@ -315,3 +315,12 @@ async def test_progress_records_close_timestamps_in_the_write_ahead():
     w.crash()
     db2 = await w.start()
     assert all(seg.wal.closed_ts >= r.commit_ts for seg in db2.store.active.values())
+
+
+async def test_limit_returns_the_first_matching_keys():
+    w, db = await make(partitions=3)
+    await db.upsert("m", rows(range(3000)))
+    full, _ = await db.query("m", where=[["n", ">", 10]], limit=None)
+    for limit in (0, 1, 7, 100, 5000):
+        got, _ = await db.query("m", where=[["n", ">", 10]], limit=limit)
+        assert got.column("id").to_pylist() == full.column("id").to_pylist()[:limit]
