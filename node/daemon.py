@@ -109,25 +109,16 @@ class Node:
     async def _open_db(self) -> None:
         """Recover the tables this node owns, and only those.
 
-        ``Database.open`` opens every table in the catalog, replaying each partition's
-        write-ahead log — which lives on the owner's block device, so on another node of
-        a cluster it cannot be read. Until the engine takes an ownership filter, the
-        table list it opens from is narrowed to this node's tables for the duration of
-        ``open`` (an instance attribute, removed again right after)."""
+        Another node's tables have their write-ahead on that node's block device, so they
+        cannot be replayed here; ``Database.open`` takes the ownership filter."""
         if not self.cluster.multi:
             await self.db.open()
             return
-        tables = self.db.catalog_tables
-        every = tables.list
 
-        async def owned(as_of=None):
-            return [d for d in await every(as_of) if await self.cluster.owner(d.name, fresh=True) == self.cfg.node_id]
+        async def owned(d) -> bool:
+            return await self.cluster.owner(d.name, fresh=True) == self.cfg.node_id
 
-        tables.list = owned
-        try:
-            await self.db.open()
-        finally:
-            del tables.list
+        await self.db.open(owned=owned)
 
     async def _close_db(self) -> None:
         try:

@@ -49,7 +49,7 @@ TXN_PREFIX = "txn/"
 COMMITTED, ABORTED = b"committed", b"aborted"
 _THREAD_ROWS = 4096  # encode bigger batches in a worker thread
 _GROUP_ROWS = 256_000  # rows committed together by one multi-partition group at most
-MAX_LIMIT = 10_000_000
+MAX_LIMIT = 2**63 - 1  # any limit is fine (CONTRACT §3); kept for callers that import it
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,10 @@ class Database:
 
     # -- life cycle -------------------------------------------------------------------------
 
-    async def open(self) -> None:
-        """Clock, segments (deciding prepared batches), then every table's indexes."""
+    async def open(self, owned=None) -> None:
+        """Clock, segments (deciding prepared batches), then every table's indexes — or only
+        the tables ``await owned(table_def)`` accepts (in a cluster a node replays only its
+        own tables: the others' write-ahead lives on their owners' block devices)."""
         await self.clock.open()
         await self.store.open(self._decide_at_recovery)
         done = sorted(set(self._decided))  # every participant is local: all have their COMMIT now
@@ -141,7 +143,8 @@ class Database:
             await commit(self.catalog, [], [Delete(k) for k in done[i : i + 64]])
         self._decided.clear()
         for d in await self.catalog_tables.list():
-            await self._table(d)
+            if owned is None or await owned(d):
+                await self._table(d)
 
     async def close(self) -> None:
         for t in list(self._bg):
@@ -808,8 +811,8 @@ def _check_columns(schema: SchemaVersion, columns) -> None:
 def _check_limit(limit) -> None:
     if limit is None:
         return
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
-        raise QueryError(f"limit must be an integer 0..{MAX_LIMIT}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise QueryError(f"limit must be a non-negative integer, not {limit!r}")
 
 
 def _empty_batch(schema: SchemaVersion) -> pa.RecordBatch:
