@@ -153,6 +153,8 @@ class Node:
             m.flushes.set(sum(s["flushes"] for s in stats))
             m.flushed_bytes.set(sum(s["flushed_bytes"] for s in stats))
             m.flush_appends.set(sum(s["appends"] for s in stats))
+            m.flush_seconds.set(sum(s.get("flush_s", 0.0) for s in stats))
+            m.flush_wait_seconds.set(sum(s.get("wait_s", 0.0) for s in stats))
             m.memtable_bytes.set(self.db.memtable_bytes())
             m.closed_ts.set(self.db.timeline.closed)
         return generate_latest(m.registry), CONTENT_TYPE_LATEST

@@ -29,6 +29,10 @@ class Metrics:
                                    "open active files", registry=r)
         self.flush_appends = Gauge("terrascale_flush_appends", "Appends gathered into those flushes",
                                    registry=r)
+        self.flush_seconds = Gauge("terrascale_flush_seconds", "Time spent writing and fdatasyncing flush "
+                                   "groups (open active files)", registry=r)
+        self.flush_wait_seconds = Gauge("terrascale_flush_wait_seconds", "Appenders' total wait for their "
+                                        "group commit (open active files)", registry=r)
         self.segments = Gauge("terrascale_segments", "Segments by state", ["state"], registry=r)
         self.files = Gauge("terrascale_files", "TerrascaleFS files by state and tier", ["state", "tier"],
                            registry=r)

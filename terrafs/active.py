@@ -8,6 +8,7 @@ and one fdatasync. Appends return only after that fdatasync.
 from __future__ import annotations
 
 import asyncio
+import time
 import logging
 import struct
 from collections import OrderedDict
@@ -160,7 +161,8 @@ class ActiveFile:
         self._recent: OrderedDict[int, bytes] = OrderedDict()  # decoded blocks, for point reads
         self.cache = None  # a shared BlockCache (memory tier) replaces _recent when set
         self.torn_tail: tuple[int, int] | None = None  # (offset, bytes) cut or found at recovery
-        self.stats = {"flushes": 0, "flushed_bytes": 0, "appends": 0}
+        # flush_s: time spent writing + fdatasyncing groups; wait_s: appenders' total wait
+        self.stats = {"flushes": 0, "flushed_bytes": 0, "appends": 0, "flush_s": 0.0, "wait_s": 0.0}
 
     @property
     def inode(self) -> int:
@@ -220,7 +222,11 @@ class ActiveFile:
             self._kick()
         elif self._timer is None and not self._want_flush:
             self._timer = asyncio.get_running_loop().call_later(self._cfg.flush_ms / 1000, self._kick)
-        await fut
+        t0 = time.perf_counter()
+        try:
+            await fut
+        finally:
+            self.stats["wait_s"] += time.perf_counter() - t0
         return off
 
     async def flush(self) -> None:
@@ -278,6 +284,7 @@ class ActiveFile:
     async def _write_group(self, batch: list[bytes]) -> None:
         group, logical = self._group + 1, self.durable_size
         entries: list[tuple[int, int, int]] = []
+        t0 = time.perf_counter()
         # Encode, write and fdatasync in one worker-thread hop.
         if self._in_place:
             phys = self._physical_end
@@ -293,6 +300,7 @@ class ActiveFile:
         self.durable_size += sum(len(b) for b in batch)
         self.stats["flushes"] += 1
         self.stats["flushed_bytes"] += n
+        self.stats["flush_s"] += time.perf_counter() - t0
 
     def _write_in_place(self, batch: list[bytes], group: int, phys: int, logical: int,
                         entries: list) -> tuple[int, int]:
