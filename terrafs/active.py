@@ -8,9 +8,9 @@ and one fdatasync. Appends return only after that fdatasync.
 from __future__ import annotations
 
 import asyncio
-import time
 import logging
 import struct
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import AsyncIterator
