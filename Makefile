@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test bench venv clean
+.PHONY: run demo test bench venv clean java17
 
 venv: $(STAMP)
 
@@ -30,7 +30,14 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m node.demo
 
-test: $(STAMP)
+# Spark (spark_bridge, its tests) needs a Java 17 runtime: install it when missing.
+java17:
+	@ls /usr/lib/jvm/java-17-openjdk*/bin/java >/dev/null 2>&1 || "$${JAVA_HOME:-/nonexistent}/bin/java" -version 2>&1 | grep -q 'version "17' || { \
+	  echo "Spark needs Java 17 and none was found: installing openjdk-17-jre-headless with apt-get"; \
+	  S=$$([ "$$(id -u)" = 0 ] || echo sudo); $$S apt-get update -q && $$S apt-get install -y -q openjdk-17-jre-headless || \
+	  { echo "error: could not install Java 17; install openjdk-17-jre-headless (or set JAVA_HOME to a Java 17)"; exit 1; }; }
+
+test: $(STAMP) java17
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -1,23 +1,51 @@
 """Endpoints for external readers — the Spark bridge (docs/rfcs/0006-external-reads.md).
 
-Beyond the contract's table (CONTRACT.md §3 allows more): a read plan pinning a timestamp,
-the unsealed tail of one partition, the change feed between two timestamps, and read
-leases. Errors go through the same edge as every other endpoint (``node/api.py``).
+Beyond the contract's table (CONTRACT.md §3 allows more): a snapshot (the closed timestamp
+and the schema at it), a read plan pinning a timestamp, the unsealed tail of one partition,
+the change feed between two timestamps, and read leases. Errors go through the same edge as
+every other endpoint (``node/api.py``); ``docs/openapi.yaml`` documents them.
 """
 from __future__ import annotations
 
 from aiohttp import web
 
-from node.api import ApiError, _as_of_value, _cpu, _json_object
+from node.api import ApiError, _as_of_param, _as_of_value, _cpu, _json_object
 from node.codec import ARROW_STREAM, write_arrow_stream
 
 
 def add_bridge_routes(api, router) -> None:
-    router.add_post("/v1/tables/{table}/plan", lambda r: plan(api, r))
-    router.add_post("/v1/tables/{table}/tail", lambda r: tail(api, r))
-    router.add_post("/v1/tables/{table}/changes", lambda r: changes(api, r))
-    router.add_post("/v1/leases/{lease}/renew", lambda r: renew(api, r))
-    router.add_delete("/v1/leases/{lease}", lambda r: release(api, r))
+    async def h_snapshot(r):
+        return await snapshot(api, r)
+
+    async def h_plan(r):
+        return await plan(api, r)
+
+    async def h_tail(r):
+        return await tail(api, r)
+
+    async def h_changes(r):
+        return await changes(api, r)
+
+    async def h_renew(r):
+        return await renew(api, r)
+
+    async def h_release(r):
+        return await release(api, r)
+
+    router.add_get("/v1/tables/{table}/snapshot", h_snapshot)
+    router.add_post("/v1/tables/{table}/plan", h_plan)
+    router.add_post("/v1/tables/{table}/tail", h_tail)
+    router.add_post("/v1/tables/{table}/changes", h_changes)
+    router.add_post("/v1/leases/{lease}/renew", h_renew)
+    router.add_delete("/v1/leases/{lease}", h_release)
+
+
+async def snapshot(api, request):
+    """The read timestamp T (the closed timestamp, or ``as_of`` once closed) and the table's
+    schema at T: what a reader pins before planning (the Spark bridge's ``load()``)."""
+    T = await api.db.snapshot(_as_of_param(request))
+    d = await api.db.describe(request.match_info["table"], T)
+    return web.json_response({"as_of": T, "table": d.name, "table_id": d.table_id, "schema": d.schema.to_json()})
 
 
 async def plan(api, request):
@@ -31,12 +59,16 @@ async def plan(api, request):
 
 
 async def tail(api, request):
-    doc = await _json_object(request, {"partition", "as_of", "where", "bbox"}, ("partition", "as_of"))
+    doc = await _json_object(request, {"partition", "as_of", "where", "bbox", "sealed"}, ("partition", "as_of"))
     p = doc["partition"]
     if isinstance(p, bool) or not isinstance(p, int):
         raise ApiError(400, "bad_request", '"partition" is an integer')
+    sealed = doc.get("sealed")
+    if sealed is not None and (not isinstance(sealed, list) or
+                               any(isinstance(s, bool) or not isinstance(s, int) for s in sealed)):
+        raise ApiError(400, "bad_request", '"sealed" is a list of segment ids (the plan\'s sealed segids)')
     t = await api.db.tail(request.match_info["table"], p, _as_of_value(doc["as_of"]), doc.get("where"),
-                          doc.get("bbox"))
+                          doc.get("bbox"), sealed)
     return web.Response(body=await _cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 
 
@@ -49,7 +81,8 @@ async def changes(api, request):
 
 async def renew(api, request):
     doc = await _json_object(request, {"ttl_s"})
-    await api.db.renew_lease(request.match_info["lease"], _seconds(doc.get("ttl_s", 600)))
+    ttl = _seconds(doc.get("ttl_s", 600))
+    await api.db.renew_lease(request.match_info["lease"], ttl)  # an expired lease is refused (409)
     return web.json_response({"lease": request.match_info["lease"], "renewed": True})
 
 

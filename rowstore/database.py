@@ -577,15 +577,23 @@ class Database:
                 "objects": self.fs.objects.uri, "encrypted": self.fs.kek is not None,
                 "sealed": sealed, "tail": [] if sealed_only else sorted(tail), "lease": lease}
 
-    async def tail(self, name: str, partition: int, as_of: int, where=None, bbox=None) -> pa.Table:
-        """The visible rows at T of one partition that are not in offloaded segments."""
+    async def tail(self, name: str, partition: int, as_of: int, where=None, bbox=None,
+                   sealed: list[int] | None = None) -> pa.Table:
+        """The visible rows at T of one partition that are not in offloaded segments.
+
+        ``sealed``: the segids a read plan sends readers to object storage for; exactly those
+        are left out (a segment offloaded after the plan was made still comes from here, so
+        a plan's tails and sealed slices never miss or repeat a row)."""
         T, d, table, schemas = await self._read_ctx(name, as_of)
         if not 0 <= partition < len(table.parts):
             raise QueryError(f"table {name!r} has partitions 0..{len(table.parts) - 1}")
         terms, box = parse_where(d.schema, where), parse_bbox(d.schema, bbox)
         part = table.parts[partition]
         ids = (await part.index.scan(None, None, T)).rowids
-        offloaded = {r.segid for r in await self.store.list(table=d.table_id) if r.state == SegState.OFFLOADED}
+        if sealed is not None:
+            offloaded = set(sealed)
+        else:
+            offloaded = {r.segid for r in await self.store.list(table=d.table_id) if r.state == SegState.OFFLOADED}
         keep = ~np.isin(split_rowids(ids)[0], np.array(sorted(offloaded), np.uint32))
         rows = await fetch(self.store, ids[keep], schemas, d.schema)
         return pa.Table.from_batches([rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box)))])
@@ -628,14 +636,22 @@ class Database:
         return lease
 
     async def renew_lease(self, lease: str, ttl_s: float) -> None:
-        e = await self.catalog.get(f"lease/{lease}")
-        if e is None:
-            raise ConflictError(f"lease {lease} expired or released")
-        d = json.loads(e.value)
-        d["expires_ms"] = int(time.time() * 1000 + ttl_s * 1000)
-        res = await commit(self.catalog, [Check(e.key, e.version)], [Put(e.key, json.dumps(d).encode())])
-        if not res.committed:
-            raise ConflictError(f"lease {lease} changed concurrently")
+        """Extend an unexpired lease to ``ttl_s`` from now. An expired one is refused: from
+        its expiry on, the collector may have taken its segments. Renewals racing each
+        other (readers of one plan) all succeed."""
+        for _ in range(16):
+            e = await self.catalog.get(f"lease/{lease}")
+            if e is None:
+                raise ConflictError(f"lease {lease} expired or released")
+            d = json.loads(e.value)
+            now_ms = time.time() * 1000
+            if d["expires_ms"] <= now_ms:
+                raise ConflictError(f"lease {lease} expired")
+            d["expires_ms"] = max(d["expires_ms"], int(now_ms + ttl_s * 1000))
+            res = await commit(self.catalog, [Check(e.key, e.version)], [Put(e.key, json.dumps(d).encode())])
+            if res.committed:
+                return
+        raise ConflictError(f"lease {lease} changed concurrently")
 
     async def release_lease(self, lease: str) -> None:
         await commit(self.catalog, [], [Delete(f"lease/{lease}")])

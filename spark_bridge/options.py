@@ -1,0 +1,160 @@
+"""The data source's options (docs/spark.md lists them), parsed once with one-line errors.
+
+Spark hands every option over as a string in a case-insensitive map. ``where`` and ``bbox``
+take the CLI's syntax (``terrascale query --where 'col op value' --bbox COL:XMIN,YMIN,XMAX,YMAX``);
+since an option cannot repeat, several ``where`` terms are joined with ``and``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+
+from spark_bridge.errors import OptionError
+
+_TERM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(!=|<=|>=|=|<|>)\s*(.*?)\s*$")  # the CLI's --where
+_AND = re.compile(r"\s+and\s+", re.IGNORECASE)
+MAX_LEASE_S = 86_400.0
+
+
+@dataclass(frozen=True)
+class Options:
+    endpoint: str
+    table: str
+    token: str | None = None
+    as_of: int | None = None
+    sealed_only: bool = False
+    where: list | None = None  # [[col, op, value], ...] as the HTTP API takes them
+    bbox: dict | None = None
+    key_file: str | None = None
+    objects: str | None = None  # the object store URI executors use instead of the plan's
+    lease_s: float = 600.0
+    timeout_s: float = 300.0
+    batch_rows: int = 65_536
+    change_feed: bool = False
+    after: int = 0
+    starting_ts: str | int = "earliest"
+
+    @classmethod
+    def parse(cls, raw) -> "Options":
+        o = {str(k).lower(): v for k, v in dict(raw).items()}
+        known = {"endpoint", "table", "token", "as_of", "sealed_only", "where", "bbox", "key_file", "objects",
+                 "lease_s", "timeout_s", "batch_rows", "change_feed", "after", "starting_ts", "path"}
+        unknown = sorted(set(o) - known)
+        if unknown:
+            raise OptionError(f"unknown option(s) {', '.join(unknown)}; the options are: {', '.join(sorted(known - {'path'}))}")
+        endpoint = o.get("endpoint") or os.environ.get("TERRASCALE_ENDPOINT")
+        if not endpoint or not re.match(r"^https?://[^/\s]+/?$", endpoint):
+            raise OptionError(f"option endpoint: expected http(s)://HOST:PORT of a Terrascale node, not {endpoint!r}")
+        table = o.get("table") or o.get("path")
+        if not table:
+            raise OptionError("option table: name the table to read or write (.option('table', NAME))")
+        return cls(
+            endpoint=endpoint.rstrip("/"), table=table, token=o.get("token") or os.environ.get("TERRASCALE_TOKEN"),
+            as_of=_int(o, "as_of"), sealed_only=_bool(o, "sealed_only", False),
+            where=parse_where(o["where"]) if o.get("where") else None,
+            bbox=parse_bbox(o["bbox"]) if o.get("bbox") else None,
+            key_file=o.get("key_file") or None, objects=o.get("objects") or None,
+            lease_s=_seconds(o, "lease_s", 600.0, MAX_LEASE_S), timeout_s=_seconds(o, "timeout_s", 300.0, 86_400.0),
+            batch_rows=_int(o, "batch_rows", 65_536, minimum=1), change_feed=_bool(o, "change_feed", False),
+            after=_int(o, "after", 0), starting_ts=_starting(o.get("starting_ts", "earliest")),
+        )
+
+
+def parse_where(text: str) -> list:
+    """``'speed > 30 and name = "a b"'`` -> ``[["speed", ">", "30"], ["name", "=", "a b"]]``.
+
+    Each term is the CLI's ``col op value`` (op in ``= != < <= > >=``); values stay strings,
+    as the CLI sends them, and the node converts them to the column's type. Quote a value
+    that contains `` and `` or starts and ends with a quote character."""
+    out = []
+    for part in _split_and(text):
+        m = _TERM.match(part)
+        if not m or not m.group(3):
+            raise OptionError(f"option where: {part.strip()!r} is not 'col op value' with op in = != < <= > >= "
+                              "(join several terms with 'and')")
+        col, op, value = m.groups()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out.append([col, op, value])
+    return out
+
+
+def _split_and(text: str) -> list[str]:
+    parts, cur, quote, i = [], [], None, 0
+    while i < len(text):
+        ch = text[i]
+        if quote is not None:
+            quote = None if ch == quote else quote
+        elif ch in "'\"" and (not cur or "".join(cur).rstrip()[-1:] in "=<>!"):
+            quote = ch  # a quoted value starts right after the operator
+        else:
+            m = _AND.match(text, i)
+            if m:
+                parts.append("".join(cur))
+                cur, i = [], m.end()
+                continue
+        cur.append(ch)
+        i += 1
+    parts.append("".join(cur))
+    return parts
+
+
+def parse_bbox(text: str) -> dict:
+    """``loc:13,52,14,53`` -> the HTTP API's bbox object (edges inclusive)."""
+    col, sep, rest = text.partition(":")
+    try:
+        nums = [float(x) for x in rest.split(",")]
+    except ValueError:
+        nums = []
+    if not sep or not col.strip() or len(nums) != 4 or not all(math.isfinite(v) for v in nums):
+        raise OptionError(f"option bbox: expected COL:XMIN,YMIN,XMAX,YMAX, not {text!r}")
+    return {"column": col.strip(), "xmin": nums[0], "ymin": nums[1], "xmax": nums[2], "ymax": nums[3]}
+
+
+def _bool(o: dict, key: str, default: bool) -> bool:
+    v = o.get(key)
+    if v is None or v == "":
+        return default
+    if str(v).lower() in ("true", "1", "yes"):
+        return True
+    if str(v).lower() in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {key}: true or false, not {v!r}")
+
+
+def _int(o: dict, key: str, default: int | None = None, minimum: int = 0) -> int | None:
+    v = o.get(key)
+    if v is None or v == "":
+        return default
+    try:
+        n = int(str(v).strip())
+    except ValueError:
+        n = None
+    if n is None or n < minimum:
+        what = "a commit timestamp (a non-negative integer)" if key in ("as_of", "after") else f"an integer >= {minimum}"
+        raise OptionError(f"option {key}: expected {what}, not {v!r}")
+    return n
+
+
+def _seconds(o: dict, key: str, default: float, most: float) -> float:
+    v = o.get(key)
+    if v is None or v == "":
+        return default
+    try:
+        s = float(v)
+    except ValueError:
+        s = math.nan
+    if not 0 < s <= most:
+        raise OptionError(f"option {key}: seconds in (0, {most:g}], not {v!r}")
+    return s
+
+
+def _starting(v) -> str | int:
+    s = str(v).strip().lower()
+    if s in ("earliest", "latest"):
+        return s
+    if s.isdigit():
+        return int(s)
+    raise OptionError(f"option starting_ts: earliest, latest or a commit timestamp, not {v!r}")

@@ -1,0 +1,105 @@
+"""The endpoints the bridge adds or relies on, over real HTTP (no Spark): the snapshot a
+DataFrame pins at load(); a tail that leaves out exactly the plan's sealed segments (so a
+segment offloaded after planning is neither lost nor read twice); leases renewed by many
+tasks at once, and refused once expired."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from node.client import ApiError
+from rowstore.schema import SchemaVersion
+from spark_bridge.errors import LeaseExpiredError
+from spark_bridge.lease import LeaseKeeper
+from spark_bridge.options import Options
+from tests.node.proc import NodeProc
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    n = NodeProc(tmp_path_factory.mktemp("bridge-endpoints"), extra="[tables]\npartitions = 2\n")
+    n.start()
+    yield n
+    n.stop()
+
+
+def post(c, path, doc, arrow=False):
+    return c._call("POST", path, doc, arrow=arrow)
+
+
+def test_snapshot_pins_the_closed_timestamp_and_the_schema_at_it(node):
+    c = node.client()
+    c.create_table("snap", [{"name": "id", "type": "int64"}, {"name": "v", "type": "float64"}], "id")
+    r = c.upsert("snap", [{"id": 1, "v": 1.0}])
+    now = c._call("GET", "/v1/tables/snap/snapshot")
+    assert now["as_of"] >= r["commit_ts"] and now["table"] == "snap"
+    c.add_column("snap", "w", "string")
+    past = c._call("GET", f"/v1/tables/snap/snapshot?as_of={now['as_of']}")
+    assert past["as_of"] == now["as_of"] and past["schema"] == now["schema"]
+    assert [col.name for col in SchemaVersion.from_json(past["schema"]).columns] == ["id", "v"]
+    later = c._call("GET", "/v1/tables/snap/snapshot")
+    assert [col.name for col in SchemaVersion.from_json(later["schema"]).columns] == ["id", "v", "w"]
+    for path, status in [("/v1/tables/nope/snapshot", 404), ("/v1/tables/snap/snapshot?as_of=x", 400),
+                         ("/v1/tables/snap/snapshot?as_of=1", 410)]:
+        with pytest.raises(ApiError) as e:
+            c._call("GET", path)
+        assert e.value.status == status, path
+    c.close()
+
+
+def test_tail_leaves_out_exactly_the_plans_sealed_segments(node):
+    c = node.client()
+    c.create_table("t", [{"name": "id", "type": "int64"}, {"name": "v", "type": "int64"}], "id")
+    c.upsert("t", [{"id": i, "v": 1} for i in range(100)])
+    c.admin("seal")
+    c.admin("offload")
+    c.upsert("t", [{"id": i, "v": 2} for i in range(100, 150)])
+    plan = post(c, "/v1/tables/t/plan", {})
+    sealed = [s["segid"] for s in plan["sealed"]]
+    assert sealed and plan["tail"]
+    c.admin("seal")
+    assert c.admin("offload")["offloaded"]  # the tail's segments are objects now
+    tails = {p: post(c, "/v1/tables/t/tail", {"partition": p, "as_of": plan["as_of"], "sealed": sealed}, arrow=True)
+             for p in plan["tail"]}
+    assert sorted(k for t in tails.values() for k in t.column("id").to_pylist()) == list(range(100, 150))
+    # without the plan's list the node leaves out every segment offloaded *now*: those rows vanish
+    now = [post(c, "/v1/tables/t/tail", {"partition": p, "as_of": plan["as_of"]}, arrow=True).num_rows
+           for p in plan["tail"]]
+    assert sum(now) == 0
+    with pytest.raises(ApiError) as e:
+        post(c, "/v1/tables/t/tail", {"partition": 0, "as_of": plan["as_of"], "sealed": ["x"]})
+    assert e.value.status == 400
+    c.close()
+
+
+def test_leases_renewed_by_many_tasks_at_once_and_refused_once_expired(node):
+    c = node.client()
+    c.create_table("l", [{"name": "id", "type": "int64"}], "id")
+    c.upsert("l", [{"id": 1}])
+    plan = post(c, "/v1/tables/l/plan", {"lease_s": 30})
+    opts = Options.parse({"endpoint": node.base, "table": "l", "lease_s": "30"})
+    errors = []
+
+    def task():
+        try:
+            for _ in range(5):
+                with LeaseKeeper(opts, plan["lease"]):
+                    pass
+        except Exception as e:  # noqa: BLE001 - collected for the assertion
+            errors.append(e)
+
+    threads = [threading.Thread(target=task) for _ in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert errors == []
+    short = post(c, "/v1/tables/l/plan", {"lease_s": 0.5})["lease"]
+    time.sleep(0.7)
+    with pytest.raises(ApiError) as e:
+        post(c, f"/v1/leases/{short}/renew", {"ttl_s": 30})
+    assert e.value.status == 409 and "expired" in e.value.message
+    with pytest.raises(LeaseExpiredError):
+        with LeaseKeeper(Options.parse({"endpoint": node.base, "table": "l"}), short):
+            pass
+    c.close()
