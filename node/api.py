@@ -16,7 +16,8 @@ import traceback
 
 from aiohttp import web
 
-from catalog.errors import CatalogError, CatalogTimeoutError, CatalogUnavailableError, InvalidTransactionError
+from catalog.errors import (CatalogConfigError, CatalogError, CatalogTimeoutError, CatalogUnavailableError,
+                            InvalidTransactionError)
 from node.cluster import FORWARDED
 from node.codec import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table, schema_to_json,
                         table_to_rows, write_arrow_stream)
@@ -102,6 +103,8 @@ class Api:
             r.add_post(f"/v1/admin/{job}", self._job(job))
         r.add_post("/v1/admin/gc", self.gc)
         r.add_get("/v1/admin/cluster", self.cluster)
+        r.add_post("/v1/admin/cluster/members", self.add_member)
+        r.add_delete("/v1/admin/cluster/members/{address}", self.remove_member)
         from node.bridge_api import add_bridge_routes  # noqa: PLC0415 (it imports this module)
 
         add_bridge_routes(self, r)  # the Spark bridge's read plans, tails, change feed, leases
@@ -377,6 +380,33 @@ class Api:
     async def cluster(self, request):
         self.db  # noqa: B018 - 503 before ready
         return web.json_response(await self.node.cluster_view())
+
+    async def add_member(self, request):
+        """Add one Raft member (a node started with the current members and ``self=`` its own
+        address); one change at a time (docs/raft.md)."""
+        doc = await _json_object(request, {"raft_address"}, ("raft_address",))
+        await self._membership("add", doc["raft_address"])
+        return web.json_response(await self.node.cluster_view())
+
+    async def remove_member(self, request):
+        await self._membership("remove", request.match_info["address"])
+        return web.json_response(await self.node.cluster_view())
+
+    async def _membership(self, op: str, address) -> None:
+        self.db  # noqa: B018 - 503 before ready
+        cat = self.node.catalog
+        if not hasattr(cat, "add_member"):
+            raise ApiError(409, "not_a_cluster", "this node's catalog is trkv:// (one node); membership needs raft://")
+        if not isinstance(address, str):
+            raise ApiError(400, "bad_request", '"raft_address" is "host:port"')
+        try:
+            await (cat.add_member(address) if op == "add" else cat.remove_member(address))
+        except CatalogConfigError as e:
+            raise ApiError(400, "bad_request", _one_line(e)) from None
+        except (CatalogUnavailableError, CatalogTimeoutError):
+            raise
+        except CatalogError as e:
+            raise ApiError(409, "membership_refused", _one_line(e)) from None
 
 
 # -- helpers --------------------------------------------------------------------------------------

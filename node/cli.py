@@ -85,8 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--limit", type=int)
 
     adm = sub.add_parser("admin", help="operator actions").add_subparsers(dest="admin_cmd", required=True)
-    for name in ("status", "seal", "offload", "gc", "checkpoint", "cluster"):
+    for name in ("status", "seal", "offload", "gc", "checkpoint"):
         adm.add_parser(name, parents=[out])
+    cl = adm.add_parser("cluster", parents=[out], help="members, leader and term; add/remove a Raft member")
+    cl.add_argument("change", nargs="?", choices=("add", "remove"))
+    cl.add_argument("raft_address", nargs="?", help="host:port of the member's Raft port")
     segs = adm.add_parser("segments", parents=[out])
     segs.add_argument("--table")
 
@@ -358,7 +361,12 @@ def _admin(c, args) -> int:
         doc = c.segments(args.table)
         _emit(doc, fmt, "segments")
     elif cmd == "cluster":
-        doc = c.cluster()
+        if args.change and not args.raft_address:
+            print(f"terrascale: error: admin cluster {args.change} needs the member's Raft address (host:port)",
+                  file=sys.stderr)
+            return 2
+        doc = {"add": c.add_member, "remove": c.remove_member}[args.change](args.raft_address) \
+            if args.change else c.cluster()
         if fmt == "table":
             print(f"leader {doc['leader']}  term {doc['term']}  catalog {doc.get('catalog')}")
             _print_table(doc["members"])

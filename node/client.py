@@ -238,6 +238,12 @@ class Client:
     def cluster(self) -> dict:
         return self._call("GET", "/v1/admin/cluster")
 
+    def add_member(self, raft_address: str) -> dict:
+        return self._call("POST", "/v1/admin/cluster/members", {"raft_address": raft_address})
+
+    def remove_member(self, raft_address: str) -> dict:
+        return self._call("DELETE", f"/v1/admin/cluster/members/{_seg(raft_address)}")
+
 
 class AsyncClient:
     """asyncio client with the same methods (``await``-ed)."""
@@ -348,3 +354,9 @@ class AsyncClient:
 
     async def cluster(self):
         return await self._call("GET", "/v1/admin/cluster")
+
+    async def add_member(self, raft_address: str):
+        return await self._call("POST", "/v1/admin/cluster/members", {"raft_address": raft_address})
+
+    async def remove_member(self, raft_address: str):
+        return await self._call("DELETE", f"/v1/admin/cluster/members/{_seg(raft_address)}")

@@ -237,3 +237,55 @@ def test_not_ready_until_recovered_and_sigterm_while_recovering(tmp_path):
         assert "Traceback" not in log
     finally:
         node.ensure_stopped()
+
+
+@pytest.mark.slow
+def test_membership_add_and_remove_a_node_from_the_cli(tmp_path):
+    """A 4th node started with the current members in its catalog URI joins with
+    `terrascale admin cluster add`, serves, and leaves with `... remove`."""
+    base = _free_base()
+    d = tmp_path / "c"
+    urls = [f"http://127.0.0.1:{base + 10 * i}" for i in range(4)]
+    n4 = None
+    try:
+        r = _cluster("up 3", d, base)
+        assert r.returncode == 0, r.stderr
+        cfg = (d / "n1.toml").read_text()
+        members = cfg.split('uri = "raft://')[1].split("?")[0]
+        raft4 = f"127.0.0.1:{base + 31}"
+        (d / "n4.toml").write_text(
+            cfg.replace('id = "n1"', 'id = "n4"').replace(f"127.0.0.1:{base}\"", f"127.0.0.1:{base + 30}\"")
+            .replace(f"?self=127.0.0.1:{base + 1}", f"?self={raft4}").replace("/n1/", "/n4/"))
+        assert members.count(",") == 2
+        with open(d / "n4.log", "w") as log:
+            n4 = subprocess.Popen([TERRASCALE, "node", "run", "--config", str(d / "n4.toml")], stderr=log,
+                                  stdout=subprocess.DEVNULL)
+        cli = [TERRASCALE, "--endpoint", urls[0], "admin", "cluster"]
+        add = subprocess.run(cli + ["add", raft4], capture_output=True, text=True, timeout=60)
+        assert add.returncode == 0, add.stderr
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with Client(urls[3], timeout=2) as c4:
+                    c4.readyz()
+                    break
+            except (ApiError, ConnectionError):
+                time.sleep(0.2)
+        with Client(urls[3]) as c4:
+            view = c4.cluster()
+            assert sorted(m["raft_address"] for m in view["members"]) == sorted(members.split(",") + [raft4])
+            c4.create_table("j", [("id", "int64")], "id")
+            assert c4.upsert("j", [{"id": 1}])["committed"] == 1
+        again = subprocess.run(cli + ["add", raft4], capture_output=True, text=True, timeout=60)
+        assert again.returncode == 1 and "membership_refused" in again.stderr
+        bad = subprocess.run(cli + ["add"], capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2
+        rm = subprocess.run(cli + ["remove", raft4], capture_output=True, text=True, timeout=60)
+        assert rm.returncode == 0, rm.stderr
+        with Client(urls[0]) as c1:
+            assert raft4 not in {m["raft_address"] for m in c1.cluster()["members"]}
+    finally:
+        if n4 is not None:
+            n4.send_signal(signal.SIGTERM)
+            n4.wait(timeout=60)
+        _cluster("down", d, base)
