@@ -70,10 +70,12 @@ class Partition:
     # -- writes ----------------------------------------------------------------------------
 
     def apply(self, localids: np.ndarray, segid: int, batch: pa.RecordBatch, ts, deleted: np.ndarray,
-              schema: SchemaVersion) -> None:
-        """Make durable rows visible: key index entries and column index values."""
+              schema: SchemaVersion, keys: np.ndarray | None = None) -> None:
+        """Make durable rows visible: key index entries and column index values (``keys``: the
+        batch's keys already encoded, if the caller has them)."""
         ids = make_rowids(segid, np.asarray(localids, np.uint32))
-        keys = encode_keys(batch.column(batch.schema.get_field_index(schema.key.name)), self.kind)
+        if keys is None:
+            keys = encode_keys(batch.column(batch.schema.get_field_index(schema.key.name)), self.kind)
         deleted = np.asarray(deleted, bool)
         self.index.insert(keys, ts, np.where(deleted, TOMBSTONE, ids))
         if self.columns.columns:
