@@ -36,7 +36,7 @@ from rowstore.query import batch_mask, parse_bbox, parse_where
 from rowstore.rowcodec import Encoded, encode_rows
 from rowstore.schema import SchemaVersion
 from rowstore.segments import SegmentStore, SegState
-from rowstore.table_io import conform, key_array, stamp
+from rowstore.table_io import conform, key_array, split_encoded, stamp
 from rowstore.tables_catalog import TableCatalog, TableDef
 from rowstore.timeline import Timeline
 from rowstore.wal import DECIDED
@@ -279,10 +279,15 @@ class Database:
         if batch.num_rows == 0:
             return WriteResult(0, self.timeline.closed)
         pids = partition_of(keys, len(table.parts))
-        subs = _split(batch, keys, deleted, pids)
+        # Encode once; rows are then regrouped by partition as bytes. The Arrow side keeps only
+        # what applying needs (the key and the indexed columns).
+        keep = [d.schema.key.name] + [c.name for c in d.schema.columns if c.id in d.indexes
+                                      and c.id != d.schema.primary_key]
+        subs = _split(batch.select(keep), keys, deleted, pids)
 
         def encode_all():
-            return [encode_rows(b, d.schema, 0, dl) for _, b, _, dl in subs]
+            enc = encode_rows(batch, d.schema, 0, deleted)
+            return [enc] if len(subs) == 1 else split_encoded(enc, _partition_order(pids), [s[1].num_rows for s in subs])
 
         encs = await asyncio.to_thread(encode_all) if batch.num_rows > _THREAD_ROWS else encode_all()
         work = [(table.parts[p], b, dl, e, k) for (p, b, k, dl), e in zip(subs, encs)]
@@ -786,11 +791,15 @@ def _distinct(keys: np.ndarray) -> bool:
     return not (s[1:] == s[:-1]).any()
 
 
+def _partition_order(pids: np.ndarray) -> np.ndarray:
+    return np.argsort(pids, kind="stable")
+
+
 def _split(batch, keys, deleted, pids):
     """Sub-batches by partition: one take into partition order, then zero-copy slices."""
     if len(pids) and (pids == pids[0]).all():
         return [(int(pids[0]), batch, keys, deleted)]
-    order = np.argsort(pids, kind="stable")
+    order = _partition_order(pids)
     sp = pids[order]
     batch, keys = batch.take(pa.array(order)), keys[order]
     deleted = None if deleted is None else deleted[order]

@@ -131,3 +131,28 @@ def _stamp(buf, starts, ts8):
         s = starts[i] + 8  # commit_ts within a row header (docs/format/segment.md §1)
         for q in range(8):
             buf[s + q] = ts8[q]
+
+
+def split_encoded(enc: Encoded, order: np.ndarray, counts: list[int]) -> list[Encoded]:
+    """Encoded rows regrouped: rows ``order[0:counts[0]]`` form the first piece, and so on."""
+    ends = np.append(enc.starts[1:], enc.nbytes)
+    lens = (ends - enc.starts)[order]
+    out_starts = np.zeros(len(order), np.int64)
+    np.cumsum(lens[:-1], out=out_starts[1:])
+    buf = np.empty(enc.nbytes, np.uint8)
+    _gather(enc.buf, enc.starts[order], lens, out_starts, buf)
+    pieces, at = [], 0
+    for n in counts:
+        lo = int(out_starts[at]) if n else 0
+        hi = int(out_starts[at + n]) if at + n < len(order) else enc.nbytes
+        pieces.append(Encoded(buf[lo:hi], out_starts[at : at + n] - lo))
+        at += n
+    return pieces
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather(src, src_starts, lens, dst_starts, dst):
+    for i in range(src_starts.shape[0]):
+        a, b, n = src_starts[i], dst_starts[i], lens[i]
+        for q in range(n):
+            dst[b + q] = src[a + q]
