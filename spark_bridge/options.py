@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from spark_bridge.errors import OptionError
 
 _TERM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(!=|<=|>=|=|<|>)\s*(.*?)\s*$")  # the CLI's --where
-_AND = re.compile(r"\s+and\s+", re.IGNORECASE)
+_AND = re.compile(r"\s+and(?:\s+|$)", re.IGNORECASE)
 MAX_LEASE_S = 86_400.0
 
 

@@ -90,17 +90,17 @@ class TerrascaleReader(DataSourceReader):
         yield from t.to_batches(max_chunksize=65_536)
 
     def _segment(self, slice_json: dict, target: SchemaVersion) -> Iterator[pa.RecordBatch]:
-        from rowstore.external import SegmentSlice, read_segment, schemas_lookup  # noqa: PLC0415 (numba)
-        from rowstore.query import parse_bbox, parse_where  # noqa: PLC0415
+        with LeaseKeeper(self.opts, self.lease) as keeper:  # first, before the slow imports below
+            from rowstore.external import SegmentSlice, read_segment, schemas_lookup  # noqa: PLC0415 (numba)
+            from rowstore.query import parse_bbox, parse_where  # noqa: PLC0415
 
-        schemas = schemas_lookup([SchemaVersion.from_json(v) for v in self.versions_json])
-        terms, box = parse_where(target, self.opts.where), parse_bbox(target, self.opts.bbox)
-        kek = None
-        if self.encrypted:
-            from terrafs.crypto import KeyEncryptionKey  # noqa: PLC0415
+            schemas = schemas_lookup([SchemaVersion.from_json(v) for v in self.versions_json])
+            terms, box = parse_where(target, self.opts.where), parse_bbox(target, self.opts.bbox)
+            kek = None
+            if self.encrypted:
+                from terrafs.crypto import KeyEncryptionKey  # noqa: PLC0415
 
-            kek = KeyEncryptionKey.load(self.opts.key_file)
-        with LeaseKeeper(self.opts, self.lease) as keeper:
+                kek = KeyEncryptionKey.load(self.opts.key_file)
             batches = read_segment(self.objects, SegmentSlice.from_json(slice_json), schemas, target, terms, box, kek)
             for b in sync_iter(batches):
                 keeper.check()
