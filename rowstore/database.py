@@ -461,10 +461,12 @@ class Database:
         except (TypeError, ValueError, AttributeError) as e:
             raise RowValidationError(f"primary key {key!r} is not a valid {d.schema.key.type}") from e
         part = table.parts[partition_one(k, len(table.parts))]
-        rowid = await part.index.get(k, T)
+        rowid = part.index.get_mem(k, T)
+        if rowid is None:
+            rowid = await part.index.get(k, T)
         if rowid == 0:
             return None
-        raw, where = await self.store.row_bytes(rowid)
+        raw, where = self.store.row_bytes_cached(rowid) or await self.store.row_bytes(rowid)
         return decode_one(raw, await self._schemas_of(d), d.schema, where)
 
     async def get_many(self, name: str, keys, as_of: int | None = None) -> pa.Table:

@@ -106,12 +106,20 @@ class PartitionIndex:
 
     # -- reads -------------------------------------------------------------------------
 
-    async def get(self, key, as_of: int) -> int:
-        """The rowid visible at ``as_of`` for one encoded key (int or bytes); 0 if none."""
+    def get_mem(self, key, as_of: int) -> int | None:
+        """``get`` from the memtables alone (no await): the rowid, 0 for a deletion, None when
+        the runs must be asked."""
         for mt in [self.mem, *reversed(self._frozen)]:
             r = mt.get_one(key, as_of)
             if r:
                 return 0 if r == _TOMB else r
+        return None if self.runs else 0
+
+    async def get(self, key, as_of: int) -> int:
+        """The rowid visible at ``as_of`` for one encoded key (int or bytes); 0 if none."""
+        r = self.get_mem(key, as_of)
+        if r is not None:
+            return r
         for _, run in self.runs:
             r = await run.get_one(key, as_of)
             if r:

@@ -79,27 +79,35 @@ def _plan(row_schema: SchemaVersion, target: SchemaVersion):
 
 
 def _make_plan(row_schema: SchemaVersion, target: SchemaVersion):
-    """How to build the target's dict from a row of ``row_schema``."""
+    """How to build the target's dict from a row of ``row_schema``: ONE struct for the whole
+    fixed part (values in column order, then the var ends), and per target column where its
+    value sits in the unpacked tuple and how to convert it."""
     lay = layout(row_schema)
     pos = {c.id: i for i, c in enumerate(row_schema.columns)}
-    fmt, fixed = "<", []
-    for c in lay.fixed:
+    nb = (len(row_schema.columns) + 7) // 8
+    fmt, at, where = "<", 0, {}
+    for c in lay.fixed:  # packed in column order right after the null bitmap
         f, n, conv = _converter(c)
-        off = lay.dtype.fields[f"c{c.id}"][1]
-        fixed.append((c.id, off, struct.Struct("<" + f), conv))
+        fmt += f
+        where[c.id] = (at, n, conv)
+        at += n
     var = {c.id: j for j, c in enumerate(lay.var)}
-    vend = lay.dtype.fields["vend"][1] if lay.var else lay.size
+    fmt += "I" * len(lay.var)
+    fixed = struct.Struct(fmt)
+    assert 17 + nb + fixed.size == lay.size, "layout and struct disagree"  # part of the format
     steps = []
     for c in target.columns:
         if c.id not in pos:
-            steps.append((c.name, None, None))
-        elif c.id in var:
-            k = c.type.kind
-            steps.append((c.name, pos[c.id], ("var", var[c.id], k == Kind.BINARY)))
+            steps.append((c.name, -1, 0, 0, 0, None))
+            continue
+        i = pos[c.id]
+        if c.id in var:
+            steps.append((c.name, 17 + (i >> 3), 1 << (i & 7), 1, var[c.id], c.type.kind == Kind.BINARY))
         else:
-            st = next(x for x in fixed if x[0] == c.id)
-            steps.append((c.name, pos[c.id], ("fixed", st[1], st[2], st[3])))
-    return lay.size, vend, len(lay.var), steps
+            a, n, conv = where[c.id]
+            plain = n == 1 and c.type.kind not in (Kind.BOOL, Kind.TIMESTAMP, Kind.DATE)
+            steps.append((c.name, 17 + (i >> 3), 1 << (i & 7), 0, a, None if plain else (n, conv)))
+    return lay.size, fixed, 17 + nb, at, len(lay.var), steps
 
 
 def decode_one(raw: bytes, schemas: Callable[[int], SchemaVersion], target: SchemaVersion,
@@ -110,18 +118,22 @@ def decode_one(raw: bytes, schemas: Callable[[int], SchemaVersion], target: Sche
     ln, ver, _ts_, _flags = _HEAD.unpack_from(raw, 0)
     if ln != len(raw):
         raise RowCorruptionError(where, None, f"row length {ln} != {len(raw)} bytes read")
-    size, vend, nvar, steps = _plan(schemas(ver), target)
-    ends = struct.unpack_from(f"<{nvar}I", raw, vend) if nvar else ()
-    if size + (ends[-1] if ends else 0) != ln:
+    size, fixed, start, nfix, nvar, steps = _plan(schemas(ver), target)
+    if size > ln:
+        raise RowCorruptionError(where, None, "row shorter than its fixed part")
+    vals = fixed.unpack_from(raw, start)
+    if size + (vals[-1] if nvar else 0) != ln:
         raise RowCorruptionError(where, None, "row length does not match its columns")
     out = {}
-    for name, i, how in steps:
-        if i is None or raw[17 + (i >> 3)] >> (i & 7) & 1:
+    for name, nbyte, bit, is_var, a, how in steps:
+        if nbyte < 0 or raw[nbyte] & bit:
             out[name] = None
-        elif how[0] == "fixed":
-            out[name] = how[3](how[2].unpack_from(raw, how[1]))
+        elif is_var:
+            lo = vals[nfix + a - 1] if a else 0
+            b = raw[size + lo : size + vals[nfix + a]]
+            out[name] = b if how else b.decode("utf-8")
+        elif how is None:
+            out[name] = vals[a]
         else:
-            j = how[1]
-            b = raw[size + (ends[j - 1] if j else 0) : size + ends[j]]
-            out[name] = b if how[2] else b.decode("utf-8")
+            out[name] = how[1](vals[a : a + how[0]])
     return out

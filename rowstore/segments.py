@@ -250,6 +250,17 @@ class SegmentStore:
             s = self._sealed[segid] = await SealedSegment.open(await self.fs.open_sealed(rec.inode))
         return s
 
+    def row_bytes_cached(self, rowid: int) -> tuple[bytes, str] | None:
+        """``row_bytes`` when an active segment's block cache already holds the row."""
+        seg = self.active.get(rowid >> 32)
+        if seg is None:
+            return None
+        loc = rowid & 0xFFFFFFFF
+        if loc >= seg.durable_rows:
+            return None
+        raw = seg.file.read_cached(int(seg._idx.arr[loc]), int(seg._idx.lens[loc]))
+        return None if raw is None else (raw, seg.where)
+
     async def row_bytes(self, rowid: int) -> tuple[bytes, str]:
         """One row's encoded bytes and where they came from (for a point read)."""
         segid, loc = rowid >> 32, rowid & 0xFFFFFFFF

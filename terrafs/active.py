@@ -347,6 +347,20 @@ class ActiveFile:
 
     # -- reads -------------------------------------------------------------------
 
+    def read_cached(self, offset: int, length: int) -> bytes | None:
+        """``read`` without I/O: the bytes if they lie in one block the memory cache holds,
+        else None (a point read's fast path: no coroutine, no thread)."""
+        if self._closed or self.cache is None or offset + length > self.durable_size:
+            return None
+        i = self.index.find(offset)
+        if i < 0:
+            return None
+        block = self.cache.get_mem((self.where, i))
+        lo = offset - int(self.index.logical[i])
+        if block is None or lo + length > len(block):
+            return None
+        return block[lo : lo + length]
+
     async def read(self, offset: int, length: int) -> bytes:
         """Read durable logical bytes ``[offset, offset + length)`` (short at the end)."""
         if self._closed:
