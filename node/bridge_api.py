@@ -43,7 +43,14 @@ def add_bridge_routes(api, router) -> None:
 async def snapshot(api, request):
     """The read timestamp T (the closed timestamp, or ``as_of`` once closed) and the table's
     schema at T: what a reader pins before planning (the Spark bridge's ``load()``)."""
-    T = await api.db.snapshot(_as_of_param(request))
+    as_of = _as_of_param(request)
+    T = await api.db.snapshot(as_of)
+    if as_of is None and T < api.db.horizon():
+        # An idle node's closed timestamp is its last commit's; once that is older than the
+        # retention it could no longer be read. With nothing in flight, a fresh timestamp is
+        # closed as well (every later commit gets a larger one).
+        await api.db.clock.now()
+        T = await api.db.snapshot(None)
     d = await api.db.describe(request.match_info["table"], T)
     return web.json_response({"as_of": T, "table": d.name, "table_id": d.table_id, "schema": d.schema.to_json()})
 

@@ -39,7 +39,8 @@ class ChangesPartition(InputPartition):
     upto: int
 
 
-def read_changes(opts: Options, pinned_json: str, schema: StructType, after: int, upto: int) -> Iterator[pa.RecordBatch]:
+def read_changes(opts: Options, pinned_json: str, schema: StructType, after: int,
+                 upto: int) -> Iterator[pa.RecordBatch]:
     """The changes in (after, upto] as batches of ``schema`` — the table's columns when the
     read started, matched by column id (renamed columns follow, dropped ones are null, ones
     added since are left out) — then commit_ts and op."""

@@ -43,7 +43,8 @@ class Options:
                  "lease_s", "timeout_s", "batch_rows", "change_feed", "after", "starting_ts", "path"}
         unknown = sorted(set(o) - known)
         if unknown:
-            raise OptionError(f"unknown option(s) {', '.join(unknown)}; the options are: {', '.join(sorted(known - {'path'}))}")
+            raise OptionError(f"unknown option(s) {', '.join(unknown)}; "
+                              f"the options are: {', '.join(sorted(known - {'path'}))}")
         endpoint = o.get("endpoint") or os.environ.get("TERRASCALE_ENDPOINT")
         if not endpoint or not re.match(r"^https?://[^/\s]+/?$", endpoint):
             raise OptionError(f"option endpoint: expected http(s)://HOST:PORT of a Terrascale node, not {endpoint!r}")
@@ -133,7 +134,8 @@ def _int(o: dict, key: str, default: int | None = None, minimum: int = 0) -> int
     except ValueError:
         n = None
     if n is None or n < minimum:
-        what = "a commit timestamp (a non-negative integer)" if key in ("as_of", "after") else f"an integer >= {minimum}"
+        what = ("a commit timestamp (a non-negative integer)" if key in ("as_of", "after")
+                else f"an integer >= {minimum}")
         raise OptionError(f"option {key}: expected {what}, not {v!r}")
     return n
 

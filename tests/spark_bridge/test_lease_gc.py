@@ -107,7 +107,7 @@ def test_a_running_job_protects_its_segments_and_an_expired_lease_reads_nothing(
     c.admin("offload")
     (s1,) = [s["segid"] for s in c.segments("g")["segments"] if s["state"] == "offloaded"]
     warm_up(spark, node, c, direct)
-    c.upsert("warm", [{"id": 2}])  # (an idle node's closed timestamp moves only with commits)
+    c.upsert("warm", [{"id": 2}])  # a commit: load() pins a recent T (the plan must come within 4 s of it)
     old = read(spark, node, slow_objects, lease_s=LEASE_S)  # pins the snapshot now: the v1 rows, in s1
     t2 = c.upsert("g", rows(2))["commit_ts"]  # supersedes every row of s1
 
@@ -136,8 +136,7 @@ def test_a_running_job_protects_its_segments_and_an_expired_lease_reads_nothing(
         old.count()  # the DataFrame's plan still names s1: its lease is refused before any read
     assert "LeaseExpiredError" in str(e.value) and "expired" in str(e.value)
     assert "ObjectNotFound" not in str(e.value)
-    c.upsert("warm", [{"id": 3}])
-    now = read(spark, node, direct)
+    now = read(spark, node, direct)  # the node has been idle for longer than the retention by now
     assert spark_rows(now, "id") == api_rows(c.query("g", limit=ROWS + 10), "id")
     assert {r["v"] for r in spark_rows(now, "id")} == {2}
     c.close()

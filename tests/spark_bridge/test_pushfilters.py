@@ -69,6 +69,7 @@ def pushed_filters_leak(spark) -> bool:
 def test_terrascale_pushes_filters_only_where_pushdown_is_correct(spark):
     leaks = pushed_filters_leak(spark)
     implements = TerrascaleReader.pushFilters is not DataSourceReader.pushFilters
-    assert implements == (not leaks), f"pyspark {pyspark.__version__}: leak={leaks}, pushFilters implemented={implements}"
+    assert implements == (not leaks), \
+        f"pyspark {pyspark.__version__}: leak={leaks}, pushFilters implemented={implements}"
     if pyspark.__version__ == "4.3.0":
         assert leaks  # the finding docs/spark.md reports for the installed version

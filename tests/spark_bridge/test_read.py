@@ -34,7 +34,8 @@ def make_rows(keys, version: int, seed: int) -> list[dict]:
              "u64": int(rng.integers(0, 2**63)) * 2 + int(rng.integers(0, 2)), "f32": float(np.float32(rng.random())),
              "f64": float(rng.normal()), "b": bool(rng.integers(0, 2)), "s": f"name-{k}-v{version}",
              "bin": base64.b64encode(rng.bytes(int(rng.integers(0, 9)))).decode(),
-             "ts": int(rng.integers(0, 2**50)), "d": (dt.date(1970, 1, 1) + dt.timedelta(days=int(rng.integers(0, 30000)))).isoformat(),
+             "ts": int(rng.integers(0, 2**50)),
+             "d": (dt.date(1970, 1, 1) + dt.timedelta(days=int(rng.integers(0, 30000)))).isoformat(),
              "u": str(uuid.UUID(bytes=rng.bytes(16))), "j": {"k": k, "v": [version, None, "x"]},
              "loc": {"x": float(rng.uniform(-10, 10)), "y": float(rng.uniform(-10, 10))},
              "bx": {"xmin": 0.0, "ymin": 1.0, "xmax": float(k), "ymax": 2.5},
@@ -147,7 +148,8 @@ def test_sealed_only_reads_the_offloaded_part_of_the_snapshot(spark, node, histo
 
 
 @pytest.mark.parametrize("where,bbox,api_where,api_bbox", [
-    ("u32 >= 2000000000 and label != 'name-7-v1'", None, [["u32", ">=", 2000000000], ["label", "!=", "name-7-v1"]], None),
+    ("u32 >= 2000000000 and label != 'name-7-v1'", None,
+     [["u32", ">=", 2000000000], ["label", "!=", "name-7-v1"]], None),
     ("label = name-2600-v3", None, [["label", "=", "name-2600-v3"]], None),
     (None, "loc:-2,-3,4.5,5", None, {"column": "loc", "xmin": -2, "ymin": -3, "xmax": 4.5, "ymax": 5}),
     ("ts < 2022-01-01T00:00:00Z", "loc:0,0,10,10", [["ts", "<", "2022-01-01T00:00:00Z"]],

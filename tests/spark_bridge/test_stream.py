@@ -50,7 +50,7 @@ def last_offset(checkpoint: str, batch: int) -> int:
 
 def test_stream_restarts_from_its_checkpoint_exactly_once(spark, node, tmp_path):
     c = node.client()
-    checkpoint, out = str(tmp_path / "ck"), str(tmp_path / "out")
+    checkpoint = str(tmp_path / "ck")
     batches: dict[int, list[tuple]] = {}
     fail_batch = {1}  # the first attempt of micro-batch 1 fails after Spark logged its offsets
 
