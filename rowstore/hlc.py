@@ -69,6 +69,10 @@ class HybridClock:
         self._last = ts
         return ts
 
+    def now_ms(self) -> int:
+        """The physical clock, in ms."""
+        return self._now_ms()
+
     def observe(self, ts: int) -> None:
         """HLC receive rule: a timestamp seen from elsewhere moves this clock forward."""
         if ts > self._last:

@@ -113,11 +113,11 @@ class Partition:
             return seg.segid if seg is not None else None
 
     async def progress(self, closed: int) -> bool:
-        """Record ``PROGRESS(closed)`` in the current segment (docs/format/segment.md §2) when the
-        closed timestamp moved past the last one recorded; it rides with the next flush."""
+        """Record ``PROGRESS(closed)`` in the current segment (docs/format/segment.md §2) when
+        batches arrived since the last one recorded; it rides with the next flush."""
         seg = self.store._current.get((self.table_id, self.pid))
-        if seg is None or closed <= seg.wal.closed_ts:
-            return False
+        if seg is None or closed <= seg.wal.closed_ts or (seg.max_ts or 0) <= seg.wal.closed_ts:
+            return False  # nothing new since the last record: an idle partition writes nothing
         async with self.lock:  # ordered with the partition's batches
             task = asyncio.ensure_future(seg.append_record(Kind.PROGRESS, U64.pack(closed), lazy=True))
             await asyncio.sleep(0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 
-from rowstore.hlc import HybridClock
+from rowstore.hlc import HybridClock, ts_from_ms
 
 
 class Timeline:
@@ -42,7 +42,14 @@ class Timeline:
 
     @property
     def closed(self) -> int:
-        return self._heap[0] - 1 if self._heap else self.clock.last
+        """Just below the oldest batch in flight; with none, the present (an idle node's closed
+        timestamp keeps up with the clock, so reads at it never fall behind the retention
+        horizon): the clock observes it, so every later batch gets a larger timestamp."""
+        if self._heap:
+            return self._heap[0] - 1
+        now = max(self.clock.last, ts_from_ms(self.clock.now_ms()) - 1)
+        self.clock.observe(now)
+        return now
 
     @property
     def in_flight(self) -> int:
