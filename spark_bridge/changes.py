@@ -20,7 +20,7 @@ from rowstore.schema import SchemaVersion
 from spark_bridge.errors import BridgeError
 from spark_bridge.options import Options
 from spark_bridge.remote import Remote
-from spark_bridge.types import spark_arrow_schema, to_spark_batch
+from spark_bridge.types import select_columns, spark_arrow_schema, to_spark_batch
 
 FEED_FIELDS = [StructField("commit_ts", LongType(), False), StructField("op", StringType(), False)]
 _COLUMN_ID = b"terrascale.column_id"
@@ -45,18 +45,19 @@ def read_changes(opts: Options, pinned_json: str, schema: StructType, after: int
     read started, matched by column id (renamed columns follow, dropped ones are null, ones
     added since are left out) — then commit_ts and op."""
     pinned = SchemaVersion.from_json(pinned_json)
+    keep = select_columns(pinned, opts.columns)
     with Remote(opts) as r:
         t = r.changes(after, upto)
     if t.num_rows == 0:
         return
     by_id = {int(f.metadata[_COLUMN_ID]): i for i, f in enumerate(t.schema) if f.metadata and _COLUMN_ID in f.metadata}
     cols = []
-    for c in pinned.columns:
+    for c in keep:
         i = by_id.get(c.id)
         cols.append(t.column(i) if i is not None else pa.nulls(t.num_rows, c.type.arrow()))
     cols += [t.column("commit_ts"), t.column("op")]
-    table = pa.Table.from_arrays(cols, names=[c.name for c in pinned.columns] + ["commit_ts", "op"])
-    kinds = [c.type for c in pinned.columns]
+    table = pa.Table.from_arrays(cols, names=[c.name for c in keep] + ["commit_ts", "op"])
+    kinds = [c.type for c in keep]
     arrow = spark_arrow_schema(schema)
     for b in table.to_batches(max_chunksize=65_536):
         yield to_spark_batch(b, kinds, arrow)

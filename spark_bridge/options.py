@@ -25,6 +25,7 @@ class Options:
     token: str | None = None
     as_of: int | None = None
     sealed_only: bool = False
+    columns: tuple[str, ...] | None = None  # read only these, in this order
     where: list | None = None  # [[col, op, value], ...] as the HTTP API takes them
     bbox: dict | None = None
     key_file: str | None = None
@@ -39,7 +40,7 @@ class Options:
     @classmethod
     def parse(cls, raw) -> "Options":
         o = {str(k).lower(): v for k, v in dict(raw).items()}
-        known = {"endpoint", "table", "token", "as_of", "sealed_only", "where", "bbox", "key_file", "objects",
+        known = {"endpoint", "table", "token", "as_of", "sealed_only", "columns", "where", "bbox", "key_file", "objects",
                  "lease_s", "timeout_s", "batch_rows", "change_feed", "after", "starting_ts", "path"}
         unknown = sorted(set(o) - known)
         if unknown:
@@ -53,7 +54,7 @@ class Options:
             raise OptionError("option table: name the table to read or write (.option('table', NAME))")
         return cls(
             endpoint=endpoint.rstrip("/"), table=table, token=o.get("token") or os.environ.get("TERRASCALE_TOKEN"),
-            as_of=_int(o, "as_of"), sealed_only=_bool(o, "sealed_only", False),
+            as_of=_int(o, "as_of"), sealed_only=_bool(o, "sealed_only", False), columns=_columns(o.get("columns")),
             where=parse_where(o["where"]) if o.get("where") else None,
             bbox=parse_bbox(o["bbox"]) if o.get("bbox") else None,
             key_file=o.get("key_file") or None, objects=o.get("objects") or None,
@@ -151,6 +152,15 @@ def _seconds(o: dict, key: str, default: float, most: float) -> float:
     if not 0 < s <= most:
         raise OptionError(f"option {key}: seconds in (0, {most:g}], not {v!r}")
     return s
+
+
+def _columns(v) -> tuple[str, ...] | None:
+    if v is None or v == "":
+        return None
+    names = tuple(x.strip() for x in str(v).split(","))
+    if not all(names) or len({n.lower() for n in names}) != len(names):
+        raise OptionError(f"option columns: distinct column names separated by commas, not {v!r}")
+    return names
 
 
 def _starting(v) -> str | int:

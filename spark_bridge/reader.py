@@ -16,7 +16,7 @@ from spark_bridge.errors import BridgeError
 from spark_bridge.lease import LeaseKeeper
 from spark_bridge.options import Options
 from spark_bridge.remote import Remote
-from spark_bridge.types import spark_arrow_schema, to_spark_batch
+from spark_bridge.types import decoding_schema, select_columns, spark_arrow_schema, to_spark_batch
 
 
 @dataclass
@@ -72,29 +72,34 @@ class TerrascaleReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         target = SchemaVersion.from_json(self.target_json)
-        kinds = [c.type for c in target.columns]
+        keep = select_columns(target, self.opts.columns)
+        names, kinds = [c.name for c in keep], [c.type for c in keep]
         arrow = spark_arrow_schema(self.schema)
         if isinstance(partition, SegmentPartition):
-            source = self._segment(partition.slice, target)
+            source = self._segment(partition.slice, target, keep)
         elif isinstance(partition, TailPartition):
             source = self._tail_rows(partition.partition)
         else:
             return  # an empty plan: Spark still runs one task
         for b in source:
             if b.num_rows:
-                yield to_spark_batch(b, kinds, arrow)
+                yield to_spark_batch(b.select(names), kinds, arrow)
 
     def _tail_rows(self, partition: int) -> Iterator[pa.RecordBatch]:
         with Remote(self.opts) as r:
             t = r.tail(partition, self.as_of, self.opts.where, self.opts.bbox, self.sealed_segids)
         yield from t.to_batches(max_chunksize=65_536)
 
-    def _segment(self, slice_json: dict, target: SchemaVersion) -> Iterator[pa.RecordBatch]:
+    def _segment(self, slice_json: dict, target: SchemaVersion, keep: list) -> Iterator[pa.RecordBatch]:
         with LeaseKeeper(self.opts, self.lease) as keeper:  # first, before the slow imports below
             from rowstore.external import SegmentSlice, read_segment, schemas_lookup  # noqa: PLC0415 (numba)
             from rowstore.query import parse_bbox, parse_where  # noqa: PLC0415
 
             schemas = schemas_lookup([SchemaVersion.from_json(v) for v in self.versions_json])
+            # decode only the columns read and the ones the predicates need
+            used = [target.by_name(t[0]) for t in self.opts.where or ()]
+            used += [target.by_name(self.opts.bbox["column"])] if self.opts.bbox else []
+            target = decoding_schema(target, keep + [c for c in used if c is not None])
             terms, box = parse_where(target, self.opts.where), parse_bbox(target, self.opts.bbox)
             kek = None
             if self.encrypted:

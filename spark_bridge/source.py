@@ -16,7 +16,7 @@ from spark_bridge.errors import BridgeError, OptionError
 from spark_bridge.options import Options
 from spark_bridge.reader import TerrascaleReader
 from spark_bridge.remote import Remote
-from spark_bridge.types import spark_schema
+from spark_bridge.types import select_columns, spark_schema
 from spark_bridge.writer import TerrascaleWriter
 
 
@@ -39,10 +39,11 @@ class TerrascaleDataSource(DataSource):
             snap = r.snapshot(opts.as_of)
         self.pinned = (snap["as_of"], snap["schema"])
         table = SchemaVersion.from_json(snap["schema"])
+        columns = select_columns(table, opts.columns, f"table {opts.table!r}")
         if opts.change_feed:
             check_feed_columns(table, opts.table)
-            return spark_schema(table, FEED_FIELDS)
-        return spark_schema(table)
+            return spark_schema(table, FEED_FIELDS, columns)
+        return spark_schema(table, columns=columns)
 
     def reader(self, schema: StructType):
         opts = self._opts()
@@ -55,7 +56,8 @@ class TerrascaleDataSource(DataSource):
             with Remote(opts) as r:
                 snap = r.snapshot(opts.as_of)
             T, text = snap["as_of"], snap["schema"]
-            if spark_schema(SchemaVersion.from_json(text)) != schema:
+            table = SchemaVersion.from_json(text)
+            if spark_schema(table, columns=select_columns(table, opts.columns, f"table {opts.table!r}")) != schema:
                 raise BridgeError(f"the schema given with .schema(...) is not table {opts.table!r}'s schema at {T}; "
                                   f"leave it out (the bridge derives it)")
         return TerrascaleReader(opts, schema, T, text)

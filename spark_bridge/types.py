@@ -13,6 +13,8 @@ a Python loop over rows. :func:`to_table_batch` goes the other way for writes.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,7 +23,7 @@ from pyspark.sql.types import (
     LongType, ShortType, StringType, StructField, StructType, TimestampType,
 )
 
-from rowstore.schema import SchemaVersion
+from rowstore.schema import Column, SchemaVersion
 from rowstore.types import ColumnType, Kind
 from spark_bridge.errors import BridgeError
 
@@ -55,10 +57,34 @@ def spark_type(t: ColumnType) -> DataType:
                        StructField("upper_inclusive", BooleanType())])
 
 
-def spark_schema(schema: SchemaVersion, extra: list[StructField] = ()) -> StructType:
-    """The Spark schema of a table's columns at one schema version (plus ``extra`` fields)."""
+def spark_schema(schema: SchemaVersion, extra: list[StructField] = (), columns: list[Column] | None = None
+                 ) -> StructType:
+    """The Spark schema of a table's columns at one schema version (or of ``columns`` of it),
+    plus ``extra`` fields."""
     return StructType([StructField(c.name, spark_type(c.type), c.nullable, {TYPE_KEY: str(c.type)})
-                       for c in schema.columns] + list(extra))
+                       for c in (schema.columns if columns is None else columns)] + list(extra))
+
+
+def select_columns(schema: SchemaVersion, names, table: str = "the table") -> list[Column]:
+    """The columns ``names`` (matched case-insensitively, as Spark does) in that order; all
+    of them for None. An unknown name is a :class:`BridgeError` listing the columns."""
+    if names is None:
+        return list(schema.columns)
+    out = []
+    for n in names:
+        col = next((c for c in schema.columns if c.name.lower() == n.lower()), None)
+        if col is None:
+            raise BridgeError(f"option columns: {table} has no column {n!r} at this snapshot "
+                              f"(its columns: {', '.join(c.name for c in schema.columns)})")
+        out.append(col)
+    return out
+
+
+def decoding_schema(schema: SchemaVersion, keep: list[Column]) -> SchemaVersion:
+    """``schema`` narrowed to ``keep`` plus the primary key (rows decode by column id, and a
+    column the target lacks is skipped: fewer columns, less decoding)."""
+    ids = {c.id for c in keep} | {schema.primary_key}
+    return replace(schema, columns=tuple(c for c in schema.columns if c.id in ids))
 
 
 def spark_arrow_schema(schema: StructType) -> pa.Schema:

@@ -26,7 +26,7 @@ def api_rows(t: pa.Table, key: str) -> list[dict]:
     out = []
     for row in t.to_pylist():
         out.append({k: _spark_value(t.schema.field(k), v) for k, v in row.items()})
-    return sorted(out, key=lambda r: r[key])
+    return sorted(out, key=lambda r: (r[key] is None, r[key]))
 
 
 def _spark_value(field: pa.Field, v):

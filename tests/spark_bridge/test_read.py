@@ -196,3 +196,18 @@ def test_bad_options_fail_with_one_line_naming_the_option(spark, node, history):
 def test_json_column_is_its_text(spark, node, history):
     row = read(spark, node, as_of=history["updated"]).where("id = 600").collect()[0]
     assert row["j"] is None or json.loads(row["j"]) == {"k": 600, "v": [2, None, "x"]}
+
+
+def test_columns_option_reads_only_those_columns(spark, node, history):
+    c = node.client()
+    as_of = history["evolved"]
+    df = read(spark, node, as_of=as_of, columns="u64, LABEL,loc", where="i32 > 0", bbox="loc:-5,-5,5,5")
+    assert df.columns == ["u64", "label", "loc"]  # the option's order, the table's spelling
+    got = sorted(df.toArrow().to_pylist(), key=lambda r: (r["label"] or "", str(r["u64"])))
+    want = api_rows(c.query("all", where=[["i32", ">", 0]], bbox={"column": "loc", "xmin": -5, "ymin": -5,
+                                                                   "xmax": 5, "ymax": 5}, as_of=as_of,
+                            columns=["u64", "label", "loc"], limit=ALL), "label")
+    assert got == sorted(want, key=lambda r: (r["label"] or "", str(r["u64"]))) and len(got) > 100
+    with pytest.raises(Exception, match="has no column 'nope'"):
+        read(spark, node, columns="id,nope")
+    c.close()

@@ -110,15 +110,14 @@ def test_stream_keeps_its_columns_across_schema_changes_and_the_feed_as_a_batch_
     assert stream.schema["commit_ts"].dataType.simpleString() == "bigint" and not stream.schema["op"].nullable
     # matched by column id: the renamed column keeps its values, the added one is left out
     assert got[0] == {"id": 5000, "v": 1.0, "name": "renamed", "commit_ts": upto, "op": "upsert"}
-    assert got[1]["op"] == "delete" and got[1]["commit_ts"] == end and len(got) == 2
+    assert got[1] == {"id": 5000, "v": None, "name": None, "commit_ts": end, "op": "delete"} and len(got) == 2
 
     batch = (spark.read.format("terrascale").option("endpoint", node.base).option("table", "feed")
              .option("change_feed", "true").option("after", after).option("as_of", end).load())
     assert batch.columns == ["id", "v", "label", "extra", "commit_ts", "op"]  # the schema at as_of
     rows = [r.asDict() for r in batch.collect()]
     assert rows == [{"id": 5000, "v": 1.0, "label": "renamed", "extra": 3, "commit_ts": upto, "op": "upsert"},
-                    {"id": 5000, "v": None, "label": None, "extra": None, "commit_ts": end, "op": "delete"}] or \
-        [(r["commit_ts"], r["op"]) for r in rows] == [(upto, "upsert"), (end, "delete")]
+                    {"id": 5000, "v": None, "label": None, "extra": None, "commit_ts": end, "op": "delete"}]
     with pytest.raises(Exception, match="change_feed"):
         spark.readStream.format("terrascale").option("endpoint", node.base).option("table", "feed").load() \
             .writeStream.format("console").start().awaitTermination(10)
