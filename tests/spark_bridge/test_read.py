@@ -211,3 +211,11 @@ def test_columns_option_reads_only_those_columns(spark, node, history):
     with pytest.raises(Exception, match="has no column 'nope'"):
         read(spark, node, columns="id,nope")
     c.close()
+
+
+def test_an_empty_table_reads_as_no_rows_with_its_schema(spark, node):
+    c = node.client()
+    c.create_table("empty", [{"name": "id", "type": "string"}, {"name": "u", "type": "uuid"}], "id")
+    df = spark.read.format("terrascale").option("endpoint", node.base).option("table", "empty").load()
+    assert df.count() == 0 and df.columns == ["id", "u"] and df.toArrow().num_rows == 0
+    c.close()

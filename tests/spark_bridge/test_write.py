@@ -131,3 +131,16 @@ def test_overwrite_and_unknown_columns_are_refused(spark, node):
     with pytest.raises((PySparkException, Py4JJavaError)) as e:
         wrong.write.format("terrascale").option("endpoint", node.base).option("table", "dst").mode("append").save()
     assert "column 'u8'" in str(e.value)
+
+
+def test_spark_refuses_the_other_save_modes_before_writing(spark, node):
+    """pyspark allows only append and overwrite for a Python data source: the default mode
+    (errorifexists) and ignore fail with Spark's own error, and nothing is written."""
+    from pyspark.errors import AnalysisException
+
+    df = spark.createDataFrame([(900_001, 1)], "id long, v long")
+    w = df.write.format("terrascale").option("endpoint", node.base).option("table", "kv")
+    for mode in ("errorifexists", "ignore"):
+        with pytest.raises(AnalysisException, match="UNSUPPORTED_DATA_SOURCE_SAVE_MODE"):
+            w.mode(mode).save()
+    assert node.client().get("kv", 900_001) is None
