@@ -41,18 +41,24 @@ def add_bridge_routes(api, router) -> None:
 
 
 async def snapshot(api, request):
-    """The read timestamp T (the closed timestamp, or ``as_of`` once closed) and the table's
-    schema at T: what a reader pins before planning (the Spark bridge's ``load()``)."""
+    """The read timestamp T (the closed timestamp, or ``as_of`` once closed), the table's
+    schema at T, and ``changed_ts``: the newest commit of the table's rows at or below T (a
+    change feed's offset moves only when the table changes, not with an idle clock)."""
     as_of = _as_of_param(request)
     T = await api.db.snapshot(as_of)
-    if as_of is None and T < api.db.horizon():
-        # An idle node's closed timestamp is its last commit's; once that is older than the
-        # retention it could no longer be read. With nothing in flight, a fresh timestamp is
-        # closed as well (every later commit gets a larger one).
-        await api.db.clock.now()
-        T = await api.db.snapshot(None)
     d = await api.db.describe(request.match_info["table"], T)
-    return web.json_response({"as_of": T, "table": d.name, "table_id": d.table_id, "schema": d.schema.to_json()})
+    return web.json_response({"as_of": T, "table": d.name, "table_id": d.table_id, "schema": d.schema.to_json(),
+                              "changed_ts": await _changed_ts(api.db, d.table_id, T)})
+
+
+async def _changed_ts(db, table_id: str, T: int) -> int:
+    """min(T, the newest commit_ts of the table's segments): every commit of the table at or
+    below T is at or below it (segments are the only place rows are committed to)."""
+    newest = 0
+    for rec in await db.store.list(table=table_id):
+        seg = db.store.active.get(rec.segid)
+        newest = max(newest, (seg.max_ts or 0) if seg is not None else rec.max_ts)
+    return min(T, newest)
 
 
 async def plan(api, request):

@@ -1,9 +1,10 @@
 """The change feed (``option("change_feed", "true")``): every row change committed in a
 timestamp interval, in commit order, with ``commit_ts`` and ``op`` ("upsert" or "delete").
 
-As a stream (``spark.readStream``) the offsets are closed commit timestamps ``{"ts": T}``:
-each micro-batch reads the changes in (previous offset, new offset]. Below a closed
-timestamp nothing can still appear, so re-reading an interval after a restart returns
+As a stream (``spark.readStream``) the offsets are closed commit timestamps ``{"ts": T}``
+(the newest commit of the table at or below the closed timestamp): each micro-batch reads
+the changes in (previous offset, new offset]. At or below a closed timestamp nothing can
+still appear, so re-reading an interval after a restart returns
 exactly the same rows — that, and Spark's offset log in the checkpoint, make the feed
 exactly once. As a batch read, ``after`` and ``as_of`` bound the interval.
 """
@@ -85,22 +86,26 @@ class ChangeFeedStream(DataSourceStreamReader):
     def __init__(self, opts: Options, schema: StructType, pinned_json: str):
         self.opts, self.schema, self.pinned_json = opts, schema, pinned_json
 
-    def _closed(self) -> int:
+    def _latest(self) -> int:
+        """The newest closed commit of the table: the closed timestamp keeps up with the clock
+        on an idle node, and an offset that moved without changes would make Spark run an
+        empty micro-batch at every trigger."""
         with Remote(self.opts) as r:
-            return r.snapshot(None)["as_of"]
+            return r.snapshot(None)["changed_ts"]
 
     def initialOffset(self) -> dict:
         s = self.opts.starting_ts
         if s == "earliest":
             return {"ts": 0}
         if s == "latest":
-            return {"ts": self._closed()}
+            with Remote(self.opts) as r:
+                return {"ts": r.snapshot(None)["as_of"]}
         return {"ts": int(s)}
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
-        # A closed timestamp never moves back; the max guards against a node whose clock is
-        # behind the one that answered before (another node of a cluster, say).
-        return {"ts": max(self._closed(), int(start["ts"]) if start else 0)}
+        # Offsets never move back (the max guards against a node whose clock is behind the
+        # one that answered before: another node of a cluster, say).
+        return {"ts": max(self._latest(), int(start["ts"]) if start else 0)}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         a, b = int(start["ts"]), int(end["ts"])

@@ -103,3 +103,26 @@ def test_leases_renewed_by_many_tasks_at_once_and_refused_once_expired(node):
         with LeaseKeeper(Options.parse({"endpoint": node.base, "table": "l"}), short):
             pass
     c.close()
+
+
+def test_the_feeds_offset_moves_with_commits_not_with_the_clock(node):
+    """An idle node's closed timestamp keeps up with the clock; the stream's latest offset is
+    the newest closed commit of the table, so an idle table gives Spark no new micro-batch."""
+    from pyspark.sql.types import StructType
+
+    from spark_bridge.changes import ChangeFeedStream
+
+    c = node.client()
+    c.create_table("idle", [{"name": "id", "type": "int64"}], "id")
+    feed = ChangeFeedStream(Options.parse({"endpoint": node.base, "table": "idle", "change_feed": "true"}),
+                            StructType(), "")
+    assert feed.latestOffset({"ts": 0}) == {"ts": 0}  # no commit yet
+    ts = c.upsert("idle", [{"id": 1}])["commit_ts"]
+    first = feed.latestOffset({"ts": 0})
+    assert first == {"ts": ts}
+    time.sleep(0.2)
+    assert c._call("GET", "/v1/tables/idle/snapshot")["as_of"] > ts  # the closed timestamp moved on
+    assert feed.latestOffset(first) == first  # idle: the clock moved, the offset did not
+    ts2 = c.delete("idle", [1])["commit_ts"]
+    assert feed.latestOffset(first) == {"ts": ts2}
+    c.close()
