@@ -40,8 +40,8 @@ class Options:
     @classmethod
     def parse(cls, raw) -> "Options":
         o = {str(k).lower(): v for k, v in dict(raw).items()}
-        known = {"endpoint", "table", "token", "as_of", "sealed_only", "columns", "where", "bbox", "key_file", "objects",
-                 "lease_s", "timeout_s", "batch_rows", "change_feed", "after", "starting_ts", "path"}
+        known = {"endpoint", "table", "token", "as_of", "sealed_only", "columns", "where", "bbox", "key_file",
+                 "objects", "lease_s", "timeout_s", "batch_rows", "change_feed", "after", "starting_ts", "path"}
         unknown = sorted(set(o) - known)
         if unknown:
             raise OptionError(f"unknown option(s) {', '.join(unknown)}; "

@@ -39,12 +39,9 @@ class TerrascaleReader(DataSourceReader):
     needs is kept on ``self`` (it is shipped with each task), the bitmaps travel in the
     partitions."""
 
-    def __init__(self, opts: Options, schema: StructType, as_of: int | None, pinned_schema: str | None):
+    def __init__(self, opts: Options, schema: StructType, as_of: int, pinned_schema: str):
         self.opts, self.schema = opts, schema
         with Remote(opts) as r:
-            if as_of is None:  # the user passed .schema(): nothing was pinned at load()
-                snap = r.snapshot(opts.as_of)
-                as_of, pinned_schema = snap["as_of"], snap["schema"]
             plan = r.plan(as_of, opts.where, opts.bbox, opts.sealed_only, opts.lease_s)
         if plan["schema"] != pinned_schema:
             raise BridgeError(f"table {opts.table!r}: the plan's schema at {as_of} is not the one load() saw")

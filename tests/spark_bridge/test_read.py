@@ -219,3 +219,16 @@ def test_an_empty_table_reads_as_no_rows_with_its_schema(spark, node):
     df = spark.read.format("terrascale").option("endpoint", node.base).option("table", "empty").load()
     assert df.count() == 0 and df.columns == ["id", "u"] and df.toArrow().num_rows == 0
     c.close()
+
+
+def test_a_schema_given_with_dot_schema_must_be_the_tables(spark, node, history):
+    right = read(spark, node, as_of=history["updated"]).schema
+    df = (spark.read.format("terrascale").schema(right).option("endpoint", node.base).option("table", "all")
+          .option("as_of", str(history["updated"])).load())
+    c = node.client()
+    assert spark_rows(df, "id") == api_rows(c.query("all", as_of=history["updated"], limit=ALL), "id")
+    c.close()
+    wrong = (spark.read.format("terrascale").schema("id long, i8 byte").option("endpoint", node.base)
+             .option("table", "all").load())
+    with pytest.raises(Exception, match="leave it out"):
+        wrong.count()
