@@ -50,6 +50,12 @@ class InProcessNode:
         except BaseException as e:  # noqa: BLE001 - reported to start()
             failed.append(e)
             ready.set()
+        finally:  # as asyncio.run does: cancel what is left, then close the generators
+            left = asyncio.all_tasks(self._loop)
+            for t in left:
+                t.cancel()
+            self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
 
     async def _serve(self, ready: threading.Event) -> None:
         cfg = load(str(self.files.config))
