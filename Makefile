@@ -26,8 +26,9 @@ run: $(STAMP)
 	$(VENV)/bin/terrascale node run --data-dir ./data --listen 127.0.0.1:7400
 
 # The tour: a 3-node cluster on loopback (ports 7500-7521, data in ./demo-cluster, removed
-# and re-created each run), ingest with a progress bar, seal/offload, queries, time travel.
-demo: $(STAMP)
+# and re-created each run), ingest with a progress bar, seal/offload, queries, time travel,
+# and a Spark job over the offloaded segments.
+demo: $(STAMP) java17
 	$(PY) -m node.demo
 
 # Spark (spark_bridge, its tests) needs a Java 17 runtime: install it when missing.
