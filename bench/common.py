@@ -39,8 +39,13 @@ def print_table(title: str, results: list[Result]) -> None:
     print("| workload | ours | peer | peer value | ratio | target |")
     print("| --- | ---: | --- | ---: | ---: | --- |")
     for r in results:
-        print(f"| {r.workload} | {r.ours:,.0f} {r.unit} | {r.peer_name} | {r.peer:,.0f} {r.unit} "
+        print(f"| {r.workload} | {_num(r.ours)} {r.unit} | {r.peer_name} | {_num(r.peer)} {r.unit} "
               f"| {r.ratio:.2f}x | {r.target} |")
+
+
+def _num(v: float) -> str:
+    """Thousands separators; decimals only where the value is small enough to need them."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.2f}"
 
 
 def write_json(name: str, results: list[Result]) -> str:
