@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from catalog.abc import Check, Op, Put, TxnResult
 from catalog.errors import CatalogConfigError, CatalogCorruptionError, CatalogUnavailableError
+from catalog.fsutil import fsync_dir
 from catalog.logfile import (
     BadRecord,
     LogRecord,
@@ -30,14 +31,6 @@ from catalog.state import CatalogState, validate_txn
 log = logging.getLogger("catalog.local")
 _SNAP = re.compile(r"^snap-([0-9a-f]{16})\.trkv$")
 _LOG = re.compile(r"^log-([0-9a-f]{16})\.trkv$")
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass
@@ -183,7 +176,7 @@ class LocalCatalog(StateReads):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o640)
         os.write(fd, encode_log_header(base))
         os.fsync(fd)
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         if self._log_fd >= 0:
             os.close(self._log_fd)
         self._log_fd, self._log_name, self._log_size = fd, name, os.fstat(fd).st_size
@@ -271,11 +264,11 @@ class LocalCatalog(StateReads):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, os.path.join(self.path, name))
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         self._new_log(rev)
         for n in os.listdir(self.path):  # every other file holds only revisions <= rev
             if (_SNAP.match(n) and n != name) or (_LOG.match(n) and n != self._log_name):
                 os.unlink(os.path.join(self.path, n))
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         log.info("event=catalog_snapshot revision=%d bytes=%d", rev, len(raw))
 

@@ -16,6 +16,7 @@ from crc32c import crc32c
 from pysyncobj.journal import Journal
 
 from catalog.errors import CatalogCorruptionError
+from catalog.fsutil import fsync_dir
 
 log = logging.getLogger("catalog.raft")
 
@@ -35,14 +36,6 @@ _JOURNAL = re.compile(r"^journal-([0-9a-f]{16})\.trj$")
 
 class JournalError(Exception):
     """Raised when a journal write or fsync fails: the replica must stop."""
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def atomic_write(path: str, data: bytes) -> None:

@@ -13,6 +13,7 @@ import errno
 import os
 import uuid
 
+from catalog.fsutil import fsync_dir
 from terrafs.abc import BlockDevice, DeviceFile, ObjectInfo, ObjectStore, check_name
 from terrafs.errors import (
     AlreadyExistsError,
@@ -23,15 +24,6 @@ from terrafs.errors import (
 )
 
 _TMP_DIR = ".tmp"  # object-store staging; never listed
-
-
-def fsync_dir(path: str) -> None:
-    """fsync a directory so a create/rename/delete in it survives power loss."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _fdatasync(fd: int) -> None:
