@@ -39,10 +39,10 @@ DECIDED = 1 << 63  # txn ids with this bit are decided in the catalog (RFC 0003;
 def batch_bytes(txn: int, commit_ts: int, nrows: int, rows: np.ndarray, commit: bool = True) -> tuple[bytes, int]:
     """``BATCH`` (+ ``COMMIT`` unless a prepare) for one append; also the offset of the first row."""
     head = BATCH_HEAD.pack(txn, commit_ts, nrows)
-    out = REC.pack(int(Kind.BATCH), 0, 0, len(head) + rows.shape[0]) + head + rows.tobytes()
+    parts = [REC.pack(int(Kind.BATCH), 0, 0, len(head) + rows.shape[0]), head, memoryview(np.ascontiguousarray(rows))]
     if commit:
-        out += commit_bytes(txn)
-    return out, REC.size + BATCH_HEAD.size
+        parts.append(commit_bytes(txn))
+    return b"".join(parts), REC.size + BATCH_HEAD.size  # the rows are copied once
 
 
 def commit_bytes(txn: int) -> bytes:
