@@ -794,7 +794,9 @@ def _distinct(keys: np.ndarray) -> bool:
 
 
 def _partition_order(pids: np.ndarray) -> np.ndarray:
-    return np.argsort(pids, kind="stable")
+    """Rows grouped by partition, in batch order within each (≤ 256 partitions: a uint8 key
+    lets numpy's stable sort use its radix sort, ~7x faster)."""
+    return np.argsort(pids.astype(np.uint8) if pids.max(initial=0) < 256 else pids, kind="stable")
 
 
 def _split(batch, keys, deleted, pids):
