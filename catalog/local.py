@@ -7,7 +7,6 @@ group's records are fdatasync'd. One process may open a directory (flock).
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import os
 import re
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 
 from catalog.abc import Check, Op, Put, TxnResult
 from catalog.errors import CatalogConfigError, CatalogCorruptionError, CatalogUnavailableError
-from catalog.fsutil import fsync_dir
+from catalog.fsutil import fsync_dir, lock_dir
 from catalog.logfile import (
     BadRecord,
     LogRecord,
@@ -81,13 +80,7 @@ class LocalCatalog(StateReads):
     def _open_sync(self) -> None:
         if self.read_only and not os.path.isdir(self.path):
             raise CatalogUnavailableError(f"{self.uri}: no catalog directory")
-        os.makedirs(self.path, exist_ok=True)
-        fd = os.open(os.path.join(self.path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o640)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise CatalogUnavailableError(f"{self.uri} is open in another process (LOCK is held)") from None
+        fd = lock_dir(self.path, f"{self.uri} is open in another process (LOCK is held)")
         try:
             self._recover()
         except BaseException:

@@ -41,17 +41,44 @@ def decode_log_header(buf: bytes, where: str) -> int:
     return base
 
 
-def encode_record(rec: LogRecord) -> bytes:
-    rid = (rec.request_id or "").encode()
-    p = bytearray(struct.pack("<QH", rec.revision, len(rid)) + rid + struct.pack("<H", len(rec.ops)))
-    for op in rec.ops:
+def encode_ops(ops) -> bytes:
+    """u16 count, then per op: u8 kind, u16 key length, key, (Put) u32 value length, value.
+    Shared by the log records and the Raft entries (docs/format/catalog-log.md)."""
+    p = bytearray(struct.pack("<H", len(ops)))
+    for op in ops:
         kb = op.key.encode()
         if isinstance(op, Put):
-            p += struct.pack("<BH", _PUT, len(kb)) + kb + struct.pack("<I", len(op.value)) + op.value
+            p += struct.pack("<BH", _PUT, len(kb)) + kb + struct.pack("<I", len(op.value)) + bytes(op.value)
         else:
             p += struct.pack("<BH", _DEL, len(kb)) + kb
-    head = struct.pack("<III", REC_MAGIC, len(p), crc32c(bytes(p)))
-    return head + struct.pack("<I", crc32c(head)) + bytes(p)
+    return bytes(p)
+
+
+def decode_ops(p: bytes, pos: int) -> tuple[list[Op], int]:
+    """The ops encoded at ``pos`` and the position after them; ValueError/struct.error if bad."""
+    (n,) = struct.unpack_from("<H", p, pos)
+    pos += 2
+    ops: list[Op] = []
+    for _ in range(n):
+        kind, kl = struct.unpack_from("<BH", p, pos)
+        key = p[pos + 3 : pos + 3 + kl].decode()
+        pos += 3 + kl
+        if kind == _PUT:
+            (vl,) = struct.unpack_from("<I", p, pos)
+            ops.append(Put(key, p[pos + 4 : pos + 4 + vl]))
+            pos += 4 + vl
+        elif kind == _DEL:
+            ops.append(Delete(key))
+        else:
+            raise ValueError(f"unknown op kind {kind}")
+    return ops, pos
+
+
+def encode_record(rec: LogRecord) -> bytes:
+    rid = (rec.request_id or "").encode()
+    p = struct.pack("<QH", rec.revision, len(rid)) + rid + encode_ops(rec.ops)
+    head = struct.pack("<III", REC_MAGIC, len(p), crc32c(p))
+    return head + struct.pack("<I", crc32c(head)) + p
 
 
 class BadRecord(Exception):
@@ -84,22 +111,7 @@ def decode_record(buf: bytes, pos: int) -> tuple[LogRecord, int]:
 def _parse_payload(p: bytes) -> LogRecord:
     rev, rl = struct.unpack_from("<QH", p, 0)
     rid = p[10 : 10 + rl].decode() or None
-    pos = 10 + rl
-    (n,) = struct.unpack_from("<H", p, pos)
-    pos += 2
-    ops: list[Op] = []
-    for _ in range(n):
-        kind, kl = struct.unpack_from("<BH", p, pos)
-        key = p[pos + 3 : pos + 3 + kl].decode()
-        pos += 3 + kl
-        if kind == _PUT:
-            (vl,) = struct.unpack_from("<I", p, pos)
-            ops.append(Put(key, p[pos + 4 : pos + 4 + vl]))
-            pos += 4 + vl
-        elif kind == _DEL:
-            ops.append(Delete(key))
-        else:
-            raise ValueError(f"unknown op kind {kind}")
+    ops, pos = decode_ops(p, 10 + rl)
     if pos != len(p):
         raise ValueError("trailing bytes in record")
     return LogRecord(rev, rid, tuple(ops))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import fcntl
 import logging
 import os
 import time
@@ -26,6 +25,7 @@ from catalog.errors import (
     CatalogUnavailableError,
     InvalidTransactionError,
 )
+from catalog.fsutil import lock_dir
 from catalog.raft.journal import decode_dump
 from catalog.raft.replica import BARRIER, MAX_ENTRY_BYTES, EntryError, Replica, encode_group, encode_txn
 from catalog.state import validate_txn
@@ -118,13 +118,7 @@ class RaftCatalog(Catalog):
         await asyncio.to_thread(self._open_sync)
 
     def _open_sync(self) -> None:
-        os.makedirs(self.path, exist_ok=True)
-        fd = os.open(os.path.join(self.path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o640)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise CatalogUnavailableError(f"{self.uri}: {self.path} is open in another process") from None
+        fd = lock_dir(self.path, f"{self.uri}: {self.path} is open in another process")
         try:
             dump = os.path.join(self.path, "dump.trd")
             if os.path.exists(dump):  # refuse a damaged dump here, before pysyncobj half-loads it

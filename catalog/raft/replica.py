@@ -23,8 +23,9 @@ from pysyncobj.journal import Journal
 from pysyncobj.node import TCPNode
 from pysyncobj.pipe_notifier import PipeNotifier
 
-from catalog.abc import Check, Delete, Put, TxnResult
+from catalog.abc import Check, TxnResult
 from catalog.errors import CatalogCorruptionError
+from catalog.logfile import decode_ops, encode_ops
 from catalog.raft.journal import DurableJournal, JournalError, decode_dump, encode_dump, fsync_dir
 from catalog.raft.wire import BATCH_BYTES, HardenedTransport, install_plain_pickle, plain_dumps
 from catalog.state import CatalogState, validate_txn
@@ -33,7 +34,6 @@ log = logging.getLogger("catalog.raft")
 
 # Entry payloads (inside pysyncobj's pickled command). Part of the journal format.
 TXN, BARRIER, GROUP = 1, 2, 3
-_PUT, _DEL = 1, 2
 MAX_ENTRY_BYTES = 60 * 1024  # < BATCH_BYTES: pysyncobj's chunked path (broken >= 64 KiB) never runs
 assert MAX_ENTRY_BYTES < BATCH_BYTES
 
@@ -81,14 +81,7 @@ def encode_txn(checks, ops, request_id: str) -> bytes:
     for c in checks:
         kb = c.key.encode()
         out += struct.pack("<H", len(kb)) + kb + struct.pack("<Q", c.version)
-    out += struct.pack("<H", len(ops))
-    for op in ops:
-        kb = op.key.encode()
-        if isinstance(op, Put):
-            out += struct.pack("<BH", _PUT, len(kb)) + kb + struct.pack("<I", len(op.value)) + bytes(op.value)
-        else:
-            out += struct.pack("<BH", _DEL, len(kb)) + kb
-    return bytes(out)
+    return bytes(out) + encode_ops(ops)
 
 
 def decode_txn(p: bytes):
@@ -103,20 +96,7 @@ def decode_txn(p: bytes):
         (ver,) = struct.unpack_from("<Q", p, pos + 2 + kl)
         checks.append(Check(key, ver))
         pos += 10 + kl
-    (n,) = struct.unpack_from("<H", p, pos)
-    pos, ops = pos + 2, []
-    for _ in range(n):
-        kind, kl = struct.unpack_from("<BH", p, pos)
-        key = p[pos + 3:pos + 3 + kl].decode()
-        pos += 3 + kl
-        if kind == _PUT:
-            (vl,) = struct.unpack_from("<I", p, pos)
-            ops.append(Put(key, p[pos + 4:pos + 4 + vl]))
-            pos += 4 + vl
-        elif kind == _DEL:
-            ops.append(Delete(key))
-        else:
-            raise ValueError(f"unknown op kind {kind}")
+    ops, pos = decode_ops(p, pos)
     if pos != len(p):
         raise ValueError("trailing bytes in entry")
     return checks, ops, rid
