@@ -142,18 +142,12 @@ class Api:
             if e.status < 400:
                 raise
             return error(e.status, _HTTP_CODES.get(e.status, "http_error"), e.reason)
-        except RowstoreError as e:
+        except (RowstoreError, CatalogError) as e:
             for cls, status, code in _ERRORS:
                 if isinstance(e, cls):
                     return error(status, code, _one_line(e))
             log.warning("event=request_failed path=%s error=%r", request.path, e)
-            return error(500, "storage_error", _one_line(e))
-        except CatalogError as e:
-            for cls, status, code in _ERRORS:
-                if isinstance(e, cls):
-                    return error(status, code, _one_line(e))
-            log.warning("event=request_failed path=%s error=%r", request.path, e)
-            return error(500, "catalog_error", _one_line(e))
+            return error(500, "storage_error" if isinstance(e, RowstoreError) else "catalog_error", _one_line(e))
         except TerrafsError as e:
             log.warning("event=request_failed path=%s error=%r", request.path, e)
             return error(500, "storage_error", _one_line(e))

@@ -14,24 +14,13 @@ from node.codec import ARROW_STREAM, write_arrow_stream
 
 
 def add_bridge_routes(api, router) -> None:
-    async def h_snapshot(r):
-        return await snapshot(api, r)
+    def bound(handler):  # aiohttp wants coroutine functions, not partials
+        async def run(request):
+            return await handler(api, request)
+        return run
 
-    async def h_plan(r):
-        return await plan(api, r)
-
-    async def h_tail(r):
-        return await tail(api, r)
-
-    async def h_changes(r):
-        return await changes(api, r)
-
-    async def h_renew(r):
-        return await renew(api, r)
-
-    async def h_release(r):
-        return await release(api, r)
-
+    h_snapshot, h_plan, h_tail, h_changes, h_renew, h_release = map(
+        bound, (snapshot, plan, tail, changes, renew, release))
     router.add_get("/v1/tables/{table}/snapshot", h_snapshot)
     router.add_post("/v1/tables/{table}/plan", h_plan)
     router.add_post("/v1/tables/{table}/tail", h_tail)

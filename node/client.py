@@ -62,6 +62,15 @@ def _raise(status: int, body: bytes):
         raise ApiError(status, "http_error", body[:200].decode(errors="replace") or f"HTTP {status}") from None
 
 
+def _headers(token, content_type, accept) -> dict:
+    h = {"Authorization": f"Bearer {token}"} if token else {}
+    if content_type:
+        h["Content-Type"] = content_type
+    if accept:
+        h["Accept"] = accept
+    return h
+
+
 def _q(**params) -> str:
     p = {k: v for k, v in params.items() if v is not None}
     return "?" + urlencode(p) if p else ""
@@ -128,13 +137,7 @@ class Client:
     def request(self, method: str, path: str, body: bytes | None = None, content_type: str | None = None,
                 accept: str | None = None) -> tuple[int, bytes, dict]:
         """One raw request; returns (status, body, headers) without raising on error statuses."""
-        headers = {}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        if content_type:
-            headers["Content-Type"] = content_type
-        if accept:
-            headers["Accept"] = accept
+        headers = _headers(self.token, content_type, accept)
         with self._lock:
             if self._conn is not None and time.monotonic() - self._last > IDLE_RECONNECT_S:
                 self.close()
@@ -271,13 +274,7 @@ class AsyncClient:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout),
                                                   connector=aiohttp.TCPConnector(limit=self._limit))
-        headers = {}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        if content_type:
-            headers["Content-Type"] = content_type
-        if accept:
-            headers["Accept"] = accept
+        headers = _headers(self.token, content_type, accept)
         try:
             async with self._session.request(method, self.endpoint + path, data=body, headers=headers) as r:
                 return r.status, await r.read(), {k.lower(): v for k, v in r.headers.items()}
