@@ -508,16 +508,7 @@ class Database:
 
     async def _query_part(self, part: Partition, d: TableDef, schemas, T, terms, box, preds,
                           limit: int | None = None) -> pa.RecordBatch:
-        cands = srcs = None
-        for pred in preds:
-            got = part.columns.candidates(pred)
-            if got is None:
-                continue
-            if cands is None:
-                cands, srcs = got
-            else:
-                cands, i, _ = np.intersect1d(cands, got[0], assume_unique=True, return_indices=True)
-                srcs = srcs[i]
+        cands, srcs = _candidates(part, preds)
         if cands is None:  # no index applies: the partition's visible rows, in key order
             return await self._scan_part(part, d, schemas, T, terms, box, limit)
         rows = await fetch(self.store, cands, schemas, d.schema)  # in rowid order, as cands
@@ -560,7 +551,7 @@ class Database:
         by_seg: dict[int, list[np.ndarray]] = {}
         for part in table.parts:
             ids = (await part.index.scan(None, None, T)).rowids
-            cands = _candidates(part, preds)
+            cands, _ = _candidates(part, preds)
             if cands is not None:
                 ids = np.intersect1d(ids, cands, assume_unique=True)
             segs, locs = split_rowids(ids)
@@ -744,9 +735,6 @@ class Database:
     def memtable_bytes(self) -> int:
         return sum(p.mem_bytes for t in self._tables.values() for p in t.parts)
 
-    @property
-    def states(self) -> dict:
-        return {s.value: 0 for s in SegState}
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -818,13 +806,20 @@ def _deleted(deleted, batch) -> np.ndarray:
     return np.zeros(batch.num_rows, bool) if deleted is None else deleted
 
 
-def _candidates(part: Partition, preds) -> np.ndarray | None:
-    cands = None
+def _candidates(part: Partition, preds) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Sorted rowids every usable column index allows, with each one's source run (RFC 0002);
+    (None, None) when no predicate can use an index."""
+    cands = srcs = None
     for pred in preds:
         got = part.columns.candidates(pred)
-        if got is not None:
-            cands = got[0] if cands is None else np.intersect1d(cands, got[0], assume_unique=True)
-    return cands
+        if got is None:
+            continue
+        if cands is None:
+            cands, srcs = got
+        else:
+            cands, i, _ = np.intersect1d(cands, got[0], assume_unique=True, return_indices=True)
+            srcs = srcs[i]
+    return cands, srcs
 
 
 def _has(schemas, v: int) -> bool:

@@ -1,6 +1,7 @@
 """Immutable sorted runs of the primary-key index on TerrascaleFS (docs/format/index-run.md)."""
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections import OrderedDict
 from bisect import bisect_right
@@ -46,15 +47,30 @@ def _fence_key(key, kind: str) -> bytes:
     return struct.pack("<H", len(k)) + k
 
 
-async def run_bytes(run: Run, kind: str, level: int) -> AsyncIterator[bytes]:
-    """Stream a run's file: pages, fence, footer."""
-    pos, fence = 0, [struct.pack("<I", (len(run) + PAGE_ENTRIES - 1) // PAGE_ENTRIES)]
-    for a in range(0, len(run), PAGE_ENTRIES):
-        b = min(a + PAGE_ENTRIES, len(run))
+_CHUNK_PAGES = 512  # pages built per worker-thread hop
+
+
+def _pages(run: Run, first: int, last: int, kind: str, pos: int) -> tuple[bytes, list[bytes], int]:
+    """Pages ``first..last-1`` back to back, their fence entries, and the position after them."""
+    out, fence = [], []
+    for i in range(first, last):
+        a, b = i * PAGE_ENTRIES, min((i + 1) * PAGE_ENTRIES, len(run))
         page = _page(run, a, b, kind)
         fence.append(struct.pack("<QI", pos, b - a) + _fence_key(run.keys[a], kind))
         pos += len(page)
-        yield page
+        out.append(page)
+    return b"".join(out), fence, pos
+
+
+async def run_bytes(run: Run, kind: str, level: int) -> AsyncIterator[bytes]:
+    """Stream a run's file: pages, fence, footer (pages are built in a worker thread, a chunk
+    at a time: a checkpoint of a large memtable must not stall the event loop)."""
+    n = (len(run) + PAGE_ENTRIES - 1) // PAGE_ENTRIES
+    pos, fence = 0, [struct.pack("<I", n)]
+    for first in range(0, n, _CHUNK_PAGES):
+        data, entries, pos = await asyncio.to_thread(_pages, run, first, min(first + _CHUNK_PAGES, n), kind, pos)
+        fence += entries
+        yield data
     fence_b = b"".join(fence)
     yield fence_b
     min_ts = int(run.ts.min()) if len(run) else 0

@@ -9,6 +9,7 @@ new manifest and recovery replays the write-ahead after the mark.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
@@ -197,7 +198,7 @@ class PartitionIndex:
     async def finish_checkpoint(self, token, mark) -> bool:
         frozen, ctoken = token
         try:
-            run = frozen.consolidated()
+            run = await asyncio.to_thread(frozen.consolidated)  # a sort of the whole memtable
             cols = await self.columns.write_runs(ctoken) if ctoken is not None else {}
             rec = await self._publish(run, 0, lambda r: Manifest(
                 [{"inode": r.inode, "level": 0, "entries": len(run), "cols": cols, "unique": _unique(run)}]
@@ -234,7 +235,8 @@ class PartitionIndex:
         """Merge every run of ``level`` and ``level + 1`` into one run at ``level + 1``."""
         src = [(m, lr) for m, lr in zip(self.manifest.runs, self.runs) if lr[0] in (level, level + 1)]
         bottom = not any(lv > level + 1 for lv, _ in self.runs)
-        merged = purge(merge_runs([await r.all() for _, (_, r) in src]), horizon, bottom)
+        parts = [await r.all() for _, (_, r) in src]
+        merged = await asyncio.to_thread(lambda: purge(merge_runs(parts), horizon, bottom))
         cols = await self._merge_columns([m for m, _ in src], merged)
         gone = [m["inode"] for m, _ in src] + [i for m, _ in src for i in m.get("cols", {}).values()]
         rest = [m for m in self.manifest.runs if m["inode"] not in gone]
