@@ -289,10 +289,11 @@ def _isnull(arr: pa.Array) -> np.ndarray:
     return arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else np.zeros(len(arr), bool)
 
 
-def _value_keys(values: pa.Array, k: Kind) -> np.ndarray:
+def _value_keys(values: pa.Array, k: Kind):
+    """What ``ValueIndex`` keys by: Python bools, str for strings, bytes for binary and uuid."""
     if k == Kind.BOOL:
         return values.to_numpy(zero_copy_only=False).astype(bool)
-    return np.array(values.cast(pa.binary()).to_pylist() if k != Kind.STRING else values.to_pylist(), dtype=object)
+    return values if k == Kind.STRING else values.cast(pa.binary())
 
 
 def _value_key(v, k: Kind):

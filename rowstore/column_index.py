@@ -16,6 +16,7 @@ import array
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 from pyroaring import BitMap64
 
 MAX_BUCKETS = 256
@@ -121,9 +122,17 @@ def _equi_depth(values: np.ndarray, buckets: int) -> np.ndarray:
 class ValueIndex:
     """Exact value -> bitmap, for equality on strings, booleans and low-cardinality numbers."""
 
-    def __init__(self, values: np.ndarray, rowids: np.ndarray):
+    def __init__(self, values, rowids: np.ndarray):
+        """``values``: a numpy array, or an Arrow array (dictionary-encoded: Python touches
+        each distinct value once, never each row)."""
         rowids = np.asarray(rowids, np.uint64)
-        keys, inv = np.unique(values, return_inverse=True)
+        if isinstance(values, (pa.Array, pa.ChunkedArray)):
+            enc = values.dictionary_encode()
+            if isinstance(enc, pa.ChunkedArray):
+                enc = enc.combine_chunks()
+            keys, inv = enc.dictionary.to_pylist(), enc.indices.to_numpy(zero_copy_only=False)
+        else:
+            keys, inv = np.unique(values, return_inverse=True)
         order = np.argsort(inv, kind="stable")
         cuts = np.searchsorted(inv[order], np.arange(len(keys) + 1))
         self.bitmaps = {k.item() if hasattr(k, "item") else k: bitmap(rowids[order[cuts[i] : cuts[i + 1]]])
