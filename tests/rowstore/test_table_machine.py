@@ -59,8 +59,17 @@ class TableMachine(RuleBasedStateMachine):
 
     def teardown(self):
         self.world.crash()  # cancels the last incarnation's background work
-        self.loop.run_until_complete(asyncio.sleep(0))
+        self.loop.run_until_complete(self._quiesce())
         self.loop.close()
+
+    @staticmethod
+    async def _quiesce():
+        """Let pending timers fire (lazy flushes), then end every task the dead node left."""
+        await asyncio.sleep(0.01)
+        pending = asyncio.all_tasks() - {asyncio.current_task()}
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     @property
     def schema(self):
