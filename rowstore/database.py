@@ -36,7 +36,7 @@ from rowstore.query import batch_mask, parse_bbox, parse_where
 from rowstore.rowcodec import Encoded, encode_rows
 from rowstore.schema import SchemaVersion
 from rowstore.segments import SegmentStore, SegState
-from rowstore.table_io import conform, key_array, split_encoded, stamp
+from rowstore.table_io import conform, key_array, split_by_partition, stamp
 from rowstore.tables_catalog import TableCatalog, TableDef
 from rowstore.timeline import Timeline
 from rowstore.wal import DECIDED
@@ -73,6 +73,26 @@ class _Member:
     @property
     def rows(self) -> int:
         return sum(b.num_rows for _, b, _, _, _ in self.work)
+
+
+@dataclass
+class _Prepared:
+    """A decided group, unlocked, waiting to be applied (``_finish_group``)."""
+
+    group: list[_Member]
+    by_pid: dict  # pid -> [(member index, partition, sub-batch, deleted, encoded rows, keys)]
+    pids: list[int]
+    parts: list[Partition]
+    segs: list
+    got: list  # per partition: the prepared rows' rowids
+    txn: int
+    commits: list  # COMMIT X appends in flight
+
+
+def _fail(group: list[_Member], e: BaseException) -> None:
+    for m in group:
+        if not m.fut.done():
+            m.fut.set_exception(e)
 
 
 def _concat(encs: list) -> Encoded:
@@ -129,6 +149,7 @@ class Database:
         self._wake = asyncio.Event()  # a write crossed the memtable budget: maintain now
         self._groups: dict[str, list] = {}  # table id -> multi-partition batches waiting to commit
         self._leading: set[str] = set()  # table ids whose group committer is running
+        self._applying: dict[str, asyncio.Task] = {}  # table id -> its last decided group's finish
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -151,10 +172,11 @@ class Database:
             with contextlib.suppress(BaseException):
                 await t
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro) -> asyncio.Task:
         t = asyncio.ensure_future(coro)
         self._bg.add(t)
         t.add_done_callback(self._bg_done)
+        return t
 
     def _bg_done(self, t: asyncio.Task) -> None:
         self._bg.discard(t)
@@ -279,18 +301,14 @@ class Database:
         if batch.num_rows == 0:
             return WriteResult(0, self.timeline.closed)
         pids = partition_of(keys, len(table.parts))
-        # Encode once; rows are then regrouped by partition as bytes. The Arrow side keeps only
-        # what applying needs (the key and the indexed columns).
+        # One take into partition order and one encode, in one worker hop for big batches;
+        # the Arrow side keeps only what applying needs (the key and the indexed columns).
         keep = [d.schema.key.name] + [c.name for c in d.schema.columns if c.id in d.indexes
                                       and c.id != d.schema.primary_key]
-        subs = _split(batch.select(keep), keys, deleted, pids)
-
-        def encode_all():
-            enc = encode_rows(batch, d.schema, 0, deleted)
-            return [enc] if len(subs) == 1 else split_encoded(enc, _partition_order(pids), [s[1].num_rows for s in subs])
-
-        encs = await asyncio.to_thread(encode_all) if batch.num_rows > _THREAD_ROWS else encode_all()
-        work = [(table.parts[p], b, dl, e, k) for (p, b, k, dl), e in zip(subs, encs)]
+        args = (batch, d.schema, keys, deleted, pids, keep)
+        pieces = await asyncio.to_thread(split_by_partition, *args) if batch.num_rows > _THREAD_ROWS \
+            else split_by_partition(*args)
+        work = [(table.parts[p.pid], p.batch, p.deleted, p.enc, p.keys) for p in pieces]
         ts = await (self._commit_one(*work[0], d.schema) if len(work) == 1 else
                     self._commit_many(table, work, d.schema))
         if self.memtable_bytes() > self.cfg.memtable_bytes:
@@ -335,17 +353,22 @@ class Database:
                     rows += q[0].rows
                     group.append(q.pop(0))
                 try:
-                    await self._commit_group(group)
+                    prepared = await self._commit_group(group)
                 except BaseException as e:  # noqa: BLE001 - every member learns it; the loop goes on
-                    for m in group:
-                        if not m.fut.done():
-                            m.fut.set_exception(e)
+                    _fail(group, e)
                     if isinstance(e, asyncio.CancelledError):
                         raise
+                    continue
+                # Decided and unlocked: the next group prepares (its fdatasyncs run) while this
+                # one is applied; groups are applied in commit order.
+                t = self._applying[tid] = self._spawn(self._finish_group(prepared, self._applying.get(tid)))
+                t.add_done_callback(lambda t, tid=tid: self._applying.pop(tid) if self._applying.get(tid) is t else None)
         finally:
             self._leading.discard(tid)
 
-    async def _commit_group(self, group: list["_Member"]) -> None:
+    async def _commit_group(self, group: list["_Member"]) -> "_Prepared":
+        """Prepare every partition's share (one append each, one fdatasync each, in parallel)
+        and decide, under the partitions' writer locks; return what applying needs."""
         by_pid: dict[int, list] = {}
         for i, m in enumerate(group):
             for part, batch, deleted, enc, keys in m.work:
@@ -379,24 +402,33 @@ class Database:
             except BaseException:
                 self._leave(parts, group)
                 raise
-        # The next group may prepare now; this one's entries become visible (its partitions
-        # stay "in flight", so a checkpoint waits for them) and then it is acknowledged.
+        return _Prepared(group, by_pid, pids, parts, segs, got, txn, commits)
+
+    async def _finish_group(self, g: "_Prepared", before: asyncio.Task | None) -> None:
+        """Make a decided group's entries visible (its partitions stay "in flight" until then,
+        so a checkpoint waits for them), then acknowledge it once its timestamps are closed."""
         try:
-            for p, part, seg, ids in zip(pids, parts, segs, got):
-                seg._note_ts(group[0].ts)
-                locs, at = split_rowids(ids)[1], 0
-                for i, _, batch, deleted, _, keys in by_pid[p]:
-                    n = batch.num_rows
-                    part.apply(locs[at : at + n], seg.segid, batch, group[i].ts, _deleted(deleted, batch),
-                               group[i].schema, keys)
-                    at += n
-        finally:
-            self._leave(parts, group)
-        self._spawn(self._forget_decision(txn, commits))
-        await self.timeline.wait_closed(group[-1].ts)
-        for m in group:
+            if before is not None:
+                await asyncio.wait([before])  # the previous group's entries first
+            try:
+                for p, part, seg, ids in zip(g.pids, g.parts, g.segs, g.got):
+                    seg._note_ts(g.group[0].ts)
+                    locs, at = split_rowids(ids)[1], 0
+                    for i, _, batch, deleted, _, keys in g.by_pid[p]:
+                        n = batch.num_rows
+                        part.apply(locs[at : at + n], seg.segid, batch, g.group[i].ts, _deleted(deleted, batch),
+                                   g.group[i].schema, keys)
+                        at += n
+            finally:
+                self._leave(g.parts, g.group)
+            self._spawn(self._forget_decision(g.txn, g.commits))
+            await self.timeline.wait_closed(g.group[-1].ts)
+        except BaseException as e:
+            _fail(g.group, e)
+            raise
+        for m in g.group:
             m.fut.set_result(m.ts)
-        for part in parts:
+        for part in g.parts:
             self._spawn(part.roll_if_full())
 
     def _leave(self, parts, group) -> None:
@@ -779,27 +811,6 @@ def _distinct(keys: np.ndarray) -> bool:
     """Whether no key repeats (a plain sort is ~30x cheaper than ``np.unique`` with indices)."""
     s = np.sort(keys)
     return not (s[1:] == s[:-1]).any()
-
-
-def _partition_order(pids: np.ndarray) -> np.ndarray:
-    """Rows grouped by partition, in batch order within each (≤ 256 partitions: a uint8 key
-    lets numpy's stable sort use its radix sort, ~7x faster)."""
-    return np.argsort(pids.astype(np.uint8) if pids.max(initial=0) < 256 else pids, kind="stable")
-
-
-def _split(batch, keys, deleted, pids):
-    """Sub-batches by partition: one take into partition order, then zero-copy slices."""
-    if len(pids) and (pids == pids[0]).all():
-        return [(int(pids[0]), batch, keys, deleted)]
-    order = _partition_order(pids)
-    sp = pids[order]
-    batch, keys = batch.take(pa.array(order)), keys[order]
-    deleted = None if deleted is None else deleted[order]
-    cuts = np.flatnonzero(np.diff(sp)) + 1
-    out = []
-    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(sp)]):
-        out.append((int(sp[a]), batch.slice(a, b - a), keys[a:b], None if deleted is None else deleted[a:b]))
-    return out
 
 
 def _deleted(deleted, batch) -> np.ndarray:

@@ -9,6 +9,7 @@ or zone); anything else is a wrong type.
 from __future__ import annotations
 
 import uuid as uuidlib
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -16,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rowstore.errors import RowValidationError
-from rowstore.rowcodec import Encoded
+from rowstore.rowcodec import Encoded, encode_rows
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import Kind
 
@@ -133,26 +134,41 @@ def _stamp(buf, starts, ts8):
             buf[s + q] = ts8[q]
 
 
-def split_encoded(enc: Encoded, order: np.ndarray, counts: list[int]) -> list[Encoded]:
-    """Encoded rows regrouped: rows ``order[0:counts[0]]`` form the first piece, and so on."""
-    ends = np.append(enc.starts[1:], enc.nbytes)
-    lens = (ends - enc.starts)[order]
-    out_starts = np.zeros(len(order), np.int64)
-    np.cumsum(lens[:-1], out=out_starts[1:])
-    buf = np.empty(enc.nbytes, np.uint8)
-    _gather(enc.buf, enc.starts[order], lens, out_starts, buf)
-    pieces, at = [], 0
-    for n in counts:
-        lo = int(out_starts[at]) if n else 0
-        hi = int(out_starts[at + n]) if at + n < len(order) else enc.nbytes
-        pieces.append(Encoded(buf[lo:hi], out_starts[at : at + n] - lo))
-        at += n
-    return pieces
+@dataclass(frozen=True)
+class Piece:
+    """One partition's share of a batch: its rows (only the columns applying needs), encoded
+    keys, deletion flags and encoded rows."""
+
+    pid: int
+    batch: pa.RecordBatch
+    keys: np.ndarray
+    deleted: np.ndarray | None
+    enc: Encoded
 
 
-@numba.njit(cache=True, nogil=True)
-def _gather(src, src_starts, lens, dst_starts, dst):
-    for i in range(src_starts.shape[0]):
-        a, b, n = src_starts[i], dst_starts[i], lens[i]
-        for q in range(n):
-            dst[b + q] = src[a + q]
+def split_by_partition(batch: pa.RecordBatch, schema: SchemaVersion, keys: np.ndarray,
+                       deleted: np.ndarray | None, pids: np.ndarray, keep: list[str]) -> list[Piece]:
+    """The batch regrouped by partition (batch order within each) and encoded: one take of
+    the whole batch into partition order, one encode, then zero-copy slices of both."""
+    if len(pids) and not (pids == pids[0]).all():
+        order = partition_order(pids)
+        batch, keys, pids = batch.take(pa.array(order)), keys[order], pids[order]
+        deleted = None if deleted is None else deleted[order]
+        cuts = (np.flatnonzero(np.diff(pids)) + 1).tolist()
+    else:
+        cuts = []
+    enc = encode_rows(batch, schema, 0, deleted)
+    sub = batch.select(keep)
+    ends = np.append(enc.starts, enc.nbytes)
+    out = []
+    for a, b in zip([0, *cuts], [*cuts, len(pids)]):
+        lo, hi = int(ends[a]), int(ends[b])
+        out.append(Piece(int(pids[a]), sub.slice(a, b - a), keys[a:b],
+                         None if deleted is None else deleted[a:b], Encoded(enc.buf[lo:hi], enc.starts[a:b] - lo)))
+    return out
+
+
+def partition_order(pids: np.ndarray) -> np.ndarray:
+    """Rows grouped by partition, in batch order within each (≤ 256 partitions: a uint8 key
+    lets numpy's stable sort use its radix sort, ~7x faster)."""
+    return np.argsort(pids.astype(np.uint8) if pids.max(initial=0) < 256 else pids, kind="stable")

@@ -33,6 +33,7 @@ from terrafs.blocks import (
 from terrafs.crypto import DataCipher, KeyEncryptionKey
 from terrafs.gather import read_ranges
 from terrafs.errors import ClosedError, CorruptionError, FileStateError, TerrafsError
+from terrafs.iopool import run_io
 from terrafs.params import FileParams
 
 log = logging.getLogger("terrafs.active")
@@ -47,7 +48,11 @@ _RECENT_BLOCKS = 256  # decoded blocks kept per open active file (16 MiB at 64 K
 # past its end, so the groups after it are written in place and their fdatasync skips the
 # metadata journal commit. Not part of the format: recovery accepts any amount of zeros.
 PREALLOC = 1 << 20
-PREALLOC_BELOW = 64 << 10  # only groups smaller than this carry zeros (see the format doc)
+PREALLOC_BELOW = 64 << 10
+# A lazy append (nobody waits on it) is flushed at the latest this long after it came, if
+# no other flush took it along first; with the short timer the COMMIT records of a
+# two-phase commit each cost an fdatasync of their own between the writer's batches.
+LAZY_S = 0.05  # only groups smaller than this carry zeros (see the format doc)
 # b"\0" * n writes the zeros; bytes(n) would be calloc'd pages that fault on every read
 # (a write from them ran 10x slower here).
 _ZEROS = memoryview(b"\0" * (2 * PREALLOC))
@@ -152,6 +157,7 @@ class ActiveFile:
         self._pending_bytes = 0
         self._futs: list[asyncio.Future] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_lazy = False  # the timer is the long one of lazy appends
         self._want_flush = False
         self._flush_task: asyncio.Task | None = None
         self._failed: BaseException | None = None
@@ -204,8 +210,9 @@ class ActiveFile:
     async def append(self, data: bytes, lazy: bool = False) -> int:
         """Append ``data``; return its logical offset once it is durable.
 
-        ``lazy``: do not start a flush for this append (it rides with the next one, or the
-        timer's) — for records nobody waits on, such as a two-phase commit's COMMIT."""
+        ``lazy``: do not start a flush for this append (it rides with the next one, or a
+        flush ``LAZY_S`` later) — for records nobody waits on, such as a two-phase commit's
+        COMMIT: a writer's next batch usually comes sooner and carries it for free."""
         self._check_writable()
         if not data:
             await self.flush()
@@ -220,8 +227,11 @@ class ActiveFile:
         idle = self._flush_task is None or self._flush_task.done()
         if self._pending_bytes >= self._cfg.flush_bytes or (self._cfg.eager and idle and not lazy):
             self._kick()
-        elif self._timer is None and not self._want_flush:
-            self._timer = asyncio.get_running_loop().call_later(self._cfg.flush_ms / 1000, self._kick)
+        elif not self._want_flush and (self._timer is None or (self._timer_lazy and not lazy)):
+            if self._timer is not None:
+                self._timer.cancel()
+            wait = max(self._cfg.flush_ms / 1000, LAZY_S) if lazy else self._cfg.flush_ms / 1000
+            self._timer, self._timer_lazy = asyncio.get_running_loop().call_later(wait, self._kick), lazy
         t0 = time.perf_counter()
         try:
             await fut
@@ -288,8 +298,7 @@ class ActiveFile:
         # Encode, write and fdatasync in one worker-thread hop.
         if self._in_place:
             phys = self._physical_end
-            n, self._alloc_end = await asyncio.to_thread(self._write_in_place, batch, group, phys, logical,
-                                                         entries)
+            n, self._alloc_end = await run_io(self._write_in_place, batch, group, phys, logical, entries)
         else:
             phys, n = await self._f.append_durable(
                 lambda phys: self._encode_group(batch, group, phys, logical, entries))

@@ -1,6 +1,7 @@
 """Local-directory block device and object store (URI scheme ``trfs``).
 
-Blocking calls run in threads (``asyncio.to_thread``). Durability: data is
+Blocking calls run in threads (``asyncio.to_thread``; writes and syncs in
+``terrafs.iopool``). Durability: data is
 made durable by ``DeviceFile.sync()`` (fdatasync); create/rename/delete on a
 durable device fsync the directory before returning. Object puts write a
 temp file, fsync it, rename it into place and fsync the directory, so a
@@ -22,6 +23,7 @@ from terrafs.errors import (
     ObjectNotFoundError,
     StorageIOError,
 )
+from terrafs.iopool import run_io
 
 _TMP_DIR = ".tmp"  # object-store staging; never listed
 
@@ -46,7 +48,7 @@ class LocalDeviceFile(DeviceFile):
         fd = self._fdc()
         off = self._size
         self._size += len(data)  # reserve before the thread runs: appends never overlap
-        await asyncio.to_thread(_pwrite_all, fd, data, off)
+        await run_io(_pwrite_all, fd, data, off)
         return off
 
     async def pread(self, offset: int, length: int) -> bytes:
@@ -61,7 +63,7 @@ class LocalDeviceFile(DeviceFile):
         self._size = size
 
     async def sync(self) -> None:
-        await asyncio.to_thread(_fdatasync, self._fdc())
+        await run_io(_fdatasync, self._fdc())
 
     def write_sync(self, data, offset: int) -> None:
         """Blocking positional write, for code running in a worker thread."""
@@ -89,7 +91,7 @@ class LocalDeviceFile(DeviceFile):
             _fdatasync(fd)
             return off, n
 
-        return await asyncio.to_thread(run)
+        return await run_io(run)
 
     def size(self) -> int:
         return self._size

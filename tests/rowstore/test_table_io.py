@@ -1,26 +1,34 @@
-"""Incoming rows: regrouping encoded rows by partition equals encoding each group."""
+"""Incoming rows: a batch split by partition equals encoding each partition's rows."""
 import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rowstore.rowcodec import decode_rows, encode_rows
-from rowstore.table_io import split_encoded
+from rowstore.table_io import split_by_partition
 from tests.rowstore.test_rowcodec import SCHEMA, _values
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.lists(_values(SCHEMA), min_size=1, max_size=30), parts=st.integers(1, 5), seed=st.integers(0, 99))
-def test_split_encoded_equals_encoding_each_piece(rows, parts, seed):
-    table = pa.Table.from_pylist(rows, schema=SCHEMA.arrow())
-    pids = np.random.default_rng(seed).integers(0, parts, len(rows))
-    order = np.argsort(pids, kind="stable")
-    counts = [int(c) for c in np.bincount(pids) if c]
-    pieces = split_encoded(encode_rows(table, SCHEMA, 5), order, counts)
-    at = 0
-    for piece, n in zip(pieces, counts):
-        want = encode_rows(table.take(pa.array(order[at : at + n])), SCHEMA, 5)
-        assert piece.buf.tobytes() == want.buf.tobytes() and piece.starts.tolist() == want.starts.tolist()
-        got = decode_rows(piece.buf, piece.starts, lambda v: SCHEMA, SCHEMA).batch
-        assert got.to_pylist() == table.take(pa.array(order[at : at + n])).to_pylist()
-        at += n
+@given(rows=st.lists(_values(SCHEMA), min_size=1, max_size=30), parts=st.integers(1, 5), seed=st.integers(0, 99),
+       with_deleted=st.booleans())
+def test_split_by_partition_equals_encoding_each_piece(rows, parts, seed, with_deleted):
+    batch = pa.RecordBatch.from_pylist(rows, schema=SCHEMA.arrow())
+    rng = np.random.default_rng(seed)
+    pids = rng.integers(0, parts, len(rows))
+    keys = np.arange(len(rows), dtype=np.uint64)
+    deleted = rng.random(len(rows)) < 0.3 if with_deleted else None
+    keep = [SCHEMA.columns[0].name]
+    pieces = split_by_partition(batch, SCHEMA, keys, deleted, pids, keep)
+    assert [p.pid for p in pieces] == sorted(set(pids.tolist()))
+    for piece in pieces:
+        mine = np.flatnonzero(pids == piece.pid)  # batch order within the partition
+        want = encode_rows(batch.take(pa.array(mine)), SCHEMA, 0, None if deleted is None else deleted[mine])
+        assert piece.enc.buf.tobytes() == want.buf.tobytes() and piece.enc.starts.tolist() == want.starts.tolist()
+        assert piece.keys.tolist() == mine.tolist()
+        assert piece.batch.to_pylist() == batch.select(keep).take(pa.array(mine)).to_pylist()
+        assert (piece.deleted is None) == (deleted is None)
+        if deleted is not None:
+            assert piece.deleted.tolist() == deleted[mine].tolist()
+        got = decode_rows(piece.enc.buf, piece.enc.starts, lambda v: SCHEMA, SCHEMA).batch
+        assert got.num_rows == len(mine)
