@@ -14,9 +14,9 @@ import numpy as np
 import pyarrow as pa
 
 from rowstore.errors import RowstoreError
-from rowstore.rowcodec import Decoded, Encoded, decode_row_list, encode_rows
+from rowstore.rowcodec import Decoded, Encoded, EncodedParts, decode_row_list, encode_rows
 from rowstore.schema import SchemaVersion
-from rowstore.wal import DECIDED, Kind, WalReader, WalState, batch_bytes, commit_bytes, frame, U64
+from rowstore.wal import DECIDED, Kind, WalReader, WalState, batch_parts, commit_bytes, frame, U64
 from terrafs.active import ActiveFile
 
 _ROW_READ = 512  # bytes read for a point get before the row's length is known
@@ -72,14 +72,14 @@ class ActiveSegment:
             if batch.num_rows > 4096 else encode_rows(batch, schema, commit_ts, deleted)
         return await self.append_encoded(enc, commit_ts)
 
-    async def append_encoded(self, enc: Encoded, commit_ts: int, txn: int | None = None) -> np.ndarray:
+    async def append_encoded(self, enc: Encoded | EncodedParts, commit_ts: int, txn: int | None = None) -> np.ndarray:
         """One ``BATCH … COMMIT``; with a decided ``txn`` (RFC 0003) only the ``BATCH`` — the
         caller then calls :meth:`commit_prepared` or :meth:`abort_prepared`, and appends nothing
         else to this segment in between."""
         n = len(enc.starts)
         prepare = txn is not None
         txn = next(self._txns) if txn is None else txn
-        payload, first = batch_bytes(txn, commit_ts, n, enc.buf, commit=not prepare)
+        payload, first = batch_parts(txn, commit_ts, n, enc.bufs, commit=not prepare)
         base = self._next  # reserved before the await: localid order = file order
         self._next += n
         try:

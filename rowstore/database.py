@@ -33,7 +33,7 @@ from rowstore.partition import Partition
 from rowstore.partitioning import encode_one, partition_of, partition_one
 from rowstore.pointread import decode_one
 from rowstore.query import batch_mask, parse_bbox, parse_where
-from rowstore.rowcodec import Encoded, encode_rows
+from rowstore.rowcodec import Encoded, EncodedParts
 from rowstore.schema import SchemaVersion
 from rowstore.segments import SegmentStore, SegState
 from rowstore.table_io import conform, key_array, split_by_partition, stamp
@@ -95,7 +95,7 @@ def _fail(group: list[_Member], e: BaseException) -> None:
             m.fut.set_exception(e)
 
 
-def _concat(encs: list) -> Encoded:
+def _concat(encs: list) -> Encoded | EncodedParts:
     """Several batches' encoded rows for one partition as one record, each stamped with its
     own commit timestamp (rows carry theirs; the record's header carries the largest)."""
     for e, ts in encs:
@@ -103,8 +103,8 @@ def _concat(encs: list) -> Encoded:
     if len(encs) == 1:
         return encs[0][0]
     offs = np.cumsum([0] + [e.nbytes for e, _ in encs[:-1]])
-    return Encoded(np.concatenate([e.buf for e, _ in encs]),
-                   np.concatenate([e.starts + o for (e, _), o in zip(encs, offs)]))
+    return EncodedParts([e.buf for e, _ in encs], np.concatenate([e.starts + o for (e, _), o in zip(encs, offs)]),
+                        int(offs[-1]) + encs[-1][0].nbytes)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ class Run:
 
 def sort_run(keys: np.ndarray, ts: np.ndarray, rowids: np.ndarray) -> Run:
     if len(ts) and ts[0] == ts[-1] and (ts == ts[0]).all():  # one batch: one timestamp, keys suffice
+        if (keys[1:] >= keys[:-1]).all():  # already in key order (tables sort their batches)
+            return Run(keys, ts, rowids)
         order = np.argsort(keys, kind="stable")
     else:
         order = np.lexsort((np.iinfo(np.uint64).max - ts, keys))  # last key is primary: key asc, ts desc
@@ -67,38 +69,27 @@ def merge_runs(runs: list[Run]) -> Run:
     if len(runs) == 1:
         return runs[0]
     if len(runs) == 2 and runs[0].keys.dtype == np.uint64 and runs[1].keys.dtype == np.uint64:
-        a, b = runs
-        order = _merge_order(a.keys, a.ts, b.keys, b.ts)  # linear: both are sorted already
-        return Run(np.concatenate([a.keys, b.keys])[order], np.concatenate([a.ts, b.ts])[order],
-                   np.concatenate([a.rowids, b.rowids])[order])
+        a, b = runs  # linear: both are sorted already; one pass writes the merged run
+        return Run(*_merge2(a.keys, a.ts, a.rowids, b.keys, b.ts, b.rowids))
     width = max((r.keys.dtype.itemsize for r in runs), default=1)
     keys = np.concatenate([r.keys.astype(f"S{width}") if r.keys.dtype.kind == "S" else r.keys for r in runs])
     return sort_run(keys, np.concatenate([r.ts for r in runs]), np.concatenate([r.rowids for r in runs]))
 
 
 @numba.njit(cache=True, nogil=True)
-def _merge_order(ak, ats, bk, bts):
-    """Positions (into a ++ b) of two (key asc, ts desc) runs merged in that order."""
+def _merge2(ak, ats, ar, bk, bts, br):
+    """Two (key asc, ts desc) runs merged in that order (a's entry first on a tie)."""
     na, nb = ak.shape[0], bk.shape[0]
-    out = np.empty(na + nb, np.int64)
-    i = j = k = 0
-    while i < na and j < nb:
-        if ak[i] < bk[j] or (ak[i] == bk[j] and ats[i] >= bts[j]):
-            out[k] = i
+    k, t, r = np.empty(na + nb, ak.dtype), np.empty(na + nb, ats.dtype), np.empty(na + nb, ar.dtype)
+    i = j = 0
+    for o in range(na + nb):
+        if j == nb or (i < na and (ak[i] < bk[j] or (ak[i] == bk[j] and ats[i] >= bts[j]))):
+            k[o], t[o], r[o] = ak[i], ats[i], ar[i]
             i += 1
         else:
-            out[k] = na + j
+            k[o], t[o], r[o] = bk[j], bts[j], br[j]
             j += 1
-        k += 1
-    while i < na:
-        out[k] = i
-        i += 1
-        k += 1
-    while j < nb:
-        out[k] = na + j
-        j += 1
-        k += 1
-    return out
+    return k, t, r
 
 
 def visible(run: Run, as_of: int) -> Run:

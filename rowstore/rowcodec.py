@@ -64,6 +64,20 @@ class Encoded:
     def nbytes(self) -> int:
         return int(self.buf.shape[0])
 
+    @property
+    def bufs(self) -> list[np.ndarray]:
+        return [self.buf]
+
+
+@dataclass(frozen=True)
+class EncodedParts:
+    """Several encodings' rows as one batch, not copied together: the rows are ``bufs``
+    back to back, row i at ``starts[i]`` of those bytes."""
+
+    bufs: list[np.ndarray]
+    starts: np.ndarray
+    nbytes: int
+
 
 def encode_rows(batch: pa.RecordBatch | pa.Table, schema: SchemaVersion, commit_ts: int,
                 deleted: np.ndarray | None = None) -> Encoded:

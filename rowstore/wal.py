@@ -36,13 +36,17 @@ def frame(kind: Kind, body: bytes | memoryview) -> bytes:
 DECIDED = 1 << 63  # txn ids with this bit are decided in the catalog (RFC 0003; part of the format)
 
 
-def batch_bytes(txn: int, commit_ts: int, nrows: int, rows: np.ndarray, commit: bool = True) -> tuple[bytes, int]:
-    """``BATCH`` (+ ``COMMIT`` unless a prepare) for one append; also the offset of the first row."""
+def batch_parts(txn: int, commit_ts: int, nrows: int, bufs: list[np.ndarray],
+                commit: bool = True) -> tuple[list, int]:
+    """``BATCH`` (+ ``COMMIT`` unless a prepare) for one append, as buffers to write one after
+    the other (the rows are not copied here); also the offset of the first row."""
     head = BATCH_HEAD.pack(txn, commit_ts, nrows)
-    parts = [REC.pack(int(Kind.BATCH), 0, 0, len(head) + rows.shape[0]), head, memoryview(np.ascontiguousarray(rows))]
+    size = sum(b.shape[0] for b in bufs)
+    parts = [REC.pack(int(Kind.BATCH), 0, 0, len(head) + size) + head,
+             *(memoryview(np.ascontiguousarray(b)) for b in bufs)]
     if commit:
         parts.append(commit_bytes(txn))
-    return b"".join(parts), REC.size + BATCH_HEAD.size  # the rows are copied once
+    return parts, REC.size + BATCH_HEAD.size
 
 
 def commit_bytes(txn: int) -> bytes:

@@ -153,7 +153,7 @@ class ActiveFile:
         self._in_place = hasattr(f, "writev_sync") and hasattr(f, "fdatasync_sync")  # local disks
         self._group = 0  # last group written
         self._end = 0  # logical end including pending appends
-        self._pending: list[bytes] = []
+        self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
         self._futs: list[asyncio.Future] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -207,20 +207,23 @@ class ActiveFile:
 
     # -- appends -----------------------------------------------------------------
 
-    async def append(self, data: bytes, lazy: bool = False) -> int:
-        """Append ``data``; return its logical offset once it is durable.
+    async def append(self, data: bytes | list, lazy: bool = False) -> int:
+        """Append ``data`` (bytes, or a list of buffers written one after the other, which
+        the caller leaves unchanged); return its logical offset once it is durable.
 
         ``lazy``: do not start a flush for this append (it rides with the next one, or a
         flush ``LAZY_S`` later) — for records nobody waits on, such as a two-phase commit's
         COMMIT: a writer's next batch usually comes sooner and carries it for free."""
         self._check_writable()
-        if not data:
+        parts = [memoryview(b).cast("B") for b in data] if isinstance(data, list) else [bytes(data)]
+        size = sum(len(b) for b in parts)
+        if not size:
             await self.flush()
             return self._end
         off = self._end
-        self._end += len(data)
-        self._pending.append(bytes(data))
-        self._pending_bytes += len(data)
+        self._end += size
+        self._pending.extend(parts)
+        self._pending_bytes += size
         fut = asyncio.get_running_loop().create_future()
         self._futs.append(fut)
         self.stats["appends"] += 1

@@ -16,16 +16,17 @@ def test_split_by_partition_equals_encoding_each_piece(rows, parts, seed, with_d
     batch = pa.RecordBatch.from_pylist(rows, schema=SCHEMA.arrow())
     rng = np.random.default_rng(seed)
     pids = rng.integers(0, parts, len(rows))
-    keys = np.arange(len(rows), dtype=np.uint64)
+    keys = rng.permutation(len(rows)).astype(np.uint64)  # distinct, as after last-wins
     deleted = rng.random(len(rows)) < 0.3 if with_deleted else None
     keep = [SCHEMA.columns[0].name]
     pieces = split_by_partition(batch, SCHEMA, keys, deleted, pids, keep)
     assert [p.pid for p in pieces] == sorted(set(pids.tolist()))
     for piece in pieces:
-        mine = np.flatnonzero(pids == piece.pid)  # batch order within the partition
+        mine = np.flatnonzero(pids == piece.pid)
+        mine = mine[np.argsort(keys[mine])]  # key order within the partition
         want = encode_rows(batch.take(pa.array(mine)), SCHEMA, 0, None if deleted is None else deleted[mine])
         assert piece.enc.buf.tobytes() == want.buf.tobytes() and piece.enc.starts.tolist() == want.starts.tolist()
-        assert piece.keys.tolist() == mine.tolist()
+        assert piece.keys.tolist() == keys[mine].tolist()
         assert piece.batch.to_pylist() == batch.select(keep).take(pa.array(mine)).to_pylist()
         assert (piece.deleted is None) == (deleted is None)
         if deleted is not None:

@@ -5,9 +5,14 @@ import pytest
 from rowstore.errors import RowCorruptionError
 from rowstore.rowcodec import encode_rows
 from rowstore.schema import parse_schema
-from rowstore.wal import BATCH_HEAD, REC, U64, Kind, WalReader, batch_bytes, frame
+from rowstore.wal import BATCH_HEAD, REC, U64, Kind, WalReader, batch_parts, frame
 
 S = parse_schema("id int64 primary key, v string")
+
+
+def batch_bytes(txn, ts, n, buf):
+    parts, first = batch_parts(txn, ts, n, [buf[: len(buf) // 2], buf[len(buf) // 2 :]])  # rows may span buffers
+    return b"".join(parts), first
 
 
 def rows(lo, hi):
