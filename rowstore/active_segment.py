@@ -42,10 +42,16 @@ class _Offsets:
         need = base + len(offs)
         if need > len(self.arr):
             cap = max(need, 2 * len(self.arr))
-            self.arr = np.resize(self.arr, cap)
-            self.lens = np.resize(self.lens, cap)
+            self.arr, self.lens = _grown(self.arr, cap), _grown(self.lens, cap)
         self.arr[base:need] = offs
         self.lens[base:need] = lens
+
+
+def _grown(a: np.ndarray, cap: int) -> np.ndarray:
+    """``a`` with room for ``cap`` entries (np.resize would also fill the new room)."""
+    out = np.empty(cap, a.dtype)
+    out[: len(a)] = a
+    return out
 
 
 class ActiveSegment:

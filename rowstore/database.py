@@ -325,6 +325,7 @@ class Database:
         try:
             ids = await task
             part.apply(split_rowids(ids)[1], seg.segid, batch, ts, _deleted(deleted, batch), schema, keys)
+            self._merge_memtable(part)
         finally:
             part.leave()
             self.timeline.end(ts)
@@ -419,6 +420,7 @@ class Database:
                         part.apply(locs[at : at + n], seg.segid, batch, g.group[i].ts, _deleted(deleted, batch),
                                    g.group[i].schema, keys)
                         at += n
+                    self._merge_memtable(part)
             finally:
                 self._leave(g.parts, g.group)
             self._spawn(self._forget_decision(g.txn, g.commits))
@@ -430,6 +432,10 @@ class Database:
             m.fut.set_result(m.ts)
         for part in g.parts:
             self._spawn(part.roll_if_full())
+
+    def _merge_memtable(self, part: Partition) -> None:
+        if part.index.merge_due:
+            self._spawn(part.index.merge_memtable())
 
     def _leave(self, parts, group) -> None:
         for part in parts:

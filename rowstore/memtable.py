@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 TOMBSTONE = np.uint64(2**64 - 1)  # the rowid of a deletion (part of the run format)
+MAX_RUNS = 24  # mini-runs a memtable holds before inserts merge them on the caller's thread
 
 
 def encode_keys(arr: pa.Array, kind: str) -> np.ndarray:
@@ -114,20 +115,40 @@ class MemTable:
     def insert(self, keys: np.ndarray, ts: int | np.ndarray, rowids: np.ndarray) -> None:
         """One atomic batch: every key at commit ``ts`` (rowid TOMBSTONE = deleted).
 
-        Mini-runs merge like a binary counter (a run merges into the one before it while
-        that one is at most twice its size), so inserting n entries costs O(n log² n) in all
-        and a lookup searches O(log n) runs."""
+        The batch becomes one sorted mini-run. Mini-runs merge like a binary counter (a run
+        merges into the one before it while that one is at most twice its size), so n
+        entries cost O(n log² n) in all and a lookup searches O(log n) runs. The merges are
+        the owner's to run off the event loop (:meth:`merge_due`, :meth:`replace`); past
+        ``MAX_RUNS`` runs insert merges itself, so lookups stay bounded if they fall behind."""
         n = len(keys)
         if n == 0:
             return
         tsa = np.full(n, ts, np.uint64) if np.isscalar(ts) else np.asarray(ts, np.uint64)
         run = sort_run(keys, tsa, np.asarray(rowids, np.uint64))
-        self._runs.append(run)
+        self._runs = [*self._runs, run]
         self.nbytes += run.nbytes
         self.entries += n
-        while len(self._runs) >= 2 and len(self._runs[-2]) <= 2 * len(self._runs[-1]):
-            b, a = self._runs.pop(), self._runs.pop()
-            self._runs.append(merge_runs([a, b]))
+        while len(self._runs) > MAX_RUNS:
+            a, b = self.merge_due() or self._runs[-2:]
+            self.replace(a, b, merge_runs([a, b]))
+
+    def merge_due(self) -> tuple[Run, Run] | None:
+        """The newest adjacent pair the binary counter merges next, if any."""
+        runs = self._runs
+        for i in range(len(runs) - 2, -1, -1):
+            if len(runs[i]) <= 2 * len(runs[i + 1]):
+                return runs[i], runs[i + 1]
+        return None
+
+    def replace(self, a: Run, b: Run, merged: Run) -> bool:
+        """Put ``merged`` in place of the adjacent runs ``a``, ``b`` if they are still there.
+        The list is replaced, never changed in place: a reader holding it keeps its view."""
+        runs = self._runs
+        for i in range(len(runs) - 1):
+            if runs[i] is a and runs[i + 1] is b:
+                self._runs = [*runs[:i], merged, *runs[i + 2 :]]
+                return True
+        return False
 
     def consolidated(self) -> Run:
         """All entries as one sorted run (scans, and what a checkpoint writes)."""

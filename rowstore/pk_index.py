@@ -75,6 +75,7 @@ class PartitionIndex:
         self.columns = columns  # rowstore.colindex.PartitionColumns: runs published with ours
         self.mem = MemTable(kind)
         self._frozen: list[MemTable] = []  # being checkpointed; still read
+        self._merging = False  # a memtable merge is running in a worker thread
         self.runs: list[tuple[int, IndexRun]] = []  # (level, run), newest first
         self.manifest = Manifest()
         self._version = 0
@@ -104,6 +105,26 @@ class PartitionIndex:
                 await commit(self.fs.catalog, [], [Delete(e.key)])
     def insert(self, keys: np.ndarray, ts: int, rowids: np.ndarray) -> None:
         self.mem.insert(keys, ts, rowids)
+
+    @property
+    def merge_due(self) -> bool:
+        """Whether :meth:`merge_memtable` has work (and is not already at it)."""
+        return not self._merging and self.mem.merge_due() is not None
+
+    async def merge_memtable(self) -> None:
+        """Run the memtable's due merges in a worker thread, one pair at a time; a result is
+        dropped if the memtable was frozen for a checkpoint meanwhile."""
+        if self._merging:
+            return
+        self._merging = True
+        try:
+            mem = self.mem
+            while self.mem is mem and (pair := mem.merge_due()) is not None:
+                merged = await asyncio.to_thread(merge_runs, list(pair))
+                if self.mem is mem:
+                    mem.replace(*pair, merged)
+        finally:
+            self._merging = False
 
     # -- reads -------------------------------------------------------------------------
 
