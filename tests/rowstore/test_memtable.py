@@ -5,7 +5,7 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from rowstore.memtable import TOMBSTONE, MemTable, decode_keys, encode_keys
+from rowstore.memtable import TOMBSTONE, MemTable, decode_keys, encode_keys, merge_runs
 
 
 class MemtableVsModel(RuleBasedStateMachine):
@@ -16,6 +16,7 @@ class MemtableVsModel(RuleBasedStateMachine):
         self.model: dict[int, list[tuple[int, int]]] = {}  # key -> [(ts, rowid)]
         self.ts = 1 << 40
         self.rowid = 1 << 32
+        self.pending = []  # (run a, run b, a and b merged) not yet put back
 
     @rule(keys=st.lists(st.integers(-50, 50), min_size=1, max_size=30, unique=True),
           deletes=st.lists(st.booleans(), min_size=30, max_size=30), gap=st.integers(1, 1 << 20))
@@ -48,13 +49,30 @@ class MemtableVsModel(RuleBasedStateMachine):
                       if lo <= k < lo + span and self.expected(k, as_of) not in (0, int(TOMBSTONE)))
         assert list(zip(decode_keys(run.keys, "int64"), run.rowids.tolist())) == want
 
+    @rule()
+    def start_merge(self):  # what a worker thread merges, while inserts and reads go on
+        pair = self.mt.merge_due()
+        if pair is not None:
+            self.pending.append((*pair, merge_runs(list(pair))))
+
+    @rule(which=st.integers(0, 3))
+    def finish_merge(self, which):  # maybe stale: the pair may be merged or consolidated already
+        if self.pending:
+            self.mt.replace(*self.pending.pop(which % len(self.pending)))
+
+    @rule(key=st.integers(-60, 60), back=st.integers(0, 1 << 22))
+    def get_one(self, key, back):
+        as_of = self.ts - back
+        k = int(encode_keys(pa.array([key], pa.int64()), "int64")[0])
+        assert self.mt.get_one(k, as_of) == self.expected(key, as_of)
+
     @invariant()
     def counted(self):
         assert self.mt.entries == sum(len(v) for v in self.model.values())
 
 
 TestMemtable = MemtableVsModel.TestCase
-TestMemtable.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+TestMemtable.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 
 
 def test_string_and_uuid_keys():
