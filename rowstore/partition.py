@@ -100,15 +100,18 @@ class Partition:
         await asyncio.sleep(0)  # let the task take its localids and enqueue its bytes under our lock
         return task
 
-    async def roll_if_full(self) -> None:
+    def full(self) -> bool:
+        """Whether the current segment reached the seal size (then ``roll(if_full=True)``)."""
         seg = self.store._current.get((self.table_id, self.pid))
-        if seg is not None and seg.nbytes >= self.store.seal_bytes:
-            await self.roll()
+        return seg is not None and seg.nbytes >= self.store.seal_bytes
 
-    async def roll(self) -> int | None:
-        """Seal the current segment (if it has rows) under the writer lock."""
+    async def roll(self, if_full: bool = False) -> int | None:
+        """Seal the current segment (if it has rows; with ``if_full``, if it is still full
+        once the lock is ours) under the writer lock."""
         async with self.lock:
             await self._drained.wait()
+            if if_full and not self.full():
+                return None
             seg = await self.store.roll(self.table_id, self.pid)
             return seg.segid if seg is not None else None
 
