@@ -4,9 +4,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from crc32c import crc32c
-
 from catalog.abc import Delete, Op, Put
+from catalog.checksum import crc32c
 from catalog.errors import CatalogCorruptionError
 
 LOG_MAGIC = b"TRKVLOG1"  # part of the format

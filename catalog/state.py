@@ -12,8 +12,6 @@ from bisect import bisect_left, insort
 from collections import OrderedDict
 from typing import Sequence
 
-from crc32c import crc32c
-
 from catalog.abc import (
     MAX_KEY_BYTES,
     MAX_REQUEST_ID,
@@ -27,6 +25,7 @@ from catalog.abc import (
     Put,
     TxnResult,
 )
+from catalog.checksum import crc32c
 from catalog.errors import CatalogCorruptionError, InvalidTransactionError
 
 DEDUP_CAPACITY = 100_000

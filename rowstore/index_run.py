@@ -8,8 +8,8 @@ from bisect import bisect_right
 from typing import AsyncIterator
 
 import numpy as np
-from crc32c import crc32c
 
+from catalog.checksum import crc32c
 from rowstore.errors import RowCorruptionError
 from rowstore.memtable import Run, merge_runs
 from terrafs.sealed import SealedFile

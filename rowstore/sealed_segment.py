@@ -18,8 +18,8 @@ from typing import AsyncIterator, Callable
 
 import numba
 import numpy as np
-from crc32c import crc32c
 
+from catalog.checksum import crc32c
 from rowstore.errors import RowCorruptionError
 from rowstore.memtable import encode_keys
 from rowstore.rowcodec import Decoded, decode_row_list, decode_rows, decode_run

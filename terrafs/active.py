@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import AsyncIterator
 
 import numpy as np
-from crc32c import crc32c
 
+from catalog.checksum import crc32c
 from terrafs.abc import BlockDevice, DeviceFile
 from terrafs.blocks import (
     BLOCK_MAGIC,

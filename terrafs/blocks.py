@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import zstandard
 from cryptography.exceptions import InvalidTag
-from crc32c import crc32c
 
+from catalog.checksum import crc32c
 from terrafs.crypto import NONCE_LEN, TAG_LEN, DataCipher
 from terrafs.errors import CorruptionError, EncryptionKeyError
 

@@ -12,8 +12,8 @@ from bisect import bisect_right
 from typing import AsyncIterator
 
 import numpy as np
-from crc32c import crc32c
 
+from catalog.checksum import crc32c
 from terrafs.abc import DeviceFile, ObjectStore
 from terrafs.blocks import Codec, decode_block, encode_block
 from terrafs.cache import BlockCache

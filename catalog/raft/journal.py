@@ -12,9 +12,9 @@ import os
 import re
 import struct
 
-from crc32c import crc32c
 from pysyncobj.journal import Journal
 
+from catalog.checksum import crc32c
 from catalog.errors import CatalogCorruptionError
 from catalog.fsutil import fsync_dir
 
