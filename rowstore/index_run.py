@@ -11,7 +11,7 @@ import numpy as np
 from crc32c import crc32c
 
 from rowstore.errors import RowCorruptionError
-from rowstore.memtable import Run, merge_runs
+from rowstore.memtable import Run, find_one, merge_runs
 from terrafs.sealed import SealedFile
 
 RUN_MAGIC = b"TRIDXRN1"  # part of the format
@@ -126,6 +126,8 @@ class IndexRun:
 
     def pages_for(self, key) -> range:
         """Pages that may hold versions of ``key`` (usually one)."""
+        if not self._firsts:
+            return range(0)
         k = _cmp_key(key, self.kind)
         lo = max(bisect_right(self._firsts, k) - 1, 0)
         hi = lo
@@ -139,16 +141,22 @@ class IndexRun:
     async def get_one(self, key, as_of: int) -> int:
         """The newest rowid of ``key`` with ts <= as_of in this run (TOMBSTONE for a deletion),
         0 if none: the scalar path of a point get."""
-        k = np.uint64(key) if self.kind == "int64" else bytes(key)
         for i in self.pages_for(key):
-            p = await self.page(i)
-            if p.keys.dtype.kind == "S" and len(k) > p.keys.dtype.itemsize:
-                continue
-            j, hi = int(p.keys.searchsorted(k, "left")), int(p.keys.searchsorted(k, "right"))
-            while j < hi:
-                if p.ts[j] <= as_of:
-                    return int(p.rowids[j])
-                j += 1
+            r, _ = find_one(await self.page(i), key, as_of)
+            if r:
+                return r
+        return 0
+
+    def get_cached(self, key, as_of: int) -> int | None:
+        """``get_one`` when the pages it needs are parsed already; None when one must be read."""
+        for i in self.pages_for(key):
+            p = self._pages.get(i)
+            if p is None:
+                return None
+            self._pages.move_to_end(i)
+            r, _ = find_one(p, key, as_of)
+            if r:
+                return r
         return 0
 
     async def versions(self, key) -> Run:
