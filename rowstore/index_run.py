@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from itertools import compress
 from bisect import bisect_right
 from typing import AsyncIterator
 
@@ -124,6 +125,14 @@ class IndexRun:
                 self._pages.popitem(last=False)
         return p
 
+    async def pages(self, idx: list[int]) -> list[Run]:
+        """Parsed pages ``idx``: those parsed already without a coroutine each, then the rest."""
+        got = list(map(self._pages.get, idx))
+        deque(map(self._pages.move_to_end, compress(idx, got)), maxlen=0)
+        for j in [j for j, p in enumerate(got) if p is None]:
+            got[j] = await self.page(idx[j])
+        return got
+
     def pages_for(self, key) -> range:
         """Pages that may hold versions of ``key`` (usually one)."""
         if not self._firsts:
@@ -193,11 +202,7 @@ class IndexRun:
         hi = np.maximum(np.searchsorted(firsts, keys, "right") - 1, 0)
         span = hi - lo + 1
         pages = np.unique(np.repeat(lo, span) + (np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)))
-        runs = [await self.page(int(i)) for i in pages]  # in page order: already sorted
-        run = runs[0] if len(runs) == 1 else Run(np.concatenate([r.keys for r in runs]),
-                                                  np.concatenate([r.ts for r in runs]),
-                                                  np.concatenate([r.rowids for r in runs]))
-        return _lookup(run, keys, as_of)
+        return _lookup(_concat(await self.pages(pages.tolist())), keys, as_of)  # pages in order: sorted
 
     async def range(self, lo=None, hi=None) -> Run:
         """The entries of the pages that may hold keys in ``[lo, hi)`` (None: unbounded); the
@@ -208,7 +213,7 @@ class IndexRun:
         firsts = self._fence_array()
         a = 0 if lo is None else max(int(np.searchsorted(firsts, lo, "left")) - 1, 0)
         b = len(self._offs) if hi is None else max(int(np.searchsorted(firsts, hi, "left")), 1)
-        return _concat([await self.page(i) for i in range(a, b)])
+        return _concat(await self.pages(list(range(a, b))))
 
     async def all(self) -> Run:
         """Every entry (merges, checks)."""

@@ -237,6 +237,9 @@ def _lookup(run: Run, keys: np.ndarray, as_of: int) -> tuple[np.ndarray, np.ndar
         r, t = _lookup(run, keys[fits].astype(run.keys.dtype), as_of)
         out[fits], ts_out[fits] = r, t
         return out, ts_out
+    if run.keys.dtype == np.uint64 and keys.dtype == np.uint64:
+        _lookup_u64(run.keys, run.ts, run.rowids, keys, as_of, out, ts_out)
+        return out, ts_out
     lo = np.searchsorted(run.keys, keys, "left")
     hi = np.searchsorted(run.keys, keys, "right")
     j, t = lo.copy(), np.uint64(as_of)
@@ -249,3 +252,13 @@ def _lookup(run: Run, keys: np.ndarray, as_of: int) -> tuple[np.ndarray, np.ndar
         j[todo] += 1
         todo = todo[j[todo] < hi[todo]]
     return out, ts_out
+
+
+@numba.njit(cache=True, nogil=True)
+def _lookup_u64(run_keys, run_ts, run_rowids, keys, as_of, out, ts_out):
+    """``_lookup`` over uint64 keys in one compiled pass (numpy needs ~20 calls, whose fixed
+    costs dominate the small per-partition lookups of a multi-key get)."""
+    t = np.uint64(as_of)
+    for i in range(keys.shape[0]):
+        r, ts = _find_u64(run_keys, run_ts, run_rowids, np.int64(keys[i]), t)
+        out[i], ts_out[i] = r, ts

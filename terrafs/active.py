@@ -396,7 +396,12 @@ class ActiveFile:
             raise ClosedError(f"{self.where} is closed")
 
         async def fetch(blocks):
-            return {i: await self._read_block(i) for i in blocks}
+            got = {}
+            if self.cache is not None:
+                got = {i: b for (_, i), b in self.cache.get_mem_many([(self.where, i) for i in blocks]).items()}
+            for i in set(blocks).difference(got):
+                got[i] = await self._read_block(i)
+            return got
 
         return await read_ranges(self.index.logical[: self.index.n], self.durable_size, offsets, lengths, fetch)
 

@@ -205,8 +205,8 @@ class SealedFile:
         ranged read), only the ranges' bytes are copied; see ``terrafs.gather``."""
 
         async def fetch(blocks):
-            out = {}
-            for lo, hi in _runs(blocks):
+            out = {i: b for (_, i), b in self._cache.get_mem_many([(self.key, i) for i in blocks]).items()}
+            for lo, hi in _runs(sorted(set(blocks).difference(out))):
                 for i, b in zip(range(lo, hi + 1), await self._fetch(lo, hi)):
                     out[i] = b
             return out
