@@ -58,15 +58,24 @@ async def test_run_matches_memtable_int64(batches):
 
 
 async def _scalar_gets_match(run, full, keys):
-    """``get_one`` and ``get_cached`` (None until the pages are parsed) equal the vectorized lookup."""
-    run._pages.clear()
-    for as_of in (0, 1000, 1003, 2000):
-        want = (await run.get_many(np.array(keys, full.keys.dtype if full.keys.dtype.kind != "S" else "S"),
-                                   as_of)).tolist()
-        assert [await run.get_one(k, as_of) for k in keys] == want
-        assert [run.get_cached(k, as_of) for k in keys] == want
-    run._pages.clear()
-    assert {run.get_cached(k, 2000) for k in keys} == {None}
+    """``get_one`` and ``get_cached`` (None until the pages are parsed) equal the vectorized lookup,
+    with pages parsed one by one and with the whole run parsed."""
+    arr = np.array(keys, full.keys.dtype if full.keys.dtype.kind != "S" else "S")
+    want = {as_of: (await run.get_many(arr, as_of)).tolist() for as_of in (0, 1000, 1003, 2000)}
+    for whole in (False, True):
+        run._pages.clear()
+        run._whole = None
+        assert {run.get_cached(k, 2000) for k in keys} == {None}
+        if whole:
+            await run._parse_whole()
+        for as_of, w in want.items():
+            assert [await run.get_one(k, as_of) for k in keys] == w
+            assert [run.get_cached(k, as_of) for k in keys] == w
+            assert (await run.get_many(arr, as_of)).tolist() == w
+        assert np.array_equal((await run.all()).keys, full.keys)
+        for k in keys[:5]:
+            v, m = await run.versions(k), full.keys == np.array([k], full.keys.dtype)[0]
+            assert v.ts.tolist() == full.ts[m].tolist() and v.rowids.tolist() == full.rowids[m].tolist()
 
 
 @pytest.mark.parametrize("kind", ["string", "uuid"])
