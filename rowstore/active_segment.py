@@ -123,6 +123,12 @@ class ActiveSegment:
 
     # -- reads -----------------------------------------------------------------------
 
+    def get_raw_cached(self, localid: int) -> bytes | None:
+        """``get_raw`` without I/O when the memory cache holds the row's block, else None."""
+        if not 0 <= localid < self.durable_rows:
+            return None
+        return self.file.read_cached(int(self._idx.arr[localid]), int(self._idx.lens[localid]))
+
     async def get_raw(self, localid: int) -> bytes:
         """The encoded row bytes of one durable row."""
         if not 0 <= localid < self.durable_rows:

@@ -31,7 +31,7 @@ from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
 from rowstore.memtable import encode_keys
 from rowstore.partition import Partition
 from rowstore.partitioning import encode_one, partition_of, partition_one
-from rowstore.pointread import decode_one
+from rowstore.pointread import PointDecoder
 from rowstore.query import batch_mask, parse_bbox, parse_where
 from rowstore.rowcodec import Encoded, EncodedParts
 from rowstore.schema import SchemaVersion
@@ -112,6 +112,28 @@ def _concat(encs: list) -> Encoded | EncodedParts:
 
 
 @dataclass(frozen=True)
+class _PointTable:
+    """A table as a point read needs it (plain attributes: read on every get)."""
+
+    gen: int  # the table catalog's generation it was built in
+    d: TableDef
+    kind: str
+    parts: list
+    nparts: int
+    decode: PointDecoder
+
+
+def _point_key(pt: _PointTable, key):
+    """One user key as the index's scalar (see ``encode_one``)."""
+    try:
+        if pt.kind == "uuid":
+            return encode_one(key_array([key], pt.d.schema.key)[0].as_py(), "uuid")
+        return encode_one(key, pt.kind)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise RowValidationError(f"primary key {key!r} is not a valid {pt.d.schema.key.type}") from e
+
+
+@dataclass(frozen=True)
 class WriteResult:
     count: int
     commit_ts: int
@@ -154,6 +176,7 @@ class Database:
         self._groups: dict[str, list] = {}  # table id -> multi-partition batches waiting to commit
         self._leading: set[str] = set()  # table ids whose group committer is running
         self._applying: dict[str, asyncio.Task] = {}  # table id -> its last decided group's finish
+        self._points: dict[str, _PointTable] = {}  # name -> what a point read at the present needs
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -495,23 +518,37 @@ class Database:
     async def get(self, name: str, key, as_of: int | None = None) -> dict | None:
         """The row with primary key ``key`` as of T (columns and names of T), or None.
 
-        The scalar path: no arrays, one index walk, one row read, one struct unpack."""
-        T = await self.snapshot(as_of)
-        d = await self.catalog_tables.describe(name, T)
-        table = self._tables.get(d.table_id) or await self._table(d)
-        try:
-            k = encode_one(key, table.kind) if table.kind != "uuid" else \
-                encode_one(key_array([key], d.schema.key)[0].as_py(), "uuid")
-        except (TypeError, ValueError, AttributeError) as e:
-            raise RowValidationError(f"primary key {key!r} is not a valid {d.schema.key.type}") from e
-        part = table.parts[partition_one(k, len(table.parts))]
-        rowid = part.index.get_mem(k, T)
+        The scalar path: no arrays, one index walk, one row read, one struct unpack; with
+        everything it needs in memory, no coroutine is awaited."""
+        pt = self._points.get(name) if as_of is None else None
+        if pt is not None and pt.gen == self.catalog_tables.generation:
+            T = self.timeline.closed
+            if pt.d.ts > T:  # the newest definition is not visible yet
+                T, pt = await self._point_table(name, as_of)
+        else:
+            T, pt = await self._point_table(name, as_of)
+        k = _point_key(pt, key)
+        part = pt.parts[partition_one(k, pt.nparts)]
+        rowid = part.index.get_cached(k, T)
         if rowid is None:
             rowid = await part.index.get(k, T)
         if rowid == 0:
             return None
         raw, where = self.store.row_bytes_cached(rowid) or await self.store.row_bytes(rowid)
-        return decode_one(raw, await self._schemas_of(d), d.schema, where)
+        return pt.decode(raw, where)
+
+    async def _point_table(self, name: str, as_of: int | None) -> tuple[int, "_PointTable"]:
+        """The read timestamp and the table as point reads need it; kept for reads at the
+        present while the catalog's generation stands and the definition is the newest."""
+        gen = self.catalog_tables.generation
+        T = await self.snapshot(as_of)
+        d = await self.catalog_tables.describe(name, T)
+        table = self._tables.get(d.table_id) or await self._table(d)
+        pt = _PointTable(gen, d, table.kind, table.parts, len(table.parts),
+                         PointDecoder(await self._schemas_of(d), d.schema))
+        if as_of is None and await self.catalog_tables.describe(name) is d:
+            self._points[name] = pt
+        return T, pt
 
     async def get_many(self, name: str, keys, as_of: int | None = None) -> pa.Table:
         """Rows for many keys at once (vectorized lookups and reads), in key order; absent

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from itertools import accumulate, compress
 from bisect import bisect_right
 from typing import AsyncIterator
 
@@ -11,13 +12,14 @@ import numpy as np
 
 from catalog.checksum import crc32c
 from rowstore.errors import RowCorruptionError
-from rowstore.memtable import Run, merge_runs
+from rowstore.memtable import Run, find_one, merge_runs
 from terrafs.sealed import SealedFile
 
 RUN_MAGIC = b"TRIDXRN1"  # part of the format
 RUN_VERSION = 1
 PAGE_ENTRIES = 170
 PARSED_PAGES = 512  # per open run: memory is bounded by configuration, not by the run's size
+_WHOLE_SHARE = 8  # a lookup needing over 1/8 of a run's pages parses the whole run (when it fits)
 FOOTER = struct.Struct("<8sHBBQQIQQI8sI")
 FOOTER_LEN = FOOTER.size  # 64
 KINDS = {"int64": 1, "string": 2, "uuid": 3}
@@ -88,6 +90,8 @@ class IndexRun:
         (self.level, self.entries, self.min_ts, self.max_ts, self._fence_off) = meta
         self._offs, self._counts, self._firsts = fence
         self._pages: OrderedDict[int, Run] = OrderedDict()  # parsed pages, LRU (blocks stay in the block cache)
+        self._whole: Run | None = None  # every page parsed, as one run (then ``_pages`` stays empty)
+        self._page_at = [0, *accumulate(self._counts)]  # first entry of each page
 
     @classmethod
     async def open(cls, sf: SealedFile) -> "IndexRun":
@@ -112,6 +116,9 @@ class IndexRun:
         return cls(sf, kind, (f[3], f[4], f[7], f[8], f[5]), parsed)
 
     async def page(self, i: int) -> Run:
+        if self._whole is not None:
+            a, b = self._page_at[i], self._page_at[i + 1]
+            return Run(self._whole.keys[a:b], self._whole.ts[a:b], self._whole.rowids[a:b])
         p = self._pages.get(i)
         if p is not None:
             self._pages.move_to_end(i)
@@ -124,8 +131,18 @@ class IndexRun:
                 self._pages.popitem(last=False)
         return p
 
+    async def pages(self, idx: list[int]) -> list[Run]:
+        """Parsed pages ``idx``: those parsed already without a coroutine each, then the rest."""
+        got = list(map(self._pages.get, idx))
+        deque(map(self._pages.move_to_end, compress(idx, got)), maxlen=0)
+        for j in [j for j, p in enumerate(got) if p is None]:
+            got[j] = await self.page(idx[j])
+        return got
+
     def pages_for(self, key) -> range:
         """Pages that may hold versions of ``key`` (usually one)."""
+        if not self._firsts:
+            return range(0)
         k = _cmp_key(key, self.kind)
         lo = max(bisect_right(self._firsts, k) - 1, 0)
         hi = lo
@@ -139,16 +156,26 @@ class IndexRun:
     async def get_one(self, key, as_of: int) -> int:
         """The newest rowid of ``key`` with ts <= as_of in this run (TOMBSTONE for a deletion),
         0 if none: the scalar path of a point get."""
-        k = np.uint64(key) if self.kind == "int64" else bytes(key)
+        if self._whole is not None:
+            return find_one(self._whole, key, as_of)[0]
         for i in self.pages_for(key):
-            p = await self.page(i)
-            if p.keys.dtype.kind == "S" and len(k) > p.keys.dtype.itemsize:
-                continue
-            j, hi = int(p.keys.searchsorted(k, "left")), int(p.keys.searchsorted(k, "right"))
-            while j < hi:
-                if p.ts[j] <= as_of:
-                    return int(p.rowids[j])
-                j += 1
+            r, _ = find_one(await self.page(i), key, as_of)
+            if r:
+                return r
+        return 0
+
+    def get_cached(self, key, as_of: int) -> int | None:
+        """``get_one`` when the pages it needs are parsed already; None when one must be read."""
+        if self._whole is not None:
+            return find_one(self._whole, key, as_of)[0]
+        for i in self.pages_for(key):
+            p = self._pages.get(i)
+            if p is None:
+                return None
+            self._pages.move_to_end(i)
+            r, _ = find_one(p, key, as_of)
+            if r:
+                return r
         return 0
 
     async def versions(self, key) -> Run:
@@ -180,16 +207,26 @@ class IndexRun:
 
         if not self._offs or len(keys) == 0:
             return np.zeros(len(keys), np.uint64), np.zeros(len(keys), np.uint64)
+        if self._whole is not None:
+            return _lookup(self._whole, keys, as_of)
         firsts = self._fence_array()
         lo = np.maximum(np.searchsorted(firsts, keys, "left") - 1, 0)
         hi = np.maximum(np.searchsorted(firsts, keys, "right") - 1, 0)
         span = hi - lo + 1
         pages = np.unique(np.repeat(lo, span) + (np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)))
-        runs = [await self.page(int(i)) for i in pages]  # in page order: already sorted
-        run = runs[0] if len(runs) == 1 else Run(np.concatenate([r.keys for r in runs]),
-                                                  np.concatenate([r.ts for r in runs]),
-                                                  np.concatenate([r.rowids for r in runs]))
-        return _lookup(run, keys, as_of)
+        n = len(self._offs)
+        if n <= PARSED_PAGES and len(pages) * _WHOLE_SHARE > n:
+            await self._parse_whole()
+            return _lookup(self._whole, keys, as_of)
+        return _lookup(_concat(await self.pages(pages.tolist())), keys, as_of)  # pages in order: sorted
+
+    async def _parse_whole(self) -> None:
+        """Parse every page into one run: lookups of many keys then search it directly instead
+        of concatenating the pages they need each time (only for runs within the parsed-page
+        budget, so memory stays bounded by configuration)."""
+        whole = _concat(await self.pages(list(range(len(self._offs)))))
+        self._whole = whole
+        self._pages.clear()
 
     async def range(self, lo=None, hi=None) -> Run:
         """The entries of the pages that may hold keys in ``[lo, hi)`` (None: unbounded); the
@@ -197,10 +234,12 @@ class IndexRun:
         if not self._offs:
             return Run(np.zeros(0, np.uint64 if self.kind == "int64" else "S1"), np.zeros(0, np.uint64),
                        np.zeros(0, np.uint64))
+        if self._whole is not None:
+            return self._whole
         firsts = self._fence_array()
         a = 0 if lo is None else max(int(np.searchsorted(firsts, lo, "left")) - 1, 0)
         b = len(self._offs) if hi is None else max(int(np.searchsorted(firsts, hi, "left")), 1)
-        return _concat([await self.page(i) for i in range(a, b)])
+        return _concat(await self.pages(list(range(a, b))))
 
     async def all(self) -> Run:
         """Every entry (merges, checks)."""

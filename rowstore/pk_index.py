@@ -131,11 +131,29 @@ class PartitionIndex:
     def get_mem(self, key, as_of: int) -> int | None:
         """``get`` from the memtables alone (no await): the rowid, 0 for a deletion, None when
         the runs must be asked."""
-        for mt in [self.mem, *reversed(self._frozen)]:
-            r = mt.get_one(key, as_of)
+        r = self.mem.get_one(key, as_of)
+        if not r:
+            for mt in reversed(self._frozen):
+                r = mt.get_one(key, as_of)
+                if r:
+                    break
+        if r:
+            return 0 if r == _TOMB else r
+        return None if self.runs else 0
+
+    def get_cached(self, key, as_of: int) -> int | None:
+        """``get`` without I/O (memtables, then runs whose pages are parsed already); None when
+        a run's page must be read first."""
+        r = self.get_mem(key, as_of)
+        if r is not None:
+            return r
+        for _, run in self.runs:
+            r = run.get_cached(key, as_of)
+            if r is None:
+                return None
             if r:
                 return 0 if r == _TOMB else r
-        return None if self.runs else 0
+        return 0
 
     async def get(self, key, as_of: int) -> int:
         """The rowid visible at ``as_of`` for one encoded key (int or bytes); 0 if none."""

@@ -1,9 +1,9 @@
 """Point reads: one encoded row straight to a Python dict (docs/format/segment.md §1).
 
 The vectorized decoder (``rowcodec.decode_rows``) builds Arrow arrays, a fixed cost of
-~100 µs that dominates a single-row get. This decodes one row with one
-``struct.unpack_from`` per (row version, target version) plan, giving exactly what
-``decode_rows(...).batch.to_pylist()[0]`` gives (a property test holds them equal).
+~100 µs that dominates a single-row get. This decodes one row with a function generated
+per (row version, target version): one ``struct.unpack_from`` and one dict display, giving
+exactly what ``decode_rows(...).batch.to_pylist()[0]`` gives (a property test holds them equal).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from rowstore.types import LOWER_UNB, UPPER_UNB, Kind
 _UTC = ZoneInfo("UTC")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
 _EPOCH_DATE = dt.date(1970, 1, 1)
-_HEAD = struct.Struct("<IIQB")
+_LEN_VER = struct.Struct("<II")
 _FMT = {Kind.INT8: "b", Kind.INT16: "h", Kind.INT32: "i", Kind.INT64: "q", Kind.UINT8: "B",
         Kind.UINT16: "H", Kind.UINT32: "I", Kind.UINT64: "Q", Kind.FLOAT32: "f", Kind.FLOAT64: "d",
         Kind.BOOL: "B", Kind.TIMESTAMP: "q", Kind.DATE: "i", Kind.UUID: "16s", Kind.POINT: "dd",
@@ -44,7 +44,7 @@ def _date(days: int):
 
 
 def _converter(col) -> tuple[str, int, Callable]:
-    """(struct format, number of struct fields, values -> Python value)."""
+    """(struct format, number of struct fields, fields -> Python value for several fields)."""
     k = col.type.kind
     if k == Kind.RANGE:
         elem = col.type.elem
@@ -60,28 +60,29 @@ def _converter(col) -> tuple[str, int, Callable]:
         return fmt, 2, lambda v: {"x": v[0], "y": v[1]}
     if k == Kind.BOX:
         return fmt, 4, lambda v: {"xmin": v[0], "ymin": v[1], "xmax": v[2], "ymax": v[3]}
-    one = {Kind.BOOL: lambda v: bool(v[0]), Kind.TIMESTAMP: lambda v: _ts(v[0]),
-           Kind.DATE: lambda v: _date(v[0])}.get(k, lambda v: v[0])
-    return fmt, 1, one
+    return fmt, 1, None  # one field: converted inline (``_SCALAR``)
 
 
-_PLANS: dict[tuple[int, int], tuple] = {}
+_SCALAR = {Kind.BOOL: "bool({})", Kind.TIMESTAMP: "_ts({})", Kind.DATE: "_date({})"}  # one-field conversions
+_DECODERS: dict[tuple[int, int], tuple] = {}
 
 
-def _plan(row_schema: SchemaVersion, target: SchemaVersion):
-    """Cached by identity (hashing a schema costs more than decoding the row)."""
-    got = _PLANS.get((id(row_schema), id(target)))
+def decoder(row_schema: SchemaVersion, target: SchemaVersion) -> Callable:
+    """The decoder of rows of ``row_schema`` into ``target``'s dict, cached by identity (hashing
+    a schema costs more than decoding the row)."""
+    got = _DECODERS.get((id(row_schema), id(target)))
     if got is None or got[0] is not row_schema or got[1] is not target:
-        if len(_PLANS) > 4096:
-            _PLANS.clear()
-        got = _PLANS[(id(row_schema), id(target))] = (row_schema, target, _make_plan(row_schema, target))
+        if len(_DECODERS) > 4096:
+            _DECODERS.clear()
+        got = _DECODERS[(id(row_schema), id(target))] = (row_schema, target, _make_decoder(row_schema, target))
     return got[2]
 
 
-def _make_plan(row_schema: SchemaVersion, target: SchemaVersion):
-    """How to build the target's dict from a row of ``row_schema``: ONE struct for the whole
-    fixed part (values in column order, then the var ends), and per target column where its
-    value sits in the unpacked tuple and how to convert it."""
+def _make_decoder(row_schema: SchemaVersion, target: SchemaVersion) -> Callable:
+    """Python source for one (row version, target version) pair, compiled once (as
+    ``collections.namedtuple`` does): ONE struct unpack for the whole fixed part (values in
+    column order, then the var ends), then one dict display whose entries test the null bit
+    and convert in place — no per-column loop, no step tuples at decode time."""
     lay = layout(row_schema)
     pos = {c.id: i for i, c in enumerate(row_schema.columns)}
     nb = (len(row_schema.columns) + 7) // 8
@@ -95,19 +96,40 @@ def _make_plan(row_schema: SchemaVersion, target: SchemaVersion):
     fmt += "I" * len(lay.var)
     fixed = struct.Struct(fmt)
     assert 17 + nb + fixed.size == lay.size, "layout and struct disagree"  # part of the format
-    steps = []
+    size, nvar = lay.size, len(lay.var)
+    env = {"unpack": fixed.unpack_from, "Err": RowCorruptionError, "_ts": _ts, "_date": _date}
+    entries = []
     for c in target.columns:
         if c.id not in pos:
-            steps.append((c.name, -1, 0, 0, 0, None))
+            entries.append(f"{c.name!r}: None")
             continue
         i = pos[c.id]
+        null = f"raw[{17 + (i >> 3)}] & {1 << (i & 7)}"
         if c.id in var:
-            steps.append((c.name, 17 + (i >> 3), 1 << (i & 7), 1, var[c.id], c.type.kind == Kind.BINARY))
+            j = at + var[c.id]
+            lo = f"{size} + v[{j - 1}]" if var[c.id] else f"{size}"
+            val = f"raw[{lo} : {size} + v[{j}]]" + ("" if c.type.kind == Kind.BINARY else '.decode("utf-8")')
         else:
             a, n, conv = where[c.id]
-            plain = n == 1 and c.type.kind not in (Kind.BOOL, Kind.TIMESTAMP, Kind.DATE)
-            steps.append((c.name, 17 + (i >> 3), 1 << (i & 7), 0, a, None if plain else (n, conv)))
-    return lay.size, fixed, 17 + nb, at, len(lay.var), steps
+            if n == 1:
+                val = _SCALAR.get(c.type.kind, "{}").format(f"v[{a}]")
+            else:
+                env[f"conv{i}"] = conv
+                val = f"conv{i}(v[{a} : {a + n}])"
+        entries.append(f"{c.name!r}: None if {null} else {val}")
+    src = "\n".join([
+        "def decode(raw, ln, where):",
+        "    if ln != len(raw):",
+        "        raise Err(where, None, f'row length {ln} != {len(raw)} bytes read')",
+        f"    if {size} > ln:",
+        "        raise Err(where, None, 'row shorter than its fixed part')",
+        f"    v = unpack(raw, {17 + nb})",
+        f"    if {size} + {f'v[{at + nvar - 1}]' if nvar else 0} != ln:",
+        "        raise Err(where, None, 'row length does not match its columns')",
+        "    return {" + ", ".join(entries) + "}",
+    ])
+    exec(compile(src, f"<row decoder v{row_schema.version} -> v{target.version}>", "exec"), env)  # noqa: S102
+    return env["decode"]
 
 
 def decode_one(raw: bytes, schemas: Callable[[int], SchemaVersion], target: SchemaVersion,
@@ -115,25 +137,23 @@ def decode_one(raw: bytes, schemas: Callable[[int], SchemaVersion], target: Sche
     """The row as ``{column name of target: value}`` (None when null or absent)."""
     if len(raw) < HEADER.itemsize:
         raise RowCorruptionError(where, None, "row shorter than its header")
-    ln, ver, _ts_, _flags = _HEAD.unpack_from(raw, 0)
-    if ln != len(raw):
-        raise RowCorruptionError(where, None, f"row length {ln} != {len(raw)} bytes read")
-    size, fixed, start, nfix, nvar, steps = _plan(schemas(ver), target)
-    if size > ln:
-        raise RowCorruptionError(where, None, "row shorter than its fixed part")
-    vals = fixed.unpack_from(raw, start)
-    if size + (vals[-1] if nvar else 0) != ln:
-        raise RowCorruptionError(where, None, "row length does not match its columns")
-    out = {}
-    for name, nbyte, bit, is_var, a, how in steps:
-        if nbyte < 0 or raw[nbyte] & bit:
-            out[name] = None
-        elif is_var:
-            lo = vals[nfix + a - 1] if a else 0
-            b = raw[size + lo : size + vals[nfix + a]]
-            out[name] = b if how else b.decode("utf-8")
-        elif how is None:
-            out[name] = vals[a]
-        else:
-            out[name] = how[1](vals[a : a + how[0]])
-    return out
+    ln, ver = _LEN_VER.unpack_from(raw, 0)
+    return decoder(schemas(ver), target)(raw, ln, where)
+
+
+class PointDecoder:
+    """``decode_one`` into one target for one table's rows: the decoder of each row version
+    is looked up once (the schema lookup and the identity cache cost as much as a decode)."""
+
+    def __init__(self, schemas: Callable[[int], SchemaVersion], target: SchemaVersion):
+        self.schemas, self.target = schemas, target
+        self._by_ver: dict[int, Callable] = {}
+
+    def __call__(self, raw: bytes, where: str) -> dict:
+        if len(raw) < 17:
+            raise RowCorruptionError(where, None, "row shorter than its header")
+        ln, ver = _LEN_VER.unpack_from(raw, 0)
+        dec = self._by_ver.get(ver)
+        if dec is None:
+            dec = self._by_ver[ver] = decoder(self.schemas(ver), self.target)
+        return dec(raw, ln, where)

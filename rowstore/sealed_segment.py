@@ -35,6 +35,7 @@ KEY_PREFIX = 24
 _SCAN_RUN = 2 << 20  # bytes of whole rows fetched and decoded as one unit of a scan
 _SCAN_AHEAD = 2  # runs in flight at once (one per core here)
 MAX_VERSIONS = 8
+_U32 = struct.Struct("<I")
 FOOTER = struct.Struct("<8sHHIQQQQIQQI8IH24sH24sI28sI")
 FOOTER_LEN = FOOTER.size  # 192
 assert FOOTER_LEN == 192
@@ -199,27 +200,62 @@ class SealedSegment:
                 self._firsts[off] = p[1::2]
         return p
 
+    def located(self, localid: int) -> tuple[int, int] | None:
+        """``locate`` from the pages parsed already and the blocks cached; None when something
+        must be read (a point read's fast path: no coroutine)."""
+        self._check(localid)
+        off = self.footer.root_off
+        for _ in range(self.footer.height - 1):
+            firsts = self._firsts.get(off)
+            if firsts is None:
+                return None
+            off = self._pages[off][2 * bisect_right(firsts, localid)]
+        leaf = self._pages.get(off)
+        if leaf is None:
+            return None
+        i = self._slot(off, leaf, localid)
+        start = leaf[2 + i]
+        if i + 1 < leaf[1]:
+            return self._span(off, localid, start, leaf[3 + i])
+        head = self.sf.read_cached(start, 4)
+        return None if head is None else self._span(off, localid, start, start + _U32.unpack(head)[0])
+
     async def locate(self, localid: int) -> tuple[int, int]:
         """(offset, length) of a row, walking root -> leaf."""
-        f = self.footer
-        if not 0 <= localid < f.rows:
-            raise RowCorruptionError(self.where, None, f"no row {localid} in segment {f.segid} ({f.rows} rows)")
-        off = f.root_off
-        for _ in range(f.height - 1):
+        self._check(localid)
+        off = self.footer.root_off
+        for _ in range(self.footer.height - 1):
             node = await self._page(off, leaf=False)
             off = node[2 * bisect_right(self._firsts[off], localid)]
         leaf = await self._page(off, leaf=True)
-        i = localid - leaf[0]
-        if not 0 <= i < leaf[1]:
-            raise RowCorruptionError(self.where, off, f"leaf does not hold localid {localid}")
+        i = self._slot(off, leaf, localid)
         start = leaf[2 + i]
         if i + 1 < leaf[1]:
             end = leaf[3 + i]
         else:
-            end = start + struct.unpack("<I", await self.sf.read(start, 4))[0]
-        if not start < end <= f.rows_len:
+            end = start + _U32.unpack(await self.sf.read(start, 4))[0]
+        return self._span(off, localid, start, end)
+
+    def _check(self, localid: int) -> None:
+        f = self.footer
+        if not 0 <= localid < f.rows:
+            raise RowCorruptionError(self.where, None, f"no row {localid} in segment {f.segid} ({f.rows} rows)")
+
+    def _slot(self, off: int, leaf: list[int], localid: int) -> int:
+        i = localid - leaf[0]
+        if not 0 <= i < leaf[1]:
+            raise RowCorruptionError(self.where, off, f"leaf does not hold localid {localid}")
+        return i
+
+    def _span(self, off: int, localid: int, start: int, end: int) -> tuple[int, int]:
+        if not start < end <= self.footer.rows_len:
             raise RowCorruptionError(self.where, off, f"row {localid} has a bad offset")
         return start, end - start
+
+    def get_raw_cached(self, localid: int) -> bytes | None:
+        """``get_raw`` without I/O, or None."""
+        span = self.located(localid)
+        return None if span is None else self.sf.read_cached(*span)
 
     async def get_raw(self, localid: int) -> bytes:
         start, ln = await self.locate(localid)

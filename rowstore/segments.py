@@ -251,14 +251,12 @@ class SegmentStore:
         return s
 
     def row_bytes_cached(self, rowid: int) -> tuple[bytes, str] | None:
-        """``row_bytes`` when an active segment's block cache already holds the row."""
-        seg = self.active.get(rowid >> 32)
+        """``row_bytes`` without I/O: when the memory cache holds the row's block (and, for an
+        offloaded segment, the tree pages on its path are parsed already); else None."""
+        seg = self.active.get(rowid >> 32) or self._sealed.get(rowid >> 32)
         if seg is None:
             return None
-        loc = rowid & 0xFFFFFFFF
-        if loc >= seg.durable_rows:
-            return None
-        raw = seg.file.read_cached(int(seg._idx.arr[loc]), int(seg._idx.lens[loc]))
+        raw = seg.get_raw_cached(rowid & 0xFFFFFFFF)
         return None if raw is None else (raw, seg.where)
 
     async def row_bytes(self, rowid: int) -> tuple[bytes, str]:

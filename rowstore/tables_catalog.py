@@ -67,6 +67,7 @@ class TableCatalog:
         self.catalog, self.clock = catalog, clock
         self._versions: dict[tuple[str, int], SchemaVersion] = {}  # (table id, version) -> schema
         self._hist: dict[str, list[TableDef]] = {}  # name -> versions, oldest first
+        self.generation = 0  # bumped whenever cached versions are forgotten (any table changed)
 
     async def describe(self, name: str, as_of: int | None = None) -> TableDef:
         """The definition at ``as_of`` (default: now); TableNotFoundError if absent or dropped."""
@@ -93,6 +94,7 @@ class TableCatalog:
         return hist
 
     def forget(self, name: str | None = None) -> None:
+        self.generation += 1
         if name is None:
             self._hist.clear()
         else:

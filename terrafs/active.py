@@ -11,6 +11,7 @@ import asyncio
 import logging
 import struct
 import time
+from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -119,6 +120,7 @@ class BlockIndex:
         self.logical = np.zeros(self._cap, np.int64)
         self.physical = np.zeros(self._cap, np.int64)
         self.raw_len = np.zeros(self._cap, np.int32)
+        self.starts: list[int] = []  # ``logical`` as a list: bisect beats numpy for one lookup
 
     def add(self, logical: int, physical: int, raw_len: int) -> None:
         if self.n == self._cap:
@@ -129,11 +131,12 @@ class BlockIndex:
                 grown[: self.n] = arr[: self.n]
                 setattr(self, name, grown)
         self.logical[self.n], self.physical[self.n], self.raw_len[self.n] = logical, physical, raw_len
+        self.starts.append(logical)
         self.n += 1
 
     def find(self, offset: int) -> int:
         """Index of the block holding logical ``offset``."""
-        return int(np.searchsorted(self.logical[: self.n], offset, side="right")) - 1
+        return bisect_right(self.starts, offset) - 1
 
 
 class ActiveFile:
@@ -368,7 +371,7 @@ class ActiveFile:
         if i < 0:
             return None
         block = self.cache.get_mem((self.where, i))
-        lo = offset - int(self.index.logical[i])
+        lo = offset - self.index.starts[i]
         if block is None or lo + length > len(block):
             return None
         return block[lo : lo + length]
@@ -396,7 +399,12 @@ class ActiveFile:
             raise ClosedError(f"{self.where} is closed")
 
         async def fetch(blocks):
-            return {i: await self._read_block(i) for i in blocks}
+            got = {}
+            if self.cache is not None:
+                got = {i: b for (_, i), b in self.cache.get_mem_many([(self.where, i) for i in blocks]).items()}
+            for i in set(blocks).difference(got):
+                got[i] = await self._read_block(i)
+            return got
 
         return await read_ranges(self.index.logical[: self.index.n], self.durable_size, offsets, lengths, fetch)
 

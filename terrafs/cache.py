@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from itertools import compress
 
 from terrafs.abc import BlockDevice
 from terrafs.errors import NotFoundError
@@ -34,6 +35,12 @@ class _LRU:
         if v is not None:
             self._d.move_to_end(key)
         return v
+
+    def get_many(self, keys: list) -> list:
+        """``get`` of each key (iterating in C: a multi-row read asks for a block per row)."""
+        vals = list(map(self._d.get, keys))
+        deque(map(self._d.move_to_end, compress(keys, vals)), maxlen=0)
+        return vals
 
     def put(self, key, value, size: int) -> list:
         """Insert; return the (key, value) pairs evicted to make room."""
@@ -84,6 +91,12 @@ class BlockCache:
             self.stats["mem_hits"] += 1
             return hit[0]
         return None
+
+    def get_mem_many(self, keys: list) -> dict:
+        """``get_mem`` of many keys: {key: block} of those held."""
+        got = {k: v[0] for k, v in zip(keys, self._mem.get_many(keys)) if v is not None}
+        self.stats["mem_hits"] += len(got)
+        return got
 
     def put_mem(self, key, data: bytes) -> None:
         self._mem.put(key, data, len(data) + 64)

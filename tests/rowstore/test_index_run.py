@@ -9,6 +9,7 @@ from catalog.memory import MemoryCatalog
 from rowstore.errors import RowCorruptionError
 from rowstore.index_run import IndexRun, run_bytes
 from rowstore.memtable import MemTable, encode_keys
+from rowstore.partitioning import encode_one
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.fs import FsConfig, TerrascaleFS
 
@@ -53,6 +54,28 @@ async def test_run_matches_memtable_int64(batches):
         m = full.keys == k
         assert v.ts.tolist() == full.ts[m].tolist() and v.rowids.tolist() == full.rowids[m].tolist()
     assert len((await run.versions(int(encode_keys(pa.array([999], pa.int64()), "int64")[0]))).ts) == 0
+    await _scalar_gets_match(run, full, [int(k) for k in full.keys[:40]] + [encode_one(999, "int64")])
+
+
+async def _scalar_gets_match(run, full, keys):
+    """``get_one`` and ``get_cached`` (None until the pages are parsed) equal the vectorized lookup,
+    with pages parsed one by one and with the whole run parsed."""
+    arr = np.array(keys, full.keys.dtype if full.keys.dtype.kind != "S" else "S")
+    want = {as_of: (await run.get_many(arr, as_of)).tolist() for as_of in (0, 1000, 1003, 2000)}
+    for whole in (False, True):
+        run._pages.clear()
+        run._whole = None
+        assert {run.get_cached(k, 2000) for k in keys} == {None}
+        if whole:
+            await run._parse_whole()
+        for as_of, w in want.items():
+            assert [await run.get_one(k, as_of) for k in keys] == w
+            assert [run.get_cached(k, as_of) for k in keys] == w
+            assert (await run.get_many(arr, as_of)).tolist() == w
+        assert np.array_equal((await run.all()).keys, full.keys)
+        for k in keys[:5]:
+            v, m = await run.versions(k), full.keys == np.array([k], full.keys.dtype)[0]
+            assert v.ts.tolist() == full.ts[m].tolist() and v.rowids.tolist() == full.rowids[m].tolist()
 
 
 @pytest.mark.parametrize("kind", ["string", "uuid"])
@@ -69,6 +92,8 @@ async def test_run_byte_keys(kind):
         k = encode_keys(arr.slice(i, 1), kind)[0]
         v = await run.versions(k)
         assert v.ts.tolist() == [7, 6, 5] and v.rowids.tolist() == [(t << 32) + i for t in (7, 6, 5)]
+    probes = [encode_one(v, kind) for v in vals[::7]] + [b"\xff" * 20]
+    await _scalar_gets_match(run, mt.consolidated(), probes)
 
 
 async def test_damaged_run_is_detected():

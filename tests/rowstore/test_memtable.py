@@ -2,10 +2,13 @@
 import numpy as np
 import pyarrow as pa
 import hypothesis.strategies as st
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from rowstore.memtable import TOMBSTONE, MemTable, decode_keys, encode_keys, merge_runs
+from rowstore.memtable import TOMBSTONE, MemTable, Run, _lookup, decode_keys, encode_keys, find_one, merge_runs
+from rowstore.partitioning import encode_one
+
+EXTREMES = [-2**63, -2**63 + 1, -1, 2**63 - 2, 2**63 - 1]  # around the sign bit the encoding flips
 
 
 class MemtableVsModel(RuleBasedStateMachine):
@@ -18,7 +21,7 @@ class MemtableVsModel(RuleBasedStateMachine):
         self.rowid = 1 << 32
         self.pending = []  # (run a, run b, a and b merged) not yet put back
 
-    @rule(keys=st.lists(st.integers(-50, 50), min_size=1, max_size=30, unique=True),
+    @rule(keys=st.lists(st.integers(-50, 50) | st.sampled_from(EXTREMES), min_size=1, max_size=30, unique=True),
           deletes=st.lists(st.booleans(), min_size=30, max_size=30), gap=st.integers(1, 1 << 20))
     def batch(self, keys, deletes, gap):
         self.ts += gap
@@ -40,6 +43,13 @@ class MemtableVsModel(RuleBasedStateMachine):
         got = self.mt.get(encode_keys(pa.array(keys, pa.int64()), "int64"), as_of)
         assert got.tolist() == [self.expected(k, as_of) for k in keys]
 
+    @rule(keys=st.lists(st.integers(-60, 60) | st.sampled_from(EXTREMES), min_size=1, max_size=20),
+          back=st.integers(0, 1 << 22))
+    def get_one(self, keys, back):
+        as_of = self.ts - back
+        assert [self.mt.get_one(encode_one(k, "int64"), as_of) for k in keys] == \
+            [self.expected(k, as_of) for k in keys]
+
     @rule(lo=st.integers(-60, 60), span=st.integers(0, 120), back=st.integers(0, 1 << 22))
     def scan(self, lo, span, back):
         as_of = self.ts - back
@@ -60,12 +70,6 @@ class MemtableVsModel(RuleBasedStateMachine):
         if self.pending:
             self.mt.replace(*self.pending.pop(which % len(self.pending)))
 
-    @rule(key=st.integers(-60, 60), back=st.integers(0, 1 << 22))
-    def get_one(self, key, back):
-        as_of = self.ts - back
-        k = int(encode_keys(pa.array([key], pa.int64()), "int64")[0])
-        assert self.mt.get_one(k, as_of) == self.expected(key, as_of)
-
     @invariant()
     def counted(self):
         assert self.mt.entries == sum(len(v) for v in self.model.values())
@@ -84,3 +88,17 @@ def test_string_and_uuid_keys():
         order = sorted(range(len(vals)), key=lambda i: vals[i].encode() if kind == "string" else vals[i])
         assert decode_keys(run.keys, kind) == [vals[i] for i in order]
         assert mt.get(encode_keys(arr, kind), 9).tolist() == [0] * len(vals)
+
+
+@settings(max_examples=60, deadline=None)
+@given(entries=st.lists(st.tuples(st.text(alphabet="abc\u00e9", max_size=4), st.integers(1, 6)), max_size=40),
+       probes=st.lists(st.text(alphabet="abc\u00e9", max_size=6), min_size=1, max_size=10), as_of=st.integers(0, 7))
+def test_find_one_equals_vectorized_lookup_for_string_keys(entries, probes, as_of):
+    """The scalar search (numpy ``searchsorted`` for byte keys) against ``_lookup``, longer probes included."""
+    keys = encode_keys(pa.array([k for k, _ in entries] or ["a"], pa.string()), "string")[: len(entries)]
+    ts = np.array([t for _, t in entries], np.uint64)
+    order = np.lexsort((np.iinfo(np.uint64).max - ts, keys))
+    run = Run(keys[order], ts[order], np.arange(1, len(entries) + 1, dtype=np.uint64)[order])
+    want_r, want_t = _lookup(run, encode_keys(pa.array(probes, pa.string()), "string"), as_of)
+    got = [find_one(run, encode_one(p, "string"), as_of) for p in probes]
+    assert got == list(zip(want_r.tolist(), want_t.tolist()))

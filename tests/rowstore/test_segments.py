@@ -94,6 +94,13 @@ async def test_seal_offload_and_paged_reads():
     assert ids.tolist() == list(range(n))
     with pytest.raises(RowCorruptionError):
         await sseg.locate(n)
+    fresh = await SealedSegment.open(await w.fs.open_sealed(rec.inode))
+    assert fresh.located(LEAF_CAP) is None and fresh.get_raw_cached(LEAF_CAP) is None  # nothing parsed yet
+    for loc, raw in before.items():  # the no-I/O path equals the walk once the walk has run
+        assert await fresh.get_raw(loc) == raw
+        assert fresh.located(loc) == await fresh.locate(loc) and fresh.get_raw_cached(loc) == raw
+    with pytest.raises(RowCorruptionError):
+        fresh.located(n)
 
 
 async def test_damaged_footer_and_page_detected():
