@@ -532,6 +532,8 @@ class Database:
         rowid = part.index.get_cached(k, T)
         if rowid is None:
             rowid = await part.index.get(k, T)
+        if part.index.consolidation_due:
+            self._spawn(part.index.merge_memtable())
         if rowid == 0:
             return None
         raw, where = self.store.row_bytes_cached(rowid) or await self.store.row_bytes(rowid)
@@ -558,8 +560,11 @@ class Database:
         pids = partition_of(enc, len(table.parts))
         ids = []
         for p in np.unique(pids):
-            got = await table.parts[p].index.get_many(enc[pids == p], T)
+            index = table.parts[p].index
+            got = await index.get_many(enc[pids == p], T)
             ids.append(got[got != 0])
+            if index.consolidation_due:
+                self._spawn(index.merge_memtable())
         rowids = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.uint64)
         return _finish([(await fetch(self.store, rowids, schemas, d.schema)).batch], d.schema, None, None)
 

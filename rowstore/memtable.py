@@ -69,9 +69,12 @@ def sort_run(keys: np.ndarray, ts: np.ndarray, rowids: np.ndarray) -> Run:
 def merge_runs(runs: list[Run]) -> Run:
     if len(runs) == 1:
         return runs[0]
-    if len(runs) == 2 and runs[0].keys.dtype == np.uint64 and runs[1].keys.dtype == np.uint64:
-        a, b = runs  # linear: both are sorted already; one pass writes the merged run
-        return Run(*_merge2(a.keys, a.ts, a.rowids, b.keys, b.ts, b.rowids))
+    if all(r.keys.dtype == np.uint64 for r in runs):  # linear passes: the runs are sorted already
+        while len(runs) > 1:
+            pairs = [Run(*_merge2(a.keys, a.ts, a.rowids, b.keys, b.ts, b.rowids))
+                     for a, b in zip(runs[0::2], runs[1::2])]
+            runs = pairs + runs[len(pairs) * 2 :]
+        return runs[0]
     width = max((r.keys.dtype.itemsize for r in runs), default=1)
     keys = np.concatenate([r.keys.astype(f"S{width}") if r.keys.dtype.kind == "S" else r.keys for r in runs])
     return sort_run(keys, np.concatenate([r.ts for r in runs]), np.concatenate([r.rowids for r in runs]))
@@ -111,6 +114,7 @@ class MemTable:
         self._runs: list[Run] = []
         self.nbytes = 0
         self.entries = 0
+        self.read_many = False  # a read searched more than two runs: consolidation is due
 
     def insert(self, keys: np.ndarray, ts: int | np.ndarray, rowids: np.ndarray) -> None:
         """One atomic batch: every key at commit ``ts`` (rowid TOMBSTONE = deleted).
@@ -118,8 +122,9 @@ class MemTable:
         The batch becomes one sorted mini-run. Mini-runs merge like a binary counter (a run
         merges into the one before it while that one is at most twice its size), so n
         entries cost O(n log² n) in all and a lookup searches O(log n) runs. The merges are
-        the owner's to run off the event loop (:meth:`merge_due`, :meth:`replace`); past
-        ``MAX_RUNS`` runs insert merges itself, so lookups stay bounded if they fall behind."""
+        the owner's to run off the event loop (:meth:`merge_due`, :meth:`replace`) — reads
+        never merge; past ``MAX_RUNS`` runs insert merges itself, so lookups stay bounded
+        if merging falls behind."""
         n = len(keys)
         if n == 0:
             return
@@ -129,24 +134,29 @@ class MemTable:
         self.nbytes += run.nbytes
         self.entries += n
         while len(self._runs) > MAX_RUNS:
-            a, b = self.merge_due() or self._runs[-2:]
-            self.replace(a, b, merge_runs([a, b]))
+            due = self.merge_due() or tuple(self._runs[-2:])
+            self.replace(due, merge_runs(list(due)))
 
-    def merge_due(self) -> tuple[Run, Run] | None:
-        """The newest adjacent pair the binary counter merges next, if any."""
+    def merge_due(self) -> tuple[Run, ...] | None:
+        """The runs to merge next, adjacent and oldest first: the newest pair the binary
+        counter merges, else — once a read searched more than two runs — all of them, so
+        reads after a burst of writes search one run again."""
         runs = self._runs
         for i in range(len(runs) - 2, -1, -1):
             if len(runs[i]) <= 2 * len(runs[i + 1]):
                 return runs[i], runs[i + 1]
+        if self.read_many and len(runs) > 2:
+            return tuple(runs)
         return None
 
-    def replace(self, a: Run, b: Run, merged: Run) -> bool:
-        """Put ``merged`` in place of the adjacent runs ``a``, ``b`` if they are still there.
+    def replace(self, old: tuple[Run, ...], merged: Run) -> bool:
+        """Put ``merged`` in place of the adjacent runs ``old`` if they are all still there.
         The list is replaced, never changed in place: a reader holding it keeps its view."""
-        runs = self._runs
-        for i in range(len(runs) - 1):
-            if runs[i] is a and runs[i + 1] is b:
-                self._runs = [*runs[:i], merged, *runs[i + 2 :]]
+        runs, n = self._runs, len(old)
+        for i in range(len(runs) - n + 1):
+            if all(runs[i + j] is old[j] for j in range(n)):
+                self._runs = [*runs[:i], merged, *runs[i + n :]]
+                self.read_many = len(self._runs) > 2 and self.read_many
                 return True
         return False
 
@@ -167,10 +177,11 @@ class MemTable:
 
         (rowid 0 is in segment 0, which is never allocated: segids start at 1.) Every
         mini-run is searched and the newest version at or below ``as_of`` wins."""
-        if len(self._runs) > 2:
-            self.consolidated()  # reads are coming: one run to search from now on
+        runs = self._runs
+        if len(runs) > 2:
+            self.read_many = True  # the owner consolidates them in a worker thread
         best_r, best_t = np.zeros(len(keys), np.uint64), np.zeros(len(keys), np.uint64)
-        for run in self._runs:
+        for run in runs:
             r, t = _lookup(run, keys, as_of)
             newer = (r != 0) & (t >= best_t)
             best_r[newer], best_t[newer] = r[newer], t[newer]
@@ -178,10 +189,11 @@ class MemTable:
 
     def get_one(self, key, as_of: int) -> int:
         """``get`` for one encoded key (a Python int or bytes): no arrays built."""
-        if len(self._runs) > 2:
-            self.consolidated()  # reads are coming: one run to search from now on
+        runs = self._runs
+        if len(runs) > 2:
+            self.read_many = True  # the owner consolidates them in a worker thread
         best_r, best_t = 0, -1
-        for run in self._runs:
+        for run in runs:
             r, t = find_one(run, key, as_of)
             if r and t > best_t:
                 best_r, best_t = r, t

@@ -111,6 +111,11 @@ class PartitionIndex:
         """Whether :meth:`merge_memtable` has work (and is not already at it)."""
         return not self._merging and self.mem.merge_due() is not None
 
+    @property
+    def consolidation_due(self) -> bool:
+        """A read searched more than two memtable runs (cheap: checked on every get)."""
+        return self.mem.read_many and not self._merging
+
     async def merge_memtable(self) -> None:
         """Run the memtable's due merges in a worker thread, one pair at a time; a result is
         dropped if the memtable was frozen for a checkpoint meanwhile."""
@@ -119,10 +124,10 @@ class PartitionIndex:
         self._merging = True
         try:
             mem = self.mem
-            while self.mem is mem and (pair := mem.merge_due()) is not None:
-                merged = await asyncio.to_thread(merge_runs, list(pair))
+            while self.mem is mem and (due := mem.merge_due()) is not None:
+                merged = await asyncio.to_thread(merge_runs, list(due))
                 if self.mem is mem:
-                    mem.replace(*pair, merged)
+                    mem.replace(due, merged)
         finally:
             self._merging = False
 

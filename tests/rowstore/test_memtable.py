@@ -19,7 +19,7 @@ class MemtableVsModel(RuleBasedStateMachine):
         self.model: dict[int, list[tuple[int, int]]] = {}  # key -> [(ts, rowid)]
         self.ts = 1 << 40
         self.rowid = 1 << 32
-        self.pending = []  # (run a, run b, a and b merged) not yet put back
+        self.pending = []  # (runs, the runs merged) not yet put back
 
     @rule(keys=st.lists(st.integers(-50, 50) | st.sampled_from(EXTREMES), min_size=1, max_size=30, unique=True),
           deletes=st.lists(st.booleans(), min_size=30, max_size=30), gap=st.integers(1, 1 << 20))
@@ -61,14 +61,15 @@ class MemtableVsModel(RuleBasedStateMachine):
 
     @rule()
     def start_merge(self):  # what a worker thread merges, while inserts and reads go on
-        pair = self.mt.merge_due()
-        if pair is not None:
-            self.pending.append((*pair, merge_runs(list(pair))))
+        due = self.mt.merge_due()
+        if due is not None:
+            self.pending.append((due, merge_runs(list(due))))
 
     @rule(which=st.integers(0, 3))
     def finish_merge(self, which):  # maybe stale: the pair may be merged or consolidated already
         if self.pending:
-            self.mt.replace(*self.pending.pop(which % len(self.pending)))
+            due, merged = self.pending.pop(which % len(self.pending))
+            self.mt.replace(due, merged)
 
     @invariant()
     def counted(self):
