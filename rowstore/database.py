@@ -522,7 +522,7 @@ class Database:
         everything it needs in memory, no coroutine is awaited."""
         pt = self._points.get(name) if as_of is None else None
         if pt is not None and pt.gen == self.catalog_tables.generation:
-            T = self.timeline.closed
+            T = self.timeline.visible
             if pt.d.ts > T:  # the newest definition is not visible yet
                 T, pt = await self._point_table(name, as_of)
         else:

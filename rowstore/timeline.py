@@ -52,6 +52,13 @@ class Timeline:
         return now
 
     @property
+    def visible(self) -> int:
+        """A read timestamp that sees every acknowledged commit, without reading the wall
+        clock (a point read's fast path): just below the oldest batch in flight, or the last
+        timestamp handed out — no commit can lie between it and ``closed``."""
+        return self._heap[0] - 1 if self._heap else self.clock.last
+
+    @property
     def in_flight(self) -> int:
         return sum(self._live.values())
 
