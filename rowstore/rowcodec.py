@@ -80,12 +80,15 @@ class EncodedParts:
 
 
 def encode_rows(batch: pa.RecordBatch | pa.Table, schema: SchemaVersion, commit_ts: int,
-                deleted: np.ndarray | None = None) -> Encoded:
+                deleted: np.ndarray | None = None, order: np.ndarray | None = None) -> Encoded:
     """Encode every row of ``batch`` (columns by name, as in ``schema``).
 
     Each fixed-width field is read straight from its Arrow buffer (nulls are
     zeroed by the kernel, not filled here); one kernel pass writes every
-    row's fixed part, then one copy per variable-width column.
+    row's fixed part, then one copy per variable-width column. With ``order``
+    (a permutation) the rows come out in that order — as if encoding
+    ``batch.take(order)`` — without taking the batch: each row is written
+    at its place in the permuted layout.
     """
     lay, fields = layout(schema), _enc_fields(schema)
     n = batch.num_rows
@@ -108,9 +111,13 @@ def encode_rows(batch: pa.RecordBatch | pa.Table, schema: SchemaVersion, commit_
     row_len = np.full(n, lay.size, np.int64)
     if var:
         row_len += ends[:, -1]
-    starts = np.zeros(n, np.int64)
-    np.cumsum(row_len[:-1], out=starts[1:])
-    out = np.empty(int(starts[-1] + row_len[-1]) if n else 0, np.uint8)
+    out_starts = np.zeros(n, np.int64)  # row offsets in output order
+    np.cumsum(row_len[:-1] if order is None else row_len[order][:-1], out=out_starts[1:])
+    starts = out_starts  # where each batch row is written
+    if order is not None:
+        starts = np.empty(n, np.int64)
+        starts[order] = out_starts
+    out = np.empty(int(row_len.sum()), np.uint8)
     src_off = np.zeros(len(srcs), np.int64)
     np.cumsum([a.shape[0] for a in srcs[:-1]], out=src_off[1:])
     src = np.concatenate(srcs) if srcs else np.zeros(0, np.uint8)
@@ -120,7 +127,7 @@ def encode_rows(batch: pa.RecordBatch | pa.Table, schema: SchemaVersion, commit_
                            nb, nulls, src, src_off, fields.width, fields.dst, fields.pos, fields.vend_off, ends)
     for j, (data, src_start, lens) in enumerate(var):
         kernels.scatter_runs(out, starts + lay.size + (ends[:, j - 1] if j else 0), data, src_start, lens)
-    return Encoded(out, starts)
+    return Encoded(out, out_starts)
 
 
 @dataclass(frozen=True)

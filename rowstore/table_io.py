@@ -149,7 +149,8 @@ class Piece:
 def split_by_partition(batch: pa.RecordBatch, schema: SchemaVersion, keys: np.ndarray,
                        deleted: np.ndarray | None, pids: np.ndarray, keep: list[str]) -> list[Piece]:
     """The batch regrouped by partition, in key order within each (``keys`` are distinct),
-    and encoded: one take of the whole batch, one encode, then zero-copy slices of both.
+    and encoded: one encode straight into that order, one take of the columns applying
+    needs (``keep``), then zero-copy slices of both.
 
     Key order costs one sort here, in the caller's worker thread, and saves the sort of
     every piece when the event loop inserts it into the key index's memtable."""
@@ -157,12 +158,12 @@ def split_by_partition(batch: pa.RecordBatch, schema: SchemaVersion, keys: np.nd
     if len(pids) and not (pids == pids[0]).all():
         p = pids if order is None else pids[order]
         order = partition_order(p) if order is None else order[partition_order(p)]
+    enc = encode_rows(batch, schema, 0, deleted, order)
+    sub = batch.select(keep)
     if order is not None:
-        batch, keys, pids = batch.take(pa.array(order)), keys[order], pids[order]
+        sub, keys, pids = sub.take(pa.array(order)), keys[order], pids[order]
         deleted = None if deleted is None else deleted[order]
     cuts = (np.flatnonzero(np.diff(pids)) + 1).tolist()
-    enc = encode_rows(batch, schema, 0, deleted)
-    sub = batch.select(keep)
     ends = np.append(enc.starts, enc.nbytes)
     out = []
     for a, b in zip([0, *cuts], [*cuts, len(pids)]):

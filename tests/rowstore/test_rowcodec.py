@@ -75,6 +75,17 @@ def test_round_trip_every_type(rows, ts, dels):
     assert sub.batch.to_pylist() == [table.to_pylist()[i] for i in pick]
 
 
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(_values(SCHEMA), max_size=40), seed=st.integers(0, 99), dels=st.lists(st.booleans(), max_size=40))
+def test_encoding_in_an_order_equals_encoding_the_taken_rows(rows, seed, dels):
+    table = pa.Table.from_pylist(rows, schema=SCHEMA.arrow())
+    deleted = np.array((dels + [False] * len(rows))[: len(rows)], bool)
+    order = np.random.default_rng(seed).permutation(len(rows))
+    got = encode_rows(table, SCHEMA, 7, deleted, order)
+    want = encode_rows(table.take(pa.array(order, pa.int64())), SCHEMA, 7, deleted[order])
+    assert got.buf.tobytes() == want.buf.tobytes() and got.starts.tolist() == want.starts.tolist()
+
+
 def test_schema_history_by_column_id():
     v1 = parse_schema("id int64 primary key, temp float64, note string")
     v2 = v1.add_column("hum", "float32")
