@@ -105,11 +105,11 @@ class Cluster:
                "--catalog-kw", json.dumps(self.catalog_kw)]
         if self.tuning:
             cmd += ["--tuning", json.dumps(self.tuning)]
-        log = open(os.path.join(self.root, f"n{i}.log"), "ab")
-        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log)
+        with open(os.path.join(self.root, f"n{i}.log"), "ab") as log:  # the child keeps its own fd
+            p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log)
         line = p.stdout.readline()
         if line.strip() != b"ready":
-            p.kill()
+            _reap(p)
             raise RuntimeError(f"node {i} did not start: {line!r}; see {self.root}/n{i}.log")
         self.procs[i] = p
 
@@ -122,13 +122,13 @@ class Cluster:
         p.send_signal(sig)
         if sig in (signal.SIGKILL, signal.SIGTERM):
             p.wait(timeout=30)
+            p.stdout.close()
 
     def stop_all(self) -> None:
         for i in list(self.procs):
             p = self.procs[i]
             p.send_signal(signal.SIGCONT)
-            p.kill()
-            p.wait(timeout=30)
+            _reap(p)
         self.procs.clear()
 
     def client(self, i: int) -> NodeClient:
@@ -154,6 +154,12 @@ class Cluster:
                 pass
             await asyncio.sleep(0.05)
         raise TimeoutError(f"no agreed leader among {among} within {timeout} s")
+
+
+def _reap(p: subprocess.Popen) -> None:
+    p.kill()
+    p.wait(timeout=30)
+    p.stdout.close()
 
 
 class RemoteCatalog(Catalog):

@@ -163,6 +163,7 @@ async def test_kill9_loses_no_acknowledged_txn(tmp_path, n):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        proc.stdout.close()
     c = LocalCatalog(path)
     await c.open()
     for w, i, rev in acked:

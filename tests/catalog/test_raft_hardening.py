@@ -151,6 +151,7 @@ def test_2_stock_binds_every_interface(tmp_path):
     finally:
         p.kill()
         p.wait()
+        p.stdout.close()
 
 
 def test_2_stock_port_runs_a_crafted_pickle_and_serves_strangers(tmp_path):
@@ -170,6 +171,7 @@ def test_2_stock_port_runs_a_crafted_pickle_and_serves_strangers(tmp_path):
     finally:
         p.kill()
         p.wait()
+        p.stdout.close()
 
 
 async def test_2_our_port_refuses_crafted_pickles_strangers_and_binds_the_address(tmp_path):

@@ -59,6 +59,7 @@ async def test_kill9_during_appends_and_offloads(tmp_path, acks):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        proc.stdout.close()
     st, pending = await open_store(str(tmp_path))
     for segid in pending:  # a seal that was not yet offloaded: finishing it works
         await st.offload(segid, KEYS)

@@ -112,6 +112,7 @@ def run_child(root, marker: str, nth: int, delay: float) -> tuple[int, str | Non
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        proc.stdout.close()
     return acked, started
 
 

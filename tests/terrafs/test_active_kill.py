@@ -57,6 +57,7 @@ async def test_kill9_loses_nothing_acknowledged(tmp_path, round_):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        proc.stdout.close()
     assert len(acked) >= 400
     af = await ActiveFile.recover(LocalBlockDevice(str(tmp_path)), "f.act", None)
     for i, off in acked:
