@@ -109,9 +109,10 @@ class PartitionColumns:
 
     # -- writes -----------------------------------------------------------------------------
 
-    def insert(self, rowids: np.ndarray, batch: pa.RecordBatch, schema) -> None:
+    def insert(self, rowids: np.ndarray, batch: pa.RecordBatch, schema, pos: np.ndarray | None = None) -> None:
         """Index the values of each indexed column of ``batch`` (whose columns are named as in
-        ``schema``: columns are matched by id, so renames do not matter); tombstones are
+        ``schema``: columns are matched by id, so renames do not matter) — with ``pos``, of
+        its rows ``pos``, taken only when a query or a checkpoint needs them; tombstones are
         excluded by the caller."""
         if not self.columns or len(rowids) == 0:
             return
@@ -120,7 +121,7 @@ class PartitionColumns:
             col = schema.by_id(cid)
             i = batch.schema.get_field_index(col.name) if col is not None else -1
             if i >= 0:
-                vals[cid] = batch.column(i)
+                vals[cid] = batch.column(i) if pos is None else _Taken(batch.column(i), pos)
         self.mem.append((np.asarray(rowids, np.uint64), vals))
         self._mem_bytes += _piece_bytes(self.mem[-1])
 
@@ -197,7 +198,7 @@ class PartitionColumns:
             srcs.append(np.full(len(got), pk_inode, np.int64))
         for piece in [*self.mem, *(p for tok in self.frozen for p in tok)]:
             rowids, vals = piece
-            arr = vals.get(cid)
+            arr = _values(vals.get(cid))
             if arr is not None:
                 parts.append(rowids[exact(self.columns[cid], arr, pred)])
                 srcs.append(np.zeros(len(parts[-1]), np.int64))
@@ -215,6 +216,26 @@ class PartitionColumns:
 # -- helpers ----------------------------------------------------------------------------------
 
 
+class _Taken:
+    """Rows ``pos`` of ``arr``, taken on first use: ingest keeps the caller's array (one
+    array serves every partition of a batch) instead of copying its values per partition."""
+
+    __slots__ = ("arr", "pos", "nbytes")
+
+    def __init__(self, arr: pa.Array, pos: np.ndarray):
+        self.arr, self.pos = arr, pos
+        self.nbytes = pos.nbytes + arr.nbytes * len(pos) // max(len(arr), 1)  # this piece's share
+
+    def values(self) -> pa.Array:
+        if self.pos is not None:  # taken once; the caller's array is let go
+            self.arr, self.pos = self.arr.take(pa.array(self.pos)), None
+        return self.arr
+
+
+def _values(v):
+    return v.values() if isinstance(v, _Taken) else v
+
+
 def _piece_bytes(piece) -> int:
     rowids, vals = piece
     return rowids.nbytes + sum(a.nbytes for a in vals.values())
@@ -223,7 +244,7 @@ def _piece_bytes(piece) -> int:
 def _gather(pieces, cid: int, col: Column) -> tuple[np.ndarray, pa.Array]:
     ids, vals = [], []
     for rowids, values in pieces:
-        arr = values.get(cid) if isinstance(values, dict) else values
+        arr = _values(values.get(cid)) if isinstance(values, dict) else values
         if arr is None:
             continue
         if isinstance(arr, pa.ChunkedArray):

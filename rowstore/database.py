@@ -36,7 +36,7 @@ from rowstore.query import batch_mask, parse_bbox, parse_where
 from rowstore.rowcodec import Encoded, EncodedParts
 from rowstore.schema import SchemaVersion
 from rowstore.segments import SegmentStore, SegState
-from rowstore.table_io import conform, key_array, split_by_partition, stamp
+from rowstore.table_io import Piece, conform, key_array, split_by_partition, stamp
 from rowstore.tables_catalog import TableCatalog, TableDef
 from rowstore.timeline import Timeline
 from rowstore.wal import DECIDED
@@ -69,14 +69,14 @@ class TablesConfig:
 class _Member:
     """A multi-partition batch waiting in its table's commit queue."""
 
-    work: list  # (partition, sub-batch, deleted, encoded rows, encoded keys)
+    work: list  # (partition, its piece of the batch)
     schema: SchemaVersion
     fut: asyncio.Future
     ts: int = 0
 
     @property
     def rows(self) -> int:
-        return sum(b.num_rows for _, b, _, _, _ in self.work)
+        return sum(p.rows for _, p in self.work)
 
 
 @dataclass
@@ -84,7 +84,7 @@ class _Prepared:
     """A decided group, unlocked, waiting to be applied (``_finish_group``)."""
 
     group: list[_Member]
-    by_pid: dict  # pid -> [(member index, partition, sub-batch, deleted, encoded rows, keys)]
+    by_pid: dict  # pid -> [(member index, partition, piece)]
     pids: list[int]
     parts: list[Partition]
     segs: list
@@ -335,23 +335,24 @@ class Database:
         args = (batch, d.schema, keys, deleted, pids, keep)
         pieces = await asyncio.to_thread(split_by_partition, *args) if batch.num_rows > _THREAD_ROWS \
             else split_by_partition(*args)
-        work = [(table.parts[p.pid], p.batch, p.deleted, p.enc, p.keys) for p in pieces]
+        work = [(table.parts[p.pid], p) for p in pieces]
         ts = await (self._commit_one(*work[0], d.schema) if len(work) == 1 else
                     self._commit_many(table, work, d.schema))
         if self.memtable_bytes() > self.cfg.memtable_bytes:
             self._wake.set()
         return WriteResult(batch.num_rows, ts)
 
-    async def _commit_one(self, part: Partition, batch, deleted, enc, keys, schema) -> int:
+    async def _commit_one(self, part: Partition, piece: Piece, schema) -> int:
         async with part.lock:
             seg = await part.current()
             ts = await self.timeline.begin()
             part.enter()
-            stamp(enc, ts)
-            task = await part.append(seg, enc, ts)
+            stamp(piece.enc, ts)
+            task = await part.append(seg, piece.enc, ts)
         try:
             ids = await task
-            part.apply(split_rowids(ids)[1], seg.segid, batch, ts, _deleted(deleted, batch), schema, keys)
+            part.apply(split_rowids(ids)[1], seg.segid, piece.batch, ts, _deleted(piece), schema, piece.keys,
+                       piece.pos)
             self._merge_memtable(part)
         finally:
             part.leave()
@@ -400,8 +401,8 @@ class Database:
         and decide, under the partitions' writer locks; return what applying needs."""
         by_pid: dict[int, list] = {}
         for i, m in enumerate(group):
-            for part, batch, deleted, enc, keys in m.work:
-                by_pid.setdefault(part.pid, []).append((i, part, batch, deleted, enc, keys))
+            for part, piece in m.work:
+                by_pid.setdefault(part.pid, []).append((i, part, piece))
         pids = sorted(by_pid)
         parts = [by_pid[p][0][1] for p in pids]
         txn = DECIDED | secrets.randbits(63)
@@ -414,7 +415,7 @@ class Database:
             for part in parts:
                 part.enter()
             try:
-                encs = [_concat([(e, group[i].ts) for i, _, _, _, e, _ in by_pid[p]]) for p in pids]
+                encs = [_concat([(pc.enc, group[i].ts) for i, _, pc in by_pid[p]]) for p in pids]
                 top = group[-1].ts
                 tasks = [await part.append(seg, enc, top, txn) for part, seg, enc in zip(parts, segs, encs)]
                 got = await asyncio.gather(*tasks, return_exceptions=True)
@@ -443,11 +444,10 @@ class Database:
                 for p, part, seg, ids in zip(g.pids, g.parts, g.segs, g.got):
                     seg._note_ts(g.group[0].ts)
                     locs, at = split_rowids(ids)[1], 0
-                    for i, _, batch, deleted, _, keys in g.by_pid[p]:
-                        n = batch.num_rows
-                        part.apply(locs[at : at + n], seg.segid, batch, g.group[i].ts, _deleted(deleted, batch),
-                                   g.group[i].schema, keys)
-                        at += n
+                    for i, _, pc in g.by_pid[p]:
+                        part.apply(locs[at : at + pc.rows], seg.segid, pc.batch, g.group[i].ts, _deleted(pc),
+                                   g.group[i].schema, pc.keys, pc.pos)
+                        at += pc.rows
                     self._merge_memtable(part)
             finally:
                 self._leave(g.parts, g.group)
@@ -867,8 +867,8 @@ def _distinct(keys: np.ndarray) -> bool:
     return not (s[1:] == s[:-1]).any()
 
 
-def _deleted(deleted, batch) -> np.ndarray:
-    return np.zeros(batch.num_rows, bool) if deleted is None else deleted
+def _deleted(piece: Piece) -> np.ndarray:
+    return np.zeros(piece.rows, bool) if piece.deleted is None else piece.deleted
 
 
 def _candidates(part: Partition, preds) -> tuple[np.ndarray | None, np.ndarray | None]:

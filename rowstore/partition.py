@@ -70,17 +70,24 @@ class Partition:
     # -- writes ----------------------------------------------------------------------------
 
     def apply(self, localids: np.ndarray, segid: int, batch: pa.RecordBatch, ts, deleted: np.ndarray,
-              schema: SchemaVersion, keys: np.ndarray | None = None) -> None:
-        """Make durable rows visible: key index entries and column index values (``keys``: the
-        batch's keys already encoded, if the caller has them)."""
+              schema: SchemaVersion, keys: np.ndarray | None = None, pos: np.ndarray | None = None) -> None:
+        """Make durable rows visible: key index entries and column index values. The rows are
+        ``batch`` — or with ``pos``, rows ``pos`` of it, which the column index takes only when
+        it needs them; ``keys``: their keys already encoded, if the caller has them."""
         ids = make_rowids(segid, np.asarray(localids, np.uint32))
         if keys is None:
-            keys = encode_keys(batch.column(batch.schema.get_field_index(schema.key.name)), self.kind)
+            rows = batch if pos is None else batch.take(pa.array(pos))
+            keys = encode_keys(rows.column(rows.schema.get_field_index(schema.key.name)), self.kind)
         deleted = np.asarray(deleted, bool)
         self.index.insert(keys, ts, np.where(deleted, TOMBSTONE, ids))
         if self.columns.columns:
-            live = ~deleted
-            self.columns.insert(ids[live], batch.filter(pa.array(live)) if not live.all() else batch, schema)
+            live = None if not deleted.any() else ~deleted
+            if pos is not None:
+                self.columns.insert(ids if live is None else ids[live], batch, schema,
+                                    pos if live is None else pos[live])
+            else:
+                self.columns.insert(ids if live is None else ids[live],
+                                    batch if live is None else batch.filter(pa.array(live)), schema)
 
     async def current(self) -> ActiveSegment:
         return await self.store.current(self.table_id, self.pid)

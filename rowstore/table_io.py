@@ -136,24 +136,30 @@ def _stamp(buf, starts, ts8):
 
 @dataclass(frozen=True)
 class Piece:
-    """One partition's share of a batch: its rows (only the columns applying needs), encoded
-    keys, deletion flags and encoded rows."""
+    """One partition's share of a batch: its encoded keys, deletion flags and encoded rows,
+    and the columns applying needs — rows ``pos`` of ``batch`` (all of it when None), not
+    taken: the column index takes them only if a query or a checkpoint needs them."""
 
     pid: int
-    batch: pa.RecordBatch
     keys: np.ndarray
     deleted: np.ndarray | None
     enc: Encoded
+    batch: pa.RecordBatch
+    pos: np.ndarray | None
+
+    @property
+    def rows(self) -> int:
+        return len(self.keys)
 
 
 def split_by_partition(batch: pa.RecordBatch, schema: SchemaVersion, keys: np.ndarray,
                        deleted: np.ndarray | None, pids: np.ndarray, keep: list[str]) -> list[Piece]:
     """The batch regrouped by partition, in key order within each (``keys`` are distinct),
-    and encoded: one encode straight into that order, one take of the columns applying
-    needs (``keep``), then zero-copy slices of both.
+    and encoded straight into that order; every piece is a zero-copy slice of the encoding,
+    and of the columns applying needs (``keep``) or, when rows moved, their positions.
 
-    Key order costs one sort here, in the caller's worker thread, and saves the sort of
-    every piece when the event loop inserts it into the key index's memtable."""
+    Key order costs one sort here and saves the sort of every piece when the event loop
+    inserts it into the key index's memtable."""
     order = None if _ascending(keys) else np.argsort(keys)
     if len(pids) and not (pids == pids[0]).all():
         p = pids if order is None else pids[order]
@@ -161,15 +167,16 @@ def split_by_partition(batch: pa.RecordBatch, schema: SchemaVersion, keys: np.nd
     enc = encode_rows(batch, schema, 0, deleted, order)
     sub = batch.select(keep)
     if order is not None:
-        sub, keys, pids = sub.take(pa.array(order)), keys[order], pids[order]
+        keys, pids = keys[order], pids[order]
         deleted = None if deleted is None else deleted[order]
     cuts = (np.flatnonzero(np.diff(pids)) + 1).tolist()
     ends = np.append(enc.starts, enc.nbytes)
     out = []
     for a, b in zip([0, *cuts], [*cuts, len(pids)]):
         lo, hi = int(ends[a]), int(ends[b])
-        out.append(Piece(int(pids[a]), sub.slice(a, b - a), keys[a:b],
-                         None if deleted is None else deleted[a:b], Encoded(enc.buf[lo:hi], enc.starts[a:b] - lo)))
+        rows = (sub.slice(a, b - a), None) if order is None else (sub, order[a:b])
+        out.append(Piece(int(pids[a]), keys[a:b], None if deleted is None else deleted[a:b],
+                         Encoded(enc.buf[lo:hi], enc.starts[a:b] - lo), *rows))
     return out
 
 
