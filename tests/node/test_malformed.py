@@ -172,9 +172,24 @@ def node(tmp_path_factory):
     with n.client() as c:
         c.create_table("m", [{"name": k, "type": t} for k, t in ALL_TYPES], "id", indexes=["p", "s", "i32"])
         c.upsert("m", [ROW, {**ROW, "id": 8, "s": "other"}, {"id": 9}])
+        _settle(c)
     yield n
     rc, log = n.stop()
     assert rc == 0 and "Traceback" not in log
+
+
+def _settle(c) -> None:
+    """Wait until the segments stop changing: a multi-partition batch's COMMIT records (and
+    the closed-timestamp PROGRESS records) are lazy, flushed up to 50 ms after the batch."""
+    deadline = time.monotonic() + 10
+    prev = c.segments("m")
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        cur = c.segments("m")
+        if cur == prev:
+            return
+        prev = cur
+    raise TimeoutError("segments kept changing")
 
 
 def state(c) -> tuple:
