@@ -328,8 +328,9 @@ class Database:
         if batch.num_rows == 0:
             return WriteResult(0, self.timeline.closed)
         pids = partition_of(keys, len(table.parts))
-        # One take into (partition, key) order and one encode (a worker hop for big batches);
-        # the Arrow side keeps only what applying needs (the key and the indexed columns).
+        # One sort into (partition, key) order and one encode straight into it (a worker hop
+        # for big batches); applying gets the key and indexed columns with each piece's row
+        # positions — nothing is taken (copied) on the way.
         keep = [d.schema.key.name] + [c.name for c in d.schema.columns if c.id in d.indexes
                                       and c.id != d.schema.primary_key]
         args = (batch, d.schema, keys, deleted, pids, keep)
