@@ -49,14 +49,14 @@ _RECENT_BLOCKS = 256  # decoded blocks kept per open active file (16 MiB at 64 K
 # past its end, so the groups after it are written in place and their fdatasync skips the
 # metadata journal commit. Not part of the format: recovery accepts any amount of zeros.
 PREALLOC = 1 << 20
-PREALLOC_BELOW = 64 << 10
-# A lazy append (nobody waits on it) is flushed at the latest this long after it came, if
-# no other flush took it along first; with the short timer the COMMIT records of a
-# two-phase commit each cost an fdatasync of their own between the writer's batches.
-LAZY_S = 0.05  # only groups smaller than this carry zeros (see the format doc)
+PREALLOC_BELOW = 64 << 10  # only groups smaller than this carry zeros (see the format doc)
 # b"\0" * n writes the zeros; bytes(n) would be calloc'd pages that fault on every read
 # (a write from them ran 10x slower here).
 _ZEROS = memoryview(b"\0" * (2 * PREALLOC))
+# A lazy append (nobody waits on it) is flushed at the latest this long after it came, if
+# no other flush took it along first; with the short timer the COMMIT records of a
+# two-phase commit each cost an fdatasync of their own between the writer's batches.
+LAZY_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
