@@ -159,7 +159,7 @@ class ActiveFile:
         self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
         self._futs: list[asyncio.Future] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Task | None = None  # a flush due later (see _kick_after)
         self._timer_lazy = False  # the timer is the long one of lazy appends
         self._want_flush = False
         self._flush_task: asyncio.Task | None = None
@@ -237,7 +237,7 @@ class ActiveFile:
             if self._timer is not None:
                 self._timer.cancel()
             wait = max(self._cfg.flush_ms / 1000, LAZY_S) if lazy else self._cfg.flush_ms / 1000
-            self._timer, self._timer_lazy = asyncio.get_running_loop().call_later(wait, self._kick), lazy
+            self._timer, self._timer_lazy = asyncio.ensure_future(self._kick_after(wait)), lazy
         t0 = time.perf_counter()
         try:
             await fut
@@ -268,6 +268,14 @@ class ActiveFile:
             # After a failed fdatasync the page cache can no longer be trusted
             # (the "fsyncgate" lesson): refuse further writes; reopen recovers.
             raise FileStateError(f"{self.where}: an earlier flush failed: {self._failed}")
+
+    async def _kick_after(self, wait: float) -> None:
+        """A flush ``wait`` seconds from now. A sleeping task rather than a loop timer: when
+        a loop shuts down with the file left open, asyncio cancels the task, while a timer
+        firing during the shutdown would start a flush task that never runs."""
+        await asyncio.sleep(wait)
+        self._timer = None
+        self._kick()
 
     def _kick(self) -> None:
         if self._timer is not None:
