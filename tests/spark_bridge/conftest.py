@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from spark_bridge.session import local_session
+from tests.node.proc import NodeProc
 
 
 @pytest.fixture(scope="session")
@@ -18,6 +19,11 @@ def spark():
     s = local_session(cores=2, max_failures=2)
     yield s
     s.stop()
+
+
+def started_node(tmp_path_factory, name: str, partitions: int) -> NodeProc:
+    """A node process for one test module, its tables split into ``partitions``."""
+    return NodeProc(tmp_path_factory.mktemp(name), extra=f"[tables]\npartitions = {partitions}\n").start()
 
 
 def api_rows(t: pa.Table, key: str) -> list[dict]:

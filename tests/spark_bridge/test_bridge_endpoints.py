@@ -14,13 +14,12 @@ from rowstore.schema import SchemaVersion
 from spark_bridge.errors import LeaseExpiredError
 from spark_bridge.lease import LeaseKeeper
 from spark_bridge.options import Options
-from tests.node.proc import NodeProc
+from tests.spark_bridge.conftest import started_node
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    n = NodeProc(tmp_path_factory.mktemp("bridge-endpoints"), extra="[tables]\npartitions = 2\n")
-    n.start()
+    n = started_node(tmp_path_factory, "bridge-endpoints", 2)
     yield n
     n.stop()
 

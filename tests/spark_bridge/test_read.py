@@ -12,8 +12,7 @@ import uuid
 import numpy as np
 import pytest
 
-from tests.node.proc import NodeProc
-from tests.spark_bridge.conftest import api_rows, spark_rows
+from tests.spark_bridge.conftest import api_rows, spark_rows, started_node
 
 COLUMNS = [("id", "int64"), ("i8", "int8"), ("i16", "int16"), ("i32", "int32"), ("u8", "uint8"), ("u16", "uint16"),
            ("u32", "uint32"), ("u64", "uint64"), ("f32", "float32"), ("f64", "float64"), ("b", "bool"),
@@ -51,8 +50,7 @@ def make_rows(keys, version: int, seed: int) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    n = NodeProc(tmp_path_factory.mktemp("spark-read"), extra="[tables]\npartitions = 4\n")
-    n.start()
+    n = started_node(tmp_path_factory, "spark-read", 4)
     yield n
     n.stop()
 

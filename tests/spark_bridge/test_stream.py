@@ -10,15 +10,14 @@ import os
 
 import pytest
 
-from tests.node.proc import NodeProc
+from tests.spark_bridge.conftest import started_node
 
 ROWS = 300
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    n = NodeProc(tmp_path_factory.mktemp("spark-stream"), extra="[tables]\npartitions = 3\n")
-    n.start()
+    n = started_node(tmp_path_factory, "spark-stream", 3)
     c = n.client()
     c.create_table("feed", [{"name": "id", "type": "int64"}, {"name": "v", "type": "float64"},
                             {"name": "name", "type": "string"}], "id")

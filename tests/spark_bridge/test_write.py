@@ -10,8 +10,7 @@ import pytest
 
 from spark_bridge.options import Options
 from spark_bridge.writer import TerrascaleWriter
-from tests.node.proc import NodeProc
-from tests.spark_bridge.conftest import api_rows
+from tests.spark_bridge.conftest import api_rows, started_node
 from tests.spark_bridge.test_read import COLUMNS, make_rows
 
 N = 4000
@@ -19,8 +18,7 @@ N = 4000
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    n = NodeProc(tmp_path_factory.mktemp("spark-write"), extra="[tables]\npartitions = 4\n")
-    n.start()
+    n = started_node(tmp_path_factory, "spark-write", 4)
     c = n.client()
     for name in ("src", "dst"):
         c.create_table(name, [{"name": a, "type": t} for a, t in COLUMNS], "id")
