@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections import OrderedDict, deque
-from itertools import accumulate, compress
+from collections import OrderedDict
+from itertools import accumulate
 from bisect import bisect_right
 from typing import AsyncIterator
 
@@ -133,10 +133,12 @@ class IndexRun:
 
     async def pages(self, idx: list[int]) -> list[Run]:
         """Parsed pages ``idx``: those parsed already without a coroutine each, then the rest."""
-        got = list(map(self._pages.get, idx))
-        deque(map(self._pages.move_to_end, compress(idx, got)), maxlen=0)
-        for j in [j for j, p in enumerate(got) if p is None]:
-            got[j] = await self.page(idx[j])
+        got = [self._pages.get(i) for i in idx]
+        for j, p in enumerate(got):
+            if p is None:
+                got[j] = await self.page(idx[j])
+            else:
+                self._pages.move_to_end(idx[j])
         return got
 
     def pages_for(self, key) -> range:
