@@ -23,6 +23,7 @@ _UTC = ZoneInfo("UTC")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
 _EPOCH_DATE = dt.date(1970, 1, 1)
 _LEN_VER = struct.Struct("<II")
+_HEADER_LEN = HEADER.itemsize
 _FMT = {Kind.INT8: "b", Kind.INT16: "h", Kind.INT32: "i", Kind.INT64: "q", Kind.UINT8: "B",
         Kind.UINT16: "H", Kind.UINT32: "I", Kind.UINT64: "Q", Kind.FLOAT32: "f", Kind.FLOAT64: "d",
         Kind.BOOL: "B", Kind.TIMESTAMP: "q", Kind.DATE: "i", Kind.UUID: "16s", Kind.POINT: "dd",
@@ -135,10 +136,7 @@ def _make_decoder(row_schema: SchemaVersion, target: SchemaVersion) -> Callable:
 def decode_one(raw: bytes, schemas: Callable[[int], SchemaVersion], target: SchemaVersion,
                where: str = "row") -> dict:
     """The row as ``{column name of target: value}`` (None when null or absent)."""
-    if len(raw) < HEADER.itemsize:
-        raise RowCorruptionError(where, None, "row shorter than its header")
-    ln, ver = _LEN_VER.unpack_from(raw, 0)
-    return decoder(schemas(ver), target)(raw, ln, where)
+    return PointDecoder(schemas, target)(raw, where)
 
 
 class PointDecoder:
@@ -150,7 +148,7 @@ class PointDecoder:
         self._by_ver: dict[int, Callable] = {}
 
     def __call__(self, raw: bytes, where: str) -> dict:
-        if len(raw) < 17:
+        if len(raw) < _HEADER_LEN:
             raise RowCorruptionError(where, None, "row shorter than its header")
         ln, ver = _LEN_VER.unpack_from(raw, 0)
         dec = self._by_ver.get(ver)
