@@ -130,6 +130,10 @@ class ActiveSegment:
             return None
         return self.file.read_cached(int(self._idx.arr[localid]), int(self._idx.lens[localid]))
 
+    def locate(self, localids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """File offsets and lengths of durable rows (vectorized: the fetch path reads them)."""
+        return self._idx.arr[localids], self._idx.lens[localids]
+
     async def get_raw(self, localid: int) -> bytes:
         """The encoded row bytes of one durable row."""
         if not 0 <= localid < self.durable_rows:

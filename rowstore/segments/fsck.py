@@ -83,12 +83,12 @@ async def _leaf_offsets(seg: SealedSegment) -> np.ndarray:
     for _ in range(seg.footer.height - 1):
         nxt = []
         for off in level:
-            node = await seg._page(off, leaf=False)
+            node = await seg.page(off, leaf=False)
             nxt += node[2::2]
         level = nxt
     parts, expect = [], 0
     for off in level:
-        leaf = await seg._page(off, leaf=True)
+        leaf = await seg.page(off, leaf=True)
         if leaf[0] != expect:
             raise RowCorruptionError(seg.where, off, f"leaf starts at localid {leaf[0]}, expected {expect}")
         parts.append(np.array(leaf[2:], np.int64))

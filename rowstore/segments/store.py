@@ -163,6 +163,10 @@ class SegmentStore:
             await self._roll(table, partition, seg)
         return ids
 
+    def current_or_none(self, table: str, partition: int) -> ActiveSegment | None:
+        """The partition's segment taking appends now, without creating one."""
+        return self._current.get((table, partition))
+
     async def current(self, table: str, partition: int) -> ActiveSegment:
         seg = self._current.get((table, partition))
         if seg is None:
