@@ -105,9 +105,6 @@ class Api:
         r.add_get("/v1/admin/cluster", self.cluster)
         r.add_post("/v1/admin/cluster/members", self.add_member)
         r.add_delete("/v1/admin/cluster/members/{address}", self.remove_member)
-        from node.bridge_api import add_bridge_routes  # noqa: PLC0415 (it imports this module)
-
-        add_bridge_routes(self, r)  # the Spark bridge's read plans, tails, change feed, leases
         return app
 
     # -- the edge: auth, routing to the owner, errors, metrics ------------------------------------
