@@ -151,7 +151,7 @@ class Api:
         except (ConnectionError, OSError, asyncio.TimeoutError) as e:
             log.warning("event=request_failed path=%s error=%r", request.path, e)
             return error(503, "unavailable", _one_line(e))
-        except Exception as e:  # the last line of defence: never a traceback to the client
+        except Exception as e:  # noqa: BLE001 - the last line of defence: never a traceback to the client
             log.error("event=request_crashed path=%s error=%r at=%s", request.path, e, _where(e))
             return error(500, "internal", type(e).__name__)
 
