@@ -137,7 +137,7 @@ class IndexRun:
         for j, p in enumerate(got):
             if p is None:
                 got[j] = await self.page(idx[j])
-            else:
+            elif idx[j] in self._pages:  # reading the others may have evicted it meanwhile
                 self._pages.move_to_end(idx[j])
         return got
 
