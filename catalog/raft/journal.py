@@ -83,6 +83,53 @@ def _valid_record_after(buf: bytes, pos: int) -> bool:
     return False
 
 
+def parse_journal(buf: bytes, where: str, gen: int):
+    """(entries, their offsets, torn tail) of a journal file's bytes, read-only.
+
+    The torn tail is ``(offset, reason)`` of an incomplete or damaged last record with no
+    valid record after it, else None. Anything else is CatalogCorruptionError."""
+    if len(buf) < J_HEADER.size:
+        raise CatalogCorruptionError(where, 0, "truncated journal header")
+    magic, ver, g, crc = J_HEADER.unpack_from(buf, 0)
+    if magic != J_MAGIC or crc32c(buf[:18]) != crc or g != gen:
+        raise CatalogCorruptionError(where, 0, "bad journal header")
+    if ver != J_VERSION:
+        raise CatalogCorruptionError(where, 8, f"unsupported journal version {ver}")
+    entries: list[tuple[bytes, int, int]] = []
+    offsets: list[int] = []
+    pos = J_HEADER.size
+    while pos < len(buf):
+        got = _decode_record(buf, pos)
+        if isinstance(got, str):
+            if _valid_record_after(buf, pos):
+                raise CatalogCorruptionError(where, pos, got)
+            return entries, offsets, (pos, got)
+        entry, nxt = got
+        if entries and entry[1] != entries[-1][1] + 1:
+            raise CatalogCorruptionError(where, pos, f"index {entry[1]} follows "
+                                         f"{entries[-1][1]}: the journal has a gap")
+        entries.append(entry)
+        offsets.append(pos)
+        pos = nxt
+    return entries, offsets, None
+
+
+def journal_files(path: str) -> list[tuple[int, str]]:
+    """(generation, file name) of the journal files in ``path``, oldest first."""
+    return sorted((int(m.group(1), 16), n) for n in os.listdir(path) if (m := _JOURNAL.match(n)))
+
+
+def parse_meta(raw: bytes, where: str) -> tuple[int, str | None, int]:
+    """(term, vote, commit index) of a meta file's bytes."""
+    if len(raw) < 32 or raw[:8] != M_MAGIC or crc32c(raw[:-4]) != struct.unpack("<I", raw[-4:])[0]:
+        raise CatalogCorruptionError(where, 0, "bad meta file")
+    ver, term, commit, vl = struct.unpack_from("<HQQH", raw, 8)
+    if ver != M_VERSION:
+        raise CatalogCorruptionError(where, 8, f"unsupported meta version {ver}")
+    vote = raw[28:28 + vl].decode() if vl else None
+    return term, vote, max(commit, 1)
+
+
 class DurableJournal(Journal):
     """pysyncobj's journal: entries in memory, records in ``journal-<gen>.trj``."""
 
@@ -124,33 +171,15 @@ class DurableJournal(Journal):
     def _load(self, where: str) -> None:
         with open(where, "rb") as f:
             buf = f.read()
-        if len(buf) < J_HEADER.size:
-            raise CatalogCorruptionError(where, 0, "truncated journal header")
-        magic, ver, gen, crc = J_HEADER.unpack_from(buf, 0)
-        if magic != J_MAGIC or crc32c(buf[:18]) != crc or gen != self._gen:
-            raise CatalogCorruptionError(where, 0, "bad journal header")
-        if ver != J_VERSION:
-            raise CatalogCorruptionError(where, 8, f"unsupported journal version {ver}")
-        pos = J_HEADER.size
-        while pos < len(buf):
-            got = _decode_record(buf, pos)
-            if isinstance(got, str):
-                if _valid_record_after(buf, pos):
-                    raise CatalogCorruptionError(where, pos, got)
-                log.warning("event=raft_journal_torn_tail file=%s offset=%d dropped_bytes=%d reason=%r",
-                            where, pos, len(buf) - pos, got)
-                self.torn_tail = (where, pos)
-                with open(where, "r+b") as f:
-                    f.truncate(pos)
-                    os.fsync(f.fileno())
-                break
-            entry, nxt = got
-            if self._entries and entry[1] != self._entries[-1][1] + 1:
-                raise CatalogCorruptionError(where, pos, f"index {entry[1]} follows "
-                                             f"{self._entries[-1][1]}: the journal has a gap")
-            self._entries.append(entry)
-            self._offsets.append(pos)
-            pos = nxt
+        self._entries, self._offsets, torn = parse_journal(buf, where, self._gen)
+        if torn is not None:
+            pos, why = torn
+            log.warning("event=raft_journal_torn_tail file=%s offset=%d dropped_bytes=%d reason=%r",
+                        where, pos, len(buf) - pos, why)
+            self.torn_tail = (where, pos)
+            with open(where, "r+b") as f:
+                f.truncate(pos)
+                os.fsync(f.fileno())
 
     def _rewrite(self, entries: list, gen: int) -> None:
         """Replace the journal by a new generation holding ``entries`` (crash-safe)."""
@@ -276,13 +305,7 @@ class DurableJournal(Journal):
             return
         with open(where, "rb") as f:
             raw = f.read()
-        if len(raw) < 32 or raw[:8] != M_MAGIC or crc32c(raw[:-4]) != struct.unpack("<I", raw[-4:])[0]:
-            raise CatalogCorruptionError(where, 0, "bad meta file")
-        ver, term, commit, vl = struct.unpack_from("<HQQH", raw, 8)
-        if ver != M_VERSION:
-            raise CatalogCorruptionError(where, 8, f"unsupported meta version {ver}")
-        vote = raw[28:28 + vl].decode() if vl else None
-        self._term, self._vote, self._commit = term, vote, max(commit, 1)
+        self._term, self._vote, self._commit = parse_meta(raw, where)
         self._commit_saved = self._commit
 
 
