@@ -7,10 +7,12 @@ transport calls ``sync`` before an acknowledgement leaves the node (see
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
 import struct
+import time
 
 from pysyncobj.journal import Journal
 
@@ -32,6 +34,9 @@ M_VERSION = 1
 D_MAGIC = b"TRRAFTD1"
 D_VERSION = 1
 _JOURNAL = re.compile(r"^journal-([0-9a-f]{16})\.trj$")
+# Opening or creating a file failing with these is a passing shortage: retried, never fatal.
+TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EAGAIN, errno.EINTR}
+RETRY_MAX = 1.0  # seconds between retries at most
 
 
 class JournalError(Exception):
@@ -145,6 +150,8 @@ class DurableJournal(Journal):
         self._commit_saved = 1
         self.torn_tail: tuple[str, int] | None = None
         self.syncs = 0  # fdatasync calls (tests, metrics)
+        self.retries = 0  # transient write errors retried (metrics)
+        self.stopping = lambda: False  # the replica sets this: retries end when it stops
         self._open()
 
     # -- files --------------------------------------------------------------------------
@@ -190,14 +197,15 @@ class DurableJournal(Journal):
             offsets.append(len(data))
             data += encode_record(*e)
         name = self._name(gen)
-        atomic_write(name, bytes(data))
+        self.retry(atomic_write, name, bytes(data))
+        fd = self.retry(os.open, name, os.O_WRONLY)
         if self._fd >= 0:
             os.close(self._fd)
             old = self._name(self._gen)
             if old != name:
                 os.unlink(old)
-                fsync_dir(self.path)
-        self._fd = os.open(name, os.O_WRONLY)
+                self.retry(fsync_dir, self.path)
+        self._fd = fd
         self._gen, self._size, self._dirty = gen, len(data), False
         self._entries, self._offsets = list(entries), offsets
 
@@ -245,9 +253,29 @@ class DurableJournal(Journal):
 
     def _guarded(self, fn, *args):
         try:
-            return fn(*args)
+            return self.retry(fn, *args)
         except OSError as e:
             raise JournalError(f"{self.path}: journal write failed: {e}") from e
+
+    def retry(self, fn, *args):
+        """``fn(*args)``, retried with backoff while it fails with a TRANSIENT errno (too many
+        open files, say): a replica waits the shortage out instead of stopping for good. The
+        tick thread waits meanwhile; peers see a silent node (a new leader, if it led)."""
+        delay, last_log = 0.01, 0.0
+        while True:
+            try:
+                return fn(*args)
+            except OSError as e:
+                if e.errno not in TRANSIENT or self.stopping():
+                    raise
+                self.retries += 1
+                now = time.monotonic()
+                if now - last_log >= 1.0:
+                    last_log = now
+                    log.warning("event=raft_write_retry dir=%s errno=%s backoff_s=%.2f retries=%d",
+                                self.path, errno.errorcode.get(e.errno, e.errno), delay, self.retries)
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
 
     def __getitem__(self, item):
         return self._entries[item]
@@ -294,7 +322,7 @@ class DurableJournal(Journal):
         vote = (self._vote or "").encode()
         raw = M_MAGIC + struct.pack("<HQQH", M_VERSION, self._term, self._commit, len(vote)) + vote
         try:
-            atomic_write(self._meta_path(), raw + struct.pack("<I", crc32c(raw)))
+            self.retry(atomic_write, self._meta_path(), raw + struct.pack("<I", crc32c(raw)))
         except OSError as e:
             raise JournalError(f"{self._meta_path()}: write failed: {e}") from e
         self._commit_saved = self._commit
