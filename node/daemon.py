@@ -274,7 +274,7 @@ async def run(cfg: NodeConfig) -> None:
                            handle_signals=False)
     await runner.setup()
     host, port = cfg.listen
-    install_accept_handler(loop, node.refused("http"))
+    install_accept_handler(loop, node.refused("http"), node.guard)
     site = GuardedSite(runner, host, port, guard=node.guard, ssl_context=ctx, backlog=1024)
     dog = None
     try:

@@ -30,7 +30,7 @@ class ConnectionGuard:
 
     def __init__(self, handshake_timeout: float, max_pending: int, refused: Callable[[str], None]):
         self.handshake_timeout, self.max_pending, self._refused = handshake_timeout, max_pending, refused
-        self.pending: dict[asyncio.BaseTransport, asyncio.TimerHandle] = {}
+        self.pending: dict[asyncio.BaseTransport, tuple[asyncio.TimerHandle, float]] = {}
 
     def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         return lambda: _Guarded(self, inner())
@@ -41,8 +41,16 @@ class ConnectionGuard:
             transport.abort()
             return False
         loop = asyncio.get_running_loop()
-        self.pending[transport] = loop.call_later(self.handshake_timeout, self._expire, transport)
+        self.pending[transport] = (loop.call_later(self.handshake_timeout, self._expire, transport), loop.time())
         return True
+
+    def shed(self, older_than: float) -> None:
+        """Out of descriptors: close pending connections older than ``older_than`` seconds."""
+        now = asyncio.get_running_loop().time()
+        for t in [t for t, (_, at) in self.pending.items() if now - at > older_than]:
+            self.pending.pop(t)[0].cancel()
+            self._refused("shed")
+            t.abort()
 
     def _expire(self, transport: asyncio.BaseTransport) -> None:
         if self.pending.pop(transport, None) is not None:
@@ -51,9 +59,9 @@ class ConnectionGuard:
 
     def headed(self, transport: asyncio.BaseTransport | None) -> None:
         """The connection delivered a request head: no longer pending."""
-        timer = self.pending.pop(transport, None)
-        if timer is not None:
-            timer.cancel()
+        got = self.pending.pop(transport, None)
+        if got is not None:
+            got[0].cancel()
 
     forget = headed
 
@@ -101,8 +109,10 @@ class GuardedSite(web.TCPSite):
                                                 ssl=self._ssl_context, backlog=self._backlog, **tls)
 
 
-def install_accept_handler(loop: asyncio.AbstractEventLoop, refused: Callable[[str], None]) -> None:
-    """Count and log (once a second at most) asyncio's temporary accept failures."""
+def install_accept_handler(loop: asyncio.AbstractEventLoop, refused: Callable[[str], None],
+                           guard: ConnectionGuard | None = None) -> None:
+    """Count and log (once a second at most) asyncio's temporary accept failures; pending
+    connections older than a second are shed then (a real client sends its request at once)."""
     last = [0.0]
     previous = loop.get_exception_handler()
 
@@ -111,6 +121,8 @@ def install_accept_handler(loop: asyncio.AbstractEventLoop, refused: Callable[[s
         if context.get("message") == _ACCEPT_MESSAGE and isinstance(exc, OSError):
             name = errno.errorcode.get(exc.errno, str(exc.errno))
             refused(f"accept_{name.lower()}")
+            if guard is not None:
+                guard.shed(1.0)
             now = time.monotonic()
             if now - last[0] >= 1.0:
                 last[0] = now

@@ -152,6 +152,7 @@ class DurableJournal(Journal):
         self.syncs = 0  # fdatasync calls (tests, metrics)
         self.retries = 0  # transient write errors retried (metrics)
         self.stopping = lambda: False  # the replica sets this: retries end when it stops
+        self.on_retry = lambda: None  # the replica sets this: free descriptors it can spare
         self._open()
 
     # -- files --------------------------------------------------------------------------
@@ -274,6 +275,7 @@ class DurableJournal(Journal):
                     last_log = now
                     log.warning("event=raft_write_retry dir=%s errno=%s backoff_s=%.2f retries=%d",
                                 self.path, errno.errorcode.get(e.errno, e.errno), delay, self.retries)
+                self.on_retry()
                 time.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
 

@@ -180,6 +180,7 @@ class Replica(SyncObj):
         self.transport: HardenedTransport | None = None
         self.journal = DurableJournal(path)
         self.journal.stopping = lambda: self._stopping  # transient write errors are retried until then
+        self.journal.on_retry = self._shed  # the tick thread waits in the retry: nothing else frees them
         self._dump_state = SERIALIZER_STATE.NOT_SERIALIZING
         self._dump_thread: threading.Thread | None = None
         self._dump_args: tuple | None = None
@@ -192,6 +193,10 @@ class Replica(SyncObj):
                          transportClass=self._make_transport)
         self._poller = _FlushingPoller(self._poller, self._flush)
         self._wake = PipeNotifier(self._poller)
+
+    def _shed(self) -> None:
+        if self.transport is not None:
+            self.transport.shed_pending(0.0)
 
     def _make_transport(self, syncobj, self_node, others):
         self.transport = HardenedTransport(syncobj, self_node, others, self.limits)

@@ -16,6 +16,8 @@
   ENFILE, ENOBUFS, ENOMEM and ECONNABORTED on accept are temporary: the listener
   pauses with a backoff and resumes (pysyncobj closed it for good and never
   rebound); any other listener failure is logged and the port is bound again.
+  Out of descriptors (a failed accept, a replica file write retried), the
+  unauthenticated connections older than ``SHED_AFTER`` are closed first.
   ``HardenedTransport.refused`` counts what was refused, by reason.
 
 Everything here that overrides pysyncobj's private (name-mangled) methods is
@@ -53,6 +55,7 @@ TEMPORARY_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, err
                     errno.EPROTO, errno.EPERM, errno.EINTR}
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0   # seconds the listener pauses after a failed accept
 REBIND_EVERY = 0.5
+SHED_AFTER = 1.0  # out of descriptors: unauthenticated connections older than this are closed
 
 
 @dataclass(frozen=True)
@@ -241,6 +244,7 @@ class HardenedTransport(TCPTransport):
         name = errno.errorcode.get(e.errno, str(e.errno))
         self.refused[f"accept_{name.lower()}"] += 1
         now = time.monotonic()
+        self.shed_pending(SHED_AFTER, now)  # members get the descriptors that silent strangers hold
         if now - self._last_accept_log >= 1.0:  # one line a second at most during a flood
             self._last_accept_log = now
             log.warning("event=raft_accept_failed errno=%s backoff_s=%.2f refused_total=%d (listener kept)",
@@ -282,6 +286,18 @@ class HardenedTransport(TCPTransport):
         if now >= self._next_sweep:
             self._next_sweep = now + 0.1
             self._expire_handshakes(now)
+
+    def shed_pending(self, older_than: float, now: float | None = None) -> int:
+        """Close unauthenticated connections open longer than ``older_than`` seconds (a member
+        names itself at once): what a shortage of descriptors takes first."""
+        now = time.monotonic() if now is None else now
+        old = [c for c, t in self._accepted_at.items() if now - t > older_than and c in self._unknownConnections]
+        for c in old:
+            self.refused["shed"] += 1
+            self._accepted_at.pop(c, None)
+            self._unknownConnections.discard(c)
+            c.disconnect()
+        return len(old)
 
     def _expire_handshakes(self, now: float) -> None:
         late = [c for c, t in self._accepted_at.items()
