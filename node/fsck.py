@@ -3,7 +3,7 @@
 Reads the catalog offline — a ``trkv://`` log and snapshots, or a ``raft://``
 replica's journal, meta and dump (``catalog/raft/offline.py``) — then checks every
 TerrascaleFS file and object (``terrafs.fsck``), every segment's invariants
-(``rowstore.fsck``) and every index run the partition manifests name, and lists every
+(``rowstore.segments.fsck``) and every index run the partition manifests name, and lists every
 file and object no catalog row names. Read-only unless ``repair``: then, after every
 problem was emitted, orphans (and only orphans) are deleted.
 """
@@ -20,10 +20,10 @@ from catalog.errors import CatalogCorruptionError, CatalogError
 from catalog.local import LocalCatalog
 from node.config import NodeConfig
 from node.errors import ConfigError
-from rowstore.colindex import _parse as parse_column_run
 from rowstore.errors import RowCorruptionError
-from rowstore.fsck import check_segments
-from rowstore.index_run import IndexRun
+from rowstore.index.column_index import _parse as parse_column_run
+from rowstore.index.key_run import IndexRun
+from rowstore.segments.fsck import check_segments
 from terrafs.backends.memory import MemoryBlockDevice
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.errors import TerrafsError

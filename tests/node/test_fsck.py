@@ -84,8 +84,8 @@ def test_fsck_usage(tmp_path):
 
 
 async def _make_segments(d):
-    from rowstore.segments import SegmentStore
-    from tests.rowstore.test_segments import KEYS, S1, SCHEMAS, batch
+    from rowstore.segments.store import SegmentStore
+    from tests.rowstore.segments.test_segments import KEYS, S1, SCHEMAS, batch
 
     cat = LocalCatalog(str(d / "catalog"))
     await cat.open()
@@ -121,8 +121,8 @@ async def _make_bad_run(d):
     import numpy as np
 
     from catalog.abc import Put
-    from rowstore.index_run import run_bytes
-    from rowstore.memtable import Run
+    from rowstore.index.key_run import run_bytes
+    from rowstore.index.key_memtable import Run
 
     cat = LocalCatalog(str(d / "catalog"))
     await cat.open()
