@@ -192,7 +192,7 @@ class Etcd:
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     async def open(self):
-        import aiohttp  # noqa: F401  (ClientError below)
+        import aiohttp
 
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         for _ in range(300):

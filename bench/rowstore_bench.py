@@ -167,16 +167,17 @@ async def main() -> list[Result]:
         for size in (1000, 1):
             payloads = _payloads(src, size)
 
-            def peer(fn, writers):
+            def peer(fn, writers, payloads=payloads):
                 return lambda: asyncio.to_thread(fn, root, payloads, writers)
 
             target = ">= 1M rows/s & ahead" if size == 1000 else "report"
             if size == 1000:
-                got = await _rounds({"ours": lambda: ours(root, 1, size, src, window=4), "rocks": peer(rocks, 1)})
+                got = await _rounds({"ours": lambda size=size: ours(root, 1, size, src, window=4),
+                                     "rocks": peer(rocks, 1)})
                 results.append(Result("durable append, batch 1000, 1 writer pipelined (4 in flight)", got["ours"],
                                       PEERS[0][0], got["rocks"], "rows/s", target))
             for writers in (1, 64):
-                runs = {"ours": lambda w=writers: ours(root, w, size, src)}
+                runs = {"ours": lambda w=writers, size=size: ours(root, w, size, src)}
                 runs.update({key: peer(globals()[key], writers) for _, key in PEERS})
                 got = await _rounds(runs)
                 for name, key in PEERS:

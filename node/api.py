@@ -105,9 +105,6 @@ class Api:
         r.add_get("/v1/admin/cluster", self.cluster)
         r.add_post("/v1/admin/cluster/members", self.add_member)
         r.add_delete("/v1/admin/cluster/members/{address}", self.remove_member)
-        from node.bridge_api import add_bridge_routes  # noqa: PLC0415 (it imports this module)
-
-        add_bridge_routes(self, r)  # the Spark bridge's read plans, tails, change feed, leases
         return app
 
     # -- the edge: auth, routing to the owner, errors, metrics ------------------------------------
@@ -155,7 +152,7 @@ class Api:
         except (ConnectionError, OSError, asyncio.TimeoutError) as e:
             log.warning("event=request_failed path=%s error=%r", request.path, e)
             return error(503, "unavailable", _one_line(e))
-        except Exception as e:  # the last line of defence: never a traceback to the client
+        except Exception as e:  # noqa: BLE001 - the last line of defence: never a traceback to the client
             log.error("event=request_crashed path=%s error=%r at=%s", request.path, e, _where(e))
             return error(500, "internal", type(e).__name__)
 

@@ -17,16 +17,12 @@ import sys
 
 from catalog.errors import CatalogError
 from node import config as config_mod
-from node.errors import NodeError
+from node.errors import NodeError, UsageError
 from rowstore.errors import QueryError, RowstoreError
 from rowstore.reads.text_forms import parse_bbox_text, parse_where_text
 from terrafs.errors import TerrafsError
 
 OUTPUTS = ("table", "json", "csv", "arrow")
-
-
-class UsageError(Exception):
-    """Raised for a malformed argument the parser could not catch (exit 2)."""
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -31,7 +31,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from catalog.errors import CatalogError
 from catalog.raft.wire import ConnLimits
 from node import sdnotify
-from node.api import Api
+from node.http_app import make_app
 from node.cluster import Cluster
 from node.config import NodeConfig
 from node.errors import ConfigError
@@ -270,7 +270,7 @@ async def run(cfg: NodeConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     ctx = node.ssl_context()
-    runner = web.AppRunner(Api(node).app(), access_log=None, shutdown_timeout=cfg.shutdown_timeout_s,
+    runner = web.AppRunner(make_app(node), access_log=None, shutdown_timeout=cfg.shutdown_timeout_s,
                            handle_signals=False)
     await runner.setup()
     host, port = cfg.listen

@@ -207,7 +207,7 @@ class RaftCatalog(Catalog):
                         f"for {now - v.no_quorum_since:.1f} s); {what} was not applied")
                 last = "no quorum"
             elif now < deadline and v.has_quorum:
-                pending.add(self._submit(lambda cb: send(rep, cb)))
+                pending.add(self._submit(lambda cb, rep=rep: send(rep, cb)))
             wait = max(min(self.attempt_timeout if pending else delay, deadline - now), 0)
             if pending:
                 done, _ = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
@@ -267,7 +267,7 @@ class RaftCatalog(Catalog):
         what = f"transaction {batch[0][1]}" if single else f"{len(batch)} transactions ({batch[0][1]}, ...)"
         try:
             res = await self._replicate(lambda rep, cb: rep.submit(payload, cb), what)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - every waiter of the batch learns it
             for _, rid, fut in batch:
                 if not fut.done():
                     fut.set_exception(_for_request(e, rid, single))
@@ -301,7 +301,7 @@ class RaftCatalog(Catalog):
             await self._replicate(lambda rep, cb: rep.submit(_BARRIER, cb), "linearizable read")
         except CatalogTimeoutError as e:  # a read has no unknown outcome: it just failed
             fut.set_exception(CatalogUnavailableError(str(e).replace("outcome unknown", "no answer")))
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - the waiter gets whatever ended the call
             fut.set_exception(e)
         else:
             fut.set_result(None)
@@ -376,7 +376,7 @@ class RaftCatalog(Catalog):
         deadline = time.monotonic() + self.timeout
         while True:
             rep = self.replica()
-            res, err = await self._attempt(lambda cb: rep.submit_membership(op, address, cb),
+            res, err = await self._attempt(lambda cb, rep=rep: rep.submit_membership(op, address, cb),
                                            min(self.attempt_timeout, max(deadline - time.monotonic(), 0.01)))
             if err == FAIL_REASON.SUCCESS:
                 return None

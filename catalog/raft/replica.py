@@ -335,7 +335,7 @@ class Replica(SyncObj):
             while self._tasks:  # let waiters see the replica is gone
                 try:
                     self._tasks.popleft()()
-                except Exception:
+                except Exception:  # noqa: BLE001 - shutting down: each task reports through its own callback
                     pass
             try:
                 self._doDestroy()

@@ -133,7 +133,7 @@ class CappedConnection(TcpConnection):
                 rand, message = message
                 if rand != self.recvRandKey:
                     raise ValueError("wrong session key")
-        except Exception as e:  # unauthenticated, damaged or not plain data: drop the peer
+        except Exception as e:  # noqa: BLE001 - unauthenticated, damaged or not plain data: drop the peer
             log.warning("event=raft_message_refused reason=%r", str(e)[:200])
             self.disconnect()
             return None
