@@ -104,7 +104,7 @@ def _apply_command(out: ReplicaFiles, cmd: bytes, idx: int, where: str, off: int
         return
     try:
         data = plain_loads(cmd[1:])
-    except Exception as e:  # noqa: BLE001 - checksummed but undecodable: damage
+    except Exception as e:  # checksummed but undecodable: damage
         raise CatalogCorruptionError(where, off, f"entry {idx}: undecodable command: {e}") from e
     if kind == MEMBERSHIP:
         if isinstance(data, list) and len(data) >= 2 and data[0] in ("add", "rem"):
