@@ -111,6 +111,7 @@ class Api:
 
     @web.middleware
     async def _edge(self, request: web.Request, handler):
+        self.node.guard.headed(request.transport)  # a request head arrived: no longer pending
         m = self.node.metrics
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
         t0 = time.perf_counter()

@@ -28,6 +28,7 @@ from catalog.errors import (
 from catalog.fsutil import lock_dir
 from catalog.raft.journal import decode_dump
 from catalog.raft.replica import BARRIER, MAX_ENTRY_BYTES, EntryError, Replica, encode_group, encode_txn
+from catalog.raft.wire import ConnLimits
 from catalog.state import validate_txn
 
 log = logging.getLogger("catalog.raft")
@@ -79,7 +80,7 @@ def read_secret(path: str) -> str:
 class RaftCatalog(Catalog):
     def __init__(self, members: list[str], self_addr: str, path: str, secret: str, *,
                  uri: str | None = None, timeout: float = 10.0, attempt_timeout: float = 2.0,
-                 quorum_grace: float = 3.0, tuning: dict | None = None):
+                 quorum_grace: float = 3.0, tuning: dict | None = None, limits: ConnLimits | None = None):
         if not secret:
             raise CatalogConfigError("raft://: a cluster secret is required (catalog.secret_file)")
         if not path:
@@ -88,7 +89,7 @@ class RaftCatalog(Catalog):
         self.path = os.path.abspath(path)
         self.uri = uri or f"raft://{','.join(members)}?self={self_addr}"
         self.timeout, self.attempt_timeout, self.quorum_grace = timeout, attempt_timeout, quorum_grace
-        self._secret, self._tuning = secret, tuning
+        self._secret, self._tuning, self._limits = secret, tuning, limits
         self._rep: Replica | None = None
         self._lock_fd = -1
         self._closed = False
@@ -125,7 +126,7 @@ class RaftCatalog(Catalog):
                 with open(dump, "rb") as f:
                     decode_dump(f.read(), dump)
             try:
-                rep = Replica(self.self_addr, self.members, self.path, self._secret, self._tuning)
+                rep = Replica(self.self_addr, self.members, self.path, self._secret, self._tuning, self._limits)
             except Exception as e:
                 if type(e).__name__ == "SyncObjException":
                     raise CatalogUnavailableError(f"{self.uri}: cannot bind {self.self_addr}") from e
@@ -145,6 +146,13 @@ class RaftCatalog(Catalog):
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+
+    def connection_stats(self) -> dict[str, int]:
+        """Connections the Raft port refused, by reason; write retries of the replica's files."""
+        rep = self._rep
+        if rep is None or rep.transport is None:
+            return {}
+        return {**dict(rep.transport.refused), "write_retries": rep.journal.retries}
 
     def replica(self) -> Replica:
         rep = self._rep
