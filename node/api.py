@@ -18,7 +18,8 @@ from aiohttp import web
 
 from catalog.errors import (CatalogConfigError, CatalogError, CatalogTimeoutError, CatalogUnavailableError,
                             InvalidTransactionError)
-from node.cluster import FORWARDED
+from node.cluster import RemoteError
+from node.router import Misdirected, Router
 from node.codec import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table, schema_to_json,
                         table_to_rows, write_arrow_stream)
 from rowstore.db.reads import MAX_LIMIT
@@ -51,6 +52,10 @@ _ERRORS = [
     (HistoryPurgedError, 410, "history_purged"), (UnavailableError, 503, "unavailable"),
     (CatalogTimeoutError, 503, "unavailable"), (CatalogUnavailableError, 503, "unavailable"),
 ]
+# whole-table endpoints sent to the node serving every partition (RFC 0009 §2); row
+# endpoints route inside their handlers, where the keys are known
+_WHOLE_TABLE = {"/v1/tables/{table}/snapshot", "/v1/tables/{table}/plan", "/v1/tables/{table}/tail",
+                "/v1/tables/{table}/changes"}
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large",
                415: "unsupported_media_type"}
 
@@ -73,6 +78,7 @@ def _one_line(e: BaseException) -> str:
 class Api:
     def __init__(self, node):
         self.node = node
+        self.router = Router(node)
 
     @property
     def db(self):
@@ -129,13 +135,18 @@ class Api:
             if request.path != "/healthz" and not self._authorized(request):
                 return error(401, "unauthorized", "missing or wrong bearer token")
             table = request.match_info.get("table")
-            if table is not None:
-                forwarded = await self._route(request, table)
+            if table is not None and request.match_info.route.resource.canonical in _WHOLE_TABLE:
+                self.db  # noqa: B018 - 503 before ready (the placement needs the catalog)
+                forwarded = await self.router.whole_table(request, table)
                 if forwarded is not None:
                     return forwarded
             return await handler(request)
         except ApiError as e:
             return error(e.status, e.code, str(e))
+        except RemoteError as e:  # another node's answer, as it gave it
+            return error(e.status, e.code, str(e))
+        except Misdirected as e:  # sent here by a node with an older map: it retries
+            return error(421, "misdirected", str(e))
         except web.HTTPException as e:
             if e.status < 400:
                 raise
@@ -162,22 +173,6 @@ class Api:
             return True
         got = request.headers.get("Authorization", "")
         return hmac.compare_digest(got.encode(), f"Bearer {tok}".encode())
-
-    async def _route(self, request: web.Request, table: str):
-        """Forward to the table's owner (None: this node serves it)."""
-        self.db  # noqa: B018 - 503 before ready (the owner map needs the catalog)
-        cluster = self.node.cluster
-        if cluster is None or not cluster.multi or request.method == "POST" and request.path == "/v1/tables":
-            return None
-        owner = await cluster.owner(table)  # cached: enough to choose where to forward
-        if owner == cluster.node_id or FORWARDED in request.headers:
-            owner = await cluster.owner(table, fresh=True)  # serving here needs the current answer
-        if owner == cluster.node_id:
-            return None
-        if FORWARDED in request.headers:  # sent here by a node with an older map: it retries
-            raise ApiError(421, "misdirected", f"table {table!r} is owned by {owner}")
-        self.node.metrics.forwarded.labels(owner).inc()
-        return await cluster.forward(request, owner, await request.read())
 
     # -- health -----------------------------------------------------------------------------------
 
@@ -217,7 +212,7 @@ class Api:
         db = self.db
         if self.node.cluster is not None and self.node.cluster.multi:
             db.forget_cached_definitions(name)
-            await self.node.cluster.claim(name)
+            await self.node.cluster.place(name, partitions or db.cfg.partitions, lambda: _exists(db, name))
         d = await db.create_table(name, schema, indexes=indexes, partitions=partitions)
         log.info("event=table_created table=%s partitions=%d", name, d.partitions)
         return web.json_response(_table_json(d), status=201)
@@ -235,6 +230,7 @@ class Api:
 
     async def drop_table(self, request):
         d = await self.db.drop_table(request.match_info["table"])
+        await self._announce(d.name)
         log.info("event=table_dropped table=%s", d.name)
         return web.json_response({"dropped": d.name, "commit_ts": d.ts})
 
@@ -246,11 +242,13 @@ class Api:
         if doc.get("nullable", True) is not True:
             raise ApiError(400, "invalid_schema", "an added column is nullable (existing rows have no value)")
         d = await self.db.alter_table(request.match_info["table"], lambda s: s.add_column(name, type_text))
+        await self._announce(d.name)
         return web.json_response(_table_json(d))
 
     async def drop_column(self, request):
         col = request.match_info["column"]
         d = await self.db.alter_table(request.match_info["table"], lambda s: s.drop_column(col))
+        await self._announce(d.name)
         return web.json_response(_table_json(d))
 
     async def rename_column(self, request):
@@ -259,7 +257,21 @@ class Api:
         if not isinstance(new, str):
             raise ApiError(400, "invalid_schema", '"name" must be a string')
         d = await self.db.alter_table(request.match_info["table"], lambda s: s.rename_column(old, new))
+        await self._announce(d.name)
         return web.json_response(_table_json(d))
+
+    async def _announce(self, name: str) -> None:
+        """A table's definition changed: every other member drops its cached one (best effort —
+        a member that misses it reads the catalog again when its placement row is re-read)."""
+        cluster = self.node.cluster
+        if cluster is None or not cluster.multi:
+            return
+        others = [n for n in await cluster.members() if n != cluster.node_id]
+        got = await asyncio.gather(*(cluster.call(n, "POST", "/v1/internal/forget", doc={"table": name})
+                                     for n in others), return_exceptions=True)
+        for n, g in zip(others, got):
+            if isinstance(g, BaseException) or g[0] != 200:
+                log.warning("event=forget_unsent table=%s node=%s error=%r", name, n, g)
 
     # -- rows -------------------------------------------------------------------------------------
 
@@ -283,20 +295,26 @@ class Api:
             raise ApiError(415, "unsupported_media_type",
                            f"rows come as application/json or {ARROW_STREAM}, not {request.content_type}")
         t0 = time.perf_counter()
-        res = await db.upsert(table, data)
+        forwarded, res = await self.router.upsert(request, table, data)
+        if forwarded is not None:
+            return forwarded
+        count, ts = res
         m = self.node.metrics
         m.write_wait.observe(time.perf_counter() - t0)
         m.batch_rows.observe(data.num_rows)
-        m.rows_written.labels("upsert").inc(res.count)
-        return web.json_response({"committed": res.count, "commit_ts": res.commit_ts})
+        m.rows_written.labels("upsert").inc(count)
+        return web.json_response({"committed": count, "commit_ts": ts})
 
     async def delete_rows(self, request):
         doc = await _json_object(request, {"keys"}, required=("keys",))
         if not isinstance(doc["keys"], list):
             raise ApiError(400, "invalid_rows", '"keys" must be a list')
-        res = await self.db.delete(request.match_info["table"], doc["keys"])
+        self.db  # noqa: B018 - 503 before ready
+        forwarded, res = await self.router.delete(request, request.match_info["table"], doc["keys"])
+        if forwarded is not None:
+            return forwarded
         self.node.metrics.rows_written.labels("delete").inc(len(doc["keys"]))
-        return web.json_response({"deleted": res.count, "commit_ts": res.commit_ts})
+        return web.json_response({"deleted": res[0], "commit_ts": res[1]})
 
     async def get_row(self, request):
         table, raw = request.match_info["table"], request.match_info["key"]
@@ -309,6 +327,9 @@ class Api:
                 key = int(raw)
             except ValueError:
                 raise ApiError(400, "invalid_key", f"primary key {d.schema.key.name!r} is int64, not {raw!r}") from None
+        forwarded = await self.router.get(request, d, key)
+        if forwarded is not None:
+            return forwarded
         row = await db.get(table, key, as_of)
         if row is None:
             raise ApiError(404, "row_not_found", f"no row with key {raw!r} in {table!r}"
@@ -331,8 +352,12 @@ class Api:
         limit = doc.get("limit", 10_000)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ApiError(400, "invalid_query", f'"limit" must be a non-negative integer, not {limit!r}')
-        t, T = await self.db.query(table, where=doc.get("where"), bbox=doc.get("bbox"), columns=doc.get("columns"),
-                                   limit=limit if limit <= MAX_LIMIT else None, as_of=as_of)
+        self.db  # noqa: B018 - 503 before ready
+        forwarded, res = await self.router.query(request, table, doc.get("where"), doc.get("bbox"),
+                                                 doc.get("columns"), limit if limit <= MAX_LIMIT else None, as_of)
+        if forwarded is not None:
+            return forwarded
+        t, T = res
         if t.num_rows > limit:
             t = t.slice(0, limit)
         if ARROW_STREAM in request.headers.get("Accept", ""):
@@ -427,6 +452,14 @@ async def _json_object(request, allowed: set, required=()) -> dict:
     if missing:
         raise ApiError(400, "bad_request", f"missing field(s): {', '.join(missing)}")
     return doc
+
+
+async def _exists(db, name: str) -> bool:
+    try:
+        await db.describe(name)
+        return True
+    except TableNotFoundError:
+        return False
 
 
 def _as_of_value(v):

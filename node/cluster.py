@@ -1,23 +1,21 @@
-"""Who is in the cluster and who owns which table; forwarding requests to the owner.
+"""Who is in the cluster and where each table's partitions live; calls between nodes.
 
 Catalog keys (the catalog is the one source of truth, contract §3 "any node accepts
 any request and routes it to the owner of the data"):
 
 * ``node/member/<node id>`` — ``{"http": "http://host:port", "raft": "host:port" | null}``,
   written by each node when it becomes ready (its address for forwarded requests);
-* ``node/owner/<table name>`` — the node id that owns every partition of the table.
-  Set by compare-and-set when the table is created, by the node that creates it
-  (so two nodes racing to create one name cannot both think they own it).
+* ``node/place/<table name>`` — the placement of the table's partitions
+  (``node/placement.py``, docs/rfcs/0009-replication.md), set by compare-and-set by the
+  node that creates the table, before it creates it;
+* ``node/owner/<table name>`` — RFC 0007's per-table owner, still read for tables made
+  before placements (every partition on that node).
 
-The row store keeps a table's write-ahead log on the owner's durable block device,
-so a table's partitions are served by that one node; ownership is per table, and
-``partitions`` in ``GET /v1/admin/cluster`` maps each (table, partition) to it.
-
-A request for a table owned elsewhere is sent on to the owner unchanged (method,
-path, query, body, ``Authorization``), marked with ``X-Terrascale-Forwarded-By`` so
-it is never forwarded twice: an owner that finds it does not own the table (the
-map changed) answers 421, and the forwarding node refreshes its map and tries once
-more. With a ``trkv://`` catalog there is exactly one node and nothing is looked up.
+A request is sent on to another node unchanged (method, path, query, body,
+``Authorization``), marked with ``X-Terrascale-Forwarded-By`` so it is never forwarded
+twice: a node that finds it does not serve what it was sent (the map changed) answers
+421, and the forwarding node refreshes its map and tries once more. With a ``trkv://``
+catalog there is exactly one node and nothing is looked up.
 """
 from __future__ import annotations
 
@@ -28,25 +26,47 @@ import time
 import aiohttp
 
 from catalog.abc import Check, Put
-from rowstore.errors import ConflictError
+from node.placement import PLACE, Placement, counts, plan
+from rowstore.errors import ConflictError, TableExistsError
 from terrafs.catalog_ops import commit
 
 log = logging.getLogger("terrascale.node")
 MEMBER, OWNER = "node/member/", "node/owner/"
 FORWARDED = "X-Terrascale-Forwarded-By"
-OWNER_TTL_S = 2.0
+PLACE_TTL_S = 2.0
 _HOP_HEADERS = ("Authorization", "Content-Type", "Accept")
 
 
 class NotOwner(Exception):
-    """Raised when a forwarded request reaches a node that does not own the table."""
+    """Raised when a forwarded request reaches a node that does not serve what it names."""
+
+
+class RemoteError(Exception):
+    """Raised with another node's contract error, to be answered as it is."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+def raise_remote(status: int, payload: bytes, node: str) -> None:
+    """Another node's error answer as a RemoteError (its status and code kept)."""
+    try:
+        err = json.loads(payload)["error"]
+        code, message = err["code"], err["message"]
+    except (ValueError, KeyError, TypeError):
+        code, message = "unavailable", f"node {node} answered {status}"
+    if status == 421:
+        raise ConnectionError(f"node {node} no longer serves these partitions; retry")
+    raise RemoteError(status, code, message)
 
 
 class Cluster:
-    def __init__(self, catalog, node_id: str, http_url: str, raft_addr: str | None):
+    def __init__(self, catalog, node_id: str, http_url: str, raft_addr: str | None, token: str | None = None):
         self.catalog, self.node_id, self.http_url, self.raft_addr = catalog, node_id, http_url, raft_addr
+        self.token = token
         self.multi = raft_addr is not None
-        self._owners: dict[str, tuple[str | None, float, int]] = {}  # table -> (owner, when, row version)
+        self._places: dict[str, tuple[Placement | None, float, int]] = {}  # table -> (placement, when, version)
         self.on_change = None
         self._members: dict[str, dict] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -70,77 +90,120 @@ class Cluster:
         self._members = got
         return got
 
-    # -- ownership -----------------------------------------------------------------------------
+    # -- placement ------------------------------------------------------------------------------
 
-    async def claim(self, table: str) -> None:
-        """Make this node the owner of ``table`` before creating it (compare-and-set)."""
+    async def place(self, table: str, partitions: int, exists) -> Placement:
+        """Place a new table's partitions over the members (balanced by count, RFC 0009 §1)
+        before creating it, by compare-and-set; ``await exists()`` says whether the name is
+        taken (then nothing is written: the live table's placement stays)."""
         if not self.multi:
-            return
-        key = OWNER + table
+            return Placement.single(self.node_id, partitions)
+        key = PLACE + table
         cur = await self.catalog.get(key)
-        res = await commit(self.catalog, [Check(key, cur.version if cur else 0)],
-                           [Put(key, self.node_id.encode())])
+        if await exists():
+            raise TableExistsError(f"table {table!r} exists")
+        members = sorted(await self.members())
+        others = [Placement.from_bytes(e.value, e.key) for e in await self.catalog.scan(PLACE) if e.key != key]
+        led, held = counts(others)
+        pl = plan(members or [self.node_id], partitions, 1, led, held, first=self.node_id)
+        res = await commit(self.catalog, [Check(key, cur.version if cur else 0)], [Put(key, pl.to_bytes())])
         if not res.committed:
             raise ConflictError(f"table {table!r} is being created by another node; retry")
-        await self.owner(table, fresh=True)
+        await self.placement(table, partitions, fresh=True)
+        return pl
 
-    async def owner(self, table: str, fresh: bool = False) -> str:
-        """The node id owning ``table`` (this node when none is recorded: a table made
-        before ownership existed, or the single-node case).
-
-        Cached for OWNER_TTL_S — good enough to pick a node to forward to (a stale pick is
-        answered 421 and retried). Serving a table locally asks with ``fresh=True``. When
-        the owner row changed since it was last seen (the table was dropped and created
-        again, perhaps elsewhere), ``on_change(table)`` lets the engine drop what it
-        cached about the name."""
+    async def placement(self, table: str, partitions: int, fresh: bool = False) -> Placement:
+        """Where ``table``'s ``partitions`` partitions live. Cached for PLACE_TTL_S — good
+        enough to pick a node to send a request to (a stale pick is answered 421 and
+        retried); serving locally asks with ``fresh=True``. When the row changed since it was
+        last seen (the table was dropped and created again), ``on_change(table)`` lets the
+        engine drop what it cached about the name."""
         if not self.multi:
-            return self.node_id
-        hit = self._owners.get(table)
-        if hit is not None and not fresh and time.monotonic() - hit[1] < OWNER_TTL_S:
-            return hit[0] or self.node_id
-        e = await self.catalog.get(OWNER + table)
-        who, version = (e.value.decode(), e.version) if e is not None else (None, 0)
-        if hit is not None and hit[2] != version and self.on_change is not None:
-            self.on_change(table)
-        self._owners[table] = (who, time.monotonic(), version)
-        return who or self.node_id
+            return Placement.single(self.node_id, partitions)
+        hit = self._places.get(table)
+        if hit is not None and not fresh and time.monotonic() - hit[1] < PLACE_TTL_S:
+            pl = hit[0]
+        else:
+            e = await self.catalog.get(PLACE + table)
+            if e is not None:
+                pl, version = Placement.from_bytes(e.value, e.key), e.version
+            else:  # RFC 0007's per-table owner (a table from before placements), or none yet
+                o = await self.catalog.get(OWNER + table)
+                pl, version = (Placement.single(o.value.decode(), partitions), -o.version) if o else (None, 0)
+            if hit is not None and hit[2] != version and self.on_change is not None:
+                self.on_change(table)
+            self._places[table] = (pl, time.monotonic(), version)
+        if pl is None or len(pl.partitions) != partitions:
+            return Placement.single(self.node_id, partitions)
+        return pl
+
+    async def owns(self, d) -> set[int]:
+        """The partitions of table ``d`` this node serves (fresh)."""
+        return (await self.placement(d.name, d.partitions, fresh=True)).led_by(self.node_id)
 
     async def partitions(self, tables) -> dict:
-        """``{table: {partition: owner}}`` for the given TableDefs."""
+        """``{table: {partition: leader}}`` for the given TableDefs."""
         out = {}
         for d in tables:
-            who = await self.owner(d.name, fresh=True)
-            out[d.name] = {str(p): who for p in range(d.partitions)}
+            pl = await self.placement(d.name, d.partitions, fresh=True)
+            out[d.name] = {str(p): who for p, who in enumerate(pl.leaders())}
         return out
 
-    # -- forwarding ----------------------------------------------------------------------------
+    # -- calls between nodes --------------------------------------------------------------------
 
-    async def forward(self, request, owner: str, body: bytes):
-        """Send the request to ``owner``; its answer as a Response (None: this node turned out
-        to be the owner after all). An owner that does not answer is a ConnectionError (503)."""
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
+        return self._session
+
+    async def address(self, node: str) -> str:
+        members = self._members if node in self._members else await self.members()
+        m = members.get(node)
+        if m is None:
+            raise ConnectionError(f"node {node} has not registered an address")
+        return m["http"]
+
+    async def call(self, node: str, method: str, path: str, *, body: bytes | None = None, doc=None,
+                   headers: dict | None = None) -> tuple[int, dict, bytes]:
+        """One internal request to ``node`` (with this node's token when it has one): (status,
+        headers, body). A node that does not answer is a ConnectionError (503 to callers)."""
+        url = await self.address(node) + path
+        h = dict(headers or {})
+        h[FORWARDED] = self.node_id
+        if self.token:
+            h["Authorization"] = f"Bearer {self.token}"
+        if doc is not None:
+            body, h["Content-Type"] = json.dumps(doc).encode(), "application/json"
+        try:
+            async with self.session().request(method, url, data=body, headers=h) as r:
+                return r.status, dict(r.headers), await r.read()
+        except aiohttp.ClientError as e:
+            raise ConnectionError(f"node {node} ({url}) does not answer: {e}") from e
+
+    async def forward(self, request, owner: str, body: bytes, again=None):
+        """Send the request to ``owner``; its answer as a Response (None: ``again()``, asked
+        after a 421, found this node is the owner after all). A node that does not answer is
+        a ConnectionError (503)."""
         from aiohttp import web
 
         for attempt in (0, 1):
-            members = self._members if owner in self._members else await self.members()
-            m = members.get(owner)
-            if m is None:
-                raise ConnectionError(f"owner {owner} of this table has not registered an address")
-            if self._session is None:
-                self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
+            url = await self.address(owner)
             headers = {h: request.headers[h] for h in _HOP_HEADERS if h in request.headers}
             headers[FORWARDED] = self.node_id
             try:
-                async with self._session.request(request.method, m["http"] + request.path_qs, data=body or None,
-                                                 headers=headers) as r:
+                async with self.session().request(request.method, url + request.path_qs, data=body or None,
+                                                  headers=headers) as r:
                     status, rheaders, payload = r.status, r.headers, await r.read()
             except aiohttp.ClientError as e:  # the owner is down or unreachable: 503 to the caller
-                raise ConnectionError(f"owner {owner} of this table ({m['http']}) does not answer: {e}") from e
-            if status == 421 and attempt == 0:  # the owner moved: refresh and retry once
-                owner = await self.owner(request.match_info["table"], fresh=True)
+                raise ConnectionError(f"node {owner} serving this ({url}) does not answer: {e}") from e
+            if status == 421 and attempt == 0 and again is not None:  # the map moved: refresh, retry once
+                owner = await again()
                 if owner == self.node_id:
                     return None
                 continue
+            if status == 421:
+                raise ConnectionError(f"node {owner} no longer serves this and the placement moved again; retry")
             return web.Response(status=status, body=payload,
                                 headers={k: v for k, v in rheaders.items()
                                          if k in ("Content-Type", "X-Terrascale-As-Of")})
-        raise ConnectionError("the table's owner changed twice while forwarding")
+        raise ConnectionError("the placement changed twice while forwarding")

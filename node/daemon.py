@@ -98,7 +98,7 @@ class Node:
                  c.node_id, len(report.reopened), len(report.recreated), len(report.rolled_back),
                  len(report.local_deleted))
         raft = self.catalog.self_addr if c.catalog.startswith("raft://") else None
-        self.cluster = Cluster(self.catalog, c.node_id, self.http_url, raft)
+        self.cluster = Cluster(self.catalog, c.node_id, self.http_url, raft, token=c.token)
         self._stack.push_async_callback(self.cluster.close)
         self.db = Database(self.fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes,
                                                  memtable_bytes=c.memtable_bytes,
@@ -120,18 +120,12 @@ class Node:
         self.metrics.ready.set(1)
 
     async def _open_db(self) -> None:
-        """Recover the tables this node owns, and only those.
+        """Recover the partitions this node serves, and only those (RFC 0009).
 
-        Another node's tables have their write-ahead on that node's block device, so they
-        cannot be replayed here; ``Database.open`` takes the ownership filter."""
-        if not self.cluster.multi:
-            await self.db.open()
-            return
-
-        async def owned(d) -> bool:
-            return await self.cluster.owner(d.name, fresh=True) == self.cfg.node_id
-
-        await self.db.open(owned=owned)
+        Other partitions have their write-ahead on other nodes' block devices, so they
+        cannot be replayed here; ``Database.open`` takes the placement as a filter, and keeps
+        it for tables opened later."""
+        await self.db.open(owns=self.cluster.owns if self.cluster.multi else None)
 
     async def _close_db(self) -> None:
         try:
@@ -192,8 +186,7 @@ class Node:
         tables = await self.db.list_tables() if self.ready else []
         owned = 0
         for d in tables:
-            if await self.cluster.owner(d.name) == self.cfg.node_id:
-                owned += d.partitions
+            owned += len((await self.cluster.placement(d.name, d.partitions)).led_by(self.cfg.node_id))
         cs = await self._catalog_status()
         return {
             "node_id": self.cfg.node_id, "address": self.http_url, "ready": self.ready,
@@ -220,6 +213,7 @@ class Node:
         members = await self.cluster.members()
         tables = await self.db.list_tables() if self.ready else []
         parts = await self.cluster.partitions(tables)
+        placement = {d.name: (await self.cluster.placement(d.name, d.partitions)).json() for d in tables}
         if cs["members"] is None:
             out = [{"id": self.cfg.node_id, "address": self.http_url, "alive": self.ready}]
         else:
@@ -229,6 +223,7 @@ class Node:
                 out.append({"id": nid or m["address"], "address": members.get(nid, {}).get("http"),
                             "raft_address": m["address"], "alive": bool(m["alive"]), "self": bool(m["self"])})
         return {"members": out, "leader": cs["leader"], "term": cs["term"], "partitions": parts,
+                "placement": placement,
                 "catalog": "raft" if cs["members"] is not None else "trkv"}
 
     def ssl_context(self) -> ssl.SSLContext | None:

@@ -1,15 +1,18 @@
-"""The node's HTTP application: the contract's endpoints (``node/api.py``) and the Spark
-bridge's (``node/bridge_api.py``), which share the same error edge."""
+"""The node's HTTP application: the contract's endpoints (``node/api.py``), the Spark
+bridge's (``node/bridge_api.py``) and the ones nodes call on each other
+(``node/internal_api.py``), which share the same error edge."""
 from __future__ import annotations
 
 from aiohttp import web
 
 from node.api import Api
 from node.bridge_api import add_bridge_routes
+from node.internal_api import add_internal_routes
 
 
 def make_app(node) -> web.Application:
     api = Api(node)
     app = api.app()
     add_bridge_routes(api, app.router)  # read plans, tails, change feed, leases
+    add_internal_routes(api, app.router)  # node to node: cross-node batches and reads
     return app

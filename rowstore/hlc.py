@@ -78,6 +78,16 @@ class HybridClock:
         if ts > self._last:
             self._last = ts
 
+    async def observe_durably(self, ts: int) -> None:
+        """``observe``, and the persisted mark moved past ``ts`` before returning (a timestamp
+        chosen by another node and written here must stay below whatever this node issues
+        after a restart)."""
+        self.observe(ts)
+        if ts >= self._reserved:
+            async with self._lock:
+                if ts >= self._reserved:
+                    await self._reserve(ts)
+
     @property
     def last(self) -> int:
         return self._last

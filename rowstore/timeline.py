@@ -30,6 +30,27 @@ class Timeline:
         heapq.heappush(self._heap, ts)
         return ts
 
+    def begin_above(self, floor: int) -> int:
+        """A timestamp for a batch coordinated by another node (RFC 0009 §3): at least
+        ``floor`` (the coordinator's clock), above everything this clock issued and above the
+        closed timestamp, registered in flight. Synchronous, so nothing moves in between; the
+        caller then makes the clock's persisted mark cover it (``clock.observe_durably``)."""
+        ts = max(floor, self.clock.last + 1, self.closed + 1)
+        self.clock.observe(ts)
+        self._live[ts] = self._live.get(ts, 0) + 1
+        heapq.heappush(self._heap, ts)
+        return ts
+
+    def move(self, old: int, new: int) -> None:
+        """Replace in-flight ``old`` by ``new >= old`` (the batch's final timestamp: the largest
+        any participant took). While ``old`` was in flight nothing at or above it closed."""
+        if new < old:
+            raise ValueError(f"a batch's timestamp moves up only ({old} -> {new})")
+        self.clock.observe(new)
+        self._live[new] = self._live.get(new, 0) + 1
+        heapq.heappush(self._heap, new)
+        self.end(old)
+
     def end(self, ts: int) -> None:
         left = self._live[ts] - 1
         if left:

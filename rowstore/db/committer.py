@@ -14,12 +14,12 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.abc import Catalog, Check, Delete, Put
-from rowstore.errors import ConflictError, RowValidationError
+from rowstore.errors import ConflictError, RowValidationError, UnavailableError
 from rowstore.index.key_memtable import encode_keys
 from rowstore.codec.rows import Encoded, EncodedParts
 from rowstore.schema import SchemaVersion
 from rowstore.segments.active import split_rowids
-from rowstore.segments.wal import DECIDED
+from rowstore.segments.wal import DECIDED, SPANS_NODES
 from rowstore.tables.conform import Piece, conform, key_array, split_by_partition, stamp
 from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.tables.keys import partition_of
@@ -98,8 +98,8 @@ class Committer:
         for _ in range(10):
             e = await self.catalog.get(key)
             if e is not None:
-                if e.value == COMMITTED:
-                    self._decided.append(key)
+                if e.value == COMMITTED and not txn & SPANS_NODES:
+                    self._decided.append(key)  # every share of it is on this node
                 return e.value == COMMITTED
             res = await commit(self.catalog, [Check(key, 0)], [Put(key, ABORTED)])
             if res.committed:
@@ -123,28 +123,47 @@ class Committer:
     async def delete(self, name: str, keys) -> WriteResult:
         """Delete rows by primary key (absent keys are fine); ``count`` = keys that existed."""
         d = await self.definitions.describe(name)
+        batch, deleted, existed = await self.tombstones(d, keys)
+        res = await self.write(d, batch, deleted)
+        return WriteResult(existed, res.commit_ts)
+
+    async def tombstones(self, d: TableDef, keys) -> tuple[pa.RecordBatch, np.ndarray, int]:
+        """Deletion rows for ``keys``, and how many of the keys exist now."""
         karr = key_array(keys, d.schema.key)
         table = await self.tables.table(d)
         enc = encode_keys(karr, table.kind)
         existed = 0
         pids = partition_of(enc, len(table.parts))
+        served(table, pids)
         T = self.timeline.closed
         for p in np.unique(pids):
             existed += int(np.count_nonzero(await table.parts[p].index.get_many(enc[pids == p], T)))
         cols = [karr if c.id == d.schema.primary_key else _filler(c, len(karr)) for c in d.schema.columns]
         batch = pa.RecordBatch.from_arrays(cols, schema=d.schema.arrow())
-        res = await self.write(d, batch, np.ones(len(karr), bool))
-        return WriteResult(existed, res.commit_ts)
+        return batch, np.ones(len(karr), bool), existed
 
     async def write(self, d: TableDef, batch: pa.RecordBatch, deleted: np.ndarray | None) -> WriteResult:
+        table, pieces, n = await self.split(d, batch, deleted)
+        if n == 0:
+            return WriteResult(0, self.timeline.closed)
+        work = [(table.parts[p.pid], p) for p in pieces]
+        ts = await (self._commit_one(*work[0], d.schema) if len(work) == 1 else
+                    self._commit_many(table, work, d.schema))
+        self.after_write()
+        return WriteResult(n, ts)
+
+    async def split(self, d: TableDef, batch: pa.RecordBatch, deleted: np.ndarray | None):
+        """(table, the batch's pieces per partition, rows after last-wins): what committing
+        needs, validated (nothing is written if a key is bad or a partition served elsewhere)."""
         table = await self.tables.table(d)
         keys = encode_keys(batch.column(batch.schema.get_field_index(d.schema.key.name)), table.kind)
         if keys.dtype.kind == "S" and keys.dtype.itemsize > MAX_KEY_BYTES:
             raise RowValidationError(f"primary keys are at most {MAX_KEY_BYTES} bytes")
         batch, keys, deleted = _last_wins(batch, keys, deleted)
         if batch.num_rows == 0:
-            return WriteResult(0, self.timeline.closed)
+            return table, [], 0
         pids = partition_of(keys, len(table.parts))
+        served(table, pids)
         # One sort into (partition, key) order and one encode straight into it (a worker hop
         # for big batches); applying gets the key and indexed columns with each piece's row
         # positions — nothing is taken (copied) on the way.
@@ -153,11 +172,7 @@ class Committer:
         args = (batch, d.schema, keys, deleted, pids, keep)
         pieces = await asyncio.to_thread(split_by_partition, *args) if batch.num_rows > THREAD_ROWS \
             else split_by_partition(*args)
-        work = [(table.parts[p.pid], p) for p in pieces]
-        ts = await (self._commit_one(*work[0], d.schema) if len(work) == 1 else
-                    self._commit_many(table, work, d.schema))
-        self.after_write()
-        return WriteResult(batch.num_rows, ts)
+        return table, pieces, batch.num_rows
 
     async def _commit_one(self, part: Partition, piece: Piece, schema) -> int:
         async with part.lock:
@@ -223,7 +238,7 @@ class Committer:
                 by_pid.setdefault(part.pid, []).append((i, part, piece))
         pids = sorted(by_pid)
         parts = [by_pid[p][0][1] for p in pids]
-        txn = DECIDED | secrets.randbits(63)
+        txn = DECIDED | secrets.randbits(62)  # SPANS_NODES clear: every share is here
         async with contextlib.AsyncExitStack() as locks:
             for part in parts:
                 await locks.enter_async_context(part.lock)
@@ -304,6 +319,14 @@ class Committer:
         got = await asyncio.gather(*commits, return_exceptions=True)
         if not any(isinstance(g, BaseException) for g in got):
             await commit(self.catalog, [], [Delete(txn_key(txn))])
+
+
+def served(table: Table, pids: np.ndarray) -> None:
+    """Refuse rows of partitions another node serves (the node layer routes them there; this
+    is the engine's own guard against writing a partition twice in a cluster)."""
+    foreign = set(np.unique(pids).tolist()) - table.owned
+    if foreign:
+        raise UnavailableError(f"table {table.name!r}: partitions {sorted(foreign)} are not served by this node")
 
 
 def _fail(group: list[_Member], e: BaseException) -> None:

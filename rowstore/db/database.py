@@ -5,6 +5,7 @@ the one object the node holds; the work is done by its parts, each in its own mo
 
 * :mod:`rowstore.db.registry` — the open tables and their schema histories;
 * :mod:`rowstore.db.committer` — group commit, two-phase commit of multi-partition batches;
+* :mod:`rowstore.db.participant` — this node's share of a batch coordinated elsewhere;
 * :mod:`rowstore.db.reads` — snapshots, point gets, key ranges, queries;
 * :mod:`rowstore.db.external_reads` — read plans, tails and the change feed for the bridge;
 * :mod:`rowstore.db.leases` — read leases that hold segments back from collection;
@@ -21,6 +22,7 @@ from rowstore.db.committer import Committer, WriteResult
 from rowstore.db.external_reads import ExternalReads
 from rowstore.db.leases import Leases
 from rowstore.db.maintenance import Maintenance
+from rowstore.db.participant import Participant
 from rowstore.db.reads import Reader
 from rowstore.db.registry import TableRegistry
 from rowstore.db.tasks import BackgroundTasks
@@ -63,20 +65,24 @@ class Database:
                                        cfg.memtable_bytes, self.reader.horizon)
         self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks,
                                    self.maintenance.after_write)
+        self.participant = Participant(self.catalog, self.catalog_tables, self.committer, self.timeline,
+                                       self.tasks)
         self.leases = Leases(self.catalog)
         self.external = ExternalReads(fs, self.store, self.reader, self.leases)
 
     # -- life cycle -------------------------------------------------------------------------
 
-    async def open(self, owned=None) -> None:
-        """Clock, segments (deciding prepared batches), then every table's indexes — or only
-        the tables ``await owned(table_def)`` accepts (in a cluster a node replays only its
-        own tables: the others' write-ahead lives on their owners' block devices)."""
+    async def open(self, owns=None) -> None:
+        """Clock, segments (deciding prepared batches), then every table's indexes. In a
+        cluster ``await owns(table_def)`` names the partitions this node serves (RFC 0009):
+        only those are opened and replayed — the others' write-ahead lives on other nodes'
+        block devices — now and whenever the table is opened later."""
+        self.tables.owns = owns
         await self.clock.open()
         await self.store.open(self.committer.decide_at_recovery)
         await self.committer.forget_recovered()
         for d in await self.catalog_tables.list():
-            if owned is None or await owned(d):
+            if owns is None or await owns(d):
                 await self.tables.table(d)
 
     async def close(self) -> None:
@@ -143,8 +149,8 @@ class Database:
         return await self.reader.scan(name, lo, hi, as_of, columns, limit)
 
     async def query(self, name: str, where=None, bbox=None, columns=None, limit: int | None = 10_000,
-                    as_of: int | None = None) -> tuple[pa.Table, int]:
-        return await self.reader.query(name, where, bbox, columns, limit, as_of)
+                    as_of: int | None = None, partitions=None, trusted: bool = False) -> tuple[pa.Table, int]:
+        return await self.reader.query(name, where, bbox, columns, limit, as_of, partitions, trusted)
 
     # -- external readers (rowstore.db.external_reads, rowstore.db.leases) -----------------------
 

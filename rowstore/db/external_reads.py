@@ -36,7 +36,7 @@ class ExternalReads:
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
         preds = terms + ([box] if box is not None else [])
         by_seg: dict[int, list[np.ndarray]] = {}
-        for part in c.table.parts:
+        for part in c.table.served():
             ids = (await part.index.scan(None, None, c.T)).rowids
             cands, _ = candidates(part, preds)
             if cands is not None:

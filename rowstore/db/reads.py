@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow as pa
 
 from rowstore.codec.point_decoder import PointDecoder
-from rowstore.errors import FutureTimestampError, HistoryPurgedError, QueryError, RowValidationError
+from rowstore.errors import (FutureTimestampError, HistoryPurgedError, QueryError, RowValidationError,
+                             UnavailableError)
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
 from rowstore.index.key_memtable import encode_keys
 from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
@@ -63,8 +64,10 @@ class Reader:
     def horizon(self) -> int:
         return ts_from_ms(max(time.time_ns() // 1_000_000 - self.retention_ms, 0))
 
-    async def snapshot(self, as_of: int | None = None) -> int:
-        """The read timestamp: ``closed`` by default; a given T once it is closed."""
+    async def snapshot(self, as_of: int | None = None, trusted: bool = False) -> int:
+        """The read timestamp: ``closed`` by default; a given T once it is closed. ``trusted``:
+        T comes from another node's clock (a read across nodes, RFC 0009 §4), which may run
+        ahead of this node's wall clock — observed and waited for, never refused as future."""
         if as_of is None:
             return self.timeline.closed
         if isinstance(as_of, bool) or not isinstance(as_of, int) or not 0 <= as_of <= MAX_TS:
@@ -73,15 +76,15 @@ class Reader:
             raise HistoryPurgedError(f"as_of {as_of} is before the retention horizon {self.horizon()}")
         if as_of <= self.timeline.closed:
             return as_of
-        if ms_of(as_of) > time.time_ns() // 1_000_000:
+        if ms_of(as_of) > time.time_ns() // 1_000_000 and not trusted:
             raise FutureTimestampError(f"as_of {as_of} is in the future (closed timestamp {self.timeline.closed})")
         self.clock.observe(as_of)  # later commits get larger timestamps; wait for the older ones
         if not await self.timeline.wait_closed(as_of, self.closed_wait_s):
             raise FutureTimestampError(f"as_of {as_of} is not closed yet (closed timestamp {self.timeline.closed})")
         return as_of
 
-    async def context(self, name: str, as_of: int | None) -> ReadContext:
-        T = await self.snapshot(as_of)
+    async def context(self, name: str, as_of: int | None, trusted: bool = False) -> ReadContext:
+        T = await self.snapshot(as_of, trusted)
         d = await self.definitions.describe(name, T)
         table = await self.tables.table(d)
         return ReadContext(T, d, table, await self.tables.schemas_of(d))
@@ -146,19 +149,24 @@ class Reader:
         bounds = [None if b is None else encode_keys(key_array([b], c.d.schema.key), c.table.kind)[0]
                   for b in (lo, hi)]
         parts = []
-        for part in c.table.parts:
+        for part in c.table.served():
             vis = await part.index.scan(bounds[0], bounds[1], c.T)
             parts.append((await fetch(self.store, vis.rowids, c.schemas, c.d.schema)).batch)
         return finish(parts, c.d.schema, columns, limit), c.T
 
     async def query(self, name: str, where=None, bbox=None, columns=None, limit: int | None = 10_000,
-                    as_of: int | None = None) -> tuple[pa.Table, int]:
-        """Rows visible at T matching every ``where`` term and the bounding box, in key order."""
-        c = await self.context(name, as_of)
+                    as_of: int | None = None, partitions=None, trusted: bool = False) -> tuple[pa.Table, int]:
+        """Rows visible at T matching every ``where`` term and the bounding box, in key order;
+        ``partitions``: only those (a read across nodes asks each node for its own)."""
+        c = await self.context(name, as_of, trusted)
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
         _check_columns(c.d.schema, columns)
         _check_limit(limit)
-        out = [await self._query_part(c, part, terms, box, limit) for part in c.table.parts]
+        parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
+        if any(p.pid not in c.table.owned for p in parts):
+            raise UnavailableError(f"table {name!r}: partitions {sorted(set(partitions) - c.table.owned)} "
+                                   "are not served by this node")
+        out = [await self._query_part(c, part, terms, box, limit) for part in parts]
         return finish(out, c.d.schema, columns, limit), c.T
 
     async def _query_part(self, c: ReadContext, part: Partition, terms, box, limit) -> pa.RecordBatch:

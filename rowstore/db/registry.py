@@ -16,21 +16,28 @@ log = logging.getLogger("rowstore.database")
 class Table:
     """One table id's partitions (a dropped and re-created name is another Table)."""
 
-    def __init__(self, store: SegmentStore, d: TableDef):
+    def __init__(self, store: SegmentStore, d: TableDef, owned: set[int] | None = None):
         self.table_id, self.name = d.table_id, d.name
+        # the partitions this node serves (RFC 0009: a cluster places them across nodes);
+        # the others exist as objects but are never opened, written or checkpointed here
+        self.owned = set(range(d.partitions)) if owned is None else set(owned)
         self.kind = d.schema.key.type.kind.value
         indexed = [c for c in d.schema.columns if c.id in d.indexes]
         self.parts = [Partition(store, d.table_id, p, self.kind, indexed) for p in range(d.partitions)]
 
     def forget_columns(self, schema: SchemaVersion) -> None:
         """Stop indexing columns the schema no longer has."""
-        for p in self.parts:
+        for p in self.served():
             p.columns.forget_missing(schema)
+
+    def served(self) -> list[Partition]:
+        return [p for p in self.parts if p.pid in self.owned]
 
 
 class TableRegistry:
     def __init__(self, definitions: TableCatalog, store: SegmentStore):
         self.definitions, self.store = definitions, store
+        self.owns = None  # async (TableDef) -> the partitions this node serves (None: all)
         self._tables: dict[str, Table] = {}
         self._opening: dict[str, asyncio.Lock] = {}
         self._defs: dict[str, TableDef] = {}  # table id -> newest definition with a schema
@@ -40,7 +47,7 @@ class TableRegistry:
         return list(self._tables.values())
 
     def partitions(self) -> list[Partition]:
-        return [p for t in self._tables.values() for p in t.parts]
+        return [p for t in self._tables.values() for p in t.served()]
 
     def get(self, table_id: str) -> Table | None:
         return self._tables.get(table_id)
@@ -61,9 +68,9 @@ class TableRegistry:
             t = self._tables.get(d.table_id)
             if t is None:
                 latest = await self.latest_def(d)
-                t = Table(self.store, latest)
+                t = Table(self.store, latest, None if self.owns is None else await self.owns(latest))
                 schemas = await self.schemas_of(latest)
-                for p in t.parts:
+                for p in t.served():
                     n = await p.open(schemas, latest.schema)
                     if n:
                         log.info("event=partition_replayed table=%s partition=%d rows=%d", d.name, p.pid, n)

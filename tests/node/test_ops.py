@@ -154,7 +154,7 @@ def test_local_cluster_one_node(tmp_path):
 
 
 @pytest.mark.slow
-def test_local_cluster_three_nodes_forward_to_the_owner_and_survive_a_restart(tmp_path):
+def test_local_cluster_three_nodes_route_by_partition_and_survive_a_restart(tmp_path):
     base = _free_base()
     d = tmp_path / "c"
     urls = [f"http://127.0.0.1:{base + 10 * i}" for i in range(3)]
@@ -166,16 +166,20 @@ def test_local_cluster_three_nodes_forward_to_the_owner_and_survive_a_restart(tm
         view = c2.cluster()
         assert view["catalog"] == "raft" and sorted(m["id"] for m in view["members"]) == ["n1", "n2", "n3"]
         assert all(m["alive"] for m in view["members"]) and view["leader"] in ("n1", "n2", "n3")
-        c1.create_table("a", [("id", "int64"), ("v", "string")], "id", indexes=["v"])  # owned by n1
-        c3.create_table("b", [("id", "int64")], "id", partitions=2)  # owned by n3
-        assert c3.upsert("a", [{"id": i, "v": f"x{i % 3}"} for i in range(100)])["committed"] == 100  # n3 -> n1
-        assert c2.upsert("b", [{"id": 7}])["committed"] == 1  # n2 -> n3
+        # partitions are placed across the members, balanced by count (RFC 0009), starting
+        # at the creating node
+        c1.create_table("a", [("id", "int64"), ("v", "string")], "id", indexes=["v"])
+        c3.create_table("b", [("id", "int64")], "id", partitions=2)
+        parts = c2.cluster()["partitions"]
+        assert parts["a"] == {str(p): f"n{p % 3 + 1}" for p in range(8)} and parts["b"] == {"0": "n3", "1": "n1"}
+        # a batch across every node commits atomically with one commit_ts
+        assert c3.upsert("a", [{"id": i, "v": f"x{i % 3}"} for i in range(100)])["committed"] == 100
+        assert c2.upsert("b", [{"id": 7}])["committed"] == 1
         assert c2.get("a", 5) == {"id": 5, "v": "x2"}
         assert c1.query("b").column("id").to_pylist() == [7]
         assert c3.query("a", where=[["v", "=", "x1"]]).num_rows == 33
-        assert c2.cluster()["partitions"] == {"a": {str(p): "n1" for p in range(8)}, "b": {"0": "n3", "1": "n3"}}
         fwd = c2.metrics()
-        assert 'terrascale_http_forwarded_total{owner="n1"}' in fwd and 'owner="n3"' in fwd
+        assert 'terrascale_http_forwarded_total{owner="n' in fwd
         # ownership moves with a drop and re-create elsewhere; a node with the old owner cached
         # is answered 421 by the old owner and retries at the new one
         assert c2.get("a", 5) == {"id": 5, "v": "x2"}  # n2 has n1 cached as the owner of "a"
@@ -183,7 +187,8 @@ def test_local_cluster_three_nodes_forward_to_the_owner_and_survive_a_restart(tm
         c3.create_table("a", [("id", "int64"), ("w", "float64")], "id")
         assert c2.upsert("a", [{"id": 1, "w": 0.5}])["committed"] == 1
         assert c1.get("a", 1) == {"id": 1, "w": 0.5} and c1.query("a").num_rows == 1
-        assert c1.cluster()["partitions"]["a"] == {str(p): "n3" for p in range(8)}
+        placed = c1.cluster()["partitions"]["a"]  # placed anew: the old placement does not count
+        assert sorted(placed.values()) == ["n1"] * 2 + ["n2"] * 3 + ["n3"] * 3
         for c in (c1, c2, c3):
             c.close()
         down = _cluster("down", d, base)
@@ -193,10 +198,10 @@ def test_local_cluster_three_nodes_forward_to_the_owner_and_survive_a_restart(tm
         with Client(urls[1]) as c2:
             assert c2.query("a", limit=1000).num_rows == 1 and c2.get("b", 7) == {"id": 7}
             assert c2.upsert("a", [{"id": 1000, "w": 2.0}])["committed"] == 1
-            assert c2.cluster()["partitions"]["a"]["0"] == "n3"
-            os.kill(int((d / "n3.pid").read_text()), signal.SIGKILL)  # the owner of "a" and "b" dies
+            assert c2.cluster()["partitions"]["a"] == placed
+            os.kill(int((d / "n3.pid").read_text()), signal.SIGKILL)  # the leader of b's partition 0 dies
             with pytest.raises(ApiError) as ei:
-                c2.get("b", 7)
+                c2.query("b")
             assert ei.value.status == 503 and ei.value.code == "unavailable"
             assert {t["name"] for t in c2.list_tables()["tables"]} == {"a", "b"}  # the catalog still answers
     finally:

@@ -1,0 +1,98 @@
+"""Endpoints nodes call on each other (docs/rfcs/0009-replication.md; fields:
+docs/format/placement.md). Authenticated like every other endpoint; not for clients —
+their answers follow the contract's error shape all the same."""
+from __future__ import annotations
+
+from aiohttp import web
+
+from node.api import ApiError, _cpu, _json_object
+from node.codec import ARROW_STREAM, read_arrow_stream, write_arrow_stream
+
+
+def add_internal_routes(api, router) -> None:
+    def bound(handler):  # aiohttp wants coroutine functions, not partials
+        async def run(request):
+            return await handler(api, request)
+        return run
+
+    router.add_get("/v1/internal/closed", bound(closed))
+    router.add_post("/v1/internal/read", bound(read))
+    router.add_post("/v1/internal/txn/reserve", bound(reserve))
+    router.add_post("/v1/internal/txn/prepare", bound(prepare))
+    router.add_post("/v1/internal/txn/commit", bound(commit))
+    router.add_post("/v1/internal/txn/abort", bound(abort))
+    router.add_post("/v1/internal/forget", bound(forget))
+
+
+def _int(raw, name: str) -> int:
+    if isinstance(raw, str) and raw.isdigit():
+        raw = int(raw)
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise ApiError(400, "bad_request", f"{name} is a non-negative integer, not {raw!r}")
+    return raw
+
+
+async def closed(api, request):
+    """This node's closed timestamp, after observing the caller's (HLC receive rule)."""
+    db = api.db
+    if "observe" in request.query:
+        db.clock.observe(_int(request.query["observe"], "observe"))
+    return web.json_response({"closed_ts": db.closed_ts})
+
+
+async def read(api, request):
+    """A query restricted to this node's partitions ``partitions`` at T (any columns: the
+    caller projects after merging)."""
+    doc = await _json_object(request, {"table", "partitions", "as_of", "where", "bbox", "limit"},
+                             ("table", "partitions", "as_of"))
+    pids = doc["partitions"]
+    if not isinstance(pids, list) or not pids:
+        raise ApiError(400, "bad_request", '"partitions" is a non-empty list of partition numbers')
+    pids = [_int(p, "a partition") for p in pids]
+    limit = doc.get("limit")
+    t, _ = await api.router.local_read(doc["table"], pids, _int(doc["as_of"], "as_of"), doc.get("where"),
+                                       doc.get("bbox"), None if limit is None else _int(limit, "limit"))
+    return web.Response(body=await _cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
+
+
+async def reserve(api, request):
+    q = request.query
+    for k in ("table", "table_id", "schema_version", "floor", "txn"):
+        if k not in q:
+            raise ApiError(400, "bad_request", f"missing {k}")
+    if request.content_type != ARROW_STREAM:
+        raise ApiError(415, "unsupported_media_type", f"rows come as {ARROW_STREAM}")
+    body = await request.read()
+    rows = await _cpu(len(body), read_arrow_stream, body)
+    delete = q.get("delete") == "1"
+    await api.router.served_here(q["table"], rows, delete)
+    r = await api.db.participant.reserve(q["table"], q["table_id"], _int(q["schema_version"], "schema_version"),
+                                         rows, _int(q["floor"], "floor"), _int(q["txn"], "txn"), delete)
+    return web.json_response({"ts": r.ts, "rows": r.rows, "existed": r.existed})
+
+
+async def prepare(api, request):
+    doc = await _json_object(request, {"txn", "ts"}, ("txn", "ts"))
+    await api.db.participant.prepare(_int(doc["txn"], "txn"), _int(doc["ts"], "ts"))
+    return web.json_response({"prepared": True})
+
+
+async def commit(api, request):
+    doc = await _json_object(request, {"txn"}, ("txn",))
+    return web.json_response({"commit_ts": await api.db.participant.commit(_int(doc["txn"], "txn"))})
+
+
+async def abort(api, request):
+    doc = await _json_object(request, {"txn"}, ("txn",))
+    await api.db.participant.abort(_int(doc["txn"], "txn"))
+    return web.json_response({"aborted": True})
+
+
+async def forget(api, request):
+    """Another node altered or dropped a table: read its definition from the catalog again."""
+    doc = await _json_object(request, {"table"}, ("table",))
+    if not isinstance(doc["table"], str):
+        raise ApiError(400, "bad_request", '"table" is a name')
+    api.db.forget_cached_definitions(doc["table"])
+    return web.json_response({"forgotten": doc["table"]})
+

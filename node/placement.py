@@ -1,0 +1,117 @@
+"""Where a table's partitions live: the placement record and the balancing rule
+(docs/rfcs/0009-replication.md §1; record format: docs/format/placement.md).
+
+``node/place/<table name>`` = JSON ``{"format": 1, "partitions": [{"replicas": [node id,
+...], "epoch": n}, ...]}``, one entry per hash partition, its leader first. Written by
+compare-and-set by the node that creates the table, before the table itself (two nodes
+racing to create a name: one CAS fails). A table from before placements has only RFC
+0007's ``node/owner/<table name>``: it reads as every partition on that node, epoch 1.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from catalog.errors import CorruptionError
+
+PLACE = "node/place/"
+FORMAT = 1  # part of the record's format
+
+
+@dataclass(frozen=True)
+class PartitionPlace:
+    replicas: tuple[str, ...]
+    epoch: int = 1
+
+    @property
+    def leader(self) -> str:
+        return self.replicas[0]
+
+
+@dataclass(frozen=True)
+class Placement:
+    partitions: tuple[PartitionPlace, ...]
+
+    def leader(self, pid: int) -> str:
+        return self.partitions[pid].leader
+
+    def leaders(self) -> list[str]:
+        return [p.leader for p in self.partitions]
+
+    def by_node(self, pids=None) -> dict[str, list[int]]:
+        """node id -> the partitions (of ``pids``, default all) it leads, in order."""
+        out: dict[str, list[int]] = {}
+        for pid in range(len(self.partitions)) if pids is None else pids:
+            out.setdefault(self.partitions[pid].leader, []).append(int(pid))
+        return out
+
+    def led_by(self, node: str) -> set[int]:
+        return {i for i, p in enumerate(self.partitions) if p.leader == node}
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"format": FORMAT, "partitions": [{"replicas": list(p.replicas), "epoch": p.epoch}
+                                                            for p in self.partitions]}).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, key: str) -> "Placement":
+        try:
+            doc = json.loads(raw)
+            if doc.get("format") != FORMAT:
+                raise ValueError(f"format {doc.get('format')!r}")
+            parts = tuple(PartitionPlace(tuple(str(r) for r in p["replicas"]), int(p["epoch"]))
+                          for p in doc["partitions"])
+            if not parts or any(not p.replicas for p in parts):
+                raise ValueError("a partition without replicas")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CorruptionError(key, 0, f"not a placement record: {e}") from None
+        return cls(parts)
+
+    @classmethod
+    def single(cls, node: str, partitions: int) -> "Placement":
+        return cls(tuple(PartitionPlace((node,)) for _ in range(partitions)))
+
+    def json(self) -> list[dict]:
+        return [{"partition": i, "leader": p.leader, "replicas": list(p.replicas), "epoch": p.epoch}
+                for i, p in enumerate(self.partitions)]
+
+
+def plan(members: list[str], partitions: int, replicas: int, led: dict[str, int], held: dict[str, int],
+         first: str | None = None) -> Placement:
+    """Place ``partitions`` partitions, ``replicas`` copies each, over ``members``.
+
+    Balanced by count: each partition's leader is the member leading the fewest partitions so
+    far (``led``: over every other table, updated as this table is placed), its followers
+    the members holding the fewest replicas (``held``); ties go to the member after the
+    previous pick in id order, starting at ``first`` (the creating node), so equal loads
+    spread round-robin instead of piling on the lowest id."""
+    ids = sorted(set(members))
+    if not ids:
+        raise ValueError("no members to place partitions on")
+    if not 1 <= replicas <= len(ids):
+        raise ValueError(f"{replicas} replicas need as many members; the cluster has {len(ids)}")
+    led, held = {m: led.get(m, 0) for m in ids}, {m: held.get(m, 0) for m in ids}
+    start = ids.index(first) if first in ids else 0
+    out = []
+    for _ in range(partitions):
+        order = ids[start:] + ids[:start]
+        leader = min(order, key=lambda m: led[m])
+        rest = [m for m in order if m != leader]
+        followers = sorted(rest, key=lambda m: held[m])[: replicas - 1]
+        for m in (leader, *followers):
+            held[m] += 1
+        led[leader] += 1
+        out.append(PartitionPlace((leader, *followers)))
+        start = (ids.index(leader) + 1) % len(ids)
+    return Placement(tuple(out))
+
+
+def counts(placements) -> tuple[dict[str, int], dict[str, int]]:
+    """(partitions led, replicas held) per node over ``placements``."""
+    led: dict[str, int] = {}
+    held: dict[str, int] = {}
+    for pl in placements:
+        for p in pl.partitions:
+            led[p.leader] = led.get(p.leader, 0) + 1
+            for r in p.replicas:
+                held[r] = held.get(r, 0) + 1
+    return led, held

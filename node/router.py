@@ -1,0 +1,261 @@
+"""Routing by partition (docs/rfcs/0009-replication.md §2): any node accepts any request.
+
+The node that receives a request hashes its keys to partitions with the format's
+partition hash and looks up who serves them (``node/placement.py``):
+
+* everything on this node: served here, after a fresh look at the placement;
+* everything on one other node: the request goes there unchanged (RFC 0007's forward);
+* rows on several nodes: one atomic batch across them (``node/txn.py``);
+* a query: every node's partitions read at one snapshot T and merged in key order.
+
+A request that arrives forwarded (``X-Terrascale-Forwarded-By``) is served here or
+answered 421 — never forwarded again.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pyarrow as pa
+
+from node.cluster import FORWARDED, raise_remote
+from node.codec import read_arrow_stream
+from node.txn import commit_across
+from rowstore.index.key_memtable import encode_keys
+from rowstore.tables.conform import conform, key_array
+from rowstore.tables.keys import partition_of
+
+
+class Misdirected(Exception):
+    """Raised when a forwarded request names partitions this node does not serve (421)."""
+
+
+class Router:
+    def __init__(self, node):
+        self.node = node
+
+    @property
+    def cluster(self):
+        return self.node.cluster
+
+    @property
+    def db(self):
+        return self.node.db
+
+    @property
+    def multi(self) -> bool:
+        return self.cluster is not None and self.cluster.multi
+
+    async def _placement(self, d, fresh: bool = False):
+        return await self.cluster.placement(d.name, d.partitions, fresh=fresh)
+
+    async def _where(self, request, d, pids, fresh: bool = False) -> str | None:
+        """The one node serving all of ``pids`` (None: several). Serving here is confirmed
+        with a fresh look; a forwarded request for partitions elsewhere is Misdirected."""
+        pl = await self._placement(d, fresh)
+        nodes = {pl.leader(int(p)) for p in pids}
+        forwarded = FORWARDED in request.headers
+        if forwarded or self.cluster.node_id in nodes:
+            pl = await self._placement(d, fresh=True)
+            nodes = {pl.leader(int(p)) for p in pids}
+        if forwarded and nodes != {self.cluster.node_id}:
+            raise Misdirected(f"table {d.name!r}: partitions {sorted(set(map(int, pids)))} are served by "
+                              f"{', '.join(sorted(nodes))}")
+        return nodes.pop() if len(nodes) == 1 else None
+
+    async def _forward(self, request, d, who: str, pids):
+        """The answer of ``who``; None when, after a 421, a fresh placement says the request
+        is no longer for one other node (the caller routes it again)."""
+        self.node.metrics.forwarded.labels(who).inc()
+
+        async def again():
+            return await self._where(request, d, pids, fresh=True) or self.cluster.node_id
+        return await self.cluster.forward(request, who, await request.read(), again)
+
+    async def _dispatch(self, request, d, pids, here, across):
+        """Route by the partitions ``pids``: ``here()`` when this node serves them all, the
+        request forwarded when one other node does, ``across()`` when several do."""
+        fresh = False
+        for _ in range(2):
+            who = await self._where(request, d, np.unique(pids), fresh)
+            if who == self.cluster.node_id:
+                return None, await here()
+            if who is None:
+                return None, await across()
+            resp = await self._forward(request, d, who, np.unique(pids))
+            if resp is not None:
+                return resp, None
+            fresh = True
+        raise ConnectionError(f"table {d.name!r}: the placement keeps changing; retry")
+
+    async def served_here(self, table: str, rows: pa.Table, delete: bool) -> None:
+        """A participant's check: every row of a reservation hashes to a partition led here."""
+        d = await self.db.describe(table)
+        if delete:
+            col = rows.column(d.schema.key.name)
+            pids = _pids(d, key_array(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col,
+                                      d.schema.key))
+        else:
+            pids = _pids(d, conform(rows, d.schema).column(d.schema.key.name))
+        await self._mine(d, np.unique(pids))
+
+    async def _mine(self, d, pids) -> None:
+        pl = await self._placement(d, fresh=True)
+        others = sorted({int(p) for p in pids if pl.leader(int(p)) != self.cluster.node_id})
+        if others:
+            raise Misdirected(f"table {d.name!r}: partitions {others} are not served by {self.cluster.node_id}")
+
+    async def local_read(self, table: str, pids: list[int], T: int, where, bbox, limit):
+        """This node's share of a read across nodes, at the coordinator's T."""
+        d = await self.db.describe(table)
+        if any(p >= d.partitions for p in pids):
+            raise Misdirected(f"table {table!r} has partitions 0..{d.partitions - 1}")
+        await self._mine(d, pids)
+        return await self.db.query(table, where=where, bbox=bbox, limit=limit, as_of=T, partitions=pids,
+                                   trusted=True)
+
+    async def whole_table(self, request, table: str):
+        """Requests about a whole table that are not scattered (the bridge's snapshot, plan and
+        change feed; a partition's tail): to the one node serving every partition (or the
+        named one), else None — served here."""
+        if not self.multi:
+            return None
+        d = await self.db.describe(table)
+        pids = np.arange(d.partitions)
+        if request.path.endswith("/tail"):
+            try:
+                p = json.loads(await request.read()).get("partition")
+            except (ValueError, AttributeError):
+                return None  # the handler answers the bad body
+            if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < d.partitions:
+                return None
+            pids = np.array([p])
+        who = await self._where(request, d, pids)
+        if who is None or who == self.cluster.node_id:
+            return None
+        return await self._forward(request, d, who, pids)
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    async def upsert(self, request, table: str, data: pa.Table):
+        """(forwarded response, None) or (None, (count, commit_ts))."""
+        d = await self.db.describe(table)
+        if not self.multi or data.num_rows == 0:
+            res = await self.db.upsert(table, data)
+            return None, (res.count, res.commit_ts)
+        batch = conform(data, d.schema)  # bad rows are refused here, before anything moves
+        pids = _pids(d, batch.column(d.schema.key.name))
+
+        async def here():
+            res = await self.db.upsert(table, batch)
+            return res.count, res.commit_ts
+
+        async def across():
+            out = await commit_across(self.node, d, batch, pids, await self._placement(d, fresh=True), False)
+            return out.rows, out.commit_ts
+        return await self._dispatch(request, d, pids, here, across)
+
+    async def delete(self, request, table: str, keys: list):
+        d = await self.db.describe(table)
+        if not self.multi or not keys:
+            res = await self.db.delete(table, keys)
+            return None, (res.count, res.commit_ts)
+        karr = key_array(keys, d.schema.key)
+        pids = _pids(d, karr)
+
+        async def here():
+            res = await self.db.delete(table, keys)
+            return res.count, res.commit_ts
+
+        async def across():
+            batch = pa.RecordBatch.from_arrays([karr], names=[d.schema.key.name])
+            out = await commit_across(self.node, d, batch, pids, await self._placement(d, fresh=True), True)
+            return out.existed, out.commit_ts
+        return await self._dispatch(request, d, pids, here, across)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def get(self, request, d, key):
+        """The forwarded response, or None: read here."""
+        if not self.multi:
+            return None
+        pids = _pids(d, key_array([key], d.schema.key))
+
+        async def here():
+            return None
+
+        async def across():
+            raise AssertionError("one key is in one partition")
+        resp, _ = await self._dispatch(request, d, pids, here, across)
+        return resp
+
+    async def query(self, request, table: str, where, bbox, columns, limit, as_of):
+        """(forwarded response, None) or (None, (rows, T))."""
+        d = await self.db.describe(table)
+
+        async def here():
+            return await self.db.query(table, where=where, bbox=bbox, columns=columns, limit=limit, as_of=as_of)
+        if not self.multi:
+            return None, await here()
+
+        async def across():
+            return await self._scatter(d, where, bbox, columns, limit, as_of)
+        return await self._dispatch(request, d, np.arange(d.partitions), here, across)
+
+    async def cluster_ts(self, nodes) -> int:
+        """A read timestamp that sees every commit acknowledged anywhere before now: the
+        largest closed timestamp of ``nodes`` (each observes this node's clock first)."""
+        mine = self.db.closed_ts
+
+        async def closed(n: str) -> int:
+            if n == self.cluster.node_id:
+                return mine
+            status, _, payload = await self.cluster.call(n, "GET", f"/v1/internal/closed?observe={mine}")
+            if status != 200:
+                raise_remote(status, payload, n)
+            return int(json.loads(payload)["closed_ts"])
+        return max(await asyncio.gather(*(closed(n) for n in nodes)))
+
+    async def _scatter(self, d, where, bbox, columns, limit, as_of):
+        """Every node's partitions at one T, merged in key order (RFC 0009 §4)."""
+        pl = await self._placement(d, fresh=True)
+        by_node = pl.by_node()
+        if as_of is None:
+            T = await self.cluster_ts(sorted(by_node))
+        else:
+            T = await self.db.snapshot(as_of)  # the caller's T: checked against the horizon here
+        if columns is not None:  # checked here once, with the schema of T
+            td = await self.db.describe(d.name, T)
+            missing = [c for c in columns if not isinstance(c, str) or td.schema.by_name(c) is None]
+            if not isinstance(columns, list) or missing:
+                from rowstore.errors import QueryError
+                raise QueryError(f"no column {missing[0]!r}" if missing else "columns must be a list of names")
+
+        async def read(n: str, pids: list[int]) -> pa.Table:
+            if n == self.cluster.node_id:
+                t, _ = await self.db.query(d.name, where=where, bbox=bbox, limit=limit, as_of=T, partitions=pids,
+                                           trusted=True)
+                return t
+            doc = {"table": d.name, "partitions": pids, "as_of": T, "where": where, "bbox": bbox, "limit": limit}
+            status, _, payload = await self.cluster.call(n, "POST", "/v1/internal/read", doc=doc)
+            if status != 200:
+                raise_remote(status, payload, n)
+            return await asyncio.to_thread(read_arrow_stream, payload)
+        got = await asyncio.gather(*(read(n, p) for n, p in sorted(by_node.items())))
+        t = pa.concat_tables([g for g in got if g.num_rows] or got[:1], promote_options="none")
+        key = (await self.db.describe(d.name, T)).schema.key.name
+        if t.num_rows > 1:
+            t = t.sort_by([(key, "ascending")])
+        if limit is not None:
+            t = t.slice(0, limit)
+        return (t.select(list(columns)) if columns is not None else t), T
+
+
+def _pids(d, keys) -> np.ndarray:
+    """The partition of each key (the format's hash, rowstore/tables/keys.py)."""
+    kind = d.schema.key.type.kind.value
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    return partition_of(encode_keys(keys, kind), d.partitions)
+

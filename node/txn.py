@@ -1,0 +1,139 @@
+"""One atomic batch across nodes, with one ``commit_ts`` (docs/rfcs/0009-replication.md §3).
+
+The coordinator is the node that received the batch. It *reserves* each participant
+node's share in node-id order: the participant takes its partitions' writer locks (in
+partition order, so every cross-node batch takes locks in one global order and two never
+deadlock) and a timestamp above its clock and closed timestamp, at least the
+coordinator's floor. The batch's ``commit_ts`` is the largest reserved; every participant
+*prepares* at it in parallel (``BATCH X``, one fdatasync each). With every share
+prepared, the commit point is RFC 0003's one catalog compare-and-set ``txn/X =
+committed``; then every participant commits (``COMMIT X``, apply, closed) and the batch
+is acknowledged. Before the
+decision, any failure aborts; after it, the outcome is committed whatever answers —
+a participant that does not confirm finishes it at recovery (the catalog says
+committed) — but the caller gets 503, not an acknowledgement it cannot back.
+
+Wire messages (docs/format/placement.md): ``POST /v1/internal/txn/reserve`` (Arrow IPC
+body, the rest in the query string), ``/prepare`` (``{"txn", "ts"}``), ``/commit``,
+``/abort`` (``{"txn"}``).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from catalog.abc import Check, Delete, Put
+from node.cluster import raise_remote
+from node.codec import ARROW_STREAM, write_arrow_stream
+from rowstore.db.committer import COMMITTED, txn_key
+from rowstore.errors import ConflictError, UnavailableError
+from rowstore.hlc import ts_from_ms
+from rowstore.segments.wal import DECIDED, SPANS_NODES
+from terrafs.catalog_ops import commit
+
+log = logging.getLogger("terrascale.node")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    rows: int
+    existed: int
+    commit_ts: int
+
+
+async def commit_across(node, d, batch: pa.RecordBatch, pids: np.ndarray, placement, delete: bool) -> Outcome:
+    """Commit ``batch`` (for ``delete``: the keys to delete) whose rows hash to ``pids`` on
+    the nodes ``placement`` names, atomically, with one commit timestamp."""
+    shares = {}
+    for who, mine in placement.by_node(np.unique(pids).tolist()).items():
+        shares[who] = batch.filter(pa.array(np.isin(pids, mine)))
+    clock = node.db.clock
+    txn = DECIDED | SPANS_NODES | secrets.randbits(62)
+    floor = max(ts_from_ms(clock.now_ms()), clock.last + 1)
+    got: list[tuple[str, dict]] = []
+    try:
+        for who in sorted(shares):  # one node at a time: locks in one global order
+            ans = await _reserve(node, who, d, shares[who], floor, txn, delete)
+            got.append((who, ans))
+            floor = max(floor, int(ans["ts"]))
+        ts = max(int(a["ts"]) for _, a in got)
+        answers = await asyncio.gather(*(_prepare(node, who, txn, ts) for who, _ in got), return_exceptions=True)
+        failed = next((a for a in answers if isinstance(a, BaseException)), None)
+        if failed is not None:
+            raise failed
+    except BaseException:
+        await _abort_all(node, [w for w, _ in got], txn)
+        raise
+    return await _decide_and_commit(node, d, got, txn, ts)
+
+
+async def _decide_and_commit(node, d, got, txn: int, ts: int) -> Outcome:
+    key = txn_key(txn)
+    # A failure here leaves the outcome to the catalog: each participant resolves it after
+    # its prepare timeout, and the caller got no acknowledgement.
+    res = await commit(node.catalog, [Check(key, 0)], [Put(key, COMMITTED)])
+    if not res.committed:
+        e = await node.catalog.get(key)
+        if e is None or e.value != COMMITTED:  # a participant gave up on us and aborted
+            await _abort_all(node, [w for w, _ in got], txn)
+            raise ConflictError(f"table {d.name!r}: the batch was aborted by a participant that timed out; retry")
+    node.db.clock.observe(ts)
+    answers = await asyncio.gather(*(_commit(node, who, txn) for who, _ in got), return_exceptions=True)
+    failed = [(who, a) for (who, _), a in zip(got, answers) if isinstance(a, BaseException)]
+    if failed:
+        who, e = failed[0]
+        log.warning("event=txn_commit_unconfirmed txn=%s node=%s error=%r", key, who, e)
+        raise UnavailableError(f"the batch is committed (txn {key}) but node {who} did not confirm it: {e}; it is "
+                               "applied when that node recovers")
+    node.db.tasks.spawn(commit(node.catalog, [], [Delete(key)]))  # every share has its COMMIT X
+    return Outcome(sum(a["rows"] for _, a in got), sum(a["existed"] for _, a in got), ts)
+
+
+async def _reserve(node, who: str, d, rows: pa.RecordBatch, floor: int, txn: int, delete: bool) -> dict:
+    if who == node.cluster.node_id:
+        r = await node.db.participant.reserve(d.name, d.table_id, d.schema.version, rows, floor, txn, delete)
+        return {"ts": r.ts, "rows": r.rows, "existed": r.existed}
+    q = (f"/v1/internal/txn/reserve?table={d.name}&table_id={d.table_id}&schema_version={d.schema.version}"
+         f"&floor={floor}&txn={txn}&delete={int(delete)}")
+    body = await asyncio.to_thread(write_arrow_stream, pa.Table.from_batches([rows]))
+    status, _, payload = await node.cluster.call(who, "POST", q, body=body, headers={"Content-Type": ARROW_STREAM})
+    if status != 200:
+        raise_remote(status, payload, who)
+    return json.loads(payload)
+
+
+async def _prepare(node, who: str, txn: int, ts: int) -> None:
+    if who == node.cluster.node_id:
+        await node.db.participant.prepare(txn, ts)
+        return
+    status, _, payload = await node.cluster.call(who, "POST", "/v1/internal/txn/prepare", doc={"txn": txn, "ts": ts})
+    if status != 200:
+        raise_remote(status, payload, who)
+
+
+async def _commit(node, who: str, txn: int) -> int:
+    if who == node.cluster.node_id:
+        return await node.db.participant.commit(txn)
+    status, _, payload = await node.cluster.call(who, "POST", "/v1/internal/txn/commit", doc={"txn": txn})
+    if status != 200:
+        raise_remote(status, payload, who)
+    return int(json.loads(payload)["commit_ts"])
+
+
+async def _abort_all(node, whos: list[str], txn: int) -> None:
+    """Best effort: a participant that misses this aborts by itself after its prepare timeout."""
+    async def one(who: str) -> None:
+        if who == node.cluster.node_id:
+            await node.db.participant.abort(txn)
+            return
+        await node.cluster.call(who, "POST", "/v1/internal/txn/abort", doc={"txn": txn})
+
+    for who, r in zip(whos, await asyncio.gather(*(one(w) for w in whos), return_exceptions=True)):
+        if isinstance(r, BaseException):
+            log.warning("event=txn_abort_unsent txn=%s node=%s error=%r", txn_key(txn), who, r)

@@ -1,0 +1,194 @@
+"""This node's share of a batch coordinated by another node (docs/rfcs/0009-replication.md §3).
+
+RFC 0003's two-phase commit with the coordinator elsewhere. ``reserve`` takes the writer
+locks of the partitions the rows hash to (in partition order) and a timestamp above
+everything this node issued and above its closed timestamp, held in flight; the
+coordinator takes the largest reserved timestamp as the batch's ``commit_ts``. Because
+the locks were held from the reservation on, each partition's log stays in timestamp
+order, and because the reservation was in flight, the closed timestamp never passed
+``commit_ts``. ``prepare`` appends ``BATCH X`` at ``commit_ts`` to each partition and
+waits for the fdatasync — and keeps the locks, so ``BATCH X`` stays each log's last batch
+until decided (the write-ahead format is unchanged). ``commit`` appends ``COMMIT X``,
+applies the rows and answers once the closed timestamp reached ``commit_ts``; ``abort``
+rolls the localids back. A reserved or prepared
+batch whose coordinator goes silent is resolved here after ``timeout_s`` from the catalog's
+``txn/X`` (absent: aborted by compare-and-set, so a late decision fails), as recovery does.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from catalog.abc import Catalog, Check, Put
+from rowstore.db.committer import ABORTED, COMMITTED, Committer, txn_key
+from rowstore.db.registry import Table
+from rowstore.db.tasks import BackgroundTasks
+from rowstore.errors import ConflictError
+from rowstore.segments.active import split_rowids
+from rowstore.segments.wal import DECIDED
+from rowstore.tables.conform import conform, stamp
+from rowstore.tables.definitions import TableCatalog
+from rowstore.timeline import Timeline
+from terrafs.catalog_ops import commit
+
+log = logging.getLogger("rowstore.participant")
+
+
+@dataclass
+class _Prepared:
+    txn: int
+    ts: int
+    table: Table
+    schema: object
+    pieces: list
+    parts: list
+    segs: list
+    got: list
+    locks: contextlib.AsyncExitStack
+    expiry: asyncio.Task | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """The answer to a reserve: the timestamp this node took, the rows it holds (after
+    last-wins) and, for a delete, how many of the keys existed."""
+
+    ts: int
+    rows: int
+    existed: int
+
+
+class Participant:
+    def __init__(self, catalog: Catalog, definitions: TableCatalog, committer: Committer, timeline: Timeline,
+                 tasks: BackgroundTasks, timeout_s: float = 10.0):
+        self.catalog, self.definitions, self.committer = catalog, definitions, committer
+        self.timeline, self.tasks, self.timeout_s = timeline, tasks, timeout_s
+        self._held: dict[int, _Prepared] = {}
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    async def reserve(self, name: str, table_id: str, schema_version: int, rows: pa.RecordBatch | pa.Table,
+                      floor: int, txn: int, delete: bool = False) -> Reserved:
+        """First phase: validate and split this node's rows of txn ``txn``, take their
+        partitions' writer locks and a timestamp at least ``floor`` (``delete``: ``rows``
+        holds the keys to delete, in the key column). Nothing is written yet."""
+        if not txn & DECIDED or txn in self._held:
+            raise ConflictError(f"transaction {txn_key(txn)} is not a new decided transaction id")
+        d = await self.definitions.describe(name)
+        if d.table_id != table_id or d.schema.version != schema_version:
+            raise ConflictError(f"table {name!r} changed while the batch was on its way; retry")
+        existed = 0
+        if delete:
+            keys = rows.column(d.schema.key.name)
+            keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+            batch, deleted, existed = await self.committer.tombstones(d, keys)
+        else:
+            batch, deleted = conform(rows, d.schema), None
+        table, pieces, n = await self.committer.split(d, batch, deleted)
+        parts = [table.parts[p.pid] for p in pieces]
+        locks = contextlib.AsyncExitStack()
+        try:
+            for part in parts:
+                await locks.enter_async_context(part.lock)
+            ts = self.timeline.begin_above(floor)
+        except BaseException:
+            await locks.aclose()
+            raise
+        for part in parts:
+            part.enter()
+        p = self._held[txn] = _Prepared(txn, ts, table, d.schema, pieces, parts, [], [], locks)
+        p.expiry = self.tasks.spawn(self._expire(txn))
+        try:
+            await self.timeline.clock.observe_durably(ts)
+        except BaseException:
+            await self.abort(txn)
+            raise
+        return Reserved(ts, n, existed)
+
+    async def prepare(self, txn: int, ts: int) -> None:
+        """Second phase: ``BATCH X`` at the batch's timestamp ``ts`` (the largest any
+        participant reserved) in every partition, durable on return; the locks stay held."""
+        p = self._held.get(txn)
+        if p is None:
+            raise ConflictError(f"transaction {txn_key(txn)} is not reserved here (it timed out)")
+        if ts != p.ts:
+            self.timeline.move(p.ts, ts)
+            p.ts = ts
+            await self.timeline.clock.observe_durably(ts)
+        p.segs = [await part.current() for part in p.parts]
+        for pc in p.pieces:
+            stamp(pc.enc, ts)
+        tasks = [await part.append(seg, pc.enc, ts, txn) for part, seg, pc in zip(p.parts, p.segs, p.pieces)]
+        p.got = await asyncio.gather(*tasks, return_exceptions=True)
+        failed = next((g for g in p.got if isinstance(g, BaseException)), None)
+        if failed is not None:
+            await self.abort(txn)
+            raise failed
+
+    async def commit(self, txn: int) -> int:
+        """Second phase, decided committed: ``COMMIT X``, apply, answer once closed. A txn no
+        longer held was resolved already: committed is fine, aborted is a conflict."""
+        p = self._held.pop(txn, None)
+        if p is None:
+            e = await self.catalog.get(txn_key(txn))
+            if e is not None and e.value == COMMITTED:
+                return 0
+            raise ConflictError(f"transaction {txn_key(txn)} was aborted here (its coordinator was too slow)")
+        if p.expiry is not None and p.expiry is not asyncio.current_task():
+            p.expiry.cancel()
+        commits = [asyncio.ensure_future(seg.commit_prepared(txn)) for seg in p.segs]
+        await asyncio.sleep(0)  # COMMIT X enqueued before the locks are released
+        await p.locks.aclose()
+        try:
+            for part, seg, pc, ids in zip(p.parts, p.segs, p.pieces, p.got):
+                part.apply(split_rowids(ids)[1], seg.segid, pc.batch, p.ts,
+                           np.zeros(pc.rows, bool) if pc.deleted is None else pc.deleted, p.schema, pc.keys, pc.pos)
+                self.committer._merge_memtable(part)
+        finally:
+            for part in p.parts:
+                part.leave()
+            self.timeline.end(p.ts)
+        await asyncio.gather(*commits)
+        await self.timeline.wait_closed(p.ts)
+        for part in p.parts:
+            if part.full():
+                self.tasks.spawn(part.roll(if_full=True))
+        return p.ts
+
+    async def abort(self, txn: int) -> None:
+        """Second phase, aborted (or never decided): the prepared rows are forgotten."""
+        p = self._held.pop(txn, None)
+        if p is None:
+            return
+        if p.expiry is not None and p.expiry is not asyncio.current_task():
+            p.expiry.cancel()
+        for seg, g in zip(p.segs, p.got):
+            if not isinstance(g, BaseException):
+                seg.abort_prepared(g)
+        for part in p.parts:
+            part.leave()
+        self.timeline.end(p.ts)
+        await p.locks.aclose()
+
+    async def _expire(self, txn: int) -> None:
+        """The coordinator went silent: decide from the catalog, as recovery would."""
+        await asyncio.sleep(self.timeout_s)
+        if txn not in self._held:
+            return
+        key = txn_key(txn)
+        res = await commit(self.catalog, [Check(key, 0)], [Put(key, ABORTED)])
+        e = None if res.committed else await self.catalog.get(key)
+        if e is not None and e.value == COMMITTED:
+            log.warning("event=prepared_resolved txn=%s outcome=committed", key)
+            await self.commit(txn)
+        else:
+            log.warning("event=prepared_resolved txn=%s outcome=aborted", key)
+            await self.abort(txn)
