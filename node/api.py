@@ -226,7 +226,10 @@ class Api:
 
     async def describe(self, request):
         d = await self.db.describe(request.match_info["table"], _as_of_param(request))
-        return web.json_response(_table_json(d))
+        out = _table_json(d)
+        if self.node.cluster is not None:  # each partition's leader and replicas (RFC 0009)
+            out["placement"] = (await self.node.cluster.placement(d.name, d.partitions)).json()
+        return web.json_response(out)
 
     async def drop_table(self, request):
         d = await self.db.drop_table(request.match_info["table"])

@@ -33,6 +33,7 @@ from terrafs.catalog_ops import commit
 log = logging.getLogger("terrascale.node")
 MEMBER, OWNER = "node/member/", "node/owner/"
 FORWARDED = "X-Terrascale-Forwarded-By"
+INCARNATION = "X-Terrascale-Incarnation"  # the calling process (a restarted node is a new one)
 PLACE_TTL_S = 2.0
 _HOP_HEADERS = ("Authorization", "Content-Type", "Accept")
 
@@ -62,9 +63,10 @@ def raise_remote(status: int, payload: bytes, node: str) -> None:
 
 
 class Cluster:
-    def __init__(self, catalog, node_id: str, http_url: str, raft_addr: str | None, token: str | None = None):
+    def __init__(self, catalog, node_id: str, http_url: str, raft_addr: str | None, token: str | None = None,
+                 incarnation: str = ""):
         self.catalog, self.node_id, self.http_url, self.raft_addr = catalog, node_id, http_url, raft_addr
-        self.token = token
+        self.token, self.incarnation = token, incarnation
         self.multi = raft_addr is not None
         self._places: dict[str, tuple[Placement | None, float, int]] = {}  # table -> (placement, when, version)
         self.on_change = None
@@ -170,6 +172,7 @@ class Cluster:
         url = await self.address(node) + path
         h = dict(headers or {})
         h[FORWARDED] = self.node_id
+        h[INCARNATION] = self.incarnation
         if self.token:
             h["Authorization"] = f"Bearer {self.token}"
         if doc is not None:
@@ -179,6 +182,18 @@ class Cluster:
                 return r.status, dict(r.headers), await r.read()
         except aiohttp.ClientError as e:
             raise ConnectionError(f"node {node} ({url}) does not answer: {e}") from e
+
+    async def gone(self, who: tuple[str, str]) -> bool:
+        """Whether the process ``(node id, incarnation)`` is gone: its node does not answer,
+        is restarting, or answers as another incarnation."""
+        node, incarnation = who
+        try:
+            status, _, payload = await self.call(node, "GET", "/v1/internal/closed")
+        except ConnectionError:
+            return True
+        if status == 503:
+            return True
+        return status == 200 and json.loads(payload).get("incarnation") != incarnation
 
     async def forward(self, request, owner: str, body: bytes, again=None):
         """Send the request to ``owner``; its answer as a Response (None: ``again()``, asked

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import secrets
 import logging
 import signal
 import ssl
@@ -56,6 +57,7 @@ class Node:
         self.ready = False
         self.stopping = False
         self.started = time.time()
+        self.incarnation = secrets.token_hex(8)  # this process, as other nodes tell it from a restart
         self.fs: TerrascaleFS | None = None
         self.db: Database | None = None
         self.catalog = None
@@ -98,12 +100,14 @@ class Node:
                  c.node_id, len(report.reopened), len(report.recreated), len(report.rolled_back),
                  len(report.local_deleted))
         raft = self.catalog.self_addr if c.catalog.startswith("raft://") else None
-        self.cluster = Cluster(self.catalog, c.node_id, self.http_url, raft, token=c.token)
+        self.cluster = Cluster(self.catalog, c.node_id, self.http_url, raft, token=c.token,
+                               incarnation=self.incarnation)
         self._stack.push_async_callback(self.cluster.close)
         self.db = Database(self.fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes,
                                                  memtable_bytes=c.memtable_bytes,
                                                  retention_ms=int(c.retention_s * 1000)))
         self.cluster.on_change = self.db.forget_cached_definitions
+        self.db.participant.gone = self.cluster.gone
         await self._open_db()
         self._stack.push_async_callback(self._close_db)
         log.info("event=recovered node=%s tables=%d seconds=%.3f", c.node_id,

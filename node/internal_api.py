@@ -6,6 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from node.api import ApiError, _cpu, _json_object
+from node.cluster import FORWARDED, INCARNATION
 from node.codec import ARROW_STREAM, read_arrow_stream, write_arrow_stream
 
 
@@ -37,7 +38,8 @@ async def closed(api, request):
     db = api.db
     if "observe" in request.query:
         db.clock.observe(_int(request.query["observe"], "observe"))
-    return web.json_response({"closed_ts": db.closed_ts})
+    return web.json_response({"closed_ts": db.closed_ts, "node": api.node.cfg.node_id,
+                              "incarnation": api.node.incarnation})
 
 
 async def read(api, request):
@@ -66,8 +68,10 @@ async def reserve(api, request):
     rows = await _cpu(len(body), read_arrow_stream, body)
     delete = q.get("delete") == "1"
     await api.router.served_here(q["table"], rows, delete)
+    coordinator = (request.headers.get(FORWARDED), request.headers.get(INCARNATION))
     r = await api.db.participant.reserve(q["table"], q["table_id"], _int(q["schema_version"], "schema_version"),
-                                         rows, _int(q["floor"], "floor"), _int(q["txn"], "txn"), delete)
+                                         rows, _int(q["floor"], "floor"), _int(q["txn"], "txn"), delete,
+                                         coordinator if all(coordinator) else None)
     return web.json_response({"ts": r.ts, "rows": r.rows, "existed": r.existed})
 
 

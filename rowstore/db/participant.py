@@ -50,6 +50,7 @@ class _Prepared:
     segs: list
     got: list
     locks: contextlib.AsyncExitStack
+    coordinator: object = None  # who to ask whether it is still there (None: this node)
     expiry: asyncio.Task | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -70,13 +71,16 @@ class Participant:
         self.catalog, self.definitions, self.committer = catalog, definitions, committer
         self.timeline, self.tasks, self.timeout_s = timeline, tasks, timeout_s
         self._held: dict[int, _Prepared] = {}
+        # async (coordinator) -> True when it is gone (unreachable or restarted since): then a
+        # held batch is resolved at once instead of after ``timeout_s`` (set by the node)
+        self.gone = None
 
     @property
     def held(self) -> int:
         return len(self._held)
 
     async def reserve(self, name: str, table_id: str, schema_version: int, rows: pa.RecordBatch | pa.Table,
-                      floor: int, txn: int, delete: bool = False) -> Reserved:
+                      floor: int, txn: int, delete: bool = False, coordinator=None) -> Reserved:
         """First phase: validate and split this node's rows of txn ``txn``, take their
         partitions' writer locks and a timestamp at least ``floor`` (``delete``: ``rows``
         holds the keys to delete, in the key column). Nothing is written yet."""
@@ -104,7 +108,7 @@ class Participant:
             raise
         for part in parts:
             part.enter()
-        p = self._held[txn] = _Prepared(txn, ts, table, d.schema, pieces, parts, [], [], locks)
+        p = self._held[txn] = _Prepared(txn, ts, table, d.schema, pieces, parts, [], [], locks, coordinator)
         p.expiry = self.tasks.spawn(self._expire(txn))
         try:
             await self.timeline.clock.observe_durably(ts)
@@ -179,10 +183,21 @@ class Participant:
         await p.locks.aclose()
 
     async def _expire(self, txn: int) -> None:
-        """The coordinator went silent: decide from the catalog, as recovery would."""
-        await asyncio.sleep(self.timeout_s)
-        if txn not in self._held:
-            return
+        """The coordinator went silent or away: decide from the catalog, as recovery would."""
+        t0 = asyncio.get_running_loop().time()
+        while True:
+            await asyncio.sleep(min(0.5, self.timeout_s))
+            p = self._held.get(txn)
+            if p is None:
+                return
+            if asyncio.get_running_loop().time() - t0 >= self.timeout_s:
+                break
+            if p.coordinator is not None and self.gone is not None:
+                try:
+                    if await self.gone(p.coordinator):
+                        break
+                except Exception as e:  # noqa: BLE001 - cannot tell: wait for the timeout
+                    log.warning("event=coordinator_check_failed txn=%s error=%r", txn_key(txn), e)
         key = txn_key(txn)
         res = await commit(self.catalog, [Check(key, 0)], [Put(key, ABORTED)])
         e = None if res.committed else await self.catalog.get(key)

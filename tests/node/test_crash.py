@@ -129,8 +129,11 @@ def test_sigterm_under_load_finishes_requests_and_stops_cleanly(tmp_path):
 
 @pytest.mark.slow
 def test_kill_9_during_ingest_on_the_raft_catalog_loses_nothing_acknowledged(tmp_path):
-    """The same on a 3-process Raft catalog: kill -9 the table's owner mid-ingest, then the
-    catalog leader; each restarts and every acknowledged batch is there, whole."""
+    """The same on a 3-process Raft catalog: kill -9 the node the clients write through (it
+    leads partition 0 and coordinates every batch) mid-ingest, then the catalog leader; each
+    restarts and every acknowledged batch is there, whole. The table's partitions are spread
+    over all three nodes (RFC 0009) with one copy each, so while either victim is down the
+    batches, which span every partition, are refused — never acknowledged in part."""
     nodes = raft_cluster(tmp_path, 3, extra='shutdown_timeout = "20s"\n')
     try:
         start_all(nodes)
@@ -145,8 +148,6 @@ def test_kill_9_during_ingest_on_the_raft_catalog_loses_nothing_acknowledged(tmp
             with Load(owner, rnd) as load:
                 load.wait_acked(15 + 10 * rnd)
                 log = victim.kill()
-                if victim is not owner:  # the owner's writes fail over to the new catalog leader
-                    load.wait_acked(len(load.acked) + 5)
             acked |= load.acked
             assert "Traceback" not in log
             victim.start()

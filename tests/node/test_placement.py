@@ -1,0 +1,67 @@
+"""Placement of partitions over members (node/placement.py, RFC 0009 §1): balanced by count,
+leaders spread round-robin from the creating node, the record's bytes, and property checks
+against a simple model."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from catalog.errors import CorruptionError
+from node.placement import Placement, PartitionPlace, counts, plan
+
+
+def test_an_empty_cluster_gets_leaders_round_robin_from_the_creating_node():
+    pl = plan(["n1", "n2", "n3"], 8, 1, {}, {}, first="n2")
+    assert pl.leaders() == ["n2", "n3", "n1", "n2", "n3", "n1", "n2", "n3"]
+    assert pl.by_node() == {"n2": [0, 3, 6], "n3": [1, 4, 7], "n1": [2, 5]}
+    assert pl.led_by("n1") == {2, 5}
+
+
+def test_existing_load_is_evened_out_first():
+    other = plan(["n1", "n2", "n3"], 8, 1, {}, {}, first="n1")  # n1: 3, n2: 3, n3: 2
+    led, held = counts([other])
+    assert led == {"n1": 3, "n2": 3, "n3": 2}
+    pl = plan(["n1", "n2", "n3"], 4, 1, led, held, first="n1")
+    assert pl.leaders()[0] == "n3"  # the least loaded takes the first partition
+    total = counts([other, pl])[0]
+    assert max(total.values()) - min(total.values()) <= 1
+
+
+def test_replicas_are_distinct_members_leader_first():
+    pl = plan(["a", "b", "c", "d"], 6, 3, {}, {}, first="a")
+    for p in pl.partitions:
+        assert len(set(p.replicas)) == 3 and p.leader == p.replicas[0] and p.epoch == 1
+    held = counts([pl])[1]
+    assert sorted(held.values()) == [4, 4, 5, 5]  # 18 replicas over 4 members, evenly
+    with pytest.raises(ValueError, match="3 replicas need as many members"):
+        plan(["a", "b"], 2, 3, {}, {})
+    with pytest.raises(ValueError, match="no members"):
+        plan([], 2, 1, {}, {})
+
+
+def test_the_record_round_trips_and_damage_is_corruption():
+    pl = Placement((PartitionPlace(("n1", "n2"), 3), PartitionPlace(("n2",), 1)))
+    raw = pl.to_bytes()
+    assert Placement.from_bytes(raw, "k") == pl
+    assert pl.json()[0] == {"partition": 0, "leader": "n1", "replicas": ["n1", "n2"], "epoch": 3}
+    for bad in (b"", b"{}", b'{"format": 2, "partitions": []}', b'{"format": 1, "partitions": []}',
+                b'{"format": 1, "partitions": [{"replicas": [], "epoch": 1}]}', raw[:-3]):
+        with pytest.raises(CorruptionError) as ei:
+            Placement.from_bytes(bad, "node/place/t")
+        assert ei.value.where == "node/place/t"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 64), st.data())
+def test_leaders_stay_balanced_whatever_the_tables(n_members, partitions, data):
+    """Tables placed one after another on a cluster: every member leads within one
+    partition of every other, as a model that hands out partitions one by one would."""
+    members = [f"n{i}" for i in range(n_members)]
+    placed = []
+    for _ in range(data.draw(st.integers(1, 5))):
+        p = data.draw(st.integers(1, partitions))
+        first = data.draw(st.sampled_from(members))
+        led, held = counts(placed)
+        placed.append(plan(members, p, 1, led, held, first=first))
+        total = counts(placed)[0]
+        loads = [total.get(m, 0) for m in members]
+        assert max(loads) - min(loads) <= 1
