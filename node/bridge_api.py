@@ -34,10 +34,10 @@ async def snapshot(api, request):
     schema at T, and ``changed_ts``: the newest commit of the table's rows at or below T (a
     change feed's offset moves only when the table changes, not with an idle clock)."""
     as_of = _as_of_param(request)
-    T = await api.db.snapshot(as_of)
+    T, changed = await api.router.snapshot(request.match_info["table"], as_of)
     d = await api.db.describe(request.match_info["table"], T)
     return web.json_response({"as_of": T, "table": d.name, "table_id": d.table_id, "schema": d.schema.to_json(),
-                              "changed_ts": await api.db.changed_ts(d.table_id, T)})
+                              "changed_ts": changed})
 
 
 async def plan(api, request):
@@ -45,8 +45,8 @@ async def plan(api, request):
     sealed_only = doc.get("sealed_only", False)
     if not isinstance(sealed_only, bool):
         raise ApiError(400, "bad_request", '"sealed_only" is true or false')
-    out = await api.db.read_plan(request.match_info["table"], _as_of_value(doc.get("as_of")), doc.get("where"),
-                                 doc.get("bbox"), sealed_only, _seconds(doc.get("lease_s", 600)))
+    out = await api.router.plan(request.match_info["table"], _as_of_value(doc.get("as_of")), doc.get("where"),
+                                doc.get("bbox"), sealed_only, _seconds(doc.get("lease_s", 600)))
     return web.json_response(out.to_json())
 
 
@@ -66,7 +66,7 @@ async def tail(api, request):
 
 async def changes(api, request):
     doc = await _json_object(request, {"after", "upto"}, ("after",))
-    t, upto = await api.db.changes(request.match_info["table"], doc["after"], _as_of_value(doc.get("upto")))
+    t, upto = await api.router.changes(request.match_info["table"], doc["after"], _as_of_value(doc.get("upto")))
     return web.Response(body=await _cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM,
                         headers={"X-Terrascale-As-Of": str(upto)})
 

@@ -18,6 +18,8 @@ def add_internal_routes(api, router) -> None:
 
     router.add_get("/v1/internal/closed", bound(closed))
     router.add_post("/v1/internal/read", bound(read))
+    router.add_post("/v1/internal/plan", bound(plan))
+    router.add_post("/v1/internal/changes", bound(changes))
     router.add_post("/v1/internal/txn/reserve", bound(reserve))
     router.add_post("/v1/internal/txn/prepare", bound(prepare))
     router.add_post("/v1/internal/txn/commit", bound(commit))
@@ -54,6 +56,34 @@ async def read(api, request):
     limit = doc.get("limit")
     t, _ = await api.router.local_read(doc["table"], pids, _int(doc["as_of"], "as_of"), doc.get("where"),
                                        doc.get("bbox"), None if limit is None else _int(limit, "limit"))
+    return web.Response(body=await _cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
+
+
+async def _share(api, request, fields: set, required: tuple):
+    """A request for this node's share of a table read across nodes: (doc, partitions), the
+    partitions checked to be served here (421 otherwise)."""
+    doc = await _json_object(request, fields | {"table", "partitions"}, ("table", "partitions", *required))
+    pids = doc["partitions"]
+    if not isinstance(pids, list) or not pids:
+        raise ApiError(400, "bad_request", '"partitions" is a non-empty list of partition numbers')
+    pids = [_int(p, "a partition") for p in pids]
+    await api.router.mine(doc["table"], pids)
+    return doc, pids
+
+
+async def plan(api, request):
+    """This node's share of a read plan (no lease: the coordinating node takes it)."""
+    doc, pids = await _share(api, request, {"as_of", "where", "bbox"}, ("as_of",))
+    out = await api.db.read_plan(doc["table"], _int(doc["as_of"], "as_of"), doc.get("where"), doc.get("bbox"),
+                                 False, 600.0, partitions=pids, trusted=True)
+    return web.json_response(out.to_json())
+
+
+async def changes(api, request):
+    """This node's share of a change feed, in (after, upto]."""
+    doc, pids = await _share(api, request, {"after", "upto"}, ("after", "upto"))
+    t, _ = await api.db.changes(doc["table"], doc["after"], _int(doc["upto"], "upto"), partitions=pids,
+                                trusted=True)
     return web.Response(body=await _cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 
 

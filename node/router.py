@@ -14,6 +14,7 @@ answered 421 — never forwarded again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import numpy as np
@@ -23,6 +24,7 @@ from node.cluster import FORWARDED, raise_remote
 from node.codec import read_arrow_stream
 from node.txn import commit_across
 from rowstore.index.key_memtable import encode_keys
+from rowstore.reads.plan import ReadPlan
 from rowstore.tables.conform import conform, key_array
 from rowstore.tables.keys import partition_of
 
@@ -106,12 +108,16 @@ class Router:
         if others:
             raise Misdirected(f"table {d.name!r}: partitions {others} are not served by {self.cluster.node_id}")
 
-    async def local_read(self, table: str, pids: list[int], T: int, where, bbox, limit):
-        """This node's share of a read across nodes, at the coordinator's T."""
+    async def mine(self, table: str, pids: list[int]) -> None:
+        """Misdirected unless every partition of ``pids`` is led here (fresh)."""
         d = await self.db.describe(table)
         if any(p >= d.partitions for p in pids):
             raise Misdirected(f"table {table!r} has partitions 0..{d.partitions - 1}")
         await self._mine(d, pids)
+
+    async def local_read(self, table: str, pids: list[int], T: int, where, bbox, limit):
+        """This node's share of a read across nodes, at the coordinator's T."""
+        await self.mine(table, pids)
         return await self.db.query(table, where=where, bbox=bbox, limit=limit, as_of=T, partitions=pids,
                                    trusted=True)
 
@@ -243,13 +249,86 @@ class Router:
                 raise_remote(status, payload, n)
             return await asyncio.to_thread(read_arrow_stream, payload)
         got = await asyncio.gather(*(read(n, p) for n, p in sorted(by_node.items())))
-        t = pa.concat_tables([g for g in got if g.num_rows] or got[:1], promote_options="none")
+        t = pa.concat_tables([g for g in got if g.num_rows] or got[:1], promote_options="default")
         key = (await self.db.describe(d.name, T)).schema.key.name
         if t.num_rows > 1:
             t = t.sort_by([(key, "ascending")])
         if limit is not None:
             t = t.slice(0, limit)
         return (t.select(list(columns)) if columns is not None else t), T
+
+
+    # -- the bridge's reads across nodes (RFC 0009 §6) -------------------------------------------
+
+    async def _spread(self, d) -> dict[str, list[int]] | None:
+        """node -> partitions, when ``d``'s partitions are on several nodes (else None)."""
+        if not self.multi:
+            return None
+        by_node = (await self._placement(d, fresh=True)).by_node()
+        return by_node if len(by_node) > 1 else None
+
+    async def _T(self, by_node, as_of) -> int:
+        return await self.cluster_ts(sorted(by_node)) if as_of is None else await self.db.snapshot(as_of)
+
+    async def _each(self, by_node, local, path: str, doc: dict):
+        """``local(pids)`` here and ``path`` with ``doc`` + ``partitions`` on the other nodes,
+        in parallel: [(node, answer)] (remote answers as raw bytes)."""
+        async def one(n: str, pids: list[int]):
+            if n == self.cluster.node_id:
+                return await local(pids)
+            status, _, payload = await self.cluster.call(n, "POST", path, doc={**doc, "partitions": pids})
+            if status != 200:
+                raise_remote(status, payload, n)
+            return payload
+        items = sorted(by_node.items())
+        return list(zip([n for n, _ in items], await asyncio.gather(*(one(n, p) for n, p in items))))
+
+    async def snapshot(self, table: str, as_of):
+        """(T, changed_ts) of the bridge's snapshot: every node's share when spread."""
+        d = await self.db.describe(table)
+        by_node = await self._spread(d)
+        if by_node is None:
+            T = await self.db.snapshot(as_of)
+            return T, await self.db.changed_ts(d.table_id, T)
+        T = await self._T(by_node, as_of)
+        return T, await self.db.changed_ts(d.table_id, T)
+
+    async def plan(self, table: str, as_of, where, bbox, sealed_only: bool, lease_s: float):
+        """A read plan: one node's, or every node's share at one T, merged, with one lease."""
+        d = await self.db.describe(table)
+        by_node = await self._spread(d)
+        if by_node is None:
+            return await self.db.read_plan(table, as_of, where, bbox, sealed_only, lease_s)
+        T = await self._T(by_node, as_of)
+
+        async def local(pids):
+            return await self.db.read_plan(table, T, where, bbox, False, lease_s, partitions=pids, trusted=True)
+        got = await self._each(by_node, local, "/v1/internal/plan",
+                               {"table": table, "as_of": T, "where": where, "bbox": bbox})
+        plans = [g if isinstance(g, ReadPlan) else ReadPlan.from_json(json.loads(g)) for _, g in got]
+        sealed = sorted((s for p in plans for s in p.sealed), key=lambda s: s.segid)
+        tail = () if sealed_only else tuple(sorted({t for p in plans for t in p.tail}))
+        segids = sorted({r.segid for _, r in await self.db.segment_records(table) if r.table == d.table_id})
+        lease = await self.db.acquire_lease(segids, lease_s)
+        return dataclasses.replace(plans[0], sealed=tuple(sealed), tail=tail, lease=lease)
+
+    async def changes(self, table: str, after, upto):
+        """The change feed: one node's, or every node's share in (after, T], merged in commit
+        order, then key."""
+        d = await self.db.describe(table)
+        by_node = await self._spread(d)
+        if by_node is None:
+            return await self.db.changes(table, after, upto)
+        T = await self._T(by_node, upto)
+
+        async def local(pids):
+            t, _ = await self.db.changes(table, after, T, partitions=pids, trusted=True)
+            return t
+        got = await self._each(by_node, local, "/v1/internal/changes", {"table": table, "after": after, "upto": T})
+        tables = [g if isinstance(g, pa.Table) else await asyncio.to_thread(read_arrow_stream, g) for _, g in got]
+        t = pa.concat_tables(tables, promote_options="default")
+        key = (await self.db.describe(table, T)).schema.key.name
+        return t.sort_by([("commit_ts", "ascending"), (key, "ascending")]), T
 
 
 def _pids(d, keys) -> np.ndarray:

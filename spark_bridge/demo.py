@@ -3,8 +3,9 @@
 Starts ``ops/local-cluster.sh up 3`` in a fresh directory, creates a table, writes a
 sample data set (vehicle positions) to Parquet and loads it with ``terrascale ingest``
 (progress bar), seals and offloads the segments, runs point, range and bounding-box
-queries and a time-travel read — each through a different node, so requests are
-forwarded to the table's owner — ends with a Spark job over the offloaded segments (the
+queries and a time-travel read — each through a different node: the table's partitions are
+placed across all three (RFC 0009), so requests are routed by partition and batches and
+queries span nodes — ends with a Spark job over the offloaded segments (the
 executors read the objects), prints a short report and stops the cluster.
 """
 from __future__ import annotations
@@ -78,7 +79,7 @@ def main() -> int:
 
 def tour(d: str, urls: list[str], report: dict) -> None:
     cli = [CLI, "--endpoint", urls[0]]
-    step("create a table (through n1, which will own it)")
+    step("create a table (through n1; its 8 partitions are placed across the three nodes)")
     run(*cli, "table", "create", "positions", "--schema",
         "id int64 primary key, ts timestamp, loc point, vehicle string, speed float64", "--index", "loc,vehicle,ts")
     step(f"ingest a sample data set ({ROWS:,} vehicle positions) from Parquet, through n2")
@@ -86,15 +87,16 @@ def tour(d: str, urls: list[str], report: dict) -> None:
     pq.write_table(sample(ROWS), path, row_group_size=50_000)
     t0 = time.perf_counter()
     run(CLI, "--endpoint", urls[1], "ingest", "positions", path, "--batch-rows", "25000")
-    report["rows ingested"] = f"{ROWS:,} in {time.perf_counter() - t0:.1f} s (CLI, Parquet, via n2 -> n1)"
+    report["rows ingested"] = f"{ROWS:,} in {time.perf_counter() - t0:.1f} s (CLI, Parquet, via n2 -> all nodes)"
     with Client(urls[2]) as c3:
         t_before = c3.query_json("positions", limit=0)["as_of"]
         step("update 1,000 rows (speeds doubled) — the old values stay readable as of the earlier time")
         old = c3.query("positions", where=[["id", "<", 1000]], limit=1000)
         c3.upsert("positions", old.set_column(4, "speed", pc.multiply(old.column("speed"), 2.0)))
-        step("seal and offload the segments to the object store")
-        run(*cli, "admin", "seal")
-        run(*cli, "admin", "offload")
+        step("seal and offload the segments to the object store (each node its own partitions')")
+        for u in urls:
+            run(CLI, "--endpoint", u, "admin", "seal")
+            run(CLI, "--endpoint", u, "admin", "offload")
         segs = c3.segments("positions")["segments"]
         report["segments offloaded"] = sum(s["state"] == "offloaded" for s in segs)
         report["bytes in objects (compressed)"] = f"{sum(s['bytes'] for s in segs if s['state'] == 'offloaded'):,}"
@@ -116,7 +118,7 @@ def tour(d: str, urls: list[str], report: dict) -> None:
         now, then = c2.get("positions", 42), c2.get("positions", 42, as_of=t_before)
         report["row 42 speed now / before update"] = f"{now['speed']:.2f} / {then['speed']:.2f}"
     spark_step(urls, report)
-    report["cluster"] = "3 nodes, Raft catalog; table owned by n1, requests through n2 and n3 forwarded"
+    report["cluster"] = "3 nodes, Raft catalog; partitions placed across them, requests routed by partition"
 
 
 def spark_step(urls: list[str], report: dict) -> None:

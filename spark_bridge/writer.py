@@ -1,8 +1,8 @@
 """Bulk writes: ``df.write.format("terrascale").option(...).mode("append").save()``.
 
 Each task converts its Arrow batches to the table's types and sends them to the node's
-ingest endpoint (``POST /v1/tables/{t}/rows``, an Arrow IPC stream; any node routes it to
-the table's owner) in requests of ``batch_rows`` rows. A request is atomic and durable
+ingest endpoint (``POST /v1/tables/{t}/rows``, an Arrow IPC stream; any node routes its
+rows by partition) in requests of ``batch_rows`` rows. A request is atomic and durable
 when it returns, and rows are upserted by primary key: a retried task (or a re-run job)
 sends the same rows again and replaces them with themselves — no duplicates. The job as a
 whole is not atomic: when a job fails, the requests that already returned stay written.

@@ -155,15 +155,17 @@ class Database:
     # -- external readers (rowstore.db.external_reads, rowstore.db.leases) -----------------------
 
     async def read_plan(self, name: str, as_of: int | None = None, where=None, bbox=None,
-                        sealed_only: bool = False, lease_s: float = 600.0) -> ReadPlan:
-        return await self.external.read_plan(name, as_of, where, bbox, sealed_only, lease_s)
+                        sealed_only: bool = False, lease_s: float = 600.0, partitions=None,
+                        trusted: bool = False) -> ReadPlan:
+        return await self.external.read_plan(name, as_of, where, bbox, sealed_only, lease_s, partitions, trusted)
 
     async def tail(self, name: str, partition: int, as_of: int, where=None, bbox=None,
                    sealed: list[int] | None = None) -> pa.Table:
         return await self.external.tail(name, partition, as_of, where, bbox, sealed)
 
-    async def changes(self, name: str, after: int, upto: int | None = None) -> tuple[pa.Table, int]:
-        return await self.external.changes(name, after, upto)
+    async def changes(self, name: str, after: int, upto: int | None = None, partitions=None,
+                      trusted: bool = False) -> tuple[pa.Table, int]:
+        return await self.external.changes(name, after, upto, partitions, trusted)
 
     async def changed_ts(self, table_id: str, T: int) -> int:
         return await self.external.changed_ts(table_id, T)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from rowstore.errors import HistoryPurgedError, QueryError
+from rowstore.errors import HistoryPurgedError, QueryError, UnavailableError
 from rowstore.reads.plan import ReadPlan, SegmentSlice, visible_bitmap
 from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
 from rowstore.segments.active import split_rowids
@@ -27,16 +27,24 @@ class ExternalReads:
         return min(T, max((self.store.live(r).max_ts for r in recs), default=0))
 
     async def read_plan(self, name: str, as_of: int | None = None, where=None, bbox=None,
-                        sealed_only: bool = False, lease_s: float = 600.0) -> ReadPlan:
+                        sealed_only: bool = False, lease_s: float = 600.0, partitions=None,
+                        trusted: bool = False) -> ReadPlan:
         """A snapshot for readers that go to object storage themselves: per offloaded segment
         its object and a bitmap of the localids visible at T (narrowed by the column index when
         ``where``/``bbox`` can use it), and the partitions whose visible rows are still on this
-        node (read with :meth:`tail`). A lease keeps the plan's segments from being collected."""
-        c = await self.reader.context(name, as_of)
+        node (read with :meth:`tail`). A lease keeps the plan's segments from being collected.
+
+        ``partitions``: only those, and no lease — this node's share of a plan across nodes
+        (RFC 0009), at the T the coordinating node chose (``trusted``); it takes the lease."""
+        c = await self.reader.context(name, as_of, trusted)
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
         preds = terms + ([box] if box is not None else [])
         by_seg: dict[int, list[np.ndarray]] = {}
-        for part in c.table.served():
+        parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
+        if any(p.pid not in c.table.owned for p in parts):
+            raise UnavailableError(f"table {name!r}: partitions {sorted(set(partitions) - c.table.owned)} "
+                                   "are not served by this node")
+        for part in parts:
             ids = (await part.index.scan(None, None, c.T)).rowids
             cands, _ = candidates(part, preds)
             if cands is not None:
@@ -56,7 +64,7 @@ class ExternalReads:
                                            visible_bitmap(np.concatenate(parts))))
             else:
                 tail.add(rec.partition)
-        lease = await self.leases.acquire(sorted(recs), lease_s)
+        lease = await self.leases.acquire(sorted(recs), lease_s) if partitions is None else ""
         versions = tuple(c.schemas(v) for v in c.d.history if _has(c.schemas, v))
         return ReadPlan(c.T, c.d.name, c.d.table_id, c.d.schema, versions, self.fs.objects.uri,
                         self.fs.kek is not None, tuple(sealed), () if sealed_only else tuple(sorted(tail)), lease)
@@ -81,16 +89,23 @@ class ExternalReads:
         rows = await fetch(self.store, ids[keep], c.schemas, c.d.schema)
         return pa.Table.from_batches([rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box)))])
 
-    async def changes(self, name: str, after: int, upto: int | None = None) -> tuple[pa.Table, int]:
+    async def changes(self, name: str, after: int, upto: int | None = None, partitions=None,
+                      trusted: bool = False) -> tuple[pa.Table, int]:
         """Every row change committed in (after, upto], in commit order (then key): the columns
-        of the schema at ``upto``, plus ``commit_ts`` and ``op`` ("upsert" or "delete")."""
+        of the schema at ``upto``, plus ``commit_ts`` and ``op`` ("upsert" or "delete").
+        ``partitions``: only those (this node's share of a feed across nodes, RFC 0009)."""
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise QueryError(f"after must be a commit timestamp, not {after!r}")
-        c = await self.reader.context(name, upto)
+        c = await self.reader.context(name, upto, trusted)
+        if partitions is not None and set(partitions) - c.table.owned:
+            raise UnavailableError(f"table {name!r}: partitions {sorted(set(partitions) - c.table.owned)} "
+                                   "are not served by this node")
         if after < self.reader.horizon() and after != 0:
             raise HistoryPurgedError(f"changes after {after} reach before the retention horizon")
         parts = []
         for rec in map(self.store.live, await self.store.list(table=c.d.table_id)):
+            if partitions is not None and rec.partition not in partitions:
+                continue
             if rec.max_ts <= after or rec.min_ts > c.T:
                 continue  # empty, or nothing in (after, T]
             async for dec in self.store.scan(rec.segid, c.d.schema, c.schemas):

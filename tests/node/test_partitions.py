@@ -2,12 +2,14 @@
 accepts any request; a batch spanning nodes commits atomically with one commit_ts; a read
 sees one snapshot across nodes; kill -9 of a participant or of the coordinator loses no
 acknowledged batch and leaves none half-applied."""
+import base64
 import threading
 import time
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from pyroaring import BitMap
 
 from node.client import ApiError
 from tests.node.proc import raft_cluster, start_all
@@ -133,6 +135,26 @@ def test_batches_across_nodes_are_atomic_and_reads_see_one_snapshot(tmp_path):
         t = c3.query("t", columns=["id"], limit=5)
         assert t.column_names == ["id"] and t.column("id").to_pylist() == sorted(t.column("id").to_pylist())
         assert t.num_rows == 5 and t.column("id")[0].as_py() == min(k for k in w.acked if k != bid) * 1000
+        # the bridge's reads across nodes: a plan at one T whose offloaded slices and tails add
+        # up to the table, and a change feed with every node's changes in commit order
+        total = sum(batches(c1).values())
+        for c in (c1, c2, c3):
+            c.admin("seal")
+            c.admin("offload")
+        c2.upsert("t", rows(999_999))  # a tail beside the offloaded segments
+        plan = c1._call("POST", "/v1/tables/t/plan", {})
+        assert plan["lease"] and len({s["segid"] for s in plan["sealed"]}) == len(plan["sealed"]) >= 3
+        in_objects = sum(len(BitMap.deserialize(base64.b64decode(s["visible"]))) for s in plan["sealed"])
+        sealed = [s["segid"] for s in plan["sealed"]]
+        tails = sum(c3._call("POST", "/v1/tables/t/tail", {"partition": p, "as_of": plan["as_of"],
+                                                          "sealed": sealed}, arrow=True).num_rows
+                    for p in plan["tail"])
+        assert in_objects == total and tails == N and sorted(plan["tail"]) == plan["tail"]
+        feed = c3._call("POST", "/v1/tables/t/changes", {"after": 0}, arrow=True)
+        ts = feed.column("commit_ts").to_numpy()
+        assert (np.diff(ts) >= 0).all() and feed.num_rows == total + 3 * N + 1
+        # (+ the deleted batch, written and deleted with the absent key -1, + the tail batch)
+        assert set(feed.column("op").to_pylist()) == {"upsert", "delete"}
         for c in (c1, c2, c3):
             c.close()
     finally:
