@@ -37,7 +37,7 @@ from node.errors import ConfigError
 from node.jobs import Jobs
 from node.metrics import Metrics
 from rowstore.database import Database, TablesConfig
-from rowstore.partition import segment_states
+from rowstore.tables.partition import segment_states
 from terrafs.active import ActiveConfig
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.errors import TerrafsError

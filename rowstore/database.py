@@ -22,24 +22,24 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.abc import Check, Delete, Put
-from rowstore.active_segment import split_rowids
+from rowstore.segments.active import split_rowids
 from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, QueryError,
                              RowValidationError, TableNotFoundError)
-from rowstore.external import SegmentSlice, visible_bitmap
-from rowstore.fetch import fetch
+from rowstore.reads.external import SegmentSlice, visible_bitmap
+from rowstore.segments.fetch import fetch
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
-from rowstore.memtable import encode_keys
-from rowstore.partition import Partition
-from rowstore.partitioning import encode_one, partition_of, partition_one
-from rowstore.pointread import PointDecoder
-from rowstore.query import batch_mask, parse_bbox, parse_where
-from rowstore.rowcodec import Encoded, EncodedParts
+from rowstore.index.key_memtable import encode_keys
+from rowstore.tables.partition import Partition
+from rowstore.tables.keys import encode_one, partition_of, partition_one
+from rowstore.codec.point_decoder import PointDecoder
+from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
+from rowstore.codec.rows import Encoded, EncodedParts
 from rowstore.schema import SchemaVersion
-from rowstore.segments import SegmentStore, SegState
-from rowstore.table_io import Piece, conform, key_array, split_by_partition, stamp
-from rowstore.tables_catalog import TableCatalog, TableDef
+from rowstore.segments.store import SegmentStore, SegState
+from rowstore.tables.conform import Piece, conform, key_array, split_by_partition, stamp
+from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.timeline import Timeline
-from rowstore.wal import DECIDED
+from rowstore.segments.wal import DECIDED
 from terrafs.catalog_ops import commit
 from terrafs.failpoints import failpoint
 from terrafs.fs import TerrascaleFS

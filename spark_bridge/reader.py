@@ -23,7 +23,7 @@ from spark_bridge.types import decoding_schema, select_columns, spark_arrow_sche
 class SegmentPartition(InputPartition):
     """One offloaded segment: its object and the bitmap of localids visible at T."""
 
-    slice: dict  # rowstore.external.SegmentSlice JSON
+    slice: dict  # rowstore.reads.external.SegmentSlice JSON
 
 
 @dataclass
@@ -89,8 +89,8 @@ class TerrascaleReader(DataSourceReader):
 
     def _segment(self, slice_json: dict, target: SchemaVersion, keep: list) -> Iterator[pa.RecordBatch]:
         with LeaseKeeper(self.opts, self.lease) as keeper:  # first, before the slow imports below
-            from rowstore.external import SegmentSlice, read_segment, schemas_lookup  # noqa: PLC0415 (numba)
-            from rowstore.query import parse_bbox, parse_where  # noqa: PLC0415
+            from rowstore.reads.external import SegmentSlice, read_segment, schemas_lookup  # noqa: PLC0415 (numba)
+            from rowstore.reads.predicates import parse_bbox, parse_where  # noqa: PLC0415
 
             schemas = schemas_lookup([SchemaVersion.from_json(v) for v in self.versions_json])
             # decode only the columns read and the ones the predicates need

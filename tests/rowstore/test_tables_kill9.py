@@ -25,7 +25,7 @@ from terrafs.fs import FsConfig, TerrascaleFS
 CHILD = textwrap.dedent("""
     import asyncio, sys, time
     import terrafs.fs
-    from rowstore.pk_index import PartitionIndex
+    from rowstore.index.key_index import PartitionIndex
     from tests.rowstore.test_tables_kill9 import open_db, batch_of
 
     real_fp, real_collect = terrafs.fs.failpoint, PartitionIndex._collect
