@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 from bench.node_bench import SCHEMA, NodeProcess, _PointPeers, _post, _write_load
 
@@ -83,8 +84,15 @@ async def run(clients: int, seconds: float, flame: str | None) -> None:
             rec = subprocess.Popen([spy, "record", "--pid", str(server.proc.pid), "--duration", str(int(seconds)),
                                     "--rate", str(RATE), "--format", "raw", "--output", out, "--threads", "--nonblocking"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            async with http.get(server.url + "/metrics") as r:
+                before = _counters(await r.text())
+            c0, n0 = time.process_time(), _cpu_seconds(server.proc.pid)
             st = await _write_load(http, clients, seconds, peers.upsert("pw", 2 << 40))
+            st["client_cpu"] = (time.process_time() - c0) / seconds
+            st["node_cpu"] = (_cpu_seconds(server.proc.pid) - n0) / seconds
             await asyncio.to_thread(rec.wait)
+            async with http.get(server.url + "/metrics") as r:
+                counters = _counters(await r.text())
             if flame:
                 shutil.copy(out, flame)
             text = open(out).read()
@@ -96,10 +104,12 @@ async def run(clients: int, seconds: float, flame: str | None) -> None:
     total = sum(n for _, n in rows) or 1
     reqs = st["req_s"] * seconds
     print(f"\n{clients} clients, {seconds:.0f} s: {st['req_s']:,.0f} req/s, p50 {st['p50_us']:,.0f} us, "
-          f"p99 {st['p99_us']:,.0f} us")
+          f"p99 {st['p99_us']:,.0f} us; CPU (cores, py-spy's own share included): node {st['node_cpu']:.2f}, "
+          f"this client {st['client_cpu']:.2f}")
     print(f"event-loop thread busy {100 * total / (RATE * seconds):.0f}% of the run "
           f"({1e6 * total / RATE / reqs:.0f} µs of loop CPU per request); other threads: "
           f"{', '.join(f'{k} {100 * v / (RATE * seconds):.0f}%' for k, v in others.most_common(4))}\n")
+    _print_counters(counters, before)
     print("| stage (event-loop thread) | share | µs per request |")
     print("| --- | ---: | ---: |")
     for name, n in rows:
@@ -107,6 +117,47 @@ async def run(clients: int, seconds: float, flame: str | None) -> None:
 
 
 RATE = 250  # samples per second
+
+
+_COUNTERS = ("terrascale_write_requests_total", "terrascale_write_group_requests_sum",
+             "terrascale_write_group_requests_count", "terrascale_write_queue_seconds_total",
+             "terrascale_write_stage_seconds_total", "terrascale_flushes", "terrascale_flush_appends",
+             "terrascale_flush_seconds", "terrascale_flush_wait_seconds")
+
+
+def _counters(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(_COUNTERS):
+            name, _, v = line.rpartition(" ")
+            out[name] = float(v)
+    return out
+
+
+def _print_counters(c: dict, before: dict) -> None:
+    """The node's own per-stage counters over the measured run."""
+    d = {k: v - before.get(k, 0.0) for k, v in c.items()}
+    groups = d.get("terrascale_write_group_requests_count", 0)
+    reqs = d.get("terrascale_write_group_requests_sum", 0)
+    print("node counters over the run:")
+    for k, v in sorted(d.items()):
+        print(f"  {k} = {v:,.4f}")
+    if groups:
+        commit = d.get('terrascale_write_stage_seconds_total{stage="commit"}', 0)
+        print(f"  => {reqs / groups:.1f} requests per group, {1e3 * commit / groups:.2f} ms per group commit, "
+              f"{1e6 * d.get('terrascale_write_queue_seconds_total', 0) / reqs:.0f} µs queued per request")
+    if d.get("terrascale_flushes"):
+        print(f"  => {d.get('terrascale_flush_appends', 0) / d['terrascale_flushes']:.1f} appends per flush, "
+              f"{1e3 * d.get('terrascale_flush_seconds', 0) / d['terrascale_flushes']:.2f} ms per flush "
+              "(write + fdatasync)")
+    print()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _by_thread(text: str) -> tuple[str, collections.Counter]:

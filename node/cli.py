@@ -116,8 +116,20 @@ def _node_run(args) -> int:
     cfg = config_mod.load(args.config) if args.config else config_mod.defaults(args.data_dir)
     if args.listen:
         cfg = replace(cfg, listen=config_mod.parse_listen("--listen", args.listen))
-    asyncio.run(run(cfg))
+    _serve(run(cfg))
     return 0
+
+
+def _serve(main) -> None:
+    """Run the daemon on uvloop (libuv: cheaper socket I/O and thread wake-ups than the
+    stock selector loop — docs/rfcs/0008-point-writes.md); the stock loop where it is absent."""
+    try:
+        import uvloop  # noqa: PLC0415
+    except ImportError:
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
 
 
 def _fsck(args, parser) -> int:

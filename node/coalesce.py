@@ -14,9 +14,11 @@ everything queued as one group:
 * two requests of one group never write the same key: the later one waits for the next
   group, so a request's ``commit_ts`` reads back exactly its own rows.
 
-The window is adaptive, with no timer: a group starts as soon as the previous one of its
-table is done, with whatever queued meanwhile. A lone client finds the queue empty and
-commits at once; under load, groups grow with the time a commit takes.
+The window is adaptive, with no timer: a group starts at once when none of its table is in
+flight, else once the previous one is done — or, when PIPELINE_AT requests are already
+waiting, right away (up to MAX_GROUPS in flight, so one slow fdatasync does not stall the
+table). A lone client finds the queue empty and commits at once; under load, groups grow
+with the time a commit takes.
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ from rowstore.tables.keys import partition_one
 log = logging.getLogger("terrascale.node")
 FAST_ROWS = 64  # requests with more rows take the full (vectorized) path
 GROUP_ROWS = 8192  # rows one group commits at most
+MAX_GROUPS = 4  # groups of one table in flight at most (their fdatasyncs overlap)
+PIPELINE_AT = 16  # queued requests that start another group while one is in flight
 
 
 @dataclass
@@ -118,33 +122,49 @@ class Coalescer:
     # -- the committer -------------------------------------------------------------------------
 
     async def _drain(self, q: _Queue) -> None:
+        inflight: set[asyncio.Task] = set()
         try:
-            while q.pending:
-                group, rest, seen, rows = [], [], set(), 0
-                d = q.pending[0].d
-                for r in q.pending:
-                    if r.d is not d or rows + len(r.rows) > GROUP_ROWS or not seen.isdisjoint(r.keys):
-                        rest.append(r)
-                        continue
-                    group.append(r)
-                    seen.update(r.keys)
-                    rows += len(r.rows)
-                q.pending = rest
-                try:
-                    await self._commit(d, group)
-                except BaseException as e:  # noqa: BLE001 - every request of the group learns it
-                    for r in group:
-                        if not r.fut.done():
-                            r.fut.set_exception(e)
-                    if not isinstance(e, Exception):
-                        raise
+            while q.pending or inflight:
+                if q.pending and (not inflight or len(inflight) < MAX_GROUPS and len(q.pending) >= PIPELINE_AT):
+                    d, group = self._take(q)
+                    inflight.add(asyncio.ensure_future(self._commit_group(d, group)))
+                    continue
+                _, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
         finally:
             q.running = False
+            for t in inflight:
+                t.cancel()
             if q.pending:  # cancelled with requests waiting: they fail rather than hang
                 for r in q.pending:
                     if not r.fut.done():
                         r.fut.set_exception(ConnectionError("the node is stopping"))
                 q.pending = []
+
+    @staticmethod
+    def _take(q: _Queue) -> tuple[TableDef, list[_Request]]:
+        """The next group: queued requests in order, of one table definition, at most
+        GROUP_ROWS rows, no key twice (a later request of a key waits for the next group)."""
+        group, rest, seen, rows = [], [], set(), 0
+        d = q.pending[0].d
+        for r in q.pending:
+            if r.d is not d or rows + len(r.rows) > GROUP_ROWS or not seen.isdisjoint(r.keys):
+                rest.append(r)
+                continue
+            group.append(r)
+            seen.update(r.keys)
+            rows += len(r.rows)
+        q.pending = rest
+        return d, group
+
+    async def _commit_group(self, d: TableDef, group: list[_Request]) -> None:
+        try:
+            await self._commit(d, group)
+        except BaseException as e:  # noqa: BLE001 - every request of the group learns it
+            for r in group:
+                if not r.fut.done():
+                    r.fut.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
 
     async def _commit(self, d: TableDef, group: list[_Request]) -> None:
         t0 = time.perf_counter()
