@@ -29,7 +29,7 @@ from bench.common import Result, Timer, print_table, write_json
 from bench.rowcodec_bench import SCHEMA as ROW_SCHEMA, sample
 from catalog.memory import MemoryCatalog
 from rowstore.segments.active import ActiveSegment
-from rowstore.database import Database, TablesConfig
+from rowstore.db.database import Database, TablesConfig
 from rowstore.codec.point_decoder import PointDecoder
 from rowstore.codec.rows import encode_rows
 from terrafs.active import ActiveConfig, ActiveFile

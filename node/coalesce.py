@@ -33,7 +33,7 @@ import pyarrow as pa
 from node.codec import column_from_json
 from node.row_encoder import Slow, encoder, index_key
 from rowstore.codec.rows import Encoded
-from rowstore.database import WriteResult
+from rowstore.db.committer import WriteResult
 from rowstore.tables.conform import Piece
 from rowstore.tables.definitions import TableDef
 from rowstore.tables.keys import partition_one

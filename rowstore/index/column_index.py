@@ -179,6 +179,11 @@ class PartitionColumns:
 
     # -- reads ------------------------------------------------------------------------------
 
+    def forget_missing(self, schema) -> None:
+        """Stop indexing columns ``schema`` no longer has (a dropped column leaves its index)."""
+        for cid in [c for c in self.columns if schema.by_id(c) is None]:
+            del self.columns[cid]
+
     def candidates(self, pred: Pred) -> tuple[np.ndarray, np.ndarray] | None:
         """Sorted rowids of row versions whose value may satisfy ``pred``, with the source
         of each (the inode of the key-index run holding its entry; 0: a memtable); None if

@@ -1,7 +1,7 @@
 """Reading sealed segments without a node: what external readers (the Spark bridge's
 executors) need, straight from object storage (docs/rfcs/0006-external-reads.md).
 
-A node plans a read (``Database.read_plan``): for each offloaded segment of the table,
+A node plans a read (``Database.read_plan``, a :class:`rowstore.reads.plan.ReadPlan`): for each offloaded segment of the table,
 its object and a roaring bitmap of the localids visible at the read's timestamp. This
 module turns one such entry into Arrow record batches: open the sealed object (footer,
 block map; blocks checksummed, decrypted with the node's key if the data is encrypted),
@@ -9,14 +9,13 @@ scan its rows sequentially, keep the visible ones, apply the exact predicates.
 """
 from __future__ import annotations
 
-import base64
-from dataclasses import dataclass
 from typing import AsyncIterator
 
 import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
+from rowstore.reads.plan import SegmentSlice
 from rowstore.reads.predicates import BBox, Term, batch_mask
 from rowstore.schema import SchemaVersion
 from rowstore.segments.sealed import SealedSegment
@@ -24,29 +23,6 @@ from terrafs.cache import BlockCache
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.sealed import SealedFile
 from terrafs.uri import open_object_store
-
-
-@dataclass(frozen=True)
-class SegmentSlice:
-    """One offloaded segment of a read plan."""
-
-    segid: int
-    key: str  # object key
-    object_size: int
-    rows: int
-    visible: bytes  # portable roaring bitmap of visible localids
-
-    def to_json(self) -> dict:
-        return {"segid": self.segid, "key": self.key, "object_size": self.object_size, "rows": self.rows,
-                "visible": base64.b64encode(self.visible).decode()}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "SegmentSlice":
-        return cls(d["segid"], d["key"], d["object_size"], d["rows"], base64.b64decode(d["visible"]))
-
-
-def visible_bitmap(localids: np.ndarray) -> bytes:
-    return BitMap(np.asarray(localids, np.uint32)).serialize()
 
 
 def schemas_lookup(versions: list[SchemaVersion]):

@@ -97,7 +97,7 @@ class ActiveSegment:
         lens = np.diff(np.append(enc.starts, enc.nbytes))
         self._idx.put(base, off + first + enc.starts, lens)
         self.durable_rows = max(self.durable_rows, base + n)
-        self._note_ts(commit_ts)
+        self.note_commit_ts(commit_ts)
         return rowids(self.segid, np.arange(base, base + n, dtype=np.uint32))
 
     async def commit_prepared(self, txn: int, lazy: bool = False) -> None:
@@ -117,7 +117,8 @@ class ActiveSegment:
             self.wal.closed_ts = max(self.wal.closed_ts, U64.unpack(body)[0])
         await self.file.append(frame(kind, body), lazy=lazy)
 
-    def _note_ts(self, ts: int) -> None:
+    def note_commit_ts(self, ts: int) -> None:
+        """Widen the segment's [min_ts, max_ts] (a group's record notes only its newest ts)."""
         self.min_ts = ts if self.min_ts is None else min(self.min_ts, ts)
         self.max_ts = ts if self.max_ts is None else max(self.max_ts, ts)
 
@@ -128,6 +129,10 @@ class ActiveSegment:
         if not 0 <= localid < self.durable_rows:
             return None
         return self.file.read_cached(int(self._idx.arr[localid]), int(self._idx.lens[localid]))
+
+    def locate(self, localids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """File offsets and lengths of durable rows (vectorized: the fetch path reads them)."""
+        return self._idx.arr[localids], self._idx.lens[localids]
 
     async def get_raw(self, localid: int) -> bytes:
         """The encoded row bytes of one durable row."""
@@ -180,6 +185,6 @@ class ActiveSegment:
         lens = np.diff(np.append(b.starts, b.rows.shape[0]))
         self._idx.put(self._next, b.file_offset + b.starts, lens)
         self._next += n
-        self._note_ts(b.commit_ts)
+        self.note_commit_ts(b.commit_ts)
         if not b.txn & DECIDED:
             self._txns = itertools.count(b.txn + 1)

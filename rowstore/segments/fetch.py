@@ -80,7 +80,7 @@ async def _row_ends(sealed) -> np.ndarray:
 async def _from_active(seg: ActiveSegment, locs, schemas, target) -> Decoded:
     if len(locs) and int(locs.max()) >= seg.durable_rows:
         raise RowstoreError(f"segment {seg.segid}: no row {int(locs.max())} (rows: {seg.durable_rows})")
-    buf, starts = await seg.file.read_ranges(seg._idx.arr[locs], seg._idx.lens[locs])
+    buf, starts = await seg.file.read_ranges(*seg.locate(locs))
     return decode_rows(buf, starts, schemas, target, seg.where)
 
 

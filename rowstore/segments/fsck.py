@@ -17,7 +17,7 @@ from rowstore.segments.sealed import SealedSegment, walk_rows
 from rowstore.segments.store import SEG_PREFIX, SegmentRecord, SegState
 from rowstore.segments.wal import WalReader
 from terrafs.active import ActiveFile
-from terrafs.errors import TerrafsError
+from terrafs.errors import CorruptionError, TerrafsError
 from terrafs.fsck import Problem
 from terrafs.fs import TerrascaleFS
 
@@ -37,11 +37,10 @@ async def check_segments(fs: TerrascaleFS) -> list[Problem]:
                         await check_wal(af)
                     finally:
                         await af.close()
-        except RowCorruptionError as err:
+        except CorruptionError as err:
             out.append(Problem(err.where, err.offset, f"segment {rec.segid}: {err.reason}"))
         except TerrafsError as err:
-            out.append(Problem(getattr(err, "where", f"segment {rec.segid}"), getattr(err, "offset", None),
-                               f"segment {rec.segid}: {getattr(err, 'reason', err)}"))
+            out.append(Problem(f"segment {rec.segid}", None, f"segment {rec.segid}: {err}"))
     return out
 
 
@@ -83,12 +82,12 @@ async def _leaf_offsets(seg: SealedSegment) -> np.ndarray:
     for _ in range(seg.footer.height - 1):
         nxt = []
         for off in level:
-            node = await seg._page(off, leaf=False)
+            node = await seg.page(off, leaf=False)
             nxt += node[2::2]
         level = nxt
     parts, expect = [], 0
     for off in level:
-        leaf = await seg._page(off, leaf=True)
+        leaf = await seg.page(off, leaf=True)
         if leaf[0] != expect:
             raise RowCorruptionError(seg.where, off, f"leaf starts at localid {leaf[0]}, expected {expect}")
         parts.append(np.array(leaf[2:], np.int64))

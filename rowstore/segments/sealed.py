@@ -184,7 +184,7 @@ class SealedSegment:
             raise RowCorruptionError(sf.where, 0, "file too short for a segment footer")
         return cls(sf, Footer.unpack(await sf.read(at, FOOTER_LEN), sf.where, at))
 
-    async def _page(self, off: int, leaf: bool) -> list[int]:
+    async def page(self, off: int, leaf: bool) -> list[int]:
         """A parsed page as a Python list (list indexing and bisect beat numpy for one lookup):
         leaf -> [first, count, offset...]; internal node -> [count, first, child, first, child...]."""
         p = self._pages.get(off)
@@ -225,9 +225,9 @@ class SealedSegment:
         self._check(localid)
         off = self.footer.root_off
         for _ in range(self.footer.height - 1):
-            node = await self._page(off, leaf=False)
+            node = await self.page(off, leaf=False)
             off = node[2 * bisect_right(self._firsts[off], localid)]
-        leaf = await self._page(off, leaf=True)
+        leaf = await self.page(off, leaf=True)
         i = self._slot(off, leaf, localid)
         start = leaf[2 + i]
         if i + 1 < leaf[1]:

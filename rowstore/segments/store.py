@@ -103,6 +103,23 @@ class SegmentStore:
                 pending.append(rec.segid)
         return pending
 
+    def live(self, rec: SegmentRecord) -> SegmentRecord:
+        """``rec`` as this node sees it now: a segment whose bytes are here reports its commit
+        timestamps so far, and an active one its durable rows and bytes (its catalog row gets
+        them when it is sealed). An empty active segment has ``max_ts`` 0."""
+        seg = self.active.get(rec.segid)
+        if seg is None:
+            return rec
+        live = replace(rec, min_ts=seg.min_ts or 0, max_ts=seg.max_ts or 0)
+        if rec.state is SegState.ACTIVE:
+            live = replace(live, rows=seg.durable_rows, bytes=seg.nbytes, live_rows=seg.durable_rows,
+                           live_bytes=seg.nbytes)
+        return live
+
+    def flush_stats(self) -> list[dict]:
+        """Each local active file's group-commit counters (flushes, bytes, appends, seconds)."""
+        return [seg.file.stats for seg in list(self.active.values())]
+
     async def list(self, owner: str | None = None, table: str | None = None) -> list[SegmentRecord]:
         recs = [SegmentRecord.from_bytes(e.value) for e in await self.catalog.scan(SEG_PREFIX)]
         return [r for r in recs if (owner is None or r.owner == owner) and (table is None or r.table == table)]
@@ -145,6 +162,10 @@ class SegmentStore:
         if seg.nbytes >= self.seal_bytes:
             await self._roll(table, partition, seg)
         return ids
+
+    def current_or_none(self, table: str, partition: int) -> ActiveSegment | None:
+        """The partition's segment taking appends now, without creating one."""
+        return self._current.get((table, partition))
 
     async def current(self, table: str, partition: int) -> ActiveSegment:
         seg = self._current.get((table, partition))

@@ -88,10 +88,21 @@ class TableCatalog:
         are picked up by :meth:`forget` — the cluster issue wires a catalog watch to it)."""
         hist = self._hist.get(name)
         if hist is None:
-            hist = [TableDef.from_entry(name, int(e.key.rsplit("/", 1)[1], 16), e.value)
-                    for e in await self.catalog.scan(f"tbl/{name}/v/")]
-            self._hist[name] = hist
+            hist = self._hist[name] = await self._read_versions(name)
         return hist
+
+    async def _read_versions(self, name: str) -> list[TableDef]:
+        return [TableDef.from_entry(name, int(e.key.rsplit("/", 1)[1], 16), e.value)
+                for e in await self.catalog.scan(f"tbl/{name}/v/")]
+
+    async def newest_with_schema(self, d: TableDef) -> TableDef:
+        """The newest definition of ``d``'s table id that has a schema, read from the catalog
+        (a dropped table's rows are still decoded with its last schema)."""
+        newest = d
+        for td in await self._read_versions(d.name):
+            if td.table_id == d.table_id and td.schema is not None and td.ts >= newest.ts:
+                newest = td
+        return newest
 
     def forget(self, name: str | None = None) -> None:
         self.generation += 1

@@ -109,7 +109,7 @@ class Partition:
 
     def full(self) -> bool:
         """Whether the current segment reached the seal size (then ``roll(if_full=True)``)."""
-        seg = self.store._current.get((self.table_id, self.pid))
+        seg = self.store.current_or_none(self.table_id, self.pid)
         return seg is not None and seg.nbytes >= self.store.seal_bytes
 
     async def roll(self, if_full: bool = False) -> int | None:
@@ -125,7 +125,7 @@ class Partition:
     async def progress(self, closed: int) -> bool:
         """Record ``PROGRESS(closed)`` in the current segment (docs/format/segment.md §2) when
         batches arrived since the last one recorded; it rides with the next flush."""
-        seg = self.store._current.get((self.table_id, self.pid))
+        seg = self.store.current_or_none(self.table_id, self.pid)
         if seg is None or closed <= seg.wal.closed_ts or (seg.max_ts or 0) <= seg.wal.closed_ts:
             return False  # nothing new since the last record: an idle partition writes nothing
         async with self.lock:  # ordered with the partition's batches
@@ -140,7 +140,7 @@ class Partition:
         """Freeze the memtables with nothing in flight, then publish them with the mark."""
         async with self.lock:
             await self._drained.wait()
-            seg = self.store._current.get((self.table_id, self.pid))
+            seg = self.store.current_or_none(self.table_id, self.pid)
             if seg is not None:
                 rec, _ = await self.store.record(seg.segid)
                 mark = [seg.segid, seg.durable_rows, rec.seq]

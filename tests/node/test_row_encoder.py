@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from node.codec import rows_to_table
 from node.row_encoder import Slow, encoder, index_key
 from rowstore.codec.rows import encode_rows
-from rowstore.database import _filler
+from rowstore.db.committer import _filler
 from rowstore.errors import RowValidationError
 from rowstore.schema import parse_schema
 from rowstore.tables.conform import conform, key_array

@@ -5,24 +5,23 @@ import pyarrow as pa
 import pytest
 
 from rowstore.errors import ConflictError, QueryError
-from rowstore.reads.external import SegmentSlice, read_segment, schemas_lookup
+from rowstore.reads.external import read_segment, schemas_lookup
+from rowstore.reads.plan import ReadPlan
 from rowstore.reads.predicates import parse_bbox, parse_where
-from rowstore.schema import SchemaVersion
 from tests.rowstore.tables_world import rows
 from tests.rowstore.test_database import make
 
 
-async def plan_rows(db, plan, where=None, bbox=None) -> pa.Table:
-    target = SchemaVersion.from_json(plan["schema"])
-    schemas = schemas_lookup([SchemaVersion.from_json(v) for v in plan["versions"]])
+async def plan_rows(db, plan: ReadPlan, where=None, bbox=None) -> pa.Table:
+    target = plan.schema
+    schemas = schemas_lookup(list(plan.versions))
     terms, box = parse_where(target, where), parse_bbox(target, bbox)
     out = []
-    for s in plan["sealed"]:
-        async for b in read_segment(plan["objects"], SegmentSlice.from_json(s), schemas, target, terms, box,
-                                    store=db.fs.objects):
+    for s in plan.sealed:
+        async for b in read_segment(plan.objects, s, schemas, target, terms, box, store=db.fs.objects):
             out.append(b)
-    for p in plan["tail"]:
-        out.extend((await db.tail(plan["table"], p, plan["as_of"], where, bbox)).to_batches())
+    for p in plan.tail:
+        out.extend((await db.tail(plan.table, p, plan.as_of, where, bbox)).to_batches())
     t = pa.Table.from_batches(out, schema=target.arrow()) if out else target.arrow().empty_table()
     return t.sort_by([(target.key.name, "ascending")]) if t.num_rows else t
 
@@ -41,10 +40,11 @@ async def test_plan_equals_query_now_and_in_the_past():
                             (None, {"column": "loc", "xmin": 0, "ymin": 0, "xmax": 50, "ymax": 50})):
             plan = await db.read_plan("m", T, where=where, bbox=bbox)
             got = await plan_rows(db, plan, where, bbox)
-            want, _ = await db.query("m", where=where, bbox=bbox, as_of=plan["as_of"], limit=None)
+            want, _ = await db.query("m", where=where, bbox=bbox, as_of=plan.as_of, limit=None)
             assert got.to_pylist() == want.to_pylist(), (T, where, bbox)
     plan = await db.read_plan("m", sealed_only=True)
-    assert plan["tail"] == [] and plan["sealed"]
+    assert plan.tail == () and plan.sealed
+    assert ReadPlan.from_json(plan.to_json()) == plan  # the JSON the bridge gets reads back the same
 
 
 async def test_change_feed_in_commit_order():
@@ -73,8 +73,8 @@ async def test_leases():
     plan = await db.read_plan("m")
     segs = {r.segid for _, r in await db.segment_records("m")}
     assert set(await db.leased_segments()) == segs
-    await db.renew_lease(plan["lease"], 30)
-    await db.release_lease(plan["lease"])
+    await db.renew_lease(plan.lease, 30)
+    await db.release_lease(plan.lease)
     assert await db.leased_segments() == set()
     short = await db.acquire_lease(sorted(segs), 0.001)
     await asyncio.sleep(0.01)
