@@ -206,7 +206,7 @@ class Committer:
         try:
             ids = await task
             if sizes is not None:
-                seg._note_ts(tss[0])
+                seg.note_commit_ts(tss[0])
             row_ts = ts if sizes is None else np.repeat(np.array(tss, np.uint64), sizes)
             part.apply(split_rowids(ids)[1], seg.segid, piece.batch, row_ts, _deleted(piece), schema, piece.keys,
                        piece.pos)
