@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	  || { echo "error: Terrascale needs Python >= 3.11 as $(PYTHON)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,spark]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -46,6 +46,7 @@ strace:
 	  { echo "error: could not install strace"; exit 1; }; }
 
 test: $(STAMP) java17 strace
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: $(STAMP)

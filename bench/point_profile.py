@@ -82,7 +82,8 @@ async def run(clients: int, seconds: float, flame: str | None) -> None:
             await _write_load(http, clients, 1.0, peers.upsert("pw", 1 << 40))  # warm up
             out = os.path.join(root, "stacks.txt")
             rec = subprocess.Popen([spy, "record", "--pid", str(server.proc.pid), "--duration", str(int(seconds)),
-                                    "--rate", str(RATE), "--format", "raw", "--output", out, "--threads", "--nonblocking"],
+                                    "--rate", str(RATE), "--format", "raw", "--output", out, "--threads",
+                                    "--nonblocking"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             async with http.get(server.url + "/metrics") as r:
                 before = _counters(await r.text())

@@ -159,7 +159,7 @@ class Coalescer:
     async def _commit_group(self, d: TableDef, group: list[_Request]) -> None:
         try:
             await self._commit(d, group)
-        except BaseException as e:  # noqa: BLE001 - every request of the group learns it
+        except BaseException as e:
             for r in group:
                 if not r.fut.done():
                     r.fut.set_exception(e)

@@ -199,7 +199,7 @@ def _make(schema: SchemaVersion, tombstone: bool) -> Callable:
            "_iso_us": _iso_us, "_date_days": _date_days, "_uuid_bytes": _uuid_bytes, "_b64": _b64, "_f32": _f32,
            "_finite": math.isfinite}
     assert struct.calcsize(fmt) == lay.size, "layout and struct disagree"  # part of the format
-    exec(compile(src, f"<row encoder v{schema.version}{' tombstone' if tombstone else ''}>", "exec"), env)  # noqa: S102
+    exec(compile(src, f"<row encoder v{schema.version}{' tombstone' if tombstone else ''}>", "exec"), env)
     return _guarded(env["encode"])
 
 
