@@ -17,6 +17,13 @@ Workloads, peers in the same run, rounds alternating, medians reported:
   of the same size (one etcd member on loopback, Debian ``etcd-server``, installed with
   apt-get when missing). Requests/s, p50 and p99. Target: ahead of etcd.
 
+* **Point writes** (issue 15, RFC 0008): single-row JSON upserts from 1, 8, 64 and 256
+  keep-alive clients, single-key deletes and 10-row upserts from 64 — against etcd's put /
+  delete-range / txn of 10 puts through its JSON gateway (1 member, fsync per commit),
+  each case ours then etcd: rows/s, p50 and p99. Targets: >= 2x etcd at 64 and 256
+  clients, p99 <= etcd's, p50 <= 1 ms at 1 client. ``python -m bench node_points`` runs
+  only these.
+
 The client shares the machine (2 cores here) with the server in every case, so absolute
 numbers are low; the ratios compare like with like.
 """
