@@ -113,20 +113,8 @@ def _node_run(args) -> int:
     cfg = config_mod.load(args.config) if args.config else config_mod.defaults(args.data_dir)
     if args.listen:
         cfg = replace(cfg, listen=config_mod.parse_listen("--listen", args.listen))
-    _serve(run(cfg))
+    asyncio.run(run(cfg))
     return 0
-
-
-def _serve(main) -> None:
-    """Run the daemon on uvloop (libuv: cheaper socket I/O and thread wake-ups than the
-    stock selector loop — docs/rfcs/0008-point-writes.md); the stock loop where it is absent."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main)
 
 
 def _fsck(args, parser) -> int:
