@@ -8,6 +8,7 @@ so are large responses, so one big request never stalls the others.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -19,6 +20,7 @@ from aiohttp import web
 from catalog.errors import (CatalogConfigError, CatalogError, CatalogTimeoutError, CatalogUnavailableError,
                             InvalidTransactionError)
 from node.cluster import RemoteError
+from node.coalesce import Coalescer
 from node.router import Misdirected, Router
 from node.codec import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table, schema_to_json,
                         table_to_rows, write_arrow_stream)
@@ -79,6 +81,21 @@ class Api:
     def __init__(self, node):
         self.node = node
         self.router = Router(node)
+        self._writes: Coalescer | None = None
+
+    @property
+    def writes(self) -> Coalescer:
+        """Small writes coalesce here (node/coalesce.py); one per opened engine."""
+        db = self.db
+        if self._writes is None or self._writes.db is not db:
+            self._writes = Coalescer(db, self.node.metrics)
+        return self._writes
+
+    def _parsed(self, body: bytes):
+        t0 = time.perf_counter()
+        doc = _parse_json(body)
+        self.node.metrics.write_stage.labels("parse").inc(time.perf_counter() - t0)
+        return doc
 
     @property
     def db(self):
@@ -282,23 +299,27 @@ class Api:
         table = request.match_info["table"]
         db = self.db
         body = await request.read()
+        small = None
         if request.content_type == ARROW_STREAM:
             data = await _cpu(len(body), read_arrow_stream, body)
         elif request.content_type in ("application/json", "application/octet-stream", ""):
-            schema = (await db.describe(table)).schema
-
-            def convert():
-                doc = _parse_json(body)
-                if not isinstance(doc, dict) or set(doc) != {"rows"}:
-                    raise ApiError(400, "invalid_rows", 'expected a JSON object {"rows": [...]}')
-                return rows_to_table(doc["rows"], schema)
-
-            data = await _cpu(len(body), convert)
+            d = await db.describe(table)
+            if len(body) <= THREAD_BYTES:  # small: on the loop, and coalesced with its neighbours
+                rows = _rows_of(self._parsed(body))
+                if not self.router.multi:  # in a cluster the router first finds where they go
+                    res = await self.writes.upsert(d, rows)
+                    if res is not None:
+                        self.node.metrics.rows_written.labels("upsert").inc(res.count)
+                        return web.json_response({"committed": res.count, "commit_ts": res.commit_ts})
+                small = functools.partial(self.writes.upsert, d, rows)
+                data = rows_to_table(rows, d.schema)
+            else:
+                data = await asyncio.to_thread(lambda: rows_to_table(_rows_of(_parse_json(body)), d.schema))
         else:
             raise ApiError(415, "unsupported_media_type",
                            f"rows come as application/json or {ARROW_STREAM}, not {request.content_type}")
         t0 = time.perf_counter()
-        forwarded, res = await self.router.upsert(request, table, data)
+        forwarded, res = await self.router.upsert(request, table, data, small)
         if forwarded is not None:
             return forwarded
         count, ts = res
@@ -312,8 +333,10 @@ class Api:
         doc = await _json_object(request, {"keys"}, required=("keys",))
         if not isinstance(doc["keys"], list):
             raise ApiError(400, "invalid_rows", '"keys" must be a list')
-        self.db  # noqa: B018 - 503 before ready
-        forwarded, res = await self.router.delete(request, request.match_info["table"], doc["keys"])
+        table, db = request.match_info["table"], self.db
+        d = await db.describe(table)
+        forwarded, res = await self.router.delete(request, table, doc["keys"],
+                                                  small=lambda: self.writes.delete(d, doc["keys"]))
         if forwarded is not None:
             return forwarded
         self.node.metrics.rows_written.labels("delete").inc(len(doc["keys"]))
@@ -434,6 +457,12 @@ class Api:
 async def _cpu(size: int, fn, *args):
     """Run ``fn`` in a worker thread when the work is big enough to stall the event loop."""
     return await asyncio.to_thread(fn, *args) if size > THREAD_BYTES else fn(*args)
+
+
+def _rows_of(doc) -> list:
+    if not isinstance(doc, dict) or set(doc) != {"rows"}:
+        raise ApiError(400, "invalid_rows", 'expected a JSON object {"rows": [...]}')
+    return doc["rows"]
 
 
 def _parse_json(body: bytes):

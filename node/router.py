@@ -144,8 +144,9 @@ class Router:
 
     # -- writes ---------------------------------------------------------------------------------
 
-    async def upsert(self, request, table: str, data: pa.Table):
-        """(forwarded response, None) or (None, (count, commit_ts))."""
+    async def upsert(self, request, table: str, data: pa.Table, small=None):
+        """(forwarded response, None) or (None, (count, commit_ts)). ``small()``: the write
+        through the node's coalescer (RFC 0008) when served here — None if it declines."""
         d = await self.db.describe(table)
         if not self.multi or data.num_rows == 0:
             res = await self.db.upsert(table, data)
@@ -154,7 +155,8 @@ class Router:
         pids = _pids(d, batch.column(d.schema.key.name))
 
         async def here():
-            res = await self.db.upsert(table, batch)
+            res = None if small is None else await small()
+            res = res or await self.db.upsert(table, batch)
             return res.count, res.commit_ts
 
         async def across():
@@ -162,16 +164,18 @@ class Router:
             return out.rows, out.commit_ts
         return await self._dispatch(request, d, pids, here, across)
 
-    async def delete(self, request, table: str, keys: list):
+    async def delete(self, request, table: str, keys: list, small=None):
         d = await self.db.describe(table)
         if not self.multi or not keys:
-            res = await self.db.delete(table, keys)
+            res = None if small is None else await small()
+            res = res or await self.db.delete(table, keys)
             return None, (res.count, res.commit_ts)
         karr = key_array(keys, d.schema.key)
         pids = _pids(d, karr)
 
         async def here():
-            res = await self.db.delete(table, keys)
+            res = None if small is None else await small()
+            res = res or await self.db.delete(table, keys)
             return res.count, res.commit_ts
 
         async def across():
