@@ -53,13 +53,17 @@ async def commit_across(node, d, batch: pa.RecordBatch, pids: np.ndarray, placem
     shares = {}
     for who, mine in placement.by_node(np.unique(pids).tolist()).items():
         shares[who] = batch.filter(pa.array(np.isin(pids, mine)))
+    # the remote shares as Arrow IPC before any lock is taken (a reservation holds locks)
+    me = node.cluster.node_id
+    bodies = dict(zip([w for w in shares if w != me], await asyncio.gather(*(
+        asyncio.to_thread(write_arrow_stream, pa.Table.from_batches([shares[w]])) for w in shares if w != me))))
     clock = node.db.clock
     txn = DECIDED | SPANS_NODES | secrets.randbits(62)
     floor = max(ts_from_ms(clock.now_ms()), clock.last + 1)
     got: list[tuple[str, dict]] = []
     try:
         for who in sorted(shares):  # one node at a time: locks in one global order
-            ans = await _reserve(node, who, d, shares[who], floor, txn, delete)
+            ans = await _reserve(node, who, d, shares[who], bodies.get(who), floor, txn, delete)
             got.append((who, ans))
             floor = max(floor, int(ans["ts"]))
         ts = max(int(a["ts"]) for _, a in got)
@@ -95,13 +99,13 @@ async def _decide_and_commit(node, d, got, txn: int, ts: int) -> Outcome:
     return Outcome(sum(a["rows"] for _, a in got), sum(a["existed"] for _, a in got), ts)
 
 
-async def _reserve(node, who: str, d, rows: pa.RecordBatch, floor: int, txn: int, delete: bool) -> dict:
+async def _reserve(node, who: str, d, rows: pa.RecordBatch, body: bytes | None, floor: int, txn: int,
+                   delete: bool) -> dict:
     if who == node.cluster.node_id:
         r = await node.db.participant.reserve(d.name, d.table_id, d.schema.version, rows, floor, txn, delete)
         return {"ts": r.ts, "rows": r.rows, "existed": r.existed}
     q = (f"/v1/internal/txn/reserve?table={d.name}&table_id={d.table_id}&schema_version={d.schema.version}"
          f"&floor={floor}&txn={txn}&delete={int(delete)}")
-    body = await asyncio.to_thread(write_arrow_stream, pa.Table.from_batches([rows]))
     status, _, payload = await node.cluster.call(who, "POST", q, body=body, headers={"Content-Type": ARROW_STREAM})
     if status != 200:
         raise_remote(status, payload, who)
