@@ -14,6 +14,15 @@ Arrow carry their own types (the node accepts lossless conversions); CSV cells
 are parsed as the column's type (``point``/``box``/``range``/``json`` cells hold
 their JSON form, ``binary`` base64, ``uuid`` the canonical string); NDJSON lines
 are JSON rows exactly as ``POST …/rows`` takes them.
+
+On a cluster whose table is placed across nodes (docs/rfcs/0009-replication.md), each
+batch is split by the node serving its rows' partitions (the table's description names
+them; the partition hash is the format's) and the pieces go straight to those nodes at
+once: each piece commits on one node, with no two-phase commit across nodes and no
+forwarding hop. A piece is atomic, a batch as a whole no longer is — which re-running
+covers as before; the next batch starts once every piece of this one is acknowledged, so
+the later row of a key still wins. A node that cannot be reached directly (or no longer
+serves the partition) gets its piece through ``--endpoint``, which routes it.
 """
 from __future__ import annotations
 
@@ -23,11 +32,15 @@ import os
 import sys
 import time
 
+import numpy as np
 import pyarrow as pa
 
+from node.client import ApiError
 from node.codec import column_from_json, rows_to_table
 from node.errors import NodeError, UsageError
 from rowstore.errors import RowValidationError
+from rowstore.index.key_memtable import encode_keys
+from rowstore.tables.keys import partition_of
 from rowstore.schema import SchemaVersion
 from rowstore.types import ColumnType, Kind
 
@@ -188,6 +201,7 @@ def ingest(client, args) -> int:
                disable=args.no_progress, dynamic_ncols=True, smoothing=0.1)
     committed, n_batches, last_ts, t0 = 0, 0, None, time.perf_counter()
     it = batches(args.file, fmt, schema, args.batch_rows)
+    routes = Routes.of(client, args.name, schema)
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             nxt = pool.submit(_next, it)
@@ -196,10 +210,10 @@ def ingest(client, args) -> int:
                 if t is None:
                     break
                 nxt = pool.submit(_next, it)  # read and convert the next batch while this one is sent
-                res = client.upsert(args.name, t)
-                committed += res["committed"]
+                n, ts = routes.upsert(args.name, t) if routes else _one(client, args.name, t)
+                committed += n
                 n_batches += 1
-                last_ts = res["commit_ts"]
+                last_ts = ts
                 bar.update(t.num_rows)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, UnicodeDecodeError) as e:
         raise IngestError(f"{args.file}: {str(e).splitlines()[0]}") from None
@@ -207,6 +221,8 @@ def ingest(client, args) -> int:
         raise IngestError(f"{args.file}: {e}") from None
     finally:
         bar.close()
+        if routes:
+            routes.close()
     took = time.perf_counter() - t0
     print(f"ingested {committed} rows in {n_batches} batches into {args.name} in {took:.1f}s "
           f"({committed / took if took else 0:,.0f} rows/s); last commit_ts {last_ts}", file=sys.stderr)
@@ -215,3 +231,57 @@ def ingest(client, args) -> int:
 
 def _next(it):
     return next(it, None)
+
+
+def _one(client, name: str, t: pa.Table) -> tuple[int, int]:
+    res = client.upsert(name, t)
+    return res["committed"], res["commit_ts"]
+
+
+class Routes:
+    """Which node serves each partition of a table placed across a cluster, and a client for
+    each: a batch is split by node and the pieces sent at once."""
+
+    def __init__(self, client, leaders: list[str], addresses: dict[str, str], key: str, kind: str):
+        self.client, self.leaders, self.key, self.kind = client, np.array(leaders), key, kind
+        self.nodes = {n: type(client)(addresses[n], token=client.token, timeout=client.timeout)
+                      for n in set(leaders)}
+        self.pool = concurrent.futures.ThreadPoolExecutor(len(self.nodes))
+
+    @classmethod
+    def of(cls, client, name: str, schema: SchemaVersion) -> "Routes | None":
+        """Routes when the table's partitions are on several nodes with known addresses."""
+        place = client.describe(name).get("placement") or []
+        leaders = [p["leader"] for p in place]
+        if len(set(leaders)) < 2:
+            return None
+        try:
+            addresses = {m["id"]: m.get("address") for m in client.cluster()["members"]}
+        except (ApiError, ConnectionError, KeyError):
+            return None
+        if any(not addresses.get(n) for n in leaders):
+            return None
+        return cls(client, leaders, addresses, schema.key.name, schema.key.type.kind.value)
+
+    def upsert(self, name: str, t: pa.Table) -> tuple[int, int]:
+        """(rows committed, the largest commit_ts) once every node's piece is acknowledged."""
+        keys = t.column(self.key).combine_chunks()
+        who = self.leaders[partition_of(encode_keys(keys, self.kind), len(self.leaders))]
+        pieces = [(n, t.filter(pa.array(who == n))) for n in np.unique(who).tolist()]
+        got = [f.result() for f in [self.pool.submit(self._send, n, name, piece) for n, piece in pieces]]
+        return sum(n for n, _ in got), max(ts for _, ts in got)
+
+    def _send(self, node: str, name: str, piece: pa.Table) -> tuple[int, int]:
+        try:
+            return _one(self.nodes[node], name, piece)
+        except ConnectionError:
+            return _one(self.client, name, piece)  # unreachable from here: through --endpoint
+        except ApiError as e:
+            if e.status not in (421, 503):
+                raise
+            return _one(self.client, name, piece)  # moved, or not ready: --endpoint routes it
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        for c in self.nodes.values():
+            c.close()

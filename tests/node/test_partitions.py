@@ -3,16 +3,18 @@ accepts any request; a batch spanning nodes commits atomically with one commit_t
 sees one snapshot across nodes; kill -9 of a participant or of the coordinator loses no
 acknowledged batch and leaves none half-applied."""
 import base64
+import subprocess
 import threading
 import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyroaring import BitMap
 
 from node.client import ApiError
-from tests.node.proc import raft_cluster, start_all
+from tests.node.proc import TERRASCALE, raft_cluster, start_all
 
 N = 60  # rows per batch: with 6 partitions over 3 nodes every batch spans every node
 
@@ -155,6 +157,16 @@ def test_batches_across_nodes_are_atomic_and_reads_see_one_snapshot(tmp_path):
         assert (np.diff(ts) >= 0).all() and feed.num_rows == total + 3 * N + 1
         # (+ the deleted batch, written and deleted with the absent key -1, + the tail batch)
         assert set(feed.column("op").to_pylist()) == {"upsert", "delete"}
+        # the CLI's bulk load sends each node its own rows (no two-phase commit across nodes)
+        src = tmp_path / "bulk.parquet"
+        keys = np.arange(10**7, 10**7 + 30_000, dtype=np.int64)
+        pq.write_table(pa.table({"id": keys, "b": np.full(len(keys), -5), "x": keys.astype(np.float64)}), src)
+        r = subprocess.run([TERRASCALE, "--endpoint", nodes[1].base, "ingest", "t", str(src), "--batch-rows", "7000",
+                            "--no-progress"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "ingested 30000 rows in 5 batches" in r.stderr, r.stderr
+        for c in (c1, c2, c3):
+            assert batches(c, where=[["b", "=", -5]]) == {-5: 30_000}
+        assert c1.get("t", 10**7 + 29_999)["x"] == 10**7 + 29_999
         for c in (c1, c2, c3):
             c.close()
     finally:
