@@ -157,6 +157,19 @@ def test_batches_across_nodes_are_atomic_and_reads_see_one_snapshot(tmp_path):
         assert (np.diff(ts) >= 0).all() and feed.num_rows == total + 3 * N + 1
         # (+ the deleted batch, written and deleted with the absent key -1, + the tail batch)
         assert set(feed.column("op").to_pylist()) == {"upsert", "delete"}
+        # a schema change through one node holds on every node at once: rows with the new
+        # column go through the others (across nodes) and read back everywhere
+        c3.get("t", min(w.acked) * 1000 + 1)  # every node has the old definition cached
+        c2.upsert("t", rows(888_888))
+        c1.add_column("t", "note", "string")
+        c3.upsert("t", [{"id": 70_000_000 + i, "b": -7, "x": 0.0, "note": f"n{i}"} for i in range(12)])
+        for c in (c1, c2, c3):
+            assert c.get("t", 70_000_005)["note"] == "n5"
+            assert c.query("t", where=[["b", "=", -7]], columns=["note"]).num_rows == 12
+        c2.drop_column("t", "note")
+        with pytest.raises(ApiError) as ei:
+            c1.upsert("t", [{"id": 1, "b": 1, "x": 1.0, "note": "gone"}, {"id": 2, "b": 1, "x": 1.0}])
+        assert ei.value.status == 400
         # the CLI's bulk load sends each node its own rows (no two-phase commit across nodes)
         src = tmp_path / "bulk.parquet"
         keys = np.arange(10**7, 10**7 + 30_000, dtype=np.int64)
