@@ -21,6 +21,7 @@ from catalog.errors import (CatalogConfigError, CatalogError, CatalogTimeoutErro
                             InvalidTransactionError)
 from node.cluster import RemoteError
 from node.coalesce import Coalescer
+from node.config import NOT_REPLICATED
 from node.router import Misdirected, Router
 from node.codec import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table, schema_to_json,
                         table_to_rows, write_arrow_stream)
@@ -213,7 +214,7 @@ class Api:
     # -- tables -----------------------------------------------------------------------------------
 
     async def create_table(self, request):
-        doc = await _json_object(request, {"name", "columns", "primary_key", "indexes", "partitions"},
+        doc = await _json_object(request, {"name", "columns", "primary_key", "indexes", "partitions", "replicas"},
                                  required=("name", "columns", "primary_key"))
         name = doc["name"]
         if not isinstance(name, str):
@@ -226,6 +227,11 @@ class Api:
         partitions = doc.get("partitions")
         if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)):
             raise ApiError(400, "invalid_schema", '"partitions" must be an integer')
+        replicas = doc.get("replicas", self.node.cfg.replicas)
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+            raise ApiError(400, "invalid_schema", '"replicas" must be an integer >= 1')
+        if replicas != 1:
+            raise ApiError(400, "invalid_schema", f'"replicas": {NOT_REPLICATED}')
         db = self.db
         if self.node.cluster is not None and self.node.cluster.multi:
             db.forget_cached_definitions(name)

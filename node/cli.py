@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--schema", required=True, help="'id int64 primary key, ts timestamp, loc point, name string'")
     c.add_argument("--index", default="", help="columns to index, comma-separated")
     c.add_argument("--partitions", type=int, help="number of partitions (default: the node's)")
+    c.add_argument("--replicas", type=int, help="copies of each partition (default: the node's; only 1 for now)")
     lst = table.add_parser("list", parents=[out], help="list tables")
     lst.add_argument("--as-of", type=int)
     d = table.add_parser("describe", parents=[out], help="a table's schema (as of T)")
@@ -239,7 +240,7 @@ def _table_cmd(c, args) -> int:
     if args.table_cmd == "create":
         cols, pk = _schema_columns(args.schema)
         idx = [i.strip() for i in args.index.split(",") if i.strip()]
-        d = c.create_table(args.name, cols, pk, idx, args.partitions)
+        d = c.create_table(args.name, cols, pk, idx, args.partitions, args.replicas)
         _describe_out(d, fmt)
     elif args.table_cmd == "list":
         doc = c.list_tables(args.as_of)
@@ -283,6 +284,10 @@ def _describe_out(d: dict, fmt: str) -> None:
         rows = [{"column": col["name"], "type": col["type"], "nullable": col["nullable"],
                  "indexed": col["name"] in d["indexes"]} for col in d["columns"]]
         (_print_table if fmt == "table" else _print_csv)(rows, ["column", "type", "nullable", "indexed"])
+        if fmt == "table" and d.get("placement"):
+            print()
+            _print_table([{"partition": p["partition"], "leader": p["leader"], "replicas": ",".join(p["replicas"]),
+                           "epoch": p["epoch"]} for p in d["placement"]], ["partition", "leader", "replicas", "epoch"])
     else:
         _emit(d, fmt)
 
@@ -359,8 +364,11 @@ def _admin(c, args) -> int:
             print(f"leader {doc['leader']}  term {doc['term']}  catalog {doc.get('catalog')}")
             _print_table(doc["members"])
             for t, parts in doc["partitions"].items():
-                owners = sorted(set(parts.values()))
-                print(f"table {t}: {len(parts)} partitions on {', '.join(owners)}")
+                led: dict[str, list[str]] = {}
+                for p, who in parts.items():
+                    led.setdefault(who, []).append(p)
+                print(f"table {t}: {len(parts)} partitions on {', '.join(sorted(led))} ("
+                      + "; ".join(f"{who} leads {','.join(ps)}" for who, ps in sorted(led.items())) + ")")
         else:
             _emit(doc, fmt, "members")
     else:

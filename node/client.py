@@ -88,11 +88,13 @@ class _Requests:
     """The request shapes, shared by both clients: (method, path, body, content type, want)."""
 
     @staticmethod
-    def create_table(name, columns, primary_key, indexes=(), partitions=None):
+    def create_table(name, columns, primary_key, indexes=(), partitions=None, replicas=None):
         cols = [c if isinstance(c, dict) else {"name": c[0], "type": c[1]} for c in columns]
         doc = {"name": name, "columns": cols, "primary_key": primary_key, "indexes": list(indexes)}
         if partitions is not None:
             doc["partitions"] = partitions
+        if replicas is not None:
+            doc["replicas"] = replicas
         return "POST", "/v1/tables", doc
 
     @staticmethod
@@ -186,8 +188,8 @@ class Client:
         return data.decode()
 
     # tables
-    def create_table(self, name, columns, primary_key, indexes=(), partitions=None) -> dict:
-        m, p, doc = _Requests.create_table(name, columns, primary_key, indexes, partitions)
+    def create_table(self, name, columns, primary_key, indexes=(), partitions=None, replicas=None) -> dict:
+        m, p, doc = _Requests.create_table(name, columns, primary_key, indexes, partitions, replicas)
         return self._call(m, p, doc)
 
     def list_tables(self, as_of=None) -> dict:

@@ -67,6 +67,7 @@ class NodeConfig:
     tls_key: str | None = None
     retention_s: float = 7 * 86400
     partitions: int = 8
+    replicas: int = 1
     memtable_bytes: int = 64 << 20
     checkpoint_every_s: float = 1.0
     offload_every_s: float = 5.0
@@ -121,6 +122,18 @@ def _partitions(key: str, v) -> int:
     return v
 
 
+NOT_REPLICATED = ("replication is not built yet (docs/rfcs/0009-replication.md: placement across nodes is, "
+                  "copies of a partition on several nodes are not); 1 is the only value for now")
+
+
+def _replicas(key: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"{key}: expected an integer >= 1, got {v!r}")
+    if v != 1:
+        raise ConfigError(f"{key}: {NOT_REPLICATED}")
+    return v
+
+
 # section -> key -> (field name, parser)
 _SCHEMA = {
     "node": {"id": ("node_id", lambda k, v: _str(k, v)), "listen": ("listen", parse_listen),
@@ -140,7 +153,8 @@ _SCHEMA = {
                  "encryption_key_file": ("encryption_key_file", lambda k, v: _str(k, v)),
                  "tls_cert": ("tls_cert", _readable), "tls_key": ("tls_key", _readable)},
     "history": {"retention": ("retention_s", parse_duration)},
-    "tables": {"partitions": ("partitions", _partitions), "memtable_bytes": ("memtable_bytes", parse_size)},
+    "tables": {"partitions": ("partitions", _partitions), "replicas": ("replicas", _replicas),
+               "memtable_bytes": ("memtable_bytes", parse_size)},
     "jobs": {"checkpoint_every": ("checkpoint_every_s", parse_duration),
              "offload_every": ("offload_every_s", parse_duration),
              "seal_every": ("seal_every_s", parse_duration)},

@@ -65,3 +65,30 @@ def test_leaders_stay_balanced_whatever_the_tables(n_members, partitions, data):
         total = counts(placed)[0]
         loads = [total.get(m, 0) for m in members]
         assert max(loads) - min(loads) <= 1
+
+
+def test_replicas_other_than_one_are_refused_with_the_reason(tmp_path):
+    """Replication is designed (RFC 0009) and not built: asking for it is a clear error, in
+    the config and on table create, and nothing is created."""
+    from node.config import from_dict
+    from node.errors import ConfigError
+    from tests.node.proc import NodeProc
+
+    with pytest.raises(ConfigError, match="tables.replicas: replication is not built yet"):
+        from_dict({"tables": {"replicas": 3}})
+    with pytest.raises(ConfigError, match="tables.replicas: expected an integer"):
+        from_dict({"tables": {"replicas": 0}})
+    assert from_dict({"tables": {"replicas": 1}}).replicas == 1
+    node = NodeProc(tmp_path).start()
+    try:
+        with node.client() as c:
+            for bad in (3, 0, "2", True):
+                with pytest.raises(Exception) as ei:
+                    c.create_table("r", [("id", "int64")], "id", replicas=bad)
+                assert ei.value.status == 400 and ei.value.code == "invalid_schema"
+            assert c.list_tables()["tables"] == []
+            c.create_table("r", [("id", "int64")], "id", replicas=1)
+            place = c.describe("r")["placement"]
+            assert [p["replicas"] for p in place] == [["n1"]] * 8 and {p["leader"] for p in place} == {"n1"}
+    finally:
+        node.ensure_stopped()
