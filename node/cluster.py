@@ -38,10 +38,6 @@ PLACE_TTL_S = 2.0
 _HOP_HEADERS = ("Authorization", "Content-Type", "Accept")
 
 
-class NotOwner(Exception):
-    """Raised when a forwarded request reaches a node that does not serve what it names."""
-
-
 class RemoteError(Exception):
     """Raised with another node's contract error, to be answered as it is."""
 
