@@ -170,7 +170,21 @@ class Node:
             m.flush_wait_seconds.set(sum(s.get("wait_s", 0.0) for s in stats))
             m.memtable_bytes.set(self.db.memtable_bytes())
             m.closed_ts.set(self.db.closed_ts)
+            m.txn_held.set(self.db.participant.held)
+            await self._placement_metrics()
         return generate_latest(m.registry), CONTENT_TYPE_LATEST
+
+    async def _placement_metrics(self) -> None:
+        """Partitions led here and their epochs (a dropped table's series go away)."""
+        m = self.metrics
+        m.partitions_led.clear()
+        m.partition_epoch.clear()
+        for d in await self.db.list_tables():
+            pl = await self.cluster.placement(d.name, d.partitions)
+            led = pl.led_by(self.cfg.node_id)
+            m.partitions_led.labels(d.name).set(len(led))
+            for p in sorted(led):
+                m.partition_epoch.labels(d.name, str(p)).set(pl.partitions[p].epoch)
 
     def _raft_metrics(self) -> None:
         """The Raft port's refusals, counted on the replica's thread, into the node's counters."""

@@ -67,4 +67,12 @@ class Metrics:
         self.raft_write_retries = Gauge("terrascale_raft_write_retries",
                                         "Raft meta/journal file writes retried after a transient error",
                                         registry=r)
+        self.partitions_led = Gauge("terrascale_partitions_led", "Partitions this node serves (leads), by table "
+                                    "(RFC 0009)", ["table"], registry=r)
+        self.partition_epoch = Gauge("terrascale_partition_epoch", "Epoch of each partition this node leads",
+                                     ["table", "partition"], registry=r)
+        self.txn_across = Counter("terrascale_txn_across_nodes_total", "Batches spanning nodes this node "
+                                  "coordinated, by outcome (committed, failed)", ["outcome"], registry=r)
+        self.txn_held = Gauge("terrascale_txn_held", "Shares of batches coordinated elsewhere that this "
+                                  "node holds reserved or prepared now", registry=r)
         self.ready = Gauge("terrascale_ready", "1 once recovery finished and the node serves", registry=r)

@@ -160,7 +160,7 @@ class Router:
             return res.count, res.commit_ts
 
         async def across():
-            out = await commit_across(self.node, d, batch, pids, await self._placement(d, fresh=True), False)
+            out = await self._across(d, batch, pids, False)
             return out.rows, out.commit_ts
         return await self._dispatch(request, d, pids, here, across)
 
@@ -180,9 +180,18 @@ class Router:
 
         async def across():
             batch = pa.RecordBatch.from_arrays([karr], names=[d.schema.key.name])
-            out = await commit_across(self.node, d, batch, pids, await self._placement(d, fresh=True), True)
+            out = await self._across(d, batch, pids, True)
             return out.existed, out.commit_ts
         return await self._dispatch(request, d, pids, here, across)
+
+    async def _across(self, d, batch, pids, delete: bool):
+        try:
+            out = await commit_across(self.node, d, batch, pids, await self._placement(d, fresh=True), delete)
+        except BaseException:
+            self.node.metrics.txn_across.labels("failed").inc()
+            raise
+        self.node.metrics.txn_across.labels("committed").inc()
+        return out
 
     # -- reads ----------------------------------------------------------------------------------
 

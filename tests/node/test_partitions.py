@@ -117,6 +117,11 @@ def test_batches_across_nodes_are_atomic_and_reads_see_one_snapshot(tmp_path):
                 assert all(v == N for v in batches(c).values())
         assert not w.failed, w.failed[:3]
         check(nodes, w.acked)
+        for c in (c1, c2, c3):
+            m = c.metrics()
+            assert 'terrascale_partitions_led{table="t"} 2.0' in m and "terrascale_txn_held 0.0" in m
+            assert 'terrascale_partition_epoch{partition=' in m
+            assert 'terrascale_txn_across_nodes_total{outcome="committed"}' in m
         # one commit_ts for the whole batch, on every node: invisible just below it, whole at it
         for bid, ts in sorted(w.acked.items())[:5]:
             for c in (c1, c2, c3):
