@@ -19,6 +19,7 @@ catalog there is exactly one node and nothing is looked up.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -184,9 +185,11 @@ class Cluster:
         is restarting, or answers as another incarnation."""
         node, incarnation = who
         try:
-            status, _, payload = await self.call(node, "GET", "/v1/internal/closed")
+            status, _, payload = await asyncio.wait_for(self.call(node, "GET", "/v1/internal/closed"), 2.0)
         except ConnectionError:
             return True
+        except asyncio.TimeoutError:  # paused or overloaded: cannot tell (the prepare timeout decides)
+            return False
         if status == 503:
             return True
         return status == 200 and json.loads(payload).get("incarnation") != incarnation

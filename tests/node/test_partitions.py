@@ -3,6 +3,7 @@ accepts any request; a batch spanning nodes commits atomically with one commit_t
 sees one snapshot across nodes; kill -9 of a participant or of the coordinator loses no
 acknowledged batch and leaves none half-applied."""
 import base64
+import http.client
 import subprocess
 import threading
 import time
@@ -14,6 +15,8 @@ import pytest
 from pyroaring import BitMap
 
 from node.client import ApiError
+from rowstore.index.key_memtable import encode_keys
+from rowstore.tables.keys import partition_of
 from tests.node.proc import TERRASCALE, raft_cluster, start_all
 
 N = 60  # rows per batch: with 6 partitions over 3 nodes every batch spans every node
@@ -30,6 +33,31 @@ def batches(c, **kw) -> dict[int, int]:
     t = c.query("t", columns=["b"], limit=10_000_000, **kw)
     ids, counts = np.unique(t.column("b").to_numpy(), return_counts=True)
     return dict(zip(ids.tolist(), counts.tolist()))
+
+
+def held_share(node, table: str, base: int) -> pa.Table:
+    """Reserve, as a coordinator "n1" that is not the running n1, a share of rows of the
+    partitions ``node`` leads, and leave it held (as a coordinator killed mid-batch does)."""
+    with node.client() as c:
+        d = c.describe(table)
+    mine = [p["partition"] for p in d["placement"] if p["leader"] == node.node_id]
+    keys = np.arange(base, base + 2000, dtype=np.int64)
+    keys = keys[np.isin(partition_of(encode_keys(pa.array(keys), "int64"), d["partitions"]), mine)][:20]
+    rows = pa.table({"id": keys, "b": np.full(len(keys), -8), "x": np.zeros(len(keys))})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows.schema) as w:
+        w.write_table(rows)
+    txn = (3 << 62) | 12345
+    q = (f"/v1/internal/txn/reserve?table={table}&table_id={d['table_id']}&schema_version={d['schema_version']}"
+         f"&floor=0&txn={txn}&delete=0")
+    conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=30)
+    conn.request("POST", q, body=sink.getvalue().to_pybytes(), headers={
+        "Content-Type": "application/vnd.apache.arrow.stream", "X-Terrascale-Forwarded-By": "n1",
+        "X-Terrascale-Incarnation": "0000000000000000"})
+    r = conn.getresponse()
+    assert r.status == 200, r.read()
+    conn.close()
+    return rows
 
 
 class Writers:
@@ -175,6 +203,17 @@ def test_batches_across_nodes_are_atomic_and_reads_see_one_snapshot(tmp_path):
         with pytest.raises(ApiError) as ei:
             c1.upsert("t", [{"id": 1, "b": 1, "x": 1.0, "note": "gone"}, {"id": 2, "b": 1, "x": 1.0}])
         assert ei.value.status == 400
+        # a share reserved for a coordinator that is gone (another incarnation of n1 than the
+        # running one) is aborted by its participant at once: its locks go, txn/X says aborted
+        hold = held_share(nodes[1], "t", 5_000_000_000)
+        assert hold.num_rows > 0
+        t0 = time.monotonic()  # the same keys, through n2 itself: they wait for the locks
+        c2.upsert("t", pa.table({"id": hold.column("id"), "b": np.full(hold.num_rows, -9),
+                                 "x": np.zeros(hold.num_rows)}))
+        assert time.monotonic() - t0 < 8  # not the 10 s prepare timeout: n1 answered as another process
+        assert "event=prepared_resolved" in nodes[1].log() and "outcome=aborted" in nodes[1].log()
+        assert "terrascale_txn_held 0.0" in c2.metrics()
+        assert batches(c1, where=[["b", "<", -7]]) == {-9: hold.num_rows}  # none of the held share
         # the CLI's bulk load sends each node its own rows (no two-phase commit across nodes)
         src = tmp_path / "bulk.parquet"
         keys = np.arange(10**7, 10**7 + 30_000, dtype=np.int64)
