@@ -22,11 +22,12 @@ from node.cluster import FORWARDED
 from node.codec import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table, schema_to_json,
                         table_to_rows, write_arrow_stream)
 from rowstore.database import MAX_LIMIT
-from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, QueryError, RowstoreError,
+from rowstore.keys import show
+from rowstore.errors import (ConflictError, FutureTimestampError, InvalidKeyError, HistoryPurgedError, QueryError, RowstoreError,
                              RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
                              UnavailableError)
 from rowstore.schema import Column, SchemaVersion, _check_name
-from rowstore.types import ColumnType, Kind
+from rowstore.types import ColumnType
 from terrafs.errors import TerrafsError
 
 log = logging.getLogger("terrascale.node")
@@ -44,7 +45,7 @@ class ApiError(Exception):
 
 # engine error -> (status, code); the first matching class wins (subclasses before bases)
 _ERRORS = [
-    (QueryError, 400, "invalid_query"), (RowValidationError, 400, "invalid_rows"),
+    (InvalidKeyError, 400, "bad_request"), (QueryError, 400, "invalid_query"), (RowValidationError, 400, "invalid_rows"),
     (SchemaError, 400, "invalid_schema"), (InvalidTransactionError, 400, "invalid_request"),
     (TableNotFoundError, 404, "table_not_found"), (TableExistsError, 409, "table_exists"),
     (ConflictError, 409, "conflict"), (FutureTimestampError, 409, "future_timestamp"),
@@ -305,15 +306,9 @@ class Api:
         as_of = _as_of_param(request)
         db = self.db
         d = await db.describe(table)
-        key = raw
-        if d.schema.key.type.kind == Kind.INT64:
-            try:
-                key = int(raw)
-            except ValueError:
-                raise ApiError(400, "invalid_key", f"primary key {d.schema.key.name!r} is int64, not {raw!r}") from None
-        row = await db.get(table, key, as_of)
+        row = await db.get(table, raw, as_of)  # the key's text, checked against its type there
         if row is None:
-            raise ApiError(404, "row_not_found", f"no row with key {raw!r} in {table!r}"
+            raise ApiError(404, "row_not_found", f"no row with key {show(raw)} in {table!r}"
                            + (f" as of {as_of}" if as_of is not None else ""))
         schema = d.schema
         if as_of is not None or set(row) != {c.name for c in schema.columns}:
@@ -444,7 +439,7 @@ def _as_of_param(request):
     raw = request.query.get("as_of")
     if raw is None:
         return None
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 20):  # "²".isdigit(); int() of 5000 digits raises
         raise ApiError(400, "invalid_as_of", f"as_of must be a commit timestamp (a non-negative integer), not {raw!r}")
     return int(raw)
 

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rowstore.errors import RowValidationError
+from rowstore.keys import check_keys
 from rowstore.query import timestamp_us
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import LOGICAL_KEY, ColumnType, Kind
@@ -78,7 +79,9 @@ def rows_to_table(rows, schema: SchemaVersion) -> pa.Table:
         raise RowValidationError(f"the primary key column {schema.key.name!r} is missing")
     arrays, fields = [], []
     for name, col in names.items():
-        arrays.append(column_from_json([r.get(name) for r in rows], col))
+        values = [r.get(name) for r in rows]
+        key = col.id == schema.primary_key  # keys are checked by the one key check
+        arrays.append(check_keys(values, col, "rows", text=False) if key else column_from_json(values, col))
         fields.append(col.field())
     if not rows:
         return schema.arrow().empty_table()

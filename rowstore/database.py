@@ -36,7 +36,8 @@ from rowstore.query import batch_mask, parse_bbox, parse_where
 from rowstore.rowcodec import Encoded, EncodedParts
 from rowstore.schema import SchemaVersion
 from rowstore.segments import SegmentStore, SegState
-from rowstore.table_io import Piece, conform, key_array, split_by_partition, stamp
+from rowstore.keys import check_key, check_keys
+from rowstore.table_io import Piece, conform, split_by_partition, stamp
 from rowstore.tables_catalog import TableCatalog, TableDef
 from rowstore.timeline import Timeline
 from rowstore.wal import DECIDED
@@ -124,13 +125,8 @@ class _PointTable:
 
 
 def _point_key(pt: _PointTable, key):
-    """One user key as the index's scalar (see ``encode_one``)."""
-    try:
-        if pt.kind == "uuid":
-            return encode_one(key_array([key], pt.d.schema.key)[0].as_py(), "uuid")
-        return encode_one(key, pt.kind)
-    except (TypeError, ValueError, AttributeError) as e:
-        raise RowValidationError(f"primary key {key!r} is not a valid {pt.d.schema.key.type}") from e
+    """One user key, checked against its column's type, as the index's scalar."""
+    return encode_one(check_key(key, pt.d.schema.key), pt.kind)
 
 
 @dataclass(frozen=True)
@@ -306,7 +302,7 @@ class Database:
     async def delete(self, name: str, keys) -> WriteResult:
         """Delete rows by primary key (absent keys are fine); ``count`` = keys that existed."""
         d = await self.catalog_tables.describe(name)
-        karr = key_array(keys, d.schema.key)
+        karr = check_keys(keys, d.schema.key)
         table = await self._table(d)
         enc = encode_keys(karr, table.kind)
         existed = 0
@@ -322,8 +318,6 @@ class Database:
     async def _write(self, d: TableDef, batch: pa.RecordBatch, deleted: np.ndarray | None) -> WriteResult:
         table = await self._table(d)
         keys = encode_keys(batch.column(batch.schema.get_field_index(d.schema.key.name)), table.kind)
-        if keys.dtype.kind == "S" and keys.dtype.itemsize > 1024:
-            raise RowValidationError("primary keys are at most 1024 bytes")
         batch, keys, deleted = _last_wins(batch, keys, deleted)
         if batch.num_rows == 0:
             return WriteResult(0, self.timeline.closed)
@@ -557,7 +551,7 @@ class Database:
         """Rows for many keys at once (vectorized lookups and reads), in key order; absent
         keys are left out."""
         T, d, table, schemas = await self._read_ctx(name, as_of)
-        enc = encode_keys(key_array(keys, d.schema.key), table.kind)
+        enc = encode_keys(check_keys(keys, d.schema.key), table.kind)
         pids = partition_of(enc, len(table.parts))
         ids = []
         for p in np.unique(pids):
@@ -573,7 +567,7 @@ class Database:
                    limit: int | None = None) -> tuple[pa.Table, int]:
         """Rows with ``lo <= key < hi`` (None: unbounded) visible at T, in key order."""
         T, d, table, schemas = await self._read_ctx(name, as_of)
-        bounds = [None if b is None else encode_keys(key_array([b], d.schema.key), table.kind)[0] for b in (lo, hi)]
+        bounds = [None if b is None else encode_keys(check_keys([b], d.schema.key, "bounds"), table.kind)[0] for b in (lo, hi)]
         parts = []
         for part in table.parts:
             vis = await part.index.scan(bounds[0], bounds[1], T)

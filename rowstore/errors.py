@@ -13,6 +13,11 @@ class RowValidationError(RowstoreError):
     """Raised when rows do not fit their schema (missing key, wrong type, unknown column)."""
 
 
+class InvalidKeyError(RowValidationError):
+    """Raised when a primary key does not fit its column's type (out of range, wrong type,
+    over the key size limit, not canonical); the message names the key."""
+
+
 class RowCorruptionError(RowstoreError):
     """Raised when encoded rows fail an invariant; names where and at which offset."""
 

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rowstore.errors import QueryError
+from rowstore.keys import check_key
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import Kind
 
@@ -92,6 +93,8 @@ def _term(schema: SchemaVersion, t) -> Term:
         raise QueryError(f"column {name!r} is a range: != is not defined on ranges")
     if value is None:
         raise QueryError(f"where term {t!r}: comparing with null matches nothing; null is not a value")
+    if col.id == schema.primary_key:  # a key term: the one key check (no wrapping, no other row)
+        return Term(col, op, check_key(value, col))
     elem = col.type.elem if k == Kind.RANGE else k
     return Term(col, op, coerce(elem, value, name))
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rowstore.errors import RowValidationError
+from rowstore.keys import check_keys
 from rowstore.rowcodec import Encoded, encode_rows
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import Kind
@@ -41,7 +42,7 @@ def conform(data: pa.RecordBatch | pa.Table, schema: SchemaVersion) -> pa.Record
     for c in schema.columns:
         i = data.schema.get_field_index(c.name)
         arr = data.column(i) if i >= 0 else pa.nulls(data.num_rows, c.type.arrow())
-        arr = _cast(arr, c)
+        arr = check_keys(arr, c, "rows", text=False) if c.id == key.id else _cast(arr, c)
         if arr.null_count and (not c.nullable or c.id == key.id):
             what = "the primary key" if c.id == key.id else "a not-null column"
             raise RowValidationError(f"column {c.name!r} is {what} and has null values")
@@ -89,35 +90,6 @@ def _uuid_array(arr: pa.Array, col: Column) -> pa.Array:
     if (lens != 16).any():
         raise RowValidationError(f"column {col.name!r}: uuid values are 16 bytes")
     return got.cast(pa.binary(16))
-
-
-def key_array(keys, key: Column) -> pa.Array:
-    """User-given primary-key values (ints, strings, uuid strings or bytes) as an Arrow array."""
-    if isinstance(keys, (pa.Array, pa.ChunkedArray)):
-        arr = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-        return _cast(arr, key) if arr.null_count == 0 else _null_key(key)
-    if not isinstance(keys, (list, tuple)):
-        raise RowValidationError("keys must be a list")
-    if any(k is None for k in keys):
-        _null_key(key)
-    k = key.type.kind
-    try:
-        if k == Kind.INT64:
-            if any(isinstance(v, bool) or not isinstance(v, (int, str)) for v in keys):
-                raise ValueError("not an integer")
-            return pa.array([int(v) for v in keys], pa.int64())
-        if k == Kind.UUID:
-            return pa.array([bytes(v) if isinstance(v, (bytes, bytearray)) else uuidlib.UUID(v).bytes
-                             for v in keys], pa.binary(16))
-        if any(not isinstance(v, str) for v in keys):
-            raise ValueError("not a string")
-        return pa.array(keys, pa.string())
-    except (ValueError, TypeError, OverflowError, pa.ArrowInvalid) as e:
-        raise RowValidationError(f"primary key values must be {key.type}: {e}") from e
-
-
-def _null_key(key: Column):
-    raise RowValidationError(f"primary key {key.name!r} values cannot be null")
 
 
 def stamp(enc: Encoded, ts: int) -> None:
