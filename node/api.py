@@ -96,7 +96,7 @@ class Api:
         r.add_patch("/v1/tables/{table}/columns/{column}", self.rename_column)
         r.add_post("/v1/tables/{table}/rows", self.upsert)
         r.add_post("/v1/tables/{table}/delete", self.delete_rows)
-        r.add_get("/v1/tables/{table}/rows/{key}", self.get_row)
+        r.add_get("/v1/tables/{table}/rows/{key:[^/]+}", self.get_row)  # braces too: "[^{}/]+" is the default
         r.add_post("/v1/tables/{table}/query", self.query)
         r.add_get("/v1/admin/status", self.status)
         r.add_get("/v1/admin/segments", self.segments)
