@@ -19,7 +19,7 @@ from aiohttp import web
 from catalog.errors import (CatalogConfigError, CatalogError, CatalogTimeoutError, CatalogUnavailableError,
                             InvalidTransactionError)
 from node.cluster import FORWARDED
-from node.codec import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table, schema_to_json,
+from node.codec import (ARROW_STREAM, BodyError, parse_json_body, read_arrow_stream, row_to_json, rows_to_table, schema_to_json,
                         table_to_rows, write_arrow_stream)
 from rowstore.database import MAX_LIMIT
 from rowstore.keys import show
@@ -33,6 +33,9 @@ from terrafs.errors import TerrafsError
 log = logging.getLogger("terrascale.node")
 THREAD_BYTES = 256 << 10  # bodies (and results) bigger than this are converted off the event loop
 THREAD_ROWS = 2000
+
+
+CONFIG = web.AppKey("config", object)  # the node's NodeConfig: limits for the module-level helpers
 
 
 class ApiError(Exception):
@@ -83,6 +86,7 @@ class Api:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._edge], client_max_size=self.node.cfg.max_body)
+        app[CONFIG] = self.node.cfg
         r = app.router
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
@@ -275,8 +279,10 @@ class Api:
         elif request.content_type in ("application/json", "application/octet-stream", ""):
             schema = (await db.describe(table)).schema
 
+            depth = self.node.cfg.max_json_depth
+
             def convert():
-                doc = _parse_json(body)
+                doc = _parse_json(body, depth)
                 if not isinstance(doc, dict) or set(doc) != {"rows"}:
                     raise ApiError(400, "invalid_rows", 'expected a JSON object {"rows": [...]}')
                 return rows_to_table(doc["rows"], schema)
@@ -318,7 +324,7 @@ class Api:
     async def query(self, request):
         table = request.match_info["table"]
         body = await request.read()
-        doc = _parse_json(body) if body.strip() else {}
+        doc = await _json_body(request) if body and not body.isspace() else {}  # no body: every row
         if not isinstance(doc, dict):
             raise ApiError(400, "invalid_query", "the query is a JSON object")
         extra = set(doc) - {"where", "bbox", "as_of", "columns", "limit"}
@@ -328,7 +334,7 @@ class Api:
         limit = doc.get("limit", 10_000)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ApiError(400, "invalid_query", f'"limit" must be a non-negative integer, not {limit!r}')
-        t, T = await self.db.query(table, where=doc.get("where"), bbox=doc.get("bbox"), columns=doc.get("columns"),
+        t, T = await self.db.query(table, where=_where(doc, request), bbox=doc.get("bbox"), columns=doc.get("columns"),
                                    limit=limit if limit <= MAX_LIMIT else None, as_of=as_of)
         if t.num_rows > limit:
             t = t.slice(0, limit)
@@ -406,16 +412,31 @@ async def _cpu(size: int, fn, *args):
     return await asyncio.to_thread(fn, *args) if size > THREAD_BYTES else fn(*args)
 
 
-def _parse_json(body: bytes):
+def _parse_json(body: bytes, max_depth: int):
     try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {_one_line(e)}") from None
+        return parse_json_body(body, max_depth)
+    except BodyError as e:
+        raise ApiError(e.status, e.code, str(e)) from None
+
+
+async def _json_body(request):
+    """The request's JSON body, parsed off the event loop once it is large."""
+    body = await request.read()
+    return await _cpu(len(body), _parse_json, body, request.app[CONFIG].max_json_depth)
+
+
+def _where(doc: dict, request):
+    """A query's ``where`` terms, at most ``node.max_query_terms`` of them (413 beyond)."""
+    where = doc.get("where")
+    most = request.app[CONFIG].max_query_terms
+    if isinstance(where, list) and len(where) > most:
+        raise ApiError(413, "too_large", f"{len(where)} where terms; a query takes at most {most} "
+                                         f"(node.max_query_terms)")
+    return where
 
 
 async def _json_object(request, allowed: set, required=()) -> dict:
-    body = await request.read()
-    doc = await _cpu(len(body), _parse_json, body)
+    doc = await _json_body(request)
     if not isinstance(doc, dict):
         raise ApiError(400, "invalid_json", "expected a JSON object")
     extra = set(doc) - allowed

@@ -32,6 +32,8 @@ import json
 import math
 import uuid as uuidlib
 
+import numba
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -155,18 +157,38 @@ def _int(v, t: ColumnType):
         raise _Bad(f"expected an integer ({t}), got {_jtype(v)} {v!r}")
     lo, hi = _INT_RANGE[t.kind]
     if not lo <= v < hi:
-        raise _Bad(f"{v} is out of range for {t}")
+        raise _Bad(f"{_short(v)} is out of range for {t}")
     return v
 
 
 def _float(v, t: ColumnType = None):
     if type(v) in (int, float):
-        if t is not None and t.kind == Kind.FLOAT32 and math.isfinite(v) and abs(v) > 3.4028234663852886e38:
+        try:
+            f = float(v)
+        except OverflowError:  # an integer beyond any float
+            raise _Bad(f"the integer of {v.bit_length()} bits is out of range for {t or 'float64'}") from None
+        if t is not None and t.kind == Kind.FLOAT32 and math.isfinite(f) and abs(f) > 3.4028234663852886e38:
             raise _Bad(f"{v} is out of range for float32")
-        return float(v)
+        return f
     if isinstance(v, str) and v in _SPECIAL_FLOATS:
         return _SPECIAL_FLOATS[v]
     raise _Bad(f"expected a number, got {_jtype(v)} {v!r}")
+
+
+def finite_float(x) -> float | None:
+    """A JSON number as a finite float, or None (not a number, NaN, infinite, or an integer
+    beyond any float)."""
+    if type(x) not in (int, float):
+        return None
+    try:
+        f = float(x)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _short(x) -> str:
+    return f"an integer of {x.bit_length()} bits" if type(x) is int and x.bit_length() > 64 else repr(x)[:60]
 
 
 def _bool(v, t):
@@ -178,6 +200,10 @@ def _bool(v, t):
 def _string(v, t):
     if not isinstance(v, str):
         raise _Bad(f"expected a string, got {_jtype(v)} {v!r}")
+    try:
+        v.encode()
+    except UnicodeEncodeError:  # JSON's "\ud800" escape: a lone surrogate is not text
+        raise _Bad(f"{v[:40]!r} is not valid Unicode text (a lone surrogate)") from None
     return v
 
 
@@ -221,7 +247,10 @@ def _uuid(v, t):
 
 
 def _json(v, t):
-    return json.dumps(v, separators=(",", ":"), allow_nan=False)
+    try:
+        return json.dumps(v, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # NaN or Infinity inside: not JSON
+        raise _Bad("NaN and Infinity are not JSON values") from None
 
 
 def _struct(fields):
@@ -233,9 +262,10 @@ def _struct(fields):
         out = {}
         for f in fields:
             x = v[f]
-            if type(x) not in (int, float) or not math.isfinite(x):
-                raise _Bad(f"{f} must be a finite number, got {x!r}")
-            out[f] = float(x)
+            fx = finite_float(x)
+            if fx is None:
+                raise _Bad(f"{f} must be a finite number, got {_short(x)}")
+            out[f] = fx
         return out
     return conv
 
@@ -359,6 +389,63 @@ def iso_z(t: dt.datetime) -> str:
 def row_to_json(row: dict, schema: SchemaVersion | None) -> dict:
     types = {c.name: c.type for c in schema.columns} if schema is not None else {}
     return {name: value_to_json(v, types.get(name)) for name, v in row.items()}
+
+
+# -- JSON bodies ----------------------------------------------------------------------------------
+
+
+class BodyError(Exception):
+    """A request body that cannot be decoded (``status``, ``code``: 400 invalid_json)."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "invalid_json"):
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+def parse_json_body(body: bytes, max_depth: int):
+    """A request body as JSON: strict RFC 8259 (no bare NaN / Infinity: a float column takes
+    the strings "NaN", "Infinity", "-Infinity"), nested at most ``max_depth`` arrays and
+    objects deep — checked by one pass over the bytes *before* parsing, so a hostile body
+    never reaches the parser's recursion (RecursionError) nor builds a deep structure."""
+    if json_depth_over(body, max_depth):
+        raise BodyError(f"the body nests arrays and objects more than {max_depth} deep "
+                        f"(node.max_json_depth)")
+    try:
+        return json.loads(body, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise BodyError(f"the body is not valid JSON: {str(e).splitlines()[0][:200]}") from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON (a float column takes the string \"{name}\")")
+
+
+def json_depth_over(body: bytes, limit: int) -> bool:
+    """Whether the JSON text nests ``[``/``{`` (outside strings) more than ``limit`` deep."""
+    return bool(len(body)) and _depth_over(np.frombuffer(body, np.uint8), limit)
+
+
+@numba.njit(cache=True, nogil=True)
+def _depth_over(buf, limit):
+    depth, in_str, esc = 0, False, False
+    for i in range(buf.shape[0]):
+        c = buf[i]
+        if in_str:
+            if esc:
+                esc = False
+            elif c == 92:  # backslash
+                esc = True
+            elif c == 34:  # quote
+                in_str = False
+        elif c == 34:
+            in_str = True
+        elif c == 91 or c == 123:  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif c == 93 or c == 125:  # ] }
+            depth -= 1
+    return False
 
 
 # -- Arrow IPC ------------------------------------------------------------------------------------

@@ -181,6 +181,30 @@ CORPUS = [
     ("rename-to-existing", "PATCH", "/v1/tables/m/columns/s", q(name="f64"), JSON, 400, "invalid_schema"),
     ("rename-bad-name", "PATCH", "/v1/tables/m/columns/s", q(name="has space"), JSON, 400, "invalid_schema"),
     ("drop-unknown-table", "DELETE", "/v1/tables/nope", None, None, 404, "table_not_found"),
+    # found by the decoder property test (tests/node/test_hostile_bodies.py) and the depth/terms limits:
+    # each answered 500 before
+    ("deeply-nested-query", "POST", Q, b"[" * 100_000 + b"]" * 100_000, JSON, 400, "invalid_json"),
+    ("deeply-nested-where-value", "POST", Q, b'{"where": [["s", "=", ' + b"[" * 5000 + b"]" * 5000 + b"]]}", JSON,
+     400, "invalid_json"),
+    ("deeply-nested-rows", "POST", R, b'{"rows": [{"id": 1000, "j": ' + b"[" * 5000 + b"]" * 5000 + b"}]}", JSON, 400,
+     "invalid_json"),
+    ("nested-deeper-than-the-limit", "POST", R, b'{"rows": [{"id": 1000, "j": ' + b"[" * 70 + b"]" * 70 + b"}]}",
+     JSON, 400, "invalid_json"),
+    ("bare-nan-literal", "POST", R, b'{"rows": [{"id": 1000, "f64": NaN}]}', JSON, 400, "invalid_json"),
+    ("bare-infinity-literal", "POST", Q, b'{"where": [["f64", ">", -Infinity]]}', JSON, 400, "invalid_json"),
+    ("too-many-where-terms", "POST", Q, q(where=[["i32", "=", 1]] * 300), JSON, 413, "too_large"),
+    ("huge-int-for-float", "POST", R, rows(row(f64=10**400)), JSON, 400, "invalid_rows"),
+    ("huge-int-for-float32", "POST", R, rows(row(f32=-10**400)), JSON, 400, "invalid_rows"),
+    ("huge-int-in-point", "POST", R, rows(row(p={"x": 10**400, "y": 0})), JSON, 400, "invalid_rows"),
+    ("huge-int-in-float-range", "POST", R, rows(row(rf={"lower": 10**400})), JSON, 400, "invalid_rows"),
+    ("overflowing-float-in-json-column", "POST", R, b'{"rows": [{"id": 1000, "j": [1e400]}]}', JSON, 400,
+     "invalid_rows"),
+    ("lone-surrogate-string", "POST", R, b'{"rows": [{"id": 1000, "s": "\\ud800"}]}', JSON, 400, "invalid_rows"),
+    ("bbox-huge-int-edge", "POST", Q, q(bbox={"column": "p", "xmin": -10**400, "ymin": 0, "xmax": 1, "ymax": 1}),
+     JSON, 400, "invalid_query"),
+    ("where-number-for-uuid", "POST", Q, q(where=[["u", "=", 5]]), JSON, 400, "invalid_query"),
+    ("where-object-for-uuid", "POST", Q, q(where=[["u", "<", {}]]), JSON, 400, "invalid_query"),
+    ("where-lone-surrogate", "POST", Q, b'{"where": [["s", "=", "\\udc00"]]}', JSON, 400, "invalid_query"),
 ]
 
 
