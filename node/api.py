@@ -19,13 +19,13 @@ from aiohttp import web
 from catalog.errors import (CatalogConfigError, CatalogError, CatalogTimeoutError, CatalogUnavailableError,
                             InvalidTransactionError)
 from node.cluster import FORWARDED
-from node.codec import (ARROW_STREAM, BodyError, parse_json_body, read_arrow_stream, row_to_json, rows_to_table, schema_to_json,
-                        table_to_rows, write_arrow_stream)
+from node.codec import (ARROW_STREAM, BodyError, parse_json_body, read_arrow_stream, row_to_json, rows_to_table,
+                        schema_to_json, table_to_rows, write_arrow_stream)
 from rowstore.database import MAX_LIMIT
-from rowstore.keys import show
-from rowstore.errors import (ConflictError, FutureTimestampError, InvalidKeyError, HistoryPurgedError, QueryError, RowstoreError,
-                             RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
+from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, InvalidKeyError, QueryError,
+                             RowstoreError, RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
                              UnavailableError)
+from rowstore.keys import show
 from rowstore.schema import Column, SchemaVersion, _check_name
 from rowstore.types import ColumnType
 from terrafs.errors import TerrafsError
@@ -48,7 +48,8 @@ class ApiError(Exception):
 
 # engine error -> (status, code); the first matching class wins (subclasses before bases)
 _ERRORS = [
-    (InvalidKeyError, 400, "bad_request"), (QueryError, 400, "invalid_query"), (RowValidationError, 400, "invalid_rows"),
+    (InvalidKeyError, 400, "bad_request"), (QueryError, 400, "invalid_query"),
+    (RowValidationError, 400, "invalid_rows"),
     (SchemaError, 400, "invalid_schema"), (InvalidTransactionError, 400, "invalid_request"),
     (TableNotFoundError, 404, "table_not_found"), (TableExistsError, 409, "table_exists"),
     (ConflictError, 409, "conflict"), (FutureTimestampError, 409, "future_timestamp"),
@@ -334,7 +335,8 @@ class Api:
         limit = doc.get("limit", 10_000)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ApiError(400, "invalid_query", f'"limit" must be a non-negative integer, not {limit!r}')
-        t, T = await self.db.query(table, where=_where(doc, request), bbox=doc.get("bbox"), columns=doc.get("columns"),
+        t, T = await self.db.query(table, where=_where_terms(doc, request), bbox=doc.get("bbox"),
+                                   columns=doc.get("columns"),
                                    limit=limit if limit <= MAX_LIMIT else None, as_of=as_of)
         if t.num_rows > limit:
             t = t.slice(0, limit)
@@ -425,7 +427,7 @@ async def _json_body(request):
     return await _cpu(len(body), _parse_json, body, request.app[CONFIG].max_json_depth)
 
 
-def _where(doc: dict, request):
+def _where_terms(doc: dict, request):
     """A query's ``where`` terms, at most ``node.max_query_terms`` of them (413 beyond)."""
     where = doc.get("where")
     most = request.app[CONFIG].max_query_terms

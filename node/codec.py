@@ -32,11 +32,10 @@ import json
 import math
 import uuid as uuidlib
 
-import numba
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rowstore import jsontext
 from rowstore.errors import RowValidationError
 from rowstore.keys import check_keys
 from rowstore.query import timestamp_us
@@ -403,49 +402,17 @@ class BodyError(Exception):
 
 
 def parse_json_body(body: bytes, max_depth: int):
-    """A request body as JSON: strict RFC 8259 (no bare NaN / Infinity: a float column takes
-    the strings "NaN", "Infinity", "-Infinity"), nested at most ``max_depth`` arrays and
-    objects deep — checked by one pass over the bytes *before* parsing, so a hostile body
-    never reaches the parser's recursion (RecursionError) nor builds a deep structure."""
-    if json_depth_over(body, max_depth):
-        raise BodyError(f"the body nests arrays and objects more than {max_depth} deep "
-                        f"(node.max_json_depth)")
+    """A request body as strict JSON nested at most ``max_depth`` deep (``rowstore/jsontext.py``:
+    no bare NaN / Infinity — a float column takes the strings "NaN", "Infinity", "-Infinity";
+    the depth is checked before parsing)."""
     try:
-        return json.loads(body, parse_constant=_no_constant)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise BodyError(f"the body is not valid JSON: {str(e).splitlines()[0][:200]}") from None
+        return jsontext.loads(body, max_depth)
+    except jsontext.JsonTextError as e:
+        hint = " (node.max_json_depth)" if "deep" in str(e) else ""
+        raise BodyError(f"the body {e}{hint}") from None
 
 
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not JSON (a float column takes the string \"{name}\")")
-
-
-def json_depth_over(body: bytes, limit: int) -> bool:
-    """Whether the JSON text nests ``[``/``{`` (outside strings) more than ``limit`` deep."""
-    return bool(len(body)) and _depth_over(np.frombuffer(body, np.uint8), limit)
-
-
-@numba.njit(cache=True, nogil=True)
-def _depth_over(buf, limit):
-    depth, in_str, esc = 0, False, False
-    for i in range(buf.shape[0]):
-        c = buf[i]
-        if in_str:
-            if esc:
-                esc = False
-            elif c == 92:  # backslash
-                esc = True
-            elif c == 34:  # quote
-                in_str = False
-        elif c == 34:
-            in_str = True
-        elif c == 91 or c == 123:  # [ {
-            depth += 1
-            if depth > limit:
-                return True
-        elif c == 93 or c == 125:  # ] }
-            depth -= 1
-    return False
+json_depth_over = jsontext.depth_over
 
 
 # -- Arrow IPC ------------------------------------------------------------------------------------

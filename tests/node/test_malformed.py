@@ -205,6 +205,21 @@ CORPUS = [
     ("where-number-for-uuid", "POST", Q, q(where=[["u", "=", 5]]), JSON, 400, "invalid_query"),
     ("where-object-for-uuid", "POST", Q, q(where=[["u", "<", {}]]), JSON, 400, "invalid_query"),
     ("where-lone-surrogate", "POST", Q, b'{"where": [["s", "=", "\\udc00"]]}', JSON, 400, "invalid_query"),
+    # stored fine before, then every read of the row (point get, JSON query) answered 500
+    ("timestamp-beyond-year-9999", "POST", R, rows(row(ts=2**62)), JSON, 400, "invalid_rows"),
+    ("timestamp-range-beyond-year-9999", "POST", R, rows(row(rt={"lower": 2**62})), JSON, 400, "invalid_rows"),
+    ("arrow-timestamp-before-year-1", "POST", R, arrow(pa.table({"id": [1000], "ts": pa.array(
+        [-(2**63)], pa.timestamp("us", tz="UTC"))})), ARROW, 400, "invalid_rows"),
+    ("arrow-date-beyond-year-9999", "POST", R, arrow(pa.table({"id": [1000], "d": pa.array([2**31 - 1], pa.date32())})),
+     ARROW, 400, "invalid_rows"),
+    ("arrow-json-column-not-json", "POST", R, arrow(pa.table({"id": [1000], "j": ["{not json"]})), ARROW, 400,
+     "invalid_rows"),
+    ("arrow-json-column-nan", "POST", R, arrow(pa.table({"id": [1000], "j": ["[NaN]"]})), ARROW, 400, "invalid_rows"),
+    ("arrow-json-column-too-deep", "POST", R, arrow(pa.table({"id": [1000], "j": ["[" * 600 + "]" * 600]})), ARROW,
+     400, "invalid_rows"),
+    # answered 500 at once
+    ("arrow-uuid-column-not-a-uuid", "POST", R, arrow(pa.table({"id": [1000], "u": ["not-a-uuid"]})), ARROW, 400,
+     "invalid_rows"),
 ]
 
 
