@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	  || { echo "error: Terrascale needs Python >= 3.11 as $(PYTHON)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,spark]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -29,7 +29,7 @@ run: $(STAMP)
 # and re-created each run), ingest with a progress bar, seal/offload, queries, time travel,
 # and a Spark job over the offloaded segments.
 demo: $(STAMP) java17
-	$(PY) -m node.demo
+	$(PY) -m spark_bridge.demo
 
 # Spark (spark_bridge, its tests) needs a Java 17 runtime: install it when missing.
 java17:
@@ -39,6 +39,7 @@ java17:
 	  { echo "error: could not install Java 17; install openjdk-17-jre-headless (or set JAVA_HOME to a Java 17)"; exit 1; }; }
 
 test: $(STAMP) java17
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -37,17 +37,7 @@ async def snapshot(api, request):
     T = await api.db.snapshot(as_of)
     d = await api.db.describe(request.match_info["table"], T)
     return web.json_response({"as_of": T, "table": d.name, "table_id": d.table_id, "schema": d.schema.to_json(),
-                              "changed_ts": await _changed_ts(api.db, d.table_id, T)})
-
-
-async def _changed_ts(db, table_id: str, T: int) -> int:
-    """min(T, the newest commit_ts of the table's segments): every commit of the table at or
-    below T is at or below it (segments are the only place rows are committed to)."""
-    newest = 0
-    for rec in await db.store.list(table=table_id):
-        seg = db.store.active.get(rec.segid)
-        newest = max(newest, (seg.max_ts or 0) if seg is not None else rec.max_ts)
-    return min(T, newest)
+                              "changed_ts": await api.db.changed_ts(d.table_id, T)})
 
 
 async def plan(api, request):
@@ -58,7 +48,7 @@ async def plan(api, request):
     out = await api.db.read_plan(request.match_info["table"], _as_of_value(doc.get("as_of")),
                                  _where_terms(doc, request),
                                  doc.get("bbox"), sealed_only, _seconds(doc.get("lease_s", 600)))
-    return web.json_response(out)
+    return web.json_response(out.to_json())
 
 
 async def tail(api, request):

@@ -35,10 +35,10 @@ import uuid as uuidlib
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rowstore import jsontext
+from rowstore.tables import json_text
 from rowstore.errors import RowValidationError
-from rowstore.keys import check_keys
-from rowstore.query import timestamp_us
+from rowstore.tables.key_check import check_keys
+from rowstore.reads.predicates import timestamp_us
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import LOGICAL_KEY, ColumnType, Kind
 
@@ -402,17 +402,17 @@ class BodyError(Exception):
 
 
 def parse_json_body(body: bytes, max_depth: int):
-    """A request body as strict JSON nested at most ``max_depth`` deep (``rowstore/jsontext.py``:
+    """A request body as strict JSON nested at most ``max_depth`` deep (``rowstore/json_text.py``:
     no bare NaN / Infinity — a float column takes the strings "NaN", "Infinity", "-Infinity";
     the depth is checked before parsing)."""
     try:
-        return jsontext.loads(body, max_depth)
-    except jsontext.JsonTextError as e:
+        return json_text.loads(body, max_depth)
+    except json_text.JsonTextError as e:
         hint = " (node.max_json_depth)" if "deep" in str(e) else ""
         raise BodyError(f"the body {e}{hint}") from None
 
 
-json_depth_over = jsontext.depth_over
+json_depth_over = json_text.depth_over
 
 
 # -- Arrow IPC ------------------------------------------------------------------------------------

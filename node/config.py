@@ -52,6 +52,8 @@ class NodeConfig:
     max_json_depth: int = 64  # JSON bodies nested deeper are refused with 400
     max_query_terms: int = 256  # where terms of one query; more are refused with 413
     shutdown_timeout_s: float = 30.0
+    handshake_timeout_s: float = 10.0  # a connection (HTTP or Raft) that has not sent a request head / authenticated
+    max_pending_connections: int = 256  # such connections open at once, per port; more are closed at accept
     block: str = "trfs://./data/block"
     volatile: str = "trfs://./data/cache"
     objects: str = "trfs://./data/objects"
@@ -103,6 +105,18 @@ def _readable(key: str, v) -> str:
     return path
 
 
+def _positive(key: str, v: float) -> float:
+    if v <= 0:
+        raise ConfigError(f"{key}: must be more than 0s")
+    return v
+
+
+def _count(key: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1_000_000:
+        raise ConfigError(f"{key}: expected an integer 1..1000000, got {v!r}")
+    return v
+
+
 def _int_in(lo: int, hi: int):
     def parse(key: str, v) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
@@ -124,7 +138,9 @@ _SCHEMA = {
              "max_body": ("max_body", parse_size),
              "max_json_depth": ("max_json_depth", _int_in(2, 500)),  # below the parser's recursion limit
              "max_query_terms": ("max_query_terms", _int_in(1, 100_000)),
-             "shutdown_timeout": ("shutdown_timeout_s", parse_duration)},
+             "shutdown_timeout": ("shutdown_timeout_s", parse_duration),
+             "handshake_timeout": ("handshake_timeout_s", lambda k, v: _positive(k, parse_duration(k, v))),
+             "max_pending_connections": ("max_pending_connections", _count)},
     "storage": {"block": ("block", lambda k, v: _str(k, v)), "volatile": ("volatile", lambda k, v: _str(k, v)),
                 "objects": ("objects", lambda k, v: _str(k, v))},
     "catalog": {"uri": ("catalog", lambda k, v: _str(k, v)),

@@ -29,15 +29,17 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from catalog.errors import CatalogError
+from catalog.raft.wire import ConnLimits
 from node import sdnotify
-from node.api import Api
+from node.http_app import make_app
 from node.cluster import Cluster
 from node.config import NodeConfig
 from node.errors import ConfigError
+from node.guard import ConnectionGuard, GuardedSite, install_accept_handler
 from node.jobs import Jobs
 from node.metrics import Metrics
-from rowstore.database import Database, TablesConfig
-from rowstore.partition import segment_states
+from rowstore.db.database import Database, TablesConfig
+from rowstore.tables.partition import segment_states
 from terrafs.active import ActiveConfig
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.errors import TerrafsError
@@ -60,7 +62,12 @@ class Node:
         self.jobs: Jobs | None = None
         self.cluster: Cluster | None = None
         self.metrics = Metrics()
+        self.guard = ConnectionGuard(cfg.handshake_timeout_s, cfg.max_pending_connections, self.refused("http"))
+        self._raft_refused: dict[str, int] = {}
         self._stack = contextlib.AsyncExitStack()
+
+    def refused(self, port: str):
+        return lambda reason: self.metrics.refused.labels(port, reason).inc()
 
     @property
     def http_url(self) -> str:
@@ -77,8 +84,9 @@ class Node:
         objects = _configured("storage.objects", lambda: open_object_store(c.objects))
         await _reachable("storage.objects", objects.open_store())
         self._stack.push_async_callback(objects.close)
+        limits = ConnLimits(c.handshake_timeout_s, c.max_pending_connections)
         self.catalog = _configured("catalog.uri", lambda: open_catalog(
-            c.catalog, secret_file=c.catalog_secret_file, dir=c.catalog_dir))
+            c.catalog, secret_file=c.catalog_secret_file, dir=c.catalog_dir, limits=limits))
         await _reachable("catalog.uri", self.catalog.open())
         self._stack.push_async_callback(self.catalog.close)
         fs_cfg = FsConfig(node_id=c.node_id, flush=ActiveConfig(c.flush_bytes, c.flush_ms))
@@ -95,7 +103,7 @@ class Node:
         self.db = Database(self.fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes,
                                                  memtable_bytes=c.memtable_bytes,
                                                  retention_ms=int(c.retention_s * 1000)))
-        self.cluster.on_change = self.db.catalog_tables.forget
+        self.cluster.on_change = self.db.forget_cached_definitions
         await self._open_db()
         self._stack.push_async_callback(self._close_db)
         log.info("event=recovered node=%s tables=%d seconds=%.3f", c.node_id,
@@ -143,6 +151,8 @@ class Node:
 
     async def render_metrics(self) -> tuple[bytes, str]:
         m = self.metrics
+        m.pending.labels("http").set(len(self.guard.pending))
+        self._raft_metrics()
         if self.fs is not None and self.ready:
             counts = {(s, t): 0 for s in FileState for t in FileTier}
             for r in await self.fs.list(owner=self.cfg.node_id):
@@ -154,15 +164,28 @@ class Node:
                 m.cache_events.labels(k).set(v)
             for state, n in segment_states([r for _, r in await self.db.segment_records()]).items():
                 m.segments.labels(state).set(n)
-            stats = [seg.file.stats for seg in list(self.db.store.active.values())]
+            stats = self.db.flush_stats()
             m.flushes.set(sum(s["flushes"] for s in stats))
             m.flushed_bytes.set(sum(s["flushed_bytes"] for s in stats))
             m.flush_appends.set(sum(s["appends"] for s in stats))
             m.flush_seconds.set(sum(s.get("flush_s", 0.0) for s in stats))
             m.flush_wait_seconds.set(sum(s.get("wait_s", 0.0) for s in stats))
             m.memtable_bytes.set(self.db.memtable_bytes())
-            m.closed_ts.set(self.db.timeline.closed)
+            m.closed_ts.set(self.db.closed_ts)
         return generate_latest(m.registry), CONTENT_TYPE_LATEST
+
+    def _raft_metrics(self) -> None:
+        """The Raft port's refusals, counted on the replica's thread, into the node's counters."""
+        stats = getattr(self.catalog, "connection_stats", None)
+        if stats is None:
+            return
+        st = stats()
+        self.metrics.raft_write_retries.set(st.pop("write_retries", 0))
+        for reason, n in st.items():
+            delta = n - self._raft_refused.get(reason, 0)
+            if delta > 0:
+                self.metrics.refused.labels("raft", reason).inc(delta)
+                self._raft_refused[reason] = n
 
     async def status(self) -> dict:
         recs = [r for _, r in await self.db.segment_records()] if self.ready else []
@@ -176,7 +199,7 @@ class Node:
             "node_id": self.cfg.node_id, "address": self.http_url, "ready": self.ready,
             "uptime_s": round(time.time() - self.started, 3), "role": cs["role"],
             "partitions_owned": owned, "tables": len(tables), "segments": segment_states(recs),
-            "closed_ts": self.db.timeline.closed if self.db else None,
+            "closed_ts": self.db.closed_ts if self.db else None,
             "catalog_leader": cs["leader"], "catalog_revision": await self.catalog.revision(),
             "memtable_bytes": self.db.memtable_bytes() if self.db else 0,
             "jobs": {name: {"every_s": every, "last": (self.jobs.last.get(name) if self.jobs else None)}
@@ -247,11 +270,12 @@ async def run(cfg: NodeConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     ctx = node.ssl_context()
-    runner = web.AppRunner(Api(node).app(), access_log=None, shutdown_timeout=cfg.shutdown_timeout_s,
+    runner = web.AppRunner(make_app(node), access_log=None, shutdown_timeout=cfg.shutdown_timeout_s,
                            handle_signals=False)
     await runner.setup()
     host, port = cfg.listen
-    site = web.TCPSite(runner, host, port, ssl_context=ctx, backlog=1024)
+    install_accept_handler(loop, node.refused("http"), node.guard)
+    site = GuardedSite(runner, host, port, guard=node.guard, ssl_context=ctx, backlog=1024)
     dog = None
     try:
         try:

@@ -18,14 +18,14 @@ __all__ = ["register", "TerrascaleDataSource"]
 
 def register(spark) -> None:
     """Register the ``terrascale`` format with ``spark`` (a SparkSession)."""
-    from spark_bridge.source import TerrascaleDataSource  # noqa: PLC0415 (pyspark is imported lazily)
+    from spark_bridge.source import TerrascaleDataSource
 
     spark.dataSource.register(TerrascaleDataSource)
 
 
 def __getattr__(name: str):
     if name == "TerrascaleDataSource":
-        from spark_bridge.source import TerrascaleDataSource  # noqa: PLC0415
+        from spark_bridge.source import TerrascaleDataSource
 
         return TerrascaleDataSource
     raise AttributeError(name)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import os
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 from terrafs.abc import BlockDevice, ObjectStore
 from terrafs.errors import ConfigurationError, UnsupportedSchemeError
@@ -93,11 +93,12 @@ def open_object_store(uri: str) -> ObjectStore:
     return LocalObjectStore(local_path(uri), uri=uri)
 
 
-def open_catalog(uri: str, *, secret_file: str | None = None, dir: str | None = None):
+def open_catalog(uri: str, *, secret_file: str | None = None, dir: str | None = None, **raft_options):
     """A catalog backend for ``uri`` (not yet opened: call ``await c.open()``).
 
     ``raft://`` also needs the cluster secret file and its directory (``[catalog]``
-    ``secret_file`` and ``dir``); other schemes ignore them.
+    ``secret_file`` and ``dir``); other schemes ignore them (and ``raft_options``,
+    passed to ``RaftCatalog``).
     """
     scheme = _scheme(uri, Kind.CATALOG)
     if scheme == "memory":
@@ -109,18 +110,9 @@ def open_catalog(uri: str, *, secret_file: str | None = None, dir: str | None = 
         from catalog.raft import RaftCatalog
 
         try:
-            return RaftCatalog.from_uri(uri, secret_file=secret_file, dir=dir)
+            return RaftCatalog.from_uri(uri, secret_file=secret_file, dir=dir, **raft_options)
         except CatalogConfigError as e:
             raise ConfigurationError(str(e)) from e
     from catalog.local import LocalCatalog
 
     return LocalCatalog(os.path.abspath(local_path(uri)))
-
-
-def query_options(uri: str, allowed: set[str]) -> dict[str, str]:
-    """Query parameters of ``uri``; an unknown one is a ConfigurationError naming it."""
-    opts = dict(parse_qsl(urlsplit(uri).query, keep_blank_values=True))
-    for k in opts:
-        if k not in allowed:
-            raise ConfigurationError(f"{uri}: unknown option {k!r} (known: {', '.join(sorted(allowed))})")
-    return opts

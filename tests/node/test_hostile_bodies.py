@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from node.codec import (BodyError, json_depth_over, parse_json_body, read_arrow_stream, row_to_json, rows_to_table,
                         table_to_rows)
 from rowstore.errors import RowstoreError
-from rowstore.query import batch_mask, parse_bbox, parse_where
+from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
 from rowstore.schema import parse_schema
-from rowstore.table_io import conform
+from rowstore.tables.conform import conform
 from tests.node.proc import NodeProc
 from tests.node.test_api import ALL_TYPES, ROW
 from tests.rowstore.tables_world import TablesWorld

@@ -74,16 +74,16 @@ def test_every_client_path_refuses_keys_outside_the_type(node, table):
     with node.client() as c:
         before = _state(c)
         for k in BAD[table]:
-            _bad_request(lambda: c.get(table, k))
-            _bad_request(lambda: c.delete(table, [k]))
-            _bad_request(lambda: c.query_json(table, where=[["id", "=", k]]))
+            _bad_request(lambda k=k: c.get(table, k))
+            _bad_request(lambda k=k: c.delete(table, [k]))
+            _bad_request(lambda k=k: c.query_json(table, where=[["id", "=", k]]))
             if isinstance(k, str):  # JSON rows take an int64 key as a number only
-                _bad_request(lambda: c.upsert(table, [{"id": k, "v": "overwritten"}]))
+                _bad_request(lambda k=k: c.upsert(table, [{"id": k, "v": "overwritten"}]))
             status, body, _ = c.request("GET", f"/v1/tables/{table}/rows/{quote(str(k), safe='')}")
             assert status == 400 and json.loads(body)["error"]["code"] == "bad_request"
         for k in (True, 5.0, 5.5):  # JSON values of another type
-            for call in (lambda: c.delete(table, [k]), lambda: c.query_json(table, where=[["id", "=", k]]),
-                         lambda: c.upsert(table, [{"id": k}])):
+            for call in (lambda k=k: c.delete(table, [k]), lambda k=k: c.query_json(table, where=[["id", "=", k]]),
+                         lambda k=k: c.upsert(table, [{"id": k}])):
                 _bad_request(call)
         assert _state(c) == before
 

@@ -1,0 +1,127 @@
+"""Primary keys -> order-preserving numpy keys and hash partitions (docs/rfcs/0001-row-index.md).
+
+The partition of a key is part of the on-disk format: rows of a key live in its
+partition's segments and index, so the hash below must never change.
+
+* int64 keys (sign-flipped uint64): ``splitmix64(key) % P``;
+* string and uuid keys (numpy ``S`` bytes, trailing NULs stripped as numpy does):
+  ``fnv1a64(bytes) % P``.
+"""
+from __future__ import annotations
+
+import operator
+
+import numba
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rowstore.errors import InvalidKeyError, RowValidationError
+from rowstore.tables.key_check import MAX_KEY_BYTES, show
+
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+@numba.njit(cache=True, nogil=True)
+def _splitmix(keys, parts):
+    out = np.empty(keys.shape[0], np.int64)
+    for i in range(keys.shape[0]):
+        z = keys[i] + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+        out[i] = np.int64(z % np.uint64(parts))
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _fnv(mat, parts, offset, prime):
+    n, w = mat.shape
+    out = np.empty(n, np.int64)
+    for i in range(n):
+        ln = w
+        while ln > 0 and mat[i, ln - 1] == 0:
+            ln -= 1
+        h = offset
+        for j in range(ln):
+            h = (h ^ np.uint64(mat[i, j])) * prime
+        out[i] = np.int64(h % np.uint64(parts))
+    return out
+
+
+def partition_of(keys: np.ndarray, parts: int) -> np.ndarray:
+    """The partition (0..parts-1) of each encoded key."""
+    if len(keys) == 0:
+        return np.zeros(0, np.int64)
+    if keys.dtype == np.uint64:
+        return _splitmix(keys, parts)
+    w = keys.dtype.itemsize
+    return _fnv(np.ascontiguousarray(keys).view(np.uint8).reshape(len(keys), w), parts, _FNV_OFFSET, _FNV_PRIME)
+
+
+@numba.njit(cache=True, nogil=True)
+def _fill_fixed(data, offsets, out):
+    for i in range(out.shape[0]):
+        a, b = offsets[i], offsets[i + 1]
+        for j in range(b - a):
+            out[i, j] = data[a + j]
+
+
+def string_keys(arr: pa.Array) -> np.ndarray:
+    """UTF-8 string keys as a fixed-width ``S`` array (vectorized; NUL is refused because
+    numpy's ``S`` strips trailing NULs, which would merge distinct keys)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if len(arr) == 0:
+        return np.zeros(0, "S1")
+    if pc.any(pc.match_substring(arr, "\x00")).as_py():
+        raise RowValidationError("string primary keys must not contain NUL characters")
+    arr = arr.cast(pa.large_string()) if arr.type != pa.large_string() else arr
+    _, offs, data = arr.buffers()
+    offsets = np.frombuffer(offs, np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    lens = np.diff(offsets)
+    width = max(int(lens.max()), 1)
+    if width > MAX_KEY_BYTES:  # checked before (rowstore/tables/key_check.py); never allocate n x a huge key
+        raise InvalidKeyError(f"a string primary key is {width} bytes, over the key limit of {MAX_KEY_BYTES}")
+    out = np.zeros((len(arr), width), np.uint8)
+    raw = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+    _fill_fixed(raw, offsets, out)
+    return out.view(f"S{width}").ravel()
+
+
+_M64 = (1 << 64) - 1
+
+
+def partition_one(key, parts: int) -> int:
+    """:func:`partition_of` for one encoded key (an int, or bytes) without arrays."""
+    if isinstance(key, int):
+        z = (key + 0x9E3779B97F4A7C15) & _M64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        return (z ^ (z >> 31)) % parts
+    h = 0xCBF29CE484222325
+    for b in bytes(key).rstrip(b"\0"):
+        h = ((h ^ b) * 0x100000001B3) & _M64
+    return h % parts
+
+
+def encode_one(key, kind: str):
+    """One checked key (``rowstore.tables.key_check.check_key``) as the index's order-preserving scalar
+    (int for int64, else bytes). Never wraps or truncates: a key outside its type raises."""
+    if kind == "int64":
+        enc = operator.index(key) + (1 << 63)  # == (key mod 2^64) ^ 2^63 for an int64
+        if not 0 <= enc <= _M64:
+            raise InvalidKeyError(f"primary key {show(key)} is out of range for int64")
+        return enc
+    if kind == "uuid":
+        b = bytes(key)
+        if len(b) != 16:
+            raise InvalidKeyError(f"primary key {show(key)} is not the 16 bytes of a uuid")
+        return b
+    b = key.encode()
+    if b"\0" in b:
+        raise RowValidationError("string primary keys must not contain NUL characters")
+    if len(b) > MAX_KEY_BYTES:
+        raise InvalidKeyError(f"primary key {show(key)} is over the key limit of {MAX_KEY_BYTES} bytes")
+    return b
