@@ -217,6 +217,8 @@ CORPUS = [
     ("arrow-json-column-nan", "POST", R, arrow(pa.table({"id": [1000], "j": ["[NaN]"]})), ARROW, 400, "invalid_rows"),
     ("arrow-json-column-too-deep", "POST", R, arrow(pa.table({"id": [1000], "j": ["[" * 600 + "]" * 600]})), ARROW,
      400, "invalid_rows"),
+    ("oversized-query", "POST", Q, q(where=[["s", "=", "x" * 2_000_000]]), JSON, 413, "too_large"),
+    ("oversized-delete", "POST", "/v1/tables/m/delete", q(keys=list(range(300_000))), JSON, 413, "too_large"),
     # answered 500 at once
     ("arrow-uuid-column-not-a-uuid", "POST", R, arrow(pa.table({"id": [1000], "u": ["not-a-uuid"]})), ARROW, 400,
      "invalid_rows"),
