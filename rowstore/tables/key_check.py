@@ -76,6 +76,8 @@ def check_key(value, key: Column, text: bool = True):
 
 
 def _int64(value, key: Column, text: bool) -> int:
+    if text and type(value) is str and len(value) <= 18 and value.isascii() and value.isdigit():
+        return int(value)  # a URL's key: 18 ASCII digits are always in range
     if isinstance(value, str):
         if not text:
             raise _bad(value, key, "is a string, not an integer")

@@ -271,7 +271,7 @@ def test_hostile_bounding_boxes_are_refused_or_evaluated(world, box):
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    n = NodeProc(tmp_path_factory.mktemp("hostile"))
+    n = NodeProc(tmp_path_factory.mktemp("hostile"), extra="max_json_depth = 8\nmax_query_terms = 2")
     n.start()
     with n.client() as c:
         c.create_table("q", [{"name": k, "type": t} for k, t in ALL_TYPES], "id")
@@ -279,6 +279,25 @@ def node(tmp_path_factory):
     yield n
     rc, log = n.stop()
     assert rc == 0 and "Traceback" not in log, log[-3000:]
+
+
+def test_the_configured_limits_hold_over_http(node):
+    with node.client() as c:
+        ok = {"rows": [{"id": 70, "j": [[[[1]]]]}]}  # 7 deep
+        assert c.request("POST", "/v1/tables/q/rows", json.dumps(ok).encode(), "application/json")[0] == 200
+        deep = {"rows": [{"id": 71, "j": [[[[[1]]]]]}]}  # 8 deep: the limit
+        assert c.request("POST", "/v1/tables/q/rows", json.dumps(deep).encode(), "application/json")[0] == 200
+        deeper = {"rows": [{"id": 72, "j": [[[[[[1]]]]]]}]}
+        status, body, _ = c.request("POST", "/v1/tables/q/rows", json.dumps(deeper).encode(), "application/json")
+        assert (status, json.loads(body)["error"]["code"]) == (400, "invalid_json")
+        assert "max_json_depth" in json.loads(body)["error"]["message"]
+        for path in ("/v1/tables/q/query", "/v1/tables/q/plan"):
+            two = {"where": [["i32", ">", 0], ["i32", "<", 9]]}
+            assert c.request("POST", path, json.dumps(two).encode(), "application/json")[0] == 200
+            three = {"where": two["where"] * 2}
+            status, body, _ = c.request("POST", path, json.dumps(three).encode(), "application/json")
+            assert (status, json.loads(body)["error"]["code"]) == (413, "too_large"), body
+        assert c.get("q", 72) is None
 
 
 PATHS = ["/v1/tables?as_of={}", "/v1/tables/q?as_of={}", "/v1/tables/q/rows/7?as_of={}", "/v1/tables/q/rows/{}",
