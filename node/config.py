@@ -136,7 +136,7 @@ _SCHEMA = {
     "node": {"id": ("node_id", lambda k, v: _str(k, v)), "listen": ("listen", parse_listen),
              "advertise": ("advertise", lambda k, v: "%s:%d" % parse_listen(k, v)),
              "max_body": ("max_body", parse_size),
-             "max_json_depth": ("max_json_depth", _int_in(8, 500)),  # rows of points need 4; below the parser's recursion limit
+             "max_json_depth": ("max_json_depth", _int_in(8, 500)),  # rows of points need 4; < recursion limit
              "max_query_terms": ("max_query_terms", _int_in(1, 100_000)),
              "shutdown_timeout": ("shutdown_timeout_s", parse_duration),
              "handshake_timeout": ("handshake_timeout_s", lambda k, v: _positive(k, parse_duration(k, v))),
