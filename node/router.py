@@ -25,7 +25,8 @@ from node.codec import read_arrow_stream
 from node.txn import commit_across
 from rowstore.index.key_memtable import encode_keys
 from rowstore.reads.plan import ReadPlan
-from rowstore.tables.conform import conform, key_array
+from rowstore.tables.conform import conform
+from rowstore.tables.key_check import check_keys
 from rowstore.tables.keys import partition_of
 
 
@@ -96,7 +97,7 @@ class Router:
         d = await self.db.describe(table)
         if delete:
             col = rows.column(d.schema.key.name)
-            pids = _pids(d, key_array(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col,
+            pids = _pids(d, check_keys(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col,
                                       d.schema.key))
         else:
             pids = _pids(d, conform(rows, d.schema).column(d.schema.key.name))
@@ -170,7 +171,7 @@ class Router:
             res = None if small is None else await small()
             res = res or await self.db.delete(table, keys)
             return None, (res.count, res.commit_ts)
-        karr = key_array(keys, d.schema.key)
+        karr = check_keys(keys, d.schema.key)
         pids = _pids(d, karr)
 
         async def here():
@@ -199,7 +200,7 @@ class Router:
         """The forwarded response, or None: read here."""
         if not self.multi:
             return None
-        pids = _pids(d, key_array([key], d.schema.key))
+        pids = _pids(d, check_keys([key], d.schema.key))
 
         async def here():
             return None
