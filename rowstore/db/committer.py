@@ -224,7 +224,7 @@ class Committer:
             row_ts = ts if sizes is None else np.repeat(np.array(tss, np.uint64), sizes)
             part.apply(split_rowids(ids)[1], seg.segid, piece.batch, row_ts, _deleted(piece), schema, piece.keys,
                        piece.pos)
-            self._merge_memtable(part)
+            self.merge_if_due(part)
         finally:
             part.leave()
             for t in tss:
@@ -321,7 +321,7 @@ class Committer:
                         part.apply(locs[at : at + pc.rows], seg.segid, pc.batch, g.group[i].ts, _deleted(pc),
                                    g.group[i].schema, pc.keys, pc.pos)
                         at += pc.rows
-                    self._merge_memtable(part)
+                    self.merge_if_due(part)
             finally:
                 self._leave(g.parts, g.group)
             self.tasks.spawn(self._forget_decision(g.txn, g.commits))
@@ -335,7 +335,8 @@ class Committer:
             if part.full():
                 self.tasks.spawn(part.roll(if_full=True))
 
-    def _merge_memtable(self, part: Partition) -> None:
+    def merge_if_due(self, part: Partition) -> None:
+        """Start a memtable merge of ``part`` in the background when one is due."""
         if part.index.merge_due:
             self.tasks.spawn(part.index.merge_memtable())
 

@@ -155,7 +155,7 @@ class Participant:
             for part, seg, pc, ids in zip(p.parts, p.segs, p.pieces, p.got):
                 part.apply(split_rowids(ids)[1], seg.segid, pc.batch, p.ts,
                            np.zeros(pc.rows, bool) if pc.deleted is None else pc.deleted, p.schema, pc.keys, pc.pos)
-                self.committer._merge_memtable(part)
+                self.committer.merge_if_due(part)
         finally:
             for part in p.parts:
                 part.leave()
