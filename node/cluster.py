@@ -27,6 +27,7 @@ import time
 import aiohttp
 
 from catalog.abc import Check, Put
+from catalog.errors import CatalogError
 from node.placement import PLACE, Placement, counts, plan
 from rowstore.errors import ConflictError, TableExistsError
 from terrafs.catalog_ops import commit
@@ -101,7 +102,7 @@ class Cluster:
         cur = await self.catalog.get(key)
         if await exists():
             raise TableExistsError(f"table {table!r} exists")
-        members = sorted(await self.members())
+        members = await self.placeable()
         others = [Placement.from_bytes(e.value, e.key) for e in await self.catalog.scan(PLACE) if e.key != key]
         led, held = counts(others)
         pl = plan(members or [self.node_id], partitions, 1, led, held, first=self.node_id)
@@ -110,6 +111,22 @@ class Cluster:
             raise ConflictError(f"table {table!r} is being created by another node; retry")
         await self.placement(table, partitions, fresh=True)
         return pl
+
+    async def placeable(self) -> list[str]:
+        """The members new partitions may go to: registered, in the catalog's Raft membership
+        and connected (a removed or unreachable node would leave them unserved) — all
+        registered ones when the catalog cannot tell."""
+        members = await self.members()
+        status = getattr(self.catalog, "cluster_status", None)
+        if status is None:
+            return sorted(members)
+        try:
+            st = await status()
+            live = {m["address"] for m in st["members"] if m.get("alive") or m.get("self")}
+        except (CatalogError, asyncio.TimeoutError, KeyError, TypeError):
+            return sorted(members)
+        ok = sorted(n for n, m in members.items() if m.get("raft") in live)
+        return ok or sorted(members)
 
     async def placement(self, table: str, partitions: int, fresh: bool = False) -> Placement:
         """Where ``table``'s ``partitions`` partitions live. Cached for PLACE_TTL_S — good

@@ -281,6 +281,8 @@ def test_membership_add_and_remove_a_node_from_the_cli(tmp_path):
             assert sorted(m["raft_address"] for m in view["members"]) == sorted(members.split(",") + [raft4])
             c4.create_table("j", [("id", "int64")], "id")
             assert c4.upsert("j", [{"id": 1}])["committed"] == 1
+            # a joined member takes partitions of new tables (RFC 0009)
+            assert sorted({p["leader"] for p in c4.describe("j")["placement"]}) == ["n1", "n2", "n3", "n4"]
         again = subprocess.run(cli + ["add", raft4], capture_output=True, text=True, timeout=60)
         assert again.returncode == 1 and "membership_refused" in again.stderr
         bad = subprocess.run(cli + ["add"], capture_output=True, text=True, timeout=60)
@@ -289,6 +291,10 @@ def test_membership_add_and_remove_a_node_from_the_cli(tmp_path):
         assert rm.returncode == 0, rm.stderr
         with Client(urls[0]) as c1:
             assert raft4 not in {m["raft_address"] for m in c1.cluster()["members"]}
+            # a removed member (still registered, still running) takes none of a new table's
+            c1.create_table("k", [("id", "int64")], "id")
+            assert sorted({p["leader"] for p in c1.describe("k")["placement"]}) == ["n1", "n2", "n3"]
+            assert c1.upsert("k", [{"id": i} for i in range(50)])["committed"] == 50
     finally:
         if n4 is not None:
             n4.send_signal(signal.SIGTERM)
