@@ -113,16 +113,17 @@ class Cluster:
         return pl
 
     async def placeable(self) -> list[str]:
-        """The members new partitions may go to: registered, in the catalog's Raft membership
-        and connected (a removed or unreachable node would leave them unserved) — all
-        registered ones when the catalog cannot tell."""
+        """The members new partitions may go to: registered and in the catalog's Raft
+        membership (a removed node would leave them unserved) — all registered ones when the
+        catalog cannot tell. Not whether a member is reachable right now: that changes by
+        the second, and a table's placement stays."""
         members = await self.members()
         status = getattr(self.catalog, "cluster_status", None)
         if status is None:
             return sorted(members)
         try:
             st = await status()
-            live = {m["address"] for m in st["members"] if m.get("alive") or m.get("self")}
+            live = {m["address"] for m in st["members"]}
         except (CatalogError, asyncio.TimeoutError, KeyError, TypeError):
             return sorted(members)
         ok = sorted(n for n, m in members.items() if m.get("raft") in live)
