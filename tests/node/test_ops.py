@@ -129,7 +129,11 @@ def _free_base() -> int:
 
 
 def _port_free(p: int) -> bool:
+    """Free as the nodes' listeners see it: they bind with SO_REUSEADDR (aiohttp, the Raft
+    port), so a port held only by connections in TIME-WAIT — thousands after the API fuzzer
+    — is free."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", p))
             return True
