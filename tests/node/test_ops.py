@@ -4,6 +4,7 @@ between nodes."""
 import json
 import os
 import time
+import random
 import re
 import shutil
 import signal
@@ -121,17 +122,19 @@ def _cluster(cmd: str, d, base: int) -> subprocess.CompletedProcess:
 
 
 def _free_base() -> int:
-    for _ in range(50):
-        base = free_port() // 10 * 10
-        if base + 30 < 65000 and all(_port_free(base + i) for i in range(0, 30)):
+    """30 free ports in a row, below the ephemeral range (32768-60999 on Linux): client
+    connections leave their ports there in TIME-WAIT by the thousand (the API fuzzer), and
+    those block a listener's bind even with SO_REUSEADDR."""
+    rnd = random.Random(os.getpid() ^ time.time_ns())
+    for _ in range(200):
+        base = rnd.randrange(20_000, 32_700) // 10 * 10
+        if all(_port_free(base + i) for i in range(0, 30)):
             return base
     raise AssertionError("no free port range")
 
 
 def _port_free(p: int) -> bool:
-    """Free as the nodes' listeners see it: they bind with SO_REUSEADDR (aiohttp, the Raft
-    port), so a port held only by connections in TIME-WAIT — thousands after the API fuzzer
-    — is free."""
+    """Free as the nodes' listeners see it (they bind with SO_REUSEADDR: aiohttp, the Raft port)."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
