@@ -1,0 +1,477 @@
+package io.terrascale.spark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import java.io.IOException;
+import java.io.Serializable;
+import java.math.BigDecimal;
+import java.nio.ByteBuffer;
+import java.nio.file.Files;
+import java.nio.file.Paths;
+import java.time.Instant;
+import java.time.LocalDate;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import org.apache.spark.sql.connector.read.Batch;
+import org.apache.spark.sql.connector.read.InputPartition;
+import org.apache.spark.sql.connector.read.PartitionReader;
+import org.apache.spark.sql.connector.read.PartitionReaderFactory;
+import org.apache.spark.sql.connector.read.Scan;
+import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.read.SupportsPushDownFilters;
+import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.execution.vectorized.OnHeapColumnVector;
+import org.apache.spark.sql.sources.EqualTo;
+import org.apache.spark.sql.sources.Filter;
+import org.apache.spark.sql.sources.GreaterThan;
+import org.apache.spark.sql.sources.GreaterThanOrEqual;
+import org.apache.spark.sql.sources.LessThan;
+import org.apache.spark.sql.sources.LessThanOrEqual;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.vectorized.ColumnVector;
+import org.apache.spark.sql.vectorized.ColumnarBatch;
+import org.roaringbitmap.RoaringBitmap;
+
+/**
+ * Batch reads in the JVM (docs/spark.md, "Readers"): planning on the driver from the node's read
+ * plan at the DataFrame's pinned timestamp; one input partition per offloaded segment, read by
+ * the executor straight from the object store, plus one per table partition's unsealed tail
+ * (fetched from the node as Arrow).
+ */
+final class TerrascaleScan {
+    private TerrascaleScan() {}
+
+    static final int BATCH_ROWS = 4096;
+
+    // -- driver: pushdown and planning ---------------------------------------------------
+
+    static final class Builder implements ScanBuilder, SupportsPushDownFilters, SupportsPushDownRequiredColumns {
+        private final Opts opts;
+        private final long asOf;
+        private final Types.Schema target;
+        private List<Types.Col> output;
+        private final List<Object[]> pushedTerms = new ArrayList<>();
+        private Filter[] pushed = new Filter[0];
+
+        Builder(Opts opts, long asOf, Types.Schema target, List<Types.Col> output) {
+            this.opts = opts;
+            this.asOf = asOf;
+            this.target = target;
+            this.output = output;
+        }
+
+        /** Spark's simple comparisons on columns whose Spark semantics are the engine's become where terms
+         * (the node narrows the plan with its column index; the reader applies them exactly). Every filter
+         * is also returned to Spark, which evaluates it again after the scan. */
+        @Override
+        public Filter[] pushFilters(Filter[] filters) {
+            List<Filter> took = new ArrayList<>();
+            for (Filter f : filters) {
+                Object[] term = term(f);
+                if (term != null) {
+                    pushedTerms.add(term);
+                    took.add(f);
+                }
+            }
+            pushed = took.toArray(new Filter[0]);
+            return filters;
+        }
+
+        @Override
+        public Filter[] pushedFilters() {
+            return pushed;
+        }
+
+        private Object[] term(Filter f) {
+            String op;
+            String attr;
+            Object v;
+            if (f instanceof EqualTo) { op = "="; attr = ((EqualTo) f).attribute(); v = ((EqualTo) f).value(); }
+            else if (f instanceof GreaterThan) { op = ">"; attr = ((GreaterThan) f).attribute(); v = ((GreaterThan) f).value(); }
+            else if (f instanceof GreaterThanOrEqual) { op = ">="; attr = ((GreaterThanOrEqual) f).attribute(); v = ((GreaterThanOrEqual) f).value(); }
+            else if (f instanceof LessThan) { op = "<"; attr = ((LessThan) f).attribute(); v = ((LessThan) f).value(); }
+            else if (f instanceof LessThanOrEqual) { op = "<="; attr = ((LessThanOrEqual) f).attribute(); v = ((LessThanOrEqual) f).value(); }
+            else return null;
+            Types.Col c = target.byName(attr);
+            if (c == null || v == null) return null;
+            Object value = value(c.kind, v);
+            return value == null ? null : new Object[] {c.name, op, value};
+        }
+
+        /** The filter's value as the node takes it, or null where Spark's and the engine's semantics differ. */
+        private static Object value(Types.Kind k, Object v) {
+            switch (k) {
+                case INT8: case INT16: case INT32: case INT64: case UINT8: case UINT16: case UINT32:
+                    return v instanceof Byte || v instanceof Short || v instanceof Integer || v instanceof Long
+                            ? ((Number) v).longValue() : null;
+                case UINT64:
+                    return v instanceof BigDecimal && ((BigDecimal) v).scale() <= 0 ? ((BigDecimal) v).toBigIntegerExact() : null;
+                case STRING: return v instanceof String ? v : null;
+                case BINARY: return v instanceof byte[] ? Base64.getEncoder().encodeToString((byte[]) v) : null;
+                case BOOL: return v instanceof Boolean ? v : null;
+                case TIMESTAMP:
+                    if (v instanceof java.sql.Timestamp) v = ((java.sql.Timestamp) v).toInstant();
+                    if (v instanceof Instant) {
+                        Instant t = (Instant) v;
+                        return Math.addExact(Math.multiplyExact(t.getEpochSecond(), 1_000_000L), t.getNano() / 1000);
+                    }
+                    return null;
+                case DATE:
+                    if (v instanceof java.sql.Date) v = ((java.sql.Date) v).toLocalDate();
+                    return v instanceof LocalDate ? ((LocalDate) v).toEpochDay() : null;
+                default:
+                    return null; // floats (Spark orders NaN above everything), uuid/json text, structs
+            }
+        }
+
+        @Override
+        public void pruneColumns(StructType required) {
+            List<Types.Col> keep = new ArrayList<>();
+            for (StructField f : required.fields()) {
+                for (Types.Col c : output) if (c.name.equals(f.name())) keep.add(c);
+            }
+            output = keep;
+        }
+
+        @Override
+        public Scan build() {
+            List<Object[]> where = new ArrayList<>(opts.where);
+            where.addAll(pushedTerms);
+            return new Plan(opts, asOf, target, output, where);
+        }
+    }
+
+    static final class Plan implements Scan, Batch {
+        private final Opts opts;
+        private final long asOf;
+        private final Types.Schema target;
+        private final List<Types.Col> output;
+        private final List<Object[]> where;
+        private final StructType readSchema;
+
+        Plan(Opts opts, long asOf, Types.Schema target, List<Types.Col> output, List<Object[]> where) {
+            this.opts = opts;
+            this.asOf = asOf;
+            this.target = target;
+            this.output = output;
+            this.where = where;
+            this.readSchema = Types.sparkSchema(output);
+        }
+
+        @Override
+        public StructType readSchema() {
+            return readSchema;
+        }
+
+        @Override
+        public String description() {
+            return "terrascale table=" + opts.table + " as_of=" + asOf + " where=" + where.size() + " terms";
+        }
+
+        @Override
+        public Batch toBatch() {
+            return this;
+        }
+
+        private Factory factory;
+        private InputPartition[] parts;
+
+        private void plan() {
+            if (parts != null) return;
+            JsonNode p = new NodeClient(opts).plan(asOf, where, opts.sealedOnly);
+            Types.Schema at = Types.Schema.parse(p.get("schema").asText());
+            if (at.version != target.version) {
+                throw new BridgeException("table '" + opts.table + "': the plan's schema at " + asOf + " is not the one load() saw");
+            }
+            List<Types.Schema> versions = new ArrayList<>();
+            for (JsonNode v : p.get("versions")) versions.add(Types.Schema.parse(v.asText()));
+            boolean encrypted = p.get("encrypted").asBoolean();
+            JsonNode sealed = p.get("sealed");
+            if (encrypted && sealed.size() > 0 && opts.keyFile == null) {
+                throw new BridgeException("table '" + opts.table + "' is encrypted at rest: give option key_file (the node's "
+                        + "security.encryption_key_file, readable on every executor)");
+            }
+            Predicates preds = Predicates.fromPlan(p.get("predicates"), target);
+            if (!where.isEmpty() && p.get("predicates") == null) {
+                throw new BridgeException("the node's plan has no typed predicates (an older node?): use reader python");
+            }
+            long[] segids = new long[sealed.size()];
+            List<InputPartition> out = new ArrayList<>();
+            int i = 0;
+            for (JsonNode s : sealed) {
+                segids[i++] = s.get("segid").asLong();
+                out.add(new SegmentPart(s.get("segid").asLong(), s.get("key").asText(), s.get("object_size").asLong(),
+                        Base64.getDecoder().decode(s.get("visible").asText()),
+                        s.hasNonNull("url") ? s.get("url").asText() : null));
+            }
+            for (JsonNode t : p.get("tail")) out.add(new TailPart(t.asInt()));
+            if (out.isEmpty()) out.add(new TailPart(-1));
+            String objects = opts.objects != null ? opts.objects : p.get("objects").asText();
+            factory = new Factory(opts, asOf, p.get("lease").asText(), objects, versions, target, output, preds, where, segids);
+            parts = out.toArray(new InputPartition[0]);
+        }
+
+        @Override
+        public InputPartition[] planInputPartitions() {
+            plan();
+            return parts;
+        }
+
+        @Override
+        public PartitionReaderFactory createReaderFactory() {
+            plan();
+            return factory;
+        }
+    }
+
+    static final class SegmentPart implements InputPartition {
+        final long segid;
+        final String key;
+        final long objectSize;
+        final byte[] visible; // portable roaring bitmap of the localids visible at T
+        final String url; // presigned GET of the object, or null: read it from the store URI
+
+        SegmentPart(long segid, String key, long objectSize, byte[] visible, String url) {
+            this.segid = segid;
+            this.key = key;
+            this.objectSize = objectSize;
+            this.visible = visible;
+            this.url = url;
+        }
+    }
+
+    static final class TailPart implements InputPartition {
+        final int partition; // -1: an empty plan (Spark still runs one task)
+
+        TailPart(int partition) {
+            this.partition = partition;
+        }
+    }
+
+    // -- executors ---------------------------------------------------------------------
+
+    static final class Factory implements PartitionReaderFactory {
+        final Opts opts;
+        final long asOf;
+        final String lease;
+        final String objects;
+        final List<Types.Schema> versions;
+        final Types.Schema target;
+        final List<Types.Col> output;
+        final Predicates preds;
+        final List<Object[]> where;
+        final long[] sealed;
+
+        Factory(Opts opts, long asOf, String lease, String objects, List<Types.Schema> versions, Types.Schema target,
+                List<Types.Col> output, Predicates preds, List<Object[]> where, long[] sealed) {
+            this.opts = opts;
+            this.asOf = asOf;
+            this.lease = lease;
+            this.objects = objects;
+            this.versions = versions;
+            this.target = target;
+            this.output = output;
+            this.preds = preds;
+            this.where = where;
+            this.sealed = sealed;
+        }
+
+        @Override
+        public boolean supportColumnarReads(InputPartition partition) {
+            return true;
+        }
+
+        @Override
+        public PartitionReader<InternalRow> createReader(InputPartition partition) {
+            throw new UnsupportedOperationException("terrascale reads are columnar");
+        }
+
+        @Override
+        public PartitionReader<ColumnarBatch> createColumnarReader(InputPartition partition) {
+            StructType schema = Types.sparkSchema(output);
+            if (partition instanceof SegmentPart) {
+                try {
+                    return new SegmentReader(this, (SegmentPart) partition, schema);
+                } catch (IOException e) {
+                    throw new BridgeException("reading segment " + ((SegmentPart) partition).segid + " ("
+                            + objects + "/" + ((SegmentPart) partition).key + "): " + e, e);
+                }
+            }
+            TailPart t = (TailPart) partition;
+            if (t.partition < 0) return new ListReader(new ArrayList<>());
+            byte[] stream = new NodeClient(opts).tail(t.partition, asOf, where, sealed);
+            try {
+                return new ListReader(ArrowRows.read(stream, output, schema));
+            } catch (IOException e) {
+                throw new BridgeException("the node's tail of partition " + t.partition + " is not an Arrow stream: " + e, e);
+            }
+        }
+    }
+
+    static final class ListReader implements PartitionReader<ColumnarBatch> {
+        private final Iterator<ColumnarBatch> it;
+        private ColumnarBatch cur;
+
+        ListReader(List<ColumnarBatch> batches) {
+            it = batches.iterator();
+        }
+
+        @Override
+        public boolean next() {
+            if (cur != null) cur.close();
+            cur = it.hasNext() ? it.next() : null;
+            return cur != null;
+        }
+
+        @Override
+        public ColumnarBatch get() {
+            return cur;
+        }
+
+        @Override
+        public void close() {
+            if (cur != null) cur.close();
+            while (it.hasNext()) it.next().close();
+        }
+    }
+
+    /** Local store path of a ``trfs://`` URI (terrafs/uri.py's local_path). */
+    static String localPath(String uri) {
+        java.net.URI u = java.net.URI.create(uri);
+        if (!"trfs".equals(u.getScheme())) {
+            throw new BridgeException("the JVM reader reads objects from trfs:// stores or through the presigned URLs "
+                    + "a node puts in the plan, not from " + u.getScheme() + "://; leave option objects out "
+                    + "(the node presigns S3 objects) or use option reader=python");
+        }
+        String path = (u.getRawAuthority() == null ? "" : u.getRawAuthority()) + (u.getRawPath() == null ? "" : u.getRawPath());
+        return java.net.URLDecoder.decode(path, java.nio.charset.StandardCharsets.UTF_8);
+    }
+
+    static byte[] loadKek(String path) {
+        byte[] raw;
+        try {
+            raw = Files.readAllBytes(Paths.get(path));
+        } catch (IOException e) {
+            throw new BridgeException("option key_file: cannot read " + path + ": " + e.getMessage(), e);
+        }
+        String text = new String(raw, java.nio.charset.StandardCharsets.ISO_8859_1).trim();
+        if (text.length() == 64 && text.matches("[0-9a-fA-F]{64}")) {
+            byte[] k = new byte[32];
+            for (int i = 0; i < 32; i++) k[i] = (byte) Integer.parseInt(text.substring(2 * i, 2 * i + 2), 16);
+            return k;
+        }
+        if (raw.length == 32) return raw;
+        throw new BridgeException("option key_file: " + path + " must hold 32 raw bytes or 64 hex chars");
+    }
+
+    /** One offloaded segment: its visible rows, matching the predicates, in localid order. */
+    static final class SegmentReader implements PartitionReader<ColumnarBatch> {
+        private final Lease lease;
+        private final SealedObject obj;
+        private final Segment seg;
+        private final boolean[] visible;
+        private final Segment.Decoder dec;
+        private final OnHeapColumnVector[] vectors;
+        private final ColumnVector[] out;
+        private int row; // next localid to look at
+        private int runEnd; // rows [.., runEnd) are in buf
+        private ByteBuffer buf;
+        private long base; // logical offset of buf[0]
+        private ColumnarBatch batch;
+
+        SegmentReader(Factory f, SegmentPart p, StructType schema) throws IOException {
+            lease = new Lease(f.opts, f.lease);
+            try {
+                String where = f.objects + "/" + p.key;
+                SealedObject.Source src = p.url != null ? new SealedObject.UrlSource(p.url)
+                        : new SealedObject.FileSource(Paths.get(localPath(f.objects), p.key).toString());
+                obj = new SealedObject(where, src, p.objectSize, f.opts.keyFile == null ? null : loadKek(f.opts.keyFile));
+                seg = new Segment(obj);
+                visible = new boolean[seg.offsets.length];
+                RoaringBitmap bm = new RoaringBitmap();
+                bm.deserialize(ByteBuffer.wrap(p.visible));
+                bm.forEach((int id) -> {
+                    if (id >= 0 && id < visible.length) visible[id] = true;
+                });
+                List<Types.Col> want = new ArrayList<>(f.output);
+                for (Predicates.Term t : f.preds.terms) addCol(want, f.target.byId(t.columnId));
+                if (f.preds.bboxColumn >= 0) addCol(want, f.target.byId(f.preds.bboxColumn));
+                dec = new Segment.Decoder(want.toArray(new Types.Col[0]), f.output.size(),
+                        Segment.versionMap(f.versions), f.preds, where);
+                vectors = OnHeapColumnVector.allocateColumns(BATCH_ROWS, schema);
+                out = new ColumnVector[vectors.length];
+                System.arraycopy(vectors, 0, out, 0, vectors.length);
+                batch = new ColumnarBatch(out);
+            } catch (IOException | RuntimeException e) {
+                lease.close();
+                throw e;
+            }
+        }
+
+        private static void addCol(List<Types.Col> want, Types.Col c) {
+            for (Types.Col x : want) if (x.id == c.id) return;
+            want.add(c);
+        }
+
+        @Override
+        public boolean next() throws IOException {
+            lease.check();
+            for (OnHeapColumnVector v : vectors) v.reset();
+            int n = 0;
+            int total = seg.offsets.length;
+            while (n < BATCH_ROWS && row < total) {
+                if (row >= runEnd) loadRun();
+                int r = (int) (seg.offsets[row] - base);
+                long t0 = System.nanoTime();
+                Segment.Layout l = dec.check(buf, r, buf.getInt(r), base);
+                if (visible[row] && (buf.get(r + 16) & Segment.DELETED) == 0 && (dec.preds.isEmpty() || dec.matches(buf, r, l))) {
+                    for (int j = 0; j < vectors.length; j++) dec.put(buf, r, l, j, vectors[j], n);
+                    n++;
+                }
+                seg.decodeNanos += System.nanoTime() - t0;
+                row++;
+            }
+            batch.setNumRows(n);
+            return n > 0 || row < total;
+        }
+
+        /** Reads the next run of whole rows and checks that they chain exactly through it. */
+        private void loadRun() throws IOException {
+            int a = row;
+            int b = seg.runEnd(a);
+            long lo = seg.offsets[a];
+            long hi = seg.end(b);
+            buf = SealedObject.le(obj.read(lo, hi));
+            base = lo;
+            for (int i = a; i < b; i++) {
+                int r = (int) (seg.offsets[i] - lo);
+                long len = buf.getInt(r) & 0xffffffffL;
+                if (len < Segment.HEADER || seg.offsets[i] + len != seg.end(i + 1)) {
+                    throw new CorruptObjectException(obj.where, seg.offsets[i], "row does not end where the next one begins (logical offset)");
+                }
+            }
+            runEnd = b;
+        }
+
+        @Override
+        public ColumnarBatch get() {
+            return batch;
+        }
+
+        @Override
+        public void close() throws IOException {
+            lease.close();
+            obj.close();
+            if (System.getProperty("terrascale.timings") != null) {
+                System.err.printf("terrascale-timings segment=%s fetch_ms=%.1f verify_ms=%.1f decrypt_ms=%.1f decompress_ms=%.1f decode_ms=%.1f%n",
+                        obj.where, obj.nanos[0] / 1e6, obj.nanos[1] / 1e6, obj.nanos[2] / 1e6, obj.nanos[3] / 1e6,
+                        seg.decodeNanos / 1e6);
+            }
+            batch.close();
+        }
+    }
+}
