@@ -42,8 +42,17 @@ public final class TerrascaleProvider implements TableProvider, DataSourceRegist
         return "terrascale";
     }
 
-    private static boolean toPython(Opts o) {
-        return o.changeFeed || o.reader.equals("python");
+    /** Writes aside, what the Python data source serves: the change feed, ``reader=python``, and (with
+     * ``reader=auto``) reads whose option ``objects`` names an S3 store with its own credentials or endpoint:
+     * the JVM reader holds no S3 client, it reads S3 objects through the URLs the node presigns. */
+    static boolean toPython(Opts o) {
+        if (o.changeFeed || o.reader.equals("python")) return true;
+        boolean s3 = o.objects != null && !o.objects.startsWith("trfs:");
+        if (s3 && o.reader.equals("jvm")) {
+            throw new BridgeException("option objects: the JVM reader reads S3 objects through the URLs the node "
+                    + "presigns in the plan; leave option objects out, or use option reader=python");
+        }
+        return s3;
     }
 
     private PythonDataSourceV2 python() {
@@ -106,7 +115,8 @@ public final class TerrascaleProvider implements TableProvider, DataSourceRegist
 
         @Override
         public Set<TableCapability> capabilities() {
-            return EnumSet.of(TableCapability.BATCH_READ, TableCapability.BATCH_WRITE, TableCapability.TRUNCATE);
+            return EnumSet.of(TableCapability.BATCH_READ, TableCapability.BATCH_WRITE, TableCapability.TRUNCATE,
+                    TableCapability.MICRO_BATCH_READ); // a stream without change_feed is refused with the reason
         }
 
         @Override

@@ -177,6 +177,12 @@ final class TerrascaleScan {
             return this;
         }
 
+        @Override
+        public org.apache.spark.sql.connector.read.streaming.MicroBatchStream toMicroBatchStream(String checkpoint) {
+            throw new BridgeException("a streaming read of a Terrascale table is its change feed: add "
+                    + ".option('change_feed', 'true') (the rows then carry commit_ts and op)");
+        }
+
         private Factory factory;
         private InputPartition[] parts;
 
@@ -427,10 +433,14 @@ final class TerrascaleScan {
                 if (row >= runEnd) loadRun();
                 int r = (int) (seg.offsets[row] - base);
                 long t0 = System.nanoTime();
-                Segment.Layout l = dec.check(buf, r, buf.getInt(r), base);
-                if (visible[row] && (buf.get(r + 16) & Segment.DELETED) == 0 && (dec.preds.isEmpty() || dec.matches(buf, r, l))) {
-                    for (int j = 0; j < vectors.length; j++) dec.put(buf, r, l, j, vectors[j], n);
-                    n++;
+                // a row invisible at T may be of a schema version newer than T: the plan need not know it
+                if (visible[row] || dec.versions.containsKey(buf.getInt(r + 4))) {
+                    Segment.Layout l = dec.check(buf, r, buf.getInt(r), base);
+                    if (visible[row] && (buf.get(r + 16) & Segment.DELETED) == 0
+                            && (dec.preds.isEmpty() || dec.matches(buf, r, l))) {
+                        for (int j = 0; j < vectors.length; j++) dec.put(buf, r, l, j, vectors[j], n);
+                        n++;
+                    }
                 }
                 seg.decodeNanos += System.nanoTime() - t0;
                 row++;
