@@ -29,7 +29,7 @@ run: $(STAMP)
 # and re-created each run), ingest with a progress bar, seal/offload, queries, time travel,
 # and a Spark job over the offloaded segments.
 demo: $(STAMP) java17 jvm
-	$(PY) -m node.demo
+	$(PY) -m spark_bridge.demo
 
 # Spark (spark_bridge, its tests) needs a Java 17 runtime: install it when missing.
 java17:

@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 
 from bench.common import Result, Timer, print_table, write_json
-from rowstore import kernels
-from rowstore.rowcodec import decode_rows, encode_rows
+from rowstore.codec import kernels
+from rowstore.codec.rows import decode_rows, encode_rows
 from rowstore.schema import parse_schema
 
 N = 1_000_000

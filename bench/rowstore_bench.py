@@ -27,8 +27,8 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from bench.common import Result, Timer, print_table, write_json
 from bench.rowcodec_bench import SCHEMA, sample
-from rowstore.active_segment import ActiveSegment
-from rowstore.rowcodec import encode_rows
+from rowstore.segments.active import ActiveSegment
+from rowstore.codec.rows import encode_rows
 from terrafs.active import ActiveConfig, ActiveFile
 from terrafs.backends.local import LocalBlockDevice
 from terrafs.blocks import Codec

@@ -27,8 +27,8 @@ from bench.common import Result, Timer, print_table, write_json
 from bench.rowcodec_bench import SCHEMA, sample
 from catalog.memory import MemoryCatalog
 from rowstore.schema import SchemaVersion
-from rowstore.sealed_segment import SealedSegment
-from rowstore.segments import SegmentStore
+from rowstore.segments.sealed import SealedSegment
+from rowstore.segments.store import SegmentStore
 from terrafs.backends.local import LocalBlockDevice, LocalObjectStore
 from terrafs.cache import BlockCache
 from terrafs.fs import FsConfig, TerrascaleFS

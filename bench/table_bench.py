@@ -28,10 +28,10 @@ from rocksdict import Options, Rdict
 from bench.common import Result, Timer, print_table, write_json
 from bench.rowcodec_bench import SCHEMA as ROW_SCHEMA, sample
 from catalog.memory import MemoryCatalog
-from rowstore.active_segment import ActiveSegment
-from rowstore.database import Database, TablesConfig
-from rowstore.pointread import PointDecoder
-from rowstore.rowcodec import encode_rows
+from rowstore.segments.active import ActiveSegment
+from rowstore.db.database import Database, TablesConfig
+from rowstore.codec.point_decoder import PointDecoder
+from rowstore.codec.rows import encode_rows
 from terrafs.active import ActiveConfig, ActiveFile
 from terrafs.backends.local import LocalBlockDevice, LocalObjectStore
 from terrafs.blocks import Codec

@@ -19,13 +19,23 @@ class CatalogTimeoutError(CatalogUnavailableError):
     until ``outcome(request_id)`` is asked (it may still commit)."""
 
 
-class CatalogCorruptionError(CatalogError):
-    """Raised when a catalog log or snapshot fails a checksum before its tail."""
+class CorruptionError(Exception):
+    """Stored bytes failed a checksum, magic or invariant check — the one corruption class.
+
+    Every layer's corruption error derives from it (the catalog's below, terrafs' and the row
+    store's in their packages), so fsck and the HTTP edge read ``where`` (the file, object or
+    segment), ``offset`` (the byte position, or None) and ``reason`` from any of them. It
+    lives here because the catalog is the layer every other one imports.
+    """
 
     def __init__(self, where: str, offset: int | None, reason: str):
         self.where, self.offset, self.reason = where, offset, reason
         at = f" at offset {offset}" if offset is not None else ""
-        super().__init__(f"catalog corruption in {where}{at}: {reason}")
+        super().__init__(f"corruption in {where}{at}: {reason}")
+
+
+class CatalogCorruptionError(CatalogError, CorruptionError):
+    """Raised when a catalog log or snapshot fails a checksum before its tail."""
 
 
 class InvalidTransactionError(CatalogError):

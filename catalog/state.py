@@ -83,6 +83,13 @@ class CatalogState:
         self._outcomes: OrderedDict[str, TxnResult] = OrderedDict()
         self._cap = dedup_capacity
 
+    def copy(self) -> "CatalogState":
+        """A snapshot-able copy, in C-level copies (entries and results are immutable)."""
+        c = CatalogState(self._cap)
+        c.revision, c._data, c._keys = self.revision, dict(self._data), list(self._keys)
+        c._outcomes = OrderedDict(self._outcomes)
+        return c
+
     # -- reads ---------------------------------------------------------------------
 
     def get(self, key: str) -> Entry | None:

@@ -21,7 +21,7 @@ from catalog.errors import (CatalogConfigError, CatalogError, CatalogTimeoutErro
 from node.cluster import FORWARDED
 from node.codec import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table, schema_to_json,
                         table_to_rows, write_arrow_stream)
-from rowstore.database import MAX_LIMIT
+from rowstore.db.reads import MAX_LIMIT
 from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, QueryError, RowstoreError,
                              RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
                              UnavailableError)
@@ -105,9 +105,6 @@ class Api:
         r.add_get("/v1/admin/cluster", self.cluster)
         r.add_post("/v1/admin/cluster/members", self.add_member)
         r.add_delete("/v1/admin/cluster/members/{address}", self.remove_member)
-        from node.bridge_api import add_bridge_routes  # noqa: PLC0415 (it imports this module)
-
-        add_bridge_routes(self, r)  # the Spark bridge's read plans, tails, change feed, leases
         return app
 
     # -- the edge: auth, routing to the owner, errors, metrics ------------------------------------
@@ -218,7 +215,7 @@ class Api:
             raise ApiError(400, "invalid_schema", '"partitions" must be an integer')
         db = self.db
         if self.node.cluster is not None and self.node.cluster.multi:
-            db.catalog_tables.forget(name)
+            db.forget_cached_definitions(name)
             await self.node.cluster.claim(name)
         d = await db.create_table(name, schema, indexes=indexes, partitions=partitions)
         log.info("event=table_created table=%s partitions=%d", name, d.partitions)
@@ -228,7 +225,7 @@ class Api:
         as_of = _as_of_param(request)
         db = self.db
         if self.node.cluster is not None and self.node.cluster.multi:
-            db.catalog_tables.forget()  # other nodes change the catalog too
+            db.forget_cached_definitions()  # other nodes change the catalog too
         return web.json_response({"tables": [_table_json(d) for d in await db.list_tables(as_of)]})
 
     async def describe(self, request):
@@ -354,8 +351,7 @@ class Api:
         table = request.query.get("table")
         db = self.db
         recs = await db.segment_records(table)
-        return web.json_response({"segments": [_segment_json(name, r, db.store.active.get(r.segid))
-                                               for name, r in recs]})
+        return web.json_response({"segments": [_segment_json(name, r) for name, r in recs]})
 
     def _job(self, name: str):
         async def run(request):
@@ -479,13 +475,9 @@ def _table_json(d) -> dict:
             "schema_version": d.schema.version, "ts": d.ts}
 
 
-def _segment_json(table: str, r, local=None) -> dict:
-    """A segment row; an active segment of this node reports its durable rows and bytes so far
-    (its catalog row gets them when it is sealed)."""
-    rows, nbytes = r.rows, r.bytes
-    if r.state.value == "active" and local is not None:
-        rows, nbytes = local.durable_rows, local.nbytes
+def _segment_json(table: str, r) -> dict:
+    """A segment row as the node sees it now (``Database.segment_records``: an active segment
+    of this node reports its durable rows and bytes so far)."""
     return {"segid": r.segid, "table": table, "partition": r.partition, "state": r.state.value,
-            "rows": rows, "live_rows": rows if r.state.value == "active" else r.live_rows, "bytes": nbytes,
-            "live_bytes": nbytes if r.state.value == "active" else r.live_bytes,
+            "rows": r.rows, "live_rows": r.live_rows, "bytes": r.bytes, "live_bytes": r.live_bytes,
             "location": r.location, "owner": r.owner, "min_ts": r.min_ts, "max_ts": r.max_ts}

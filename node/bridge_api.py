@@ -13,7 +13,7 @@ from aiohttp import web
 
 from node.api import ApiError, _as_of_param, _as_of_value, _cpu, _json_object
 from node.codec import ARROW_STREAM, write_arrow_stream
-from rowstore.query import parse_bbox, parse_where
+from rowstore.reads.predicates import parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
 
 
@@ -41,20 +41,7 @@ async def snapshot(api, request):
     T = await api.db.snapshot(as_of)
     d = await api.db.describe(request.match_info["table"], T)
     return web.json_response({"as_of": T, "table": d.name, "table_id": d.table_id, "schema": d.schema.to_json(),
-                              "changed_ts": await _changed_ts(api.db, d.table_id, T)})
-
-
-async def _changed_ts(db, table_id: str, T: int) -> int:
-    """min(T, the newest commit_ts of the table's segments): every commit of the table at or
-    below T is at or below it (segments are the only place rows are committed to)."""
-    newest = 0
-    for rec in await db.store.list(table=table_id):
-        seg = db.store.active.get(rec.segid)
-        newest = max(newest, (seg.max_ts or 0) if seg is not None else rec.max_ts)
-    return min(T, newest)
-
-
-PLAN_FORMAT = 1  # the read plan's JSON ("format"); docs/spark.md, "The plan" lists its fields
+                              "changed_ts": await api.db.changed_ts(d.table_id, T)})
 
 
 async def plan(api, request):
@@ -66,13 +53,13 @@ async def plan(api, request):
     lease_s = _seconds(doc.get("lease_s", 600))
     out = await api.db.read_plan(request.match_info["table"], _as_of_value(doc.get("as_of")), doc.get("where"),
                                  doc.get("bbox"), flags["sealed_only"], lease_s)
-    out["format"] = PLAN_FORMAT
+    body = out.to_json()  # rowstore.reads.plan.ReadPlan: "version" is the plan format's
     if flags["typed"]:
-        out["predicates"] = typed_predicates(SchemaVersion.from_json(out["schema"]), doc.get("where"), doc.get("bbox"))
+        body["predicates"] = typed_predicates(out.schema, doc.get("where"), doc.get("bbox"))
     if flags["presign"] and hasattr(api.db.fs.objects, "presign_get"):
-        for s in out["sealed"]:  # executors read S3 objects over plain HTTPS: no SDK, no credentials
+        for s in body["sealed"]:  # executors read S3 objects over plain HTTPS: no SDK, no credentials
             s["url"] = await api.db.fs.objects.presign_get(s["key"], lease_s + 3600)
-    return web.json_response(out)
+    return web.json_response(body)
 
 
 def typed_predicates(schema: SchemaVersion, where, bbox) -> dict:

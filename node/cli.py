@@ -13,21 +13,16 @@ import csv
 import json
 import logging
 import os
-import re
 import sys
 
 from catalog.errors import CatalogError
 from node import config as config_mod
-from node.errors import NodeError
-from rowstore.errors import RowstoreError
+from node.errors import NodeError, UsageError
+from rowstore.errors import QueryError, RowstoreError
+from rowstore.reads.text_forms import parse_bbox_text, parse_where_text
 from terrafs.errors import TerrafsError
 
 OUTPUTS = ("table", "json", "csv", "arrow")
-_WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(!=|<=|>=|=|<|>)\s*(.*?)\s*$")
-
-
-class UsageError(Exception):
-    """Raised for a malformed argument the parser could not catch (exit 2)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -293,29 +288,22 @@ def _describe_out(d: dict, fmt: str) -> None:
 
 
 def _parse_where(expr: str) -> list:
-    m = _WHERE.match(expr)
-    if not m:
-        raise UsageError(f"--where {expr!r}: expected 'col op value' with op in = != < <= > >=")
-    col, op, value = m.groups()
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        value = value[1:-1]
-    return [col, op, value]
+    """One ``--where`` (``rowstore.reads.text_forms``: the Spark bridge's syntax too)."""
+    try:
+        return parse_where_text(expr)
+    except QueryError as e:
+        raise UsageError(f"--where {expr!r}: {e}") from None
 
 
 def _parse_bbox(text: str) -> dict:
-    col, sep, rest = text.partition(":")
-    parts = rest.split(",")
     try:
-        nums = [float(x) for x in parts]
-    except ValueError:
-        nums = []
-    if not sep or not col or len(nums) != 4:
-        raise UsageError(f"--bbox {text!r}: expected COL:XMIN,YMIN,XMAX,YMAX")
-    return dict(column=col, xmin=nums[0], ymin=nums[1], xmax=nums[2], ymax=nums[3])
+        return parse_bbox_text(text)
+    except QueryError as e:
+        raise UsageError(f"--bbox: {e}") from None
 
 
 def _query(c, args) -> int:
-    where = [_parse_where(w) for w in args.where] or None
+    where = [t for w in args.where for t in _parse_where(w)] or None
     bbox = _parse_bbox(args.bbox) if args.bbox else None
     columns = [x.strip() for x in args.columns.split(",") if x.strip()] if args.columns else None
     status, body, headers = c.request(

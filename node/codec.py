@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rowstore.errors import RowValidationError
-from rowstore.query import timestamp_us
+from rowstore.reads.predicates import timestamp_us
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import LOGICAL_KEY, ColumnType, Kind
 

@@ -30,14 +30,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from catalog.errors import CatalogError
 from node import sdnotify
-from node.api import Api
+from node.http_app import make_app
 from node.cluster import Cluster
 from node.config import NodeConfig
 from node.errors import ConfigError
 from node.jobs import Jobs
 from node.metrics import Metrics
-from rowstore.database import Database, TablesConfig
-from rowstore.partition import segment_states
+from rowstore.db.database import Database, TablesConfig
+from rowstore.tables.partition import segment_states
 from terrafs.active import ActiveConfig
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.errors import TerrafsError
@@ -95,7 +95,7 @@ class Node:
         self.db = Database(self.fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes,
                                                  memtable_bytes=c.memtable_bytes,
                                                  retention_ms=int(c.retention_s * 1000)))
-        self.cluster.on_change = self.db.catalog_tables.forget
+        self.cluster.on_change = self.db.forget_cached_definitions
         await self._open_db()
         self._stack.push_async_callback(self._close_db)
         log.info("event=recovered node=%s tables=%d seconds=%.3f", c.node_id,
@@ -154,14 +154,14 @@ class Node:
                 m.cache_events.labels(k).set(v)
             for state, n in segment_states([r for _, r in await self.db.segment_records()]).items():
                 m.segments.labels(state).set(n)
-            stats = [seg.file.stats for seg in list(self.db.store.active.values())]
+            stats = self.db.flush_stats()
             m.flushes.set(sum(s["flushes"] for s in stats))
             m.flushed_bytes.set(sum(s["flushed_bytes"] for s in stats))
             m.flush_appends.set(sum(s["appends"] for s in stats))
             m.flush_seconds.set(sum(s.get("flush_s", 0.0) for s in stats))
             m.flush_wait_seconds.set(sum(s.get("wait_s", 0.0) for s in stats))
             m.memtable_bytes.set(self.db.memtable_bytes())
-            m.closed_ts.set(self.db.timeline.closed)
+            m.closed_ts.set(self.db.closed_ts)
         return generate_latest(m.registry), CONTENT_TYPE_LATEST
 
     async def status(self) -> dict:
@@ -176,7 +176,7 @@ class Node:
             "node_id": self.cfg.node_id, "address": self.http_url, "ready": self.ready,
             "uptime_s": round(time.time() - self.started, 3), "role": cs["role"],
             "partitions_owned": owned, "tables": len(tables), "segments": segment_states(recs),
-            "closed_ts": self.db.timeline.closed if self.db else None,
+            "closed_ts": self.db.closed_ts if self.db else None,
             "catalog_leader": cs["leader"], "catalog_revision": await self.catalog.revision(),
             "memtable_bytes": self.db.memtable_bytes() if self.db else 0,
             "jobs": {name: {"every_s": every, "last": (self.jobs.last.get(name) if self.jobs else None)}
@@ -247,7 +247,7 @@ async def run(cfg: NodeConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     ctx = node.ssl_context()
-    runner = web.AppRunner(Api(node).app(), access_log=None, shutdown_timeout=cfg.shutdown_timeout_s,
+    runner = web.AppRunner(make_app(node), access_log=None, shutdown_timeout=cfg.shutdown_timeout_s,
                            handle_signals=False)
     await runner.setup()
     host, port = cfg.listen

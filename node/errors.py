@@ -9,3 +9,7 @@ class ConfigError(NodeError):
     """Raised when the config file is unreadable, has an unknown key or a bad value.
 
     The message is one line naming the key (contract §4)."""
+
+
+class UsageError(NodeError):
+    """Raised for a malformed command-line argument the parser could not catch (exit 2)."""

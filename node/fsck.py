@@ -1,7 +1,7 @@
 """`terrascale fsck`: offline, read-only verification of a node's data.
 
 Checks the catalog log and snapshots, then every TerrascaleFS file and object
-(``terrafs.fsck``), then every segment's invariants (``rowstore.fsck``).
+(``terrafs.fsck``), then every segment's invariants (``rowstore.segments.fsck``).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from node.config import NodeConfig
 from node.errors import ConfigError
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.fsck import Problem, check_fs
-from rowstore.fsck import check_segments
+from rowstore.segments.fsck import check_segments
 from terrafs.backends.memory import MemoryBlockDevice
 from terrafs.fs import FsConfig, TerrascaleFS
 from terrafs.uri import local_path, open_block_device, open_object_store

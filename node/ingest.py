@@ -26,7 +26,7 @@ import time
 import pyarrow as pa
 
 from node.codec import column_from_json, rows_to_table
-from node.errors import NodeError
+from node.errors import NodeError, UsageError
 from rowstore.errors import RowValidationError
 from rowstore.schema import SchemaVersion
 from rowstore.types import ColumnType, Kind
@@ -176,8 +176,6 @@ def _ndjson_table(rows, schema, path, first):
 
 def ingest(client, args) -> int:
     if args.batch_rows < 1:
-        from node.cli import UsageError
-
         raise UsageError("--batch-rows must be at least 1")
     if not os.path.isfile(args.file):
         raise IngestError(f"{args.file}: no such file")

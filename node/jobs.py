@@ -1,6 +1,6 @@
 """Background jobs, each on its own schedule, each also runnable now from the admin API.
 
-| job        | what it does (``rowstore.database.Database``)                          | schedule |
+| job        | what it does (``rowstore.db.database.Database``)                          | schedule |
 | ---------- | ---------------------------------------------------------------------- | -------- |
 | checkpoint | checkpoint the largest memtables while over the budget, then merges    | ``jobs.checkpoint_every`` (and at once when the budget is crossed) |
 | offload    | rewrite sealed segments as objects, drop the local copies              | ``jobs.offload_every`` |

@@ -1,4 +1,5 @@
 """Exceptions raised by the row store."""
+from catalog.errors import CorruptionError
 
 
 class RowstoreError(Exception):
@@ -13,13 +14,8 @@ class RowValidationError(RowstoreError):
     """Raised when rows do not fit their schema (missing key, wrong type, unknown column)."""
 
 
-class RowCorruptionError(RowstoreError):
-    """Raised when encoded rows fail an invariant; names where and at which offset."""
-
-    def __init__(self, where: str, offset: int | None, reason: str):
-        self.where, self.offset, self.reason = where, offset, reason
-        at = f" at offset {offset}" if offset is not None else ""
-        super().__init__(f"corruption in {where}{at}: {reason}")
+class RowCorruptionError(RowstoreError, CorruptionError):
+    """Raised when encoded rows or index runs fail an invariant (``where``, ``offset``)."""
 
 
 class TableNotFoundError(RowstoreError):

@@ -11,10 +11,10 @@ import os
 import re
 from dataclasses import dataclass
 
+from rowstore.errors import QueryError
+from rowstore.reads.text_forms import parse_bbox_text, parse_where_text
 from spark_bridge.errors import OptionError
 
-_TERM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(!=|<=|>=|=|<|>)\s*(.*?)\s*$")  # the CLI's --where
-_AND = re.compile(r"\s+and(?:\s+|$)", re.IGNORECASE)
 MAX_LEASE_S = 86_400.0
 
 
@@ -68,54 +68,19 @@ class Options:
 
 
 def parse_where(text: str) -> list:
-    """``'speed > 30 and name = "a b"'`` -> ``[["speed", ">", "30"], ["name", "=", "a b"]]``.
-
-    Each term is the CLI's ``col op value`` (op in ``= != < <= > >=``); values stay strings,
-    as the CLI sends them, and the node converts them to the column's type. Quote a value
-    that contains `` and `` or starts and ends with a quote character."""
-    out = []
-    for part in _split_and(text):
-        m = _TERM.match(part)
-        if not m or not m.group(3):
-            raise OptionError(f"option where: {part.strip()!r} is not 'col op value' with op in = != < <= > >= "
-                              "(join several terms with 'and')")
-        col, op, value = m.groups()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        out.append([col, op, value])
-    return out
-
-
-def _split_and(text: str) -> list[str]:
-    parts, cur, quote, i = [], [], None, 0
-    while i < len(text):
-        ch = text[i]
-        if quote is not None:
-            quote = None if ch == quote else quote
-        elif ch in "'\"" and (not cur or "".join(cur).rstrip()[-1:] in "=<>!"):
-            quote = ch  # a quoted value starts right after the operator
-        else:
-            m = _AND.match(text, i)
-            if m:
-                parts.append("".join(cur))
-                cur, i = [], m.end()
-                continue
-        cur.append(ch)
-        i += 1
-    parts.append("".join(cur))
-    return parts
+    """The ``where`` option: the CLI's terms joined with ``and`` (``rowstore.reads.text_forms``)."""
+    try:
+        return parse_where_text(text)
+    except QueryError as e:
+        raise OptionError(f"option where: {e}") from None
 
 
 def parse_bbox(text: str) -> dict:
-    """``loc:13,52,14,53`` -> the HTTP API's bbox object (edges inclusive)."""
-    col, sep, rest = text.partition(":")
+    """The ``bbox`` option: ``COL:XMIN,YMIN,XMAX,YMAX`` (``rowstore.reads.text_forms``)."""
     try:
-        nums = [float(x) for x in rest.split(",")]
-    except ValueError:
-        nums = []
-    if not sep or not col.strip() or len(nums) != 4 or not all(math.isfinite(v) for v in nums):
-        raise OptionError(f"option bbox: expected COL:XMIN,YMIN,XMAX,YMAX, not {text!r}")
-    return {"column": col.strip(), "xmin": nums[0], "ymin": nums[1], "xmax": nums[2], "ymax": nums[3]}
+        return parse_bbox_text(text)
+    except QueryError as e:
+        raise OptionError(f"option bbox: {e}") from None
 
 
 def _bool(o: dict, key: str, default: bool) -> bool:

@@ -11,6 +11,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from rowstore.reads.plan import ReadPlan, SegmentSlice
 from rowstore.schema import SchemaVersion
 from spark_bridge.errors import BridgeError
 from spark_bridge.lease import LeaseKeeper
@@ -23,7 +24,7 @@ from spark_bridge.types import decoding_schema, select_columns, spark_arrow_sche
 class SegmentPartition(InputPartition):
     """One offloaded segment: its object and the bitmap of localids visible at T."""
 
-    slice: dict  # rowstore.external.SegmentSlice JSON
+    slice: SegmentSlice
 
 
 @dataclass
@@ -42,18 +43,18 @@ class TerrascaleReader(DataSourceReader):
     def __init__(self, opts: Options, schema: StructType, as_of: int, pinned_schema: str):
         self.opts, self.schema = opts, schema
         with Remote(opts) as r:
-            plan = r.plan(as_of, opts.where, opts.bbox, opts.sealed_only, opts.lease_s)
-        if plan["schema"] != pinned_schema:
+            plan = ReadPlan.from_json(r.plan(as_of, opts.where, opts.bbox, opts.sealed_only, opts.lease_s))
+        if plan.schema.to_json() != pinned_schema:
             raise BridgeError(f"table {opts.table!r}: the plan's schema at {as_of} is not the one load() saw")
-        self.as_of, self.lease, self.objects = plan["as_of"], plan["lease"], opts.objects or plan["objects"]
-        self.target_json, self.versions_json = plan["schema"], plan["versions"]
-        self.encrypted = plan["encrypted"]
-        if self.encrypted and plan["sealed"] and not opts.key_file:
+        self.as_of, self.lease, self.objects = plan.as_of, plan.lease, opts.objects or plan.objects
+        self.target, self.versions = plan.schema, plan.versions
+        self.encrypted = plan.encrypted
+        if self.encrypted and plan.sealed and not opts.key_file:
             raise BridgeError(f"table {opts.table!r} is encrypted at rest: give option key_file (the node's "
                               f"security.encryption_key_file, readable on every executor)")
-        self._sealed = list(plan["sealed"])
-        self.sealed_segids = sorted(s["segid"] for s in plan["sealed"])
-        self._tail = list(plan["tail"])
+        self._sealed = list(plan.sealed)
+        self.sealed_segids = plan.sealed_segids
+        self._tail = list(plan.tail)
 
     def __getstate__(self) -> dict:
         # Spark pickles the reader (into every task) before it asks for the partitions:
@@ -68,7 +69,7 @@ class TerrascaleReader(DataSourceReader):
         return parts + [TailPartition(p) for p in self._tail]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        target = SchemaVersion.from_json(self.target_json)
+        target = self.target
         keep = select_columns(target, self.opts.columns)
         names, kinds = [c.name for c in keep], [c.type for c in keep]
         arrow = spark_arrow_schema(self.schema)
@@ -87,12 +88,12 @@ class TerrascaleReader(DataSourceReader):
             t = r.tail(partition, self.as_of, self.opts.where, self.opts.bbox, self.sealed_segids)
         yield from t.to_batches(max_chunksize=65_536)
 
-    def _segment(self, slice_json: dict, target: SchemaVersion, keep: list) -> Iterator[pa.RecordBatch]:
+    def _segment(self, part: SegmentSlice, target: SchemaVersion, keep: list) -> Iterator[pa.RecordBatch]:
         with LeaseKeeper(self.opts, self.lease) as keeper:  # first, before the slow imports below
-            from rowstore.external import SegmentSlice, read_segment, schemas_lookup  # noqa: PLC0415 (numba)
-            from rowstore.query import parse_bbox, parse_where  # noqa: PLC0415
+            from rowstore.reads.external import read_segment, schemas_lookup  # noqa: PLC0415 (numba)
+            from rowstore.reads.predicates import parse_bbox, parse_where  # noqa: PLC0415
 
-            schemas = schemas_lookup([SchemaVersion.from_json(v) for v in self.versions_json])
+            schemas = schemas_lookup(list(self.versions))
             # decode only the columns read and the ones the predicates need
             used = [target.by_name(t[0]) for t in self.opts.where or ()]
             used += [target.by_name(self.opts.bbox["column"])] if self.opts.bbox else []
@@ -103,7 +104,7 @@ class TerrascaleReader(DataSourceReader):
                 from terrafs.crypto import KeyEncryptionKey  # noqa: PLC0415
 
                 kek = KeyEncryptionKey.load(self.opts.key_file)
-            batches = read_segment(self.objects, SegmentSlice.from_json(slice_json), schemas, target, terms, box, kek)
+            batches = read_segment(self.objects, part, schemas, target, terms, box, kek)
             for b in sync_iter(batches):
                 keeper.check()
                 yield b

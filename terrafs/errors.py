@@ -5,6 +5,8 @@ contract's error codes. Corruption errors name the file/object and offset.
 """
 from __future__ import annotations
 
+import catalog.errors
+
 
 class TerrafsError(Exception):
     """Raised for any terrafs failure; the base of this package's errors."""
@@ -46,18 +48,9 @@ class StorageIOError(TerrafsError):
     """Raised when a store failed permanently (permission, bad request, disk error)."""
 
 
-class CorruptionError(TerrafsError):
-    """Raised when stored bytes fail a checksum, magic or invariant check.
-
-    ``where`` names the file or object, ``offset`` the byte position.
-    """
-
-    def __init__(self, where: str, offset: int | None, reason: str):
-        self.where = where
-        self.offset = offset
-        self.reason = reason
-        at = f" at offset {offset}" if offset is not None else ""
-        super().__init__(f"corruption in {where}{at}: {reason}")
+class CorruptionError(TerrafsError, catalog.errors.CorruptionError):
+    """Raised when a file's or object's bytes fail a checksum, magic or invariant check
+    (``where``: the file or object; ``offset``: the byte position)."""
 
 
 class EncryptionKeyError(TerrafsError):

@@ -13,7 +13,7 @@ from catalog.abc import Catalog
 from terrafs.abc import BlockDevice, ObjectStore
 from terrafs.active import ActiveFile
 from terrafs.crypto import KeyEncryptionKey
-from terrafs.errors import NotFoundError, TerrafsError
+from terrafs.errors import CorruptionError, NotFoundError, TerrafsError
 from terrafs.records import FILE_PREFIX, FileRecord, FileState, FileTier, parse_name
 from terrafs.sealed import SealedFile
 
@@ -32,7 +32,9 @@ class Problem:
 
 
 def _problem(where: str, e: TerrafsError) -> Problem:
-    return Problem(getattr(e, "where", where), getattr(e, "offset", None), getattr(e, "reason", str(e)))
+    if isinstance(e, CorruptionError):
+        return Problem(e.where, e.offset, e.reason)
+    return Problem(where, None, str(e))
 
 
 async def check_active(dev: BlockDevice, name: str, kek: KeyEncryptionKey | None) -> list[Problem]:

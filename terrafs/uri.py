@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import os
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 from terrafs.abc import BlockDevice, ObjectStore
 from terrafs.errors import ConfigurationError, UnsupportedSchemeError
@@ -115,12 +115,3 @@ def open_catalog(uri: str, *, secret_file: str | None = None, dir: str | None = 
     from catalog.local import LocalCatalog
 
     return LocalCatalog(os.path.abspath(local_path(uri)))
-
-
-def query_options(uri: str, allowed: set[str]) -> dict[str, str]:
-    """Query parameters of ``uri``; an unknown one is a ConfigurationError naming it."""
-    opts = dict(parse_qsl(urlsplit(uri).query, keep_blank_values=True))
-    for k in opts:
-        if k not in allowed:
-            raise ConfigurationError(f"{uri}: unknown option {k!r} (known: {', '.join(sorted(allowed))})")
-    return opts

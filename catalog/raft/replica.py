@@ -140,14 +140,6 @@ def apply_entry(state: CatalogState, payload) -> TxnResult | int | EntryError | 
         return EntryError(f"{type(e).__name__}: {e}")
 
 
-def copy_state(st: CatalogState) -> CatalogState:
-    """A snapshot-able copy, in C-level copies (entries and results are immutable)."""
-    c = CatalogState(st._cap)
-    c.revision, c._data, c._keys = st.revision, dict(st._data), list(st._keys)
-    c._outcomes = collections.OrderedDict(st._outcomes)
-    return c
-
-
 def _create_journal(journal):
     return journal if isinstance(journal, Journal) else _stock_create_journal(journal)
 
@@ -208,7 +200,7 @@ class Replica(SyncObj):
         journal. The first dump (none on disk yet) is written here, synchronously: it is small."""
         last, prev, cluster = data
         members = sorted(n.address for n in cluster)
-        state = copy_state(self.state)
+        state = self.state.copy()
         final = self.conf.fullDumpFile
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import random
 from typing import AsyncIterable
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import aiohttp
 from aiobotocore.config import AioConfig
@@ -39,7 +39,6 @@ from terrafs.errors import (
     StorageIOError,
     TransientStorageError,
 )
-from terrafs.uri import query_options
 
 _SECRET_OPTIONS = {"access_key_id", "secret_access_key"}
 _INT_OPTIONS = {"max_attempts", "part_size", "multipart_threshold"}
@@ -328,3 +327,12 @@ def _check_config(bucket, access_key_id, secret_access_key, max_attempts, backof
 
 def _etag(r: dict) -> str:
     return r.get("ETag", "").strip('"')
+
+
+def query_options(uri: str, allowed: set[str]) -> dict[str, str]:
+    """Query parameters of ``uri``; an unknown one is a ConfigurationError naming it."""
+    opts = dict(parse_qsl(urlsplit(uri).query, keep_blank_values=True))
+    for k in opts:
+        if k not in allowed:
+            raise ConfigurationError(f"{uri}: unknown option {k!r} (known: {', '.join(sorted(allowed))})")
+    return opts

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from node.client import ARROW_STREAM, ApiError
-from rowstore.external import SegmentSlice, read_segment, schemas_lookup
+from rowstore.reads.external import SegmentSlice, read_segment, schemas_lookup
 from rowstore.schema import SchemaVersion
 from tests.node.proc import NodeProc
 

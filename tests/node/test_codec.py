@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from node.codec import read_arrow_stream, row_to_json, rows_to_table, table_to_rows, write_arrow_stream
 from rowstore.errors import RowValidationError
 from rowstore.schema import parse_schema
-from rowstore.table_io import conform
+from rowstore.tables.conform import conform
 
 SCHEMA = parse_schema(
     "id int64 primary key, i8 int8, u64 uint64, f32 float32, f64 float64, b bool, s string, bin binary, "

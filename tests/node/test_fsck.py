@@ -83,8 +83,8 @@ def test_fsck_usage(tmp_path):
 
 
 async def _make_segments(d):
-    from rowstore.segments import SegmentStore
-    from tests.rowstore.test_segments import KEYS, S1, SCHEMAS, batch
+    from rowstore.segments.store import SegmentStore
+    from tests.rowstore.segments.test_segments import KEYS, S1, SCHEMAS, batch
 
     cat = LocalCatalog(str(d / "catalog"))
     await cat.open()

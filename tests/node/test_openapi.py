@@ -5,7 +5,7 @@ import types
 import yaml
 from openapi_spec_validator import validate
 
-from node.api import Api
+from node.http_app import make_app
 from node.config import NodeConfig
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "openapi.yaml")
@@ -22,6 +22,6 @@ def test_openapi_document_is_valid():
 
 def test_documented_routes_are_the_served_routes():
     spec = {(m.upper(), p) for p, ops in load()["paths"].items() for m in ops if m != "parameters"}
-    app = Api(types.SimpleNamespace(cfg=NodeConfig())).app()
+    app = make_app(types.SimpleNamespace(cfg=NodeConfig()))
     served = {(r.method, r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
     assert spec == served

@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.memory import MemoryCatalog
-from rowstore.database import Database, TablesConfig
+from rowstore.db.database import Database, TablesConfig
 from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.fs import FsConfig, TerrascaleFS
@@ -30,8 +30,8 @@ class TablesWorld:
     def crash(self, tear: bool = False) -> None:
         """Power loss: unsynced bytes go, and the old process's pending work dies with it."""
         self.block.crash(tear_seed=7 if tear else None)
-        for t in list(getattr(self, "db", None)._bg if getattr(self, "db", None) else ()):
-            t.cancel()
+        if getattr(self, "db", None) is not None:
+            self.db.tasks.cancel_all()
 
 
 def rows(ids, v=None, seed: int = 0) -> pa.Table:

@@ -252,7 +252,7 @@ async def test_memtable_budget_drives_background_checkpoints():
                 break
             await asyncio.sleep(0.02)
         assert db.memtable_bytes() <= 20_000
-        assert any(p.index.runs for t in db._tables.values() for p in t.parts)
+        assert any(p.index.runs for p in db.tables.partitions())
     finally:
         job.cancel()
     assert await ids_at(db) == list(range(1000))

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from catalog.local import LocalCatalog
-from rowstore.segments import SegmentStore
+from rowstore.segments.store import SegmentStore
 from terrafs.backends.local import LocalBlockDevice, LocalObjectStore
 from terrafs.fs import FsConfig, TerrascaleFS
-from tests.rowstore.test_segments import KEYS, S1, SCHEMAS
+from tests.rowstore.segments.test_segments import KEYS, S1, SCHEMAS
 
 CHILD = textwrap.dedent("""
     import asyncio, sys
     from tests.rowstore.test_kill9 import open_store
-    from tests.rowstore.test_segments import KEYS, S1, batch
+    from tests.rowstore.segments.test_segments import KEYS, S1, batch
 
     async def main(root):
         st, pending = await open_store(root)

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 
-from rowstore.query import batch_mask, parse_bbox, parse_where
+from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
 from tests.rowstore.tables_world import TablesWorld
 
 SCHEMA = ("id int64 primary key, i int32, f float64, t timestamp, d date, s string, b bool, u uuid, "

@@ -135,10 +135,9 @@ class TableMachine(RuleBasedStateMachine):
     @rule()
     def merge(self):
         async def go():
-            for t in self.db._tables.values():
-                for p in t.parts:
-                    if any(lv == 0 for lv, _ in p.index.runs):
-                        await p.index.merge(0, self.db.horizon())
+            for p in self.db.tables.partitions():
+                if any(lv == 0 for lv, _ in p.index.runs):
+                    await p.index.merge(0, self.db.horizon())
         self.run(go())
 
     @rule()

@@ -18,14 +18,14 @@ import pyarrow as pa
 import pytest
 
 from catalog.local import LocalCatalog
-from rowstore.database import Database, TablesConfig
+from rowstore.db.database import Database, TablesConfig
 from terrafs.backends.local import LocalBlockDevice, LocalObjectStore
 from terrafs.fs import FsConfig, TerrascaleFS
 
 CHILD = textwrap.dedent("""
     import asyncio, sys, time
     import terrafs.fs
-    from rowstore.pk_index import PartitionIndex
+    from rowstore.index.key_index import PartitionIndex
     from tests.rowstore.test_tables_kill9 import open_db, batch_of
 
     real_fp, real_collect = terrafs.fs.failpoint, PartitionIndex._collect
@@ -60,10 +60,9 @@ CHILD = textwrap.dedent("""
                 await db.checkpoint()
             if b % 15 == 0:
                 print("merge", flush=True)
-                for t in db._tables.values():
-                    for p in t.parts:
-                        if sum(1 for lv, _ in p.index.runs if lv == 0) >= 2:
-                            await p.index.merge(0, db.horizon())
+                for p in db.tables.partitions():
+                    if sum(1 for lv, _ in p.index.runs if lv == 0) >= 2:
+                        await p.index.merge(0, db.horizon())
 
     asyncio.run(main(sys.argv[1]))
 """)

@@ -9,7 +9,7 @@ import threading
 
 from aiohttp import web
 
-from node.api import Api
+from node.http_app import make_app
 from node.config import load
 from node.daemon import Node
 from tests.node.proc import NodeProc
@@ -60,7 +60,7 @@ class InProcessNode:
     async def _serve(self, ready: threading.Event) -> None:
         cfg = load(str(self.files.config))
         self.node = Node(cfg)
-        runner = web.AppRunner(Api(self.node).app(), access_log=None)
+        runner = web.AppRunner(make_app(self.node), access_log=None)
         await runner.setup()
         host, port = cfg.listen
         await web.TCPSite(runner, host, port).start()

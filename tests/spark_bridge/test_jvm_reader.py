@@ -194,7 +194,7 @@ def _sealed(node, key):
 
 
 def _open_segment(node, key):
-    from rowstore.sealed_segment import SealedSegment
+    from rowstore.segments.sealed import SealedSegment
 
     async def go():
         store = LocalObjectStore(str(node.data / "objects"))

@@ -80,7 +80,7 @@ def test_bad_uuids_and_out_of_range_integers_are_refused_naming_the_column():
 
 def test_every_type_converts_to_exactly_the_arrow_schema_spark_checks():
     from tests.spark_bridge.test_read import make_rows
-    from rowstore.table_io import conform
+    from rowstore.tables.conform import conform
 
     schema = parse_schema(", ".join(f"{n} {t}" + (" primary key" if n == "id" else "") for n, t in COLUMNS))
     rows = make_rows(range(200), 1, 5)

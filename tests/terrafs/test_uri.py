@@ -5,7 +5,8 @@ from catalog.local import LocalCatalog
 from terrafs.backends.local import LocalBlockDevice, LocalObjectStore
 from terrafs.backends.s3 import S3ObjectStore
 from terrafs.errors import ConfigurationError, UnsupportedSchemeError
-from terrafs.uri import local_path, open_block_device, open_catalog, open_object_store, query_options
+from terrafs.backends.s3 import query_options
+from terrafs.uri import local_path, open_block_device, open_catalog, open_object_store
 
 
 def test_local_paths():

@@ -1,0 +1,1 @@
+"""Row bytes: the vectorized row codec, its numba kernels, and the one-row point decoder."""

@@ -1,0 +1,201 @@
+"""The tables of one node: writes with commit timestamps, reads as of any time.
+
+Design: docs/rfcs/0001 (key index), 0002 (column index), 0003 (time travel). This class is
+the one object the node holds; the work is done by its parts, each in its own module:
+
+* :mod:`rowstore.db.registry` — the open tables and their schema histories;
+* :mod:`rowstore.db.committer` — group commit, two-phase commit of multi-partition batches;
+* :mod:`rowstore.db.reads` — snapshots, point gets, key ranges, queries;
+* :mod:`rowstore.db.external_reads` — read plans, tails and the change feed for the bridge;
+* :mod:`rowstore.db.leases` — read leases that hold segments back from collection;
+* :mod:`rowstore.db.maintenance` — checkpoint, merge, seal, offload;
+* :mod:`rowstore.db.tasks` — the one home of background tasks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from rowstore.db.committer import Committer, WriteResult
+from rowstore.db.external_reads import ExternalReads
+from rowstore.db.leases import Leases
+from rowstore.db.maintenance import Maintenance
+from rowstore.db.reads import Reader
+from rowstore.db.registry import TableRegistry
+from rowstore.db.tasks import BackgroundTasks
+from rowstore.hlc import HybridClock
+from rowstore.reads.plan import ReadPlan
+from rowstore.schema import SchemaVersion
+from rowstore.segments.store import SegmentRecord, SegmentStore
+from rowstore.tables.definitions import TableCatalog, TableDef
+from rowstore.timeline import Timeline
+from terrafs.fs import TerrascaleFS
+
+__all__ = ["Database", "TablesConfig", "WriteResult"]
+
+
+@dataclass(frozen=True)
+class TablesConfig:
+    partitions: int = 8
+    seal_bytes: int = 256 << 20
+    memtable_bytes: int = 64 << 20  # all partitions' key memtables together
+    retention_ms: int = 7 * 86_400_000
+    closed_wait_s: float = 2.0
+
+
+def _schema_of_segment_rows(version: int) -> SchemaVersion:
+    raise RuntimeError("segment rows are decoded with their table's schema lookup")
+
+
+class Database:
+    def __init__(self, fs: TerrascaleFS, cfg: TablesConfig = TablesConfig()):
+        self.fs, self.catalog, self.cfg = fs, fs.catalog, cfg
+        self.clock = HybridClock(self.catalog, fs.cfg.node_id)
+        self.timeline = Timeline(self.clock)
+        self.tasks = BackgroundTasks()
+        self.catalog_tables = TableCatalog(self.catalog, self.clock)
+        self.store = SegmentStore(fs, _schema_of_segment_rows, cfg.seal_bytes)
+        self.tables = TableRegistry(self.catalog_tables, self.store)
+        self.reader = Reader(self.store, self.catalog_tables, self.tables, self.clock, self.timeline, self.tasks,
+                             cfg.retention_ms, cfg.closed_wait_s)
+        self.maintenance = Maintenance(self.store, self.catalog_tables, self.tables, self.timeline,
+                                       cfg.memtable_bytes, self.reader.horizon)
+        self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks,
+                                   self.maintenance.after_write)
+        self.leases = Leases(self.catalog)
+        self.external = ExternalReads(fs, self.store, self.reader, self.leases)
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    async def open(self, owned=None) -> None:
+        """Clock, segments (deciding prepared batches), then every table's indexes — or only
+        the tables ``await owned(table_def)`` accepts (in a cluster a node replays only its
+        own tables: the others' write-ahead lives on their owners' block devices)."""
+        await self.clock.open()
+        await self.store.open(self.committer.decide_at_recovery)
+        await self.committer.forget_recovered()
+        for d in await self.catalog_tables.list():
+            if owned is None or await owned(d):
+                await self.tables.table(d)
+
+    async def close(self) -> None:
+        await self.tasks.drain()
+
+    @property
+    def closed_ts(self) -> int:
+        """Every commit at or below it is durable and visible (reads default to it)."""
+        return self.timeline.closed
+
+    # -- tables -------------------------------------------------------------------------------
+
+    async def create_table(self, name: str, schema, indexes=(), partitions: int | None = None) -> TableDef:
+        d = await self.catalog_tables.create(name, schema, list(indexes), partitions or self.cfg.partitions)
+        await self.tables.table(d)
+        return d
+
+    async def alter_table(self, name: str, change) -> TableDef:
+        d = await self.catalog_tables.alter(name, change)
+        self.tables.altered(d)
+        return d
+
+    async def drop_table(self, name: str) -> TableDef:
+        return await self.catalog_tables.drop(name)
+
+    async def describe(self, name: str, as_of: int | None = None) -> TableDef:
+        if as_of is None:
+            return await self.catalog_tables.describe(name)
+        return await self.catalog_tables.describe(name, await self.snapshot(as_of))
+
+    async def list_tables(self, as_of: int | None = None) -> list[TableDef]:
+        return await self.catalog_tables.list(None if as_of is None else await self.snapshot(as_of))
+
+    def forget_cached_definitions(self, name: str | None = None) -> None:
+        """Another node may have changed a table: read its definition from the catalog again."""
+        self.catalog_tables.forget(name)
+
+    # -- writes (rowstore.db.committer) ---------------------------------------------------------
+
+    async def upsert(self, name: str, data: pa.RecordBatch | pa.Table) -> WriteResult:
+        """Insert or replace rows by primary key, atomically; returns once durable and visible."""
+        return await self.committer.upsert(name, data)
+
+    async def delete(self, name: str, keys) -> WriteResult:
+        """Delete rows by primary key (absent keys are fine); ``count`` = keys that existed."""
+        return await self.committer.delete(name, keys)
+
+    # -- reads (rowstore.db.reads) ----------------------------------------------------------------
+
+    def horizon(self) -> int:
+        return self.reader.horizon()
+
+    async def snapshot(self, as_of: int | None = None) -> int:
+        return await self.reader.snapshot(as_of)
+
+    async def get(self, name: str, key, as_of: int | None = None) -> dict | None:
+        return await self.reader.get(name, key, as_of)
+
+    async def get_many(self, name: str, keys, as_of: int | None = None) -> pa.Table:
+        return await self.reader.get_many(name, keys, as_of)
+
+    async def scan(self, name: str, lo=None, hi=None, as_of: int | None = None, columns=None,
+                   limit: int | None = None) -> tuple[pa.Table, int]:
+        return await self.reader.scan(name, lo, hi, as_of, columns, limit)
+
+    async def query(self, name: str, where=None, bbox=None, columns=None, limit: int | None = 10_000,
+                    as_of: int | None = None) -> tuple[pa.Table, int]:
+        return await self.reader.query(name, where, bbox, columns, limit, as_of)
+
+    # -- external readers (rowstore.db.external_reads, rowstore.db.leases) -----------------------
+
+    async def read_plan(self, name: str, as_of: int | None = None, where=None, bbox=None,
+                        sealed_only: bool = False, lease_s: float = 600.0) -> ReadPlan:
+        return await self.external.read_plan(name, as_of, where, bbox, sealed_only, lease_s)
+
+    async def tail(self, name: str, partition: int, as_of: int, where=None, bbox=None,
+                   sealed: list[int] | None = None) -> pa.Table:
+        return await self.external.tail(name, partition, as_of, where, bbox, sealed)
+
+    async def changes(self, name: str, after: int, upto: int | None = None) -> tuple[pa.Table, int]:
+        return await self.external.changes(name, after, upto)
+
+    async def changed_ts(self, table_id: str, T: int) -> int:
+        return await self.external.changed_ts(table_id, T)
+
+    async def acquire_lease(self, segids: list[int], ttl_s: float) -> str:
+        return await self.leases.acquire(segids, ttl_s)
+
+    async def renew_lease(self, lease: str, ttl_s: float) -> None:
+        await self.leases.renew(lease, ttl_s)
+
+    async def release_lease(self, lease: str) -> None:
+        await self.leases.release(lease)
+
+    async def leased_segments(self) -> set[int]:
+        return await self.leases.leased_segments()
+
+    # -- background jobs (rowstore.db.maintenance) ------------------------------------------------
+
+    async def maintain(self) -> dict:
+        return await self.maintenance.maintain()
+
+    async def run_background(self, interval_s: float = 1.0) -> None:
+        await self.maintenance.run_forever(interval_s)
+
+    async def checkpoint(self, force: bool = True) -> dict:
+        return await self.maintenance.checkpoint(force)
+
+    async def seal(self) -> dict:
+        return await self.maintenance.seal()
+
+    async def offload(self) -> dict:
+        return await self.maintenance.offload()
+
+    async def segment_records(self, table: str | None = None) -> list[tuple[str, SegmentRecord]]:
+        return await self.maintenance.segment_records(table)
+
+    def memtable_bytes(self) -> int:
+        return self.maintenance.memtable_bytes()
+
+    def flush_stats(self) -> list[dict]:
+        return self.store.flush_stats()

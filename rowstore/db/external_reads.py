@@ -1,0 +1,119 @@
+"""What external readers (the Spark bridge) ask a node for (docs/rfcs/0006-external-reads.md):
+a read plan pinning a snapshot, the unsealed tail of one partition, and the change feed."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from rowstore.errors import HistoryPurgedError, QueryError
+from rowstore.reads.plan import ReadPlan, SegmentSlice, visible_bitmap
+from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
+from rowstore.segments.active import split_rowids
+from rowstore.segments.fetch import fetch
+from rowstore.segments.store import SegmentStore, SegState
+from rowstore.db.leases import Leases
+from rowstore.db.reads import Reader, candidates
+from terrafs.fs import TerrascaleFS
+
+
+class ExternalReads:
+    def __init__(self, fs: TerrascaleFS, store: SegmentStore, reader: Reader, leases: Leases):
+        self.fs, self.store, self.reader, self.leases = fs, store, reader, leases
+
+    async def changed_ts(self, table_id: str, T: int) -> int:
+        """min(T, the newest commit_ts of the table's segments): every commit of the table at or
+        below T is at or below it (segments are the only place rows are committed to)."""
+        recs = await self.store.list(table=table_id)
+        return min(T, max((self.store.live(r).max_ts for r in recs), default=0))
+
+    async def read_plan(self, name: str, as_of: int | None = None, where=None, bbox=None,
+                        sealed_only: bool = False, lease_s: float = 600.0) -> ReadPlan:
+        """A snapshot for readers that go to object storage themselves: per offloaded segment
+        its object and a bitmap of the localids visible at T (narrowed by the column index when
+        ``where``/``bbox`` can use it), and the partitions whose visible rows are still on this
+        node (read with :meth:`tail`). A lease keeps the plan's segments from being collected."""
+        c = await self.reader.context(name, as_of)
+        terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
+        preds = terms + ([box] if box is not None else [])
+        by_seg: dict[int, list[np.ndarray]] = {}
+        for part in c.table.parts:
+            ids = (await part.index.scan(None, None, c.T)).rowids
+            cands, _ = candidates(part, preds)
+            if cands is not None:
+                ids = np.intersect1d(ids, cands, assume_unique=True)
+            segs, locs = split_rowids(ids)
+            cuts = np.flatnonzero(np.diff(segs)) + 1
+            for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(segs)]):
+                if b > a:
+                    by_seg.setdefault(int(segs[a]), []).append(locs[a:b])
+        recs = {r.segid: r for r in await self.store.list(table=c.d.table_id)}
+        sealed, tail = [], set()
+        for segid, parts in sorted(by_seg.items()):
+            rec = recs[segid]
+            if rec.state == SegState.OFFLOADED:
+                f = await self.fs.stat(rec.inode)
+                sealed.append(SegmentSlice(segid, f.location, f.object_size, rec.rows,
+                                           visible_bitmap(np.concatenate(parts))))
+            else:
+                tail.add(rec.partition)
+        lease = await self.leases.acquire(sorted(recs), lease_s)
+        # every version the table has had, not only those up to T: a segment may hold rows written
+        # after T with a newer schema (invisible at T, but a reader still walks past them)
+        latest = await self.reader.tables.latest_def(c.d)
+        versions = tuple(c.schemas(v) for v in latest.history if _has(c.schemas, v))
+        return ReadPlan(c.T, c.d.name, c.d.table_id, c.d.schema, versions, self.fs.objects.uri,
+                        self.fs.kek is not None, tuple(sealed), () if sealed_only else tuple(sorted(tail)), lease)
+
+    async def tail(self, name: str, partition: int, as_of: int, where=None, bbox=None,
+                   sealed: list[int] | None = None) -> pa.Table:
+        """The visible rows at T of one partition that are not in offloaded segments.
+
+        ``sealed``: the segids a read plan sends readers to object storage for; exactly those
+        are left out (a segment offloaded after the plan was made still comes from here, so
+        a plan's tails and sealed slices never miss or repeat a row)."""
+        c = await self.reader.context(name, as_of)
+        if not 0 <= partition < len(c.table.parts):
+            raise QueryError(f"table {name!r} has partitions 0..{len(c.table.parts) - 1}")
+        terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
+        ids = (await c.table.parts[partition].index.scan(None, None, c.T)).rowids
+        if sealed is not None:
+            offloaded = set(sealed)
+        else:
+            offloaded = {r.segid for r in await self.store.list(table=c.d.table_id) if r.state == SegState.OFFLOADED}
+        keep = ~np.isin(split_rowids(ids)[0], np.array(sorted(offloaded), np.uint32))
+        rows = await fetch(self.store, ids[keep], c.schemas, c.d.schema)
+        return pa.Table.from_batches([rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box)))])
+
+    async def changes(self, name: str, after: int, upto: int | None = None) -> tuple[pa.Table, int]:
+        """Every row change committed in (after, upto], in commit order (then key): the columns
+        of the schema at ``upto``, plus ``commit_ts`` and ``op`` ("upsert" or "delete")."""
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise QueryError(f"after must be a commit timestamp, not {after!r}")
+        c = await self.reader.context(name, upto)
+        if after < self.reader.horizon() and after != 0:
+            raise HistoryPurgedError(f"changes after {after} reach before the retention horizon")
+        parts = []
+        for rec in map(self.store.live, await self.store.list(table=c.d.table_id)):
+            if rec.max_ts <= after or rec.min_ts > c.T:
+                continue  # empty, or nothing in (after, T]
+            async for dec in self.store.scan(rec.segid, c.d.schema, c.schemas):
+                m = (dec.commit_ts > np.uint64(after)) & (dec.commit_ts <= np.uint64(c.T))
+                if m.any():
+                    idx = np.flatnonzero(m)
+                    b = dec.batch.take(pa.array(idx))
+                    ops = np.where(dec.deleted[idx], "delete", "upsert")
+                    parts.append(b.append_column("commit_ts", pa.array(dec.commit_ts[idx].astype(np.int64)))
+                                 .append_column("op", pa.array(ops)))
+        if not parts:
+            schema = c.d.schema.arrow().append(pa.field("commit_ts", pa.int64())).append(pa.field("op", pa.string()))
+            return schema.empty_table(), c.T
+        t = pa.Table.from_batches(parts)
+        return t.sort_by([("commit_ts", "ascending"), (c.d.schema.key.name, "ascending")]), c.T
+
+
+def _has(schemas, v: int) -> bool:
+    try:
+        schemas(v)
+        return True
+    except Exception:  # a version the lookup does not know
+        return False

@@ -1,0 +1,55 @@
+"""Read leases: while one is unexpired, the garbage collector must not delete its segments
+(``lease/<id>``: expiry in ms since the epoch and the segment ids)."""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+from catalog.abc import Catalog, Check, Delete, Put
+from rowstore.errors import ConflictError
+from terrafs.catalog_ops import commit
+
+LEASE_PREFIX = "lease/"
+
+
+class Leases:
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+
+    async def acquire(self, segids: list[int], ttl_s: float) -> str:
+        lease = secrets.token_hex(8)
+        body = json.dumps({"expires_ms": int(time.time() * 1000 + ttl_s * 1000), "segids": segids}).encode()
+        key = LEASE_PREFIX + lease
+        await commit(self.catalog, [Check(key, 0)], [Put(key, body)])
+        return lease
+
+    async def renew(self, lease: str, ttl_s: float) -> None:
+        """Extend an unexpired lease to ``ttl_s`` from now. An expired one is refused: from
+        its expiry on, the collector may have taken its segments. Renewals racing each
+        other (readers of one plan) all succeed."""
+        for _ in range(16):
+            e = await self.catalog.get(LEASE_PREFIX + lease)
+            if e is None:
+                raise ConflictError(f"lease {lease} expired or released")
+            d = json.loads(e.value)
+            now_ms = time.time() * 1000
+            if d["expires_ms"] <= now_ms:
+                raise ConflictError(f"lease {lease} expired")
+            d["expires_ms"] = max(d["expires_ms"], int(now_ms + ttl_s * 1000))
+            res = await commit(self.catalog, [Check(e.key, e.version)], [Put(e.key, json.dumps(d).encode())])
+            if res.committed:
+                return
+        raise ConflictError(f"lease {lease} changed concurrently")
+
+    async def release(self, lease: str) -> None:
+        await commit(self.catalog, [], [Delete(LEASE_PREFIX + lease)])
+
+    async def leased_segments(self) -> set[int]:
+        """Segments an unexpired lease protects (for the garbage collector)."""
+        now, out = time.time() * 1000, set()
+        for e in await self.catalog.scan(LEASE_PREFIX):
+            d = json.loads(e.value)
+            if d["expires_ms"] > now:
+                out.update(d["segids"])
+        return out

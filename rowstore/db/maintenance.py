@@ -1,0 +1,97 @@
+"""Background work on a node's tables: checkpoint key memtables over the budget, merge
+index runs, seal and offload segments (the garbage collector will live here). The daemon
+runs :meth:`Maintenance.run_forever`; the admin API runs the jobs on demand."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+from rowstore.segments.store import SegmentRecord, SegmentStore
+from rowstore.tables.definitions import TableCatalog
+from rowstore.timeline import Timeline
+from rowstore.db.registry import TableRegistry
+
+log = logging.getLogger("rowstore.database")
+
+
+class Maintenance:
+    def __init__(self, store: SegmentStore, definitions: TableCatalog, tables: TableRegistry, timeline: Timeline,
+                 memtable_budget: int, horizon: Callable[[], int]):
+        self.store, self.definitions, self.tables, self.timeline = store, definitions, tables, timeline
+        self.memtable_budget, self.horizon = memtable_budget, horizon
+        self._wake = asyncio.Event()  # a write crossed the memtable budget: maintain now
+
+    def after_write(self) -> None:
+        if self.memtable_bytes() > self.memtable_budget:
+            self._wake.set()
+
+    def memtable_bytes(self) -> int:
+        return sum(p.mem_bytes for p in self.tables.partitions())
+
+    async def maintain(self) -> dict:
+        """One round of background work: checkpoint the largest memtables while over the
+        budget, run the merges the policy wants, offload sealed segments."""
+        out = await self.checkpoint(force=False)
+        out.update(await self.offload())
+        closed = self.timeline.closed
+        out["progress"] = sum([await p.progress(closed) for p in self.tables.partitions()])
+        return out
+
+    async def run_forever(self, interval_s: float = 1.0) -> None:
+        """Maintain forever (the daemon runs this as a task and cancels it at shutdown)."""
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), interval_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.maintain()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # logged and retried next round; never kills the loop
+                log.warning("event=maintain_failed error=%r", e)
+
+    async def checkpoint(self, force: bool = True) -> dict:
+        """Checkpoint memtables: all of them, or (``force=False``) the largest until the
+        budget is met. Then run any merge the policy wants."""
+        parts = self.tables.partitions()
+        if not force:
+            parts.sort(key=lambda p: p.mem_bytes, reverse=True)
+            total, chosen = sum(p.mem_bytes for p in parts), []
+            for p in parts:
+                if total <= self.memtable_budget:
+                    break
+                chosen.append(p)
+                total -= p.mem_bytes
+            parts = chosen
+        done = [p for p in parts if await p.checkpoint()]
+        merged = 0
+        for p in self.tables.partitions():
+            merged += await p.merge(self.horizon())
+        return {"checkpointed": len(done), "merged": merged}
+
+    async def seal(self) -> dict:
+        sealed = [s for p in self.tables.partitions() if (s := await p.roll()) is not None]
+        return {"sealed": sealed}
+
+    async def offload(self) -> dict:
+        done = []
+        for segid in await self.store.pending_offload():
+            rec, _ = await self.store.record(segid)
+            d = self.tables.definition(rec.table)
+            if d is None:
+                continue  # a table this node has not opened (it will be, at the next start)
+            await self.store.offload(segid, d.schema, await self.tables.schemas_of(d))
+            done.append(segid)
+        return {"offloaded": done}
+
+    async def segment_records(self, table: str | None = None) -> list[tuple[str, SegmentRecord]]:
+        """(table name, record as this node sees it now) for every segment, or one table's."""
+        recs = await self.store.list()
+        if table is not None:
+            d = await self.definitions.describe(table)
+            recs = [r for r in recs if r.table == d.table_id]
+        names = self.tables.names()
+        return [(names.get(r.table, r.table), self.store.live(r)) for r in recs]

@@ -1,0 +1,249 @@
+"""Reads at a snapshot: ``as_of`` resolved to a closed timestamp T, the table definition
+at T, and the reconstruction rule applied through the key index — a row version is
+visible at T iff it is the newest version of its key with ``commit_ts <= T`` and not a
+deletion (RFC 0003). Point gets take a scalar path; many keys, ranges and queries are
+vectorized, the column index narrowing candidates that are then re-checked exactly."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from rowstore.codec.point_decoder import PointDecoder
+from rowstore.errors import FutureTimestampError, HistoryPurgedError, QueryError, RowValidationError
+from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
+from rowstore.index.key_memtable import encode_keys
+from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
+from rowstore.schema import SchemaVersion
+from rowstore.segments.fetch import fetch
+from rowstore.segments.store import SegmentStore
+from rowstore.tables.conform import key_array
+from rowstore.tables.definitions import TableCatalog, TableDef
+from rowstore.tables.keys import encode_one, partition_of, partition_one
+from rowstore.tables.partition import Partition
+from rowstore.timeline import Timeline
+from rowstore.db.registry import Table, TableRegistry
+from rowstore.db.tasks import BackgroundTasks
+
+MAX_LIMIT = 2**63 - 1  # any limit is fine (CONTRACT §3)
+
+
+@dataclass(frozen=True)
+class ReadContext:
+    """What every read of one table at one snapshot needs."""
+
+    T: int
+    d: TableDef
+    table: Table
+    schemas: object  # version id -> SchemaVersion
+
+
+@dataclass(frozen=True)
+class _PointTable:
+    """A table as a point read needs it (plain attributes: read on every get)."""
+
+    gen: int  # the table catalog's generation it was built in
+    d: TableDef
+    kind: str
+    parts: list
+    nparts: int
+    decode: PointDecoder
+
+
+class Reader:
+    def __init__(self, store: SegmentStore, definitions: TableCatalog, tables: TableRegistry, clock: HybridClock,
+                 timeline: Timeline, tasks: BackgroundTasks, retention_ms: int, closed_wait_s: float):
+        self.store, self.definitions, self.tables = store, definitions, tables
+        self.clock, self.timeline, self.tasks = clock, timeline, tasks
+        self.retention_ms, self.closed_wait_s = retention_ms, closed_wait_s
+        self._points: dict[str, _PointTable] = {}  # name -> what a point read at the present needs
+
+    def horizon(self) -> int:
+        return ts_from_ms(max(time.time_ns() // 1_000_000 - self.retention_ms, 0))
+
+    async def snapshot(self, as_of: int | None = None) -> int:
+        """The read timestamp: ``closed`` by default; a given T once it is closed."""
+        if as_of is None:
+            return self.timeline.closed
+        if isinstance(as_of, bool) or not isinstance(as_of, int) or not 0 <= as_of <= MAX_TS:
+            raise QueryError(f"as_of must be a commit timestamp (an integer 0..{MAX_TS}), not {as_of!r}")
+        if as_of < self.horizon():
+            raise HistoryPurgedError(f"as_of {as_of} is before the retention horizon {self.horizon()}")
+        if as_of <= self.timeline.closed:
+            return as_of
+        if ms_of(as_of) > time.time_ns() // 1_000_000:
+            raise FutureTimestampError(f"as_of {as_of} is in the future (closed timestamp {self.timeline.closed})")
+        self.clock.observe(as_of)  # later commits get larger timestamps; wait for the older ones
+        if not await self.timeline.wait_closed(as_of, self.closed_wait_s):
+            raise FutureTimestampError(f"as_of {as_of} is not closed yet (closed timestamp {self.timeline.closed})")
+        return as_of
+
+    async def context(self, name: str, as_of: int | None) -> ReadContext:
+        T = await self.snapshot(as_of)
+        d = await self.definitions.describe(name, T)
+        table = await self.tables.table(d)
+        return ReadContext(T, d, table, await self.tables.schemas_of(d))
+
+    async def get(self, name: str, key, as_of: int | None = None) -> dict | None:
+        """The row with primary key ``key`` as of T (columns and names of T), or None.
+
+        The scalar path: no arrays, one index walk, one row read, one struct unpack; with
+        everything it needs in memory, no coroutine is awaited."""
+        pt = self._points.get(name) if as_of is None else None
+        if pt is not None and pt.gen == self.definitions.generation:
+            T = self.timeline.visible
+            if pt.d.ts > T:  # the newest definition is not visible yet
+                T, pt = await self._point_table(name, as_of)
+        else:
+            T, pt = await self._point_table(name, as_of)
+        k = _point_key(pt, key)
+        part = pt.parts[partition_one(k, pt.nparts)]
+        rowid = part.index.get_cached(k, T)
+        if rowid is None:
+            rowid = await part.index.get(k, T)
+        if part.index.consolidation_due:
+            self.tasks.spawn(part.index.merge_memtable())
+        if rowid == 0:
+            return None
+        raw, where = self.store.row_bytes_cached(rowid) or await self.store.row_bytes(rowid)
+        return pt.decode(raw, where)
+
+    async def _point_table(self, name: str, as_of: int | None) -> tuple[int, _PointTable]:
+        """The read timestamp and the table as point reads need it; kept for reads at the
+        present while the catalog's generation stands and the definition is the newest."""
+        gen = self.definitions.generation
+        T = await self.snapshot(as_of)
+        d = await self.definitions.describe(name, T)
+        table = self.tables.get(d.table_id) or await self.tables.table(d)
+        pt = _PointTable(gen, d, table.kind, table.parts, len(table.parts),
+                         PointDecoder(await self.tables.schemas_of(d), d.schema))
+        if as_of is None and await self.definitions.describe(name) is d:
+            self._points[name] = pt
+        return T, pt
+
+    async def get_many(self, name: str, keys, as_of: int | None = None) -> pa.Table:
+        """Rows for many keys at once (vectorized lookups and reads), in key order; absent
+        keys are left out."""
+        c = await self.context(name, as_of)
+        enc = encode_keys(key_array(keys, c.d.schema.key), c.table.kind)
+        pids = partition_of(enc, len(c.table.parts))
+        ids = []
+        for p in np.unique(pids):
+            index = c.table.parts[p].index
+            got = await index.get_many(enc[pids == p], c.T)
+            ids.append(got[got != 0])
+            if index.consolidation_due:
+                self.tasks.spawn(index.merge_memtable())
+        rowids = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.uint64)
+        return finish([(await fetch(self.store, rowids, c.schemas, c.d.schema)).batch], c.d.schema, None, None)
+
+    async def scan(self, name: str, lo=None, hi=None, as_of: int | None = None, columns=None,
+                   limit: int | None = None) -> tuple[pa.Table, int]:
+        """Rows with ``lo <= key < hi`` (None: unbounded) visible at T, in key order."""
+        c = await self.context(name, as_of)
+        bounds = [None if b is None else encode_keys(key_array([b], c.d.schema.key), c.table.kind)[0]
+                  for b in (lo, hi)]
+        parts = []
+        for part in c.table.parts:
+            vis = await part.index.scan(bounds[0], bounds[1], c.T)
+            parts.append((await fetch(self.store, vis.rowids, c.schemas, c.d.schema)).batch)
+        return finish(parts, c.d.schema, columns, limit), c.T
+
+    async def query(self, name: str, where=None, bbox=None, columns=None, limit: int | None = 10_000,
+                    as_of: int | None = None) -> tuple[pa.Table, int]:
+        """Rows visible at T matching every ``where`` term and the bounding box, in key order."""
+        c = await self.context(name, as_of)
+        terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
+        _check_columns(c.d.schema, columns)
+        _check_limit(limit)
+        out = [await self._query_part(c, part, terms, box, limit) for part in c.table.parts]
+        return finish(out, c.d.schema, columns, limit), c.T
+
+    async def _query_part(self, c: ReadContext, part: Partition, terms, box, limit) -> pa.RecordBatch:
+        cands, srcs = candidates(part, terms + ([box] if box is not None else []))
+        if cands is None:  # no index applies: the partition's visible rows, in key order
+            return await self._scan_part(c, part, terms, box, limit)
+        rows = await fetch(self.store, cands, c.schemas, c.d.schema)  # in rowid order, as cands
+        keys = encode_keys(rows.batch.column(c.d.schema.key.name), part.kind)
+        visible = (rows.commit_ts <= np.uint64(c.T)) & ~rows.deleted
+        idx = np.flatnonzero(visible)
+        visible[idx] = ~await part.index.superseded(keys[idx], rows.commit_ts[idx], srcs[idx], c.T)
+        return rows.batch.filter(pa.array(visible & batch_mask(rows.batch, terms, box)))
+
+    async def _scan_part(self, c: ReadContext, part: Partition, terms, box, limit) -> pa.RecordBatch:
+        """Visible rows in key order, fetched in growing chunks until ``limit`` of them match:
+        the answer is the first ``limit`` keys overall, so no partition needs more."""
+        ids = (await part.index.scan(None, None, c.T)).rowids  # key order
+        got, at, step = [], 0, max(4 * (limit or 0), 4096)
+        while at < len(ids):
+            chunk = ids[at : at + step] if limit is not None else ids
+            at += len(chunk)
+            rows = await fetch(self.store, chunk, c.schemas, c.d.schema)  # rowid order
+            got.append(rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box))))
+            if limit is not None and sum(x.num_rows for x in got) >= limit:
+                break
+            step *= 4
+        got = [b for b in got if b.num_rows]
+        if not got:
+            return _empty_batch(c.d.schema)
+        return got[0] if len(got) == 1 else pa.Table.from_batches(got).combine_chunks().to_batches()[0]
+
+
+def _point_key(pt: _PointTable, key):
+    """One user key as the index's scalar (see ``encode_one``)."""
+    try:
+        if pt.kind == "uuid":
+            return encode_one(key_array([key], pt.d.schema.key)[0].as_py(), "uuid")
+        return encode_one(key, pt.kind)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise RowValidationError(f"primary key {key!r} is not a valid {pt.d.schema.key.type}") from e
+
+
+def candidates(part: Partition, preds) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Sorted rowids every usable column index allows, with each one's source run (RFC 0002);
+    (None, None) when no predicate can use an index."""
+    cands = srcs = None
+    for pred in preds:
+        got = part.columns.candidates(pred)
+        if got is None:
+            continue
+        if cands is None:
+            cands, srcs = got
+        else:
+            cands, i, _ = np.intersect1d(cands, got[0], assume_unique=True, return_indices=True)
+            srcs = srcs[i]
+    return cands, srcs
+
+
+def _check_columns(schema: SchemaVersion, columns) -> None:
+    if columns is None:
+        return
+    if not isinstance(columns, (list, tuple)) or not all(isinstance(c, str) for c in columns):
+        raise QueryError("columns must be a list of column names")
+    for c in columns:
+        if schema.by_name(c) is None:
+            raise QueryError(f"no column {c!r}")
+
+
+def _check_limit(limit) -> None:
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise QueryError(f"limit must be a non-negative integer, not {limit!r}")
+
+
+def _empty_batch(schema: SchemaVersion) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array([], c.type.arrow()) for c in schema.columns], schema=schema.arrow())
+
+
+def finish(parts: list[pa.RecordBatch], schema: SchemaVersion, columns, limit) -> pa.Table:
+    """Partitions' rows as one table in key order, cut to ``limit``, with ``columns``."""
+    t = pa.Table.from_batches([p for p in parts if p.num_rows], schema=schema.arrow()) if any(
+        p.num_rows for p in parts) else schema.arrow().empty_table()
+    if t.num_rows > 1:
+        t = t.sort_by([(schema.key.name, "ascending")])
+    if limit is not None:
+        t = t.slice(0, limit)
+    return t.select(list(columns)) if columns is not None else t

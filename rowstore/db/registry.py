@@ -1,0 +1,97 @@
+"""The tables this node has open: each table id's partitions, opened (replayed) once, and
+the schema history its rows are decoded with."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from rowstore.schema import SchemaVersion
+from rowstore.segments.store import SegmentStore
+from rowstore.tables.definitions import TableCatalog, TableDef
+from rowstore.tables.partition import Partition
+
+log = logging.getLogger("rowstore.database")
+
+
+class Table:
+    """One table id's partitions (a dropped and re-created name is another Table)."""
+
+    def __init__(self, store: SegmentStore, d: TableDef):
+        self.table_id, self.name = d.table_id, d.name
+        self.kind = d.schema.key.type.kind.value
+        indexed = [c for c in d.schema.columns if c.id in d.indexes]
+        self.parts = [Partition(store, d.table_id, p, self.kind, indexed) for p in range(d.partitions)]
+
+    def forget_columns(self, schema: SchemaVersion) -> None:
+        """Stop indexing columns the schema no longer has."""
+        for p in self.parts:
+            p.columns.forget_missing(schema)
+
+
+class TableRegistry:
+    def __init__(self, definitions: TableCatalog, store: SegmentStore):
+        self.definitions, self.store = definitions, store
+        self._tables: dict[str, Table] = {}
+        self._opening: dict[str, asyncio.Lock] = {}
+        self._defs: dict[str, TableDef] = {}  # table id -> newest definition with a schema
+        self._schemas: dict[str, tuple] = {}  # table id -> (history, version lookup)
+
+    def opened(self) -> list[Table]:
+        return list(self._tables.values())
+
+    def partitions(self) -> list[Partition]:
+        return [p for t in self._tables.values() for p in t.parts]
+
+    def get(self, table_id: str) -> Table | None:
+        return self._tables.get(table_id)
+
+    def definition(self, table_id: str) -> TableDef | None:
+        """The newest definition of an opened table id (None: not opened on this node)."""
+        return self._defs.get(table_id)
+
+    def names(self) -> dict[str, str]:
+        return {tid: d.name for tid, d in self._defs.items()}
+
+    async def table(self, d: TableDef) -> Table:
+        """The open table of ``d``'s table id, opening (replaying) it the first time."""
+        t = self._tables.get(d.table_id)
+        if t is not None:
+            return t
+        async with self._opening.setdefault(d.table_id, asyncio.Lock()):
+            t = self._tables.get(d.table_id)
+            if t is None:
+                latest = await self.latest_def(d)
+                t = Table(self.store, latest)
+                schemas = await self.schemas_of(latest)
+                for p in t.parts:
+                    n = await p.open(schemas, latest.schema)
+                    if n:
+                        log.info("event=partition_replayed table=%s partition=%d rows=%d", d.name, p.pid, n)
+                self._tables[d.table_id] = t
+        return t
+
+    def altered(self, d: TableDef) -> None:
+        """A new schema version of ``d``'s table: new lookups, and no index on dropped columns."""
+        self._schemas.pop(d.table_id, None)
+        t = self._tables.get(d.table_id)
+        if t is not None:
+            t.forget_columns(d.schema)
+            self._defs[d.table_id] = d
+
+    async def latest_def(self, d: TableDef) -> TableDef:
+        """The newest definition of ``d``'s table id that has a schema."""
+        cur = self._defs.get(d.table_id)
+        if cur is not None and cur.ts >= d.ts:
+            return cur
+        newest = await self.definitions.newest_with_schema(d)
+        self._defs[d.table_id] = newest
+        return newest
+
+    async def schemas_of(self, d: TableDef):
+        """version id -> SchemaVersion for every version ``d``'s table id has had so far."""
+        latest = await self.latest_def(d)
+        got = self._schemas.get(d.table_id)
+        if got is None or got[0] != latest.history:
+            got = (latest.history, await self.definitions.schemas(latest))
+            self._schemas[d.table_id] = got
+        return got[1]

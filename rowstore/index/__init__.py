@@ -1,0 +1,1 @@
+"""Indexes over rowids: the primary-key LSM (memtable, runs, levels) and the column index."""

@@ -1,0 +1,326 @@
+"""The column index of one table partition: value -> rowids for each indexed column
+(docs/rfcs/0002-column-index.md; run format: docs/format/column-run.md).
+
+Like the primary-key index it is a memtable plus runs, and it moves in lock step with
+it: a checkpoint freezes both memtables at the same instant and publishes the runs in
+the same manifest (``rowstore/index/key_index.py``), so a column run always covers exactly the
+rows of the primary-key run it is named with. The memtable answers by an exact
+vectorized scan (it is small); runs answer through the structures of
+``rowstore/index/column_structures.py``. Answers are candidates: the query re-checks them exactly
+and decides visibility with the primary-key index.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from catalog.abc import Put
+from rowstore.index.column_structures import AxisIndex, GridIndex, Interval, ValueIndex, ids_of
+from rowstore.errors import RowCorruptionError, SchemaError
+from rowstore.reads.predicates import BBox, Term, bbox_mask, numeric_values, term_mask, NUMERIC
+from rowstore.schema import Column
+from rowstore.types import Kind
+
+log = logging.getLogger("rowstore.index.column_index")
+FORMAT, VERSION = b"column-run", b"1"  # part of the format
+_VALUE_KINDS = {Kind.STRING, Kind.BINARY, Kind.UUID, Kind.BOOL}
+_I64 = np.iinfo(np.int64)
+
+
+def index_kind(col: Column) -> str:
+    """Which structure indexes this column (docs/format/column-run.md)."""
+    k = col.type.kind
+    if k == Kind.POINT:
+        return "grid"
+    if k == Kind.BOX:
+        return "box"
+    if k == Kind.RANGE:
+        return "range"
+    if k in NUMERIC:
+        return "axis"
+    if k in _VALUE_KINDS:
+        return "value"
+    raise SchemaError(f"column {col.name!r} of type {col.type} cannot be indexed")
+
+
+Pred = Term | BBox
+
+
+def exact(col: Column, values: pa.Array, pred: Pred) -> np.ndarray:
+    return bbox_mask(values, pred) if isinstance(pred, BBox) else term_mask(values, pred)
+
+
+class ColumnRun:
+    """One run of one column, with its structure built in memory."""
+
+    def __init__(self, col: Column, rowids: np.ndarray, values: pa.Array, inode: int = 0):
+        self.col, self.kind, self.inode, self.rows = col, index_kind(col), inode, len(rowids)
+        rowids = np.asarray(rowids, np.uint64)
+        k = col.type.kind
+        if self.kind == "grid":
+            self.grid = GridIndex(_f(values, "x"), _f(values, "y"), rowids)
+        elif self.kind == "box":
+            self.ax = AxisIndex(_f(values, "xmin"), _f(values, "xmax"), rowids)
+            self.ay = AxisIndex(_f(values, "ymin"), _f(values, "ymax"), rowids)
+        elif self.kind == "range":
+            lo, hi = _range_bounds(values, col.type.elem)
+            self.axis = AxisIndex(np.minimum(lo, hi), np.maximum(lo, hi), rowids)
+        elif self.kind == "axis":
+            v = numeric_values(values, k)
+            self.axis = AxisIndex(v, v, rowids)
+        else:
+            self.values = ValueIndex(_value_keys(values, k), rowids)
+
+    def candidates(self, pred: Pred) -> np.ndarray | None:
+        """Sorted rowids whose value may satisfy ``pred``; None if this index cannot answer."""
+        if isinstance(pred, BBox):
+            if self.kind == "grid":
+                return self.grid.query(pred.xmin, pred.ymin, pred.xmax, pred.ymax)
+            if self.kind == "box":
+                return ids_of(self.ax.query(Interval(pred.xmin, pred.xmax)) &
+                              self.ay.query(Interval(pred.ymin, pred.ymax)))
+            return None
+        if self.kind == "value":
+            key = _value_key(pred.value, self.col.type.kind)
+            if pred.op == "=":
+                return ids_of(self.values.eq(key))
+            return ids_of(self.values.ne(key)) if pred.op == "!=" else None
+        if self.kind in ("axis", "range") and pred.op != "!=":
+            return ids_of(self.axis.query(pred.interval()))
+        return None
+
+
+class PartitionColumns:
+    """Memtable and runs of every indexed column of one partition."""
+
+    def __init__(self, fs, manifest_key: str, columns: list[Column]):
+        self.fs, self.key = fs, manifest_key
+        self.columns = {c.id: c for c in columns}
+        for c in columns:
+            index_kind(c)  # refuse unindexable columns up front
+        self.mem: list[tuple[np.ndarray, dict[int, pa.Array]]] = []
+        self.frozen: list[list] = []
+        self._mem_bytes = 0
+        self.runs: dict[int, dict[int, ColumnRun]] = {}  # primary-key run inode -> column id -> run
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def insert(self, rowids: np.ndarray, batch: pa.RecordBatch, schema, pos: np.ndarray | None = None) -> None:
+        """Index the values of each indexed column of ``batch`` (whose columns are named as in
+        ``schema``: columns are matched by id, so renames do not matter) — with ``pos``, of
+        its rows ``pos``, taken only when a query or a checkpoint needs them; tombstones are
+        excluded by the caller."""
+        if not self.columns or len(rowids) == 0:
+            return
+        vals = {}
+        for cid in self.columns:
+            col = schema.by_id(cid)
+            i = batch.schema.get_field_index(col.name) if col is not None else -1
+            if i >= 0:
+                vals[cid] = batch.column(i) if pos is None else _Taken(batch.column(i), pos)
+        self.mem.append((np.asarray(rowids, np.uint64), vals))
+        self._mem_bytes += _piece_bytes(self.mem[-1])
+
+    def freeze(self) -> list:
+        token, self.mem, self._mem_bytes = self.mem, [], 0
+        self.frozen.append(token)
+        return token
+
+    def thaw(self, token: list) -> None:
+        """A checkpoint failed: its frozen entries go back to the memtable."""
+        self.frozen.remove(token)
+        self.mem = token + self.mem
+        self._mem_bytes += sum(_piece_bytes(p) for p in token)
+
+    def release(self, token: list) -> None:
+        self.frozen.remove(token)
+
+    async def write_runs(self, pieces: list, keep: np.ndarray | None = None) -> dict[str, int]:
+        """Write one run file per indexed column from memtable ``pieces`` (or merged data);
+        ``keep``: sorted rowids to keep (a merge drops what the key index purged)."""
+        out = {}
+        for cid, col in self.columns.items():
+            rowids, values = _gather(pieces, cid, col)
+            if keep is not None and len(rowids):
+                m = np.isin(rowids, keep, assume_unique=False)
+                rowids, values = rowids[m], values.filter(pa.array(m))
+            order = np.argsort(rowids, kind="stable")
+            rowids, values = rowids[order], values.take(pa.array(order))
+            body = await asyncio.to_thread(_ipc_bytes, col, index_kind(col), rowids, values)
+            rec = await self.fs.create_sealed(_one(body), extra=lambda r: ([], [Put(self.pending_key(r.inode), b"")]))
+            out[str(cid)] = rec.inode
+        return out
+
+    def pending_key(self, inode: int) -> str:
+        return f"{self.key}/pending/{inode:08x}"
+
+    async def run_data(self, inode: int) -> tuple[np.ndarray, pa.Array]:
+        sf = await self.fs.open_sealed(inode)
+        raw = await sf.read(0, sf.size)
+        return await asyncio.to_thread(_parse, raw, sf.where)
+
+    async def attach(self, pk_inode: int, cols: dict[str, int]) -> None:
+        """Open (and build) the column runs named with a primary-key run."""
+        runs = {}
+        for cid_s, inode in cols.items():
+            col = self.columns.get(int(cid_s))
+            if col is None:
+                continue  # the column was dropped since: its index with it
+            rowids, values = await self.run_data(inode)
+            runs[col.id] = await asyncio.to_thread(ColumnRun, col, rowids, values, inode)
+        self.runs[pk_inode] = runs
+
+    def detach(self, pk_inode: int) -> None:
+        self.runs.pop(pk_inode, None)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def forget_missing(self, schema) -> None:
+        """Stop indexing columns ``schema`` no longer has (a dropped column leaves its index)."""
+        for cid in [c for c in self.columns if schema.by_id(c) is None]:
+            del self.columns[cid]
+
+    def candidates(self, pred: Pred) -> tuple[np.ndarray, np.ndarray] | None:
+        """Sorted rowids of row versions whose value may satisfy ``pred``, with the source
+        of each (the inode of the key-index run holding its entry; 0: a memtable); None if
+        the column is not indexed or its index cannot answer this predicate."""
+        cid = pred.column.id
+        if cid not in self.columns:
+            return None
+        parts, srcs = [], []
+        for pk_inode, run_cols in self.runs.items():
+            run = run_cols.get(cid)
+            if run is None:
+                continue
+            got = run.candidates(pred)
+            if got is None:
+                return None
+            parts.append(got)
+            srcs.append(np.full(len(got), pk_inode, np.int64))
+        for piece in [*self.mem, *(p for tok in self.frozen for p in tok)]:
+            rowids, vals = piece
+            arr = _values(vals.get(cid))
+            if arr is not None:
+                parts.append(rowids[exact(self.columns[cid], arr, pred)])
+                srcs.append(np.zeros(len(parts[-1]), np.int64))
+        if not parts:
+            return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+        ids, src = np.concatenate(parts), np.concatenate(srcs)
+        order = np.argsort(ids, kind="stable")
+        return ids[order], src[order]
+
+    @property
+    def mem_bytes(self) -> int:
+        return self._mem_bytes
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+class _Taken:
+    """Rows ``pos`` of ``arr``, taken on first use: ingest keeps the caller's array (one
+    array serves every partition of a batch) instead of copying its values per partition."""
+
+    __slots__ = ("arr", "pos", "nbytes")
+
+    def __init__(self, arr: pa.Array, pos: np.ndarray):
+        self.arr, self.pos = arr, pos
+        self.nbytes = pos.nbytes + arr.nbytes * len(pos) // max(len(arr), 1)  # this piece's share
+
+    def values(self) -> pa.Array:
+        if self.pos is not None:  # taken once; the caller's array is let go
+            self.arr, self.pos = self.arr.take(pa.array(self.pos)), None
+        return self.arr
+
+
+def _values(v):
+    return v.values() if isinstance(v, _Taken) else v
+
+
+def _piece_bytes(piece) -> int:
+    rowids, vals = piece
+    return rowids.nbytes + sum(a.nbytes for a in vals.values())
+
+
+def _gather(pieces, cid: int, col: Column) -> tuple[np.ndarray, pa.Array]:
+    ids, vals = [], []
+    for rowids, values in pieces:
+        arr = _values(values.get(cid)) if isinstance(values, dict) else values
+        if arr is None:
+            continue
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        ok = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), bool) if arr.null_count else None
+        if ok is not None:
+            rowids, arr = rowids[ok], arr.filter(pa.array(ok))
+        ids.append(np.asarray(rowids, np.uint64))
+        vals.append(arr.cast(col.type.arrow()))
+    if not ids:
+        return np.zeros(0, np.uint64), pa.array([], col.type.arrow())
+    return np.concatenate(ids), pa.concat_arrays(vals)
+
+
+def _ipc_bytes(col: Column, kind: str, rowids: np.ndarray, values: pa.Array) -> bytes:
+    meta = {b"terrascale.format": FORMAT, b"terrascale.version": VERSION,
+            b"terrascale.column_id": str(col.id).encode(), b"terrascale.column_type": str(col.type).encode(),
+            b"terrascale.kind": kind.encode()}
+    schema = pa.schema([("rowid", pa.uint64()), ("value", col.type.arrow())], metadata=meta)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as w:
+        w.write_table(pa.table([pa.array(rowids, pa.uint64()), values], schema=schema))
+    return sink.getvalue().to_pybytes()
+
+
+def _parse(raw: bytes, where: str) -> tuple[np.ndarray, pa.Array]:
+    try:
+        t = pa.ipc.open_file(pa.py_buffer(raw)).read_all()
+    except (pa.ArrowInvalid, OSError) as e:
+        raise RowCorruptionError(where, 0, f"not a column-index run: {e}") from e
+    meta = t.schema.metadata or {}
+    if meta.get(b"terrascale.format") != FORMAT:
+        raise RowCorruptionError(where, 0, "not a column-index run (format metadata)")
+    if meta.get(b"terrascale.version") != VERSION:
+        raise RowCorruptionError(where, 0, f"unsupported column-run version {meta.get(b'terrascale.version')!r}")
+    rowids = t.column("rowid").combine_chunks().to_numpy(zero_copy_only=False).astype(np.uint64)
+    return rowids, t.column("value").combine_chunks()
+
+
+async def _one(body: bytes):
+    yield body
+
+
+def _f(values: pa.StructArray, name: str) -> np.ndarray:
+    return values.field(name).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+
+
+def _range_bounds(values: pa.StructArray, elem: Kind) -> tuple[np.ndarray, np.ndarray]:
+    lo, hi = values.field("lower"), values.field("upper")
+    if elem == Kind.FLOAT64:
+        lov = lo.to_numpy(zero_copy_only=False).astype(np.float64)
+        hiv = hi.to_numpy(zero_copy_only=False).astype(np.float64)
+        lov[np.isnan(lov)] = -np.inf  # unbounded (null) or NaN: index as open, the refine decides
+        hiv[np.isnan(hiv)] = np.inf
+        return lov, hiv
+    lo, hi = lo.cast(pa.int64()), hi.cast(pa.int64())
+    lov = np.where(_isnull(lo), _I64.min, lo.fill_null(0).to_numpy(zero_copy_only=False))
+    hiv = np.where(_isnull(hi), _I64.max, hi.fill_null(0).to_numpy(zero_copy_only=False))
+    return lov.astype(np.int64), hiv.astype(np.int64)
+
+
+def _isnull(arr: pa.Array) -> np.ndarray:
+    return arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else np.zeros(len(arr), bool)
+
+
+def _value_keys(values: pa.Array, k: Kind):
+    """What ``ValueIndex`` keys by: Python bools, str for strings, bytes for binary and uuid."""
+    if k == Kind.BOOL:
+        return values.to_numpy(zero_copy_only=False).astype(bool)
+    return values if k == Kind.STRING else values.cast(pa.binary())
+
+
+def _value_key(v, k: Kind):
+    return bool(v) if k == Kind.BOOL else v

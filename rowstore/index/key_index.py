@@ -1,0 +1,366 @@
+"""One partition's primary-key index: memtable + checkpointed runs in levels (RFC 0001).
+
+Newer data is always above older data: the memtable holds entries newer than
+every run, L0 runs are newest-first and newer than L1, L1 newer than L2. A
+lookup at T therefore stops at the first level that has a version of the key
+with ``ts <= T``. The run list and the checkpoint mark live in one catalog row
+(the manifest), swapped by compare-and-set, so a crash leaves the old or the
+new manifest and recovery replays the write-ahead after the mark.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from catalog.abc import Check, Delete, Put
+from rowstore.errors import ConflictError
+from rowstore.index.key_run import IndexRun, run_bytes
+from rowstore.index.key_memtable import TOMBSTONE, MemTable, Run, merge_runs, visible
+from terrafs.catalog_ops import commit
+from terrafs.errors import CatalogConflictError
+from terrafs.fs import TerrascaleFS
+
+log = logging.getLogger("rowstore.index.key_index")
+_TOMB = int(TOMBSTONE)
+L0_LIMIT = 4  # the 5th L0 run triggers an L0 -> L1 merge
+LEVEL_RATIO = 10
+
+
+@dataclass
+class Manifest:
+    runs: list[dict] = field(default_factory=list)  # {"inode", "level", "entries"}; newest first per level
+    mark: list[int] = field(default_factory=lambda: [0, 0])  # (segid, localid) replay starts at
+    checkpoints: int = 0
+    garbage: list[int] = field(default_factory=list)  # inodes of replaced runs, deleted after the swap
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"runs": self.runs, "mark": self.mark, "checkpoints": self.checkpoints,
+                           "garbage": self.garbage}).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "Manifest":
+        d = json.loads(raw)
+        return cls(d["runs"], d["mark"], d["checkpoints"], d.get("garbage", []))
+
+
+def purge(run: Run, horizon: int, bottom: bool) -> Run:
+    """The History RFC's purge rule, vectorized over a sorted run.
+
+    Keep every version newer than ``horizon`` and, per key, the newest version
+    at or below it (what a read at the horizon sees). That one is dropped too
+    when it is a deletion — but only at the bottom level, where nothing older
+    could resurface from a lower level.
+    """
+    if len(run) == 0:
+        return run
+    old = run.ts <= np.uint64(horizon)
+    new_key = np.ones(len(run), bool)
+    new_key[1:] = run.keys[1:] != run.keys[:-1]
+    prev_new = np.zeros(len(run), bool)
+    prev_new[1:] = ~old[:-1]
+    first_old = old & (new_key | prev_new)
+    keep = ~old | first_old
+    if bottom:
+        keep &= ~(first_old & (run.rowids == TOMBSTONE))
+    return Run(run.keys[keep], run.ts[keep], run.rowids[keep])
+
+
+class PartitionIndex:
+    def __init__(self, fs: TerrascaleFS, key: str, kind: str, columns=None):
+        self.fs, self.key, self.kind = fs, key, kind  # key: the manifest's catalog key
+        self.columns = columns  # rowstore.index.column_index.PartitionColumns: runs published with ours
+        self.mem = MemTable(kind)
+        self._frozen: list[MemTable] = []  # being checkpointed; still read
+        self._merging = False  # a memtable merge is running in a worker thread
+        self.runs: list[tuple[int, IndexRun]] = []  # (level, run), newest first
+        self.manifest = Manifest()
+        self._version = 0
+
+    async def open(self) -> Manifest:
+        """Load the runs named by the manifest; the caller replays the log from ``mark``."""
+        e = await self.fs.catalog.get(self.key)
+        if e is not None:
+            self.manifest, self._version = Manifest.from_bytes(e.value), e.version
+        self.runs = [(r["level"], await IndexRun.open(await self.fs.open_sealed(r["inode"])))
+                     for r in self.manifest.runs]
+        await self._collect()  # a merge that crashed before deleting what it replaced
+        await self._drop_unpublished()
+        if self.columns is not None:
+            for r in self.manifest.runs:
+                await self.columns.attach(r["inode"], r.get("cols", {}))
+        return self.manifest
+
+    async def _drop_unpublished(self) -> None:
+        """Column runs written for a checkpoint or merge that crashed before publishing."""
+        for e in await self.fs.catalog.scan(f"{self.key}/pending/"):
+            inode = int(e.key.rsplit("/", 1)[1], 16)
+            try:
+                await self.fs.delete(inode, [], [Delete(e.key)])
+            except Exception as err:  # noqa: BLE001 - the file is gone already: drop the row
+                log.info("event=index_pending_skip inode=%d reason=%r", inode, err)
+                await commit(self.fs.catalog, [], [Delete(e.key)])
+    def insert(self, keys: np.ndarray, ts: int, rowids: np.ndarray) -> None:
+        self.mem.insert(keys, ts, rowids)
+
+    @property
+    def merge_due(self) -> bool:
+        """Whether :meth:`merge_memtable` has work (and is not already at it)."""
+        return not self._merging and self.mem.merge_due() is not None
+
+    @property
+    def consolidation_due(self) -> bool:
+        """A read searched more than two memtable runs (cheap: checked on every get)."""
+        return self.mem.read_many and not self._merging
+
+    async def merge_memtable(self) -> None:
+        """Run the memtable's due merges in a worker thread, one pair at a time; a result is
+        dropped if the memtable was frozen for a checkpoint meanwhile."""
+        if self._merging:
+            return
+        self._merging = True
+        try:
+            mem = self.mem
+            while self.mem is mem and (due := mem.merge_due()) is not None:
+                merged = await asyncio.to_thread(merge_runs, list(due))
+                if self.mem is mem:
+                    mem.replace(due, merged)
+        finally:
+            self._merging = False
+
+    # -- reads -------------------------------------------------------------------------
+
+    def get_mem(self, key, as_of: int) -> int | None:
+        """``get`` from the memtables alone (no await): the rowid, 0 for a deletion, None when
+        the runs must be asked."""
+        r = self.mem.get_one(key, as_of)
+        if not r:
+            for mt in reversed(self._frozen):
+                r = mt.get_one(key, as_of)
+                if r:
+                    break
+        if r:
+            return 0 if r == _TOMB else r
+        return None if self.runs else 0
+
+    def get_cached(self, key, as_of: int) -> int | None:
+        """``get`` without I/O (memtables, then runs whose pages are parsed already); None when
+        a run's page must be read first."""
+        r = self.get_mem(key, as_of)
+        if r is not None:
+            return r
+        for _, run in self.runs:
+            r = run.get_cached(key, as_of)
+            if r is None:
+                return None
+            if r:
+                return 0 if r == _TOMB else r
+        return 0
+
+    async def get(self, key, as_of: int) -> int:
+        """The rowid visible at ``as_of`` for one encoded key (int or bytes); 0 if none."""
+        r = self.get_mem(key, as_of)
+        if r is not None:
+            return r
+        for _, run in self.runs:
+            r = await run.get_one(key, as_of)
+            if r:
+                return 0 if r == _TOMB else r
+        return 0
+
+    async def get_many(self, keys: np.ndarray, as_of: int) -> np.ndarray:
+        """Per encoded key: the rowid visible at ``as_of``; 0 if absent or deleted."""
+        out = np.zeros(len(keys), np.uint64)
+        todo = np.arange(len(keys))
+        levels = [self.mem, *reversed(self._frozen)]
+        for lv in [*levels, *(r for _, r in self.runs)]:
+            if len(todo) == 0:
+                break
+            got = lv.get(keys[todo], as_of) if isinstance(lv, MemTable) else await lv.get_many(keys[todo], as_of)
+            hit = got != 0
+            out[todo[hit]] = got[hit]
+            todo = todo[~hit]
+        out[out == TOMBSTONE] = 0
+        return out
+
+    async def superseded(self, keys: np.ndarray, ts: np.ndarray, source: np.ndarray, as_of: int) -> np.ndarray:
+        """For row versions (key, ts) whose index entry lives in ``source`` (a run's inode; 0:
+        the memtables): whether a newer version with ts <= as_of exists. Only levels that can
+        hold one are searched: memtables always; a run only if its ts range reaches above
+        the version's ts and not past ``as_of``, and never the version's own run when that
+        run keeps one version per key."""
+        out = np.zeros(len(keys), bool)
+        t = np.asarray(ts, np.uint64)
+        for mt in [self.mem, *self._frozen]:
+            _, found = mt.lookup(keys, as_of)
+            out |= found > t
+        own_unique = {m["inode"] for m in self.manifest.runs if m.get("unique")}
+        for m, (_, run) in zip(self.manifest.runs, self.runs):
+            if run.min_ts > as_of:
+                continue
+            need = ~out & (source != 0) & (t < np.uint64(run.max_ts))
+            if m["inode"] in own_unique:
+                need &= source != m["inode"]
+            idx = np.flatnonzero(need)
+            if len(idx):
+                _, found = await run.lookup(keys[idx], as_of)
+                out[idx] |= found > t[idx]
+        return out
+
+    async def scan(self, lo, hi, as_of: int) -> Run:
+        """Visible (key, ts, rowid) with ``lo <= key < hi`` (None: unbounded), in key order."""
+        parts = [mt.consolidated() for mt in [self.mem, *self._frozen]]
+        for _, run in self.runs:
+            if run.min_ts <= as_of:  # a run made only of later versions holds nothing visible at T
+                parts.append(await run.range(lo, hi))  # only the pages overlapping [lo, hi)
+        merged = merge_runs([p for p in parts if len(p)]) if any(len(p) for p in parts) else parts[0]
+        a = 0 if lo is None else int(np.searchsorted(merged.keys, lo, "left"))
+        b = len(merged) if hi is None else int(np.searchsorted(merged.keys, hi, "left"))
+        return visible(Run(merged.keys[a:b], merged.ts[a:b], merged.rowids[a:b]), as_of)
+
+    # -- checkpoint and merge -------------------------------------------------------------
+
+    async def checkpoint(self, mark) -> bool:
+        """Write the memtable as an L0 run (and the column runs of the same rows); the files
+        and the manifest naming them (with the replay mark) are published in ONE transaction.
+
+        The caller guarantees the memtable holds exactly the rows before ``mark``."""
+        if self.mem.entries == 0:
+            return False
+        return await self.finish_checkpoint(self.begin_checkpoint(), mark)
+
+    def begin_checkpoint(self):
+        """Freeze the memtables (synchronously: nothing can slip in between key and column
+        entries); reads still see the frozen ones until the runs are published."""
+        frozen, self.mem = self.mem, MemTable(self.kind)
+        self._frozen.append(frozen)
+        return frozen, (self.columns.freeze() if self.columns is not None else None)
+
+    async def finish_checkpoint(self, token, mark) -> bool:
+        frozen, ctoken = token
+        try:
+            run = await asyncio.to_thread(frozen.consolidated)  # a sort of the whole memtable
+            cols = await self.columns.write_runs(ctoken) if ctoken is not None else {}
+            rec = await self._publish(run, 0, lambda r: Manifest(
+                [{"inode": r.inode, "level": 0, "entries": len(run), "cols": cols, "unique": _unique(run)}]
+                + self.manifest.runs,
+                list(mark), self.manifest.checkpoints + 1, self.manifest.garbage), cols)
+            self.runs.insert(0, (0, await IndexRun.open(await self.fs.open_sealed(rec.inode))))
+            if ctoken is not None:
+                await self.columns.attach(rec.inode, cols)
+                self.columns.release(ctoken)
+                ctoken = None
+        except BaseException:
+            self.mem = _prepend(frozen, self.mem, self.kind)  # still readable; a later checkpoint retries
+            if ctoken is not None:
+                self.columns.thaw(ctoken)
+            raise
+        finally:
+            self._frozen.remove(frozen)
+        log.info("event=index_checkpoint manifest=%s entries=%d", self.key, frozen.entries)
+        return True
+
+    async def maybe_merge(self, horizon: int) -> bool:
+        """Leveled policy: more than L0_LIMIT L0 runs -> merge into L1; L1 too big -> into L2."""
+        l0 = [r for lv, r in self.runs if lv == 0]
+        if len(l0) > L0_LIMIT:
+            await self.merge(0, horizon)
+            return True
+        l1 = sum(r.entries for lv, r in self.runs if lv == 1)
+        if l1 > LEVEL_RATIO * L0_LIMIT * max([r.entries for r in l0] or [1]):
+            await self.merge(1, horizon)
+            return True
+        return False
+
+    async def merge(self, level: int, horizon: int) -> None:
+        """Merge every run of ``level`` and ``level + 1`` into one run at ``level + 1``."""
+        src = [(m, lr) for m, lr in zip(self.manifest.runs, self.runs) if lr[0] in (level, level + 1)]
+        bottom = not any(lv > level + 1 for lv, _ in self.runs)
+        parts = [await r.all() for _, (_, r) in src]
+        merged = await asyncio.to_thread(lambda: purge(merge_runs(parts), horizon, bottom))
+        cols = await self._merge_columns([m for m, _ in src], merged)
+        gone = [m["inode"] for m, _ in src] + [i for m, _ in src for i in m.get("cols", {}).values()]
+        rest = [m for m in self.manifest.runs if m["inode"] not in gone]
+
+        def manifest(rec):
+            entry = {"inode": rec.inode, "level": level + 1, "entries": len(merged), "cols": cols,
+                     "unique": _unique(merged)}
+            return Manifest([m for m in rest if m["level"] < level] + [entry] +
+                            [m for m in rest if m["level"] > level + 1],
+                            self.manifest.mark, self.manifest.checkpoints, self.manifest.garbage + gone)
+
+        by_inode = {m["inode"]: r for m, (_, r) in zip(self.manifest.runs, self.runs)}  # before the swap
+        rec = await self._publish(merged, level + 1, manifest, cols)
+        by_inode[rec.inode] = await IndexRun.open(await self.fs.open_sealed(rec.inode))
+        self.runs = [(m["level"], by_inode[m["inode"]]) for m in self.manifest.runs]
+        if self.columns is not None:
+            await self.columns.attach(rec.inode, cols)
+            for m, _ in src:
+                self.columns.detach(m["inode"])
+        await self._collect()
+        log.info("event=index_merge manifest=%s level=%d runs=%d entries=%d", self.key, level, len(src), len(merged))
+
+    async def _merge_columns(self, src: list[dict], merged: Run) -> dict[str, int]:
+        """Column runs for a merged key run: the sources' pairs minus what the purge dropped."""
+        if self.columns is None or not self.columns.columns:
+            return {}
+        pieces = []
+        for m in src:
+            for cid_s, inode in m.get("cols", {}).items():
+                if int(cid_s) in self.columns.columns:
+                    rowids, values = await self.columns.run_data(inode)
+                    pieces.append((rowids, {int(cid_s): values}))
+        keep = np.sort(merged.rowids[merged.rowids != TOMBSTONE])
+        return await self.columns.write_runs(pieces, keep)
+
+    async def _publish(self, run: Run, level: int, make_manifest, cols: dict | None = None) -> object:
+        """Create the run's file; its publishing transaction also swaps the manifest (and
+        clears the pending marks of the column runs it names)."""
+        box = {}
+        pending = [Delete(self.columns.pending_key(i)) for i in (cols or {}).values()]
+
+        def extra(rec):
+            box["m"] = make_manifest(rec)
+            return [Check(self.key, self._version)], [Put(self.key, box["m"].to_bytes()), *pending]
+
+        try:
+            rec = await self.fs.create_sealed(run_bytes(run, self.kind, level), extra=extra)
+        except CatalogConflictError as e:
+            raise ConflictError(f"{self.key} changed under this partition's writer") from e
+        self.manifest = box["m"]
+        self._version = (await self.fs.catalog.get(self.key)).version
+        return rec
+
+    async def _collect(self) -> None:
+        """Delete replaced runs named in ``garbage``, then clear the list."""
+        if not self.manifest.garbage:
+            return
+        for inode in self.manifest.garbage:
+            try:
+                await self.fs.delete(inode)
+            except Exception as e:  # already gone (a crash between delete and clear)
+                log.info("event=index_garbage_skip inode=%d reason=%r", inode, e)
+        new = Manifest(self.manifest.runs, self.manifest.mark, self.manifest.checkpoints, [])
+        res = await commit(self.fs.catalog, [Check(self.key, self._version)], [Put(self.key, new.to_bytes())])
+        if not res.committed:
+            raise ConflictError(f"{self.key} changed under this partition's writer")
+        self.manifest, self._version = new, res.revision
+
+
+def _prepend(older: MemTable, newer: MemTable, kind: str) -> MemTable:
+    """One memtable holding ``older``'s entries and then ``newer``'s."""
+    out = MemTable(kind)
+    for mt in (older, newer):
+        run = mt.consolidated()
+        if len(run):
+            out.insert(run.keys, run.ts, run.rowids)
+    return out
+
+
+def _unique(run: Run) -> bool:
+    """Whether the run holds at most one version per key (then a version found in it needs
+    no check against the rest of it)."""
+    return bool(len(run) < 2 or not (run.keys[1:] == run.keys[:-1]).any())

@@ -1,0 +1,1 @@
+"""Reads: query predicates, read plans, and reading sealed segments without a node."""

@@ -1,0 +1,278 @@
+"""Query predicates: parsing and validation against a schema, and exact vectorized evaluation.
+
+``where`` terms are ``[column, op, value]`` with op in ``= != < <= > >=``; a bounding
+box names a ``point`` or ``box`` column and four inclusive edges (CONTRACT.md §3).
+The masks here are the exact semantics; the column index (``rowstore/index/column_index.py``)
+only narrows candidates, and every candidate is re-checked with these masks, so
+the index path and the scan path agree by construction (and by a property test).
+
+Semantics per column type:
+
+* numbers, timestamps, dates, strings, binary, uuid, bool: SQL comparison; a null
+  value matches nothing (``!=`` included);
+* ``range<…>``: the term holds when *some* value of the range satisfies it, i.e.
+  the range overlaps the term's interval (``=`` is "contains"); ``!=`` is refused;
+* ``point``: inside the box, edges inclusive; ``box``: overlaps the box, edges
+  inclusive. Points and boxes take no ``where`` terms (use the bounding box).
+"""
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import math
+import uuid as uuidlib
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rowstore.errors import QueryError
+from rowstore.schema import Column, SchemaVersion
+from rowstore.types import Kind
+
+OPS = ("=", "!=", "<", "<=", ">", ">=")
+_PC = {"=": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.less_equal, ">": pc.greater,
+       ">=": pc.greater_equal}
+_INTS = {Kind.INT8, Kind.INT16, Kind.INT32, Kind.INT64, Kind.UINT8, Kind.UINT16, Kind.UINT32, Kind.UINT64}
+_FLOATS = {Kind.FLOAT32, Kind.FLOAT64}
+NUMERIC = _INTS | _FLOATS | {Kind.TIMESTAMP, Kind.DATE}
+_NP = {"=": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal, ">": np.greater,
+       ">=": np.greater_equal}
+
+
+@dataclass(frozen=True)
+class Term:
+    column: Column
+    op: str
+    value: object  # in the column's (or range element's) numeric domain: ints, floats, bytes, str, bool
+
+    def interval(self):
+        """The term as a closed/open interval over the value domain (None bounds: unbounded)."""
+        from rowstore.index.column_structures import Interval  # noqa: PLC0415 (avoid a cycle at import)
+
+        return Interval.from_op(self.op, self.value)
+
+
+@dataclass(frozen=True)
+class BBox:
+    column: Column
+    xmin: float
+    ymin: float
+    xmax: float
+    ymax: float
+
+
+# -- parsing ----------------------------------------------------------------------------
+
+
+def parse_where(schema: SchemaVersion, where) -> list[Term]:
+    if where is None:
+        return []
+    if not isinstance(where, (list, tuple)):
+        raise QueryError("where must be a list of [column, op, value] terms")
+    return [_term(schema, t) for t in where]
+
+
+def _term(schema: SchemaVersion, t) -> Term:
+    if not isinstance(t, (list, tuple)) or len(t) != 3:
+        raise QueryError(f"where term {t!r}: expected [column, op, value]")
+    name, op, value = t
+    col = schema.by_name(name) if isinstance(name, str) else None
+    if col is None:
+        raise QueryError(f"where term {t!r}: no column {name!r}")
+    if op not in OPS:
+        raise QueryError(f"where term {t!r}: op must be one of {' '.join(OPS)}")
+    k = col.type.kind
+    if k in (Kind.POINT, Kind.BOX):
+        raise QueryError(f"column {name!r} is a {k.value}: filter it with bbox, not where")
+    if k == Kind.JSON:
+        raise QueryError(f"column {name!r} is json: it cannot be compared")
+    if k == Kind.RANGE and op == "!=":
+        raise QueryError(f"column {name!r} is a range: != is not defined on ranges")
+    if value is None:
+        raise QueryError(f"where term {t!r}: comparing with null matches nothing; null is not a value")
+    elem = col.type.elem if k == Kind.RANGE else k
+    return Term(col, op, coerce(elem, value, name))
+
+
+def coerce(kind: Kind, v, name: str = "value"):
+    """A predicate value in the column's storage domain (timestamps as µs, dates as days)."""
+    try:
+        if kind in _INTS:
+            if isinstance(v, bool) or not isinstance(v, (int, str)):
+                raise ValueError
+            iv = int(v)
+            if not -(2**63) <= iv < 2**64:
+                raise ValueError
+            return iv
+        if kind in _FLOATS:
+            if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+                raise ValueError
+            f = float(v)
+            if math.isnan(f):
+                raise ValueError  # NaN compares false with everything; refuse rather than surprise
+            return f
+        if kind == Kind.BOOL:
+            if isinstance(v, str) and v.lower() in ("true", "false"):
+                return v.lower() == "true"
+            if not isinstance(v, bool):
+                raise ValueError
+            return v
+        if kind == Kind.STRING:
+            if not isinstance(v, str):
+                raise ValueError
+            return v
+        if kind == Kind.BINARY:
+            return bytes(v) if isinstance(v, (bytes, bytearray)) else base64.b64decode(v, validate=True)
+        if kind == Kind.UUID:
+            return bytes(v) if isinstance(v, (bytes, bytearray)) and len(v) == 16 else uuidlib.UUID(v).bytes
+        if kind == Kind.TIMESTAMP:
+            return timestamp_us(v)
+        if kind == Kind.DATE:
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+            return (dt.date.fromisoformat(v) - dt.date(1970, 1, 1)).days
+    except (ValueError, TypeError, OverflowError, pa.ArrowInvalid) as e:
+        raise QueryError(f"{name}: {v!r} is not a valid {kind.value}") from e
+    raise QueryError(f"{name}: {kind.value} values cannot be compared")
+
+
+def timestamp_us(v) -> int:
+    """Integer microseconds, or an ISO-8601 string (``Z`` or an offset; naive means UTC)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if not isinstance(v, str):
+        raise ValueError("timestamp")
+    t = dt.datetime.fromisoformat(v.replace("Z", "+00:00") if v.endswith("Z") else v)
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    delta = t - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _arrow_of(kind: Kind) -> pa.DataType:
+    from rowstore.types import ColumnType  # noqa: PLC0415
+
+    return ColumnType(kind).arrow()
+
+
+def parse_bbox(schema: SchemaVersion, bbox) -> BBox | None:
+    if bbox is None:
+        return None
+    if not isinstance(bbox, dict):
+        raise QueryError("bbox must be an object {column, xmin, ymin, xmax, ymax}")
+    extra = set(bbox) - {"column", "xmin", "ymin", "xmax", "ymax"}
+    if extra:
+        raise QueryError(f"bbox: unknown field(s) {', '.join(sorted(extra))}")
+    name = bbox.get("column")
+    col = schema.by_name(name) if isinstance(name, str) else None
+    if col is None:
+        raise QueryError(f"bbox: no column {name!r}")
+    if col.type.kind not in (Kind.POINT, Kind.BOX):
+        raise QueryError(f"bbox: column {name!r} is {col.type}, not point or box")
+    edges = []
+    for f in ("xmin", "ymin", "xmax", "ymax"):
+        v = bbox.get(f)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise QueryError(f"bbox: {f} must be a finite number, not {v!r}")
+        edges.append(float(v))
+    if edges[0] > edges[2] or edges[1] > edges[3]:
+        raise QueryError("bbox: xmin must be <= xmax and ymin <= ymax")
+    return BBox(col, *edges)
+
+
+# -- exact evaluation ------------------------------------------------------------------
+
+
+def term_mask(arr: pa.Array, term: Term) -> np.ndarray:
+    """Exact: which values satisfy ``term`` (nulls never do)."""
+    k = term.column.type.kind
+    if k == Kind.RANGE:
+        return _range_mask(arr, term)
+    if k in NUMERIC:  # numpy compares with Python ints of any size exactly; floats in float64
+        return _NP[term.op](numeric_values(arr, k), term.value) & ~_nulls(arr)
+    return _bools(_PC[term.op](_comparable(arr, k), _scalar(k, term.value)))
+
+
+def numeric_values(arr: pa.Array, k: Kind) -> np.ndarray:
+    """The comparison domain of a numeric column (index and scan share it): integers as they
+    are, floats as float64, timestamps as int64 µs, dates as int32 days; nulls as 0."""
+    if k == Kind.TIMESTAMP:
+        arr = arr.cast(pa.int64())
+    elif k == Kind.DATE:
+        arr = arr.cast(pa.int32())
+    v = _np(arr)
+    return v.astype(np.float64, copy=False) if k in _FLOATS else v
+
+
+def bbox_mask(arr: pa.Array, box: BBox) -> np.ndarray:
+    if box.column.type.kind == Kind.POINT:
+        x, y = _f64(arr, "x"), _f64(arr, "y")
+        m = (x >= box.xmin) & (x <= box.xmax) & (y >= box.ymin) & (y <= box.ymax)
+    else:
+        m = ((_f64(arr, "xmin") <= box.xmax) & (_f64(arr, "xmax") >= box.xmin)
+             & (_f64(arr, "ymin") <= box.ymax) & (_f64(arr, "ymax") >= box.ymin))
+    return m & ~_nulls(arr)
+
+
+def batch_mask(batch: pa.RecordBatch, terms: list[Term], bbox: BBox | None) -> np.ndarray:
+    """Rows of ``batch`` (columns by name, as in the schema the terms were parsed with)."""
+    m = np.ones(batch.num_rows, bool)
+    for t in terms:
+        m &= term_mask(batch.column(batch.schema.get_field_index(t.column.name)), t)
+    if bbox is not None:
+        m &= bbox_mask(batch.column(batch.schema.get_field_index(bbox.column.name)), bbox)
+    return m
+
+
+def _comparable(arr: pa.Array, k: Kind) -> pa.Array:
+    return arr.cast(pa.binary()) if k == Kind.UUID else arr
+
+
+def _scalar(k: Kind, v) -> pa.Scalar:
+    return pa.scalar(v, pa.binary()) if k == Kind.UUID else pa.scalar(v, _arrow_of(k))
+
+
+def _range_mask(arr: pa.StructArray, term: Term) -> np.ndarray:
+    """Overlap of each stored range (flags honoured, null bound = unbounded) with the term."""
+    q = term.interval()
+    lo, hi = arr.field("lower"), arr.field("upper")
+    if term.column.type.elem == Kind.TIMESTAMP:
+        lo, hi = lo.cast(pa.int64()), hi.cast(pa.int64())
+    lo_unb, hi_unb = _nulls(lo), _nulls(hi)
+    lov, hiv = _np(lo), _np(hi)
+    lo_inc, hi_inc = _bools(arr.field("lower_inclusive")), _bools(arr.field("upper_inclusive"))
+    ok = ~_nulls(arr)
+    if q.lo is not None:  # the range's upper end reaches the query's lower end
+        reach = (hiv > q.lo) | ((hiv == q.lo) & hi_inc & q.lo_inc)
+        ok &= hi_unb | reach
+    if q.hi is not None:
+        reach = (lov < q.hi) | ((lov == q.hi) & lo_inc & q.hi_inc)
+        ok &= lo_unb | reach
+    return ok
+
+
+def _np(arr: pa.Array) -> np.ndarray:
+    if arr.null_count:
+        arr = pc.fill_null(arr, pa.scalar(0, arr.type))
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def _f64(arr: pa.StructArray, name: str) -> np.ndarray:
+    a = arr.field(name)
+    return a.to_numpy(zero_copy_only=False) if not a.null_count else _np(a)
+
+
+def _nulls(arr: pa.Array) -> np.ndarray:
+    if arr.null_count == 0:
+        return np.zeros(len(arr), bool)
+    return arr.is_null().to_numpy(zero_copy_only=False)
+
+
+def _bools(arr) -> np.ndarray:
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if arr.null_count:
+        arr = pc.fill_null(arr, False)
+    return arr.to_numpy(zero_copy_only=False).astype(bool, copy=False)

@@ -1,0 +1,305 @@
+"""The segment table and the segment life cycle: create, append, seal, offload, read.
+
+Catalog rows ``rs/seg/<segid:08x>`` hold the segment's table, partition,
+state, owner, TerrascaleFS inode and statistics. Segids come from a free-range
+table (``rs/free/…``, the inode algorithm). Every state change of a segment
+is in the same catalog transaction as the change of its file, so the two
+never disagree after a crash.
+
+    create ──> ACTIVE ──seal──> SEALED ──offload──> OFFLOADED ──(GC)──> RETIRED
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+from dataclasses import asdict, dataclass, replace
+from typing import Callable
+
+import numpy as np
+
+from catalog.abc import Check, Delete, Put
+from rowstore.segments.active import ActiveSegment, split_rowids
+from rowstore.errors import RowstoreError
+from rowstore.codec.rows import Decoded, decode_rows
+from rowstore.schema import SchemaVersion
+from rowstore.segments.sealed import SealedSegment, sealed_bytes
+from terrafs.errors import CatalogConflictError
+from terrafs.fs import TerrascaleFS
+from terrafs.ranges import RangeAllocator
+from terrafs.records import FileRecord
+
+log = logging.getLogger("rowstore.segments.store")
+SEG_PREFIX = "rs/seg/"
+
+
+class SegState(str, enum.Enum):
+    ACTIVE = "active"
+    SEALED = "sealed"
+    OFFLOADED = "offloaded"
+    RETIRED = "retired"
+
+
+@dataclass(frozen=True)
+class SegmentRecord:
+    segid: int
+    table: str
+    partition: int
+    state: SegState
+    owner: str
+    inode: int
+    rows: int = 0
+    bytes: int = 0
+    min_ts: int = 0
+    max_ts: int = 0
+    live_rows: int = 0
+    live_bytes: int = 0
+    location: str = ""
+    seq: int = 0  # position among its partition's segments (replay order; segids are not ordered)
+
+    @property
+    def key(self) -> str:
+        return f"{SEG_PREFIX}{self.segid:08x}"
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(dict(asdict(self), state=self.state.value), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "SegmentRecord":
+        d = json.loads(raw)
+        return cls(**dict(d, state=SegState(d["state"])))
+
+
+class SegmentStore:
+    """One node's view of the row store: its active segments and every sealed one."""
+
+    def __init__(self, fs: TerrascaleFS, schemas: Callable[[int], SchemaVersion],
+                 seal_bytes: int = 256 << 20):
+        self.fs, self.catalog = fs, fs.catalog
+        self.schemas = schemas
+        self.seal_bytes = seal_bytes
+        self._current: dict[tuple[str, int], ActiveSegment] = {}
+        self._rolling: dict[tuple[str, int], asyncio.Lock] = {}
+        self.node = fs.cfg.node_id
+        self.segids = RangeAllocator(self.catalog, "rs", 1, 2**32 - 1)
+        self.active: dict[int, ActiveSegment] = {}
+        self._sealed: dict[int, SealedSegment] = {}
+
+    async def open(self, decide=None) -> list[int]:
+        """Init the segid table; reopen this node's local segments; finish pending offloads
+        is left to the caller (it needs the key schema); returns segids still to offload.
+
+        ``decide(txn)`` answers for a segment ending in a prepared batch (RFC 0003)."""
+        await self.segids.init()
+        pending = []
+        for rec in await self.list(owner=self.node):
+            if rec.state in (SegState.ACTIVE, SegState.SEALED):
+                self.active[rec.segid] = await ActiveSegment.recover(
+                    rec.segid, await self.fs.open_active(rec.inode), decide)
+            if rec.state == SegState.ACTIVE:
+                self._current[(rec.table, rec.partition)] = self.active[rec.segid]
+            if rec.state == SegState.SEALED:
+                pending.append(rec.segid)
+        return pending
+
+    def live(self, rec: SegmentRecord) -> SegmentRecord:
+        """``rec`` as this node sees it now: a segment whose bytes are here reports its commit
+        timestamps so far, and an active one its durable rows and bytes (its catalog row gets
+        them when it is sealed). An empty active segment has ``max_ts`` 0."""
+        seg = self.active.get(rec.segid)
+        if seg is None:
+            return rec
+        live = replace(rec, min_ts=seg.min_ts or 0, max_ts=seg.max_ts or 0)
+        if rec.state is SegState.ACTIVE:
+            live = replace(live, rows=seg.durable_rows, bytes=seg.nbytes, live_rows=seg.durable_rows,
+                           live_bytes=seg.nbytes)
+        return live
+
+    def flush_stats(self) -> list[dict]:
+        """Each local active file's group-commit counters (flushes, bytes, appends, seconds)."""
+        return [seg.file.stats for seg in list(self.active.values())]
+
+    async def list(self, owner: str | None = None, table: str | None = None) -> list[SegmentRecord]:
+        recs = [SegmentRecord.from_bytes(e.value) for e in await self.catalog.scan(SEG_PREFIX)]
+        return [r for r in recs if (owner is None or r.owner == owner) and (table is None or r.table == table)]
+
+    async def record(self, segid: int) -> tuple[SegmentRecord, object]:
+        e = await self.catalog.get(f"{SEG_PREFIX}{segid:08x}")
+        if e is None:
+            raise RowstoreError(f"no segment {segid}")
+        return SegmentRecord.from_bytes(e.value), e
+
+    async def create(self, table: str, partition: int, seq: int | None = None) -> ActiveSegment:
+        """A new active segment: inode, file row, segid and segment row in ONE transaction."""
+        if seq is None:
+            seq = 1 + max((r.seq for r in await self.list(table=table) if r.partition == partition), default=0)
+        for _ in range(100):
+            segid, checks, ops = await self.segids.reserve()
+            rec = SegmentRecord(segid, table, partition, SegState.ACTIVE, self.node, 0, seq=seq)
+
+            def extra(f: FileRecord, rec=rec, checks=checks, ops=ops):
+                row = replace(rec, inode=f.inode)
+                return [*checks, Check(row.key, 0)], [*ops, Put(row.key, row.to_bytes())]
+
+            try:
+                af = await self.fs.create(extra=extra)
+            except CatalogConflictError:
+                continue  # another allocator took this segid range row first
+            seg = ActiveSegment(segid, af, af.where)
+            self.active[segid] = seg
+            return seg
+        raise RowstoreError("could not allocate a segment id")
+
+    async def append(self, table: str, partition: int, batch, schema: SchemaVersion, commit_ts: int,
+                     deleted=None) -> np.ndarray:
+        """Append to the partition's current segment; roll over once it reaches ``seal_bytes``.
+
+        The full segment is sealed and a new one takes over; offloading it is
+        the offloader's job (``pending_offload``)."""
+        seg = await self.current(table, partition)
+        ids = await seg.append(batch, schema, commit_ts, deleted)
+        if seg.nbytes >= self.seal_bytes:
+            await self._roll(table, partition, seg)
+        return ids
+
+    def current_or_none(self, table: str, partition: int) -> ActiveSegment | None:
+        """The partition's segment taking appends now, without creating one."""
+        return self._current.get((table, partition))
+
+    async def current(self, table: str, partition: int) -> ActiveSegment:
+        seg = self._current.get((table, partition))
+        if seg is None:
+            async with self._rolling.setdefault((table, partition), asyncio.Lock()):
+                seg = self._current.get((table, partition))
+                if seg is None:
+                    seg = self._current[(table, partition)] = await self.create(table, partition)
+        return seg
+
+    async def roll(self, table: str, partition: int) -> ActiveSegment | None:
+        """Seal the partition's current segment now (if it holds rows); a new one takes over
+        at the next append. Returns the sealed segment."""
+        seg = self._current.get((table, partition))
+        if seg is None or seg.durable_rows == 0:
+            return None
+        async with self._rolling.setdefault((table, partition), asyncio.Lock()):
+            if self._current.get((table, partition)) is not seg:
+                return None
+            del self._current[(table, partition)]
+        await self.seal(seg.segid)
+        log.info("event=segment_sealed segid=%d bytes=%d rows=%d", seg.segid, seg.nbytes, seg.durable_rows)
+        return seg
+
+    async def _roll(self, table: str, partition: int, full: ActiveSegment) -> None:
+        async with self._rolling.setdefault((table, partition), asyncio.Lock()):
+            if self._current.get((table, partition)) is not full:
+                return  # another appender rolled it already
+            self._current[(table, partition)] = await self.create(table, partition)
+        await self.seal(full.segid)
+        log.info("event=segment_sealed segid=%d bytes=%d rows=%d", full.segid, full.nbytes, full.durable_rows)
+
+    async def pending_offload(self) -> list[int]:
+        """This node's sealed segments still on its block device."""
+        return [r.segid for r in await self.list(owner=self.node) if r.state == SegState.SEALED]
+
+    async def seal(self, segid: int) -> SegmentRecord:
+        rec, e = await self.record(segid)
+        if rec.state != SegState.ACTIVE:
+            return rec
+        seg = self.active[segid]
+        new = replace(rec, state=SegState.SEALED, rows=seg.durable_rows, bytes=seg.nbytes,
+                      min_ts=seg.min_ts or 0, max_ts=seg.max_ts or 0, live_rows=seg.durable_rows,
+                      live_bytes=seg.nbytes)
+        await self.fs.seal(rec.inode, extra=lambda _f: ([Check(e.key, e.version)], [Put(e.key, new.to_bytes())]))
+        return new
+
+    async def offload(self, segid: int, key_schema: SchemaVersion, schemas=None) -> SegmentRecord:
+        """Rewrite the sealed segment as an object (rows + B+ tree + footer), switch, drop local."""
+        rec, e = await self.record(segid)
+        if rec.state == SegState.OFFLOADED:
+            return rec
+        if rec.state != SegState.SEALED:
+            raise RowstoreError(f"segment {segid} is {rec.state.value}; seal it first")
+        seg = self.active[segid]
+        stats: dict = {}
+
+        def extra(f: FileRecord):
+            new = replace(rec, state=SegState.OFFLOADED, bytes=f.size, live_bytes=f.size, location=f.location)
+            return [Check(e.key, e.version)], [Put(e.key, new.to_bytes())]
+
+        await self.fs.offload(rec.inode, sealed_bytes(segid, seg.batches(), schemas or self.schemas, key_schema, stats),
+                              extra=extra)
+        self.active.pop(segid, None)
+        log.info("event=segment_offloaded segid=%d rows=%s", segid, stats.get("rows"))
+        return (await self.record(segid))[0]
+
+    async def delete(self, segid: int) -> None:
+        """Drop a segment: its row, its file and its segid's return to the free table, in one
+        transaction, then the bytes (the garbage collector calls this)."""
+        for _ in range(100):
+            rec, e = await self.record(segid)
+            checks, ops = await self.segids.release(segid)
+            try:
+                await self.fs.delete(rec.inode, [Check(e.key, e.version), *checks], [Delete(e.key), *ops])
+                break
+            except CatalogConflictError:
+                continue  # a neighbouring free range changed; recompute the merge
+        else:
+            raise RowstoreError(f"could not delete segment {segid}")
+        self.active.pop(segid, None)
+        self._sealed.pop(segid, None)
+        for k, seg in list(self._current.items()):
+            if seg.segid == segid:
+                del self._current[k]
+
+    async def scan(self, segid: int, target: SchemaVersion, schemas=None):
+        """Every row of a segment in localid order, as decoded Arrow batches."""
+        schemas = schemas or self.schemas
+        if segid in self.active:
+            async for b in self.active[segid].batches():
+                yield decode_rows(b.rows, b.starts, schemas, target, self.active[segid].where)
+        else:
+            async for d in (await self.sealed(segid)).scan(schemas, target):
+                yield d
+
+    async def sealed(self, segid: int) -> SealedSegment:
+        s = self._sealed.get(segid)
+        if s is None:
+            rec, _ = await self.record(segid)
+            if rec.state != SegState.OFFLOADED:
+                raise RowstoreError(f"segment {segid} is {rec.state.value}, not offloaded")
+            s = self._sealed[segid] = await SealedSegment.open(await self.fs.open_sealed(rec.inode))
+        return s
+
+    def row_bytes_cached(self, rowid: int) -> tuple[bytes, str] | None:
+        """``row_bytes`` without I/O: when the memory cache holds the row's block (and, for an
+        offloaded segment, the tree pages on its path are parsed already); else None."""
+        seg = self.active.get(rowid >> 32) or self._sealed.get(rowid >> 32)
+        if seg is None:
+            return None
+        raw = seg.get_raw_cached(rowid & 0xFFFFFFFF)
+        return None if raw is None else (raw, seg.where)
+
+    async def row_bytes(self, rowid: int) -> tuple[bytes, str]:
+        """One row's encoded bytes and where they came from (for a point read)."""
+        segid, loc = rowid >> 32, rowid & 0xFFFFFFFF
+        seg = self.active.get(segid)
+        if seg is not None:
+            try:
+                return await seg.get_raw(loc), seg.where
+            except Exception:  # noqa: BLE001 - offloaded under us: read the object below
+                if segid in self.active:
+                    raise
+        sealed = await self.sealed(segid)
+        return await sealed.get_raw(loc), sealed.where
+
+    async def get(self, ids, target: SchemaVersion, schemas=None) -> Decoded:
+        """Rows by rowid (all in one segment), from its active file or its object."""
+        schemas = schemas or self.schemas
+        segs, locs = split_rowids(np.atleast_1d(ids))
+        if len(set(segs.tolist())) != 1:
+            raise RowstoreError("get() takes rowids of one segment")
+        segid = int(segs[0])
+        if segid in self.active:
+            return await self.active[segid].get(locs, schemas, target)
+        return await (await self.sealed(segid)).get(locs, schemas, target)

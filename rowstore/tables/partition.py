@@ -1,0 +1,166 @@
+"""One table partition on this node: its single writer, its segments, its indexes.
+
+The writer lock orders everything that must not interleave in the partition's
+write-ahead log: a batch's timestamp and its append (so ts order = log order),
+a prepared batch and its COMMIT (RFC 0003), a checkpoint's freeze and mark, and a
+segment roll. It is held only while bytes are *enqueued*, never across a group
+commit's fdatasync — except by a multi-partition batch between its prepare and
+its decision, which is what keeps ``BATCH X`` the log's last batch until decided.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+import pyarrow as pa
+
+from rowstore.segments.active import ActiveSegment, rowids as make_rowids
+from rowstore.index.column_index import PartitionColumns
+from rowstore.index.key_memtable import TOMBSTONE, encode_keys
+from rowstore.index.key_index import PartitionIndex
+from rowstore.codec.rows import Encoded
+from rowstore.schema import Column, SchemaVersion
+from rowstore.segments.store import SegmentRecord, SegmentStore, SegState
+from rowstore.segments.wal import U64, Kind
+
+log = logging.getLogger("rowstore.tables.partition")
+
+
+def manifest_key(table_id: str, pid: int) -> str:
+    return f"idx/{table_id}/{pid:03d}/manifest"
+
+
+class Partition:
+    def __init__(self, store: SegmentStore, table_id: str, pid: int, key_kind: str, indexed: list[Column]):
+        self.store, self.table_id, self.pid, self.kind = store, table_id, pid, key_kind
+        self.columns = PartitionColumns(store.fs, manifest_key(table_id, pid), indexed)
+        self.index = PartitionIndex(store.fs, manifest_key(table_id, pid), key_kind, self.columns)
+        self.lock = asyncio.Lock()
+        self._inflight = 0  # batches enqueued but not yet applied (or failed)
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    # -- recovery ------------------------------------------------------------------------
+
+    async def open(self, schemas, target: SchemaVersion) -> int:
+        """Load the index runs and replay the write-ahead after the checkpoint mark."""
+        manifest = await self.index.open()
+        mark = manifest.mark + [0] * (3 - len(manifest.mark))  # (segid, localid, seq)
+        replayed = 0
+        for rec in await self.segments():
+            if rec.seq < mark[2]:
+                continue
+            skip = mark[1] if rec.seq == mark[2] else 0
+            base = 0
+            async for d in self.store.scan(rec.segid, target, schemas):
+                n = d.batch.num_rows
+                lo = max(skip - base, 0)
+                if lo < n:
+                    self.apply(np.arange(base + lo, base + n), rec.segid, d.batch.slice(lo), d.commit_ts[lo:],
+                               d.deleted[lo:], target)
+                    replayed += n - lo
+                base += n
+        return replayed
+
+    async def segments(self) -> list[SegmentRecord]:
+        recs = [r for r in await self.store.list(table=self.table_id) if r.partition == self.pid]
+        return sorted(recs, key=lambda r: r.seq)
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def apply(self, localids: np.ndarray, segid: int, batch: pa.RecordBatch, ts, deleted: np.ndarray,
+              schema: SchemaVersion, keys: np.ndarray | None = None, pos: np.ndarray | None = None) -> None:
+        """Make durable rows visible: key index entries and column index values. The rows are
+        ``batch`` — or with ``pos``, rows ``pos`` of it, which the column index takes only when
+        it needs them; ``keys``: their keys already encoded, if the caller has them."""
+        ids = make_rowids(segid, np.asarray(localids, np.uint32))
+        if keys is None:
+            rows = batch if pos is None else batch.take(pa.array(pos))
+            keys = encode_keys(rows.column(rows.schema.get_field_index(schema.key.name)), self.kind)
+        deleted = np.asarray(deleted, bool)
+        self.index.insert(keys, ts, np.where(deleted, TOMBSTONE, ids))
+        if self.columns.columns:
+            live = None if not deleted.any() else ~deleted
+            if pos is not None:
+                self.columns.insert(ids if live is None else ids[live], batch, schema,
+                                    pos if live is None else pos[live])
+            else:
+                self.columns.insert(ids if live is None else ids[live],
+                                    batch if live is None else batch.filter(pa.array(live)), schema)
+
+    async def current(self) -> ActiveSegment:
+        return await self.store.current(self.table_id, self.pid)
+
+    def enter(self) -> None:
+        self._inflight += 1
+        self._drained.clear()
+
+    def leave(self) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            self._drained.set()
+
+    async def append(self, seg: ActiveSegment, enc: Encoded, ts: int, txn: int | None = None) -> asyncio.Task:
+        """Enqueue a batch now (call order = log order); the task returns its rowids once durable."""
+        task = asyncio.ensure_future(seg.append_encoded(enc, ts, txn))
+        await asyncio.sleep(0)  # let the task take its localids and enqueue its bytes under our lock
+        return task
+
+    def full(self) -> bool:
+        """Whether the current segment reached the seal size (then ``roll(if_full=True)``)."""
+        seg = self.store.current_or_none(self.table_id, self.pid)
+        return seg is not None and seg.nbytes >= self.store.seal_bytes
+
+    async def roll(self, if_full: bool = False) -> int | None:
+        """Seal the current segment (if it has rows; with ``if_full``, if it is still full
+        once the lock is ours) under the writer lock."""
+        async with self.lock:
+            await self._drained.wait()
+            if if_full and not self.full():
+                return None
+            seg = await self.store.roll(self.table_id, self.pid)
+            return seg.segid if seg is not None else None
+
+    async def progress(self, closed: int) -> bool:
+        """Record ``PROGRESS(closed)`` in the current segment (docs/format/segment.md §2) when
+        batches arrived since the last one recorded; it rides with the next flush."""
+        seg = self.store.current_or_none(self.table_id, self.pid)
+        if seg is None or closed <= seg.wal.closed_ts or (seg.max_ts or 0) <= seg.wal.closed_ts:
+            return False  # nothing new since the last record: an idle partition writes nothing
+        async with self.lock:  # ordered with the partition's batches
+            task = asyncio.ensure_future(seg.append_record(Kind.PROGRESS, U64.pack(closed), lazy=True))
+            await asyncio.sleep(0)
+        await task
+        return True
+
+    # -- checkpoint and merge --------------------------------------------------------------
+
+    async def checkpoint(self) -> bool:
+        """Freeze the memtables with nothing in flight, then publish them with the mark."""
+        async with self.lock:
+            await self._drained.wait()
+            seg = self.store.current_or_none(self.table_id, self.pid)
+            if seg is not None:
+                rec, _ = await self.store.record(seg.segid)
+                mark = [seg.segid, seg.durable_rows, rec.seq]
+            else:  # between segments: the next one starts the replay
+                mark = [0, 0, 1 + max((r.seq for r in await self.segments()), default=0)]
+            if self.index.mem.entries == 0:
+                return False
+            token = self.index.begin_checkpoint()
+        return await self.index.finish_checkpoint(token, mark)
+
+    async def merge(self, horizon: int) -> bool:
+        return await self.index.maybe_merge(horizon)
+
+    @property
+    def mem_bytes(self) -> int:
+        return self.index.mem.nbytes + self.columns.mem_bytes
+
+
+def segment_states(recs: list[SegmentRecord]) -> dict[str, int]:
+    out = {s.value: 0 for s in SegState}
+    for r in recs:
+        out[r.state.value] += 1
+    return out

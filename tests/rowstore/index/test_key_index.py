@@ -1,0 +1,200 @@
+"""Partition index: levels, checkpoints, merges with purge, reopen — against a model of versions."""
+import random
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from catalog.memory import MemoryCatalog
+from rowstore.index.key_memtable import TOMBSTONE, decode_keys, encode_keys
+from rowstore.index.key_index import PartitionIndex, purge
+from rowstore.index.key_memtable import Run
+from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
+from terrafs.failpoints import FailPointCrash, armed
+from terrafs.fs import FsConfig, TerrascaleFS
+
+
+def enc(keys):
+    return encode_keys(pa.array(keys, pa.int64()), "int64")
+
+
+class Model:
+    def __init__(self):
+        self.v = {}
+
+    def add(self, keys, ts, rowids):
+        for k, r in zip(keys, rowids):
+            self.v.setdefault(k, []).append((ts, int(r)))
+
+    def at(self, k, t):
+        vs = [x for x in self.v.get(k, []) if x[0] <= t]
+        if not vs:
+            return 0
+        r = max(vs)[1]
+        return 0 if r == int(TOMBSTONE) else r
+
+
+async def world():
+    cat = MemoryCatalog()
+    fs = TerrascaleFS(cat, MemoryBlockDevice(), MemoryBlockDevice(durable=False), MemoryObjectStore(),
+                      config=FsConfig(sealed_block_size=4096))
+    await fs.open()
+    return fs
+
+
+async def fill(idx, model, rng, batches, ts0):
+    ts = ts0
+    for _ in range(batches):
+        ts += rng.randint(1, 5)
+        keys = rng.sample(range(-200, 200), rng.randint(1, 60))
+        rowids = np.array([int(TOMBSTONE) if rng.random() < 0.15 else rng.randrange(1 << 32, 1 << 40)
+                           for _ in keys], np.uint64)
+        idx.insert(enc(keys), ts, rowids)
+        model.add(keys, ts, rowids)
+    return ts
+
+
+async def check(idx, model, times, keys=range(-205, 205, 7)):
+    for t in times:
+        for k in keys:
+            assert await idx.get(int(enc([k])[0]), t) == model.at(k, t), (k, t)
+        run = await idx.scan(None, None, t)
+        want = sorted((k, model.at(k, t)) for k in model.v if model.at(k, t))
+        assert list(zip(decode_keys(run.keys, "int64"), run.rowids.tolist())) == want
+
+
+async def test_levels_checkpoints_merges_and_reopen():
+    fs, rng, model = await world(), random.Random(4), Model()
+    idx = PartitionIndex(fs, "idx/t/0/manifest", "int64")
+    await idx.open()
+    ts = 1000
+    for round_ in range(7):
+        ts = await fill(idx, model, rng, 5, ts)
+        await idx.checkpoint((1, round_))
+        if round_ == 2:
+            await check(idx, model, [1000, 1010, ts])
+        await idx.maybe_merge(horizon=0)
+    levels = [lv for lv, _ in idx.runs]
+    assert 1 in levels and levels.count(0) <= 4 and levels == sorted(levels)
+    ts = await fill(idx, model, rng, 3, ts)  # still in the memtable
+    await check(idx, model, [1005, 1020, ts - 2, ts])
+    # reopen: runs come back from the manifest; the memtable is replayed by the caller
+    again = PartitionIndex(fs, "idx/t/0/manifest", "int64")
+    m = await again.open()
+    assert m.mark == [1, 6] and len(again.runs) == len(idx.runs)
+    again.mem = idx.mem
+    await check(again, model, [1015, ts])
+    assert m.garbage == [] and len(await fs.list()) == len(idx.runs)  # replaced runs deleted
+
+
+async def test_merge_purge_keeps_reads_after_the_horizon():
+    fs, rng, model = await world(), random.Random(9), Model()
+    idx = PartitionIndex(fs, "idx/t/1/manifest", "int64")
+    await idx.open()
+    ts, marks = 5000, []
+    for i in range(6):
+        ts = await fill(idx, model, rng, 4, ts)
+        marks.append(ts)
+        await idx.checkpoint((1, i))
+    horizon = marks[2]
+    before = sum(r.entries for _, r in idx.runs)
+    await idx.merge(0, horizon)
+    after = sum(r.entries for _, r in idx.runs)
+    assert after < before  # superseded versions (and bottom-level tombstones) are gone
+    await check(idx, model, [horizon, marks[3], ts])
+
+
+def test_purge_rule():
+    keys = np.array([1, 1, 1, 2, 2, 3], np.uint64)
+    ts = np.array([30, 20, 10, 25, 15, 5], np.uint64)
+    rowids = np.array([7, int(TOMBSTONE), 5, int(TOMBSTONE), 4, 3], np.uint64)
+    run = Run(keys, ts, rowids)
+    kept = purge(run, horizon=22, bottom=False)
+    assert list(zip(kept.keys.tolist(), kept.ts.tolist())) == [(1, 30), (1, 20), (2, 25), (2, 15), (3, 5)]
+    kept = purge(run, horizon=22, bottom=True)  # key 1's newest at the horizon is a tombstone
+    assert list(zip(kept.keys.tolist(), kept.ts.tolist())) == [(1, 30), (2, 25), (2, 15), (3, 5)]
+
+
+async def test_crash_during_checkpoint_changes_nothing():
+    fs, model = await world(), Model()
+    idx = PartitionIndex(fs, "idx/t/2/manifest", "int64")
+    await idx.open()
+    idx.insert(enc([1, 2, 3]), 10, np.array([11, 12, 13], np.uint64) + (1 << 32))
+    with armed("offload.after_upload"), pytest.raises(FailPointCrash):
+        await idx.checkpoint((1, 3))
+    fresh = TerrascaleFS(fs.catalog, fs.block, MemoryBlockDevice(durable=False), fs.objects, config=fs.cfg)
+    rep = await fresh.open()
+    assert len(rep.rolled_back) == 1  # the half-built run file
+    again = PartitionIndex(fresh, "idx/t/2/manifest", "int64")
+    m = await again.open()
+    assert m.runs == [] and m.mark == [0, 0]  # replay from the old mark recovers everything
+
+
+async def test_merge_with_an_untouched_lower_level():
+    """L0 -> L1 while an L2 run exists: the L2 run must stay attached to its manifest entry."""
+    fs, rng, model = await world(), random.Random(21), Model()
+    idx = PartitionIndex(fs, "idx/t/3/manifest", "int64")
+    await idx.open()
+    ts = 100
+    for i in range(3):
+        ts = await fill(idx, model, rng, 3, ts)
+        await idx.checkpoint((1, i))
+    await idx.merge(0, horizon=0)  # L0+L1 -> L1
+    await idx.merge(1, horizon=0)  # L1+L2 -> L2
+    for i in range(3, 6):
+        ts = await fill(idx, model, rng, 3, ts)
+        await idx.checkpoint((1, i))
+    await idx.merge(0, horizon=0)  # L0 -> L1, L2 untouched
+    assert [lv for lv, _ in idx.runs] == [1, 2]
+    assert [m["level"] for m in idx.manifest.runs] == [1, 2]
+    assert [r.sf.meta["inode"] for _, r in idx.runs] == [m["inode"] for m in idx.manifest.runs]
+    await check(idx, model, [110, ts])
+    again = PartitionIndex(fs, "idx/t/3/manifest", "int64")
+    await again.open()
+    await check(again, model, [105, ts])
+
+
+async def test_get_many_matches_model_across_levels():
+    """The vectorized multi-key lookup equals the model at every timestamp, keys in any level."""
+    fs = await world()
+    idx = PartitionIndex(fs, "idx/t/0/manifest", "int64")
+    await idx.open()
+    m, rng, ts = Model(), random.Random(7), 100
+    for rnd in range(7):
+        ts = await fill(idx, m, rng, 8, ts)
+        await idx.checkpoint((1, rnd))
+        await idx.maybe_merge(0)
+    ts = await fill(idx, m, rng, 4, ts)
+    keys = list(range(-205, 205))
+    for t in range(98, ts + 2, 5):
+        assert (await idx.get_many(enc(keys), t)).tolist() == [m.at(k, t) for k in keys], t
+
+
+async def test_checkpoint_failure_keeps_entries_readable():
+    fs = await world()
+    idx = PartitionIndex(fs, "idx/t/0/manifest", "int64")
+    await idx.open()
+    m, rng = Model(), random.Random(3)
+    ts = await fill(idx, m, rng, 5, 100)
+    with armed("offload.after_upload"), pytest.raises(FailPointCrash):
+        await idx.checkpoint((1, 0))
+    await check(idx, m, [ts])
+    assert await idx.checkpoint((1, 0))
+    await check(idx, m, [ts])
+
+
+async def test_range_scans_read_only_overlapping_pages_and_match_the_model():
+    fs = await world()
+    idx = PartitionIndex(fs, "idx/t/0/manifest", "int64")
+    await idx.open()
+    m, rng, ts = Model(), random.Random(11), 100
+    for rnd in range(4):
+        ts = await fill(idx, m, rng, 12, ts)
+        await idx.checkpoint((1, rnd))
+    ts = await fill(idx, m, rng, 3, ts)
+    for _ in range(40):
+        lo, hi = sorted(rng.sample(range(-220, 220), 2))
+        t = rng.randrange(100, ts + 2)
+        got = await idx.scan(enc([lo])[0], enc([hi])[0], t)
+        want = [(k, m.at(k, t)) for k in range(lo, hi) if m.at(k, t)]
+        assert list(zip(decode_keys(got.keys, "int64"), got.rowids.tolist())) == want, (lo, hi, t)

@@ -1,0 +1,172 @@
+"""The segment table: create/append/seal/offload/get with one transaction per switch, crashes."""
+import asyncio
+
+import numpy as np
+import pytest
+
+from catalog.memory import MemoryCatalog
+from rowstore.segments.active import split_rowids
+from rowstore.segments.store import SegState, SegmentStore
+from terrafs.active import ActiveConfig
+from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
+from terrafs.failpoints import FailPointCrash, armed
+from terrafs.fs import FsConfig, TerrascaleFS
+from tests.rowstore.segments.test_segments import KEYS, S1, SCHEMAS, batch
+
+
+class World:
+    def __init__(self):
+        self.cat, self.block, self.objects = MemoryCatalog(), MemoryBlockDevice(), MemoryObjectStore()
+
+    async def start(self):
+        fs = TerrascaleFS(self.cat, self.block, MemoryBlockDevice(durable=False), self.objects,
+                          config=FsConfig(sealed_block_size=4096, flush=ActiveConfig(flush_ms=0.5)))
+        await fs.open()
+        store = SegmentStore(fs, SCHEMAS.__getitem__)
+        self.pending = await store.open()
+        return store
+
+
+async def test_lifecycle_and_reads():
+    w = World()
+    st = await w.start()
+    segs = await asyncio.gather(*(st.create("t", p) for p in range(8)))
+    assert len({s.segid for s in segs}) == 8
+    seg = segs[0]
+    ids = await seg.append(batch(0, 300), S1, 10)
+    rec = await st.seal(seg.segid)
+    assert (rec.state, rec.rows, rec.min_ts, rec.max_ts) == (SegState.SEALED, 300, 10, 10)
+    got = await st.get(ids[[5, 299]], S1)
+    assert got.batch.column("id").to_pylist() == [5, 299]
+    rec = await st.offload(seg.segid, KEYS)
+    assert rec.state == SegState.OFFLOADED and rec.location.endswith(".tfs")
+    got = await st.get(ids[[0, 150]], S1)
+    assert got.batch.column("id").to_pylist() == [0, 150]
+    assert [r.state for r in await st.list(table="t")].count(SegState.ACTIVE) == 7
+
+
+@pytest.mark.parametrize("point", ["offload.before_upload", "offload.after_upload", "offload.after_catalog"])
+async def test_crash_during_segment_offload(point):
+    w = World()
+    st = await w.start()
+    seg = await st.create("t", 0)
+    ids = await seg.append(batch(0, 100), S1, 5)
+    await st.seal(seg.segid)
+    with armed(point), pytest.raises(FailPointCrash):
+        await st.offload(seg.segid, KEYS)
+    w.block.crash()
+    st2 = await w.start()
+    rec, _ = await st2.record(seg.segid)
+    if point == "offload.after_catalog":
+        assert rec.state == SegState.OFFLOADED and w.pending == []
+    else:
+        assert rec.state == SegState.SEALED and w.pending == [seg.segid]
+        rec = await st2.offload(seg.segid, KEYS)
+    got = await st2.get(ids, S1)
+    assert got.batch.column("id").to_pylist() == list(range(100))
+
+
+async def test_acknowledged_rows_survive_a_crash():
+    w = World()
+    st = await w.start()
+    seg = await st.create("t", 0)
+    acked = await asyncio.gather(*(seg.append(batch(i * 10, i * 10 + 10), S1, 100 + i) for i in range(20)))
+    w.block.crash()
+    st2 = await w.start()
+    seg2 = st2.active[seg.segid]
+    assert seg2.durable_rows == 200
+    got = await st2.get(np.concatenate(acked), S1)
+    assert sorted(got.batch.column("id").to_pylist()) == list(range(200))
+    assert split_rowids(np.concatenate(acked))[0].tolist() == [seg.segid] * 200
+
+
+async def test_rollover_at_seal_bytes():
+    w = World()
+    st = await w.start()
+    st.seal_bytes = 20_000
+    ids = []
+    for i in range(12):
+        ids.append(await st.append("t", 3, batch(i * 100, i * 100 + 100), S1, 10 + i))
+    recs = await st.list(table="t")
+    states = sorted(r.state.value for r in recs)
+    assert states.count("active") == 1 and states.count("sealed") >= 2
+    for segid in await st.pending_offload():
+        await st.offload(segid, KEYS)
+    for i, part in enumerate(ids):
+        got = await st.get(part, S1)
+        assert got.batch.column("id").to_pylist() == list(range(i * 100, i * 100 + 100))
+    w.block.crash()
+    st2 = await w.start()
+    assert (await st2.current("t", 3)).segid == (await st.current("t", 3)).segid
+
+
+async def test_delete_recycles_segid_and_scan():
+    w = World()
+    st = await w.start()
+    a = await st.create("t", 0)
+    b = await st.create("t", 1)
+    await a.append(batch(0, 2000), S1, 1)
+    got = [d async for d in st.scan(a.segid, S1)]
+    assert sum(d.batch.num_rows for d in got) == 2000
+    await st.seal(a.segid)
+    await st.offload(a.segid, KEYS)
+    got = [d async for d in st.scan(a.segid, S1)]
+    assert pa_ids(got) == list(range(2000))
+    free_before = await st.segids.free_ranges()
+    await st.delete(a.segid)
+    assert await w.objects.list("files/") == []
+    assert sum(hi - lo for lo, hi in await st.segids.free_ranges()) == \
+        sum(hi - lo for lo, hi in free_before) + 1
+    assert [r.segid for r in await st.list()] == [b.segid]
+    await st.delete(b.segid)
+    assert sum(hi - lo for lo, hi in await st.segids.free_ranges()) == 2**32 - 2  # everything back
+
+
+def pa_ids(decoded):
+    return [i for d in decoded for i in d.batch.column("id").to_pylist()]
+
+
+async def test_flipped_byte_in_sealed_segment_is_never_served():
+    from terrafs.errors import CorruptionError
+
+    w = World()
+    st = await w.start()
+    seg = await st.create("t", 0)
+    ids = await seg.append(batch(0, 3000), S1, 1)
+    await st.seal(seg.segid)
+    rec = await st.offload(seg.segid, KEYS)
+    raw = bytearray(await w.objects.get(rec.location))
+    raw[5000] ^= 0x04  # inside the row section
+    await w.objects.put(rec.location, bytes(raw))
+    st2 = await w.start()
+    with pytest.raises(CorruptionError) as ei:
+        async for _ in st2.scan(seg.segid, S1):
+            pass
+    assert ei.value.where.endswith(rec.location) and ei.value.offset is not None
+    with pytest.raises(CorruptionError):
+        for part in np.array_split(ids, 30):
+            await st2.get(part[:1], S1)
+
+
+async def test_segments_on_s3_through_moto(s3_bucket_uri):
+    """Seal and offload to S3 (a moto_server process), then page rows in from another node."""
+    from terrafs.uri import open_object_store
+
+    store = open_object_store(s3_bucket_uri)
+    await store.open_store()
+    w = World()
+    w.objects = store
+    st = await w.start()
+    seg = await st.create("t", 0)
+    ids = await seg.append(batch(0, 5000), S1, 42)
+    await st.seal(seg.segid)
+    rec = await st.offload(seg.segid, KEYS)
+    assert (await store.head(rec.location)).size > 0
+    other = SegmentStore(TerrascaleFS(w.cat, MemoryBlockDevice(), MemoryBlockDevice(durable=False), store,
+                                      config=FsConfig(node_id="n2")), st.schemas)
+    await other.fs.open()
+    await other.open()
+    got = await other.get(ids[[0, 2500, 4999]], S1)
+    assert got.batch.column("id").to_pylist() == [0, 2500, 4999]
+    assert pa_ids([d async for d in other.scan(seg.segid, S1)]) == list(range(5000))
+    await store.close()

@@ -1,0 +1,100 @@
+"""The layers of docs/ARCHITECTURE.md, checked on the source: every import of a project
+module (at module level or inside a function) points down or within its own package, and
+no modules import each other in a circle."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# package -> the packages it may import (besides itself): dependencies point down only.
+ALLOWED = {
+    "catalog": set(),
+    "terrafs": {"catalog"},
+    "rowstore": {"terrafs", "catalog"},
+    "node": {"rowstore", "terrafs", "catalog"},
+    "spark_bridge": {"node", "rowstore", "terrafs", "catalog"},  # a client of nodes, and their tour (demo)
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in ALLOWED:
+        for p in (ROOT / pkg).rglob("*.py"):
+            parts = list(p.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = p
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Project modules ``name`` imports (``from a import b`` is module ``a.b`` when that is one)."""
+    got = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            got.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+            for a in node.names:
+                got.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+    return {m for m in got if m in known and m != name}
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(m, p, set(mods)) for m, p in mods.items()}
+
+
+def test_dependencies_point_down():
+    upward = sorted(f"{m} imports {d}" for m, deps in _graph().items() for d in deps
+                    if d.split(".")[0] != m.split(".")[0] and d.split(".")[0] not in ALLOWED[m.split(".")[0]])
+    assert not upward, "imports against the layering (docs/ARCHITECTURE.md):\n" + "\n".join(upward)
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    cycles = [c for c in _strongly_connected(graph) if len(c) > 1]
+    assert not cycles, "modules importing each other in a circle:\n" + "\n".join(" <-> ".join(sorted(c)) for c in cycles)
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    out.append(comp)
+    return out
