@@ -219,7 +219,7 @@ def test_columns_option_reads_only_those_columns(spark, node, reader, history):
 
 def test_an_empty_table_reads_as_no_rows_with_its_schema(spark, node, reader):
     c = node.client()
-    if reader == "jvm":
+    if "empty" not in {t["name"] for t in c.list_tables()["tables"]}:  # the other reader's run made it
         c.create_table("empty", [{"name": "id", "type": "string"}, {"name": "u", "type": "uuid"}], "id")
     df = spark.read.format("terrascale").option("endpoint", node.base).option("table", "empty").option(
         "reader", reader).load()
