@@ -1,6 +1,6 @@
 package io.terrascale.spark;
 
-import com.github.luben.zstd.Zstd;
+import com.github.luben.zstd.ZstdDecompressCtx;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.RandomAccessFile;
@@ -120,6 +120,7 @@ final class SealedObject implements AutoCloseable {
     private final int[] recLen;
     private final int[] rawLen;
     private final SecretKeySpec dataKey;
+    private final ZstdDecompressCtx zstd = new ZstdDecompressCtx(); // one context per object, not per block
     /** Nanoseconds spent per step, for the benchmark's breakdown: fetch, verify, decrypt, decompress. */
     final long[] nanos = new long[4];
 
@@ -285,7 +286,7 @@ final class SealedObject implements AutoCloseable {
             byte[] out = new byte[rlen];
             long n;
             try {
-                n = Zstd.decompressByteArray(out, 0, rlen, data, off, len);
+                n = zstd.decompressByteArray(out, 0, rlen, data, off, len);
             } catch (RuntimeException e) {
                 throw corrupt(phys, "zstd: " + e.getMessage());
             }
@@ -330,6 +331,7 @@ final class SealedObject implements AutoCloseable {
 
     @Override
     public void close() throws IOException {
+        zstd.close();
         src.close();
     }
 }

@@ -178,7 +178,15 @@ final class Segment {
             throw new IllegalStateException("predicate column " + id + " is not decoded");
         }
 
+        private int lastVersion = -1;
+        private Layout last;
+
+        boolean knows(int version) {
+            return version == lastVersion || versions.containsKey(version);
+        }
+
         Layout layout(int version, long offset) {
+            if (version == lastVersion) return last; // rows of one version come in long runs
             Layout l = layouts.get(version);
             if (l == null) {
                 Types.Schema s = versions.get(version);
@@ -186,6 +194,8 @@ final class Segment {
                 l = new Layout(s, want);
                 layouts.put(version, l);
             }
+            lastVersion = version;
+            last = l;
             return l;
         }
 

@@ -388,6 +388,7 @@ final class TerrascaleScan {
         private ByteBuffer buf;
         private long base; // logical offset of buf[0]
         private ColumnarBatch batch;
+        private long rowsOut;
 
         SegmentReader(Factory f, SegmentPart p, StructType schema) throws IOException {
             lease = new Lease(f.opts, f.lease);
@@ -434,7 +435,7 @@ final class TerrascaleScan {
                 int r = (int) (seg.offsets[row] - base);
                 long t0 = System.nanoTime();
                 // a row invisible at T may be of a schema version newer than T: the plan need not know it
-                if (visible[row] || dec.versions.containsKey(buf.getInt(r + 4))) {
+                if (visible[row] || dec.knows(buf.getInt(r + 4))) {
                     Segment.Layout l = dec.check(buf, r, buf.getInt(r), base);
                     if (visible[row] && (buf.get(r + 16) & Segment.DELETED) == 0
                             && (dec.preds.isEmpty() || dec.matches(buf, r, l))) {
@@ -446,6 +447,7 @@ final class TerrascaleScan {
                 row++;
             }
             batch.setNumRows(n);
+            rowsOut += n;
             return n > 0 || row < total;
         }
 
@@ -476,11 +478,7 @@ final class TerrascaleScan {
         public void close() throws IOException {
             lease.close();
             obj.close();
-            if (System.getProperty("terrascale.timings") != null) {
-                System.err.printf("terrascale-timings segment=%s fetch_ms=%.1f verify_ms=%.1f decrypt_ms=%.1f decompress_ms=%.1f decode_ms=%.1f%n",
-                        obj.where, obj.nanos[0] / 1e6, obj.nanos[1] / 1e6, obj.nanos[2] / 1e6, obj.nanos[3] / 1e6,
-                        seg.decodeNanos / 1e6);
-            }
+            Timings.add(obj.nanos, seg.decodeNanos, rowsOut);
             batch.close();
         }
     }
