@@ -46,6 +46,7 @@ final class TerrascaleScan {
     private TerrascaleScan() {}
 
     static final int BATCH_ROWS = 4096;
+    static final int PLAN_VERSION = 1; // rowstore/reads/plan.py PLAN_VERSION
 
     // -- driver: pushdown and planning ---------------------------------------------------
 
@@ -189,6 +190,10 @@ final class TerrascaleScan {
         private void plan() {
             if (parts != null) return;
             JsonNode p = new NodeClient(opts).plan(asOf, where, opts.sealedOnly);
+            if (p.path("version").asInt(1) != PLAN_VERSION) {
+                throw new BridgeException("read plan version " + p.get("version") + " is not " + PLAN_VERSION
+                        + ": the JVM reader and the node are of different releases");
+            }
             Types.Schema at = Types.Schema.parse(p.get("schema").asText());
             if (at.version != target.version) {
                 throw new BridgeException("table '" + opts.table + "': the plan's schema at " + asOf + " is not the one load() saw");
