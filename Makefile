@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	  || { echo "error: Terrascale needs Python >= 3.11 as $(PYTHON)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,spark]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -64,6 +64,7 @@ jdk17:
 	  { echo "error: could not install javac 17; install openjdk-17-jdk-headless (or set JAVA_HOME to a Java 17 JDK)"; exit 1; }; }
 
 test: $(STAMP) java17 jvm
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -6,11 +6,14 @@ version being the revision its previous txn returned (etcd: ``compare
 mod_revision == v, put``). Latency p50/p99 and throughput from 1 and 32
 concurrent clients, rounds alternating ours/etcd, medians reported.
 
-* ours: the load runs inside one node process, as Terrascale code calls its
-  catalog (a follower: its txns are forwarded to the leader; the leader case is
-  in ``extra``).
+Both sides run the same client path: the load runs in this bench process, one asyncio
+HTTP client (aiohttp, keep-alive) per side, each txn one JSON POST to a member:
+
+* ours: ``POST /txn`` on a node process that runs our Raft catalog and does one
+  ``txn(Check, Put)`` per request (on a follower: forwarded to the leader; the
+  leader case is in ``extra``);
 * etcd: ``etcd-server`` (Debian package; installed with apt-get when missing),
-  driven by a Python asyncio client over etcd's v3 JSON gateway with keep-alive.
+  ``POST /v3/kv/txn`` on its v3 JSON gateway.
 
 Also measured: the same txns with pysyncobj's shipped defaults
 (``appendEntriesUseBatch=True``, heartbeat 0.1 s) — issue 7, problem 8.
@@ -43,6 +46,7 @@ STOCK_DEFAULTS = {"appendEntriesUseBatch": True, "appendEntriesPeriod": 0.1, "ra
                   "raftMaxTimeout": 1.4, "connectionTimeout": 3.5, "connectionRetryTime": 5.0,
                   "leaderFallbackTimeout": 30.0}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ETCD = "etcd 3.4, 3 members, v3 JSON gateway txn (same client)"
 
 
 def free_ports(n: int) -> list[int]:
@@ -87,27 +91,24 @@ async def node_main(args) -> None:
                                tuning=json.loads(args.tuning) if args.tuning else None)
     await cat.open()
 
-    async def txn(key, ver):
-        r = await cat.txn([Check(key, ver)], [Put(key, b"x" * 64)])
-        if not r.committed:
-            raise RuntimeError(f"CAS on {key} failed: {r}")
-        return r.revision
+    from aiohttp import web
 
-    async def handle(reader, writer):
-        while line := await reader.readline():
-            q = json.loads(line)
-            if q["op"] == "status":
-                ans = await cat.cluster_status()
-            else:
-                ans = await cas_load(txn, q["clients"], q["per_client"], q["tag"])
-            writer.write(json.dumps(ans).encode() + b"\n")
-            await writer.drain()
-        writer.close()
+    async def txn(request):
+        q = await request.json()
+        r = await cat.txn([Check(q["key"], q["version"])], [Put(q["key"], base64.b64decode(q["value"]))])
+        return web.json_response({"committed": r.committed, "revision": r.revision})
 
-    server = await asyncio.start_server(handle, "127.0.0.1", args.ctl)
+    async def status(request):
+        return web.json_response(await cat.cluster_status())
+
+    app = web.Application()
+    app.router.add_post("/txn", txn)
+    app.router.add_get("/status", status)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", args.ctl, backlog=1024).start()
     print("ready", flush=True)
-    async with server:
-        await server.serve_forever()
+    await asyncio.Event().wait()
 
 
 class Ours:
@@ -131,17 +132,21 @@ class Ours:
                 raise RuntimeError("raft bench node did not start")
             self.procs.append(p)
 
-    async def call(self, i: int, **q) -> dict:
-        r, w = await asyncio.open_connection("127.0.0.1", self.ctl[i])
-        w.write(json.dumps(q).encode() + b"\n")
-        ans = json.loads(await r.readline())
-        w.close()
-        return ans
+    async def open(self) -> None:
+        import aiohttp
+
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))  # as etcd's client
+
+    async def status(self, i: int) -> dict:
+        async with self.http.get(f"http://127.0.0.1:{self.ctl[i]}/status") as r:
+            return await r.json()
 
     async def roles(self) -> tuple[int, int]:
         """(leader index, a follower index), once all three agree on a leader."""
+        if getattr(self, "http", None) is None:
+            await self.open()
         for _ in range(200):
-            sts = [await self.call(i, op="status") for i in range(3)]
+            sts = [await self.status(i) for i in range(3)]
             leaders = {s["leader"] for s in sts}
             if len(leaders) == 1 and None not in leaders:
                 lead = self.addrs.index(leaders.pop())
@@ -150,9 +155,21 @@ class Ours:
         raise RuntimeError("no raft leader")
 
     async def load(self, node: int, clients: int, per_client: int, tag: str) -> dict:
-        return await self.call(node, op="load", clients=clients, per_client=per_client, tag=tag)
+        url = f"http://127.0.0.1:{self.ctl[node]}/txn"
+        value = base64.b64encode(b"x" * 64).decode()
 
-    def stop(self) -> None:
+        async def txn(key, ver):
+            async with self.http.post(url, json={"key": key, "version": ver, "value": value}) as r:
+                ans = await r.json()
+            if not ans["committed"]:
+                raise RuntimeError(f"CAS on {key} failed: {ans}")
+            return ans["revision"]
+
+        return await cas_load(txn, clients, per_client, tag)
+
+    async def stop(self) -> None:
+        if getattr(self, "http", None) is not None:
+            await self.http.close()
         for p in self.procs:
             p.kill()
             p.wait()
@@ -192,7 +209,7 @@ class Etcd:
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     async def open(self):
-        import aiohttp  # noqa: F401  (ClientError below)
+        import aiohttp
 
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         for _ in range(300):
@@ -247,7 +264,7 @@ async def run(root: str) -> list[Result]:
         lead, follower = await ours.roles()
         e_follower = (await etcd.leader() + 1) % 3
     except BaseException:
-        ours.stop()
+        await ours.stop()
         await etcd.close()
         raise
     cases = {"1": (1, N_SINGLE), "32": (CLIENTS, N_EACH)}
@@ -263,7 +280,7 @@ async def run(root: str) -> list[Result]:
                     got[("ours_leader", c)].append(ol)
                     got[("etcd", c)].append(e)
     finally:
-        ours.stop()
+        await ours.stop()
         await etcd.close()
     stock = Ours(os.path.join(root, "stock"), STOCK_DEFAULTS)
     try:
@@ -271,7 +288,7 @@ async def run(root: str) -> list[Result]:
         await stock.load(s_follower, 1, 5, "warm")
         stock_1 = await stock.load(s_follower, 1, 30, "stock")
     finally:
-        stock.stop()
+        await stock.stop()
 
     def med(who, c, k):
         return statistics.median(x[k] for x in got[(who, c)])
@@ -282,12 +299,12 @@ async def run(root: str) -> list[Result]:
                      "rounds_ours": [round(x[k]) for x in got[("ours", c)]],
                      "rounds_etcd": [round(x[k]) for x in got[("etcd", c)]]}
                  for k in ("p50_us", "p99_us", "txn_per_s")}
-        results.append(Result(f"CAS txn p50, {label} (on a follower)", med("ours", c, "p50_us"), "etcd 3.4, 3 members",
+        results.append(Result(f"CAS txn p50, {label}, HTTP JSON POST to a follower", med("ours", c, "p50_us"), ETCD,
                               med("etcd", c, "p50_us"), "us", "<= 2.0x", extra["p50_us"]))
-        results.append(Result(f"CAS txn p99, {label} (on a follower)", med("ours", c, "p99_us"), "etcd 3.4, 3 members",
+        results.append(Result(f"CAS txn p99, {label}, HTTP JSON POST to a follower", med("ours", c, "p99_us"), ETCD,
                               med("etcd", c, "p99_us"), "us", "report", extra["p99_us"]))
-        results.append(Result(f"CAS txn throughput, {label} (on a follower)", med("ours", c, "txn_per_s"),
-                              "etcd 3.4, 3 members", med("etcd", c, "txn_per_s"), "txn/s",
+        results.append(Result(f"CAS txn throughput, {label}, HTTP JSON POST to a follower", med("ours", c, "txn_per_s"),
+                              ETCD, med("etcd", c, "txn_per_s"), "txn/s",
                               ">= 1.0x" if c != "1" else "report (= 1/latency)", extra["txn_per_s"]))
     results.append(Result("CAS txn p50, 1 client: pysyncobj shipped defaults vs our tuning",
                           stock_1["p50_us"], "ours, tuned", med("ours", "1", "p50_us"), "us", "report (problem 8)",

@@ -5,7 +5,11 @@ commit, fdatasync before the rowids return), encoding Arrow batches included.
 Peers, writing the same row bytes under random int64 keys, durably:
 RocksDB (rocksdict, WriteBatch with sync), SQLite (WAL, synchronous=FULL,
 executemany in one transaction), LMDB (one write txn per batch, sync).
-1 and 64 concurrent writers (threads for the peers), batches of 1 and 1000.
+1 and 64 concurrent writers (threads for the peers), batches of 1 and 1000; each writer
+has one batch in flight on both sides. Beside the plain log append, the keyed-insert
+variant: a table upsert (primary-key index maintained, one partition, durable ``trkv://``
+catalog) — what a RocksDB keyed put does. The pipelined row (one writer with 4 batches in
+flight) is compared with RocksDB with 4 writer threads: 4 writes in flight on both sides.
 Each configuration runs ``BENCH_ROUNDS`` (default 3) rounds, ours and the
 peers in an order that rotates from round to round; medians are reported (the
 machine is shared and noisy).
@@ -70,6 +74,38 @@ async def ours(root: str, writers: int, size: int, src: pa.RecordBatch, window: 
         await asyncio.gather(*(writer(m) for m in per))
     await af.close()
     await dev.delete("seg.act")
+    return ROWS[size] / t.seconds
+
+
+async def ours_keyed(root: str, writers: int, size: int, src: pa.RecordBatch) -> float:
+    """Table upserts: the row appended to the partition's log and its key indexed."""
+    from catalog.local import LocalCatalog
+    from rowstore.db.database import Database, TablesConfig
+    from terrafs.backends.local import LocalObjectStore
+    from terrafs.fs import TerrascaleFS
+
+    base = os.path.join(root, "keyed")
+    catalog = LocalCatalog(os.path.join(base, "catalog"))
+    await catalog.open()
+    fs = TerrascaleFS(catalog, LocalBlockDevice(f"{base}/block"), LocalBlockDevice(f"{base}/cache", durable=False),
+                      LocalObjectStore(f"{base}/objects"))
+    await fs.open()
+    db = Database(fs, TablesConfig(partitions=1))
+    await db.open()
+    await db.create_table("k", SCHEMA)
+    batches = _batches(src, size, ROWS[size])
+    per = [batches[w::writers] for w in range(writers)]
+
+    async def writer(mine):
+        for b in mine:
+            await db.upsert("k", b)
+
+    with Timer() as t:
+        await asyncio.gather(*(writer(m) for m in per))
+    await db.close()
+    await fs.close()
+    await catalog.close()
+    shutil.rmtree(base)
     return ROWS[size] / t.seconds
 
 
@@ -167,21 +203,27 @@ async def main() -> list[Result]:
         for size in (1000, 1):
             payloads = _payloads(src, size)
 
-            def peer(fn, writers):
+            def peer(fn, writers, payloads=payloads):
                 return lambda: asyncio.to_thread(fn, root, payloads, writers)
 
             target = ">= 1M rows/s & ahead" if size == 1000 else "report"
-            if size == 1000:
-                got = await _rounds({"ours": lambda: ours(root, 1, size, src, window=4), "rocks": peer(rocks, 1)})
-                results.append(Result("durable append, batch 1000, 1 writer pipelined (4 in flight)", got["ours"],
-                                      PEERS[0][0], got["rocks"], "rows/s", target))
             for writers in (1, 64):
-                runs = {"ours": lambda w=writers: ours(root, w, size, src)}
+                runs = {"ours": lambda w=writers, size=size: ours(root, w, size, src),
+                        "keyed": lambda w=writers, size=size: ours_keyed(root, w, size, src)}
                 runs.update({key: peer(globals()[key], writers) for _, key in PEERS})
                 got = await _rounds(runs)
+                each = f"batch {size}, {writers} writer(s), 1 batch in flight each"
                 for name, key in PEERS:
-                    results.append(Result(f"durable append, batch {size}, {writers} writer(s)", got["ours"], name,
-                                          got[key], "rows/s", target))
+                    results.append(Result(f"durable log append (no key index), {each}", got["ours"],
+                                          f"{name}, {writers} writer(s)", got[key], "rows/s", target))
+                results.append(Result(f"durable keyed insert (table upsert, key index), {each}", got["keyed"],
+                                      f"{PEERS[0][0]}, {writers} writer(s)", got["rocks"], "rows/s", "report"))
+            if size == 1000:
+                got = await _rounds({"ours": lambda size=size: ours(root, 1, size, src, window=4),
+                                     "rocks": peer(rocks, 4)})
+                results.append(Result("durable log append, batch 1000, 1 writer pipelined: 4 batches in flight",
+                                      got["ours"], f"{PEERS[0][0]}, 4 writer threads (4 in flight)", got["rocks"],
+                                      "rows/s", "report"))
     print_table(f"Row store durable appends (issue 3), medians of {ROUNDS} rotating rounds", results)
     print(f"\nJSON: {write_json('rowstore', results)}")
     return results

@@ -233,7 +233,8 @@ async def main() -> list[Result]:
         assert set(counts.values()) == {N}, counts
         groups = {k: _grouped(df) for k, df in sides.items()}
         for k in ("jvm", "python"):
-            assert _same_groups(groups[k], groups["parquet"]), f"filter + groupBy: the {k} reader's groups differ"
+            assert _same_groups(groups[k], groups["parquet"]), \
+                f"filter + groupBy: the {k} reader's groups differ from Parquet's: {groups[k][:5]} vs {groups['parquet'][:5]}"
         exclude = {node.proc.pid}
         results, breakdown = [], []
         for name, fn in WORKLOADS:

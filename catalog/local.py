@@ -200,7 +200,7 @@ class LocalCatalog(StateReads):
             batch, self._queue = self._queue, []
             try:
                 await self._commit_group(batch)
-            except BaseException as e:  # the log can no longer be trusted: refuse writes
+            except BaseException as e:  # noqa: BLE001 - the log can no longer be trusted: refuse writes
                 self._failed = e
                 for p in batch + self._queue:
                     if not p.fut.done():

@@ -111,6 +111,7 @@ class Api:
 
     @web.middleware
     async def _edge(self, request: web.Request, handler):
+        self.node.guard.headed(request.transport)  # a request head arrived: no longer pending
         m = self.node.metrics
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
         t0 = time.perf_counter()
@@ -151,7 +152,7 @@ class Api:
         except (ConnectionError, OSError, asyncio.TimeoutError) as e:
             log.warning("event=request_failed path=%s error=%r", request.path, e)
             return error(503, "unavailable", _one_line(e))
-        except Exception as e:  # the last line of defence: never a traceback to the client
+        except Exception as e:  # noqa: BLE001 - the last line of defence: never a traceback to the client
             log.error("event=request_crashed path=%s error=%r at=%s", request.path, e, _where(e))
             return error(500, "internal", type(e).__name__)
 

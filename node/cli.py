@@ -90,7 +90,9 @@ def _parser() -> argparse.ArgumentParser:
 
     fsck = sub.add_parser("fsck", help="offline: verify every checksum and invariant of a node's data")
     fsck.add_argument("data_dir", nargs="?", help="a data directory with the embedded layout")
-    fsck.add_argument("--config", help="check the stores this config names")
+    fsck.add_argument("--config", help="check the stores this config names (trkv:// or raft:// catalog)")
+    fsck.add_argument("--repair", action="store_true",
+                      help="after listing them, delete files and objects no catalog row names (orphans)")
     return p
 
 
@@ -124,9 +126,7 @@ def _fsck(args, parser) -> int:
     if args.data_dir and not os.path.isdir(args.data_dir):
         raise config_mod.ConfigError(f"DATA_DIR: {args.data_dir} is not a directory")
     cfg = config_mod.load(args.config) if args.config else config_mod.defaults(args.data_dir)
-    problems = asyncio.run(fsck(cfg))
-    for p in problems:
-        print(p.line())
+    problems = asyncio.run(fsck(cfg, repair=args.repair, emit=lambda line: print(line, flush=True)))
     damaged = [p for p in problems if p.damage]
     print(f"fsck: {len(damaged)} problem(s), {len(problems) - len(damaged)} notice(s)", file=sys.stderr)
     return 1 if damaged else 0

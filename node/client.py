@@ -109,7 +109,8 @@ class Client:
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"endpoint must be http(s)://host:port, not {endpoint!r}")
         self.endpoint, self.token, self.timeout = endpoint.rstrip("/"), token, timeout
-        self._host, self._port, self._tls = u.hostname, u.port or (443 if u.scheme == "https" else 80), u.scheme == "https"
+        self._tls = u.scheme == "https"
+        self._host, self._port = u.hostname, u.port or (443 if self._tls else 80)
         self._verify = verify
         self._conn: http.client.HTTPConnection | None = None
         self._last = 0.0
@@ -225,7 +226,8 @@ class Client:
         return self._call("POST", f"/v1/tables/{_seg(table)}/query", doc, arrow=True)
 
     def query_json(self, table, where=None, bbox=None, as_of=None, columns=None, limit=None) -> dict:
-        return self._call("POST", f"/v1/tables/{_seg(table)}/query", _Requests.query_doc(where, bbox, as_of, columns, limit))
+        doc = _Requests.query_doc(where, bbox, as_of, columns, limit)
+        return self._call("POST", f"/v1/tables/{_seg(table)}/query", doc)
 
     # admin
     def status(self) -> dict:
@@ -269,7 +271,7 @@ class AsyncClient:
             self._session = None
 
     async def request(self, method, path, body=None, content_type=None, accept=None) -> tuple[int, bytes, dict]:
-        import aiohttp  # noqa: PLC0415
+        import aiohttp
 
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout),

@@ -118,7 +118,7 @@ class Cluster:
     async def forward(self, request, owner: str, body: bytes):
         """Send the request to ``owner``; its answer as a Response (None: this node turned out
         to be the owner after all). An owner that does not answer is a ConnectionError (503)."""
-        from aiohttp import web  # noqa: PLC0415
+        from aiohttp import web
 
         for attempt in (0, 1):
             members = self._members if owner in self._members else await self.members()

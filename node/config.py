@@ -50,6 +50,8 @@ class NodeConfig:
     advertise: str | None = None  # HOST:PORT other nodes use to reach this one (default: listen)
     max_body: int = 64 << 20  # request bodies above this are refused with 413
     shutdown_timeout_s: float = 30.0
+    handshake_timeout_s: float = 10.0  # a connection (HTTP or Raft) that has not sent a request head / authenticated
+    max_pending_connections: int = 256  # such connections open at once, per port; more are closed at accept
     block: str = "trfs://./data/block"
     volatile: str = "trfs://./data/cache"
     objects: str = "trfs://./data/objects"
@@ -101,6 +103,18 @@ def _readable(key: str, v) -> str:
     return path
 
 
+def _positive(key: str, v: float) -> float:
+    if v <= 0:
+        raise ConfigError(f"{key}: must be more than 0s")
+    return v
+
+
+def _count(key: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1_000_000:
+        raise ConfigError(f"{key}: expected an integer 1..1000000, got {v!r}")
+    return v
+
+
 def _partitions(key: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 256:
         raise ConfigError(f"{key}: expected an integer 1..256, got {v!r}")
@@ -112,7 +126,9 @@ _SCHEMA = {
     "node": {"id": ("node_id", lambda k, v: _str(k, v)), "listen": ("listen", parse_listen),
              "advertise": ("advertise", lambda k, v: "%s:%d" % parse_listen(k, v)),
              "max_body": ("max_body", parse_size),
-             "shutdown_timeout": ("shutdown_timeout_s", parse_duration)},
+             "shutdown_timeout": ("shutdown_timeout_s", parse_duration),
+             "handshake_timeout": ("handshake_timeout_s", lambda k, v: _positive(k, parse_duration(k, v))),
+             "max_pending_connections": ("max_pending_connections", _count)},
     "storage": {"block": ("block", lambda k, v: _str(k, v)), "volatile": ("volatile", lambda k, v: _str(k, v)),
                 "objects": ("objects", lambda k, v: _str(k, v))},
     "catalog": {"uri": ("catalog", lambda k, v: _str(k, v)),

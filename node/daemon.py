@@ -29,11 +29,13 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from catalog.errors import CatalogError
+from catalog.raft.wire import ConnLimits
 from node import sdnotify
 from node.http_app import make_app
 from node.cluster import Cluster
 from node.config import NodeConfig
 from node.errors import ConfigError
+from node.guard import ConnectionGuard, GuardedSite, install_accept_handler
 from node.jobs import Jobs
 from node.metrics import Metrics
 from rowstore.db.database import Database, TablesConfig
@@ -60,7 +62,12 @@ class Node:
         self.jobs: Jobs | None = None
         self.cluster: Cluster | None = None
         self.metrics = Metrics()
+        self.guard = ConnectionGuard(cfg.handshake_timeout_s, cfg.max_pending_connections, self.refused("http"))
+        self._raft_refused: dict[str, int] = {}
         self._stack = contextlib.AsyncExitStack()
+
+    def refused(self, port: str):
+        return lambda reason: self.metrics.refused.labels(port, reason).inc()
 
     @property
     def http_url(self) -> str:
@@ -77,8 +84,9 @@ class Node:
         objects = _configured("storage.objects", lambda: open_object_store(c.objects))
         await _reachable("storage.objects", objects.open_store())
         self._stack.push_async_callback(objects.close)
+        limits = ConnLimits(c.handshake_timeout_s, c.max_pending_connections)
         self.catalog = _configured("catalog.uri", lambda: open_catalog(
-            c.catalog, secret_file=c.catalog_secret_file, dir=c.catalog_dir))
+            c.catalog, secret_file=c.catalog_secret_file, dir=c.catalog_dir, limits=limits))
         await _reachable("catalog.uri", self.catalog.open())
         self._stack.push_async_callback(self.catalog.close)
         fs_cfg = FsConfig(node_id=c.node_id, flush=ActiveConfig(c.flush_bytes, c.flush_ms))
@@ -143,6 +151,8 @@ class Node:
 
     async def render_metrics(self) -> tuple[bytes, str]:
         m = self.metrics
+        m.pending.labels("http").set(len(self.guard.pending))
+        self._raft_metrics()
         if self.fs is not None and self.ready:
             counts = {(s, t): 0 for s in FileState for t in FileTier}
             for r in await self.fs.list(owner=self.cfg.node_id):
@@ -163,6 +173,19 @@ class Node:
             m.memtable_bytes.set(self.db.memtable_bytes())
             m.closed_ts.set(self.db.closed_ts)
         return generate_latest(m.registry), CONTENT_TYPE_LATEST
+
+    def _raft_metrics(self) -> None:
+        """The Raft port's refusals, counted on the replica's thread, into the node's counters."""
+        stats = getattr(self.catalog, "connection_stats", None)
+        if stats is None:
+            return
+        st = stats()
+        self.metrics.raft_write_retries.set(st.pop("write_retries", 0))
+        for reason, n in st.items():
+            delta = n - self._raft_refused.get(reason, 0)
+            if delta > 0:
+                self.metrics.refused.labels("raft", reason).inc(delta)
+                self._raft_refused[reason] = n
 
     async def status(self) -> dict:
         recs = [r for _, r in await self.db.segment_records()] if self.ready else []
@@ -251,7 +274,8 @@ async def run(cfg: NodeConfig) -> None:
                            handle_signals=False)
     await runner.setup()
     host, port = cfg.listen
-    site = web.TCPSite(runner, host, port, ssl_context=ctx, backlog=1024)
+    install_accept_handler(loop, node.refused("http"), node.guard)
+    site = GuardedSite(runner, host, port, guard=node.guard, ssl_context=ctx, backlog=1024)
     dog = None
     try:
         try:

@@ -1,11 +1,12 @@
 """Background jobs, each on its own schedule, each also runnable now from the admin API.
 
-| job        | what it does (``rowstore.db.database.Database``)                          | schedule |
-| ---------- | ---------------------------------------------------------------------- | -------- |
-| checkpoint | checkpoint the largest memtables while over the budget, then merges    | ``jobs.checkpoint_every`` (and at once when the budget is crossed) |
-| offload    | rewrite sealed segments as objects, drop the local copies              | ``jobs.offload_every`` |
-| seal       | seal every partition's current segment (rollover at ``seal_bytes`` is inline in the engine) | ``jobs.seal_every``, off by default |
+- checkpoint: checkpoint the largest memtables while over the budget, then merges;
+  every ``jobs.checkpoint_every`` (and at once when the budget is crossed).
+- offload: rewrite sealed segments as objects, drop the local copies; every ``jobs.offload_every``.
+- seal: seal every partition's current segment (rollover at ``seal_bytes`` is inline in the
+  engine); every ``jobs.seal_every``, off by default.
 
+The jobs are ``rowstore.db.database.Database`` methods.
 The group-commit flush timer (``segments.flush_ms``) lives in the write path
 itself (``terrafs/active.py``), not here. A job never runs twice at once: the
 admin API's "run now" waits for a scheduled run in progress and then runs.

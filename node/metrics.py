@@ -47,4 +47,13 @@ class Metrics:
                                      buckets=_LAT, registry=r)
         self.job_runs = Counter("terrascale_job_runs_total", "Background job runs by outcome",
                                 ["job", "trigger", "outcome"], registry=r)
+        self.refused = Counter("terrascale_connections_refused_total",
+                               "Connections refused or closed before authenticating, by port (http, raft) "
+                               "and reason (pending_cap, handshake_timeout, handshake, accept_<errno>)",
+                               ["port", "reason"], registry=r)
+        self.pending = Gauge("terrascale_connections_pending", "Open connections that have not sent a "
+                             "request head (http) yet", ["port"], registry=r)
+        self.raft_write_retries = Gauge("terrascale_raft_write_retries",
+                                        "Raft meta/journal file writes retried after a transient error",
+                                        registry=r)
         self.ready = Gauge("terrascale_ready", "1 once recovery finished and the node serves", registry=r)

@@ -1,5 +1,6 @@
-"""Spark over Terrascale tables: a PySpark Python data source named ``terrascale``
-(docs/spark.md; CONTRACT.md §5).
+"""Spark over Terrascale tables: the data source ``terrascale`` (docs/spark.md; CONTRACT.md §5) —
+batch reads in the JVM where its jar is on the classpath (``spark_bridge/jvm``), else in this
+PySpark Python data source, which also serves writes and the change feed.
 
     import spark_bridge
     spark_bridge.register(spark)
@@ -51,7 +52,7 @@ def register(spark) -> None:
 
 def __getattr__(name: str):
     if name == "TerrascaleDataSource":
-        from spark_bridge.source import TerrascaleDataSource  # noqa: PLC0415
+        from spark_bridge.source import TerrascaleDataSource
 
         return TerrascaleDataSource
     raise AttributeError(name)

@@ -124,9 +124,9 @@ def spark_step(urls: list[str], report: dict) -> None:
     step("Spark over the sealed segments (local[2]; executors read the objects, not the nodes)")
     print(">>> spark.read.format('terrascale').option('endpoint', N3).option('sealed_only', 'true')"
           ".load('positions').groupBy('vehicle').agg(count, avg(speed)).orderBy(desc('n')).limit(5)", flush=True)
-    from pyspark.sql import functions as F  # noqa: PLC0415 (Spark is heavy: only now)
+    from pyspark.sql import functions as F
 
-    from spark_bridge.session import local_session  # noqa: PLC0415
+    from spark_bridge.session import local_session
 
     t0 = time.perf_counter()
     spark = local_session(app="terrascale-demo")

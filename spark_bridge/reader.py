@@ -90,8 +90,8 @@ class TerrascaleReader(DataSourceReader):
 
     def _segment(self, part: SegmentSlice, target: SchemaVersion, keep: list) -> Iterator[pa.RecordBatch]:
         with LeaseKeeper(self.opts, self.lease) as keeper:  # first, before the slow imports below
-            from rowstore.reads.external import read_segment, schemas_lookup  # noqa: PLC0415 (numba)
-            from rowstore.reads.predicates import parse_bbox, parse_where  # noqa: PLC0415
+            from rowstore.reads.external import read_segment, schemas_lookup
+            from rowstore.reads.predicates import parse_bbox, parse_where
 
             schemas = schemas_lookup(list(self.versions))
             # decode only the columns read and the ones the predicates need
@@ -101,7 +101,7 @@ class TerrascaleReader(DataSourceReader):
             terms, box = parse_where(target, self.opts.where), parse_bbox(target, self.opts.bbox)
             kek = None
             if self.encrypted:
-                from terrafs.crypto import KeyEncryptionKey  # noqa: PLC0415
+                from terrafs.crypto import KeyEncryptionKey
 
                 kek = KeyEncryptionKey.load(self.opts.key_file)
             batches = read_segment(self.objects, part, schemas, target, terms, box, kek)

@@ -56,9 +56,9 @@ def local_session(cores: int = 2, max_failures: int = 1, app: str = "terrascale"
     log4j = os.path.join(tempfile.gettempdir(), "terrascale-spark-log4j2.properties")
     with open(log4j, "w") as f:
         f.write(_LOG4J2)
-    from pyspark.sql import SparkSession  # noqa: PLC0415 (the environment above must come first)
+    from pyspark.sql import SparkSession
 
-    import spark_bridge  # noqa: PLC0415
+    import spark_bridge
 
     master = f"local[{cores}]" if max_failures <= 1 else f"local[{cores},{max_failures}]"
     b = (SparkSession.builder.master(master).appName(app)

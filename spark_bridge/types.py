@@ -89,7 +89,7 @@ def decoding_schema(schema: SchemaVersion, keep: list[Column]) -> SchemaVersion:
 
 def spark_arrow_schema(schema: StructType) -> pa.Schema:
     """Exactly the Arrow schema Spark checks a Python data source's batches against."""
-    from pyspark.sql.pandas.types import to_arrow_schema  # noqa: PLC0415 (pulls pandas helpers in)
+    from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(schema, timezone="UTC")
 

@@ -53,7 +53,7 @@ class TerrascaleWriter(DataSourceArrowWriter):
             raise BridgeError(f"the DataFrame has no column {table.key.name!r}, the table's primary key")
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
-        from pyspark import TaskContext  # noqa: PLC0415
+        from pyspark import TaskContext
 
         ctx = TaskContext.get()
         schema = SchemaVersion.from_json(self.table_schema)

@@ -292,7 +292,7 @@ class ActiveFile:
             self._pending, self._futs, self._pending_bytes = [], [], 0
             try:
                 await self._write_group(batch)
-            except BaseException as e:
+            except BaseException as e:  # noqa: BLE001 - the file can no longer be trusted: every later append fails with it
                 self._failed = e
                 for fu in futs + self._futs:
                     if not fu.done():

@@ -134,7 +134,7 @@ class BlockCache:
                     await self._dev.delete(self._name(k))
                 except NotFoundError:
                     pass
-        except Exception as e:  # a cache write failure only costs a refetch
+        except Exception as e:  # noqa: BLE001 - a cache write failure only costs a refetch
             log.warning("event=cache_write_failed key=%s error=%r", key, e)
 
     def drop(self, key) -> None:

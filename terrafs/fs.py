@@ -100,7 +100,7 @@ class TerrascaleFS:
         for af in list(self._active.values()):
             try:
                 await af.close()
-            except Exception as e:  # report every failed close, not just the first
+            except Exception as e:  # noqa: BLE001 - report every failed close, not just the first
                 errors.append(e)
         self._active.clear()
         self._sealed.clear()

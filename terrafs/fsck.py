@@ -7,6 +7,7 @@ against both. Never repairs: a torn tail is reported, not cut.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from catalog.abc import Catalog
@@ -24,6 +25,7 @@ class Problem:
     offset: int | None
     reason: str
     damage: bool = True  # False: expected after a crash, repaired at the next start
+    orphan: tuple[str, str] | None = None  # ("block" | "objects", name): no catalog row names it
 
     def line(self) -> str:
         at = f" offset={self.offset}" if self.offset is not None else ""
@@ -68,21 +70,36 @@ async def check_sealed(store: ObjectStore, key: str, kek: KeyEncryptionKey | Non
 
 
 async def check_fs(catalog: Catalog, block: BlockDevice, objects: ObjectStore,
-                   kek: KeyEncryptionKey | None) -> list[Problem]:
-    """Every file the catalog names, every file on the devices, and their agreement."""
+                   kek: KeyEncryptionKey | None, *, node_id: str | None = None,
+                   also_named: Iterable[tuple[int, int]] = ()) -> list[Problem]:
+    """Every file the catalog names, every file on the devices, and their agreement.
+
+    ``node_id``: check only this node's block-tier rows against the block device (a shared
+    catalog names other nodes' local files too). ``also_named``: (inode, gen) pairs that
+    count as named besides the rows (a Raft replica's possibly uncommitted entries)."""
     problems: list[Problem] = []
     recs = [FileRecord.from_bytes(e.value) for e in await catalog.scan(FILE_PREFIX)]
-    by_loc = {r.location: r for r in recs}
+    named = {(r.inode, r.gen) for r in recs} | set(also_named)
     local = await block.list("files/")
     for name in local:
-        if parse_name(name) is None:
+        ident = parse_name(name)
+        if ident is None:
             continue
         problems += await check_active(block, name, kek)
-        if name not in by_loc:
+        if ident not in named:
             problems.append(Problem(f"{block.uri}/{name}", None, "no catalog row names this file "
-                                    "(an orphan; removed at the next start)", damage=False))
+                                    "(an orphan; removed at the next start)", damage=False,
+                                    orphan=("block", name)))
     for r in recs:
+        if r.tier == FileTier.BLOCK and node_id is not None and r.owner != node_id:
+            continue  # on that node's own block device
         problems += await _check_record(r, local, objects, kek)
+    for info in await objects.list("files/"):
+        ident = parse_name(info.key)
+        if ident is not None and ident not in named:
+            problems.append(Problem(f"{objects.uri}/{info.key}", None, f"no catalog row names this object "
+                                    f"(inode {ident[0]}, an orphan: {info.size} bytes)", damage=False,
+                                    orphan=("objects", info.key)))
     return problems
 
 

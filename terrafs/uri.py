@@ -93,11 +93,12 @@ def open_object_store(uri: str) -> ObjectStore:
     return LocalObjectStore(local_path(uri), uri=uri)
 
 
-def open_catalog(uri: str, *, secret_file: str | None = None, dir: str | None = None):
+def open_catalog(uri: str, *, secret_file: str | None = None, dir: str | None = None, **raft_options):
     """A catalog backend for ``uri`` (not yet opened: call ``await c.open()``).
 
     ``raft://`` also needs the cluster secret file and its directory (``[catalog]``
-    ``secret_file`` and ``dir``); other schemes ignore them.
+    ``secret_file`` and ``dir``); other schemes ignore them (and ``raft_options``,
+    passed to ``RaftCatalog``).
     """
     scheme = _scheme(uri, Kind.CATALOG)
     if scheme == "memory":
@@ -109,7 +110,7 @@ def open_catalog(uri: str, *, secret_file: str | None = None, dir: str | None = 
         from catalog.raft import RaftCatalog
 
         try:
-            return RaftCatalog.from_uri(uri, secret_file=secret_file, dir=dir)
+            return RaftCatalog.from_uri(uri, secret_file=secret_file, dir=dir, **raft_options)
         except CatalogConfigError as e:
             raise ConfigurationError(str(e)) from e
     from catalog.local import LocalCatalog

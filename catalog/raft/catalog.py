@@ -28,6 +28,7 @@ from catalog.errors import (
 from catalog.fsutil import lock_dir
 from catalog.raft.journal import decode_dump
 from catalog.raft.replica import BARRIER, MAX_ENTRY_BYTES, EntryError, Replica, encode_group, encode_txn
+from catalog.raft.wire import ConnLimits
 from catalog.state import validate_txn
 
 log = logging.getLogger("catalog.raft")
@@ -79,7 +80,7 @@ def read_secret(path: str) -> str:
 class RaftCatalog(Catalog):
     def __init__(self, members: list[str], self_addr: str, path: str, secret: str, *,
                  uri: str | None = None, timeout: float = 10.0, attempt_timeout: float = 2.0,
-                 quorum_grace: float = 3.0, tuning: dict | None = None):
+                 quorum_grace: float = 3.0, tuning: dict | None = None, limits: ConnLimits | None = None):
         if not secret:
             raise CatalogConfigError("raft://: a cluster secret is required (catalog.secret_file)")
         if not path:
@@ -88,7 +89,7 @@ class RaftCatalog(Catalog):
         self.path = os.path.abspath(path)
         self.uri = uri or f"raft://{','.join(members)}?self={self_addr}"
         self.timeout, self.attempt_timeout, self.quorum_grace = timeout, attempt_timeout, quorum_grace
-        self._secret, self._tuning = secret, tuning
+        self._secret, self._tuning, self._limits = secret, tuning, limits
         self._rep: Replica | None = None
         self._lock_fd = -1
         self._closed = False
@@ -125,7 +126,7 @@ class RaftCatalog(Catalog):
                 with open(dump, "rb") as f:
                     decode_dump(f.read(), dump)
             try:
-                rep = Replica(self.self_addr, self.members, self.path, self._secret, self._tuning)
+                rep = Replica(self.self_addr, self.members, self.path, self._secret, self._tuning, self._limits)
             except Exception as e:
                 if type(e).__name__ == "SyncObjException":
                     raise CatalogUnavailableError(f"{self.uri}: cannot bind {self.self_addr}") from e
@@ -145,6 +146,13 @@ class RaftCatalog(Catalog):
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+
+    def connection_stats(self) -> dict[str, int]:
+        """Connections the Raft port refused, by reason; write retries of the replica's files."""
+        rep = self._rep
+        if rep is None or rep.transport is None:
+            return {}
+        return {**dict(rep.transport.refused), "write_retries": rep.journal.retries}
 
     def replica(self) -> Replica:
         rep = self._rep
@@ -199,7 +207,7 @@ class RaftCatalog(Catalog):
                         f"for {now - v.no_quorum_since:.1f} s); {what} was not applied")
                 last = "no quorum"
             elif now < deadline and v.has_quorum:
-                pending.add(self._submit(lambda cb: send(rep, cb)))
+                pending.add(self._submit(lambda cb, rep=rep: send(rep, cb)))
             wait = max(min(self.attempt_timeout if pending else delay, deadline - now), 0)
             if pending:
                 done, _ = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
@@ -259,7 +267,7 @@ class RaftCatalog(Catalog):
         what = f"transaction {batch[0][1]}" if single else f"{len(batch)} transactions ({batch[0][1]}, ...)"
         try:
             res = await self._replicate(lambda rep, cb: rep.submit(payload, cb), what)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - every waiter of the batch learns it
             for _, rid, fut in batch:
                 if not fut.done():
                     fut.set_exception(_for_request(e, rid, single))
@@ -293,7 +301,7 @@ class RaftCatalog(Catalog):
             await self._replicate(lambda rep, cb: rep.submit(_BARRIER, cb), "linearizable read")
         except CatalogTimeoutError as e:  # a read has no unknown outcome: it just failed
             fut.set_exception(CatalogUnavailableError(str(e).replace("outcome unknown", "no answer")))
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - the waiter gets whatever ended the call
             fut.set_exception(e)
         else:
             fut.set_result(None)
@@ -368,7 +376,7 @@ class RaftCatalog(Catalog):
         deadline = time.monotonic() + self.timeout
         while True:
             rep = self.replica()
-            res, err = await self._attempt(lambda cb: rep.submit_membership(op, address, cb),
+            res, err = await self._attempt(lambda cb, rep=rep: rep.submit_membership(op, address, cb),
                                            min(self.attempt_timeout, max(deadline - time.monotonic(), 0.01)))
             if err == FAIL_REASON.SUCCESS:
                 return None

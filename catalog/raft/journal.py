@@ -7,10 +7,12 @@ transport calls ``sync`` before an acknowledgement leaves the node (see
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
 import struct
+import time
 
 from pysyncobj.journal import Journal
 
@@ -32,6 +34,9 @@ M_VERSION = 1
 D_MAGIC = b"TRRAFTD1"
 D_VERSION = 1
 _JOURNAL = re.compile(r"^journal-([0-9a-f]{16})\.trj$")
+# Opening or creating a file failing with these is a passing shortage: retried, never fatal.
+TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EAGAIN, errno.EINTR}
+RETRY_MAX = 1.0  # seconds between retries at most
 
 
 class JournalError(Exception):
@@ -83,6 +88,53 @@ def _valid_record_after(buf: bytes, pos: int) -> bool:
     return False
 
 
+def parse_journal(buf: bytes, where: str, gen: int):
+    """(entries, their offsets, torn tail) of a journal file's bytes, read-only.
+
+    The torn tail is ``(offset, reason)`` of an incomplete or damaged last record with no
+    valid record after it, else None. Anything else is CatalogCorruptionError."""
+    if len(buf) < J_HEADER.size:
+        raise CatalogCorruptionError(where, 0, "truncated journal header")
+    magic, ver, g, crc = J_HEADER.unpack_from(buf, 0)
+    if magic != J_MAGIC or crc32c(buf[:18]) != crc or g != gen:
+        raise CatalogCorruptionError(where, 0, "bad journal header")
+    if ver != J_VERSION:
+        raise CatalogCorruptionError(where, 8, f"unsupported journal version {ver}")
+    entries: list[tuple[bytes, int, int]] = []
+    offsets: list[int] = []
+    pos = J_HEADER.size
+    while pos < len(buf):
+        got = _decode_record(buf, pos)
+        if isinstance(got, str):
+            if _valid_record_after(buf, pos):
+                raise CatalogCorruptionError(where, pos, got)
+            return entries, offsets, (pos, got)
+        entry, nxt = got
+        if entries and entry[1] != entries[-1][1] + 1:
+            raise CatalogCorruptionError(where, pos, f"index {entry[1]} follows "
+                                         f"{entries[-1][1]}: the journal has a gap")
+        entries.append(entry)
+        offsets.append(pos)
+        pos = nxt
+    return entries, offsets, None
+
+
+def journal_files(path: str) -> list[tuple[int, str]]:
+    """(generation, file name) of the journal files in ``path``, oldest first."""
+    return sorted((int(m.group(1), 16), n) for n in os.listdir(path) if (m := _JOURNAL.match(n)))
+
+
+def parse_meta(raw: bytes, where: str) -> tuple[int, str | None, int]:
+    """(term, vote, commit index) of a meta file's bytes."""
+    if len(raw) < 32 or raw[:8] != M_MAGIC or crc32c(raw[:-4]) != struct.unpack("<I", raw[-4:])[0]:
+        raise CatalogCorruptionError(where, 0, "bad meta file")
+    ver, term, commit, vl = struct.unpack_from("<HQQH", raw, 8)
+    if ver != M_VERSION:
+        raise CatalogCorruptionError(where, 8, f"unsupported meta version {ver}")
+    vote = raw[28:28 + vl].decode() if vl else None
+    return term, vote, max(commit, 1)
+
+
 class DurableJournal(Journal):
     """pysyncobj's journal: entries in memory, records in ``journal-<gen>.trj``."""
 
@@ -98,6 +150,9 @@ class DurableJournal(Journal):
         self._commit_saved = 1
         self.torn_tail: tuple[str, int] | None = None
         self.syncs = 0  # fdatasync calls (tests, metrics)
+        self.retries = 0  # transient write errors retried (metrics)
+        self.stopping = lambda: False  # the replica sets this: retries end when it stops
+        self.on_retry = lambda: None  # the replica sets this: free descriptors it can spare
         self._open()
 
     # -- files --------------------------------------------------------------------------
@@ -124,33 +179,15 @@ class DurableJournal(Journal):
     def _load(self, where: str) -> None:
         with open(where, "rb") as f:
             buf = f.read()
-        if len(buf) < J_HEADER.size:
-            raise CatalogCorruptionError(where, 0, "truncated journal header")
-        magic, ver, gen, crc = J_HEADER.unpack_from(buf, 0)
-        if magic != J_MAGIC or crc32c(buf[:18]) != crc or gen != self._gen:
-            raise CatalogCorruptionError(where, 0, "bad journal header")
-        if ver != J_VERSION:
-            raise CatalogCorruptionError(where, 8, f"unsupported journal version {ver}")
-        pos = J_HEADER.size
-        while pos < len(buf):
-            got = _decode_record(buf, pos)
-            if isinstance(got, str):
-                if _valid_record_after(buf, pos):
-                    raise CatalogCorruptionError(where, pos, got)
-                log.warning("event=raft_journal_torn_tail file=%s offset=%d dropped_bytes=%d reason=%r",
-                            where, pos, len(buf) - pos, got)
-                self.torn_tail = (where, pos)
-                with open(where, "r+b") as f:
-                    f.truncate(pos)
-                    os.fsync(f.fileno())
-                break
-            entry, nxt = got
-            if self._entries and entry[1] != self._entries[-1][1] + 1:
-                raise CatalogCorruptionError(where, pos, f"index {entry[1]} follows "
-                                             f"{self._entries[-1][1]}: the journal has a gap")
-            self._entries.append(entry)
-            self._offsets.append(pos)
-            pos = nxt
+        self._entries, self._offsets, torn = parse_journal(buf, where, self._gen)
+        if torn is not None:
+            pos, why = torn
+            log.warning("event=raft_journal_torn_tail file=%s offset=%d dropped_bytes=%d reason=%r",
+                        where, pos, len(buf) - pos, why)
+            self.torn_tail = (where, pos)
+            with open(where, "r+b") as f:
+                f.truncate(pos)
+                os.fsync(f.fileno())
 
     def _rewrite(self, entries: list, gen: int) -> None:
         """Replace the journal by a new generation holding ``entries`` (crash-safe)."""
@@ -161,14 +198,15 @@ class DurableJournal(Journal):
             offsets.append(len(data))
             data += encode_record(*e)
         name = self._name(gen)
-        atomic_write(name, bytes(data))
+        self.retry(atomic_write, name, bytes(data))
+        fd = self.retry(os.open, name, os.O_WRONLY)
         if self._fd >= 0:
             os.close(self._fd)
             old = self._name(self._gen)
             if old != name:
                 os.unlink(old)
-                fsync_dir(self.path)
-        self._fd = os.open(name, os.O_WRONLY)
+                self.retry(fsync_dir, self.path)
+        self._fd = fd
         self._gen, self._size, self._dirty = gen, len(data), False
         self._entries, self._offsets = list(entries), offsets
 
@@ -216,9 +254,30 @@ class DurableJournal(Journal):
 
     def _guarded(self, fn, *args):
         try:
-            return fn(*args)
+            return self.retry(fn, *args)
         except OSError as e:
             raise JournalError(f"{self.path}: journal write failed: {e}") from e
+
+    def retry(self, fn, *args):
+        """``fn(*args)``, retried with backoff while it fails with a TRANSIENT errno (too many
+        open files, say): a replica waits the shortage out instead of stopping for good. The
+        tick thread waits meanwhile; peers see a silent node (a new leader, if it led)."""
+        delay, last_log = 0.01, 0.0
+        while True:
+            try:
+                return fn(*args)
+            except OSError as e:
+                if e.errno not in TRANSIENT or self.stopping():
+                    raise
+                self.retries += 1
+                now = time.monotonic()
+                if now - last_log >= 1.0:
+                    last_log = now
+                    log.warning("event=raft_write_retry dir=%s errno=%s backoff_s=%.2f retries=%d",
+                                self.path, errno.errorcode.get(e.errno, e.errno), delay, self.retries)
+                self.on_retry()
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
 
     def __getitem__(self, item):
         return self._entries[item]
@@ -265,7 +324,7 @@ class DurableJournal(Journal):
         vote = (self._vote or "").encode()
         raw = M_MAGIC + struct.pack("<HQQH", M_VERSION, self._term, self._commit, len(vote)) + vote
         try:
-            atomic_write(self._meta_path(), raw + struct.pack("<I", crc32c(raw)))
+            self.retry(atomic_write, self._meta_path(), raw + struct.pack("<I", crc32c(raw)))
         except OSError as e:
             raise JournalError(f"{self._meta_path()}: write failed: {e}") from e
         self._commit_saved = self._commit
@@ -276,13 +335,7 @@ class DurableJournal(Journal):
             return
         with open(where, "rb") as f:
             raw = f.read()
-        if len(raw) < 32 or raw[:8] != M_MAGIC or crc32c(raw[:-4]) != struct.unpack("<I", raw[-4:])[0]:
-            raise CatalogCorruptionError(where, 0, "bad meta file")
-        ver, term, commit, vl = struct.unpack_from("<HQQH", raw, 8)
-        if ver != M_VERSION:
-            raise CatalogCorruptionError(where, 8, f"unsupported meta version {ver}")
-        vote = raw[28:28 + vl].decode() if vl else None
-        self._term, self._vote, self._commit = term, vote, max(commit, 1)
+        self._term, self._vote, self._commit = parse_meta(raw, where)
         self._commit_saved = self._commit
 
 

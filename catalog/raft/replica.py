@@ -27,7 +27,7 @@ from catalog.abc import Check, TxnResult
 from catalog.errors import CatalogCorruptionError
 from catalog.logfile import decode_ops, encode_ops
 from catalog.raft.journal import DurableJournal, JournalError, decode_dump, encode_dump, fsync_dir
-from catalog.raft.wire import BATCH_BYTES, HardenedTransport, install_plain_pickle, plain_dumps
+from catalog.raft.wire import BATCH_BYTES, ConnLimits, HardenedTransport, install_plain_pickle, plain_dumps
 from catalog.state import CatalogState, validate_txn
 
 log = logging.getLogger("catalog.raft")
@@ -140,6 +140,14 @@ def apply_entry(state: CatalogState, payload) -> TxnResult | int | EntryError | 
         return EntryError(f"{type(e).__name__}: {e}")
 
 
+def _read_synced(filename: str) -> bytes:
+    with open(filename, "rb") as f:
+        raw = f.read()
+        os.fsync(f.fileno())  # a dump received from the leader was only renamed
+    fsync_dir(os.path.dirname(filename))
+    return raw
+
+
 def _create_journal(journal):
     return journal if isinstance(journal, Journal) else _stock_create_journal(journal)
 
@@ -148,8 +156,10 @@ _stock_create_journal = pso.createJournal
 
 
 class Replica(SyncObj):
-    def __init__(self, self_addr: str, partners: list[str], path: str, secret: str, tuning: dict | None = None):
+    def __init__(self, self_addr: str, partners: list[str], path: str, secret: str, tuning: dict | None = None,
+                 limits: ConnLimits | None = None):
         install_plain_pickle()
+        self.limits = limits
         pso.createJournal = _create_journal  # lets conf.journalFile be our Journal object
         self.lock = threading.Lock()
         self.state = CatalogState()
@@ -161,6 +171,8 @@ class Replica(SyncObj):
         self._thread: threading.Thread | None = None
         self.transport: HardenedTransport | None = None
         self.journal = DurableJournal(path)
+        self.journal.stopping = lambda: self._stopping  # transient write errors are retried until then
+        self.journal.on_retry = self._shed  # the tick thread waits in the retry: nothing else frees them
         self._dump_state = SERIALIZER_STATE.NOT_SERIALIZING
         self._dump_thread: threading.Thread | None = None
         self._dump_args: tuple | None = None
@@ -174,8 +186,12 @@ class Replica(SyncObj):
         self._poller = _FlushingPoller(self._poller, self._flush)
         self._wake = PipeNotifier(self._poller)
 
+    def _shed(self) -> None:
+        if self.transport is not None:
+            self.transport.shed_pending(0.0)
+
     def _make_transport(self, syncobj, self_node, others):
-        self.transport = HardenedTransport(syncobj, self_node, others)
+        self.transport = HardenedTransport(syncobj, self_node, others, self.limits)
         return self.transport
 
     # -- the state machine -----------------------------------------------------------------
@@ -205,11 +221,16 @@ class Replica(SyncObj):
         if os.path.exists(tmp):
             os.unlink(tmp)
         self._dump_state = SERIALIZER_STATE.SERIALIZING
-        if not os.path.exists(final):
-            self._write_dump(tmp, last, prev, members, state)
-            self._dump_state = SERIALIZER_STATE.SUCCESS
+        try:
+            if not os.path.exists(final):
+                self._write_dump(tmp, last, prev, members, state)
+                self._dump_state = SERIALIZER_STATE.SUCCESS
+                return
+            os.link(final, tmp)
+        except OSError:  # e.g. EMFILE: this compaction fails, a later one runs
+            log.exception("event=raft_dump_failed file=%s", final)
+            self._dump_state = SERIALIZER_STATE.FAILED
             return
-        os.link(final, tmp)
         # Start writing only after pysyncobj's rename of tmp (it follows our return): see _dump_status.
         self._dump_args = (final, last, prev, members, state)
 
@@ -248,10 +269,7 @@ class Replica(SyncObj):
 
     def _deserialize(self, filename: str):
         try:
-            with open(filename, "rb") as f:
-                raw = f.read()
-                os.fsync(f.fileno())  # a dump received from the leader was only renamed
-            fsync_dir(os.path.dirname(filename))
+            raw = self.journal.retry(_read_synced, filename)
             last, prev, members, st = decode_dump(raw, filename)
             state = CatalogState.restore(st, filename)
         except BaseException as e:
@@ -317,7 +335,7 @@ class Replica(SyncObj):
             while self._tasks:  # let waiters see the replica is gone
                 try:
                     self._tasks.popleft()()
-                except Exception:
+                except Exception:  # noqa: BLE001 - shutting down: each task reports through its own callback
                     pass
             try:
                 self._doDestroy()

@@ -9,9 +9,24 @@
 * Outgoing messages wait in an outbox until ``flush``: acknowledgements leave
   only after the journal is fdatasync'd, and adjacent append-entries to one
   peer are merged into one message.
+* Hostile connections (issue 16): an incoming connection that has not named a
+  member within ``ConnLimits.handshake_timeout`` is closed (pysyncobj checks its
+  timeout only when bytes arrive, so a silent one stayed forever); at most
+  ``ConnLimits.max_pending`` of them are open, more are closed at accept. EMFILE,
+  ENFILE, ENOBUFS, ENOMEM and ECONNABORTED on accept are temporary: the listener
+  pauses with a backoff and resumes (pysyncobj closed it for good and never
+  rebound); any other listener failure is logged and the port is bound again.
+  Out of descriptors (a failed accept, a replica file write retried), the
+  unauthenticated connections older than ``SHED_AFTER`` are closed first.
+  ``HardenedTransport.refused`` counts what was refused, by reason.
+
+Everything here that overrides pysyncobj's private (name-mangled) methods is
+written against pysyncobj 0.3.x and stays in this module.
 """
 from __future__ import annotations
 
+import collections
+import errno
 import functools
 import io
 import logging
@@ -19,12 +34,15 @@ import os
 import pickle
 import socket
 import struct
+import time
 import zlib
+from dataclasses import dataclass
 
 import pysyncobj.pickle as pso_pickle
 from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
-from pysyncobj.tcp_server import TcpServer
+from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.tcp_server import SERVER_STATE, TcpServer
 from pysyncobj.transport import TCPTransport
 
 log = logging.getLogger("catalog.raft")
@@ -32,6 +50,21 @@ log = logging.getLogger("catalog.raft")
 MAX_FRAME = 1 << 20          # bytes on the wire for one message
 MAX_MESSAGE = 4 << 20        # bytes after decompression
 BATCH_BYTES = 1 << 16        # entry bytes per merged append-entries (= appendEntriesBatchSizeBytes)
+# accept() failing with these is a passing shortage (or the peer gave up): never fatal
+TEMPORARY_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED,
+                    errno.EPROTO, errno.EPERM, errno.EINTR}
+BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0   # seconds the listener pauses after a failed accept
+REBIND_EVERY = 0.5
+SHED_AFTER = 1.0  # out of descriptors: unauthenticated connections older than this are closed
+
+
+@dataclass(frozen=True)
+class ConnLimits:
+    """Incoming connections that have not authenticated yet (config: ``node.handshake_timeout``,
+    ``node.max_pending_connections``)."""
+
+    handshake_timeout: float = 10.0
+    max_pending: int = 256
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -100,7 +133,7 @@ class CappedConnection(TcpConnection):
                 rand, message = message
                 if rand != self.recvRandKey:
                     raise ValueError("wrong session key")
-        except Exception as e:  # unauthenticated, damaged or not plain data: drop the peer
+        except Exception as e:  # noqa: BLE001 - unauthenticated, damaged or not plain data: drop the peer
             log.warning("event=raft_message_refused reason=%r", str(e)[:200])
             self.disconnect()
             return None
@@ -109,12 +142,37 @@ class CappedConnection(TcpConnection):
 
 
 class _Server(TcpServer):
-    def _TcpServer__onNewConnection(self, descr, event):
-        from pysyncobj.poller import POLL_EVENT_TYPE
+    """pysyncobj's server, but a failed accept never closes the listener for good."""
 
+    def __init__(self, *a, on_accept_error, **kw):
+        super().__init__(*a, **kw)
+        self._on_accept_error = on_accept_error
+        self.paused_until: float | None = None
+        self._backoff = BACKOFF_MIN
+
+    @property
+    def bound(self) -> bool:
+        return self._TcpServer__state == SERVER_STATE.BINDED
+
+    def _TcpServer__onNewConnection(self, descr, event):
         if event & POLL_EVENT_TYPE.READ:
             try:
                 sock, _ = self._TcpServer__socket.accept()
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    return
+                if e.errno == errno.ECONNABORTED:  # the peer left before we took it: next one
+                    return
+                if e.errno in TEMPORARY_ACCEPT:
+                    self._pause(e)
+                else:
+                    log.error("event=raft_accept_failed errno=%s reason=%r (listener rebound)",
+                              errno.errorcode.get(e.errno, e.errno), str(e))
+                    self._on_accept_error(e, 0.0)
+                    self.unbind()
+                return
+            self._backoff = BACKOFF_MIN
+            try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock.setblocking(0)
                 conn = CappedConnection(poller=self._TcpServer__poller, socket=sock,
@@ -122,20 +180,51 @@ class _Server(TcpServer):
                                         sendBufferSize=self._TcpServer__sendBufferSize,
                                         recvBufferSize=self._TcpServer__recvBufferSize,
                                         keepalive=self._TcpServer__keepalive)
-                self._TcpServer__onNewConnectionCallback(conn)
-            except OSError as e:
-                if e.errno not in (socket.errno.EAGAIN, socket.errno.EWOULDBLOCK):
-                    self.unbind()
-                    return
+            except OSError:
+                sock.close()  # reset by the peer meanwhile
+                return
+            self._TcpServer__onNewConnectionCallback(conn)
         if event & POLL_EVENT_TYPE.ERROR:
+            log.error("event=raft_listener_error (listener rebound)")
             self.unbind()
+
+    def _pause(self, e: OSError) -> None:
+        """Stop polling the listener for a while (poll would report it ready at once, again)."""
+        wait = self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+        self._on_accept_error(e, wait)
+        fd = self._TcpServer__fileno
+        if fd is not None and self.paused_until is None:
+            self._TcpServer__poller.unsubscribe(fd)
+        self.paused_until = time.monotonic() + wait
+
+    def maybe_resume(self, now: float) -> None:
+        if self.paused_until is not None and now >= self.paused_until:
+            self.paused_until = None
+            fd = self._TcpServer__fileno
+            if fd is not None:
+                self._TcpServer__poller.subscribe(fd, self._TcpServer__onNewConnection,
+                                                  POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
+
+    def bind(self):
+        super().bind()
+        self._TcpServer__socket.listen(128)  # pysyncobj listens with a backlog of 5
+
+    def unbind(self):
+        self.paused_until = None
+        super().unbind()
 
 
 class HardenedTransport(TCPTransport):
     """TCPTransport with the configured bind address, strict handshake and an outbox."""
 
-    def __init__(self, syncObj, selfNode, otherNodes):
+    def __init__(self, syncObj, selfNode, otherNodes, limits: ConnLimits | None = None):
         self._outbox: list = []
+        self.limits = limits or ConnLimits()
+        self.refused: collections.Counter = collections.Counter()  # reason -> connections refused
+        self._accepted_at: dict = {}  # unauthenticated incoming connection -> monotonic accept time
+        self._next_sweep = self._next_bind = 0.0
+        self._last_accept_log = 0.0
         super().__init__(syncObj, selfNode, otherNodes)
 
     def _createServer(self):
@@ -147,7 +236,79 @@ class HardenedTransport(TCPTransport):
         self._server = _Server(self._syncObj._poller, host, port,
                                onNewConnection=self._onNewIncomingConnection,
                                sendBufferSize=conf.sendBufferSize, recvBufferSize=conf.recvBufferSize,
-                               connectionTimeout=conf.connectionTimeout)
+                               connectionTimeout=conf.connectionTimeout, on_accept_error=self._accept_error)
+
+    # -- hostile connections -------------------------------------------------------------------
+
+    def _accept_error(self, e: OSError, wait: float) -> None:
+        name = errno.errorcode.get(e.errno, str(e.errno))
+        self.refused[f"accept_{name.lower()}"] += 1
+        now = time.monotonic()
+        self.shed_pending(SHED_AFTER, now)  # members get the descriptors that silent strangers hold
+        if now - self._last_accept_log >= 1.0:  # one line a second at most during a flood
+            self._last_accept_log = now
+            log.warning("event=raft_accept_failed errno=%s backoff_s=%.2f refused_total=%d (listener kept)",
+                        name, wait, sum(self.refused.values()))
+
+    def _onNewIncomingConnection(self, conn):
+        if len(self._unknownConnections) >= self.limits.max_pending:
+            self.refused["pending_cap"] += 1
+            conn.disconnect()
+            return
+        super()._onNewIncomingConnection(conn)
+        self._accepted_at[conn] = time.monotonic()
+
+    def _onDisconnected(self, conn):
+        self._accepted_at.pop(conn, None)
+        super()._onDisconnected(conn)
+
+    def _onTick(self):
+        now = time.monotonic()
+        srv = self._server
+        if srv is not None:
+            self._guard_tick(srv, now)
+        try:
+            super()._onTick()  # bind, connect to peers
+        except OSError as e:  # no descriptor for an outgoing connection now: next tick
+            if now - self._last_accept_log >= 1.0:
+                self._last_accept_log = now
+                log.warning("event=raft_connect_failed reason=%r", str(e))
+
+    def _guard_tick(self, srv: "_Server", now: float) -> None:
+        srv.maybe_resume(now)
+        if not srv.bound and now >= self._next_bind:
+            self._next_bind = now + REBIND_EVERY
+            try:
+                srv.bind()
+                log.info("event=raft_listener_rebound")
+            except OSError as e:
+                log.warning("event=raft_rebind_failed reason=%r", str(e))
+        if now >= self._next_sweep:
+            self._next_sweep = now + 0.1
+            self._expire_handshakes(now)
+
+    def shed_pending(self, older_than: float, now: float | None = None) -> int:
+        """Close unauthenticated connections open longer than ``older_than`` seconds (a member
+        names itself at once): what a shortage of descriptors takes first."""
+        now = time.monotonic() if now is None else now
+        old = [c for c, t in self._accepted_at.items() if now - t > older_than and c in self._unknownConnections]
+        for c in old:
+            self.refused["shed"] += 1
+            self._accepted_at.pop(c, None)
+            self._unknownConnections.discard(c)
+            c.disconnect()
+        return len(old)
+
+    def _expire_handshakes(self, now: float) -> None:
+        late = [c for c, t in self._accepted_at.items()
+                if now - t > self.limits.handshake_timeout and c in self._unknownConnections]
+        for c in late:
+            self.refused["handshake_timeout"] += 1
+            self._accepted_at.pop(c, None)
+            self._unknownConnections.discard(c)
+            c.disconnect()
+        for c in [c for c in self._accepted_at if c not in self._unknownConnections]:
+            del self._accepted_at[c]  # authenticated (or gone)
 
     def addNode(self, node):
         self._nodes.add(node)
@@ -186,6 +347,7 @@ class HardenedTransport(TCPTransport):
 
     def _refuse(self, conn, why: str) -> None:
         log.warning("event=raft_peer_refused reason=%r", why)
+        self.refused["handshake"] += 1
         conn.disconnect()
         self._unknownConnections.discard(conn)
 

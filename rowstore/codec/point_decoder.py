@@ -129,7 +129,7 @@ def _make_decoder(row_schema: SchemaVersion, target: SchemaVersion) -> Callable:
         "        raise Err(where, None, 'row length does not match its columns')",
         "    return {" + ", ".join(entries) + "}",
     ])
-    exec(compile(src, f"<row decoder v{row_schema.version} -> v{target.version}>", "exec"), env)  # noqa: S102
+    exec(compile(src, f"<row decoder v{row_schema.version} -> v{target.version}>", "exec"), env)
     return env["decode"]
 
 

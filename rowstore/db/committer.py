@@ -209,7 +209,8 @@ class Committer:
                 # Decided and unlocked: the next group prepares (its fdatasyncs run) while this
                 # one is applied; groups are applied in commit order.
                 t = self._applying[tid] = self.tasks.spawn(self._finish_group(prepared, self._applying.get(tid)))
-                t.add_done_callback(lambda t, tid=tid: self._applying.pop(tid) if self._applying.get(tid) is t else None)
+                t.add_done_callback(lambda t, tid=tid: self._applying.pop(tid) if self._applying.get(tid) is t
+                                    else None)
         finally:
             self._leading.discard(tid)
 

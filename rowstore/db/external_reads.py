@@ -115,5 +115,5 @@ def _has(schemas, v: int) -> bool:
     try:
         schemas(v)
         return True
-    except Exception:  # a version the lookup does not know
+    except Exception:  # noqa: BLE001 - a version the lookup does not know
         return False

@@ -50,7 +50,7 @@ class Maintenance:
                 await self.maintain()
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # logged and retried next round; never kills the loop
+            except Exception as e:  # noqa: BLE001 - logged and retried next round; never kills the loop
                 log.warning("event=maintain_failed error=%r", e)
 
     async def checkpoint(self, force: bool = True) -> dict:

@@ -341,7 +341,7 @@ class PartitionIndex:
         for inode in self.manifest.garbage:
             try:
                 await self.fs.delete(inode)
-            except Exception as e:  # already gone (a crash between delete and clear)
+            except Exception as e:  # noqa: BLE001 - already gone (a crash between delete and clear)
                 log.info("event=index_garbage_skip inode=%d reason=%r", inode, e)
         new = Manifest(self.manifest.runs, self.manifest.mark, self.manifest.checkpoints, [])
         res = await commit(self.fs.catalog, [Check(self.key, self._version)], [Put(self.key, new.to_bytes())])

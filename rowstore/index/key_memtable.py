@@ -27,7 +27,7 @@ def encode_keys(arr: pa.Array, kind: str) -> np.ndarray:
         return arr.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64) ^ np.uint64(1 << 63)
     if kind == "uuid":
         return np.frombuffer(arr.buffers()[1], "S16")[arr.offset : arr.offset + len(arr)].copy()
-    from rowstore.tables.keys import string_keys  # noqa: PLC0415 (partitioning imports numba kernels)
+    from rowstore.tables.keys import string_keys
 
     return string_keys(arr)
 
@@ -220,8 +220,8 @@ def find_one(run: Run, key, as_of: int) -> tuple[int, int]:
         return _find_u64(run.keys, run.ts, run.rowids, key - _2_64 if key >= _2_63 else key, as_of)
     if len(key) > run.keys.dtype.itemsize:
         return 0, 0  # longer than every key of the run
-    j, hi = int(run.keys.searchsorted(key, "left")), int(run.keys.searchsorted(key, "right"))
-    for j in range(j, hi):  # ts descending: the first at or below as_of
+    lo, hi = int(run.keys.searchsorted(key, "left")), int(run.keys.searchsorted(key, "right"))
+    for j in range(lo, hi):  # ts descending: the first at or below as_of
         t = int(run.ts[j])
         if t <= as_of:
             return int(run.rowids[j]), t

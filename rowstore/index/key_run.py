@@ -137,7 +137,7 @@ class IndexRun:
         for j, p in enumerate(got):
             if p is None:
                 got[j] = await self.page(idx[j])
-            else:
+            elif idx[j] in self._pages:  # reading the others may have evicted it meanwhile
                 self._pages.move_to_end(idx[j])
         return got
 
@@ -205,7 +205,7 @@ class IndexRun:
 
     async def lookup(self, keys: np.ndarray, as_of: int) -> tuple[np.ndarray, np.ndarray]:
         """Per key: (rowid, ts) of its newest entry with ts <= as_of here; (0, 0) if none."""
-        from rowstore.index.key_memtable import _lookup  # noqa: PLC0415
+        from rowstore.index.key_memtable import _lookup
 
         if not self._offs or len(keys) == 0:
             return np.zeros(len(keys), np.uint64), np.zeros(len(keys), np.uint64)

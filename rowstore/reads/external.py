@@ -1,9 +1,9 @@
 """Reading sealed segments without a node: what external readers (the Spark bridge's
 executors) need, straight from object storage (docs/rfcs/0006-external-reads.md).
 
-A node plans a read (``Database.read_plan``, a :class:`rowstore.reads.plan.ReadPlan`): for each offloaded segment of the table,
-its object and a roaring bitmap of the localids visible at the read's timestamp. This
-module turns one such entry into Arrow record batches: open the sealed object (footer,
+A node plans a read (``Database.read_plan``, a :class:`rowstore.reads.plan.ReadPlan`): for
+each offloaded segment of the table, its object and a roaring bitmap of the localids visible
+at the read's timestamp. This module turns one such entry into Arrow record batches: open the sealed object (footer,
 block map; blocks checksummed, decrypted with the node's key if the data is encrypted),
 scan its rows sequentially, keep the visible ones, apply the exact predicates.
 """

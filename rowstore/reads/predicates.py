@@ -49,7 +49,7 @@ class Term:
 
     def interval(self):
         """The term as a closed/open interval over the value domain (None bounds: unbounded)."""
-        from rowstore.index.column_structures import Interval  # noqa: PLC0415 (avoid a cycle at import)
+        from rowstore.index.column_structures import Interval
 
         return Interval.from_op(self.op, self.value)
 
@@ -152,7 +152,7 @@ def timestamp_us(v) -> int:
 
 
 def _arrow_of(kind: Kind) -> pa.DataType:
-    from rowstore.types import ColumnType  # noqa: PLC0415
+    from rowstore.types import ColumnType
 
     return ColumnType(kind).arrow()
 

@@ -44,7 +44,7 @@ async def _segment_rows(store, segid: int, locs: np.ndarray, schemas, target) ->
             return await _from_active(seg, locs, schemas, target)
         except RowstoreError:
             raise
-        except Exception:  # noqa: BLE001 - offloaded (local file dropped) under us: read the object
+        except Exception:
             if segid in store.active:
                 raise
     sealed = await store.sealed(segid)

@@ -287,7 +287,7 @@ class SegmentStore:
         if seg is not None:
             try:
                 return await seg.get_raw(loc), seg.where
-            except Exception:  # noqa: BLE001 - offloaded under us: read the object below
+            except Exception:
                 if segid in self.active:
                     raise
         sealed = await self.sealed(segid)

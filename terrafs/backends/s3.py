@@ -219,7 +219,7 @@ class S3ObjectStore(ObjectStore):
         try:
             async for body in parts:
                 n = len(done) + 1
-                r = await self._retry(f"upload part {n} of {key}", lambda: c.upload_part(
+                r = await self._retry(f"upload part {n} of {key}", lambda n=n, body=body: c.upload_part(
                     Bucket=self.bucket, Key=k, UploadId=uid, PartNumber=n, Body=body))
                 done.append({"PartNumber": n, "ETag": r["ETag"]})
                 size += len(body)

@@ -38,7 +38,7 @@ async def writer(cl: Cluster, i: int, books: Books, stop: asyncio.Event, alloc_e
         try:
             if seq % alloc_every == 0:
                 # A double allocation would overwrite the row: check_books compares it with the ack.
-                got = await alloc.allocate(lambda ident: ([], [Put(f"alloc/{ident:08d}", tag.encode())]))
+                got = await alloc.allocate(lambda ident, tag=tag: ([], [Put(f"alloc/{ident:08d}", tag.encode())]))
                 assert got not in books.ids, f"id {got} allocated twice ({books.ids[got]} and {tag})"
                 books.ids[got] = tag
             else:

@@ -113,3 +113,59 @@ async def test_a_damaged_dump_stops_open(tmp_path):
     c = RaftCatalog(["127.0.0.1:1"], "127.0.0.1:1", str(tmp_path), "0123456789abcdef")
     with pytest.raises(CatalogCorruptionError, match="dump"):
         await c.open()
+
+
+class _Failing:
+    """Wraps a real function: its first ``n`` calls fail with ``err`` (a seeded fault, no mock)."""
+
+    def __init__(self, fn, n, err):
+        self.fn, self.n, self.err, self.calls = fn, n, err, 0
+
+    def __call__(self, *a, **kw):
+        self.calls += 1
+        if self.calls <= self.n:
+            raise OSError(self.err, os.strerror(self.err))
+        return self.fn(*a, **kw)
+
+
+def test_term_and_vote_write_retries_transient_errors_and_never_gives_up(tmp_path, monkeypatch):
+    import errno
+
+    import catalog.raft.journal as jmod
+    from catalog.raft.journal import JournalError
+
+    j = DurableJournal(str(tmp_path))
+    shed = []
+    j.on_retry = lambda: shed.append(1)
+    flaky = _Failing(jmod.atomic_write, 4, errno.EMFILE)
+    monkeypatch.setattr(jmod, "atomic_write", flaky)
+    j.setCurrentTerm(7, "127.0.0.1:1")  # too many open files, four times: waited out
+    assert flaky.calls == 5 and j.retries == 4 and len(shed) == 4
+    j._destroy()
+    again = DurableJournal(str(tmp_path))
+    assert again.getCurrentTerm() == 7 and again.getVotedForNodeId() == "127.0.0.1:1"
+    monkeypatch.setattr(jmod, "atomic_write", _Failing(flaky.fn, 1, errno.EIO))
+    with pytest.raises(JournalError):  # a real I/O error still stops the replica
+        again.setCurrentTerm(8, None)
+    monkeypatch.setattr(jmod, "atomic_write", _Failing(flaky.fn, 10**9, errno.ENFILE))
+    again.stopping = lambda: True  # a stopping replica does not wait
+    with pytest.raises(JournalError):
+        again.setCurrentTerm(9, None)
+    again._fd = -1
+
+
+def test_compaction_retries_transient_errors(tmp_path, monkeypatch):
+    import errno
+
+    import catalog.raft.journal as jmod
+
+    j = DurableJournal(str(tmp_path))
+    for i in range(1, 6):
+        j.add(b"\x01", i, 1)
+    j.sync()
+    monkeypatch.setattr(jmod.os, "open", _Failing(os.open, 2, errno.EMFILE))
+    j.deleteEntriesTo(3)
+    monkeypatch.undo()
+    assert [e[1] for e in j] == [4, 5] and j.retries == 2
+    j._destroy()
+    assert [e[1] for e in DurableJournal(str(tmp_path))] == [4, 5]

@@ -101,3 +101,33 @@ uri = "trkv://{self.data}/catalog"
             self.proc.wait(30)
         if self._log is not None:
             self._done()
+
+
+def raft_cluster(root, n: int = 3, extra: str = "", raft_extra: str = "") -> list[NodeProc]:
+    """``n`` nodes (not started) on one ``raft://`` catalog and one shared object store: node
+    i has ``root/n<i>/`` (its data dir, Raft journal in ``data/raft``), HTTP and Raft ports
+    of its own. ``raft_extra``: URI options, e.g. ``&timeout=30``."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "secret").write_text("0123456789abcdef0123456789abcdef\n")
+    raft = [free_port() for _ in range(n)]
+    members = ",".join(f"127.0.0.1:{p}" for p in raft)
+    nodes = []
+    for i in range(n):
+        (root / f"n{i + 1}").mkdir(exist_ok=True)
+        node = NodeProc(root / f"n{i + 1}", node_id=f"n{i + 1}", extra=extra)
+        node.raft_address = f"127.0.0.1:{raft[i]}"
+        node.config.write_text(node.config.read_text().replace(
+            f'uri = "trkv://{node.data}/catalog"',
+            f'uri = "raft://{members}?self={node.raft_address}{raft_extra}"\n'
+            f'secret_file = "{root / "secret"}"\ndir = "{node.data / "raft"}"').replace(
+            f'objects = "trfs://{node.data}/objects"', f'objects = "trfs://{root}/objects"'))
+        nodes.append(node)
+    return nodes
+
+
+def start_all(nodes: list[NodeProc], timeout: float = 90) -> None:
+    """Start every node at once (none is ready before a quorum is up), then wait for each."""
+    for node in nodes:
+        node.start(wait=False)
+    for node in nodes:
+        node.wait_ready(timeout)

@@ -2,12 +2,11 @@
 from object storage plus the tails equal the query API at the same timestamp; the change
 feed; leases; bad requests answer 4xx in the contract's shape."""
 import asyncio
-import json
 
 import pyarrow as pa
 import pytest
 
-from node.client import ARROW_STREAM, ApiError
+from node.client import ApiError
 from rowstore.reads.external import SegmentSlice, read_segment, schemas_lookup
 from rowstore.schema import SchemaVersion
 from tests.node.proc import NodeProc

@@ -60,7 +60,8 @@ def make_rows(rng: np.random.Generator, ids: np.ndarray) -> pa.Table:
 
 TERMS = st.one_of(
     st.tuples(st.just("i"), st.sampled_from(["=", "!=", "<", "<=", ">", ">="]), st.integers(-55, 55)),
-    st.tuples(st.just("f"), st.sampled_from(["=", "!=", "<", "<=", ">", ">="]), st.integers(-32, 32).map(lambda v: v / 2)),
+    st.tuples(st.just("f"), st.sampled_from(["=", "!=", "<", "<=", ">", ">="]),
+              st.integers(-32, 32).map(lambda v: v / 2)),
     st.tuples(st.just("t"), st.sampled_from(["=", "<", ">="]), st.integers(0, 100).map(lambda v: v * 1_000_000)),
     st.tuples(st.just("t"), st.just(">"), st.just("1970-01-01T00:00:50Z")),
     st.tuples(st.just("d"), st.sampled_from(["=", "<=", ">"]), st.integers(0, 40).map(
@@ -88,7 +89,7 @@ async def _agree(seed, rounds, queries):
     db = await TablesWorld(partitions=2).start()
     await db.create_table("a", SCHEMA, indexes=INDEXED)
     await db.create_table("b", SCHEMA)
-    for r in range(rounds):
+    for _ in range(rounds):
         rows = make_rows(rng, rng.choice(300, size=int(rng.integers(20, 120)), replace=False))
         dels = rng.choice(300, size=5, replace=False).tolist()
         for name in ("a", "b"):

@@ -10,7 +10,7 @@ import asyncio
 import hypothesis.strategies as st
 import pyarrow as pa
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from tests.rowstore.tables_world import TablesWorld
 
@@ -173,7 +173,7 @@ class TableMachine(RuleBasedStateMachine):
             box.update(xmax=box["xmin"] + data.draw(st.integers(0, 6)), ymax=box["ymin"] + data.draw(st.integers(0, 6)))
             name = data.draw(st.sampled_from(["s0", "s1", "s2", "s3"]))
 
-            def inbox(p):
+            def inbox(p, box=box):
                 return p is not None and box["xmin"] <= p["x"] <= box["xmax"] and box["ymin"] <= p["y"] <= box["ymax"]
 
             got, _ = self.run(self.db.query("t", where=[[vname, ">=", lo], ["n", "<", nmax]], as_of=T, limit=None))

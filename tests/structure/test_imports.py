@@ -58,7 +58,8 @@ def test_dependencies_point_down():
 def test_no_import_cycles():
     graph = _graph()
     cycles = [c for c in _strongly_connected(graph) if len(c) > 1]
-    assert not cycles, "modules importing each other in a circle:\n" + "\n".join(" <-> ".join(sorted(c)) for c in cycles)
+    assert not cycles, "modules importing each other in a circle:\n" + "\n".join(
+        " <-> ".join(sorted(c)) for c in cycles)
 
 
 def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -98,3 +99,16 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
                             break
                     out.append(comp)
     return out
+
+
+def test_only_the_bridge_imports_pyspark():
+    """pyspark is the ``spark`` extra: the engine and the node import it nowhere."""
+    offenders = []
+    for m, p in _modules().items():
+        if m.split(".")[0] == "spark_bridge":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{m} imports {n}" for n in names if n.split(".")[0] == "pyspark"]
+    assert not offenders, "\n".join(offenders)

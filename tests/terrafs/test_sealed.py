@@ -33,7 +33,8 @@ def sample(n=50_000):
 
 @settings(max_examples=40, deadline=None)
 @given(data=st.binary(max_size=20_000), codec=st.sampled_from(list(Codec)),
-       bs=st.sampled_from([512, 1024, 4096]), reads=st.lists(st.tuples(st.integers(0, 21_000), st.integers(0, 5000)), max_size=8))
+       bs=st.sampled_from([512, 1024, 4096]),
+       reads=st.lists(st.tuples(st.integers(0, 21_000), st.integers(0, 5000)), max_size=8))
 async def test_round_trip_and_ranges(data, codec, bs, reads):
     store, size = await build(data, codec=codec, block_size=bs)
     sf = await SealedFile.open(store, "obj", object_size=size)

@@ -46,7 +46,8 @@ def test_scalar_int_keys_match(keys, parts):
     assert [partition_one(encode_one(k, "int64"), parts) for k in keys] == partition_of(enc, parts).tolist()
 
 
-@given(keys=st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40), min_size=1,
+@given(keys=st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                             max_size=40), min_size=1,
                      max_size=30), parts=st.integers(1, 64))
 def test_scalar_string_keys_match(keys, parts):
     enc = encode_keys(pa.array(keys, pa.string()), "string")

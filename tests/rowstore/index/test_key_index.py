@@ -116,7 +116,7 @@ def test_purge_rule():
 
 
 async def test_crash_during_checkpoint_changes_nothing():
-    fs, model = await world(), Model()
+    fs = await world()
     idx = PartitionIndex(fs, "idx/t/2/manifest", "int64")
     await idx.open()
     idx.insert(enc([1, 2, 3]), 10, np.array([11, 12, 13], np.uint64) + (1 << 32))

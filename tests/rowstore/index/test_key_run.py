@@ -107,3 +107,23 @@ async def test_damaged_run_is_detected():
 
     with pytest.raises(RowCorruptionError, match="fence checksum"):
         await write_run(fs, mt, "int64", flip_fence)
+
+
+async def test_pages_across_more_than_the_parsed_page_cache(monkeypatch):
+    """A scan that spans more pages than the parsed-page cache holds, with some of them cached:
+    reading the others evicts the cached ones meanwhile (this raised KeyError once)."""
+    import rowstore.index.key_run as key_run
+
+    monkeypatch.setattr(key_run, "PARSED_PAGES", 2)
+    fs = await new_fs()
+    mt = MemTable("int64")
+    keys = np.arange(20_000, dtype=np.int64)
+    mt.insert(encode_keys(pa.array(keys), "int64"), 1000, np.arange(1 << 32, (1 << 32) + len(keys), dtype=np.uint64))
+    run = await write_run(fs, mt, "int64")
+    n = len(run._offs)
+    assert n > 4
+    for i in (0, 2, n - 1):
+        await run.page(i)
+    got = await run.pages(list(range(n)))
+    assert np.array_equal(np.concatenate([p.keys for p in got]), mt.consolidated().keys)
+    assert len(run._pages) <= 2

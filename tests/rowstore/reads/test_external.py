@@ -1,6 +1,5 @@
 """Reads without a node: a read plan's segments read straight from object storage equal the
 node's own answer at the same timestamp; the tail; the change feed; read leases."""
-import numpy as np
 import pyarrow as pa
 import pytest
 

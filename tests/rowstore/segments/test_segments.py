@@ -137,7 +137,7 @@ async def test_footer_min_max_keys_for_string_and_int_keys():
         af = await w.fs.create()
         seg = ActiveSegment(4, af, af.where)
         await seg.append(pa.record_batch({"id": vals, "v": [1, 2, 3]}, schema=s.arrow()), s, 7)
-        raw = b"".join([c async for c in sealed_bytes(4, seg.batches(), lambda v: s, keys_schema)])
+        raw = b"".join([c async for c in sealed_bytes(4, seg.batches(), lambda v, s=s: s, keys_schema)])
         f = Footer.unpack(raw[-FOOTER_LEN:], "t", 0)
         assert (f.min_key, f.max_key) == (lo, hi)
 
