@@ -233,8 +233,9 @@ async def main() -> list[Result]:
         assert set(counts.values()) == {N}, counts
         groups = {k: _grouped(df) for k, df in sides.items()}
         for k in ("jvm", "python"):
-            assert _same_groups(groups[k], groups["parquet"]), \
-                f"filter + groupBy: the {k} reader's groups differ from Parquet's: {groups[k][:5]} vs {groups['parquet'][:5]}"
+            assert _same_groups(groups[k], groups["parquet"]), (
+                f"filter + groupBy: the {k} reader's groups differ from Parquet's: "
+                f"{groups[k][:5]} vs {groups['parquet'][:5]}")
         exclude = {node.proc.pid}
         results, breakdown = [], []
         for name, fn in WORKLOADS:
@@ -267,10 +268,10 @@ async def main() -> list[Result]:
               f"{e['python_reader_ratio']:.2f}x | {e['peak_rss_mib']:,} / {e['python_peak_rss_mib']:,} / "
               f"{e['peer_peak_rss_mib']:,} MiB |")
     print("\nWhere the JVM reader's time goes (ms per run, summed over its tasks; wall = the run's seconds):")
-    print("| workload | wall | fetch | verify | decrypt | decompress | decode |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    steps = ("fetch", "verify", "decrypt", "decompress", "decode")
+    print("| workload | wall | " + " | ".join(steps) + " |\n| --- | ---: |" + " ---: |" * len(steps))
     for name, wall, st in breakdown:
-        print(f"| {name} | {wall * 1000:,.0f} | " + " | ".join(f"{st[k]:,.0f}" for k in
-                                                            ("fetch", "verify", "decrypt", "decompress", "decode")) + " |")
+        print(f"| {name} | {wall * 1000:,.0f} | " + " | ".join(f"{st[k]:,.0f}" for k in steps) + " |")
     print(f"\nload: {info}; filter + groupBy results equal on all three sides (asserted)")
     results[0].extra["load"] = info
     print(f"\nJSON: {write_json('spark', results)}")

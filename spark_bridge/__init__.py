@@ -43,7 +43,7 @@ def register(spark) -> None:
     elsewhere add ``spark.jars``), batch reads run in the JVM; the Python data source is
     registered either way — it serves every read when the jar is absent, and writes, the change
     feed and ``option("reader", "python")`` always (docs/spark.md, "Readers")."""
-    from spark_bridge.source import PythonReaderSource, TerrascaleDataSource  # noqa: PLC0415 (pyspark is lazy)
+    from spark_bridge.source import PythonReaderSource, TerrascaleDataSource
 
     if not jvm_reader(spark):  # Spark refuses a Python source under the name of a JVM one
         spark.dataSource.register(TerrascaleDataSource)

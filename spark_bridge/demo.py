@@ -130,7 +130,7 @@ def spark_step(urls: list[str], report: dict) -> None:
 
     t0 = time.perf_counter()
     spark = local_session(app="terrascale-demo")
-    import spark_bridge  # noqa: PLC0415
+    import spark_bridge
 
     print(f"    (served by the {'JVM' if spark_bridge.jvm_reader(spark) else 'Python'} reader; docs/spark.md, Readers)")
     try:
