@@ -37,13 +37,14 @@ class Options:
     after: int = 0
     starting_ts: str | int = "earliest"
     reader: str = "auto"  # auto | jvm | python: which reader serves batch reads (docs/spark.md, "Readers")
+    split_mib: float = 64.0  # the JVM reader splits larger offloaded segments over several tasks
 
     @classmethod
     def parse(cls, raw) -> "Options":
         o = {str(k).lower(): v for k, v in dict(raw).items()}
         known = {"endpoint", "table", "token", "as_of", "sealed_only", "columns", "where", "bbox", "key_file",
                  "objects", "lease_s", "timeout_s", "batch_rows", "change_feed", "after", "starting_ts", "reader",
-                 "path"}
+                 "split_mib", "path"}
         unknown = sorted(set(o) - known)
         if unknown:
             raise OptionError(f"unknown option(s) {', '.join(unknown)}; "
@@ -64,6 +65,7 @@ class Options:
             batch_rows=_int(o, "batch_rows", 65_536, minimum=1), change_feed=_bool(o, "change_feed", False),
             after=_int(o, "after", 0), starting_ts=_starting(o.get("starting_ts", "earliest")),
             reader=_reader(o.get("reader") or "auto"),
+            split_mib=_seconds(o, "split_mib", 64.0, float(1 << 20), "MiB"),
         )
 
 
@@ -109,7 +111,7 @@ def _int(o: dict, key: str, default: int | None = None, minimum: int = 0) -> int
     return n
 
 
-def _seconds(o: dict, key: str, default: float, most: float) -> float:
+def _seconds(o: dict, key: str, default: float, most: float, unit: str = "seconds") -> float:
     v = o.get(key)
     if v is None or v == "":
         return default
@@ -118,7 +120,7 @@ def _seconds(o: dict, key: str, default: float, most: float) -> float:
     except ValueError:
         s = math.nan
     if not 0 < s <= most:
-        raise OptionError(f"option {key}: seconds in (0, {most:g}], not {v!r}")
+        raise OptionError(f"option {key}: {unit} in (0, {most:g}], not {v!r}")
     return s
 
 

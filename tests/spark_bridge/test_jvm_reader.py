@@ -126,6 +126,14 @@ def test_spark_filters_are_pushed_and_rechecked(spark, node, history):
     assert df.count() == read(spark, node, "conf", "python").count()  # the same DataFrame, unfiltered again
 
 
+def test_large_segments_are_split_over_tasks_by_row_ranges(spark, node, history):
+    whole = read(spark, node, "conf", "jvm", sealed_only="true")
+    split = read(spark, node, "conf", "jvm", sealed_only="true", split_mib=0.01)
+    assert split.rdd.getNumPartitions() > whole.rdd.getNumPartitions()
+    assert spark_rows(split, "id") == spark_rows(whole, "id")
+    assert split.where("i32 > 0").count() == whole.where("i32 > 0").count()
+
+
 def test_counts_and_projections_match(spark, node, history):
     for reader in ("jvm", "python"):
         df = read(spark, node, "conf", reader, as_of=history["evolved"])

@@ -18,7 +18,7 @@ import java.util.regex.Pattern;
 final class Opts implements Serializable {
     static final List<String> KNOWN = Arrays.asList("endpoint", "table", "token", "as_of", "sealed_only", "columns",
             "where", "bbox", "key_file", "objects", "lease_s", "timeout_s", "batch_rows", "change_feed", "after",
-            "starting_ts", "reader", "path");
+            "starting_ts", "reader", "split_mib", "path");
     private static final Pattern TERM = Pattern.compile("^\\s*([A-Za-z_][A-Za-z0-9_]*)\\s*(!=|<=|>=|=|<|>)\\s*(.*?)\\s*$");
     private static final Pattern AND = Pattern.compile("\\s+and(?:\\s+|$)", Pattern.CASE_INSENSITIVE);
 
@@ -37,6 +37,7 @@ final class Opts implements Serializable {
     double timeoutS = 300;
     boolean changeFeed;
     String reader = "auto";
+    long splitBytes = 64L << 20;
 
     static Opts parse(Map<String, String> raw) {
         Map<String, String> o = new HashMap<>();
@@ -69,13 +70,14 @@ final class Opts implements Serializable {
         if (nonEmpty(o.get("bbox"), null) != null) p.parseBbox(o.get("bbox"));
         p.keyFile = nonEmpty(o.get("key_file"), null);
         p.objects = nonEmpty(o.get("objects"), null);
-        p.leaseS = seconds(o, "lease_s", 600, 86_400);
-        p.timeoutS = seconds(o, "timeout_s", 300, 86_400);
+        p.leaseS = number(o, "lease_s", 600, 86_400, "seconds");
+        p.timeoutS = number(o, "timeout_s", 300, 86_400, "seconds");
         String reader = nonEmpty(o.get("reader"), "auto").toLowerCase(Locale.ROOT);
         if (!Arrays.asList("auto", "jvm", "python").contains(reader)) {
             throw new BridgeException("option reader: auto, jvm or python, not '" + o.get("reader") + "'");
         }
         p.reader = reader;
+        p.splitBytes = Math.max(1, (long) (number(o, "split_mib", 64, 1 << 20, "MiB") * (1 << 20)));
         return p;
     }
 
@@ -181,7 +183,7 @@ final class Opts implements Serializable {
                 + v + "'");
     }
 
-    private static double seconds(Map<String, String> o, String key, double dflt, double most) {
+    private static double number(Map<String, String> o, String key, double dflt, double most, String unit) {
         String v = o.get(key);
         if (v == null || v.isEmpty()) return dflt;
         double s;
@@ -191,7 +193,7 @@ final class Opts implements Serializable {
             s = Double.NaN;
         }
         if (!(s > 0 && s <= most)) {
-            throw new BridgeException("option " + key + ": seconds in (0, " + (long) most + "], not '" + v + "'");
+            throw new BridgeException("option " + key + ": " + unit + " in (0, " + (long) most + "], not '" + v + "'");
         }
         return s;
     }

@@ -215,9 +215,16 @@ final class TerrascaleScan {
             int i = 0;
             for (JsonNode s : sealed) {
                 segids[i++] = s.get("segid").asLong();
-                out.add(new SegmentPart(s.get("segid").asLong(), s.get("key").asText(), s.get("object_size").asLong(),
-                        Base64.getDecoder().decode(s.get("visible").asText()),
-                        s.hasNonNull("url") ? s.get("url").asText() : null));
+                long size = s.get("object_size").asLong();
+                long rows = s.get("rows").asLong();
+                // a large segment is read by several tasks, each a range of its rows (whole runs of them)
+                long k = Math.max(1, Math.min(rows, (size + opts.splitBytes - 1) / opts.splitBytes));
+                byte[] visible = Base64.getDecoder().decode(s.get("visible").asText());
+                for (long j = 0; j < k; j++) {
+                    out.add(new SegmentPart(s.get("segid").asLong(), s.get("key").asText(), size, visible,
+                            s.hasNonNull("url") ? s.get("url").asText() : null, rows * j / k,
+                            j + 1 == k ? Long.MAX_VALUE : rows * (j + 1) / k));
+                }
             }
             for (JsonNode t : p.get("tail")) out.add(new TailPart(t.asInt()));
             if (out.isEmpty()) out.add(new TailPart(-1));
@@ -245,13 +252,17 @@ final class TerrascaleScan {
         final long objectSize;
         final byte[] visible; // portable roaring bitmap of the localids visible at T
         final String url; // presigned GET of the object, or null: read it from the store URI
+        final long firstRow; // the localids [firstRow, endRow) this task reads
+        final long endRow;
 
-        SegmentPart(long segid, String key, long objectSize, byte[] visible, String url) {
+        SegmentPart(long segid, String key, long objectSize, byte[] visible, String url, long firstRow, long endRow) {
             this.segid = segid;
             this.key = key;
             this.objectSize = objectSize;
             this.visible = visible;
             this.url = url;
+            this.firstRow = firstRow;
+            this.endRow = endRow;
         }
     }
 
@@ -389,6 +400,7 @@ final class TerrascaleScan {
         private final OnHeapColumnVector[] vectors;
         private final ColumnVector[] out;
         private int row; // next localid to look at
+        private final int total; // where this task stops
         private int runEnd; // rows [.., runEnd) are in buf
         private ByteBuffer buf;
         private long base; // logical offset of buf[0]
@@ -403,6 +415,8 @@ final class TerrascaleScan {
                         : new SealedObject.FileSource(Paths.get(localPath(f.objects), p.key).toString());
                 obj = new SealedObject(where, src, p.objectSize, f.opts.keyFile == null ? null : loadKek(f.opts.keyFile));
                 seg = new Segment(obj);
+                row = (int) Math.min(p.firstRow, seg.offsets.length);
+                total = (int) Math.min(p.endRow, seg.offsets.length);
                 visible = new boolean[seg.offsets.length];
                 RoaringBitmap bm = new RoaringBitmap();
                 bm.deserialize(ByteBuffer.wrap(p.visible));
@@ -434,7 +448,6 @@ final class TerrascaleScan {
             lease.check();
             for (OnHeapColumnVector v : vectors) v.reset();
             int n = 0;
-            int total = seg.offsets.length;
             while (n < BATCH_ROWS && row < total) {
                 if (row >= runEnd) loadRun();
                 int r = (int) (seg.offsets[row] - base);
@@ -459,7 +472,7 @@ final class TerrascaleScan {
         /** Reads the next run of whole rows and checks that they chain exactly through it. */
         private void loadRun() throws IOException {
             int a = row;
-            int b = seg.runEnd(a);
+            int b = Math.min(seg.runEnd(a), total);
             long lo = seg.offsets[a];
             long hi = seg.end(b);
             buf = SealedObject.le(obj.read(lo, hi));
