@@ -7,6 +7,7 @@ every other endpoint (``node/api.py``); ``docs/openapi.yaml`` documents them.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 
 from aiohttp import web
@@ -15,6 +16,7 @@ from node.api import ApiError, _as_of_param, _as_of_value, _cpu, _json_object
 from node.codec import ARROW_STREAM, write_arrow_stream
 from rowstore.reads.predicates import parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
+from terrafs.sealed import SealedFile
 
 
 def add_bridge_routes(api, router) -> None:
@@ -45,8 +47,8 @@ async def snapshot(api, request):
 
 
 async def plan(api, request):
-    doc = await _json_object(request, {"as_of", "where", "bbox", "sealed_only", "lease_s", "typed", "presign"})
-    flags = {k: doc.get(k, False) for k in ("sealed_only", "typed", "presign")}
+    doc = await _json_object(request, {"as_of", "where", "bbox", "sealed_only", "lease_s", "typed", "presign", "keys"})
+    flags = {k: doc.get(k, False) for k in ("sealed_only", "typed", "presign", "keys")}
     for k, v in flags.items():
         if not isinstance(v, bool):
             raise ApiError(400, "bad_request", f'"{k}" is true or false')
@@ -59,7 +61,19 @@ async def plan(api, request):
     if flags["presign"] and hasattr(api.db.fs.objects, "presign_get"):
         for s in body["sealed"]:  # executors read S3 objects over plain HTTPS: no SDK, no credentials
             s["url"] = await api.db.fs.objects.presign_get(s["key"], lease_s + 3600)
+    if flags["keys"] and api.db.fs.kek is not None:
+        keys = await asyncio.gather(*(_data_key(api.db.fs, s) for s in out.sealed))
+        for s, key in zip(body["sealed"], keys):
+            s["data_key"] = key
     return web.json_response(body)
+
+
+async def _data_key(fs, part) -> str:
+    """An encrypted object's data key, unwrapped (base64): a reader given it needs no key file.
+    It opens that one object only — whoever may ask for the plan may read its rows anyway."""
+    sf = await SealedFile.open(fs.objects, part.key, object_size=part.object_size, kek=fs.kek)
+    p = sf.params
+    return base64.b64encode(fs.kek.unwrap(p.wrapped_key, p.key_id, p.inode, sf.where)).decode()
 
 
 def typed_predicates(schema: SchemaVersion, where, bbox) -> dict:

@@ -3,6 +3,7 @@ objects from S3 themselves — and from a node with a bearer token and at-rest e
 (the executors need the node's key file)."""
 from __future__ import annotations
 
+import base64
 import os
 
 import pytest
@@ -99,9 +100,14 @@ def test_token_and_encrypted_segments(spark, secure_node):
         with pytest.raises((PySparkException, Py4JJavaError)) as e:
             reader(reader=which).load()
         assert "401 unauthorized" in str(e.value)
-        with pytest.raises((PySparkException, Py4JJavaError)) as e:
-            reader(token=TOKEN, reader=which).load().count()
-        assert "give option key_file" in str(e.value)
+    with pytest.raises((PySparkException, Py4JJavaError)) as e:
+        reader(token=TOKEN, reader="python").load().count()
+    assert "give option key_file" in str(e.value)
+    # the JVM reader without key_file: the plan carries each object's data key, unwrapped by the node
+    assert spark_rows(reader(token=TOKEN, reader="jvm").load(), "id") == want
+    plan = c._call("POST", "/v1/tables/sec/plan", {"lease_s": 5, "keys": True})
+    assert plan["sealed"] and all(len(base64.b64decode(s["data_key"])) == 32 for s in plan["sealed"])
+    assert "data_key" not in c._call("POST", "/v1/tables/sec/plan", {"lease_s": 5})["sealed"][0]
     other = os.path.join(os.path.dirname(key), "other-kek")
     with open(other, "w") as f:
         f.write(os.urandom(32).hex())  # the hex form of a key file

@@ -56,6 +56,7 @@ final class NodeClient {
         d.put("lease_s", opts.leaseS);
         d.put("typed", true);
         d.put("presign", opts.objects == null);
+        d.put("keys", opts.keyFile == null); // encrypted objects: their data keys, unless the executors have the KEK
         putPredicates(d, where);
         return json(call("POST", "/v1/tables/" + t + "/plan", d.toString(), 3));
     }

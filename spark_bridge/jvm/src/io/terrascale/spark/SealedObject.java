@@ -124,7 +124,7 @@ final class SealedObject implements AutoCloseable {
     /** Nanoseconds spent per step, for the benchmark's breakdown: fetch, verify, decrypt, decompress. */
     final long[] nanos = new long[4];
 
-    SealedObject(String where, Source src, long objectSize, byte[] kek) throws IOException {
+    SealedObject(String where, Source src, long objectSize, byte[] kek, byte[] dataKey) throws IOException {
         this.where = where;
         this.src = src;
         this.objectSize = objectSize;
@@ -168,9 +168,9 @@ final class SealedObject implements AutoCloseable {
         if (expect != logicalSize) throw corrupt(at, "block map does not add up to the logical size");
         if (keyLen != 0) {
             if (enc != 1) throw corrupt(at, "key section on an object not marked encrypted");
-            dataKey = unwrap(tail, keyLen, kek);
+            this.dataKey = dataKey != null ? new SecretKeySpec(dataKey, "AES") : unwrap(tail, keyLen, kek);
         } else {
-            dataKey = null;
+            this.dataKey = null;
         }
     }
 

@@ -202,7 +202,9 @@ final class TerrascaleScan {
             for (JsonNode v : p.get("versions")) versions.add(Types.Schema.parse(v.asText()));
             boolean encrypted = p.get("encrypted").asBoolean();
             JsonNode sealed = p.get("sealed");
-            if (encrypted && sealed.size() > 0 && opts.keyFile == null) {
+            boolean keyless = false;
+            for (JsonNode s : sealed) keyless |= !s.hasNonNull("data_key");
+            if (encrypted && keyless && opts.keyFile == null) {
                 throw new BridgeException("table '" + opts.table + "' is encrypted at rest: give option key_file (the node's "
                         + "security.encryption_key_file, readable on every executor)");
             }
@@ -220,10 +222,11 @@ final class TerrascaleScan {
                 // a large segment is read by several tasks, each a range of its rows (whole runs of them)
                 long k = Math.max(1, Math.min(rows, (size + opts.splitBytes - 1) / opts.splitBytes));
                 byte[] visible = Base64.getDecoder().decode(s.get("visible").asText());
+                byte[] dataKey = s.hasNonNull("data_key") ? Base64.getDecoder().decode(s.get("data_key").asText()) : null;
                 for (long j = 0; j < k; j++) {
                     out.add(new SegmentPart(s.get("segid").asLong(), s.get("key").asText(), size, visible,
                             s.hasNonNull("url") ? s.get("url").asText() : null, rows * j / k,
-                            j + 1 == k ? Long.MAX_VALUE : rows * (j + 1) / k));
+                            j + 1 == k ? Long.MAX_VALUE : rows * (j + 1) / k, dataKey));
                 }
             }
             for (JsonNode t : p.get("tail")) out.add(new TailPart(t.asInt()));
@@ -254,8 +257,11 @@ final class TerrascaleScan {
         final String url; // presigned GET of the object, or null: read it from the store URI
         final long firstRow; // the localids [firstRow, endRow) this task reads
         final long endRow;
+        final byte[] dataKey; // the object's data key, unwrapped by the node (encrypted data, no key_file)
 
-        SegmentPart(long segid, String key, long objectSize, byte[] visible, String url, long firstRow, long endRow) {
+        SegmentPart(long segid, String key, long objectSize, byte[] visible, String url, long firstRow, long endRow,
+                    byte[] dataKey) {
+            this.dataKey = dataKey;
             this.segid = segid;
             this.key = key;
             this.objectSize = objectSize;
@@ -413,7 +419,8 @@ final class TerrascaleScan {
                 String where = f.objects + "/" + p.key;
                 SealedObject.Source src = p.url != null ? new SealedObject.UrlSource(p.url)
                         : new SealedObject.FileSource(Paths.get(localPath(f.objects), p.key).toString());
-                obj = new SealedObject(where, src, p.objectSize, f.opts.keyFile == null ? null : loadKek(f.opts.keyFile));
+                obj = new SealedObject(where, src, p.objectSize, f.opts.keyFile == null ? null : loadKek(f.opts.keyFile),
+                        p.dataKey);
                 seg = new Segment(obj);
                 row = (int) Math.min(p.firstRow, seg.offsets.length);
                 total = (int) Math.min(p.endRow, seg.offsets.length);
