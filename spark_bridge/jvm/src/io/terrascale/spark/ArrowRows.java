@@ -63,6 +63,16 @@ final class ArrowRows {
         return out;
     }
 
+    /** The rows of a tail stream. */
+    static long count(byte[] stream) throws IOException {
+        long n = 0;
+        try (BufferAllocator alloc = new RootAllocator(Long.MAX_VALUE);
+             ArrowStreamReader r = new ArrowStreamReader(new ByteArrayInputStream(stream), alloc)) {
+            while (r.loadNextBatch()) n += r.getVectorSchemaRoot().getRowCount();
+        }
+        return n;
+    }
+
     private static void copy(FieldVector src, Types.Col c, WritableColumnVector v, int i) {
         if (src.isNull(i)) {
             v.putNull(i);

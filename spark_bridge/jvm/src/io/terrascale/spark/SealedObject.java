@@ -230,8 +230,12 @@ final class SealedObject implements AutoCloseable {
         byte[] raw = src.read(start, (int) (stop - start));
         nanos[0] += System.nanoTime() - t0;
         for (int i = first; i <= last; i++) {
-            byte[] data = decode(raw, (int) (physical[i] - start), i);
             long bLo = logical[i];
+            if (bLo >= lo && bLo + rawLen[i] <= hi) { // a whole block: decoded straight into place
+                decode(raw, (int) (physical[i] - start), i, out, (int) (bLo - lo));
+                continue;
+            }
+            byte[] data = decode(raw, (int) (physical[i] - start), i, null, 0);
             int from = (int) Math.max(lo - bLo, 0);
             int to = (int) Math.min(hi - bLo, data.length);
             System.arraycopy(data, from, out, (int) (bLo + from - lo), to - from);
@@ -246,8 +250,9 @@ final class SealedObject implements AutoCloseable {
         return i;
     }
 
-    /** One block record (docs/format/terrafs.md §1) at ``raw[pos:]``, checked against map entry ``i``. */
-    private byte[] decode(byte[] raw, int pos, int i) {
+    /** One block record (docs/format/terrafs.md §1) at ``raw[pos:]``, checked against map entry ``i``: its
+     * logical bytes, or (with ``dst``) written to ``dst[dstOff:]`` and null. */
+    private byte[] decode(byte[] raw, int pos, int i, byte[] dst, int dstOff) {
         long phys = physical[i];
         long t0 = System.nanoTime();
         if (pos + HEADER_LEN > raw.length) throw corrupt(phys, "truncated block header");
@@ -269,7 +274,7 @@ final class SealedObject implements AutoCloseable {
         if (loff != logical[i] || rlen != rawLen[i]) throw corrupt(phys, "block does not match the block map");
         long t1 = System.nanoTime();
         nanos[1] += t1 - t0;
-        if ((flags & F_PAD) != 0) return new byte[0];
+        if ((flags & F_PAD) != 0) return dst != null ? null : new byte[0];
         byte[] data;
         int off = p0;
         int len = slen;
@@ -283,18 +288,22 @@ final class SealedObject implements AutoCloseable {
         long t2 = System.nanoTime();
         nanos[2] += t2 - t1;
         if ((flags & F_ZSTD) != 0) {
-            byte[] out = new byte[rlen];
+            byte[] out = dst != null ? dst : new byte[rlen];
             long n;
             try {
-                n = zstd.decompressByteArray(out, 0, rlen, data, off, len);
+                n = zstd.decompressByteArray(out, dst != null ? dstOff : 0, rlen, data, off, len);
             } catch (RuntimeException e) {
                 throw corrupt(phys, "zstd: " + e.getMessage());
             }
             if (n != rlen) throw corrupt(phys, "block holds " + n + " bytes, header says " + rlen);
             nanos[3] += System.nanoTime() - t2;
-            return out;
+            return dst != null ? null : out;
         }
         if (len != rlen) throw corrupt(phys, "block holds " + len + " bytes, header says " + rlen);
+        if (dst != null) {
+            System.arraycopy(data, off, dst, dstOff, len);
+            return null;
+        }
         return data == raw ? Arrays.copyOfRange(raw, p0, p0 + slen) : data;
     }
 

@@ -20,6 +20,9 @@ import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.expressions.aggregate.Aggregation;
+import org.apache.spark.sql.connector.expressions.aggregate.CountStar;
+import org.apache.spark.sql.connector.read.SupportsPushDownAggregates;
 import org.apache.spark.sql.connector.read.SupportsPushDownFilters;
 import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
 import org.apache.spark.sql.catalyst.InternalRow;
@@ -50,13 +53,15 @@ final class TerrascaleScan {
 
     // -- driver: pushdown and planning ---------------------------------------------------
 
-    static final class Builder implements ScanBuilder, SupportsPushDownFilters, SupportsPushDownRequiredColumns {
+    static final class Builder implements ScanBuilder, SupportsPushDownFilters, SupportsPushDownRequiredColumns,
+            SupportsPushDownAggregates {
         private final Opts opts;
         private final long asOf;
         private final Types.Schema target;
         private List<Types.Col> output;
         private final List<Object[]> pushedTerms = new ArrayList<>();
         private Filter[] pushed = new Filter[0];
+        private boolean countOnly;
 
         Builder(Opts opts, long asOf, Types.Schema target, List<Types.Col> output) {
             this.opts = opts;
@@ -138,11 +143,25 @@ final class TerrascaleScan {
             output = keep;
         }
 
+        /** ``count()`` without predicates is answered from the plan: a segment's visible bitmap holds exactly its
+         * live rows at T (the key index drops deleted keys), so its count is the bitmap's cardinality; tails are
+         * counted from the node's rows. Spark sums the partial counts. */
+        @Override
+        public boolean pushAggregation(Aggregation a) {
+            if (a.groupByExpressions().length != 0 || a.aggregateExpressions().length != 1
+                    || !(a.aggregateExpressions()[0] instanceof CountStar)) {
+                return false;
+            }
+            if (!opts.where.isEmpty() || opts.bbox != null || !pushedTerms.isEmpty()) return false;
+            countOnly = true;
+            return true;
+        }
+
         @Override
         public Scan build() {
             List<Object[]> where = new ArrayList<>(opts.where);
             where.addAll(pushedTerms);
-            return new Plan(opts, asOf, target, output, where);
+            return new Plan(opts, asOf, target, output, where, countOnly);
         }
     }
 
@@ -153,14 +172,16 @@ final class TerrascaleScan {
         private final List<Types.Col> output;
         private final List<Object[]> where;
         private final StructType readSchema;
+        private final boolean countOnly;
 
-        Plan(Opts opts, long asOf, Types.Schema target, List<Types.Col> output, List<Object[]> where) {
+        Plan(Opts opts, long asOf, Types.Schema target, List<Types.Col> output, List<Object[]> where, boolean countOnly) {
             this.opts = opts;
             this.asOf = asOf;
             this.target = target;
             this.output = output;
             this.where = where;
-            this.readSchema = Types.sparkSchema(output);
+            this.countOnly = countOnly;
+            this.readSchema = countOnly ? COUNT_SCHEMA : Types.sparkSchema(output);
         }
 
         @Override
@@ -222,6 +243,10 @@ final class TerrascaleScan {
                 // a large segment is read by several tasks, each a range of its rows (whole runs of them)
                 long k = Math.max(1, Math.min(rows, (size + opts.splitBytes - 1) / opts.splitBytes));
                 byte[] visible = Base64.getDecoder().decode(s.get("visible").asText());
+                if (countOnly) {
+                    out.add(new CountPart(cardinality(visible)));
+                    continue;
+                }
                 byte[] dataKey = s.hasNonNull("data_key") ? Base64.getDecoder().decode(s.get("data_key").asText()) : null;
                 for (long j = 0; j < k; j++) {
                     out.add(new SegmentPart(s.get("segid").asLong(), s.get("key").asText(), size, visible,
@@ -232,7 +257,8 @@ final class TerrascaleScan {
             for (JsonNode t : p.get("tail")) out.add(new TailPart(t.asInt()));
             if (out.isEmpty()) out.add(new TailPart(-1));
             String objects = opts.objects != null ? opts.objects : p.get("objects").asText();
-            factory = new Factory(opts, asOf, p.get("lease").asText(), objects, versions, target, output, preds, where, segids);
+            factory = new Factory(opts, asOf, p.get("lease").asText(), objects, versions, target, output, preds, where, segids,
+                    countOnly);
             parts = out.toArray(new InputPartition[0]);
         }
 
@@ -272,6 +298,33 @@ final class TerrascaleScan {
         }
     }
 
+    static final StructType COUNT_SCHEMA = new StructType().add("count(*)", org.apache.spark.sql.types.DataTypes.LongType, false);
+
+    static long cardinality(byte[] portable) {
+        RoaringBitmap bm = new RoaringBitmap();
+        try {
+            bm.deserialize(ByteBuffer.wrap(portable));
+        } catch (IOException e) {
+            throw new BridgeException("the plan's visible bitmap does not parse: " + e, e);
+        }
+        return bm.getLongCardinality();
+    }
+
+    /** ``count()``: the number of visible rows of one offloaded segment, known from the plan. */
+    static final class CountPart implements InputPartition {
+        final long rows;
+
+        CountPart(long rows) {
+            this.rows = rows;
+        }
+    }
+
+    static ColumnarBatch countBatch(long n) {
+        OnHeapColumnVector[] v = OnHeapColumnVector.allocateColumns(1, COUNT_SCHEMA);
+        v[0].putLong(0, n);
+        return new ColumnarBatch(new ColumnVector[] {v[0]}, 1);
+    }
+
     static final class TailPart implements InputPartition {
         final int partition; // -1: an empty plan (Spark still runs one task)
 
@@ -293,9 +346,11 @@ final class TerrascaleScan {
         final Predicates preds;
         final List<Object[]> where;
         final long[] sealed;
+        final boolean countOnly;
 
         Factory(Opts opts, long asOf, String lease, String objects, List<Types.Schema> versions, Types.Schema target,
-                List<Types.Col> output, Predicates preds, List<Object[]> where, long[] sealed) {
+                List<Types.Col> output, Predicates preds, List<Object[]> where, long[] sealed, boolean countOnly) {
+            this.countOnly = countOnly;
             this.opts = opts;
             this.asOf = asOf;
             this.lease = lease;
@@ -321,6 +376,11 @@ final class TerrascaleScan {
         @Override
         public PartitionReader<ColumnarBatch> createColumnarReader(InputPartition partition) {
             StructType schema = Types.sparkSchema(output);
+            if (partition instanceof CountPart) {
+                List<ColumnarBatch> one = new ArrayList<>();
+                one.add(countBatch(((CountPart) partition).rows));
+                return new ListReader(one);
+            }
             if (partition instanceof SegmentPart) {
                 try {
                     return new SegmentReader(this, (SegmentPart) partition, schema);
@@ -330,9 +390,18 @@ final class TerrascaleScan {
                 }
             }
             TailPart t = (TailPart) partition;
-            if (t.partition < 0) return new ListReader(new ArrayList<>());
+            if (t.partition < 0) {
+                List<ColumnarBatch> none = new ArrayList<>();
+                if (countOnly) none.add(countBatch(0));
+                return new ListReader(none);
+            }
             byte[] stream = new NodeClient(opts).tail(t.partition, asOf, where, sealed);
             try {
+                if (countOnly) {
+                    List<ColumnarBatch> one = new ArrayList<>();
+                    one.add(countBatch(ArrowRows.count(stream)));
+                    return new ListReader(one);
+                }
                 return new ListReader(ArrowRows.read(stream, output, schema));
             } catch (IOException e) {
                 throw new BridgeException("the node's tail of partition " + t.partition + " is not an Arrow stream: " + e, e);
@@ -455,10 +524,15 @@ final class TerrascaleScan {
             lease.check();
             for (OnHeapColumnVector v : vectors) v.reset();
             int n = 0;
+            long t0 = System.nanoTime();
+            long loading = 0; // the runs' fetch, checks and decompression are timed by the object
             while (n < BATCH_ROWS && row < total) {
-                if (row >= runEnd) loadRun();
+                if (row >= runEnd) {
+                    long t1 = System.nanoTime();
+                    loadRun();
+                    loading += System.nanoTime() - t1;
+                }
                 int r = (int) (seg.offsets[row] - base);
-                long t0 = System.nanoTime();
                 // a row invisible at T may be of a schema version newer than T: the plan need not know it
                 if (visible[row] || dec.knows(buf.getInt(r + 4))) {
                     Segment.Layout l = dec.check(buf, r, buf.getInt(r), base);
@@ -468,9 +542,9 @@ final class TerrascaleScan {
                         n++;
                     }
                 }
-                seg.decodeNanos += System.nanoTime() - t0;
                 row++;
             }
+            seg.decodeNanos += System.nanoTime() - t0 - loading;
             batch.setNumRows(n);
             rowsOut += n;
             return n > 0 || row < total;
