@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test bench venv clean java17 jdk17 jvm
+.PHONY: run demo test bench venv clean java17 jdk17 jvm strace
 
 venv: $(STAMP)
 
@@ -63,7 +63,14 @@ jdk17:
 	  S=$$([ "$$(id -u)" = 0 ] || echo sudo); $$S apt-get update -q && $$S apt-get install -y -q openjdk-17-jdk-headless || \
 	  { echo "error: could not install javac 17; install openjdk-17-jdk-headless (or set JAVA_HOME to a Java 17 JDK)"; exit 1; }; }
 
-test: $(STAMP) java17 jvm
+# The durability test watches the node's syscalls (tests/node/test_ack_after_fsync.py).
+strace:
+	@command -v strace >/dev/null 2>&1 || { \
+	  echo "the durability test needs strace and none was found: installing it with apt-get"; \
+	  S=$$([ "$$(id -u)" = 0 ] || echo sudo); $$S apt-get update -q && $$S apt-get install -y -q strace || \
+	  { echo "error: could not install strace"; exit 1; }; }
+
+test: $(STAMP) java17 strace jvm
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 

@@ -12,7 +12,7 @@ import base64
 
 from aiohttp import web
 
-from node.api import ApiError, _as_of_param, _as_of_value, _cpu, _json_object
+from node.api import ApiError, _as_of_param, _as_of_value, _cpu, _json_object, _where_terms
 from node.codec import ARROW_STREAM, write_arrow_stream
 from rowstore.reads.predicates import parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
@@ -53,8 +53,8 @@ async def plan(api, request):
         if not isinstance(v, bool):
             raise ApiError(400, "bad_request", f'"{k}" is true or false')
     lease_s = _seconds(doc.get("lease_s", 600))
-    out = await api.db.read_plan(request.match_info["table"], _as_of_value(doc.get("as_of")), doc.get("where"),
-                                 doc.get("bbox"), flags["sealed_only"], lease_s)
+    out = await api.db.read_plan(request.match_info["table"], _as_of_value(doc.get("as_of")),
+                                 _where_terms(doc, request), doc.get("bbox"), flags["sealed_only"], lease_s)
     body = out.to_json()  # rowstore.reads.plan.ReadPlan: "version" is the plan format's
     if flags["typed"]:
         body["predicates"] = typed_predicates(out.schema, doc.get("where"), doc.get("bbox"))
@@ -104,7 +104,7 @@ async def tail(api, request):
     if sealed is not None and (not isinstance(sealed, list) or
                                any(isinstance(s, bool) or not isinstance(s, int) for s in sealed)):
         raise ApiError(400, "bad_request", '"sealed" is a list of segment ids (the plan\'s sealed segids)')
-    t = await api.db.tail(request.match_info["table"], p, _as_of_value(doc["as_of"]), doc.get("where"),
+    t = await api.db.tail(request.match_info["table"], p, _as_of_value(doc["as_of"]), _where_terms(doc, request),
                           doc.get("bbox"), sealed)
     return web.Response(body=await _cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 

@@ -124,6 +124,14 @@ class Database:
         """Delete rows by primary key (absent keys are fine); ``count`` = keys that existed."""
         return await self.committer.delete(name, keys)
 
+    async def write_pieces(self, d: TableDef, pieces: list, sizes: list[list[int]] | None = None) -> list:
+        """Rows already encoded and split by partition (``Committer.write_pieces``)."""
+        return await self.committer.write_pieces(d, pieces, sizes)
+
+    async def existing(self, d: TableDef, pid: int, keys):
+        """Whether each encoded key of partition ``pid`` has a live row now."""
+        return await self.committer.existing(d, pid, keys)
+
     # -- reads (rowstore.db.reads) ----------------------------------------------------------------
 
     def horizon(self) -> int:
