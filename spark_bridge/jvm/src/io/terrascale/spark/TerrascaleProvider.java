@@ -93,6 +93,8 @@ public final class TerrascaleProvider implements TableProvider, DataSourceRegist
         private final StructType schema;
         private final Transform[] partitioning;
         private final Map<String, String> properties;
+        /** The node's read plans of this DataFrame, by predicates (see TerrascaleScan.Plan#nodePlan). */
+        private final Map<String, com.fasterxml.jackson.databind.JsonNode> plans = new java.util.concurrent.ConcurrentHashMap<>();
 
         TerrascaleTable(TerrascaleProvider provider, Opts opts, StructType schema, Transform[] partitioning,
                         Map<String, String> properties) {
@@ -139,7 +141,7 @@ public final class TerrascaleProvider implements TableProvider, DataSourceRegist
                 provider.pinnedSchema = snap.get("schema").asText();
             }
             List<Types.Col> output = Types.select(target, opts.columns, "table '" + opts.table + "'");
-            return new TerrascaleScan.Builder(opts, asOf, target, output);
+            return new TerrascaleScan.Builder(opts, asOf, target, output, plans);
         }
 
         @Override
