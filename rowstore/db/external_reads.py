@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from rowstore.errors import HistoryPurgedError, QueryError
+from rowstore.errors import ConflictError, HistoryPurgedError, QueryError
 from rowstore.reads.plan import ReadPlan, SegmentSlice, visible_bitmap
 from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
 from rowstore.segments.active import split_rowids
@@ -49,8 +49,10 @@ class ExternalReads:
         recs = {r.segid: r for r in await self.store.list(table=c.d.table_id)}
         sealed, tail = [], set()
         for segid, parts in sorted(by_seg.items()):
-            rec = recs[segid]
-            if rec.state == SegState.OFFLOADED:
+            rec = recs.get(segid)
+            if rec is None:  # collected between the index scan and the listing: plan again
+                raise ConflictError(f"segment {segid} of table {name!r} was collected while planning; retry")
+            if rec.state in (SegState.OFFLOADED, SegState.RETIRED):  # a retired one is read until deleted
                 f = await self.fs.stat(rec.inode)
                 sealed.append(SegmentSlice(segid, f.location, f.object_size, rec.rows,
                                            visible_bitmap(np.concatenate(parts))))
@@ -91,6 +93,8 @@ class ExternalReads:
             raise HistoryPurgedError(f"changes after {after} reach before the retention horizon")
         parts = []
         for rec in map(self.store.live, await self.store.list(table=c.d.table_id)):
+            if rec.state == SegState.RETIRED:
+                continue  # its live rows are in the copies that replaced it (RFC 0008)
             if rec.max_ts <= after or rec.min_ts > c.T:
                 continue  # empty, or nothing in (after, T]
             async for dec in self.store.scan(rec.segid, c.d.schema, c.schemas):

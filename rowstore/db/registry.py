@@ -70,6 +70,12 @@ class TableRegistry:
                 self._tables[d.table_id] = t
         return t
 
+    def forget(self, table_id: str) -> None:
+        """A dropped table being reclaimed: stop maintaining its partitions."""
+        self._tables.pop(table_id, None)
+        self._defs.pop(table_id, None)
+        self._schemas.pop(table_id, None)
+
     def altered(self, d: TableDef) -> None:
         """A new schema version of ``d``'s table: new lookups, and no index on dropped columns."""
         self._schemas.pop(d.table_id, None)

@@ -57,6 +57,8 @@ class SegmentRecord:
     live_bytes: int = 0
     location: str = ""
     seq: int = 0  # position among its partition's segments (replay order; segids are not ordered)
+    retired_ms: int = 0  # when the garbage collector retired it (ms since the epoch)
+    cluster: list | None = None  # [kind, column id, lo..., hi...]: its rows' cluster range (RFC 0008)
 
     @property
     def key(self) -> str:
@@ -68,7 +70,11 @@ class SegmentRecord:
     @classmethod
     def from_bytes(cls, raw: bytes) -> "SegmentRecord":
         d = json.loads(raw)
-        return cls(**dict(d, state=SegState(d["state"])))
+        return cls(**{k: v for k, v in dict(d, state=SegState(d["state"])).items() if k in _FIELDS})
+
+
+_FIELDS = set(SegmentRecord.__dataclass_fields__)
+PENDING_PREFIX = "gc/pending/"  # a copy written by the garbage collector, not yet published
 
 
 class SegmentStore:
@@ -252,6 +258,45 @@ class SegmentStore:
             if seg.segid == segid:
                 del self._current[k]
 
+    async def create_copy(self, table: str, partition: int, content) -> SegmentRecord:
+        """A garbage collector's copy (RFC 0008): the object, its file row, a reserved segid and
+        a pending row ``gc/pending/<segid>`` in ONE transaction. The segment row is written
+        only by the pass's publishing transaction (:meth:`published_ops`); until then the copy
+        is invisible and recovery (:meth:`drop_pending`) deletes it."""
+        for _ in range(100):
+            segid, checks, ops = await self.segids.reserve()
+            key = f"{PENDING_PREFIX}{segid:08x}"
+            pend = {"segid": segid, "table": table, "partition": partition, "owner": self.node}
+
+            def extra(f: FileRecord, key=key, pend=pend, checks=checks, ops=ops):
+                return [*checks, Check(key, 0)], [*ops, Put(key, json.dumps(dict(pend, inode=f.inode)).encode())]
+
+            try:
+                f = await self.fs.create_sealed(content(segid), extra=extra)
+            except CatalogConflictError:
+                continue  # another allocator took this segid range row first (the copy is rebuilt)
+            return SegmentRecord(segid, table, partition, SegState.OFFLOADED, self.node, f.inode,
+                                 bytes=f.size, live_bytes=f.size, location=f.location)
+        raise RowstoreError("could not allocate a segment id for a copy")
+
+    async def drop_pending(self) -> list[int]:
+        """Delete this node's unpublished copies (a pass that crashed before publishing)."""
+        gone = []
+        for e in await self.catalog.scan(PENDING_PREFIX):
+            p = json.loads(e.value)
+            if p["owner"] != self.node:
+                continue
+            for _ in range(100):
+                checks, ops = await self.segids.release(p["segid"])
+                try:
+                    await self.fs.delete(p["inode"], [Check(e.key, e.version), *checks], [Delete(e.key), *ops])
+                    break
+                except CatalogConflictError:
+                    continue
+            gone.append(p["segid"])
+            log.info("event=gc_pending_dropped segid=%d inode=%d", p["segid"], p["inode"])
+        return gone
+
     async def scan(self, segid: int, target: SchemaVersion, schemas=None):
         """Every row of a segment in localid order, as decoded Arrow batches."""
         schemas = schemas or self.schemas
@@ -266,7 +311,7 @@ class SegmentStore:
         s = self._sealed.get(segid)
         if s is None:
             rec, _ = await self.record(segid)
-            if rec.state != SegState.OFFLOADED:
+            if rec.state not in (SegState.OFFLOADED, SegState.RETIRED):  # retired: readable until deleted
                 raise RowstoreError(f"segment {segid} is {rec.state.value}, not offloaded")
             s = self._sealed[segid] = await SealedSegment.open(await self.fs.open_sealed(rec.inode))
         return s
