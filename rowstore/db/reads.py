@@ -15,6 +15,7 @@ from rowstore.codec.point_decoder import PointDecoder
 from rowstore.errors import FutureTimestampError, HistoryPurgedError, QueryError, RowValidationError
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
 from rowstore.index.key_memtable import encode_keys
+from rowstore.reads.zones import keep_mask, segments_of
 from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
 from rowstore.segments.fetch import fetch
@@ -165,6 +166,9 @@ class Reader:
         cands, srcs = candidates(part, terms + ([box] if box is not None else []))
         if cands is None:  # no index applies: the partition's visible rows, in key order
             return await self._scan_part(c, part, terms, box, limit)
+        keep = await self._zones(c, cands, terms, box)
+        if keep is not None:
+            cands, srcs = cands[keep], srcs[keep]
         rows = await fetch(self.store, cands, c.schemas, c.d.schema)  # in rowid order, as cands
         keys = encode_keys(rows.batch.column(c.d.schema.key.name), part.kind)
         visible = (rows.commit_ts <= np.uint64(c.T)) & ~rows.deleted
@@ -176,6 +180,9 @@ class Reader:
         """Visible rows in key order, fetched in growing chunks until ``limit`` of them match:
         the answer is the first ``limit`` keys overall, so no partition needs more."""
         ids = (await part.index.scan(None, None, c.T)).rowids  # key order
+        keep = await self._zones(c, ids, terms, box)
+        if keep is not None:
+            ids = ids[keep]
         got, at, step = [], 0, max(4 * (limit or 0), 4096)
         while at < len(ids):
             chunk = ids[at : at + step] if limit is not None else ids
@@ -189,6 +196,13 @@ class Reader:
         if not got:
             return _empty_batch(c.d.schema)
         return got[0] if len(got) == 1 else pa.Table.from_batches(got).combine_chunks().to_batches()[0]
+
+
+    async def _zones(self, c: ReadContext, ids: np.ndarray, terms, box) -> np.ndarray | None:
+        """Rows of segments whose cluster range the query misses are left out (RFC 0008)."""
+        if c.d.cluster_by is None or len(ids) == 0 or (box is None and not terms):
+            return None
+        return keep_mask(ids, await self.store.clusters(segments_of(ids)), terms, box)
 
 
 def _point_key(pt: _PointTable, key):

@@ -91,6 +91,7 @@ class SegmentStore:
         self.segids = RangeAllocator(self.catalog, "rs", 1, 2**32 - 1)
         self.active: dict[int, ActiveSegment] = {}
         self._sealed: dict[int, SealedSegment] = {}
+        self._clusters: dict[int, tuple | None] = {}  # segid -> cluster range (immutable per segid)
 
     async def open(self, decide=None) -> list[int]:
         """Init the segid table; reopen this node's local segments; finish pending offloads
@@ -254,6 +255,7 @@ class SegmentStore:
             raise RowstoreError(f"could not delete segment {segid}")
         self.active.pop(segid, None)
         self._sealed.pop(segid, None)
+        self._clusters.pop(segid, None)
         for k, seg in list(self._current.items()):
             if seg.segid == segid:
                 del self._current[k]
@@ -296,6 +298,17 @@ class SegmentStore:
             gone.append(p["segid"])
             log.info("event=gc_pending_dropped segid=%d inode=%d", p["segid"], p["inode"])
         return gone
+
+    async def clusters(self, segids) -> dict[int, tuple | None]:
+        """segid -> its cluster range (None: none), for query pruning; one catalog scan when a
+        segid is new to this node (a segid's range never changes until it is deleted)."""
+        if any(s not in self._clusters for s in segids):
+            for r in await self.list():
+                if r.state != SegState.ACTIVE:
+                    self._clusters[r.segid] = tuple(r.cluster) if r.cluster else None
+            for s in segids:
+                self._clusters.setdefault(s, None)
+        return self._clusters
 
     async def scan(self, segid: int, target: SchemaVersion, schemas=None):
         """Every row of a segment in localid order, as decoded Arrow batches."""

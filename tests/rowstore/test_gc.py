@@ -221,3 +221,53 @@ async def no_leaks(db):
     assert files <= named, f"leaked: {files - named}"
     objects = {k.key for k in await db.fs.objects.list("files/")}
     assert len(objects) == len([r for r in await db.fs.list() if r.location])
+
+
+@pytest.mark.parametrize("col", ["loc", "ts"])
+async def test_clustered_rewrite_records_ranges_and_queries_skip_segments(col):
+    from rowstore.reads.predicates import parse_bbox, parse_where
+    from rowstore.reads.zones import misses
+
+    w, db = await make(cluster_by=col, seal_bytes=8 << 10, min_garbage=0.9)
+    model = {}
+    await churn(db, model, rounds=2, n=600)
+    res = await db.collect_garbage()  # unclustered segments are victims whatever their garbage
+    assert res["segments_collected"] > 0
+    d = await db.describe("m")
+    assert d.cluster_column.name == col
+    copies = [r for r in await db.store.list() if r.state == SegState.OFFLOADED and r.seq == 0]
+    assert len(copies) > 2 and all(r.cluster for r in copies)
+    for r in copies:  # the footer holds the same range
+        seg = await db.store.sealed(r.segid)
+        assert tuple(seg.footer.cluster) == tuple(r.cluster)
+    await check(db, model)
+    if col == "loc":
+        box = parse_bbox(d.schema, {"column": "loc", "xmin": 1, "ymin": 1, "xmax": 3, "ymax": 3})
+        skipped = [r for r in copies if misses(r.cluster, [], box)]
+        q, _ = await db.query("m", bbox={"column": "loc", "xmin": 1, "ymin": 1, "xmax": 3, "ymax": 3}, limit=None)
+    else:
+        terms = parse_where(d.schema, [["ts", ">=", 100_000_000], ["ts", "<", 120_000_000]])
+        skipped = [r for r in copies if misses(r.cluster, terms, None)]
+        q, _ = await db.query("m", where=[["ts", ">=", 100_000_000], ["ts", "<", 120_000_000]], limit=None)
+        assert q.column("id").to_pylist() == [k for k in sorted(model) if 100 <= k < 120]
+    assert skipped, "a small window misses most clustered segments"
+    t, _ = await db.scan("m")
+    assert q.num_rows <= t.num_rows
+    # a second pass does not rewrite clustered copies without garbage
+    res2 = await db.collect_garbage()
+    assert res2["segments_collected"] <= 2  # at most the segments written since (the newest is kept)
+    await check(db, model)
+
+
+async def test_cluster_by_validation():
+    from rowstore.errors import SchemaError
+
+    w = TablesWorld(1)
+    db = await w.start()
+    with pytest.raises(SchemaError):
+        await db.create_table("x", SCHEMA, cluster_by="nope")
+    with pytest.raises(SchemaError):
+        await db.create_table("x", SCHEMA, cluster_by="name")
+    assert not await db.list_tables()
+    d = await db.create_table("x", SCHEMA, cluster_by="id")
+    assert d.cluster_by is None  # the primary key is the default order
