@@ -80,15 +80,24 @@ def _seg(s) -> str:
     return quote(str(s), safe="")
 
 
+def _gc_doc(table, dry_run) -> dict:
+    doc = {"dry_run": bool(dry_run)}
+    if table is not None:
+        doc["table"] = table
+    return doc
+
+
 class _Requests:
     """The request shapes, shared by both clients: (method, path, body, content type, want)."""
 
     @staticmethod
-    def create_table(name, columns, primary_key, indexes=(), partitions=None):
+    def create_table(name, columns, primary_key, indexes=(), partitions=None, cluster_by=None):
         cols = [c if isinstance(c, dict) else {"name": c[0], "type": c[1]} for c in columns]
         doc = {"name": name, "columns": cols, "primary_key": primary_key, "indexes": list(indexes)}
         if partitions is not None:
             doc["partitions"] = partitions
+        if cluster_by is not None:
+            doc["cluster_by"] = cluster_by
         return "POST", "/v1/tables", doc
 
     @staticmethod
@@ -182,8 +191,8 @@ class Client:
         return data.decode()
 
     # tables
-    def create_table(self, name, columns, primary_key, indexes=(), partitions=None) -> dict:
-        m, p, doc = _Requests.create_table(name, columns, primary_key, indexes, partitions)
+    def create_table(self, name, columns, primary_key, indexes=(), partitions=None, cluster_by=None) -> dict:
+        m, p, doc = _Requests.create_table(name, columns, primary_key, indexes, partitions, cluster_by)
         return self._call(m, p, doc)
 
     def list_tables(self, as_of=None) -> dict:
@@ -239,6 +248,10 @@ class Client:
     def admin(self, job: str) -> dict:
         """Run a background job now: ``seal``, ``offload``, ``checkpoint`` or ``gc``."""
         return self._call("POST", f"/v1/admin/{job}")
+
+    def gc(self, table=None, dry_run=False) -> dict:
+        """One garbage-collection pass now (or, ``dry_run``, its victims only)."""
+        return self._call("POST", "/v1/admin/gc", _gc_doc(table, dry_run))
 
     def cluster(self) -> dict:
         return self._call("GET", "/v1/admin/cluster")
@@ -297,8 +310,8 @@ class AsyncClient:
     async def readyz(self):
         return await self._call("GET", "/readyz")
 
-    async def create_table(self, name, columns, primary_key, indexes=(), partitions=None):
-        m, p, doc = _Requests.create_table(name, columns, primary_key, indexes, partitions)
+    async def create_table(self, name, columns, primary_key, indexes=(), partitions=None, cluster_by=None):
+        m, p, doc = _Requests.create_table(name, columns, primary_key, indexes, partitions, cluster_by)
         return await self._call(m, p, doc)
 
     async def list_tables(self, as_of=None):
@@ -350,6 +363,9 @@ class AsyncClient:
 
     async def admin(self, job: str):
         return await self._call("POST", f"/v1/admin/{job}")
+
+    async def gc(self, table=None, dry_run=False):
+        return await self._call("POST", "/v1/admin/gc", _gc_doc(table, dry_run))
 
     async def cluster(self):
         return await self._call("GET", "/v1/admin/cluster")

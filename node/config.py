@@ -71,6 +71,10 @@ class NodeConfig:
     checkpoint_every_s: float = 1.0
     offload_every_s: float = 5.0
     seal_every_s: float = 0.0  # 0: segments seal only when they reach seal_bytes
+    gc_interval_s: float = 60.0  # 0: no background garbage-collection pass
+    gc_min_garbage: float = 0.5
+    gc_grace_s: float = 300.0
+    gc_max_bytes_per_run: int = 1 << 30
 
 
 def _str(key: str, v) -> str:
@@ -101,6 +105,12 @@ def _readable(key: str, v) -> str:
     if not os.access(path, os.R_OK):
         raise ConfigError(f"{key}: cannot read {path}")
     return path
+
+
+def _fraction(key: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        raise ConfigError(f"{key}: expected a number from 0 to 1, got {v!r}")
+    return float(v)
 
 
 def _positive(key: str, v: float) -> float:
@@ -144,6 +154,9 @@ _SCHEMA = {
     "jobs": {"checkpoint_every": ("checkpoint_every_s", parse_duration),
              "offload_every": ("offload_every_s", parse_duration),
              "seal_every": ("seal_every_s", parse_duration)},
+    "gc": {"interval": ("gc_interval_s", parse_duration), "min_garbage": ("gc_min_garbage", _fraction),
+           "grace": ("gc_grace_s", parse_duration),
+           "max_bytes_per_run": ("gc_max_bytes_per_run", lambda k, v: int(_positive(k, parse_size(k, v))))},
 }
 
 

@@ -39,6 +39,7 @@ from node.guard import ConnectionGuard, GuardedSite, install_accept_handler
 from node.jobs import Jobs
 from node.metrics import Metrics
 from rowstore.db.database import Database, TablesConfig
+from rowstore.db.gc import GcConfig
 from rowstore.tables.partition import segment_states
 from terrafs.active import ActiveConfig
 from terrafs.crypto import KeyEncryptionKey
@@ -102,7 +103,8 @@ class Node:
         self._stack.push_async_callback(self.cluster.close)
         self.db = Database(self.fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes,
                                                  memtable_bytes=c.memtable_bytes,
-                                                 retention_ms=int(c.retention_s * 1000)))
+                                                 retention_ms=int(c.retention_s * 1000),
+                                                 gc=GcConfig(c.gc_min_garbage, c.gc_grace_s, c.gc_max_bytes_per_run)))
         self.cluster.on_change = self.db.forget_cached_definitions
         await self._open_db()
         self._stack.push_async_callback(self._close_db)
@@ -172,6 +174,13 @@ class Node:
             m.flush_wait_seconds.set(sum(s.get("wait_s", 0.0) for s in stats))
             m.memtable_bytes.set(self.db.memtable_bytes())
             m.closed_ts.set(self.db.closed_ts)
+            tot = self.db.gc.totals
+            m.gc_runs.set(tot["runs"])
+            m.gc_rows_copied.set(tot["rows_copied"])
+            m.gc_bytes_reclaimed.set(tot["bytes_reclaimed"])
+            m.gc_seconds.set(tot["run_seconds"])
+            m.gc_deleted.set(tot["segments_deleted"])
+            m.gc_garbage_ratio.set(await self.db.gc.garbage_ratio())
         return generate_latest(m.registry), CONTENT_TYPE_LATEST
 
     def _raft_metrics(self) -> None:

@@ -56,4 +56,12 @@ class Metrics:
         self.raft_write_retries = Gauge("terrascale_raft_write_retries",
                                         "Raft meta/journal file writes retried after a transient error",
                                         registry=r)
+        self.gc_runs = Gauge("terrascale_gc_runs_total", "Garbage-collection passes run", registry=r)
+        self.gc_rows_copied = Gauge("terrascale_gc_rows_copied_total", "Live rows copied forward by GC", registry=r)
+        self.gc_bytes_reclaimed = Gauge("terrascale_gc_bytes_reclaimed_total", "Bytes of retired segments minus "
+                                        "their copies (freed once deleted)", registry=r)
+        self.gc_seconds = Gauge("terrascale_gc_run_seconds_total", "Time spent in GC passes", registry=r)
+        self.gc_deleted = Gauge("terrascale_gc_segments_deleted_total", "Retired segments deleted", registry=r)
+        self.gc_garbage_ratio = Gauge("terrascale_gc_garbage_ratio", "1 - live bytes / bytes over sealed, "
+                                      "offloaded and retired segments", registry=r)
         self.ready = Gauge("terrascale_ready", "1 once recovery finished and the node serves", registry=r)
