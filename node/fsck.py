@@ -21,7 +21,7 @@ from catalog.local import LocalCatalog
 from node.config import NodeConfig
 from node.errors import ConfigError
 from rowstore.errors import RowCorruptionError
-from rowstore.index.column_index import _parse as parse_column_run
+from rowstore.index.column_index import parse_column_run
 from rowstore.index.key_run import IndexRun
 from rowstore.segments.fsck import check_segments
 from terrafs.backends.memory import MemoryBlockDevice

@@ -160,7 +160,7 @@ class PartitionColumns:
     async def run_data(self, inode: int) -> tuple[np.ndarray, pa.Array]:
         sf = await self.fs.open_sealed(inode)
         raw = await sf.read(0, sf.size)
-        return await asyncio.to_thread(_parse, raw, sf.where)
+        return await asyncio.to_thread(parse_column_run, raw, sf.where)
 
     async def attach(self, pk_inode: int, cols: dict[str, int]) -> None:
         """Open (and build) the column runs named with a primary-key run."""
@@ -274,7 +274,8 @@ def _ipc_bytes(col: Column, kind: str, rowids: np.ndarray, values: pa.Array) -> 
     return sink.getvalue().to_pybytes()
 
 
-def _parse(raw: bytes, where: str) -> tuple[np.ndarray, pa.Array]:
+def parse_column_run(raw: bytes, where: str) -> tuple[np.ndarray, pa.Array]:
+    """A column-index run's bytes -> (rowids, values), checked (also used by fsck)."""
     try:
         t = pa.ipc.open_file(pa.py_buffer(raw)).read_all()
     except (pa.ArrowInvalid, OSError) as e:
