@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test bench venv clean java17
+.PHONY: run demo test bench venv clean java17 strace
 
 venv: $(STAMP)
 
@@ -38,7 +38,14 @@ java17:
 	  S=$$([ "$$(id -u)" = 0 ] || echo sudo); $$S apt-get update -q && $$S apt-get install -y -q openjdk-17-jre-headless || \
 	  { echo "error: could not install Java 17; install openjdk-17-jre-headless (or set JAVA_HOME to a Java 17)"; exit 1; }; }
 
-test: $(STAMP) java17
+# The durability test watches the node's syscalls (tests/node/test_ack_after_fsync.py).
+strace:
+	@command -v strace >/dev/null 2>&1 || { \
+	  echo "the durability test needs strace and none was found: installing it with apt-get"; \
+	  S=$$([ "$$(id -u)" = 0 ] || echo sudo); $$S apt-get update -q && $$S apt-get install -y -q strace || \
+	  { echo "error: could not install strace"; exit 1; }; }
+
+test: $(STAMP) java17 strace
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 

@@ -8,7 +8,7 @@ from bench import (node_bench, raft_bench, rowcodec_bench, rowstore_bench, rowst
 SUITES = {"terrafs": terrafs_bench.main, "rowcodec": rowcodec_bench.main,
           "rowstore": rowstore_bench.main, "rowstore_read": rowstore_read_bench.main,
           "table": table_bench.main, "raft": raft_bench.main,
-          "node": node_bench.main, "spark": spark_bench.main}
+          "node": node_bench.main, "node_points": node_bench.main_points, "spark": spark_bench.main}
 
 
 def main(argv: list[str]) -> int:

@@ -17,6 +17,13 @@ Workloads, peers in the same run, rounds alternating, medians reported:
   of the same size (one etcd member on loopback, Debian ``etcd-server``, installed with
   apt-get when missing). Requests/s, p50 and p99. Target: ahead of etcd.
 
+* **Point writes** (issue 15, RFC 0008): single-row JSON upserts from 1, 8, 64 and 256
+  keep-alive clients, single-key deletes and 10-row upserts from 64 — against etcd's put /
+  delete-range / txn of 10 puts through its JSON gateway (1 member, fsync per commit),
+  each case ours then etcd: rows/s, p50 and p99. Targets: >= 2x etcd at 64 and 256
+  clients, p99 <= etcd's, p50 <= 1 ms at 1 client. ``python -m bench node_points`` runs
+  only these.
+
 The client shares the machine (2 cores here) with the server in every case, so absolute
 numbers are low; the ratios compare like with like.
 """
@@ -275,11 +282,150 @@ async def point_gets(root: str) -> list[Result]:
     ]
 
 
+# -- point writes (issue 15): single-row upserts from many clients, against etcd put -------------
+
+PW_CLIENTS = tuple(int(x) for x in os.environ.get("NODE_BENCH_PW_CLIENTS", "1,8,64,256").split(","))
+PW_SECONDS = float(os.environ.get("NODE_BENCH_PW_SECONDS", "4"))
+PW_BATCH = 10  # rows per request of the batched case (64 clients)
+
+
+def _sensor_row(i: int) -> dict:
+    """One sensor reading of the bench's row shape (as a JSON-ready dict)."""
+    return {"id": i, "ts": 1_714_564_800_000_000 + i, "loc": {"x": (i * 7919 % 10_000) / 100.0,
+            "y": (i * 104_729 % 10_000) / 100.0}, "name": f"sensor-{i % 997}", "v": (i % 1000) / 10.0, "n": i % 17}
+
+
+async def _write_load(http, clients: int, seconds: float, send) -> dict:
+    """``clients`` keep-alive workers calling ``send(i)`` with distinct i for ``seconds``:
+    requests/s, p50/p99 in µs."""
+    lat: list[int] = []
+    stop = time.perf_counter() + seconds
+    counter = iter(range(1 << 62))
+
+    async def worker():
+        while time.perf_counter() < stop:
+            i = next(counter)
+            t0 = time.perf_counter_ns()
+            await send(i)
+            lat.append(time.perf_counter_ns() - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(clients)])
+    took = time.perf_counter() - t0
+    lat.sort()
+    return {"req_s": len(lat) / took, "p50_us": lat[len(lat) // 2] / 1000, "p99_us": lat[int(len(lat) * 0.99)] / 1000}
+
+
+async def _ok(resp) -> None:
+    payload = await resp.read()
+    if resp.status != 200:
+        raise RuntimeError(f"{resp.status} {payload[:200]!r}")
+
+
+class _PointPeers:
+    """The requests each side serves: single-row upserts / deletes / 10-row batches as
+    ``POST /v1/tables/pw{n}/rows`` bodies, and etcd's put / delete-range / 10-put txn with
+    values as big as our JSON row."""
+
+    def __init__(self, http, ours: str, etcd: str):
+        self.http, self.ours, self.etcd = http, ours, etcd
+        self.hdr = {"Content-Type": "application/json"}
+
+    async def _post(self, url: str, body: bytes) -> None:
+        async with self.http.post(url, data=body, headers=self.hdr) as r:
+            await _ok(r)
+
+    def upsert(self, table: str, base: int, rows: int = 1):
+        url = f"{self.ours}/v1/tables/{table}/rows"
+        return lambda i: self._post(url, json.dumps({"rows": [_sensor_row(base + i * rows + j)
+                                                              for j in range(rows)]}).encode())
+
+    def delete(self, table: str, base: int):
+        url = f"{self.ours}/v1/tables/{table}/delete"
+        return lambda i: self._post(url, json.dumps({"keys": [base + i]}).encode())
+
+    def put(self, prefix: str, rows: int = 1):
+        def body(i: int, j: int) -> dict:
+            k = i * rows + j
+            return {"key": _b64(f"{prefix}{k:012d}".encode()), "value": _b64(json.dumps(_sensor_row(k)).encode())}
+        if rows == 1:
+            url = f"{self.etcd}/v3/kv/put"
+            return lambda i: self._post(url, json.dumps(body(i, 0)).encode())
+        url = f"{self.etcd}/v3/kv/txn"
+        return lambda i: self._post(url, json.dumps({"success": [{"request_put": body(i, j)}
+                                                                  for j in range(rows)]}).encode())
+
+    def delete_range(self, prefix: str):
+        url = f"{self.etcd}/v3/kv/deleterange"
+        return lambda i: self._post(url, json.dumps({"key": _b64(f"{prefix}{i:012d}".encode())}).encode())
+
+
+async def point_writes(root: str) -> list[Result]:
+    """Single-row JSON upserts from 1..256 clients, single-key deletes and 10-row batches
+    from 64 clients, against etcd (1 member, fsync per commit), each case ours then etcd."""
+    import aiohttp
+
+    server, etcd = NodeProcess(root), EtcdOne(root)
+    http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600))
+    cases = [(f"upsert {c}", c) for c in PW_CLIENTS] + [("delete 64", 64), ("batch10 64", 64)]
+    got: dict = {}
+    try:
+        await server.wait_ready(http)
+        await etcd.open(http)
+        peers = _PointPeers(http, server.url, etcd.url)
+        cols = [{"name": c.split()[0], "type": c.split()[1]} for c in SCHEMA.split(", ")]
+        await _post(http, server.url + "/v1/tables", json.dumps({"name": "pw", "primary_key": "id",
+                                                                  "columns": cols}).encode(), "application/json")
+        for n, (case, clients) in enumerate(cases):
+            kind = case.split()[0]
+            base = n << 40  # each case writes its own ids (deletes take the previous case's)
+            ours = {"upsert": peers.upsert("pw", base), "delete": peers.delete("pw", base - (1 << 40)),
+                    "batch10": peers.upsert("pw", base, PW_BATCH)}[kind]
+            theirs = {"upsert": peers.put(f"c{n}/"), "delete": peers.delete_range(f"c{n - 1}/"),
+                      "batch10": peers.put(f"c{n}/", PW_BATCH)}[kind]
+            for who, send in (("ours", ours), ("etcd", theirs)):
+                st = await _write_load(http, clients, PW_SECONDS, send)
+                st["rows_s"] = st["req_s"] * (PW_BATCH if kind == "batch10" else 1)
+                got[(case, who)] = st
+                print(f"  {case:>12} {who}: {st['rows_s']:>9,.0f} rows/s  p50 {st['p50_us']:>8,.0f} us  "
+                      f"p99 {st['p99_us']:>8,.0f} us", flush=True)
+    finally:
+        await http.close()
+        server.close()
+        etcd.close()
+    peer = "etcd 3.4 via its JSON gateway, 1 member"
+    out = []
+    for case, clients in cases:
+        kind = case.split()[0]
+        what = {"upsert": f"single-row JSON upserts, {clients} clients",
+                "delete": f"single-key deletes, {clients} clients",
+                "batch10": f"10-row JSON upserts, {clients} clients"}[kind]
+        o, e = got[(case, "ours")], got[(case, "etcd")]
+        target = ">= 2.0x" if kind == "upsert" and clients >= 64 else "report"
+        out.append(Result(what, o["rows_s"], peer + (" (txn of 10 puts)" if kind == "batch10" else ""),
+                          e["rows_s"], "rows/s", target))
+        tgt50 = "<= 1 ms" if kind == "upsert" and clients == 1 else "report"
+        out.append(Result(f"  p50, {what}", o["p50_us"], peer, e["p50_us"], "us", tgt50))
+        out.append(Result(f"  p99, {what}", o["p99_us"], peer, e["p99_us"], "us",
+                          "<= 1.0x" if kind == "upsert" else "report"))
+    return out
+
+
 async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="node-bench-") as root:
         print("node bench: ingest (HTTP Arrow / HTTP JSON / in process)", flush=True)
         results = await ingest(os.path.join(root, "ingest"))
         print("node bench: point gets (ours vs etcd)", flush=True)
         results += await point_gets(os.path.join(root, "gets"))
+        print("node bench: point writes (ours vs etcd put)", flush=True)
+        results += await point_writes(os.path.join(root, "writes"))
     print_table("Node: HTTP API vs in-process engine and etcd", results)
     print(f"\nJSON: {write_json('node', results)}")
+
+
+async def main_points() -> None:
+    """Only the point-write workloads (``python -m bench node_points``)."""
+    with tempfile.TemporaryDirectory(prefix="node-bench-") as root:
+        results = await point_writes(os.path.join(root, "writes"))
+    print_table("Node: point writes vs etcd", results)
+    print(f"\nJSON: {write_json('node_points', results)}")

@@ -19,6 +19,7 @@ from aiohttp import web
 from catalog.errors import (CatalogConfigError, CatalogError, CatalogTimeoutError, CatalogUnavailableError,
                             InvalidTransactionError)
 from node.cluster import FORWARDED
+from node.coalesce import Coalescer
 from node.codec import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table, schema_to_json,
                         table_to_rows, write_arrow_stream)
 from rowstore.db.reads import MAX_LIMIT
@@ -73,6 +74,21 @@ def _one_line(e: BaseException) -> str:
 class Api:
     def __init__(self, node):
         self.node = node
+        self._writes: Coalescer | None = None
+
+    @property
+    def writes(self) -> Coalescer:
+        """Small writes coalesce here (node/coalesce.py); one per opened engine."""
+        db = self.db
+        if self._writes is None or self._writes.db is not db:
+            self._writes = Coalescer(db, self.node.metrics)
+        return self._writes
+
+    def _parsed(self, body: bytes):
+        t0 = time.perf_counter()
+        doc = _parse_json(body)
+        self.node.metrics.write_stage.labels("parse").inc(time.perf_counter() - t0)
+        return doc
 
     @property
     def db(self):
@@ -273,15 +289,16 @@ class Api:
         if request.content_type == ARROW_STREAM:
             data = await _cpu(len(body), read_arrow_stream, body)
         elif request.content_type in ("application/json", "application/octet-stream", ""):
-            schema = (await db.describe(table)).schema
-
-            def convert():
-                doc = _parse_json(body)
-                if not isinstance(doc, dict) or set(doc) != {"rows"}:
-                    raise ApiError(400, "invalid_rows", 'expected a JSON object {"rows": [...]}')
-                return rows_to_table(doc["rows"], schema)
-
-            data = await _cpu(len(body), convert)
+            d = await db.describe(table)
+            if len(body) <= THREAD_BYTES:  # small: on the loop, and coalesced with its neighbours
+                rows = _rows_of(self._parsed(body))
+                res = await self.writes.upsert(d, rows)
+                if res is not None:
+                    self.node.metrics.rows_written.labels("upsert").inc(res.count)
+                    return web.json_response({"committed": res.count, "commit_ts": res.commit_ts})
+                data = rows_to_table(rows, d.schema)
+            else:
+                data = await asyncio.to_thread(lambda: rows_to_table(_rows_of(_parse_json(body)), d.schema))
         else:
             raise ApiError(415, "unsupported_media_type",
                            f"rows come as application/json or {ARROW_STREAM}, not {request.content_type}")
@@ -297,7 +314,10 @@ class Api:
         doc = await _json_object(request, {"keys"}, required=("keys",))
         if not isinstance(doc["keys"], list):
             raise ApiError(400, "invalid_rows", '"keys" must be a list')
-        res = await self.db.delete(request.match_info["table"], doc["keys"])
+        table, db = request.match_info["table"], self.db
+        res = await self.writes.delete(await db.describe(table), doc["keys"])
+        if res is None:
+            res = await db.delete(table, doc["keys"])
         self.node.metrics.rows_written.labels("delete").inc(len(doc["keys"]))
         return web.json_response({"deleted": res.count, "commit_ts": res.commit_ts})
 
@@ -364,7 +384,7 @@ class Api:
         return run
 
     async def gc(self, request):
-        """One garbage-collection pass now (RFC 0008); ``{"table": T, "dry_run": bool}`` optional."""
+        """One garbage-collection pass now (RFC 0009); ``{"table": T, "dry_run": bool}`` optional."""
         self.db  # noqa: B018 - 503 before ready
         doc = await _json_object(request, {"table", "dry_run"}) if await request.read() else {}
         table, dry = doc.get("table"), doc.get("dry_run", False)
@@ -412,6 +432,12 @@ class Api:
 async def _cpu(size: int, fn, *args):
     """Run ``fn`` in a worker thread when the work is big enough to stall the event loop."""
     return await asyncio.to_thread(fn, *args) if size > THREAD_BYTES else fn(*args)
+
+
+def _rows_of(doc) -> list:
+    if not isinstance(doc, dict) or set(doc) != {"rows"}:
+        raise ApiError(400, "invalid_rows", 'expected a JSON object {"rows": [...]}')
+    return doc["rows"]
 
 
 def _parse_json(body: bytes):

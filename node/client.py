@@ -44,8 +44,12 @@ def _arrow_body(data) -> bytes:
 
 
 def _rows_request(rows) -> tuple[bytes, str]:
+    """An Arrow table goes as an IPC stream; rows as dicts (or one dict: one row) go as JSON —
+    the node coalesces small JSON writes with their neighbours (docs/rfcs/0008-point-writes.md)."""
     if isinstance(rows, (pa.Table, pa.RecordBatch)):
         return _arrow_body(rows), ARROW_STREAM
+    if isinstance(rows, dict):
+        rows = [rows]
     return json.dumps({"rows": list(rows)}).encode(), "application/json"
 
 

@@ -5,7 +5,7 @@
 - offload: rewrite sealed segments as objects, drop the local copies; every ``jobs.offload_every``.
 - seal: seal every partition's current segment (rollover at ``seal_bytes`` is inline in the
   engine); every ``jobs.seal_every``, off by default.
-- gc: one garbage-collection pass (docs/rfcs/0008-gc.md); every ``gc.interval`` (60s; 0s: off).
+- gc: one garbage-collection pass (docs/rfcs/0009-gc.md); every ``gc.interval`` (60s; 0s: off).
 
 The jobs are ``rowstore.db.database.Database`` methods.
 The group-commit flush timer (``segments.flush_ms``) lives in the write path

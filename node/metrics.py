@@ -23,6 +23,17 @@ class Metrics:
                                     "(encode + group-commit flush wait)", buckets=_LAT, registry=r)
         self.batch_rows = Histogram("terrascale_write_batch_rows", "Rows per write batch",
                                     buckets=(1, 10, 100, 1000, 10_000, 100_000, 1_000_000), registry=r)
+        self.write_path = Counter("terrascale_write_requests_total", "Row writes (upserts and deletes) by path: "
+                                  "coalesced (fast encoder, merged with concurrent requests) or full",
+                                  ["path"], registry=r)
+        self.group_requests = Histogram("terrascale_write_group_requests", "Requests per coalesced write group",
+                                        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024), registry=r)
+        self.queue_seconds = Counter("terrascale_write_queue_seconds_total", "Coalesced requests' total wait "
+                                     "for their group to start", registry=r)
+        self.write_stage = Counter("terrascale_write_stage_seconds_total", "Time spent in each stage of the "
+                                   "coalesced write path (parse: JSON body; encode: checks and row bytes, per "
+                                   "request; commit: a group's engine write until durable and visible)",
+                                   ["stage"], registry=r)
         self.flushes = Gauge("terrascale_flushes", "Group-commit flushes of this node's open active files",
                              registry=r)
         self.flushed_bytes = Gauge("terrascale_flushed_bytes", "Bytes flushed (fdatasync'd) by this node's "

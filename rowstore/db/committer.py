@@ -159,25 +159,66 @@ class Committer:
         self.after_write()
         return WriteResult(batch.num_rows, ts)
 
-    async def _commit_one(self, part: Partition, piece: Piece, schema) -> int:
+    async def write_pieces(self, d: TableDef, pieces: list[Piece], sizes: list[list[int]] | None = None) -> list:
+        """Commit rows already checked, encoded and split by partition (each piece: distinct
+        keys, rows of ``d.schema``), without the conform/encode/split of :meth:`write` —
+        for a caller that coalesced concurrent small requests (``node/coalesce.py``).
+
+        Without ``sizes``: all pieces are one atomic batch with one commit timestamp; returns
+        it once per piece. With ``sizes`` (per piece: its requests' row counts, back to back):
+        each piece is its own atomic batch, each request in it gets its own timestamp; returns
+        per piece the list of them — or the exception that failed that piece (the others
+        are committed all the same)."""
+        table = await self.tables.table(d)
+        work = [(table.parts[p.pid], p) for p in pieces]
+        try:
+            if sizes is not None:
+                return list(await asyncio.gather(*[self._commit_one(part, p, d.schema, n)
+                                                   for (part, p), n in zip(work, sizes)], return_exceptions=True))
+            ts = await (self._commit_one(*work[0], d.schema) if len(work) == 1 else
+                        self._commit_many(table, work, d.schema))
+            return [ts] * len(work)
+        finally:
+            self.after_write()
+
+    async def existing(self, d: TableDef, pid: int, keys: np.ndarray) -> np.ndarray:
+        """Per encoded key of partition ``pid``: whether it has a live row now (a delete's count)."""
+        table = await self.tables.table(d)
+        return await table.parts[pid].index.get_many(keys, self.timeline.closed) != 0
+
+    async def _commit_one(self, part: Partition, piece: Piece, schema, sizes: list[int] | None = None):
+        """One partition's batch: one append, one group-commit wait. With ``sizes`` the piece
+        holds several requests' rows back to back (:meth:`write_pieces`): each gets its own
+        commit timestamp, stamped into its rows (the record's header carries the largest, as a
+        two-phase group's does), and the list of them is returned."""
         async with part.lock:
             seg = await part.current()
-            ts = await self.timeline.begin()
+            tss = [await self.timeline.begin() for _ in (sizes or (0,))]
+            ts = tss[-1]
             part.enter()
-            stamp(piece.enc, ts)
+            if sizes is None:
+                stamp(piece.enc, ts)
+            else:
+                at = np.cumsum([0, *sizes]).tolist()
+                for t, a, b in zip(tss, at, at[1:]):
+                    stamp(Encoded(piece.enc.buf, piece.enc.starts[a:b]), t)
             task = await part.append(seg, piece.enc, ts)
         try:
             ids = await task
-            part.apply(split_rowids(ids)[1], seg.segid, piece.batch, ts, _deleted(piece), schema, piece.keys,
+            if sizes is not None:
+                seg.note_commit_ts(tss[0])
+            row_ts = ts if sizes is None else np.repeat(np.array(tss, np.uint64), sizes)
+            part.apply(split_rowids(ids)[1], seg.segid, piece.batch, row_ts, _deleted(piece), schema, piece.keys,
                        piece.pos)
             self._merge_memtable(part)
         finally:
             part.leave()
-            self.timeline.end(ts)
+            for t in tss:
+                self.timeline.end(t)
         await self.timeline.wait_closed(ts)
         if part.full():
             self.tasks.spawn(part.roll(if_full=True))
-        return ts
+        return ts if sizes is None else tss
 
     async def _commit_many(self, table: Table, work, schema) -> int:
         """Queue a multi-partition batch; one committer per table takes every batch queued

@@ -9,7 +9,7 @@ the one object the node holds; the work is done by its parts, each in its own mo
 * :mod:`rowstore.db.external_reads` — read plans, tails and the change feed for the bridge;
 * :mod:`rowstore.db.leases` — read leases that hold segments back from collection;
 * :mod:`rowstore.db.maintenance` — checkpoint, merge, seal, offload;
-* :mod:`rowstore.db.gc` — copy-forward garbage collection, clustered rewrites (RFC 0008);
+* :mod:`rowstore.db.gc` — copy-forward garbage collection, clustered rewrites (RFC 0009);
 * :mod:`rowstore.db.tasks` — the one home of background tasks.
 """
 from __future__ import annotations
@@ -132,6 +132,14 @@ class Database:
         """Delete rows by primary key (absent keys are fine); ``count`` = keys that existed."""
         return await self.committer.delete(name, keys)
 
+    async def write_pieces(self, d: TableDef, pieces: list, sizes: list[list[int]] | None = None) -> list:
+        """Rows already encoded and split by partition (``Committer.write_pieces``)."""
+        return await self.committer.write_pieces(d, pieces, sizes)
+
+    async def existing(self, d: TableDef, pid: int, keys):
+        """Whether each encoded key of partition ``pid`` has a live row now."""
+        return await self.committer.existing(d, pid, keys)
+
     # -- reads (rowstore.db.reads) ----------------------------------------------------------------
 
     def horizon(self) -> int:
@@ -200,7 +208,7 @@ class Database:
         return await self.maintenance.offload()
 
     async def collect_garbage(self, table: str | None = None, dry_run: bool = False) -> dict:
-        """One garbage-collection pass now (RFC 0008)."""
+        """One garbage-collection pass now (RFC 0009)."""
         return await self.gc.run(table, dry_run)
 
     async def segment_records(self, table: str | None = None) -> list[tuple[str, SegmentRecord]]:

@@ -94,7 +94,7 @@ class ExternalReads:
         parts = []
         for rec in map(self.store.live, await self.store.list(table=c.d.table_id)):
             if rec.state == SegState.RETIRED:
-                continue  # its live rows are in the copies that replaced it (RFC 0008)
+                continue  # its live rows are in the copies that replaced it (RFC 0009)
             if rec.max_ts <= after or rec.min_ts > c.T:
                 continue  # empty, or nothing in (after, T]
             async for dec in self.store.scan(rec.segid, c.d.schema, c.schemas):

@@ -1,4 +1,4 @@
-"""Copy-forward garbage collection with clustered rewrites (docs/rfcs/0008-gc.md).
+"""Copy-forward garbage collection with clustered rewrites (docs/rfcs/0009-gc.md).
 
 A pass, per table partition: checkpoint the key memtable; under the partition index's
 publish lock merge and purge every run at the horizon (the mark pass's input); mark live
@@ -79,7 +79,7 @@ class GarbageCollector:
         return await self.store.drop_pending()
 
     def gc_horizon(self) -> int:
-        """Versions at or below it that are superseded are garbage (RFC 0008: H)."""
+        """Versions at or below it that are superseded are garbage (RFC 0009: H)."""
         return min(self.horizon(), self.timeline.closed)
 
     async def run(self, table: str | None = None, dry_run: bool = False) -> dict:
@@ -162,7 +162,7 @@ class GarbageCollector:
 
     def _victims(self, d: TableDef, recs: list[SegmentRecord], counted: dict, marks: dict,
                  mark: list[int]) -> list[SegmentRecord]:
-        """Offloaded segments below the replay mark, not the highest-seq one (RFC 0008, replay
+        """Offloaded segments below the replay mark, not the highest-seq one (RFC 0009, replay
         order), with enough garbage or not in cluster order; most garbage first, within budget."""
         mark_seq = (list(mark) + [0, 0, 0])[2]
         top = max((r.seq for r in recs), default=0)

@@ -199,7 +199,7 @@ class Reader:
 
 
     async def _zones(self, c: ReadContext, ids: np.ndarray, terms, box) -> np.ndarray | None:
-        """Rows of segments whose cluster range the query misses are left out (RFC 0008)."""
+        """Rows of segments whose cluster range the query misses are left out (RFC 0009)."""
         if c.d.cluster_by is None or len(ids) == 0 or (box is None and not terms):
             return None
         return keep_mask(ids, await self.store.clusters(segments_of(ids)), terms, box)

@@ -325,7 +325,7 @@ class PartitionIndex:
         keep = np.sort(merged.rowids[merged.rowids != TOMBSTONE])
         return await self.columns.write_runs(pieces, keep)
 
-    # -- garbage collection (docs/rfcs/0008-gc.md) ------------------------------------------
+    # -- garbage collection (docs/rfcs/0009-gc.md) ------------------------------------------
 
     async def gc_view(self, horizon: int, with_memtable: bool = False) -> Run:
         """Every run merged and purged at ``horizon`` as at the bottom level, minus the entries

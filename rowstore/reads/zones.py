@@ -1,4 +1,4 @@
-"""Skipping segments by their cluster range (docs/rfcs/0008-gc.md): a copy written in
+"""Skipping segments by their cluster range (docs/rfcs/0009-gc.md): a copy written in
 cluster order records the range of its ``cluster_by`` column (footer and catalog row); a
 query drops every candidate row of a segment whose range its bbox or range terms miss."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The garbage collector's row work (docs/rfcs/0008-gc.md): the mark kernel, reading a
+"""The garbage collector's row work (docs/rfcs/0009-gc.md): the mark kernel, reading a
 victim's rows, cluster keys and the gather of live rows into new sealed objects.
 
 Everything here is vectorized or compiled: no per-row Python."""

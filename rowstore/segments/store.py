@@ -58,7 +58,7 @@ class SegmentRecord:
     location: str = ""
     seq: int = 0  # position among its partition's segments (replay order; segids are not ordered)
     retired_ms: int = 0  # when the garbage collector retired it (ms since the epoch)
-    cluster: list | None = None  # [kind, column id, lo..., hi...]: its rows' cluster range (RFC 0008)
+    cluster: list | None = None  # [kind, column id, lo..., hi...]: its rows' cluster range (RFC 0009)
 
     @property
     def key(self) -> str:
@@ -261,7 +261,7 @@ class SegmentStore:
                 del self._current[k]
 
     async def create_copy(self, table: str, partition: int, content) -> SegmentRecord:
-        """A garbage collector's copy (RFC 0008): the object, its file row, a reserved segid and
+        """A garbage collector's copy (RFC 0009): the object, its file row, a reserved segid and
         a pending row ``gc/pending/<segid>`` in ONE transaction. The segment row is written
         only by the pass's publishing transaction (:meth:`published_ops`); until then the copy
         is invisible and recovery (:meth:`drop_pending`) deletes it."""

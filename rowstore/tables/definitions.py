@@ -37,7 +37,7 @@ class TableDef:
     schema: SchemaVersion | None  # None: dropped
     ts: int
     history: tuple[int, ...] = ()  # every schema version id this table id has had, oldest first
-    cluster_by: int | None = None  # column id whose order the garbage collector writes rows in (RFC 0008)
+    cluster_by: int | None = None  # column id whose order the garbage collector writes rows in (RFC 0009)
 
     @property
     def cluster_column(self):

@@ -40,13 +40,14 @@ uri = "trkv://{self.data}/catalog"
         self.logs: list[str] = []
         self._log = None
 
-    def start(self, wait: bool = True, env: dict | None = None) -> "NodeProc":
+    def start(self, wait: bool = True, env: dict | None = None, wrap: tuple = (), timeout: float = 60) -> "NodeProc":
+        """``wrap``: a command the node runs under (``strace -f …``)."""
         self._log = open(self.root / f"node-{len(self.logs)}.log", "w+")
-        self.proc = subprocess.Popen([TERRASCALE, "node", "run", "--config", str(self.config)], cwd=self.root,
+        self.proc = subprocess.Popen([*wrap, TERRASCALE, "node", "run", "--config", str(self.config)], cwd=self.root,
                                      stderr=self._log, stdout=subprocess.DEVNULL,
                                      env={**os.environ, **(env or {})})
         if wait:
-            self.wait_ready()
+            self.wait_ready(timeout)
         return self
 
     def client(self, **kw) -> Client:

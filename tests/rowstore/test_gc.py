@@ -1,4 +1,4 @@
-"""Copy-forward garbage collection (docs/rfcs/0008-gc.md): liveness, copies with new rowids,
+"""Copy-forward garbage collection (docs/rfcs/0009-gc.md): liveness, copies with new rowids,
 both indexes repointed, retire/grace/lease/delete, dropped tables, crashes at every step."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Read leases against the garbage collector (docs/rfcs/0008-gc.md): ``collect`` runs a real
+"""Read leases against the garbage collector (docs/rfcs/0009-gc.md): ``collect`` runs a real
 pass (``Database.collect_garbage``, with ``gc.grace = 0s``). A segment whose rows were all
 superseded before the retention horizon (the node keeps a 4 s history here) is retired by a
 pass, and deleted by a later one only once no unexpired lease names it.

@@ -1,0 +1,140 @@
+"""The durability rule, watched from outside with strace (CONTRACT §6): no write is
+acknowledged before an fdatasync that covers it — also when concurrent requests are coalesced
+(node/coalesce.py) into shared appends and flushes.
+
+The node runs under ``strace -f``; every response carrying a ``commit_ts`` is matched to its
+request (the last row key read on that connection before it), to the device write that carried
+that row's bytes (a marker string in the row), and to an fdatasync of that same file which
+started after the write returned and finished before the response was written."""
+import asyncio
+import json
+import re
+import shutil
+
+import aiohttp
+import pytest
+
+from tests.node.proc import NodeProc
+
+CLIENTS, PER_CLIENT = 8, 15
+LINE = re.compile(r"^(\d+)\s+(\d+\.\d+) (?:<\.\.\. (\w+) resumed>(.*)|(\w+)\((.*))$")
+DURATION = re.compile(r"<(\d+\.\d+)>$")
+FD_PATH = re.compile(r"^(\d+)<((?:TCP|TCPv6):\[[^\]]*\]|[^>]*)>")  # "->" inside a socket's name
+
+
+def _syscalls(text: str) -> list[dict]:
+    """strace -f -ttt -T -yy lines as calls: pid, name, start, end, the text of their arguments."""
+    calls: list[dict] = []
+    open_: dict[int, dict] = {}
+    for line in text.splitlines():
+        m = LINE.match(line)
+        if m is None:
+            continue
+        pid, ts = int(m.group(1)), float(m.group(2))
+        if m.group(3):  # "<... name resumed>": the rest of an unfinished call of this thread
+            c = open_.pop(pid, None)
+            if c is None:
+                continue
+            c["args"] += m.group(4)
+            tail = m.group(4)
+        else:
+            c = {"pid": pid, "name": m.group(5), "start": ts, "args": m.group(6)}
+            tail = m.group(6)
+            if tail.endswith("<unfinished ...>"):
+                open_[pid] = c
+                continue
+        d = DURATION.search(tail.strip())
+        c["end"] = c["start"] + (float(d.group(1)) if d else 0.0)
+        calls.append(c)
+    return calls
+
+
+async def _clients(base: str) -> list[int]:
+    async def one(k: int, http) -> list[int]:
+        done = []
+        for s in range(PER_CLIENT):
+            key = k * 1000 + s
+            doc = {"rows": [{"id": key, "name": f"mk{key:08d}zz", "v": float(s)}]}
+            async with http.post(f"{base}/v1/tables/st/rows", data=json.dumps(doc),
+                                 headers={"Content-Type": "application/json"}) as r:
+                assert r.status == 200, await r.text()
+                await r.read()
+            done.append(key)
+        return done
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        got = await asyncio.gather(*[one(k, http) for k in range(CLIENTS)])
+    return [k for g in got for k in g]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (make test installs it)")
+def test_no_acknowledgement_before_its_fdatasync(tmp_path):
+    node = NodeProc(tmp_path)
+    trace = tmp_path / "strace.txt"
+    strace = ("strace", "-f", "-qq", "-ttt", "-T", "-yy", "-s", "65536", "-o", str(trace),
+              "-e", "trace=fdatasync,pwritev,pwritev2,pwrite64,write,writev,sendto,sendmsg,read,recvfrom",
+              "-e", "signal=none")
+    try:
+        node.start(wrap=strace, timeout=120)
+        with node.client() as c:
+            c.create_table("st", [("id", "int64"), ("name", "string"), ("v", "float64")], "id")
+        keys = asyncio.run(_clients(node.base))
+    finally:
+        node.ensure_stopped()
+    calls = _syscalls(trace.read_text(errors="replace"))
+    checked = _check(calls, set(keys))
+    assert checked == len(keys), f"matched {checked} of {len(keys)} acknowledgements in the trace"
+
+
+def _check(calls: list[dict], keys: set[int]) -> int:
+    """Every acknowledged key: write of its row to a device file F, then an fdatasync(F) that
+    started after that write returned and ended before the acknowledgement. Returns how many."""
+    writes: dict[int, tuple[str, float]] = {}  # key -> (device file, end of the write)
+    syncs: list[tuple[str, float, float]] = []  # (file, start, end)
+    last_key: dict[str, int] = {}  # connection -> the key of the last request read on it
+    acks: list[tuple[int, float]] = []
+    for c in sorted(calls, key=lambda c: c["start"]):
+        fd = FD_PATH.match(c["args"])
+        if fd is None:
+            continue
+        path = fd.group(2)
+        if c["name"] in ("pwritev", "pwritev2", "pwrite64") and "/block/" in path:
+            for k in re.findall(r"mk(\d{8})zz", c["args"]):
+                writes.setdefault(int(k), (path, c["end"]))
+        elif c["name"] == "fdatasync" and "/block/" in path:
+            syncs.append((path, c["start"], c["end"]))
+        elif path.startswith("TCP") and c["name"] in ("read", "recvfrom"):
+            m = re.findall(r'\\"id\\": (\d+)', c["args"])
+            if m:
+                last_key[path] = int(m[-1])
+        elif path.startswith("TCP") and c["name"] in ("write", "writev", "sendto", "sendmsg") \
+                and "commit_ts" in c["args"] and path in last_key:
+            acks.append((last_key.pop(path), c["start"]))
+    checked = 0
+    for key, t_ack in acks:
+        if key not in keys:
+            continue
+        assert key in writes, f"key {key} acknowledged but its row was never written to a device file"
+        f, t_w = writes[key]
+        assert t_w <= t_ack, f"key {key} acknowledged before its row was written"
+        assert any(p == f and s >= t_w and e <= t_ack for p, s, e in syncs), \
+            f"key {key} acknowledged at {t_ack:.6f} with no fdatasync of {f} between its write ({t_w:.6f}) and then"
+        checked += 1
+    return checked
+
+
+def test_the_check_catches_an_ack_before_its_fdatasync():
+    """The checker itself, on a hand-written trace: an acknowledgement sent while the covering
+    fdatasync is still running is refused."""
+    trace = "\n".join([
+        '7 10.000000 read(9<TCP:[127.0.0.1:1->127.0.0.1:2]>, "{\\"rows\\": [{\\"id\\": 5}]}", 100) = 20 <0.000010>',
+        '8 10.001000 pwritev2(4</d/block/files/a.act>, [{iov_base="mk00000005zz"}], 1, 0, 0) = 12 <0.000010>',
+        '8 10.002000 fdatasync(4</d/block/files/a.act> <unfinished ...>',
+        '7 10.002500 write(9<TCP:[127.0.0.1:1->127.0.0.1:2]>, "{\\"commit_ts\\": 1}", 16) = 16 <0.000010>',
+        '8 10.003000 <... fdatasync resumed>) = 0 <0.001000>',
+    ])
+    with pytest.raises(AssertionError, match="no fdatasync"):
+        _check(_syscalls(trace), {5})
+    ok = trace.replace("10.002500 write", "10.003500 write")
+    assert _check(_syscalls(ok), {5}) == 1
