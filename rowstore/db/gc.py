@@ -72,7 +72,8 @@ class GarbageCollector:
         self.leases, self.horizon, self.offload, self.cfg = leases, horizon, offload, cfg
         self._lock = asyncio.Lock()  # one pass at a time
         self.totals = {"runs": 0, "rows_copied": 0, "bytes_reclaimed": 0, "run_seconds": 0.0,
-                       "segments_collected": 0, "segments_deleted": 0}
+                       "segments_collected": 0, "segments_deleted": 0, "bytes_copied": 0}
+        self.phases = dict.fromkeys(("checkpoint", "mark", "read", "order", "write", "publish", "delete"), 0.0)
 
     async def recover(self) -> list[int]:
         """At open: delete the copies of a pass that crashed before publishing them."""
@@ -100,7 +101,9 @@ class GarbageCollector:
             if not dry_run:
                 await self._retire_dropped(tid, H, res)
                 failpoint("gc.after_retire")
+                t1 = time.perf_counter()
                 await self._delete_retired(tid, res)
+                self.phases["delete"] += time.perf_counter() - t1
                 self._count(res, time.perf_counter() - t0)
             return res.to_dict()
 
@@ -125,13 +128,17 @@ class GarbageCollector:
     # -- one partition ---------------------------------------------------------------------------
 
     async def _partition(self, d: TableDef, p: Partition, H: int, res: _Pass) -> None:
+        t0 = time.perf_counter()
         if not res.dry_run:
             await p.checkpoint()  # every entry of a sealed segment into the runs
+        self.phases["checkpoint"] += time.perf_counter() - t0
         async with p.index.publish_lock:
+            t0 = time.perf_counter()
             recs = await p.segments()
             merged = await p.index.gc_view(H, with_memtable=res.dry_run)
             counted = {r.segid: r for r in recs if r.state == SegState.OFFLOADED}
             marks = await asyncio.to_thread(mark_live, merged.rowids, {s: r.rows for s, r in counted.items()})
+            self.phases["mark"] += time.perf_counter() - t0
             mark = [0, 0, 2**62] if res.dry_run else p.index.manifest.mark  # dry: the memtable is in the view
             victims = self._victims(d, recs, counted, marks, mark)
             if res.dry_run:
@@ -144,6 +151,7 @@ class GarbageCollector:
                 return
             new, old_ids, new_ids = await self._copy(d, p, victims, marks, H)
             failpoint("gc.after_copy")
+            t0 = time.perf_counter()
             checks, ops = await self._publish_ops(counted, marks, victims, new)
             try:
                 await p.index.publish_relocation(merged, old_ids, new_ids, checks, ops)
@@ -151,6 +159,8 @@ class GarbageCollector:
                 await self.store.drop_pending()  # the copies are unreferenced: gone now
                 raise
             failpoint("gc.after_publish")
+            self.phases["publish"] += time.perf_counter() - t0
+            self.totals["bytes_copied"] += sum(r.bytes for r in new)
             res.segments_collected += len(victims)
             res.rows_copied += len(old_ids)
             res.bytes_reclaimed += sum(r.bytes for r in victims) - sum(r.bytes for r in new)
@@ -188,12 +198,17 @@ class GarbageCollector:
         new rowids in the same order)."""
         schemas = await self.tables.schemas_of(d)
         rows = []
+        t0 = time.perf_counter()
         for r in victims:
             if marks[r.segid][0] == 0 and r.max_ts <= H:
                 continue  # nothing live and nothing above the horizon: retire without reading
             rows.append(await read_live(await self.store.sealed(r.segid), marks[r.segid][1], H, schemas, d.schema))
+        t1 = time.perf_counter()
+        self.phases["read"] += t1 - t0
         spec = ClusterSpec(d.cluster_column, d.schema.key.type.kind.value)
         copy = await asyncio.to_thread(plan_copy, rows, spec, d.schema.key.name, self.store.seal_bytes)
+        t0 = time.perf_counter()
+        self.phases["order"] += t0 - t1
         new, new_ids = [], []
         for a, b in copy.cuts:
             stats: dict = {}
@@ -205,6 +220,7 @@ class GarbageCollector:
                                max_ts=int(copy.commit_ts[a:b].max()), seq=0,
                                cluster=list(cluster) if cluster is not None else None))
             new_ids.append(make_rowids(rec.segid, np.arange(b - a, dtype=np.uint32)))
+        self.phases["write"] += time.perf_counter() - t0
         old = copy.old_rowids
         nid = np.concatenate(new_ids) if new_ids else np.zeros(0, np.uint64)
         order = np.argsort(old, kind="stable")

@@ -16,7 +16,7 @@ from rowstore.errors import FutureTimestampError, HistoryPurgedError, QueryError
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
 from rowstore.index.key_memtable import encode_keys
 from rowstore.reads.zones import keep_mask, segments_of
-from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
+from rowstore.reads.predicates import batch_mask, fold_ranges, parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
 from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegmentStore
@@ -219,7 +219,7 @@ def candidates(part: Partition, preds) -> tuple[np.ndarray | None, np.ndarray | 
     """Sorted rowids every usable column index allows, with each one's source run (RFC 0002);
     (None, None) when no predicate can use an index."""
     cands = srcs = None
-    for pred in preds:
+    for pred in fold_ranges(preds):
         got = part.columns.candidates(pred)
         if got is None:
             continue
