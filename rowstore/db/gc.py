@@ -138,6 +138,9 @@ class GarbageCollector:
             merged = await p.index.gc_view(H, with_memtable=res.dry_run)
             counted = {r.segid: r for r in recs if r.state == SegState.OFFLOADED}
             marks = await asyncio.to_thread(mark_live, merged.rowids, {s: r.rows for s, r in counted.items()})
+            for segid, r in counted.items():  # a copy's deletions above the horizon: live, unreferenced
+                if r.deletions and r.deletions_max_ts > H:
+                    marks[segid] = (marks[segid][0] + r.deletions, marks[segid][1])
             self.phases["mark"] += time.perf_counter() - t0
             mark = [0, 0, 2**62] if res.dry_run else p.index.manifest.mark  # dry: the memtable is in the view
             victims = self._victims(d, recs, counted, marks, mark)
@@ -150,6 +153,11 @@ class GarbageCollector:
                 await self._update_live(counted, marks)
                 return
             new, old_ids, new_ids = await self._copy(d, p, victims, marks, H)
+            top = max((r.seq for r in recs), default=0)
+            if not new:  # no copy carries the highest seq on: keep its segment (RFC 0009, replay order)
+                victims = [r for r in victims if r.seq != top]
+            if not victims:
+                return
             failpoint("gc.after_copy")
             t0 = time.perf_counter()
             checks, ops = await self._publish_ops(counted, marks, victims, new)
@@ -172,16 +180,15 @@ class GarbageCollector:
 
     def _victims(self, d: TableDef, recs: list[SegmentRecord], counted: dict, marks: dict,
                  mark: list[int]) -> list[SegmentRecord]:
-        """Offloaded segments below the replay mark, not the highest-seq one (RFC 0009, replay
-        order), with enough garbage or not in cluster order; most garbage first, within budget."""
+        """Offloaded segments below the replay mark with enough garbage or not in cluster order;
+        most garbage first, within budget."""
         mark_seq = (list(mark) + [0, 0, 0])[2]
-        top = max((r.seq for r in recs), default=0)
         cands = []
         for r in counted.values():
-            if r.seq >= mark_seq or (r.seq == top and r.seq != 0) or r.rows == 0:
+            if r.seq >= mark_seq or r.rows == 0:
                 continue
             ratio = _ratio(r, marks)
-            unclustered = d.cluster_by is not None and r.seq != 0  # never rewritten in cluster order
+            unclustered = d.cluster_by is not None and not r.copy  # never rewritten in cluster order
             if ratio >= self.cfg.min_garbage or unclustered:
                 cands.append((ratio, r))
         cands.sort(key=lambda x: (-x[0], x[1].segid))
@@ -216,8 +223,11 @@ class GarbageCollector:
                 p.table_id, p.pid, lambda segid, a=a, b=b, stats=stats: piece_stream(
                     copy, a, b, segid, schemas, d.schema, spec, stats))
             cluster = stats.get("cluster")
-            new.append(replace(rec, rows=b - a, live_rows=b - a, min_ts=int(copy.commit_ts[a:b].min()),
-                               max_ts=int(copy.commit_ts[a:b].max()), seq=0,
+            dels, ts = copy.deleted[a:b], copy.commit_ts[a:b]
+            new.append(replace(rec, rows=b - a, live_rows=b - a, deletions=int(dels.sum()),
+                               deletions_max_ts=int(ts[dels].max()) if dels.any() else 0,
+                               min_ts=int(ts.min()), max_ts=int(ts.max()), copy=True,
+                               seq=max(r.seq for r in victims),  # below the mark; keeps the highest seq
                                cluster=list(cluster) if cluster is not None else None))
             new_ids.append(make_rowids(rec.segid, np.arange(b - a, dtype=np.uint32)))
         self.phases["write"] += time.perf_counter() - t0

@@ -203,6 +203,7 @@ class VictimRows:
     commit_ts: np.ndarray
     rowids: np.ndarray  # uint64, their old rowids
     live_bytes: int
+    deleted: np.ndarray  # bool: deletion rows
 
 
 async def read_live(seg: SealedSegment, live: np.ndarray, horizon: int, schemas,
@@ -219,7 +220,7 @@ async def read_live(seg: SealedSegment, live: np.ndarray, horizon: int, schemas,
     lens = np.diff(np.append(offsets, rows_len))
     ids = (np.uint64(seg.segid) << np.uint64(32)) | idx.astype(np.uint64)
     return VictimRows(seg.segid, buf, offsets[idx], lens[idx], dec.batch.take(pa.array(idx)),
-                      dec.commit_ts[idx], ids, int(lens[idx].sum()))
+                      dec.commit_ts[idx], ids, int(lens[idx].sum()), np.asarray(dec.deleted[idx], bool))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -256,6 +257,7 @@ class Copy:
     old_rowids: np.ndarray  # per row in this order
     commit_ts: np.ndarray
     batch: pa.RecordBatch  # decoded, same order
+    deleted: np.ndarray
     cuts: list[tuple[int, int]]  # [a, b) row ranges, one per new segment
 
 
@@ -264,7 +266,8 @@ def plan_copy(victims: list[VictimRows], spec: ClusterSpec, key_name: str, seal_
     victims = [v for v in victims if len(v.starts)]
     if not victims:
         e = np.zeros(0, np.int64)
-        return Copy(np.zeros(0, np.uint8), e, e, np.zeros(0, np.uint64), np.zeros(0, np.uint64), None, [])
+        return Copy(np.zeros(0, np.uint8), e, e, np.zeros(0, np.uint64), np.zeros(0, np.uint64), None,
+                    np.zeros(0, bool), [])
     base, flat, starts = 0, [], []
     for v in victims:
         flat.append(v.buf)
@@ -287,9 +290,10 @@ def plan_copy(victims: list[VictimRows], spec: ClusterSpec, key_name: str, seal_
         b = min(max(b, a + 1), len(order))
         cuts.append((a, b))
         a = b
-    old = np.concatenate([v.rowids for v in victims])[order] if victims else np.zeros(0, np.uint64)
-    ts = np.concatenate([v.commit_ts for v in victims])[order] if victims else np.zeros(0, np.uint64)
-    return Copy(out, out_starts, lens, old, ts, batch.take(pa.array(order)) if batch is not None else None, cuts)
+    old = np.concatenate([v.rowids for v in victims])[order]
+    ts = np.concatenate([v.commit_ts for v in victims])[order]
+    dels = np.concatenate([v.deleted for v in victims])[order]
+    return Copy(out, out_starts, lens, old, ts, batch.take(pa.array(order)), dels, cuts)
 
 
 def piece_stream(copy: Copy, a: int, b: int, segid: int, schemas, key_schema: SchemaVersion, spec: ClusterSpec,

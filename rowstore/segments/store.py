@@ -58,6 +58,9 @@ class SegmentRecord:
     location: str = ""
     seq: int = 0  # position among its partition's segments (replay order; segids are not ordered)
     retired_ms: int = 0  # when the garbage collector retired it (ms since the epoch)
+    copy: bool = False  # written by the garbage collector (rows in cluster order; never replayed)
+    deletions: int = 0  # a copy's deletion rows (live while newer than the horizon; no index rowid)
+    deletions_max_ts: int = 0  # the newest of them
     cluster: list | None = None  # [kind, column id, lo..., hi...]: its rows' cluster range (RFC 0009)
 
     @property

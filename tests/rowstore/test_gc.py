@@ -133,7 +133,11 @@ async def test_time_travel_above_the_horizon_survives_a_pass():
     await db.seal()
     await db.offload()
     res = await db.collect_garbage()
-    assert res["rows_copied"] == 0  # everything is above the horizon: nothing is garbage
+    assert res["rows_copied"] <= 50  # above the horizon nothing is garbage; the deletions may move once
+    res = await db.collect_garbage()
+    assert res["rows_copied"] == 0 and res["segments_collected"] == 0  # and then stay where they are
+    t, _ = await db.changes("m", 0)
+    assert sorted(t.column("op").to_pylist()) == ["delete"] * 50 + ["upsert"] * 200  # the feed is whole
     t, _ = await db.scan("m", as_of=r2.commit_ts)
     assert t.column("v").to_pylist() == [2.0] * 100
     db.reader.retention_ms = 0
@@ -235,7 +239,7 @@ async def test_clustered_rewrite_records_ranges_and_queries_skip_segments(col):
     assert res["segments_collected"] > 0
     d = await db.describe("m")
     assert d.cluster_column.name == col
-    copies = [r for r in await db.store.list() if r.state == SegState.OFFLOADED and r.seq == 0]
+    copies = [r for r in await db.store.list() if r.state == SegState.OFFLOADED and r.copy]
     assert len(copies) > 2 and all(r.cluster for r in copies)
     for r in copies:  # the footer holds the same range
         seg = await db.store.sealed(r.segid)
