@@ -112,6 +112,9 @@ async def test_grace_and_leases_hold_retired_segments():
     retired = [r.segid for r in await db.store.list() if r.state == SegState.RETIRED]
     assert sorted(retired) == sorted(res["retired"])
     await check(db, model)  # a retired segment is still readable
+    from rowstore.segments.fsck import check_segments
+
+    assert await check_segments(db.fs) == []  # retired segments are checked too
     db.gc.cfg = GcConfig(grace_s=0)
     lease = await db.acquire_lease(retired[:1], 60)
     res = await db.collect_garbage()
@@ -244,6 +247,9 @@ async def test_clustered_rewrite_records_ranges_and_queries_skip_segments(col):
     for r in copies:  # the footer holds the same range
         seg = await db.store.sealed(r.segid)
         assert tuple(seg.footer.cluster) == tuple(r.cluster)
+    from rowstore.segments.fsck import check_segments
+
+    assert await check_segments(db.fs) == []
     await check(db, model)
     if col == "loc":
         box = parse_bbox(d.schema, {"column": "loc", "xmin": 1, "ymin": 1, "xmax": 3, "ymax": 3})
