@@ -89,8 +89,16 @@ def test_kill9_at_every_gc_step_two_rounds(tmp_path):
                 node.start()
                 with node.client(timeout=60) as c:
                     verify(c, model)
-                    c.gc()  # the next pass finishes what the crash left
+                    res = c.gc()  # the next pass finishes what the crash left
+                    assert set(res) == {"job", "segments_collected", "rows_copied", "bytes_reclaimed", "retired",
+                                        "deleted"}
                     verify(c, model)
+                    segs = c.segments("g")["segments"]
+                    assert segs and all(0 <= s["live_rows"] <= s["rows"] for s in segs)
+                    assert not [s for s in segs if s["state"] == "retired"]  # grace 0s: deleted in the pass
+                    metrics = {ln.split()[0]: float(ln.split()[1]) for ln in c.metrics().splitlines()
+                               if ln.startswith("terrascale_gc_")}
+                    assert metrics["terrascale_gc_runs_total"] >= 1 and 0 <= metrics["terrascale_gc_garbage_ratio"] < 1
                 node.stop()
                 fsck(node)
     finally:
