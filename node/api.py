@@ -20,19 +20,23 @@ from catalog.errors import (CatalogConfigError, CatalogError, CatalogTimeoutErro
                             InvalidTransactionError)
 from node.cluster import FORWARDED
 from node.coalesce import Coalescer
-from node.codec import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table, schema_to_json,
-                        table_to_rows, write_arrow_stream)
+from node.codec import (ARROW_STREAM, BodyError, parse_json_body, read_arrow_stream, row_to_json, rows_to_table,
+                        schema_to_json, table_to_rows, write_arrow_stream)
 from rowstore.db.reads import MAX_LIMIT
-from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, QueryError, RowstoreError,
-                             RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
+from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, InvalidKeyError, QueryError,
+                             RowstoreError, RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
                              UnavailableError)
+from rowstore.tables.key_check import show
 from rowstore.schema import Column, SchemaVersion, _check_name
-from rowstore.types import ColumnType, Kind
+from rowstore.types import ColumnType
 from terrafs.errors import TerrafsError
 
 log = logging.getLogger("terrascale.node")
 THREAD_BYTES = 256 << 10  # bodies (and results) bigger than this are converted off the event loop
 THREAD_ROWS = 2000
+
+
+CONFIG = web.AppKey("config", object)  # the node's NodeConfig: limits for the module-level helpers
 
 
 class ApiError(Exception):
@@ -45,7 +49,8 @@ class ApiError(Exception):
 
 # engine error -> (status, code); the first matching class wins (subclasses before bases)
 _ERRORS = [
-    (QueryError, 400, "invalid_query"), (RowValidationError, 400, "invalid_rows"),
+    (InvalidKeyError, 400, "bad_request"), (QueryError, 400, "invalid_query"),
+    (RowValidationError, 400, "invalid_rows"),
     (SchemaError, 400, "invalid_schema"), (InvalidTransactionError, 400, "invalid_request"),
     (TableNotFoundError, 404, "table_not_found"), (TableExistsError, 409, "table_exists"),
     (ConflictError, 409, "conflict"), (FutureTimestampError, 409, "future_timestamp"),
@@ -86,7 +91,7 @@ class Api:
 
     def _parsed(self, body: bytes):
         t0 = time.perf_counter()
-        doc = _parse_json(body)
+        doc = _parse_json(body, self.node.cfg.max_json_depth)
         self.node.metrics.write_stage.labels("parse").inc(time.perf_counter() - t0)
         return doc
 
@@ -98,6 +103,7 @@ class Api:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._edge], client_max_size=self.node.cfg.max_body)
+        app[CONFIG] = self.node.cfg
         r = app.router
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
@@ -111,7 +117,7 @@ class Api:
         r.add_patch("/v1/tables/{table}/columns/{column}", self.rename_column)
         r.add_post("/v1/tables/{table}/rows", self.upsert)
         r.add_post("/v1/tables/{table}/delete", self.delete_rows)
-        r.add_get("/v1/tables/{table}/rows/{key}", self.get_row)
+        r.add_get("/v1/tables/{table}/rows/{key:[^/]+}", self.get_row)  # braces too: "[^{}/]+" is the default
         r.add_post("/v1/tables/{table}/query", self.query)
         r.add_get("/v1/admin/status", self.status)
         r.add_get("/v1/admin/segments", self.segments)
@@ -298,7 +304,8 @@ class Api:
                     return web.json_response({"committed": res.count, "commit_ts": res.commit_ts})
                 data = rows_to_table(rows, d.schema)
             else:
-                data = await asyncio.to_thread(lambda: rows_to_table(_rows_of(_parse_json(body)), d.schema))
+                depth = self.node.cfg.max_json_depth
+                data = await asyncio.to_thread(lambda: rows_to_table(_rows_of(_parse_json(body, depth)), d.schema))
         else:
             raise ApiError(415, "unsupported_media_type",
                            f"rows come as application/json or {ARROW_STREAM}, not {request.content_type}")
@@ -326,15 +333,9 @@ class Api:
         as_of = _as_of_param(request)
         db = self.db
         d = await db.describe(table)
-        key = raw
-        if d.schema.key.type.kind == Kind.INT64:
-            try:
-                key = int(raw)
-            except ValueError:
-                raise ApiError(400, "invalid_key", f"primary key {d.schema.key.name!r} is int64, not {raw!r}") from None
-        row = await db.get(table, key, as_of)
+        row = await db.get(table, raw, as_of)  # the key's text, checked against its type there
         if row is None:
-            raise ApiError(404, "row_not_found", f"no row with key {raw!r} in {table!r}"
+            raise ApiError(404, "row_not_found", f"no row with key {show(raw)} in {table!r}"
                            + (f" as of {as_of}" if as_of is not None else ""))
         schema = d.schema
         if as_of is not None or set(row) != {c.name for c in schema.columns}:
@@ -344,7 +345,7 @@ class Api:
     async def query(self, request):
         table = request.match_info["table"]
         body = await request.read()
-        doc = _parse_json(body) if body.strip() else {}
+        doc = await _json_body(request) if body and not body.isspace() else {}  # no body: every row
         if not isinstance(doc, dict):
             raise ApiError(400, "invalid_query", "the query is a JSON object")
         extra = set(doc) - {"where", "bbox", "as_of", "columns", "limit"}
@@ -354,7 +355,8 @@ class Api:
         limit = doc.get("limit", 10_000)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ApiError(400, "invalid_query", f'"limit" must be a non-negative integer, not {limit!r}')
-        t, T = await self.db.query(table, where=doc.get("where"), bbox=doc.get("bbox"), columns=doc.get("columns"),
+        t, T = await self.db.query(table, where=_where_terms(doc, request), bbox=doc.get("bbox"),
+                                   columns=doc.get("columns"),
                                    limit=limit if limit <= MAX_LIMIT else None, as_of=as_of)
         if t.num_rows > limit:
             t = t.slice(0, limit)
@@ -440,16 +442,31 @@ def _rows_of(doc) -> list:
     return doc["rows"]
 
 
-def _parse_json(body: bytes):
+def _parse_json(body: bytes, max_depth: int):
     try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {_one_line(e)}") from None
+        return parse_json_body(body, max_depth)
+    except BodyError as e:
+        raise ApiError(e.status, e.code, str(e)) from None
+
+
+async def _json_body(request):
+    """The request's JSON body, parsed off the event loop once it is large."""
+    body = await request.read()
+    return await _cpu(len(body), _parse_json, body, request.app[CONFIG].max_json_depth)
+
+
+def _where_terms(doc: dict, request):
+    """A query's ``where`` terms, at most ``node.max_query_terms`` of them (413 beyond)."""
+    where = doc.get("where")
+    most = request.app[CONFIG].max_query_terms
+    if isinstance(where, list) and len(where) > most:
+        raise ApiError(413, "too_large", f"{len(where)} where terms; a query takes at most {most} "
+                                         f"(node.max_query_terms)")
+    return where
 
 
 async def _json_object(request, allowed: set, required=()) -> dict:
-    body = await request.read()
-    doc = await _cpu(len(body), _parse_json, body)
+    doc = await _json_body(request)
     if not isinstance(doc, dict):
         raise ApiError(400, "invalid_json", "expected a JSON object")
     extra = set(doc) - allowed
@@ -473,7 +490,7 @@ def _as_of_param(request):
     raw = request.query.get("as_of")
     if raw is None:
         return None
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 20):  # "²".isdigit(); int() of 5000 digits raises
         raise ApiError(400, "invalid_as_of", f"as_of must be a commit timestamp (a non-negative integer), not {raw!r}")
     return int(raw)
 

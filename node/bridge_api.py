@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from node.api import ApiError, _as_of_param, _as_of_value, _cpu, _json_object
+from node.api import ApiError, _as_of_param, _as_of_value, _cpu, _json_object, _where_terms
 from node.codec import ARROW_STREAM, write_arrow_stream
 
 
@@ -45,7 +45,8 @@ async def plan(api, request):
     sealed_only = doc.get("sealed_only", False)
     if not isinstance(sealed_only, bool):
         raise ApiError(400, "bad_request", '"sealed_only" is true or false')
-    out = await api.db.read_plan(request.match_info["table"], _as_of_value(doc.get("as_of")), doc.get("where"),
+    out = await api.db.read_plan(request.match_info["table"], _as_of_value(doc.get("as_of")),
+                                 _where_terms(doc, request),
                                  doc.get("bbox"), sealed_only, _seconds(doc.get("lease_s", 600)))
     return web.json_response(out.to_json())
 
@@ -59,7 +60,7 @@ async def tail(api, request):
     if sealed is not None and (not isinstance(sealed, list) or
                                any(isinstance(s, bool) or not isinstance(s, int) for s in sealed)):
         raise ApiError(400, "bad_request", '"sealed" is a list of segment ids (the plan\'s sealed segids)')
-    t = await api.db.tail(request.match_info["table"], p, _as_of_value(doc["as_of"]), doc.get("where"),
+    t = await api.db.tail(request.match_info["table"], p, _as_of_value(doc["as_of"]), _where_terms(doc, request),
                           doc.get("bbox"), sealed)
     return web.Response(body=await _cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 

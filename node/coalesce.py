@@ -34,8 +34,10 @@ from node.codec import column_from_json
 from node.row_encoder import Slow, encoder, index_key
 from rowstore.codec.rows import Encoded
 from rowstore.db.committer import WriteResult
+from rowstore.errors import InvalidKeyError
 from rowstore.tables.conform import Piece
 from rowstore.tables.definitions import TableDef
+from rowstore.tables.key_check import check_key
 from rowstore.tables.keys import partition_one
 
 log = logging.getLogger("terrascale.node")
@@ -92,11 +94,11 @@ class Coalescer:
                 if not deleted and type(r) is not dict:
                     return self._full()
                 b, k = fn(r)
-                ik = index_key(k, kind)
+                ik = index_key(check_key(k, d.schema.key, text=False), kind)  # the one key check
                 rows.append(b)
                 keys.append(ik)
                 pids.append(partition_one(ik, nparts))
-        except Slow:
+        except (Slow, InvalidKeyError):  # the full path answers with its error
             return self._full()
         if len(set(keys)) != len(keys):
             return self._full()  # the last row of a key wins: the full path sorts that out

@@ -35,7 +35,9 @@ import uuid as uuidlib
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rowstore.tables import json_text
 from rowstore.errors import RowValidationError
+from rowstore.tables.key_check import check_keys
 from rowstore.reads.predicates import timestamp_us
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import LOGICAL_KEY, ColumnType, Kind
@@ -78,7 +80,9 @@ def rows_to_table(rows, schema: SchemaVersion) -> pa.Table:
         raise RowValidationError(f"the primary key column {schema.key.name!r} is missing")
     arrays, fields = [], []
     for name, col in names.items():
-        arrays.append(column_from_json([r.get(name) for r in rows], col))
+        values = [r.get(name) for r in rows]
+        key = col.id == schema.primary_key  # keys are checked by the one key check
+        arrays.append(check_keys(values, col, "rows", text=False) if key else column_from_json(values, col))
         fields.append(col.field())
     if not rows:
         return schema.arrow().empty_table()
@@ -152,18 +156,38 @@ def _int(v, t: ColumnType):
         raise _Bad(f"expected an integer ({t}), got {_jtype(v)} {v!r}")
     lo, hi = _INT_RANGE[t.kind]
     if not lo <= v < hi:
-        raise _Bad(f"{v} is out of range for {t}")
+        raise _Bad(f"{_short(v)} is out of range for {t}")
     return v
 
 
 def _float(v, t: ColumnType = None):
     if type(v) in (int, float):
-        if t is not None and t.kind == Kind.FLOAT32 and math.isfinite(v) and abs(v) > 3.4028234663852886e38:
+        try:
+            f = float(v)
+        except OverflowError:  # an integer beyond any float
+            raise _Bad(f"the integer of {v.bit_length()} bits is out of range for {t or 'float64'}") from None
+        if t is not None and t.kind == Kind.FLOAT32 and math.isfinite(f) and abs(f) > 3.4028234663852886e38:
             raise _Bad(f"{v} is out of range for float32")
-        return float(v)
+        return f
     if isinstance(v, str) and v in _SPECIAL_FLOATS:
         return _SPECIAL_FLOATS[v]
     raise _Bad(f"expected a number, got {_jtype(v)} {v!r}")
+
+
+def finite_float(x) -> float | None:
+    """A JSON number as a finite float, or None (not a number, NaN, infinite, or an integer
+    beyond any float)."""
+    if type(x) not in (int, float):
+        return None
+    try:
+        f = float(x)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _short(x) -> str:
+    return f"an integer of {x.bit_length()} bits" if type(x) is int and x.bit_length() > 64 else repr(x)[:60]
 
 
 def _bool(v, t):
@@ -175,6 +199,10 @@ def _bool(v, t):
 def _string(v, t):
     if not isinstance(v, str):
         raise _Bad(f"expected a string, got {_jtype(v)} {v!r}")
+    try:
+        v.encode()
+    except UnicodeEncodeError:  # JSON's "\ud800" escape: a lone surrogate is not text
+        raise _Bad(f"{v[:40]!r} is not valid Unicode text (a lone surrogate)") from None
     return v
 
 
@@ -218,7 +246,10 @@ def _uuid(v, t):
 
 
 def _json(v, t):
-    return json.dumps(v, separators=(",", ":"), allow_nan=False)
+    try:
+        return json.dumps(v, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # NaN or Infinity inside: not JSON
+        raise _Bad("NaN and Infinity are not JSON values") from None
 
 
 def _struct(fields):
@@ -230,9 +261,10 @@ def _struct(fields):
         out = {}
         for f in fields:
             x = v[f]
-            if type(x) not in (int, float) or not math.isfinite(x):
-                raise _Bad(f"{f} must be a finite number, got {x!r}")
-            out[f] = float(x)
+            fx = finite_float(x)
+            if fx is None:
+                raise _Bad(f"{f} must be a finite number, got {_short(x)}")
+            out[f] = fx
         return out
     return conv
 
@@ -356,6 +388,31 @@ def iso_z(t: dt.datetime) -> str:
 def row_to_json(row: dict, schema: SchemaVersion | None) -> dict:
     types = {c.name: c.type for c in schema.columns} if schema is not None else {}
     return {name: value_to_json(v, types.get(name)) for name, v in row.items()}
+
+
+# -- JSON bodies ----------------------------------------------------------------------------------
+
+
+class BodyError(Exception):
+    """A request body that cannot be decoded (``status``, ``code``: 400 invalid_json)."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "invalid_json"):
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+def parse_json_body(body: bytes, max_depth: int):
+    """A request body as strict JSON nested at most ``max_depth`` deep (``rowstore/json_text.py``:
+    no bare NaN / Infinity — a float column takes the strings "NaN", "Infinity", "-Infinity";
+    the depth is checked before parsing)."""
+    try:
+        return json_text.loads(body, max_depth)
+    except json_text.JsonTextError as e:
+        hint = " (node.max_json_depth)" if "deep" in str(e) else ""
+        raise BodyError(f"the body {e}{hint}") from None
+
+
+json_depth_over = json_text.depth_over
 
 
 # -- Arrow IPC ------------------------------------------------------------------------------------

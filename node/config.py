@@ -49,6 +49,8 @@ class NodeConfig:
     listen: tuple[str, int] = ("127.0.0.1", 7400)
     advertise: str | None = None  # HOST:PORT other nodes use to reach this one (default: listen)
     max_body: int = 64 << 20  # request bodies above this are refused with 413
+    max_json_depth: int = 64  # JSON bodies nested deeper are refused with 400
+    max_query_terms: int = 256  # where terms of one query; more are refused with 413
     shutdown_timeout_s: float = 30.0
     handshake_timeout_s: float = 10.0  # a connection (HTTP or Raft) that has not sent a request head / authenticated
     max_pending_connections: int = 256  # such connections open at once, per port; more are closed at accept
@@ -125,6 +127,14 @@ def _count(key: str, v) -> int:
     return v
 
 
+def _int_in(lo: int, hi: int):
+    def parse(key: str, v) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ConfigError(f"{key}: expected an integer {lo}..{hi}, got {v!r}")
+        return v
+    return parse
+
+
 def _partitions(key: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 256:
         raise ConfigError(f"{key}: expected an integer 1..256, got {v!r}")
@@ -136,6 +146,8 @@ _SCHEMA = {
     "node": {"id": ("node_id", lambda k, v: _str(k, v)), "listen": ("listen", parse_listen),
              "advertise": ("advertise", lambda k, v: "%s:%d" % parse_listen(k, v)),
              "max_body": ("max_body", parse_size),
+             "max_json_depth": ("max_json_depth", _int_in(8, 500)),  # rows of points need 4; < recursion limit
+             "max_query_terms": ("max_query_terms", _int_in(1, 100_000)),
              "shutdown_timeout": ("shutdown_timeout_s", parse_duration),
              "handshake_timeout": ("handshake_timeout_s", lambda k, v: _positive(k, parse_duration(k, v))),
              "max_pending_connections": ("max_pending_connections", _count)},

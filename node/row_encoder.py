@@ -23,7 +23,10 @@ import struct
 from typing import Callable
 
 from rowstore.codec.rows import DELETED, layout
+from rowstore.errors import RowstoreError
 from rowstore.schema import SchemaVersion
+from rowstore.tables.conform import TS_RANGE_US
+from rowstore.tables.keys import encode_one
 from rowstore.types import Kind
 
 _INT = {Kind.INT8: ("b", -(2**7), 2**7), Kind.INT16: ("h", -(2**15), 2**15), Kind.INT32: ("i", -(2**31), 2**31),
@@ -34,8 +37,6 @@ _ISO_Z = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
 _EPOCH = dt.datetime(1970, 1, 1)
 _EPOCH_DATE = dt.date(1970, 1, 1)
-_M64 = (1 << 64) - 1
-MAX_KEY_BYTES = 1024  # as the engine's write path (string keys)
 
 
 class Slow(Exception):
@@ -97,7 +98,8 @@ def _value_code(kind: Kind, x: str) -> tuple[list[str], str, int]:
         return [f"if type({x}) is not bool: raise Slow"], f"1 if {x} else 0", 1
     if kind == Kind.TIMESTAMP:
         return [f"if type({x}) is str: {x} = _iso_us({x})",
-                f"elif type({x}) is not int or not {-(2**63)} <= {x} < {2**63}: raise Slow"], x, 1
+                f"elif type({x}) is not int: raise Slow",
+                f"if not {TS_RANGE_US[0]} <= {x} <= {TS_RANGE_US[1]}: raise Slow"], x, 1  # a read writes it back
     if kind == Kind.DATE:
         return [f"if type({x}) is not str: raise Slow"], f"_date_days({x})", 1
     if kind == Kind.UUID:
@@ -214,13 +216,14 @@ def _guarded(fn: Callable) -> Callable:
 
 
 def index_key(key, kind: str):
-    """A key value as the index's order-preserving scalar (``rowstore.tables.keys.encode_one``);
-    Slow for keys the full path has to judge (NUL in a string key, over the size limit)."""
-    if kind == "int64":
-        return (key & _M64) ^ (1 << 63)
-    if kind == "uuid":
-        return _uuid_bytes(key) if isinstance(key, str) else key
-    b = key.encode()
-    if b"\0" in b or len(b) > MAX_KEY_BYTES or not b:
+    """A key value as the index's order-preserving scalar (``rowstore.tables.keys.encode_one``,
+    which never wraps); Slow for keys the full path has to judge (out of range, NUL in a
+    string key, over the size limit, an empty string)."""
+    if kind == "uuid" and isinstance(key, str):
+        key = _uuid_bytes(key)
+    if kind == "string" and key == "":
         raise Slow
-    return b
+    try:
+        return encode_one(key, kind)
+    except (RowstoreError, TypeError, AttributeError, UnicodeError):
+        raise Slow from None

@@ -14,6 +14,11 @@ class RowValidationError(RowstoreError):
     """Raised when rows do not fit their schema (missing key, wrong type, unknown column)."""
 
 
+class InvalidKeyError(RowValidationError):
+    """Raised when a primary key does not fit its column's type (out of range, wrong type,
+    over the key size limit, not canonical); the message names the key."""
+
+
 class RowCorruptionError(RowstoreError, CorruptionError):
     """Raised when encoded rows or index runs fail an invariant (``where``, ``offset``)."""
 

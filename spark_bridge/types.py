@@ -23,6 +23,8 @@ from pyspark.sql.types import (
     LongType, ShortType, StringType, StructField, StructType, TimestampType,
 )
 
+from rowstore.errors import RowValidationError
+from rowstore.tables.key_check import check_keys
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import ColumnType, Kind
 from spark_bridge.errors import BridgeError
@@ -167,7 +169,13 @@ def to_table_batch(batch: pa.RecordBatch, schema: SchemaVersion) -> pa.RecordBat
         if col is None:
             raise BridgeError(f"column {name!r} is not a column of the table (columns: "
                               f"{', '.join(c.name for c in schema.columns)})")
-        cols.append(_from_spark(arr, col.type, col.name))
+        arr = _from_spark(arr, col.type, col.name)
+        if col.id == schema.primary_key:  # the node's one key check, here before anything is sent
+            try:
+                arr = check_keys(arr, col, "rows", text=False)
+            except RowValidationError as e:
+                raise BridgeError(f"column {name!r}: {e}") from None
+        cols.append(arr)
         fields.append(col.field())
     return pa.RecordBatch.from_arrays(cols, schema=pa.schema(fields))
 

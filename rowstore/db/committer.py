@@ -14,13 +14,14 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.abc import Catalog, Check, Delete, Put
-from rowstore.errors import ConflictError, RowValidationError
+from rowstore.errors import ConflictError
 from rowstore.index.key_memtable import encode_keys
 from rowstore.codec.rows import Encoded, EncodedParts
 from rowstore.schema import SchemaVersion
 from rowstore.segments.active import split_rowids
 from rowstore.segments.wal import DECIDED
-from rowstore.tables.conform import Piece, conform, key_array, split_by_partition, stamp
+from rowstore.tables.conform import Piece, conform, split_by_partition, stamp
+from rowstore.tables.key_check import check_keys
 from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.tables.keys import partition_of
 from rowstore.tables.partition import Partition
@@ -38,7 +39,6 @@ COMMITTED, ABORTED = b"committed", b"aborted"
 # (10k-row batches, 4 clients: 0.95M -> 1.22M rows/s, medians of 8 alternating runs).
 THREAD_ROWS = 16_384
 GROUP_ROWS = 256_000  # rows committed together by one multi-partition group at most
-MAX_KEY_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ class Committer:
     async def delete(self, name: str, keys) -> WriteResult:
         """Delete rows by primary key (absent keys are fine); ``count`` = keys that existed."""
         d = await self.definitions.describe(name)
-        karr = key_array(keys, d.schema.key)
+        karr = check_keys(keys, d.schema.key)
         table = await self.tables.table(d)
         enc = encode_keys(karr, table.kind)
         existed = 0
@@ -139,8 +139,6 @@ class Committer:
     async def write(self, d: TableDef, batch: pa.RecordBatch, deleted: np.ndarray | None) -> WriteResult:
         table = await self.tables.table(d)
         keys = encode_keys(batch.column(batch.schema.get_field_index(d.schema.key.name)), table.kind)
-        if keys.dtype.kind == "S" and keys.dtype.itemsize > MAX_KEY_BYTES:
-            raise RowValidationError(f"primary keys are at most {MAX_KEY_BYTES} bytes")
         batch, keys, deleted = _last_wins(batch, keys, deleted)
         if batch.num_rows == 0:
             return WriteResult(0, self.timeline.closed)

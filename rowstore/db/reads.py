@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from rowstore.codec.point_decoder import PointDecoder
-from rowstore.errors import FutureTimestampError, HistoryPurgedError, QueryError, RowValidationError
+from rowstore.errors import FutureTimestampError, HistoryPurgedError, QueryError
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
 from rowstore.index.key_memtable import encode_keys
 from rowstore.reads.zones import keep_mask, segments_of
@@ -20,8 +20,8 @@ from rowstore.reads.predicates import batch_mask, fold_ranges, parse_bbox, parse
 from rowstore.schema import SchemaVersion
 from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegmentStore
-from rowstore.tables.conform import key_array
 from rowstore.tables.definitions import TableCatalog, TableDef
+from rowstore.tables.key_check import check_key, check_keys
 from rowstore.tables.keys import encode_one, partition_of, partition_one
 from rowstore.tables.partition import Partition
 from rowstore.timeline import Timeline
@@ -128,7 +128,7 @@ class Reader:
         """Rows for many keys at once (vectorized lookups and reads), in key order; absent
         keys are left out."""
         c = await self.context(name, as_of)
-        enc = encode_keys(key_array(keys, c.d.schema.key), c.table.kind)
+        enc = encode_keys(check_keys(keys, c.d.schema.key), c.table.kind)
         pids = partition_of(enc, len(c.table.parts))
         ids = []
         for p in np.unique(pids):
@@ -144,7 +144,7 @@ class Reader:
                    limit: int | None = None) -> tuple[pa.Table, int]:
         """Rows with ``lo <= key < hi`` (None: unbounded) visible at T, in key order."""
         c = await self.context(name, as_of)
-        bounds = [None if b is None else encode_keys(key_array([b], c.d.schema.key), c.table.kind)[0]
+        bounds = [None if b is None else encode_keys(check_keys([b], c.d.schema.key, "bounds"), c.table.kind)[0]
                   for b in (lo, hi)]
         parts = []
         for part in c.table.parts:
@@ -206,13 +206,8 @@ class Reader:
 
 
 def _point_key(pt: _PointTable, key):
-    """One user key as the index's scalar (see ``encode_one``)."""
-    try:
-        if pt.kind == "uuid":
-            return encode_one(key_array([key], pt.d.schema.key)[0].as_py(), "uuid")
-        return encode_one(key, pt.kind)
-    except (TypeError, ValueError, AttributeError) as e:
-        raise RowValidationError(f"primary key {key!r} is not a valid {pt.d.schema.key.type}") from e
+    """One user key, checked against its column's type, as the index's scalar."""
+    return encode_one(check_key(key, pt.d.schema.key), pt.kind)
 
 
 def candidates(part: Partition, preds) -> tuple[np.ndarray | None, np.ndarray | None]:

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rowstore.errors import QueryError
+from rowstore.tables.key_check import check_key, show
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import Kind
 
@@ -125,6 +126,8 @@ def _term(schema: SchemaVersion, t) -> Term:
         raise QueryError(f"column {name!r} is a range: != is not defined on ranges")
     if value is None:
         raise QueryError(f"where term {t!r}: comparing with null matches nothing; null is not a value")
+    if col.id == schema.primary_key:  # a key term: the one key check (no wrapping, no other row)
+        return Term(col, op, check_key(value, col))
     elem = col.type.elem if k == Kind.RANGE else k
     return Term(col, op, coerce(elem, value, name))
 
@@ -155,11 +158,16 @@ def coerce(kind: Kind, v, name: str = "value"):
         if kind == Kind.STRING:
             if not isinstance(v, str):
                 raise ValueError
+            v.encode()  # a lone surrogate is not text (UnicodeEncodeError is a ValueError)
             return v
         if kind == Kind.BINARY:
             return bytes(v) if isinstance(v, (bytes, bytearray)) else base64.b64decode(v, validate=True)
         if kind == Kind.UUID:
-            return bytes(v) if isinstance(v, (bytes, bytearray)) and len(v) == 16 else uuidlib.UUID(v).bytes
+            if isinstance(v, (bytes, bytearray)) and len(v) == 16:
+                return bytes(v)
+            if not isinstance(v, str):
+                raise ValueError
+            return uuidlib.UUID(v).bytes
         if kind == Kind.TIMESTAMP:
             return timestamp_us(v)
         if kind == Kind.DATE:
@@ -167,7 +175,7 @@ def coerce(kind: Kind, v, name: str = "value"):
                 return v
             return (dt.date.fromisoformat(v) - dt.date(1970, 1, 1)).days
     except (ValueError, TypeError, OverflowError, pa.ArrowInvalid) as e:
-        raise QueryError(f"{name}: {v!r} is not a valid {kind.value}") from e
+        raise QueryError(f"{name}: {show(v)} is not a valid {kind.value}") from e
     raise QueryError(f"{name}: {kind.value} values cannot be compared")
 
 
@@ -207,8 +215,12 @@ def parse_bbox(schema: SchemaVersion, bbox) -> BBox | None:
     edges = []
     for f in ("xmin", "ymin", "xmax", "ymax"):
         v = bbox.get(f)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise QueryError(f"bbox: {f} must be a finite number, not {v!r}")
+        try:
+            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
+        except OverflowError:  # an integer beyond any float
+            ok = False
+        if not ok:
+            raise QueryError(f"bbox: {f} must be a finite number, not {repr(v)[:60]}")
         edges.append(float(v))
     if edges[0] > edges[2] or edges[1] > edges[3]:
         raise QueryError("bbox: xmin must be <= xmax and ymin <= ymax")

@@ -16,7 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rowstore.tables import json_text
 from rowstore.errors import RowValidationError
+from rowstore.tables.key_check import check_keys
 from rowstore.codec.rows import Encoded, encode_rows
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import Kind
@@ -41,7 +43,7 @@ def conform(data: pa.RecordBatch | pa.Table, schema: SchemaVersion) -> pa.Record
     for c in schema.columns:
         i = data.schema.get_field_index(c.name)
         arr = data.column(i) if i >= 0 else pa.nulls(data.num_rows, c.type.arrow())
-        arr = _cast(arr, c)
+        arr = check_keys(arr, c, "rows", text=False) if c.id == key.id else _in_range(_cast(arr, c), c)
         if arr.null_count and (not c.nullable or c.id == key.id):
             what = "the primary key" if c.id == key.id else "a not-null column"
             raise RowValidationError(f"column {c.name!r} is {what} and has null values")
@@ -65,6 +67,46 @@ def _cast(arr: pa.Array, col: Column) -> pa.Array:
         raise RowValidationError(f"column {col.name!r}: cannot convert {arr.type} to {col.type}: {e}") from e
 
 
+# Timestamps and dates a row can hold: what ISO-8601 (years 0001-9999) and the JSON output can
+# write back; an int64 of microseconds reaches far beyond, and such a row could never be read.
+TS_RANGE_US = (-62_135_596_800_000_000, 253_402_300_799_999_999)  # 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59.999999Z
+DATE_RANGE_DAYS = (-719_162, 2_932_896)  # 0001-01-01 .. 9999-12-31
+
+
+def _in_range(arr: pa.Array, col: Column) -> pa.Array:
+    """``arr`` unchanged, or a RowValidationError when a timestamp or date (or a timestamp
+    range's bound) lies outside years 0001-9999, or a json value is not strict JSON."""
+    k = col.type.kind
+    if k == Kind.JSON:
+        return _json_texts(arr, col)
+    if k == Kind.RANGE and col.type.elem == Kind.TIMESTAMP:
+        parts = [arr.field("lower"), arr.field("upper")]
+    elif k in (Kind.TIMESTAMP, Kind.DATE):
+        parts = [arr]
+    else:
+        return arr
+    lo, hi = DATE_RANGE_DAYS if k == Kind.DATE else TS_RANGE_US
+    for p in parts:
+        mm = pc.min_max(p.cast(pa.int32() if k == Kind.DATE else pa.int64()))
+        if mm["min"].is_valid and (mm["min"].as_py() < lo or mm["max"].as_py() > hi):
+            raise RowValidationError(f"column {col.name!r}: a {col.type} value lies outside years 0001-9999 "
+                                     f"(min {mm['min'].as_py()}, max {mm['max'].as_py()} "
+                                     f"{'days' if k == Kind.DATE else 'µs'} since 1970)")
+    return arr
+
+
+def _json_texts(arr: pa.Array, col: Column) -> pa.Array:
+    """A json column's texts, each strict JSON nested at most ``json_text.MAX_VALUE_DEPTH``
+    deep (Arrow bodies send text; a value that is not JSON could never be read back)."""
+    for i, text in enumerate(arr.to_pylist()):
+        if text is not None:
+            try:
+                json_text.loads(text, json_text.MAX_VALUE_DEPTH)
+            except json_text.JsonTextError as e:
+                raise RowValidationError(f"column {col.name!r}, row {i}: the value {e}") from None
+    return arr
+
+
 def _same_family(got: pa.DataType, want: pa.DataType) -> bool:
     t = pa.types
     fams = [(t.is_integer, t.is_integer), (t.is_integer, t.is_floating), (t.is_floating, t.is_floating),
@@ -83,41 +125,15 @@ def _binaryish(t: pa.DataType) -> bool:
 
 def _uuid_array(arr: pa.Array, col: Column) -> pa.Array:
     if _stringish(arr.type):
-        return pa.array([None if v is None else uuidlib.UUID(v).bytes for v in arr.to_pylist()], pa.binary(16))
+        try:
+            return pa.array([None if v is None else uuidlib.UUID(v).bytes for v in arr.to_pylist()], pa.binary(16))
+        except ValueError as e:
+            raise RowValidationError(f"column {col.name!r}: a value is not a uuid ({e})") from None
     got = arr.cast(pa.binary())
     lens = np.asarray(pc.binary_length(got).fill_null(16))
     if (lens != 16).any():
         raise RowValidationError(f"column {col.name!r}: uuid values are 16 bytes")
     return got.cast(pa.binary(16))
-
-
-def key_array(keys, key: Column) -> pa.Array:
-    """User-given primary-key values (ints, strings, uuid strings or bytes) as an Arrow array."""
-    if isinstance(keys, (pa.Array, pa.ChunkedArray)):
-        arr = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-        return _cast(arr, key) if arr.null_count == 0 else _null_key(key)
-    if not isinstance(keys, (list, tuple)):
-        raise RowValidationError("keys must be a list")
-    if any(k is None for k in keys):
-        _null_key(key)
-    k = key.type.kind
-    try:
-        if k == Kind.INT64:
-            if any(isinstance(v, bool) or not isinstance(v, (int, str)) for v in keys):
-                raise ValueError("not an integer")
-            return pa.array([int(v) for v in keys], pa.int64())
-        if k == Kind.UUID:
-            return pa.array([bytes(v) if isinstance(v, (bytes, bytearray)) else uuidlib.UUID(v).bytes
-                             for v in keys], pa.binary(16))
-        if any(not isinstance(v, str) for v in keys):
-            raise ValueError("not a string")
-        return pa.array(keys, pa.string())
-    except (ValueError, TypeError, OverflowError, pa.ArrowInvalid) as e:
-        raise RowValidationError(f"primary key values must be {key.type}: {e}") from e
-
-
-def _null_key(key: Column):
-    raise RowValidationError(f"primary key {key.name!r} values cannot be null")
 
 
 _STAMP_LOOP = 32  # up to this many rows a Python loop beats the kernel's dispatch (~25 µs)

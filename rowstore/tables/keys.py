@@ -9,12 +9,15 @@ partition's segments and index, so the hash below must never change.
 """
 from __future__ import annotations
 
+import operator
+
 import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rowstore.errors import RowValidationError
+from rowstore.errors import InvalidKeyError, RowValidationError
+from rowstore.tables.key_check import MAX_KEY_BYTES, show
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -79,6 +82,8 @@ def string_keys(arr: pa.Array) -> np.ndarray:
     offsets = np.frombuffer(offs, np.int64)[arr.offset : arr.offset + len(arr) + 1]
     lens = np.diff(offsets)
     width = max(int(lens.max()), 1)
+    if width > MAX_KEY_BYTES:  # checked before (rowstore/tables/key_check.py); never allocate n x a huge key
+        raise InvalidKeyError(f"a string primary key is {width} bytes, over the key limit of {MAX_KEY_BYTES}")
     out = np.zeros((len(arr), width), np.uint8)
     raw = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
     _fill_fixed(raw, offsets, out)
@@ -102,12 +107,21 @@ def partition_one(key, parts: int) -> int:
 
 
 def encode_one(key, kind: str):
-    """One user key as the index's order-preserving scalar (int for int64, else bytes)."""
+    """One checked key (``rowstore.tables.key_check.check_key``) as the index's order-preserving scalar
+    (int for int64, else bytes). Never wraps or truncates: a key outside its type raises."""
     if kind == "int64":
-        return (int(key) & _M64) ^ (1 << 63)
+        enc = operator.index(key) + (1 << 63)  # == (key mod 2^64) ^ 2^63 for an int64
+        if not 0 <= enc <= _M64:
+            raise InvalidKeyError(f"primary key {show(key)} is out of range for int64")
+        return enc
     if kind == "uuid":
-        return bytes(key)
+        b = bytes(key)
+        if len(b) != 16:
+            raise InvalidKeyError(f"primary key {show(key)} is not the 16 bytes of a uuid")
+        return b
     b = key.encode()
     if b"\0" in b:
         raise RowValidationError("string primary keys must not contain NUL characters")
+    if len(b) > MAX_KEY_BYTES:
+        raise InvalidKeyError(f"primary key {show(key)} is over the key limit of {MAX_KEY_BYTES} bytes")
     return b

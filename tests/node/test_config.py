@@ -40,6 +40,8 @@ retention = "7d"
     assert c.node_id == "n2" and c.listen == ("127.0.0.1", 7410)
     assert c.seal_bytes == 256 << 20 and c.flush_bytes == 64 << 10 and c.flush_ms == 2
     assert c.token == "s3cret" and c.retention_s == 7 * 86400
+    assert c.max_json_depth == 64 and c.max_query_terms == 256
+    assert from_dict({"node": {"max_json_depth": 8, "max_query_terms": 3}}).max_query_terms == 3
 
 
 @pytest.mark.parametrize("doc,key", [
@@ -61,6 +63,11 @@ retention = "7d"
     ({"gc": {"grace": -1}}, "gc.grace"),
     ({"gc": {"max_bytes_per_run": "0B"}}, "gc.max_bytes_per_run"),
     ({"gc": {"speed": 1}}, "gc.speed"),
+    ({"node": {"max_json_depth": 7}}, "node.max_json_depth"),
+    ({"node": {"max_json_depth": 10_000}}, "node.max_json_depth"),
+    ({"node": {"max_json_depth": "64"}}, "node.max_json_depth"),
+    ({"node": {"max_query_terms": 0}}, "node.max_query_terms"),
+    ({"node": {"max_query_terms": True}}, "node.max_query_terms"),
 ])
 def test_bad_values_name_the_key(doc, key):
     with pytest.raises(ConfigError) as ei:

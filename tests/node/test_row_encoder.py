@@ -16,7 +16,8 @@ from rowstore.codec.rows import encode_rows
 from rowstore.db.committer import _filler
 from rowstore.errors import RowValidationError
 from rowstore.schema import parse_schema
-from rowstore.tables.conform import conform, key_array
+from rowstore.tables.conform import TS_RANGE_US, conform
+from rowstore.tables.key_check import check_keys
 from rowstore.tables.keys import encode_one
 
 SCHEMA = parse_schema(
@@ -31,7 +32,7 @@ def _full(rows, schema=SCHEMA) -> list[bytes]:
 
 
 def _tomb_full(key, schema=SCHEMA) -> bytes:
-    karr = key_array([key], schema.key)
+    karr = check_keys([key], schema.key)
     cols = [karr if c.id == schema.primary_key else _filler(c, 1) for c in schema.columns]
     b = pa.RecordBatch.from_arrays(cols, schema=schema.arrow())
     return encode_rows(b, schema, 0, np.ones(1, bool)).buf.tobytes()
@@ -54,7 +55,7 @@ row = st.fixed_dictionaries({
                                                                          allow_infinity=False),
     "f64": opt() | finite | st.integers(-(2**53), 2**53), "b": opt() | st.booleans(), "s": opt() | st.text(max_size=12),
     "bin": opt() | st.binary(max_size=8).map(lambda b: __import__("base64").b64encode(b).decode()),
-    "ts": opt() | st.integers(-(2**62), 2**62) | st.integers(0, 4 * 10**15).map(_iso),
+    "ts": opt() | st.integers(*TS_RANGE_US) | st.integers(0, 4 * 10**15).map(_iso),  # years 0001-9999
     "d": opt() | st.dates().map(str), "u": opt() | st.uuids().map(str),
     "p": opt() | st.fixed_dictionaries({"x": finite, "y": finite}),
     "bx": opt() | st.fixed_dictionaries({"xmin": finite, "ymin": finite, "xmax": finite, "ymax": finite}),
@@ -105,6 +106,14 @@ def test_unsure_values_take_the_full_path(r):
         encoder(SCHEMA).row(r)
 
 
+def test_timestamps_a_read_could_not_write_back_are_refused_on_both_paths():
+    for us in (TS_RANGE_US[0] - 1, TS_RANGE_US[1] + 1, 2**62, -(2**63)):
+        with pytest.raises(Slow):
+            encoder(SCHEMA).row({"id": 1, "n": 1, "s2": "", "ts": us})
+        with pytest.raises(RowValidationError):
+            _full([{"id": 1, "n": 1, "s2": "", "ts": us}])
+
+
 def test_json_and_range_tables_have_no_fast_path():
     assert encoder(parse_schema("id int64 primary key, j json")) is None
     assert encoder(parse_schema("id int64 primary key, r range<int64>")) is None
@@ -115,4 +124,9 @@ def test_string_keys_the_full_path_judges():
         with pytest.raises(Slow):
             index_key(k, "string")
     with pytest.raises(RowValidationError):
-        key_array(["a\0b"], parse_schema("k string primary key").key) and encode_one("a\0b", "string")
+        check_keys(["a\0b"], parse_schema("k string primary key").key)
+    with pytest.raises(RowValidationError):
+        encode_one("a\0b", "string")
+    for k in (2**63, -(2**63) - 1, 2**64 + 5):  # the fast path never wraps a key either
+        with pytest.raises(Slow):
+            index_key(k, "int64")

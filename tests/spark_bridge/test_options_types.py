@@ -78,6 +78,24 @@ def test_bad_uuids_and_out_of_range_integers_are_refused_naming_the_column():
             to_table_batch(batch, schema)
 
 
+def test_written_keys_go_through_the_nodes_one_key_check_before_anything_is_sent():
+    ints = parse_schema("id int64 primary key, v string")
+    strs = parse_schema("id string primary key, v string")
+    uuids = parse_schema("id uuid primary key, v string")
+    big = pa.array([decimal.Decimal(2**64 + 5)], pa.decimal128(38, 0))
+    for batch, schema in [
+        (pa.record_batch({"id": big}), ints),  # 2^64 + 5 must not become key 5
+        (pa.record_batch({"id": pa.array([decimal.Decimal(2**63)], pa.decimal128(38, 0))}), ints),
+        (pa.record_batch({"id": ["x" * 1025]}), strs),
+        (pa.record_batch({"id": ["a\0b"]}), strs),
+        (pa.record_batch({"id": ["12345678-1234-5678-1234-56781234567"]}), uuids),
+    ]:
+        with pytest.raises(BridgeError, match="column 'id'"):
+            to_table_batch(batch, schema)
+    edge = to_table_batch(pa.record_batch({"id": pa.array([-(2**63), 2**63 - 1], pa.int64())}), ints)
+    assert edge.column(0).to_pylist() == [-(2**63), 2**63 - 1]
+
+
 def test_every_type_converts_to_exactly_the_arrow_schema_spark_checks():
     from tests.spark_bridge.test_read import make_rows
     from rowstore.tables.conform import conform
