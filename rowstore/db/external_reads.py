@@ -41,6 +41,9 @@ class ExternalReads:
             cands, _ = candidates(part, preds)
             if cands is not None:
                 ids = np.intersect1d(ids, cands, assume_unique=True)
+            keep = await self.reader.zone_mask(c, ids, terms, box)  # segments the window misses (RFC 0009)
+            if keep is not None:
+                ids = ids[keep]
             segs, locs = split_rowids(ids)
             cuts = np.flatnonzero(np.diff(segs)) + 1
             for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(segs)]):

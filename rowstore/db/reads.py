@@ -166,7 +166,7 @@ class Reader:
         cands, srcs = candidates(part, terms + ([box] if box is not None else []))
         if cands is None:  # no index applies: the partition's visible rows, in key order
             return await self._scan_part(c, part, terms, box, limit)
-        keep = await self._zones(c, cands, terms, box)
+        keep = await self.zone_mask(c, cands, terms, box)
         if keep is not None:
             cands, srcs = cands[keep], srcs[keep]
         rows = await fetch(self.store, cands, c.schemas, c.d.schema)  # in rowid order, as cands
@@ -180,7 +180,7 @@ class Reader:
         """Visible rows in key order, fetched in growing chunks until ``limit`` of them match:
         the answer is the first ``limit`` keys overall, so no partition needs more."""
         ids = (await part.index.scan(None, None, c.T)).rowids  # key order
-        keep = await self._zones(c, ids, terms, box)
+        keep = await self.zone_mask(c, ids, terms, box)
         if keep is not None:
             ids = ids[keep]
         got, at, step = [], 0, max(4 * (limit or 0), 4096)
@@ -198,7 +198,7 @@ class Reader:
         return got[0] if len(got) == 1 else pa.Table.from_batches(got).combine_chunks().to_batches()[0]
 
 
-    async def _zones(self, c: ReadContext, ids: np.ndarray, terms, box) -> np.ndarray | None:
+    async def zone_mask(self, c: ReadContext, ids: np.ndarray, terms, box) -> np.ndarray | None:
         """Rows of segments whose cluster range the query misses are left out (RFC 0009)."""
         if c.d.cluster_by is None or len(ids) == 0 or (box is None and not terms):
             return None
