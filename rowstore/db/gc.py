@@ -23,6 +23,7 @@ from rowstore.db.registry import TableRegistry
 from rowstore.errors import ConflictError
 from rowstore.hlc import ms_of
 from rowstore.index.key_index import Manifest
+from rowstore.index.key_memtable import TOMBSTONE
 from rowstore.segments.active import rowids as make_rowids
 from rowstore.segments.relocate import ClusterSpec, mark_live, piece_stream, plan_copy, read_live
 from rowstore.segments.store import PENDING_PREFIX, SegmentRecord, SegmentStore, SegState
@@ -71,6 +72,9 @@ class GarbageCollector:
         self.store, self.definitions, self.tables, self.timeline = store, definitions, tables, timeline
         self.leases, self.horizon, self.offload, self.cfg = leases, horizon, offload, cfg
         self._lock = asyncio.Lock()  # one pass at a time
+        # (table id, partition) -> (what it looked like, the ts at which garbage can next appear)
+        # after a pass found no victim there: an idle partition is not re-read every interval
+        self._idle: dict[tuple[str, int], tuple] = {}
         self.totals = {"runs": 0, "rows_copied": 0, "bytes_reclaimed": 0, "run_seconds": 0.0,
                        "segments_collected": 0, "segments_deleted": 0, "bytes_copied": 0}
         self.phases = dict.fromkeys(("checkpoint", "mark", "read", "order", "write", "publish", "delete"), 0.0)
@@ -135,8 +139,12 @@ class GarbageCollector:
         async with p.index.publish_lock:
             t0 = time.perf_counter()
             recs = await p.segments()
-            merged = await p.index.gc_view(H, with_memtable=res.dry_run)
             counted = {r.segid: r for r in recs if r.state == SegState.OFFLOADED}
+            state = (p.index.manifest.to_bytes(), frozenset(counted), d.cluster_by, self.cfg.min_garbage)
+            idle = self._idle.get((p.table_id, p.pid))
+            if not res.dry_run and idle is not None and idle[0] == state and H < idle[1]:
+                return  # nothing changed since a pass found no victim, and nothing turned to garbage since
+            merged = await p.index.gc_view(H, with_memtable=res.dry_run)
             marks = await asyncio.to_thread(mark_live, merged.rowids, {s: r.rows for s, r in counted.items()})
             for segid, r in counted.items():  # a copy's deletions above the horizon: live, unreferenced
                 if r.deletions and r.deletions_max_ts > H:
@@ -151,6 +159,7 @@ class GarbageCollector:
                 return
             if not victims:
                 await self._update_live(counted, marks)
+                self._idle[(p.table_id, p.pid)] = (state, _next_garbage(merged, counted, H))
                 return
             new, old_ids, new_ids = await self._copy(d, p, victims, marks, H)
             top = max((r.seq for r in recs), default=0)
@@ -332,6 +341,18 @@ class GarbageCollector:
             await self.store.delete(r.segid)
             failpoint("gc.after_delete")
             res.deleted.append(r.segid)
+
+
+def _next_garbage(run, counted: dict, H: int) -> int:
+    """The lowest horizon at which this partition can have new garbage without anything else
+    changing: the oldest superseding version or deletion above ``H`` (once the horizon
+    passes it, what it supersedes is garbage), or a copy's newest deletion row."""
+    older = np.zeros(len(run), bool)
+    older[:-1] = run.keys[:-1] == run.keys[1:]  # (key asc, ts desc): this entry supersedes the next
+    cand = (older | (run.rowids == TOMBSTONE)) & (run.ts > np.uint64(H))
+    nxt = [int(run.ts[cand].min())] if cand.any() else []
+    nxt += [r.deletions_max_ts for r in counted.values() if r.deletions and r.deletions_max_ts > H]
+    return min(nxt, default=2**63)
 
 
 def _ratio(r: SegmentRecord, marks: dict) -> float:

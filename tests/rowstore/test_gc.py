@@ -320,3 +320,28 @@ async def test_on_s3_with_encryption_crashes_and_leaks_nothing(s3_bucket_uri):
     for info in await store.list("files/"):
         assert b"name-3" not in await store.get(info.key)  # no row value in plaintext
     await store.close()
+
+
+async def test_an_idle_partition_is_not_reread_until_garbage_can_appear():
+    w, db = await make()
+    db.reader.retention_ms = 3_600_000  # an hour of history: superseded versions stay live for now
+    model = {}
+    await churn(db, model, rounds=1)
+    calls = []
+    for p in db.tables.partitions():
+        real = p.index.gc_view
+
+        async def counting(H, with_memtable=False, real=real):
+            calls.append(H)
+            return await real(H, with_memtable)
+
+        p.index.gc_view = counting
+    await db.collect_garbage()
+    first = len(calls)
+    assert first == len(db.tables.partitions())
+    await db.collect_garbage()
+    assert len(calls) == first  # nothing changed, the horizon is an hour below the next garbage
+    db.reader.retention_ms = 0  # the horizon passes every superseding version: look again
+    res = await db.collect_garbage()
+    assert len(calls) == 2 * first and res["segments_collected"] > 0
+    await check(db, model)
