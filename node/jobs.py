@@ -52,7 +52,7 @@ class Jobs:
             took = time.perf_counter() - t0
             self.m.job_seconds.labels(name).observe(took)
             self.m.job_runs.labels(name, trigger, "ok").inc()
-        if any(out.values()) or trigger == "admin":
+        if any(v for k, v in out.items() if k != "job") or trigger == "admin":
             log.info("event=job_done job=%s trigger=%s seconds=%.3f %s", name, trigger, took,
                      " ".join(f"{k}={_short(v)}" for k, v in out.items()))
         self.last[name] = {"at": time.time(), "seconds": round(took, 4), "result": out}

@@ -53,6 +53,7 @@ class _Pass:
     bytes_reclaimed: int = 0
 
     def __post_init__(self):
+        self.budget: int | None = None  # victims' bytes this pass may still take
         self.retired: list[int] = []
         self.deleted: list[int] = []
         self.victims: list[dict] = []
@@ -92,6 +93,7 @@ class GarbageCollector:
         async with self._lock:
             t0 = time.perf_counter()
             res = _Pass(dry_run)
+            res.budget = self.cfg.max_bytes_per_run
             tid = None if table is None else (await self.definitions.describe(table)).table_id
             if not dry_run:
                 await self.offload()
@@ -119,8 +121,10 @@ class GarbageCollector:
         tot["segments_collected"] += res.segments_collected
         tot["segments_deleted"] += len(res.deleted)
         tot["run_seconds"] += seconds
-        log.info("event=gc_pass collected=%d rows_copied=%d bytes_reclaimed=%d deleted=%d seconds=%.3f",
-                 res.segments_collected, res.rows_copied, res.bytes_reclaimed, len(res.deleted), seconds)
+        busy = res.segments_collected or res.deleted or res.retired
+        log.log(logging.INFO if busy else logging.DEBUG,
+                "event=gc_pass collected=%d rows_copied=%d bytes_reclaimed=%d deleted=%d seconds=%.3f",
+                res.segments_collected, res.rows_copied, res.bytes_reclaimed, len(res.deleted), seconds)
 
     async def garbage_ratio(self) -> float:
         """1 - live bytes / bytes over every sealed, offloaded and retired segment."""
@@ -151,7 +155,7 @@ class GarbageCollector:
                     marks[segid] = (marks[segid][0] + r.deletions, marks[segid][1])
             self.phases["mark"] += time.perf_counter() - t0
             mark = [0, 0, 2**62] if res.dry_run else p.index.manifest.mark  # dry: the memtable is in the view
-            victims = self._victims(d, recs, counted, marks, mark)
+            victims = self._victims(d, recs, counted, marks, mark, res)
             if res.dry_run:
                 res.victims += [{"segid": r.segid, "table": d.name, "partition": p.pid, "rows": r.rows,
                                  "live_rows": marks[r.segid][0], "bytes": r.bytes,
@@ -188,7 +192,7 @@ class GarbageCollector:
         failpoint("gc.after_index_checkpoint")
 
     def _victims(self, d: TableDef, recs: list[SegmentRecord], counted: dict, marks: dict,
-                 mark: list[int]) -> list[SegmentRecord]:
+                 mark: list[int], res: _Pass) -> list[SegmentRecord]:
         """Offloaded segments below the replay mark with enough garbage or not in cluster order;
         most garbage first, within budget."""
         mark_seq = (list(mark) + [0, 0, 0])[2]
@@ -201,12 +205,13 @@ class GarbageCollector:
             if ratio >= self.cfg.min_garbage or unclustered:
                 cands.append((ratio, r))
         cands.sort(key=lambda x: (-x[0], x[1].segid))
-        out, budget = [], self.cfg.max_bytes_per_run
+        out = []
+        first = res.budget == self.cfg.max_bytes_per_run  # the pass's first victim goes whatever its size
         for _, r in cands:
-            if out and r.bytes > budget:
+            if r.bytes > res.budget and not (first and not out):
                 break
             out.append(r)
-            budget -= r.bytes
+            res.budget -= r.bytes
         return out
 
     async def _copy(self, d: TableDef, p: Partition, victims: list[SegmentRecord], marks: dict, H: int):

@@ -345,3 +345,17 @@ async def test_an_idle_partition_is_not_reread_until_garbage_can_appear():
     res = await db.collect_garbage()
     assert len(calls) == 2 * first and res["segments_collected"] > 0
     await check(db, model)
+
+
+async def test_max_bytes_per_run_limits_a_pass():
+    w, db = await make(min_garbage=0.01)
+    model = {}
+    await churn(db, model, rounds=3)
+    one = min(r.bytes for r in await db.store.list() if r.state == SegState.OFFLOADED)
+    db.gc.cfg = GcConfig(min_garbage=0.01, grace_s=0.0, max_bytes_per_run=1)
+    res = await db.collect_garbage()
+    assert res["segments_collected"] == 1  # the first victim goes whatever its size; no other
+    db.gc.cfg = GcConfig(min_garbage=0.01, grace_s=0.0, max_bytes_per_run=one * 100)
+    res = await db.collect_garbage()
+    assert res["segments_collected"] > 1
+    await check(db, model)
