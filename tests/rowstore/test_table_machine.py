@@ -256,7 +256,11 @@ class TinyCacheMachine(TableMachine):
     def __init__(self):
         self._saved = (key_run.PARSED_PAGES, key_run.PAGE_ENTRIES)
         key_run.PARSED_PAGES, key_run.PAGE_ENTRIES = 2, 4
-        super().__init__()
+        try:
+            super().__init__()
+        except BaseException:
+            key_run.PARSED_PAGES, key_run.PAGE_ENTRIES = self._saved
+            raise
 
     def teardown(self):
         try:
