@@ -14,7 +14,8 @@ import pyarrow as pa
 from rowstore.codec.rows import decode_run
 from rowstore.index.key_memtable import TOMBSTONE, encode_keys
 from rowstore.schema import Column, SchemaVersion
-from rowstore.segments.sealed import CLUSTER_BOX, CLUSTER_FLOAT, CLUSTER_INT, SealedSegment, sealed_bytes
+from rowstore.segments.sealed import (CLUSTER_BOX, CLUSTER_FLOAT, CLUSTER_INT, MAX_VERSIONS, SealedSegment,
+                                      sealed_bytes)
 from rowstore.types import Kind
 
 _INT_KINDS = {Kind.TIMESTAMP, Kind.DATE, Kind.INT8, Kind.INT16, Kind.INT32, Kind.INT64, Kind.UINT8,
@@ -204,6 +205,7 @@ class VictimRows:
     rowids: np.ndarray  # uint64, their old rowids
     live_bytes: int
     deleted: np.ndarray  # bool: deletion rows
+    versions: np.ndarray  # uint32: each row's schema version
 
 
 async def read_live(seg: SealedSegment, live: np.ndarray, horizon: int, schemas,
@@ -220,7 +222,8 @@ async def read_live(seg: SealedSegment, live: np.ndarray, horizon: int, schemas,
     lens = np.diff(np.append(offsets, rows_len))
     ids = (np.uint64(seg.segid) << np.uint64(32)) | idx.astype(np.uint64)
     return VictimRows(seg.segid, buf, offsets[idx], lens[idx], dec.batch.take(pa.array(idx)),
-                      dec.commit_ts[idx], ids, int(lens[idx].sum()), np.asarray(dec.deleted[idx], bool))
+                      dec.commit_ts[idx], ids, int(lens[idx].sum()), np.asarray(dec.deleted[idx], bool),
+                      np.asarray(dec.schema_ver[idx], np.uint32))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -279,6 +282,15 @@ def plan_copy(victims: list[VictimRows], spec: ClusterSpec, key_name: str, seal_
     batch = pa.Table.from_batches([v.batch for v in victims]).combine_chunks().to_batches()
     batch = batch[0] if batch else None
     order = cluster_order(spec, batch, key_name) if batch is not None else np.zeros(0, np.int64)
+    # a segment names at most MAX_VERSIONS schema versions: rows of more are grouped by version
+    # (cluster order within a group) and no copy spans two groups
+    vers = np.concatenate([v.versions for v in victims])
+    uniq = np.unique(vers)
+    breaks = np.zeros(0, np.int64)
+    if len(uniq) > MAX_VERSIONS:
+        group = np.searchsorted(uniq, vers) // MAX_VERSIONS
+        order = order[np.argsort(group[order], kind="stable")]
+        breaks = np.flatnonzero(np.diff(group[order])) + 1
     lens = lens[order]
     out = np.empty(int(lens.sum()), np.uint8)
     out_starts = np.empty(len(order), np.int64)
@@ -288,6 +300,9 @@ def plan_copy(victims: list[VictimRows], spec: ClusterSpec, key_name: str, seal_
     while a < len(order):
         b = int(np.searchsorted(ends, (ends[a - 1] if a else 0) + seal_bytes, "left")) + 1
         b = min(max(b, a + 1), len(order))
+        nxt = breaks[breaks > a]
+        if len(nxt):
+            b = min(b, int(nxt[0]))
         cuts.append((a, b))
         a = b
     old = np.concatenate([v.rowids for v in victims])[order]

@@ -359,3 +359,25 @@ async def test_max_bytes_per_run_limits_a_pass():
     res = await db.collect_garbage()
     assert res["segments_collected"] > 1
     await check(db, model)
+
+
+async def test_copies_of_rows_of_many_schema_versions():
+    """A segment names at most 8 schema versions: victims written under more are copied into
+    several segments, each within the limit."""
+    w, db = await make(partitions=1, min_garbage=0.1)
+    model = {}
+    for i in range(11):
+        await db.alter_table("m", lambda s, i=i: s.add_column(f"c{i}", "int64"))
+        keys = list(range(i * 20, i * 20 + 40))
+        t = rows(keys, seed=i)
+        await db.upsert("m", t)
+        model.update(zip(keys, t.column("v").to_pylist()))
+        await db.seal()
+    await db.offload()
+    res = await db.collect_garbage()
+    assert res["segments_collected"] >= 9
+    copies = [r for r in await db.store.list() if r.copy and r.state == SegState.OFFLOADED]
+    assert len(copies) >= 2
+    for r in copies:
+        assert len((await db.store.sealed(r.segid)).footer.versions) <= 8
+    await check(db, model)
