@@ -57,7 +57,8 @@ def fsck(node: NodeProc) -> None:
     r = subprocess.run([TERRASCALE, "fsck", "--config", str(node.config)], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "orphan" not in r.stdout.lower(), r.stdout  # nothing leaked by the crash
+    assert "orphan" not in r.stdout.lower(), r.stdout  # no file or object without its file row
+    assert "leaked" not in r.stdout, r.stdout  # no file row that no segment, manifest or pending row names
 
 
 @pytest.mark.slow
