@@ -150,7 +150,7 @@ class GarbageCollector:
                 return  # nothing changed since a pass found no victim, and nothing turned to garbage since
             merged = await p.index.gc_view(H, with_memtable=res.dry_run)
             marks = await asyncio.to_thread(mark_live, merged.rowids, {s: r.rows for s, r in counted.items()})
-            for segid, r in counted.items():  # a copy's deletions above the horizon: live, unreferenced
+            for segid, r in counted.items():  # deletion rows above the horizon: live, unreferenced
                 if r.deletions and r.deletions_max_ts > H:
                     marks[segid] = (marks[segid][0] + r.deletions, marks[segid][1])
             self.phases["mark"] += time.perf_counter() - t0

@@ -134,6 +134,7 @@ async def sealed_bytes(segid: int, batches, schemas: Callable[[int], SchemaVersi
     A batch has ``rows`` (bytes), ``starts`` and ``commit_ts`` — or, for rows of many commits
     (a garbage collector's copy), ``min_ts`` and ``max_ts``; ``cluster`` goes to the footer."""
     offsets, pos, min_ts, max_ts = [], 0, None, None
+    deletions, deletions_max_ts = 0, 0
     versions: set[int] = set()
     kmin = kmax = None
     async for b in batches:
@@ -147,6 +148,9 @@ async def sealed_bytes(segid: int, batches, schemas: Callable[[int], SchemaVersi
         kmin = lo if kmin is None else min(kmin, lo)
         kmax = hi if kmax is None else max(kmax, hi)
         versions.update(int(v) for v in np.unique(dec.schema_ver))
+        if dec.deleted.any():  # deletion rows: the garbage collector counts them live above the horizon
+            deletions += int(dec.deleted.sum())
+            deletions_max_ts = max(deletions_max_ts, int(dec.commit_ts[dec.deleted].max()))
         lo_ts, hi_ts = getattr(b, "min_ts", b.commit_ts), getattr(b, "max_ts", b.commit_ts)
         min_ts = lo_ts if min_ts is None else min(min_ts, lo_ts)
         max_ts = hi_ts if max_ts is None else max(max_ts, hi_ts)
@@ -162,7 +166,8 @@ async def sealed_bytes(segid: int, batches, schemas: Callable[[int], SchemaVersi
     yield Footer(segid, len(offs), pos, root, height, min_ts or 0, max_ts or 0, tuple(sorted(versions)),
                  kmin or b"", kmax or b"", len(kmin or b""), len(kmax or b""), crc32c(pages), cluster).pack()
     if stats is not None:
-        stats.update(rows=len(offs), rows_len=pos, min_ts=min_ts, max_ts=max_ts)
+        stats.update(rows=len(offs), rows_len=pos, min_ts=min_ts, max_ts=max_ts, deletions=deletions,
+                     deletions_max_ts=deletions_max_ts)
 
 
 def _tree(offs: np.ndarray, base: int) -> tuple[bytes, int, int]:

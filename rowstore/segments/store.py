@@ -59,7 +59,7 @@ class SegmentRecord:
     seq: int = 0  # position among its partition's segments (replay order; segids are not ordered)
     retired_ms: int = 0  # when the garbage collector retired it (ms since the epoch)
     copy: bool = False  # written by the garbage collector (rows in cluster order; never replayed)
-    deletions: int = 0  # a copy's deletion rows (live while newer than the horizon; no index rowid)
+    deletions: int = 0  # deletion rows (live while newer than the horizon; no index entry names them)
     deletions_max_ts: int = 0  # the newest of them
     cluster: list | None = None  # [kind, column id, lo..., hi...]: its rows' cluster range (RFC 0009)
 
@@ -234,7 +234,8 @@ class SegmentStore:
         stats: dict = {}
 
         def extra(f: FileRecord):
-            new = replace(rec, state=SegState.OFFLOADED, bytes=f.size, live_bytes=f.size, location=f.location)
+            new = replace(rec, state=SegState.OFFLOADED, bytes=f.size, live_bytes=f.size, location=f.location,
+                          deletions=stats.get("deletions", 0), deletions_max_ts=stats.get("deletions_max_ts", 0))
             return [Check(e.key, e.version)], [Put(e.key, new.to_bytes())]
 
         await self.fs.offload(rec.inode, sealed_bytes(segid, seg.batches(), schemas or self.schemas, key_schema, stats),
