@@ -80,6 +80,7 @@ class PartitionIndex:
         self.manifest = Manifest()
         self._version = 0
         self.publish_lock = asyncio.Lock()  # one manifest change at a time: checkpoint, merge, GC
+        self.on_purged = None  # async (rowids) -> None: row versions a merge's purge dropped (live counts)
 
     async def open(self) -> Manifest:
         """Load the runs named by the manifest; the caller replays the log from ``mark``."""
@@ -311,6 +312,11 @@ class PartitionIndex:
                 self.columns.detach(m["inode"])
         await self._collect()
         log.info("event=index_merge manifest=%s level=%d runs=%d entries=%d", self.key, level, len(src), len(merged))
+        if self.on_purged is not None:  # under the publish lock: ordered with a GC pass's own count
+            old = np.concatenate([p.rowids for p in parts]) if parts else np.zeros(0, np.uint64)
+            dropped = np.setdiff1d(old[old != TOMBSTONE], merged.rowids[merged.rowids != TOMBSTONE])
+            if len(dropped):
+                await self.on_purged(dropped)
 
     async def _merge_columns(self, src: list[dict], merged: Run) -> dict[str, int]:
         """Column runs for a merged key run: the sources' pairs minus what the purge dropped."""

@@ -25,6 +25,7 @@ from rowstore.errors import RowstoreError
 from rowstore.codec.rows import Decoded, decode_rows
 from rowstore.schema import SchemaVersion
 from rowstore.segments.sealed import SealedSegment, sealed_bytes
+from terrafs.catalog_ops import commit
 from terrafs.errors import CatalogConflictError
 from terrafs.fs import TerrascaleFS
 from terrafs.ranges import RangeAllocator
@@ -302,6 +303,22 @@ class SegmentStore:
             gone.append(p["segid"])
             log.info("event=gc_pending_dropped segid=%d inode=%d", p["segid"], p["inode"])
         return gone
+
+    async def superseded(self, rowids: np.ndarray) -> None:
+        """Row versions an index merge purged: their segments' ``live_rows``/``live_bytes`` go
+        down now (a garbage-collection pass recounts them all; a conflict is left to it)."""
+        segs, _ = split_rowids(rowids)
+        ids, counts = np.unique(segs, return_counts=True)
+        for segid, n in zip(ids.tolist(), counts.tolist()):
+            e = await self.catalog.get(f"{SEG_PREFIX}{segid:08x}")
+            if e is None:
+                continue
+            rec = SegmentRecord.from_bytes(e.value)
+            if rec.state not in (SegState.SEALED, SegState.OFFLOADED) or not rec.rows:
+                continue  # an active segment's counts are set at seal; a retired one's are 0
+            live = max(rec.live_rows - n, 0)
+            upd = replace(rec, live_rows=live, live_bytes=rec.bytes * live // rec.rows)
+            await commit(self.catalog, [Check(e.key, e.version)], [Put(e.key, upd.to_bytes())])
 
     async def clusters(self, segids) -> dict[int, tuple | None]:
         """segid -> its cluster range (None: none), for query pruning; one catalog scan when a
