@@ -332,17 +332,16 @@ class GarbageCollector:
             await commit(self.store.catalog, [], [Delete(e.key)])
 
     async def _delete_retired(self, tid: str | None, res: _Pass) -> None:
-        """Delete retired segments past ``grace`` that no unexpired read lease names."""
-        leased = await self.leases.leased_segments()
+        """Delete retired segments past ``grace`` that no unexpired read lease names (the leases
+        are read again right before each delete: a plan made meanwhile holds its segments)."""
         mine = {t.table_id for t in self.tables.opened()}
         now_ms = time.time() * 1000
-        for r in await self.store.list():
-            if r.state != SegState.RETIRED or (tid is not None and r.table != tid):
+        due = [r for r in await self.store.list() if r.state == SegState.RETIRED
+               and (tid is None or r.table == tid) and now_ms - r.retired_ms >= self.cfg.grace_s * 1000
+               and (r.table in mine or r.owner == self.store.node)]  # another node's table: its owner's
+        for r in due:
+            if r.segid in await self.leases.leased_segments():
                 continue
-            if r.segid in leased or now_ms - r.retired_ms < self.cfg.grace_s * 1000:
-                continue
-            if r.table not in mine and r.owner != self.store.node:
-                continue  # another node's table: its owner collects it
             await self.store.delete(r.segid)
             failpoint("gc.after_delete")
             res.deleted.append(r.segid)
