@@ -104,10 +104,6 @@ class ClusterSpec:
     column: Column | None
     key_kind: str
 
-    @property
-    def explicit(self) -> bool:
-        return self.column is not None
-
 
 def _xy(arr: pa.Array, kind: Kind) -> tuple[np.ndarray, np.ndarray]:
     """Points as (x, y); boxes by their centre; nulls as NaN."""
@@ -125,12 +121,11 @@ def _xy(arr: pa.Array, kind: Kind) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _numbers(arr: pa.Array, kind: Kind) -> np.ndarray:
-    """Float64 values of a number column, NaN for nulls."""
+    """Float64 values of a number column, NaN for nulls (uint64 straight to float64: no int64)."""
     arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-    if kind in _INT_KINDS:
+    if kind in _INT_KINDS and kind != Kind.UINT64:
         arr = _ints(arr, kind)
-    v = np.asarray(arr.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False), np.float64)
-    return v
+    return np.asarray(arr.cast(pa.float64(), safe=False).fill_null(np.nan).to_numpy(zero_copy_only=False), np.float64)
 
 
 def _ints(arr: pa.Array, kind: Kind) -> pa.Array:
