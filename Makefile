@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test bench venv clean java17 strace
+.PHONY: run demo test bench venv clean java17 jdk17 jvm strace
 
 venv: $(STAMP)
 
@@ -28,7 +28,7 @@ run: $(STAMP)
 # The tour: a 3-node cluster on loopback (ports 7500-7521, data in ./demo-cluster, removed
 # and re-created each run), ingest with a progress bar, seal/offload, queries, time travel,
 # and a Spark job over the offloaded segments.
-demo: $(STAMP) java17
+demo: $(STAMP) java17 jvm
 	$(PY) -m spark_bridge.demo
 
 # Spark (spark_bridge, its tests) needs a Java 17 runtime: install it when missing.
@@ -38,6 +38,31 @@ java17:
 	  S=$$([ "$$(id -u)" = 0 ] || echo sudo); $$S apt-get update -q && $$S apt-get install -y -q openjdk-17-jre-headless || \
 	  { echo "error: could not install Java 17; install openjdk-17-jre-headless (or set JAVA_HOME to a Java 17)"; exit 1; }; }
 
+# The JVM reader of the Spark bridge (spark_bridge/jvm, docs/spark.md "Readers"): plain javac
+# against the jars the pyspark wheel ships, packaged as a jar; nothing is downloaded.
+JVM_DIR  := spark_bridge/jvm
+JAR      := $(JVM_DIR)/build/terrascale-spark.jar
+JVM_SRC  := $(wildcard $(JVM_DIR)/src/io/terrascale/spark/*.java)
+JDK17    = $$(ls -d /usr/lib/jvm/java-17-openjdk*/bin/javac 2>/dev/null | head -1 | xargs -r dirname | xargs -r dirname)
+
+jvm: $(JAR)
+
+$(JAR): $(STAMP) $(JVM_SRC) $(JVM_DIR)/resources/META-INF/services/org.apache.spark.sql.sources.DataSourceRegister
+	@$(MAKE) -s jdk17
+	rm -rf $(JVM_DIR)/build/classes && mkdir -p $(JVM_DIR)/build/classes
+	H=$(JDK17); H=$${H:-$$JAVA_HOME}; \
+	  J=$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))'); \
+	  $$H/bin/javac -nowarn -encoding UTF-8 --release 17 -d $(JVM_DIR)/build/classes -cp "$$J/*" $(JVM_SRC) && \
+	  cp -r $(JVM_DIR)/resources/. $(JVM_DIR)/build/classes/ && \
+	  $$H/bin/jar cf $@.tmp -C $(JVM_DIR)/build/classes . && mv $@.tmp $@
+
+# javac 17 for the JVM reader: install the JDK when missing (as java17 installs the runtime).
+jdk17:
+	@ls /usr/lib/jvm/java-17-openjdk*/bin/javac >/dev/null 2>&1 || "$${JAVA_HOME:-/nonexistent}/bin/javac" -version 2>&1 | grep -q 'javac 17' || { \
+	  echo "the Spark bridge's JVM reader needs javac 17 and none was found: installing openjdk-17-jdk-headless with apt-get"; \
+	  S=$$([ "$$(id -u)" = 0 ] || echo sudo); $$S apt-get update -q && $$S apt-get install -y -q openjdk-17-jdk-headless || \
+	  { echo "error: could not install javac 17; install openjdk-17-jdk-headless (or set JAVA_HOME to a Java 17 JDK)"; exit 1; }; }
+
 # The durability test watches the node's syscalls (tests/node/test_ack_after_fsync.py).
 strace:
 	@command -v strace >/dev/null 2>&1 || { \
@@ -45,7 +70,7 @@ strace:
 	  S=$$([ "$$(id -u)" = 0 ] || echo sudo); $$S apt-get update -q && $$S apt-get install -y -q strace || \
 	  { echo "error: could not install strace"; exit 1; }; }
 
-test: $(STAMP) java17 strace
+test: $(STAMP) java17 strace jvm
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
@@ -53,4 +78,4 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis $(JVM_DIR)/build

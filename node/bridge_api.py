@@ -7,10 +7,16 @@ every other endpoint (``node/api.py``); ``docs/openapi.yaml`` documents them.
 """
 from __future__ import annotations
 
+import asyncio
+import base64
+
 from aiohttp import web
 
 from node.api import ApiError, _as_of_param, _as_of_value, _cpu, _json_object, _where_terms
 from node.codec import ARROW_STREAM, write_arrow_stream
+from rowstore.reads.predicates import parse_bbox, parse_where
+from rowstore.schema import SchemaVersion
+from terrafs.sealed import SealedFile
 
 
 def add_bridge_routes(api, router) -> None:
@@ -41,14 +47,52 @@ async def snapshot(api, request):
 
 
 async def plan(api, request):
-    doc = await _json_object(request, {"as_of", "where", "bbox", "sealed_only", "lease_s"})
-    sealed_only = doc.get("sealed_only", False)
-    if not isinstance(sealed_only, bool):
-        raise ApiError(400, "bad_request", '"sealed_only" is true or false')
+    doc = await _json_object(request, {"as_of", "where", "bbox", "sealed_only", "lease_s", "typed", "presign", "keys"})
+    flags = {k: doc.get(k, False) for k in ("sealed_only", "typed", "presign", "keys")}
+    for k, v in flags.items():
+        if not isinstance(v, bool):
+            raise ApiError(400, "bad_request", f'"{k}" is true or false')
+    lease_s = _seconds(doc.get("lease_s", 600))
     out = await api.db.read_plan(request.match_info["table"], _as_of_value(doc.get("as_of")),
-                                 _where_terms(doc, request),
-                                 doc.get("bbox"), sealed_only, _seconds(doc.get("lease_s", 600)))
-    return web.json_response(out.to_json())
+                                 _where_terms(doc, request), doc.get("bbox"), flags["sealed_only"], lease_s)
+    body = out.to_json()  # rowstore.reads.plan.ReadPlan: "version" is the plan format's
+    if flags["typed"]:
+        body["predicates"] = typed_predicates(out.schema, doc.get("where"), doc.get("bbox"))
+    if flags["presign"] and hasattr(api.db.fs.objects, "presign_get"):
+        for s in body["sealed"]:  # executors read S3 objects over plain HTTPS: no SDK, no credentials
+            s["url"] = await api.db.fs.objects.presign_get(s["key"], lease_s + 3600)
+    if flags["keys"] and api.db.fs.kek is not None:
+        keys = await asyncio.gather(*(_data_key(api.db.fs, s) for s in out.sealed))
+        for s, key in zip(body["sealed"], keys):
+            s["data_key"] = key
+    return web.json_response(body)
+
+
+async def _data_key(fs, part) -> str:
+    """An encrypted object's data key, unwrapped (base64): a reader given it needs no key file.
+    It opens that one object only — whoever may ask for the plan may read its rows anyway."""
+    sf = await SealedFile.open(fs.objects, part.key, object_size=part.object_size, kek=fs.kek)
+    p = sf.params
+    return base64.b64encode(fs.kek.unwrap(p.wrapped_key, p.key_id, p.inode, sf.where)).decode()
+
+
+def typed_predicates(schema: SchemaVersion, where, bbox) -> dict:
+    """The plan's ``where``/``bbox`` as the node parsed them: each term's column id, op and value
+    in the column's storage domain (integers, floats, booleans, strings; timestamps as µs and
+    dates as days since the epoch; binary and uuid values base64), so an external reader
+    evaluates exactly the node's predicates without parsing values itself."""
+    terms = []
+    for t in parse_where(schema, where):
+        v = t.value
+        if isinstance(v, bytes):
+            v = base64.b64encode(v).decode()
+        terms.append({"column_id": t.column.id, "column": t.column.name, "op": t.op, "value": v})
+    box = parse_bbox(schema, bbox)
+    out: dict = {"terms": terms, "bbox": None}
+    if box is not None:
+        out["bbox"] = {"column_id": box.column.id, "column": box.column.name, "xmin": box.xmin, "ymin": box.ymin,
+                       "xmax": box.xmax, "ymax": box.ymax}
+    return out
 
 
 async def tail(api, request):

@@ -1,5 +1,6 @@
-"""Spark over Terrascale tables: a PySpark Python data source named ``terrascale``
-(docs/spark.md; CONTRACT.md §5).
+"""Spark over Terrascale tables: the data source ``terrascale`` (docs/spark.md; CONTRACT.md §5) —
+batch reads in the JVM where its jar is on the classpath (``spark_bridge/jvm``), else in this
+PySpark Python data source, which also serves writes and the change feed.
 
     import spark_bridge
     spark_bridge.register(spark)
@@ -13,14 +14,40 @@ change feed (``spark_bridge.changes``).
 """
 from __future__ import annotations
 
-__all__ = ["register", "TerrascaleDataSource"]
+__all__ = ["register", "jvm_jar", "jvm_reader", "TerrascaleDataSource"]
+
+import os
+
+_JAR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jvm", "build", "terrascale-spark.jar")
+JVM_PROVIDER = "io.terrascale.spark.TerrascaleProvider"
+
+
+def jvm_jar() -> str | None:
+    """The JVM reader's jar (``make jvm`` builds it), or None when it was not built."""
+    return _JAR if os.path.exists(_JAR) else None
+
+
+def jvm_reader(spark) -> bool:
+    """Whether ``spark``'s driver can load the JVM reader (its jar is on the classpath): then it
+    serves ``format("terrascale")``, since Spark looks up JVM sources before Python ones."""
+    try:
+        return bool(spark._jvm.org.apache.spark.util.Utils.classIsLoadable(JVM_PROVIDER))
+    except Exception:  # noqa: BLE001 - Spark Connect and other sessions without a py4j JVM
+        return False
 
 
 def register(spark) -> None:
-    """Register the ``terrascale`` format with ``spark`` (a SparkSession)."""
-    from spark_bridge.source import TerrascaleDataSource
+    """Register the ``terrascale`` format with ``spark`` (a SparkSession).
 
-    spark.dataSource.register(TerrascaleDataSource)
+    With the JVM reader's jar on the session's classpath (``local_session()`` puts it there;
+    elsewhere add ``spark.jars``), batch reads run in the JVM; the Python data source is
+    registered either way — it serves every read when the jar is absent, and writes, the change
+    feed and ``option("reader", "python")`` always (docs/spark.md, "Readers")."""
+    from spark_bridge.source import PythonReaderSource, TerrascaleDataSource
+
+    if not jvm_reader(spark):  # Spark refuses a Python source under the name of a JVM one
+        spark.dataSource.register(TerrascaleDataSource)
+    spark.dataSource.register(PythonReaderSource)
 
 
 def __getattr__(name: str):

@@ -130,6 +130,9 @@ def spark_step(urls: list[str], report: dict) -> None:
 
     t0 = time.perf_counter()
     spark = local_session(app="terrascale-demo")
+    import spark_bridge
+
+    print(f"    (served by the {'JVM' if spark_bridge.jvm_reader(spark) else 'Python'} reader; docs/spark.md, Readers)")
     try:
         df = (spark.read.format("terrascale").option("endpoint", urls[2]).option("sealed_only", "true")
               .load("positions"))

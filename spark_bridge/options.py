@@ -36,12 +36,15 @@ class Options:
     change_feed: bool = False
     after: int = 0
     starting_ts: str | int = "earliest"
+    reader: str = "auto"  # auto | jvm | python: which reader serves batch reads (docs/spark.md, "Readers")
+    split_mib: float = 64.0  # the JVM reader splits larger offloaded segments over several tasks
 
     @classmethod
     def parse(cls, raw) -> "Options":
         o = {str(k).lower(): v for k, v in dict(raw).items()}
         known = {"endpoint", "table", "token", "as_of", "sealed_only", "columns", "where", "bbox", "key_file",
-                 "objects", "lease_s", "timeout_s", "batch_rows", "change_feed", "after", "starting_ts", "path"}
+                 "objects", "lease_s", "timeout_s", "batch_rows", "change_feed", "after", "starting_ts", "reader",
+                 "split_mib", "path"}
         unknown = sorted(set(o) - known)
         if unknown:
             raise OptionError(f"unknown option(s) {', '.join(unknown)}; "
@@ -61,6 +64,8 @@ class Options:
             lease_s=_seconds(o, "lease_s", 600.0, MAX_LEASE_S), timeout_s=_seconds(o, "timeout_s", 300.0, 86_400.0),
             batch_rows=_int(o, "batch_rows", 65_536, minimum=1), change_feed=_bool(o, "change_feed", False),
             after=_int(o, "after", 0), starting_ts=_starting(o.get("starting_ts", "earliest")),
+            reader=_reader(o.get("reader") or "auto"),
+            split_mib=_seconds(o, "split_mib", 64.0, float(1 << 20), "MiB"),
         )
 
 
@@ -106,7 +111,7 @@ def _int(o: dict, key: str, default: int | None = None, minimum: int = 0) -> int
     return n
 
 
-def _seconds(o: dict, key: str, default: float, most: float) -> float:
+def _seconds(o: dict, key: str, default: float, most: float, unit: str = "seconds") -> float:
     v = o.get(key)
     if v is None or v == "":
         return default
@@ -115,7 +120,7 @@ def _seconds(o: dict, key: str, default: float, most: float) -> float:
     except ValueError:
         s = math.nan
     if not 0 < s <= most:
-        raise OptionError(f"option {key}: seconds in (0, {most:g}], not {v!r}")
+        raise OptionError(f"option {key}: {unit} in (0, {most:g}], not {v!r}")
     return s
 
 
@@ -126,6 +131,13 @@ def _columns(v) -> tuple[str, ...] | None:
     if not all(names) or len({n.lower() for n in names}) != len(names):
         raise OptionError(f"option columns: distinct column names separated by commas, not {v!r}")
     return names
+
+
+def _reader(v) -> str:
+    s = str(v).strip().lower()
+    if s not in ("auto", "jvm", "python"):
+        raise OptionError(f"option reader: auto, jvm or python, not {v!r}")
+    return s
 
 
 def _starting(v) -> str | int:

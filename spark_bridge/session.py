@@ -45,8 +45,10 @@ def java_home() -> str:
                       "openjdk-17-jre-headless with apt-get) or set JAVA_HOME to a Java 17")
 
 
-def local_session(cores: int = 2, max_failures: int = 1, app: str = "terrascale", conf: dict | None = None):
-    """Start (or return the running) local session and register the data source."""
+def local_session(cores: int = 2, max_failures: int = 1, app: str = "terrascale", conf: dict | None = None,
+                  jvm: bool = True):
+    """Start (or return the running) local session and register the data source; with ``jvm``
+    (and the jar built: ``make jvm``) the JVM reader is on the classpath and serves batch reads."""
     os.environ["JAVA_HOME"] = java_home()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -67,6 +69,9 @@ def local_session(cores: int = 2, max_failures: int = 1, app: str = "terrascale"
          .config("spark.driver.host", "127.0.0.1")
          .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
          .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}"))
+    jar = spark_bridge.jvm_jar()
+    if jar is not None and jvm:  # the JVM reader serves format("terrascale") (docs/spark.md, "Readers")
+        b = b.config("spark.jars", jar)
     for k, v in (conf or {}).items():
         b = b.config(k, v)
     spark = b.getOrCreate()

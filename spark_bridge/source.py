@@ -29,6 +29,10 @@ class TerrascaleDataSource(DataSource):
 
     def _opts(self) -> Options:
         opts = Options.parse(self.options)
+        if opts.reader == "jvm":
+            raise OptionError("option reader: the JVM reader is not on this session's classpath (its jar "
+                              "spark_bridge/jvm/build/terrascale-spark.jar is built by `make jvm`; "
+                              "spark_bridge.session.local_session() adds it), so the Python reader serves this read")
         if opts.change_feed and (opts.where or opts.bbox or opts.sealed_only):
             raise OptionError("options where, bbox and sealed_only do not apply to the change feed")
         return opts
@@ -79,3 +83,12 @@ class TerrascaleDataSource(DataSource):
         if opts.change_feed or opts.as_of is not None:
             raise OptionError("options change_feed and as_of are for reads; a write goes to the table now")
         return TerrascaleWriter(opts, schema)
+
+
+class PythonReaderSource(TerrascaleDataSource):
+    """The same source under ``terrascale_python``: where the JVM reader serves ``terrascale``, it
+    hands this one writes, the change feed and ``option("reader", "python")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "terrascale_python"

@@ -62,7 +62,10 @@ class ExternalReads:
             else:
                 tail.add(rec.partition)
         lease = await self.leases.acquire(sorted(recs), lease_s)
-        versions = tuple(c.schemas(v) for v in c.d.history if _has(c.schemas, v))
+        # every version the table has had, not only those up to T: a segment may hold rows written
+        # after T with a newer schema (invisible at T, but a reader still walks past them)
+        latest = await self.reader.tables.latest_def(c.d)
+        versions = tuple(c.schemas(v) for v in latest.history if _has(c.schemas, v))
         return ReadPlan(c.T, c.d.name, c.d.table_id, c.d.schema, versions, self.fs.objects.uri,
                         self.fs.kek is not None, tuple(sealed), () if sealed_only else tuple(sorted(tail)), lease)
 

@@ -263,6 +263,12 @@ class S3ObjectStore(ObjectStore):
         except _RangePastEnd:
             return b""  # S3 says 416 only for an existing object (missing ones are NoSuchKey)
 
+    async def presign_get(self, key: str, expires_s: float) -> str:
+        """A presigned GET URL of ``key`` (readers that hold no credentials, e.g. Spark executors)."""
+        c = await self._c()
+        return await c.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": self._key(key)},
+                                              ExpiresIn=int(expires_s))
+
     async def head(self, key: str) -> ObjectInfo:
         c, k = await self._c(), self._key(key)
         r = await self._retry(f"head {key}", lambda: c.head_object(Bucket=self.bucket, Key=k))

@@ -124,3 +124,11 @@ def test_every_type_converts_to_exactly_the_arrow_schema_spark_checks():
     from rowstore.types import ColumnType
     assert to_spark_column(big, ColumnType.parse("uint64")).to_pylist() == [decimal.Decimal(v) for v in
                                                                             (0, 2**63, 2**64 - 1)]
+
+
+def test_reader_option_picks_a_reader():
+    base = {"endpoint": "http://127.0.0.1:1", "table": "t"}
+    assert Options.parse(base).reader == "auto"
+    assert Options.parse({**base, "READER": "Python"}).reader == "python"
+    with pytest.raises(OptionError, match="option reader: auto, jvm or python"):
+        Options.parse({**base, "reader": "scala"})

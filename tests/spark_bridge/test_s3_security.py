@@ -3,6 +3,7 @@ objects from S3 themselves — and from a node with a bearer token and at-rest e
 (the executors need the node's key file)."""
 from __future__ import annotations
 
+import base64
 import os
 
 import pytest
@@ -13,6 +14,10 @@ from tests.spark_bridge.conftest import api_rows, spark_rows
 from tests.spark_bridge.test_read import COLUMNS, make_rows
 
 TOKEN = "spark-secret-token"
+
+
+def moto_url(uri: str) -> str:
+    return uri.split("endpoint_url=")[1].split("&")[0]
 
 
 def fill(c, table: str) -> int:
@@ -43,6 +48,13 @@ def test_offloaded_segments_on_s3_read_by_the_executors(spark, s3_node):
     node, uri = s3_node
     c = node.client()
     past = fill(c, "s3t")
+    # the JVM reader: objects through the URLs the node presigns in the plan (no credentials given)
+    for as_of in (None, past):
+        r = spark.read.format("terrascale").option("endpoint", node.base).option("table", "s3t").option("reader", "jvm")
+        df = (r if as_of is None else r.option("as_of", str(as_of))).load()
+        assert spark_rows(df, "id") == api_rows(c.query("s3t", as_of=as_of, limit=10_000), "id")
+    presigned = c._call("POST", "/v1/tables/s3t/plan", {"lease_s": 5, "presign": True})
+    assert all(s["url"].startswith(moto_url(uri)) and "Signature" in s["url"] for s in presigned["sealed"])
     plan = c._call("POST", "/v1/tables/s3t/plan", {"lease_s": 5})
     assert plan["objects"].startswith("trs3://") and "secret_access_key" not in plan["objects"]
     assert len(plan["sealed"]) >= 3
@@ -83,13 +95,25 @@ def test_token_and_encrypted_segments(spark, secure_node):
             r = r.option(k, v)
         return r
 
-    assert spark_rows(reader(token=TOKEN, key_file=key).load(), "id") == want
+    for which in ("jvm", "python"):
+        assert spark_rows(reader(token=TOKEN, key_file=key, reader=which).load(), "id") == want
+        with pytest.raises((PySparkException, Py4JJavaError)) as e:
+            reader(reader=which).load()
+        assert "401 unauthorized" in str(e.value)
     with pytest.raises((PySparkException, Py4JJavaError)) as e:
-        reader().load()
-    assert "401 unauthorized" in str(e.value)
-    with pytest.raises((PySparkException, Py4JJavaError)) as e:
-        reader(token=TOKEN).load().count()
+        reader(token=TOKEN, reader="python").load().count()
     assert "give option key_file" in str(e.value)
+    # the JVM reader without key_file: the plan carries each object's data key, unwrapped by the node
+    assert spark_rows(reader(token=TOKEN, reader="jvm").load(), "id") == want
+    plan = c._call("POST", "/v1/tables/sec/plan", {"lease_s": 5, "keys": True})
+    assert plan["sealed"] and all(len(base64.b64decode(s["data_key"])) == 32 for s in plan["sealed"])
+    assert "data_key" not in c._call("POST", "/v1/tables/sec/plan", {"lease_s": 5})["sealed"][0]
+    other = os.path.join(os.path.dirname(key), "other-kek")
+    with open(other, "w") as f:
+        f.write(os.urandom(32).hex())  # the hex form of a key file
+    with pytest.raises((PySparkException, Py4JJavaError)) as e:
+        reader(token=TOKEN, key_file=other, reader="jvm", sealed_only="true").load().collect()  # count(): no read
+    assert "is encrypted with key id" in str(e.value)
     df = spark.createDataFrame([(7, "written with a token")], "id long, s string")
     df.write.format("terrascale").option("endpoint", node.base).option("table", "sec").option("token", TOKEN) \
         .mode("append").save()
