@@ -60,7 +60,7 @@ _ERRORS = [
     (HistoryPurgedError, 410, "history_purged"), (UnavailableError, 503, "unavailable"),
     (CatalogTimeoutError, 503, "unavailable"), (CatalogUnavailableError, 503, "unavailable"),
 ]
-# whole-table endpoints sent to the node serving every partition (RFC 0009 §2); row
+# whole-table endpoints sent to the node serving every partition (RFC 0010 §2); row
 # endpoints route inside their handlers, where the keys are known
 _WHOLE_TABLE = {"/v1/tables/{table}/snapshot", "/v1/tables/{table}/plan", "/v1/tables/{table}/tail",
                 "/v1/tables/{table}/changes"}
@@ -220,7 +220,8 @@ class Api:
     # -- tables -----------------------------------------------------------------------------------
 
     async def create_table(self, request):
-        doc = await _json_object(request, {"name", "columns", "primary_key", "indexes", "partitions", "replicas"},
+        doc = await _json_object(request, {"name", "columns", "primary_key", "indexes", "partitions", "replicas",
+                                           "cluster_by"},
                                  required=("name", "columns", "primary_key"))
         name = doc["name"]
         if not isinstance(name, str):
@@ -238,11 +239,14 @@ class Api:
             raise ApiError(400, "invalid_schema", '"replicas" must be an integer >= 1')
         if replicas != 1:
             raise ApiError(400, "invalid_schema", f'"replicas": {NOT_REPLICATED}')
+        cluster_by = doc.get("cluster_by")
+        if cluster_by is not None and not isinstance(cluster_by, str):
+            raise ApiError(400, "invalid_schema", '"cluster_by" must be a column name')
         db = self.db
         if self.node.cluster is not None and self.node.cluster.multi:
             db.forget_cached_definitions(name)
             await self.node.cluster.place(name, partitions or db.cfg.partitions, lambda: _exists(db, name))
-        d = await db.create_table(name, schema, indexes=indexes, partitions=partitions)
+        d = await db.create_table(name, schema, indexes=indexes, partitions=partitions, cluster_by=cluster_by)
         log.info("event=table_created table=%s partitions=%d", name, d.partitions)
         return web.json_response(_table_json(d), status=201)
 
@@ -256,7 +260,7 @@ class Api:
     async def describe(self, request):
         d = await self.db.describe(request.match_info["table"], _as_of_param(request))
         out = _table_json(d)
-        if self.node.cluster is not None:  # each partition's leader and replicas (RFC 0009)
+        if self.node.cluster is not None:  # each partition's leader and replicas (RFC 0010)
             out["placement"] = (await self.node.cluster.placement(d.name, d.partitions)).json()
         return web.json_response(out)
 
@@ -419,12 +423,15 @@ class Api:
         return run
 
     async def gc(self, request):
-        recs = await self.db.segment_records()
-        retired = [r.segid for _, r in recs if r.state.value == "retired"]
-        return web.json_response({
-            "job": "gc", "collected": 0, "eligible": len(retired), "implemented": False,
-            "message": "segment garbage collection is not built yet (it comes with a later issue); "
-                       "nothing was collected and nothing is retired yet"})
+        """One garbage-collection pass now (RFC 0009); ``{"table": T, "dry_run": bool}`` optional."""
+        self.db  # noqa: B018 - 503 before ready
+        doc = await _json_object(request, {"table", "dry_run"}) if await request.read() else {}
+        table, dry = doc.get("table"), doc.get("dry_run", False)
+        if table is not None and not isinstance(table, str):
+            raise ApiError(400, "bad_request", '"table" must be a table name')
+        if not isinstance(dry, bool):
+            raise ApiError(400, "bad_request", '"dry_run" must be true or false')
+        return web.json_response(await self.node.jobs.run("gc", table=table, dry_run=dry))
 
     async def cluster(self, request):
         self.db  # noqa: B018 - 503 before ready
@@ -560,6 +567,7 @@ def _schema_from_json(columns, primary_key) -> SchemaVersion:
 def _table_json(d) -> dict:
     return {"name": d.name, "table_id": d.table_id, "columns": schema_to_json(d.schema),
             "primary_key": d.schema.key.name, "indexes": d.index_names(), "partitions": d.partitions,
+            "cluster_by": d.cluster_column.name if d.cluster_column is not None else d.schema.key.name,
             "schema_version": d.schema.version, "ts": d.ts}
 
 
@@ -568,4 +576,6 @@ def _segment_json(table: str, r) -> dict:
     of this node reports its durable rows and bytes so far)."""
     return {"segid": r.segid, "table": table, "partition": r.partition, "state": r.state.value,
             "rows": r.rows, "live_rows": r.live_rows, "bytes": r.bytes, "live_bytes": r.live_bytes,
-            "location": r.location, "owner": r.owner, "min_ts": r.min_ts, "max_ts": r.max_ts}
+            "location": r.location, "owner": r.owner, "min_ts": r.min_ts, "max_ts": r.max_ts,
+            "garbage_ratio": round(1 - r.live_rows / r.rows, 4) if r.rows and r.state.value != "active" else 0.0,
+            "cluster": r.cluster}

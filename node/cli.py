@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--schema", required=True, help="'id int64 primary key, ts timestamp, loc point, name string'")
     c.add_argument("--index", default="", help="columns to index, comma-separated")
     c.add_argument("--partitions", type=int, help="number of partitions (default: the node's)")
+    c.add_argument("--cluster-by", help="column whose order the garbage collector rewrites rows in "
+                                        "(point, box, timestamp, date or number; default: the primary key)")
     c.add_argument("--replicas", type=int, help="copies of each partition (default: the node's; only 1 for now)")
     lst = table.add_parser("list", parents=[out], help="list tables")
     lst.add_argument("--as-of", type=int)
@@ -81,8 +83,11 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--limit", type=int)
 
     adm = sub.add_parser("admin", help="operator actions").add_subparsers(dest="admin_cmd", required=True)
-    for name in ("status", "seal", "offload", "gc", "checkpoint"):
+    for name in ("status", "seal", "offload", "checkpoint"):
         adm.add_parser(name, parents=[out])
+    gcp = adm.add_parser("gc", parents=[out], help="one garbage-collection pass now")
+    gcp.add_argument("--table", help="only this table")
+    gcp.add_argument("--dry-run", action="store_true", help="list the victims and their garbage ratios only")
     cl = adm.add_parser("cluster", parents=[out], help="members, leader and term; add/remove a Raft member")
     cl.add_argument("change", nargs="?", choices=("add", "remove"))
     cl.add_argument("raft_address", nargs="?", help="host:port of the member's Raft port")
@@ -240,7 +245,7 @@ def _table_cmd(c, args) -> int:
     if args.table_cmd == "create":
         cols, pk = _schema_columns(args.schema)
         idx = [i.strip() for i in args.index.split(",") if i.strip()]
-        d = c.create_table(args.name, cols, pk, idx, args.partitions, args.replicas)
+        d = c.create_table(args.name, cols, pk, idx, args.partitions, args.cluster_by, args.replicas)
         _describe_out(d, fmt)
     elif args.table_cmd == "list":
         doc = c.list_tables(args.as_of)
@@ -280,6 +285,7 @@ def _describe_out(d: dict, fmt: str) -> None:
     if fmt in ("table", "csv"):
         if fmt == "table":
             print(f"table {d['name']}  (primary key {d['primary_key']}, {d['partitions']} partitions, "
+                  f"cluster by {d.get('cluster_by', d['primary_key'])}, "
                   f"schema version {d['schema_version']}, ts {d['ts']})")
         rows = [{"column": col["name"], "type": col["type"], "nullable": col["nullable"],
                  "indexed": col["name"] in d["indexes"]} for col in d["columns"]]
@@ -353,6 +359,15 @@ def _admin(c, args) -> int:
     elif cmd == "segments":
         doc = c.segments(args.table)
         _emit(doc, fmt, "segments")
+    elif cmd == "gc":
+        doc = c.gc(args.table, args.dry_run)
+        if args.dry_run and fmt == "table":
+            if doc["victims"]:
+                _print_table(doc["victims"])
+            else:
+                print("no victims")
+        else:
+            _emit(doc, fmt)
     elif cmd == "cluster":
         if args.change and not args.raft_address:
             print(f"terrascale: error: admin cluster {args.change} needs the member's Raft address (host:port)",

@@ -84,15 +84,24 @@ def _seg(s) -> str:
     return quote(str(s), safe="")
 
 
+def _gc_doc(table, dry_run) -> dict:
+    doc = {"dry_run": bool(dry_run)}
+    if table is not None:
+        doc["table"] = table
+    return doc
+
+
 class _Requests:
     """The request shapes, shared by both clients: (method, path, body, content type, want)."""
 
     @staticmethod
-    def create_table(name, columns, primary_key, indexes=(), partitions=None, replicas=None):
+    def create_table(name, columns, primary_key, indexes=(), partitions=None, cluster_by=None, replicas=None):
         cols = [c if isinstance(c, dict) else {"name": c[0], "type": c[1]} for c in columns]
         doc = {"name": name, "columns": cols, "primary_key": primary_key, "indexes": list(indexes)}
         if partitions is not None:
             doc["partitions"] = partitions
+        if cluster_by is not None:
+            doc["cluster_by"] = cluster_by
         if replicas is not None:
             doc["replicas"] = replicas
         return "POST", "/v1/tables", doc
@@ -188,8 +197,9 @@ class Client:
         return data.decode()
 
     # tables
-    def create_table(self, name, columns, primary_key, indexes=(), partitions=None, replicas=None) -> dict:
-        m, p, doc = _Requests.create_table(name, columns, primary_key, indexes, partitions, replicas)
+    def create_table(self, name, columns, primary_key, indexes=(), partitions=None, cluster_by=None,
+                     replicas=None) -> dict:
+        m, p, doc = _Requests.create_table(name, columns, primary_key, indexes, partitions, cluster_by, replicas)
         return self._call(m, p, doc)
 
     def list_tables(self, as_of=None) -> dict:
@@ -245,6 +255,10 @@ class Client:
     def admin(self, job: str) -> dict:
         """Run a background job now: ``seal``, ``offload``, ``checkpoint`` or ``gc``."""
         return self._call("POST", f"/v1/admin/{job}")
+
+    def gc(self, table=None, dry_run=False) -> dict:
+        """One garbage-collection pass now (or, ``dry_run``, its victims only)."""
+        return self._call("POST", "/v1/admin/gc", _gc_doc(table, dry_run))
 
     def cluster(self) -> dict:
         return self._call("GET", "/v1/admin/cluster")
@@ -303,8 +317,9 @@ class AsyncClient:
     async def readyz(self):
         return await self._call("GET", "/readyz")
 
-    async def create_table(self, name, columns, primary_key, indexes=(), partitions=None):
-        m, p, doc = _Requests.create_table(name, columns, primary_key, indexes, partitions)
+    async def create_table(self, name, columns, primary_key, indexes=(), partitions=None, cluster_by=None,
+                           replicas=None):
+        m, p, doc = _Requests.create_table(name, columns, primary_key, indexes, partitions, cluster_by, replicas)
         return await self._call(m, p, doc)
 
     async def list_tables(self, as_of=None):
@@ -356,6 +371,9 @@ class AsyncClient:
 
     async def admin(self, job: str):
         return await self._call("POST", f"/v1/admin/{job}")
+
+    async def gc(self, table=None, dry_run=False):
+        return await self._call("POST", "/v1/admin/gc", _gc_doc(table, dry_run))
 
     async def cluster(self):
         return await self._call("GET", "/v1/admin/cluster")

@@ -6,7 +6,7 @@ any request and routes it to the owner of the data"):
 * ``node/member/<node id>`` — ``{"http": "http://host:port", "raft": "host:port" | null}``,
   written by each node when it becomes ready (its address for forwarded requests);
 * ``node/place/<table name>`` — the placement of the table's partitions
-  (``node/placement.py``, docs/rfcs/0009-replication.md), set by compare-and-set by the
+  (``node/placement.py``, docs/rfcs/0010-replication.md), set by compare-and-set by the
   node that creates the table, before it creates it;
 * ``node/owner/<table name>`` — RFC 0007's per-table owner, still read for tables made
   before placements (every partition on that node).
@@ -93,7 +93,7 @@ class Cluster:
     # -- placement ------------------------------------------------------------------------------
 
     async def place(self, table: str, partitions: int, exists) -> Placement:
-        """Place a new table's partitions over the members (balanced by count, RFC 0009 §1)
+        """Place a new table's partitions over the members (balanced by count, RFC 0010 §1)
         before creating it, by compare-and-set; ``await exists()`` says whether the name is
         taken (then nothing is written: the live table's placement stays)."""
         if not self.multi:

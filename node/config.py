@@ -74,6 +74,10 @@ class NodeConfig:
     checkpoint_every_s: float = 1.0
     offload_every_s: float = 5.0
     seal_every_s: float = 0.0  # 0: segments seal only when they reach seal_bytes
+    gc_interval_s: float = 60.0  # 0: no background garbage-collection pass
+    gc_min_garbage: float = 0.5
+    gc_grace_s: float = 300.0
+    gc_max_bytes_per_run: int = 1 << 30
 
 
 def _str(key: str, v) -> str:
@@ -106,6 +110,12 @@ def _readable(key: str, v) -> str:
     return path
 
 
+def _fraction(key: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        raise ConfigError(f"{key}: expected a number from 0 to 1, got {v!r}")
+    return float(v)
+
+
 def _positive(key: str, v: float) -> float:
     if v <= 0:
         raise ConfigError(f"{key}: must be more than 0s")
@@ -132,7 +142,7 @@ def _partitions(key: str, v) -> int:
     return v
 
 
-NOT_REPLICATED = ("replication is not built yet (docs/rfcs/0009-replication.md: placement across nodes is, "
+NOT_REPLICATED = ("replication is not built yet (docs/rfcs/0010-replication.md: placement across nodes is, "
                   "copies of a partition on several nodes are not); 1 is the only value for now")
 
 
@@ -170,6 +180,9 @@ _SCHEMA = {
     "jobs": {"checkpoint_every": ("checkpoint_every_s", parse_duration),
              "offload_every": ("offload_every_s", parse_duration),
              "seal_every": ("seal_every_s", parse_duration)},
+    "gc": {"interval": ("gc_interval_s", parse_duration), "min_garbage": ("gc_min_garbage", _fraction),
+           "grace": ("gc_grace_s", parse_duration),
+           "max_bytes_per_run": ("gc_max_bytes_per_run", lambda k, v: int(_positive(k, parse_size(k, v))))},
 }
 
 

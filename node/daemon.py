@@ -40,6 +40,7 @@ from node.guard import ConnectionGuard, GuardedSite, install_accept_handler
 from node.jobs import Jobs
 from node.metrics import Metrics
 from rowstore.db.database import Database, TablesConfig
+from rowstore.db.gc import GcConfig
 from rowstore.tables.partition import segment_states
 from terrafs.active import ActiveConfig
 from terrafs.crypto import KeyEncryptionKey
@@ -105,7 +106,8 @@ class Node:
         self._stack.push_async_callback(self.cluster.close)
         self.db = Database(self.fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes,
                                                  memtable_bytes=c.memtable_bytes,
-                                                 retention_ms=int(c.retention_s * 1000)))
+                                                 retention_ms=int(c.retention_s * 1000),
+                                                 gc=GcConfig(c.gc_min_garbage, c.gc_grace_s, c.gc_max_bytes_per_run)))
         self.cluster.on_change = self.db.forget_cached_definitions
         self.db.participant.gone = self.cluster.gone
         await self._open_db()
@@ -124,7 +126,7 @@ class Node:
         self.metrics.ready.set(1)
 
     async def _open_db(self) -> None:
-        """Recover the partitions this node serves, and only those (RFC 0009).
+        """Recover the partitions this node serves, and only those (RFC 0010).
 
         Other partitions have their write-ahead on other nodes' block devices, so they
         cannot be replayed here; ``Database.open`` takes the placement as a filter, and keeps
@@ -172,6 +174,13 @@ class Node:
             m.closed_ts.set(self.db.closed_ts)
             m.txn_held.set(self.db.participant.held)
             await self._placement_metrics()
+            tot = self.db.gc.totals
+            m.gc_runs.set(tot["runs"])
+            m.gc_rows_copied.set(tot["rows_copied"])
+            m.gc_bytes_reclaimed.set(tot["bytes_reclaimed"])
+            m.gc_seconds.set(tot["run_seconds"])
+            m.gc_deleted.set(tot["segments_deleted"])
+            m.gc_garbage_ratio.set(await self.db.gc.garbage_ratio())
         return generate_latest(m.registry), CONTENT_TYPE_LATEST
 
     async def _placement_metrics(self) -> None:

@@ -92,6 +92,7 @@ async def _check_all(cfg: NodeConfig, catalog, kek) -> list[Problem]:
                           config=FsConfig(node_id=cfg.node_id))  # read-only use: no open()
         problems += await check_segments(fs)
         problems += await check_index_runs(fs)
+        problems += await check_references(catalog)
     finally:
         await objects.close()
     return problems
@@ -162,6 +163,33 @@ def _check_entries(run: IndexRun, e, r: dict) -> None:
         raise RowCorruptionError(run.where, None, f"entry {at} is out of (key asc, commit_ts desc) order")
     if ts.min() < run.min_ts or ts.max() > run.max_ts:
         raise RowCorruptionError(run.where, None, "a commit timestamp lies outside the footer's range")
+
+
+async def check_references(catalog) -> list[Problem]:
+    """Every file row is named by a segment row, a partition manifest (runs, column runs, runs
+    awaiting deletion) or a pending row (a column run or a GC copy not yet published, removed
+    at the owner's next start); a sealed file nothing names is leaked space."""
+    named: set[int] = set()
+    for e in await catalog.scan("rs/seg/"):
+        named.add(json.loads(e.value)["inode"])
+    for e in await catalog.scan("gc/pending/"):
+        named.add(json.loads(e.value)["inode"])
+    for e in await catalog.scan(IDX_PREFIX):
+        if "/pending/" in e.key:
+            named.add(int(e.key.rsplit("/", 1)[1], 16))
+        elif e.key.endswith("/manifest"):
+            m = json.loads(e.value)
+            named.update(r["inode"] for r in m.get("runs", []))
+            named.update(i for r in m.get("runs", []) for i in (r.get("cols") or {}).values())
+            named.update(m.get("garbage", []))
+    out = []
+    for e in await catalog.scan(FILE_PREFIX):
+        for rec in _file_record(e.value):
+            if rec.inode not in named and rec.state.value != "building":  # building: finished or removed at start
+                out.append(Problem(f"catalog {e.key}", None, f"inode {rec.inode} ({rec.state.value}, "
+                                   f"{rec.size} bytes) is named by no segment, index manifest or pending row "
+                                   f"(leaked)", damage=False))
+    return out
 
 
 # -- repair --------------------------------------------------------------------------------------

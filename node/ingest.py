@@ -15,7 +15,7 @@ are parsed as the column's type (``point``/``box``/``range``/``json`` cells hold
 their JSON form, ``binary`` base64, ``uuid`` the canonical string); NDJSON lines
 are JSON rows exactly as ``POST …/rows`` takes them.
 
-On a cluster whose table is placed across nodes (docs/rfcs/0009-replication.md), each
+On a cluster whose table is placed across nodes (docs/rfcs/0010-replication.md), each
 batch is split by the node serving its rows' partitions (the table's description names
 them; the partition hash is the format's) and the pieces go straight to those nodes at
 once: each piece commits on one node, with no two-phase commit across nodes and no

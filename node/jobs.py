@@ -5,6 +5,7 @@
 - offload: rewrite sealed segments as objects, drop the local copies; every ``jobs.offload_every``.
 - seal: seal every partition's current segment (rollover at ``seal_bytes`` is inline in the
   engine); every ``jobs.seal_every``, off by default.
+- gc: one garbage-collection pass (docs/rfcs/0009-gc.md); every ``gc.interval`` (60s; 0s: off).
 
 The jobs are ``rowstore.db.database.Database`` methods.
 The group-commit flush timer (``segments.flush_ms``) lives in the write path
@@ -29,15 +30,16 @@ class Jobs:
     def __init__(self, db, metrics: Metrics, cfg):
         self.db, self.m = db, metrics
         self.schedule = {"checkpoint": cfg.checkpoint_every_s, "offload": cfg.offload_every_s,
-                         "seal": cfg.seal_every_s}
+                         "seal": cfg.seal_every_s, "gc": cfg.gc_interval_s}
         self._locks = {name: asyncio.Lock() for name in self.schedule}
         self._tasks: list[asyncio.Task] = []
         self.last: dict[str, dict] = {}
 
-    async def run(self, name: str, trigger: str = "admin") -> dict:
+    async def run(self, name: str, trigger: str = "admin", **kw) -> dict:
         """Run job ``name`` now; returns what it did (the engine's report)."""
         work = {"checkpoint": lambda: self.db.checkpoint(force=trigger == "admin"),
-                "offload": self.db.offload, "seal": self.db.seal}[name]
+                "offload": self.db.offload, "seal": self.db.seal,
+                "gc": lambda: self.db.collect_garbage(**kw)}[name]
         async with self._locks[name]:
             t0 = time.perf_counter()
             try:
@@ -50,7 +52,7 @@ class Jobs:
             took = time.perf_counter() - t0
             self.m.job_seconds.labels(name).observe(took)
             self.m.job_runs.labels(name, trigger, "ok").inc()
-        if any(out.values()) or trigger == "admin":
+        if any(v for k, v in out.items() if k != "job") or trigger == "admin":
             log.info("event=job_done job=%s trigger=%s seconds=%.3f %s", name, trigger, took,
                      " ".join(f"{k}={_short(v)}" for k, v in out.items()))
         self.last[name] = {"at": time.time(), "seconds": round(took, 4), "result": out}

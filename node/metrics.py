@@ -68,11 +68,19 @@ class Metrics:
                                         "Raft meta/journal file writes retried after a transient error",
                                         registry=r)
         self.partitions_led = Gauge("terrascale_partitions_led", "Partitions this node serves (leads), by table "
-                                    "(RFC 0009)", ["table"], registry=r)
+                                    "(RFC 0010)", ["table"], registry=r)
         self.partition_epoch = Gauge("terrascale_partition_epoch", "Epoch of each partition this node leads",
                                      ["table", "partition"], registry=r)
         self.txn_across = Counter("terrascale_txn_across_nodes_total", "Batches spanning nodes this node "
                                   "coordinated, by outcome (committed, failed)", ["outcome"], registry=r)
         self.txn_held = Gauge("terrascale_txn_held", "Shares of batches coordinated elsewhere that this "
                                   "node holds reserved or prepared now", registry=r)
+        self.gc_runs = Gauge("terrascale_gc_runs_total", "Garbage-collection passes run", registry=r)
+        self.gc_rows_copied = Gauge("terrascale_gc_rows_copied_total", "Live rows copied forward by GC", registry=r)
+        self.gc_bytes_reclaimed = Gauge("terrascale_gc_bytes_reclaimed_total", "Bytes of retired segments minus "
+                                        "their copies (freed once deleted)", registry=r)
+        self.gc_seconds = Gauge("terrascale_gc_run_seconds_total", "Time spent in GC passes", registry=r)
+        self.gc_deleted = Gauge("terrascale_gc_segments_deleted_total", "Retired segments deleted", registry=r)
+        self.gc_garbage_ratio = Gauge("terrascale_gc_garbage_ratio", "1 - live bytes / bytes over sealed, "
+                                      "offloaded and retired segments", registry=r)
         self.ready = Gauge("terrascale_ready", "1 once recovery finished and the node serves", registry=r)

@@ -1,5 +1,5 @@
 """Where a table's partitions live: the placement record and the balancing rule
-(docs/rfcs/0009-replication.md §1; record format: docs/format/placement.md).
+(docs/rfcs/0010-replication.md §1; record format: docs/format/placement.md).
 
 ``node/place/<table name>`` = JSON ``{"format": 1, "partitions": [{"replicas": [node id,
 ...], "epoch": n}, ...]}``, one entry per hash partition, its leader first. Written by

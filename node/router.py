@@ -1,4 +1,4 @@
-"""Routing by partition (docs/rfcs/0009-replication.md §2): any node accepts any request.
+"""Routing by partition (docs/rfcs/0010-replication.md §2): any node accepts any request.
 
 The node that receives a request hashes its keys to partitions with the format's
 partition hash and looks up who serves them (``node/placement.py``):
@@ -238,7 +238,7 @@ class Router:
         return max(await asyncio.gather(*(closed(n) for n in nodes)))
 
     async def _scatter(self, d, where, bbox, columns, limit, as_of):
-        """Every node's partitions at one T, merged in key order (RFC 0009 §4)."""
+        """Every node's partitions at one T, merged in key order (RFC 0010 §4)."""
         pl = await self._placement(d, fresh=True)
         by_node = pl.by_node()
         if as_of is None:
@@ -272,7 +272,7 @@ class Router:
         return (t.select(list(columns)) if columns is not None else t), T
 
 
-    # -- the bridge's reads across nodes (RFC 0009 §6) -------------------------------------------
+    # -- the bridge's reads across nodes (RFC 0010 §6) -------------------------------------------
 
     async def _spread(self, d) -> dict[str, list[int]] | None:
         """node -> partitions, when ``d``'s partitions are on several nodes (else None)."""

@@ -1,4 +1,4 @@
-"""One atomic batch across nodes, with one ``commit_ts`` (docs/rfcs/0009-replication.md §3).
+"""One atomic batch across nodes, with one ``commit_ts`` (docs/rfcs/0010-replication.md §3).
 
 The coordinator is the node that received the batch. It *reserves* each participant
 node's share in node-id order: the participant takes its partitions' writer locks (in

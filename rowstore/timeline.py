@@ -31,7 +31,7 @@ class Timeline:
         return ts
 
     def begin_above(self, floor: int) -> int:
-        """A timestamp for a batch coordinated by another node (RFC 0009 §3): at least
+        """A timestamp for a batch coordinated by another node (RFC 0010 §3): at least
         ``floor`` (the coordinator's clock), above everything this clock issued and above the
         closed timestamp, registered in flight. Synchronous, so nothing moves in between; the
         caller then makes the clock's persisted mark cover it (``clock.observe_durably``)."""

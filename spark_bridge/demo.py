@@ -4,7 +4,7 @@ Starts ``ops/local-cluster.sh up 3`` in a fresh directory, creates a table, writ
 sample data set (vehicle positions) to Parquet and loads it with ``terrascale ingest``
 (progress bar), seals and offloads the segments, runs point, range and bounding-box
 queries and a time-travel read — each through a different node: the table's partitions are
-placed across all three (RFC 0009), so requests are routed by partition and batches and
+placed across all three (RFC 0010), so requests are routed by partition and batches and
 queries span nodes — ends with a Spark job over the offloaded segments (the
 executors read the objects), prints a short report and stops the cluster.
 """

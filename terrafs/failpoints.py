@@ -7,6 +7,8 @@ costs one dict lookup.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 
 
 class FailPointCrash(Exception):
@@ -14,10 +16,15 @@ class FailPointCrash(Exception):
 
 
 _armed: dict[str, int] = {}
+# A real process crash for kill -9 tests of a node: the named point SIGKILLs the process
+# (set in the environment of a test's child process only; unset in production).
+_KILL_AT = os.environ.get("TERRASCALE_FAILPOINT_KILL")
 
 
 def failpoint(name: str) -> None:
     """Raise FailPointCrash if ``name`` is armed (after its skip count runs out)."""
+    if name == _KILL_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
     if name in _armed:
         left = _armed[name]
         if left <= 0:

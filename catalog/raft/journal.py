@@ -176,6 +176,25 @@ class DurableJournal(Journal):
         self._fd = os.open(self._name(self._gen), os.O_WRONLY)
         self._size = os.fstat(self._fd).st_size
 
+    def align_to_dump(self, dump_path: str) -> None:
+        """Start the journal at the dump's two entries when a dump on disk is newer than the
+        journal's start: a background dump replaced the file, then the node stopped before
+        pysyncobj compacted the journal. pysyncobj would clear such a journal down to the
+        dump's entries and drop every entry after them, acknowledged ones included; this is
+        the compaction it missed. A damaged dump is left for the dump loader to report."""
+        try:
+            with open(dump_path, "rb") as f:
+                last, prev, _, _ = decode_dump(f.read(), dump_path)
+        except (FileNotFoundError, CatalogCorruptionError):
+            return
+        e = self._entries
+        for i in range(len(e) - 1):
+            if e[i] == prev and e[i + 1] == last:
+                if i:
+                    log.info("event=raft_journal_aligned_to_dump dropped=%d first_index=%d", i, prev[1])
+                    self._guarded(self._rewrite, e[i:], self._gen + 1)
+                return
+
     def _load(self, where: str) -> None:
         with open(where, "rb") as f:
             buf = f.read()

@@ -171,6 +171,7 @@ class Replica(SyncObj):
         self._thread: threading.Thread | None = None
         self.transport: HardenedTransport | None = None
         self.journal = DurableJournal(path)
+        self.journal.align_to_dump(os.path.join(path, "dump.trd"))  # before pysyncobj loads the dump
         self.journal.stopping = lambda: self._stopping  # transient write errors are retried until then
         self.journal.on_retry = self._shed  # the tick thread waits in the retry: nothing else frees them
         self._dump_state = SERIALIZER_STATE.NOT_SERIALIZING

@@ -10,6 +10,7 @@ the one object the node holds; the work is done by its parts, each in its own mo
 * :mod:`rowstore.db.external_reads` — read plans, tails and the change feed for the bridge;
 * :mod:`rowstore.db.leases` — read leases that hold segments back from collection;
 * :mod:`rowstore.db.maintenance` — checkpoint, merge, seal, offload;
+* :mod:`rowstore.db.gc` — copy-forward garbage collection, clustered rewrites (RFC 0009);
 * :mod:`rowstore.db.tasks` — the one home of background tasks.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pyarrow as pa
 
 from rowstore.db.committer import Committer, WriteResult
 from rowstore.db.external_reads import ExternalReads
+from rowstore.db.gc import GarbageCollector, GcConfig
 from rowstore.db.leases import Leases
 from rowstore.db.maintenance import Maintenance
 from rowstore.db.participant import Participant
@@ -44,6 +46,7 @@ class TablesConfig:
     memtable_bytes: int = 64 << 20  # all partitions' key memtables together
     retention_ms: int = 7 * 86_400_000
     closed_wait_s: float = 2.0
+    gc: GcConfig = GcConfig()
 
 
 def _schema_of_segment_rows(version: int) -> SchemaVersion:
@@ -69,18 +72,21 @@ class Database:
                                        self.tasks)
         self.leases = Leases(self.catalog)
         self.external = ExternalReads(fs, self.store, self.reader, self.leases)
+        self.gc = GarbageCollector(self.store, self.catalog_tables, self.tables, self.timeline, self.leases,
+                                   self.reader.horizon, self.maintenance.offload, cfg.gc)
 
     # -- life cycle -------------------------------------------------------------------------
 
     async def open(self, owns=None) -> None:
         """Clock, segments (deciding prepared batches), then every table's indexes. In a
-        cluster ``await owns(table_def)`` names the partitions this node serves (RFC 0009):
+        cluster ``await owns(table_def)`` names the partitions this node serves (RFC 0010):
         only those are opened and replayed — the others' write-ahead lives on other nodes'
         block devices — now and whenever the table is opened later."""
         self.tables.owns = owns
         await self.clock.open()
         await self.store.open(self.committer.decide_at_recovery)
         await self.committer.forget_recovered()
+        await self.gc.recover()
         for d in await self.catalog_tables.list():
             if owns is None or await owns(d):
                 await self.tables.table(d)
@@ -95,8 +101,10 @@ class Database:
 
     # -- tables -------------------------------------------------------------------------------
 
-    async def create_table(self, name: str, schema, indexes=(), partitions: int | None = None) -> TableDef:
-        d = await self.catalog_tables.create(name, schema, list(indexes), partitions or self.cfg.partitions)
+    async def create_table(self, name: str, schema, indexes=(), partitions: int | None = None,
+                           cluster_by: str | None = None) -> TableDef:
+        d = await self.catalog_tables.create(name, schema, list(indexes), partitions or self.cfg.partitions,
+                                             cluster_by)
         await self.tables.table(d)
         return d
 
@@ -206,6 +214,10 @@ class Database:
 
     async def offload(self) -> dict:
         return await self.maintenance.offload()
+
+    async def collect_garbage(self, table: str | None = None, dry_run: bool = False) -> dict:
+        """One garbage-collection pass now (RFC 0009)."""
+        return await self.gc.run(table, dry_run)
 
     async def segment_records(self, table: str | None = None) -> list[tuple[str, SegmentRecord]]:
         return await self.maintenance.segment_records(table)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from rowstore.errors import HistoryPurgedError, QueryError, UnavailableError
+from rowstore.errors import ConflictError, HistoryPurgedError, QueryError, UnavailableError
 from rowstore.reads.plan import ReadPlan, SegmentSlice, visible_bitmap
 from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
 from rowstore.segments.active import split_rowids
@@ -35,7 +35,7 @@ class ExternalReads:
         node (read with :meth:`tail`). A lease keeps the plan's segments from being collected.
 
         ``partitions``: only those, and no lease — this node's share of a plan across nodes
-        (RFC 0009), at the T the coordinating node chose (``trusted``); it takes the lease."""
+        (RFC 0010), at the T the coordinating node chose (``trusted``); it takes the lease."""
         c = await self.reader.context(name, as_of, trusted)
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
         preds = terms + ([box] if box is not None else [])
@@ -49,6 +49,9 @@ class ExternalReads:
             cands, _ = candidates(part, preds)
             if cands is not None:
                 ids = np.intersect1d(ids, cands, assume_unique=True)
+            keep = await self.reader.zone_mask(c, ids, terms, box)  # segments the window misses (RFC 0009)
+            if keep is not None:
+                ids = ids[keep]
             segs, locs = split_rowids(ids)
             cuts = np.flatnonzero(np.diff(segs)) + 1
             for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(segs)]):
@@ -57,8 +60,10 @@ class ExternalReads:
         recs = {r.segid: r for r in await self.store.list(table=c.d.table_id)}
         sealed, tail = [], set()
         for segid, parts in sorted(by_seg.items()):
-            rec = recs[segid]
-            if rec.state == SegState.OFFLOADED:
+            rec = recs.get(segid)
+            if rec is None:  # collected between the index scan and the listing: plan again
+                raise ConflictError(f"segment {segid} of table {name!r} was collected while planning; retry")
+            if rec.state in (SegState.OFFLOADED, SegState.RETIRED):  # a retired one is read until deleted
                 f = await self.fs.stat(rec.inode)
                 sealed.append(SegmentSlice(segid, f.location, f.object_size, rec.rows,
                                            visible_bitmap(np.concatenate(parts))))
@@ -96,7 +101,7 @@ class ExternalReads:
                       trusted: bool = False) -> tuple[pa.Table, int]:
         """Every row change committed in (after, upto], in commit order (then key): the columns
         of the schema at ``upto``, plus ``commit_ts`` and ``op`` ("upsert" or "delete").
-        ``partitions``: only those (this node's share of a feed across nodes, RFC 0009)."""
+        ``partitions``: only those (this node's share of a feed across nodes, RFC 0010)."""
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise QueryError(f"after must be a commit timestamp, not {after!r}")
         c = await self.reader.context(name, upto, trusted)
@@ -109,6 +114,8 @@ class ExternalReads:
         for rec in map(self.store.live, await self.store.list(table=c.d.table_id)):
             if partitions is not None and rec.partition not in partitions:
                 continue
+            if rec.state == SegState.RETIRED:
+                continue  # its live rows are in the copies that replaced it (RFC 0009)
             if rec.max_ts <= after or rec.min_ts > c.T:
                 continue  # empty, or nothing in (after, T]
             async for dec in self.store.scan(rec.segid, c.d.schema, c.schemas):

@@ -1,4 +1,4 @@
-"""This node's share of a batch coordinated by another node (docs/rfcs/0009-replication.md §3).
+"""This node's share of a batch coordinated by another node (docs/rfcs/0010-replication.md §3).
 
 RFC 0003's two-phase commit with the coordinator elsewhere. ``reserve`` takes the writer
 locks of the partitions the rows hash to (in partition order) and a timestamp above

@@ -15,7 +15,8 @@ from rowstore.codec.point_decoder import PointDecoder
 from rowstore.errors import FutureTimestampError, HistoryPurgedError, QueryError, UnavailableError
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
 from rowstore.index.key_memtable import encode_keys
-from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
+from rowstore.reads.zones import keep_mask, segments_of
+from rowstore.reads.predicates import batch_mask, fold_ranges, parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
 from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegmentStore
@@ -65,7 +66,7 @@ class Reader:
 
     async def snapshot(self, as_of: int | None = None, trusted: bool = False) -> int:
         """The read timestamp: ``closed`` by default; a given T once it is closed. ``trusted``:
-        T comes from another node's clock (a read across nodes, RFC 0009 §4), which may run
+        T comes from another node's clock (a read across nodes, RFC 0010 §4), which may run
         ahead of this node's wall clock — observed and waited for, never refused as future."""
         if as_of is None:
             return self.timeline.closed
@@ -172,6 +173,9 @@ class Reader:
         cands, srcs = candidates(part, terms + ([box] if box is not None else []))
         if cands is None:  # no index applies: the partition's visible rows, in key order
             return await self._scan_part(c, part, terms, box, limit)
+        keep = await self.zone_mask(c, cands, terms, box)
+        if keep is not None:
+            cands, srcs = cands[keep], srcs[keep]
         rows = await fetch(self.store, cands, c.schemas, c.d.schema)  # in rowid order, as cands
         keys = encode_keys(rows.batch.column(c.d.schema.key.name), part.kind)
         visible = (rows.commit_ts <= np.uint64(c.T)) & ~rows.deleted
@@ -183,6 +187,9 @@ class Reader:
         """Visible rows in key order, fetched in growing chunks until ``limit`` of them match:
         the answer is the first ``limit`` keys overall, so no partition needs more."""
         ids = (await part.index.scan(None, None, c.T)).rowids  # key order
+        keep = await self.zone_mask(c, ids, terms, box)
+        if keep is not None:
+            ids = ids[keep]
         got, at, step = [], 0, max(4 * (limit or 0), 4096)
         while at < len(ids):
             chunk = ids[at : at + step] if limit is not None else ids
@@ -198,6 +205,13 @@ class Reader:
         return got[0] if len(got) == 1 else pa.Table.from_batches(got).combine_chunks().to_batches()[0]
 
 
+    async def zone_mask(self, c: ReadContext, ids: np.ndarray, terms, box) -> np.ndarray | None:
+        """Rows of segments whose cluster range the query misses are left out (RFC 0009)."""
+        if c.d.cluster_by is None or len(ids) == 0 or (box is None and not terms):
+            return None
+        return keep_mask(ids, await self.store.clusters(segments_of(ids)), terms, box)
+
+
 def _point_key(pt: _PointTable, key):
     """One user key, checked against its column's type, as the index's scalar."""
     return encode_one(check_key(key, pt.d.schema.key), pt.kind)
@@ -207,7 +221,7 @@ def candidates(part: Partition, preds) -> tuple[np.ndarray | None, np.ndarray | 
     """Sorted rowids every usable column index allows, with each one's source run (RFC 0002);
     (None, None) when no predicate can use an index."""
     cands = srcs = None
-    for pred in preds:
+    for pred in fold_ranges(preds):
         got = part.columns.candidates(pred)
         if got is None:
             continue

@@ -18,7 +18,7 @@ class Table:
 
     def __init__(self, store: SegmentStore, d: TableDef, owned: set[int] | None = None):
         self.table_id, self.name = d.table_id, d.name
-        # the partitions this node serves (RFC 0009: a cluster places them across nodes);
+        # the partitions this node serves (RFC 0010: a cluster places them across nodes);
         # the others exist as objects but are never opened, written or checkpointed here
         self.owned = set(range(d.partitions)) if owned is None else set(owned)
         self.kind = d.schema.key.type.kind.value
@@ -76,6 +76,12 @@ class TableRegistry:
                         log.info("event=partition_replayed table=%s partition=%d rows=%d", d.name, p.pid, n)
                 self._tables[d.table_id] = t
         return t
+
+    def forget(self, table_id: str) -> None:
+        """A dropped table being reclaimed: stop maintaining its partitions."""
+        self._tables.pop(table_id, None)
+        self._defs.pop(table_id, None)
+        self._schemas.pop(table_id, None)
 
     def altered(self, d: TableDef) -> None:
         """A new schema version of ``d``'s table: new lookups, and no index on dropped columns."""

@@ -79,6 +79,8 @@ class PartitionIndex:
         self.runs: list[tuple[int, IndexRun]] = []  # (level, run), newest first
         self.manifest = Manifest()
         self._version = 0
+        self.publish_lock = asyncio.Lock()  # one manifest change at a time: checkpoint, merge, GC
+        self.on_purged = None  # async (rowids) -> None: row versions a merge's purge dropped (live counts)
 
     async def open(self) -> Manifest:
         """Load the runs named by the manifest; the caller replays the log from ``mark``."""
@@ -240,6 +242,10 @@ class PartitionIndex:
         return frozen, (self.columns.freeze() if self.columns is not None else None)
 
     async def finish_checkpoint(self, token, mark) -> bool:
+        async with self.publish_lock:
+            return await self._finish_checkpoint(token, mark)
+
+    async def _finish_checkpoint(self, token, mark) -> bool:
         frozen, ctoken = token
         try:
             run = await asyncio.to_thread(frozen.consolidated)  # a sort of the whole memtable
@@ -277,6 +283,10 @@ class PartitionIndex:
 
     async def merge(self, level: int, horizon: int) -> None:
         """Merge every run of ``level`` and ``level + 1`` into one run at ``level + 1``."""
+        async with self.publish_lock:
+            await self._merge(level, horizon)
+
+    async def _merge(self, level: int, horizon: int) -> None:
         src = [(m, lr) for m, lr in zip(self.manifest.runs, self.runs) if lr[0] in (level, level + 1)]
         bottom = not any(lv > level + 1 for lv, _ in self.runs)
         parts = [await r.all() for _, (_, r) in src]
@@ -302,6 +312,11 @@ class PartitionIndex:
                 self.columns.detach(m["inode"])
         await self._collect()
         log.info("event=index_merge manifest=%s level=%d runs=%d entries=%d", self.key, level, len(src), len(merged))
+        if self.on_purged is not None:  # under the publish lock: ordered with a GC pass's own count
+            old = np.concatenate([p.rowids for p in parts]) if parts else np.zeros(0, np.uint64)
+            dropped = np.setdiff1d(old[old != TOMBSTONE], merged.rowids[merged.rowids != TOMBSTONE])
+            if len(dropped):
+                await self.on_purged(dropped)
 
     async def _merge_columns(self, src: list[dict], merged: Run) -> dict[str, int]:
         """Column runs for a merged key run: the sources' pairs minus what the purge dropped."""
@@ -316,15 +331,87 @@ class PartitionIndex:
         keep = np.sort(merged.rowids[merged.rowids != TOMBSTONE])
         return await self.columns.write_runs(pieces, keep)
 
-    async def _publish(self, run: Run, level: int, make_manifest, cols: dict | None = None) -> object:
+    # -- garbage collection (docs/rfcs/0009-gc.md) ------------------------------------------
+
+    async def gc_view(self, horizon: int, with_memtable: bool = False) -> Run:
+        """Every run merged and purged at ``horizon`` as at the bottom level, minus the entries
+        at or below it that a memtable version at or below it supersedes: the entries a
+        relocation keeps. The caller holds ``publish_lock``. ``with_memtable``: the memtables'
+        entries merged in too (a dry run's view of liveness, without a checkpoint)."""
+        parts = [mt.consolidated() for mt in [self.mem, *reversed(self._frozen)]] if with_memtable else []
+        parts += [await r.all() for _, r in self.runs]
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            e = np.zeros(0, np.uint64 if self.kind == "int64" else "S1")
+            return Run(e, np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+        merged = await asyncio.to_thread(lambda: purge(merge_runs(parts), horizon, True))
+        old = np.flatnonzero(merged.ts <= np.uint64(horizon))
+        if len(old):
+            gone = np.zeros(len(old), bool)
+            for mt in [self.mem, *self._frozen]:
+                _, found = mt.lookup(merged.keys[old], horizon)
+                gone |= found > merged.ts[old]
+            if gone.any():
+                keep = np.ones(len(merged), bool)
+                keep[old[gone]] = False
+                merged = Run(merged.keys[keep], merged.ts[keep], merged.rowids[keep])
+        return merged
+
+    async def publish_relocation(self, merged: Run, old: np.ndarray, new: np.ndarray, checks: list,
+                                 ops: list) -> None:
+        """Replace every run by ``merged`` with rowids ``old`` (sorted) moved to ``new``, and the
+        column runs likewise, in ONE transaction with the caller's ``checks``/``ops`` (the
+        segments' rows). The caller holds ``publish_lock``; the swap is a compare-and-set
+        on the manifest, so a manifest changed by anyone else fails the whole publish."""
+        from rowstore.segments.relocate import remap
+
+        run = Run(merged.keys, merged.ts, remap(merged.rowids, old, new))
+        cols = await self._relocate_columns(run, old, new)
+        gone = [m["inode"] for m in self.manifest.runs] + \
+            [i for m in self.manifest.runs for i in m.get("cols", {}).values()]
+        src = list(self.manifest.runs)
+
+        def manifest(rec):
+            entry = {"inode": rec.inode, "level": 2, "entries": len(run), "cols": cols, "unique": _unique(run)}
+            return Manifest([entry], self.manifest.mark, self.manifest.checkpoints, self.manifest.garbage + gone)
+
+        rec = await self._publish(run, 2, manifest, cols, (checks, ops))
+        self.runs = [(2, await IndexRun.open(await self.fs.open_sealed(rec.inode)))]
+        if self.columns is not None:
+            await self.columns.attach(rec.inode, cols)
+            for m in src:
+                self.columns.detach(m["inode"])
+
+    async def _relocate_columns(self, run: Run, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
+        from rowstore.segments.relocate import remap
+
+        if self.columns is None or not self.columns.columns:
+            return {}
+        pieces = []
+        for m in self.manifest.runs:
+            for cid_s, inode in m.get("cols", {}).items():
+                if int(cid_s) in self.columns.columns:
+                    rowids, values = await self.columns.run_data(inode)
+                    pieces.append((remap(rowids, old, new), {int(cid_s): values}))
+        keep = np.sort(run.rowids[run.rowids != TOMBSTONE])
+        return await self.columns.write_runs(pieces, keep)
+
+    async def collect(self) -> None:
+        """Delete the runs a merge or a relocation replaced (named in the manifest's garbage)."""
+        async with self.publish_lock:
+            await self._collect()
+
+    async def _publish(self, run: Run, level: int, make_manifest, cols: dict | None = None,
+                       more: tuple[list, list] = ([], [])) -> object:
         """Create the run's file; its publishing transaction also swaps the manifest (and
-        clears the pending marks of the column runs it names)."""
+        clears the pending marks of the column runs it names), with ``more`` checks/ops."""
         box = {}
         pending = [Delete(self.columns.pending_key(i)) for i in (cols or {}).values()]
 
         def extra(rec):
             box["m"] = make_manifest(rec)
-            return [Check(self.key, self._version)], [Put(self.key, box["m"].to_bytes()), *pending]
+            return [Check(self.key, self._version), *more[0]], [Put(self.key, box["m"].to_bytes()), *pending,
+                                                              *more[1]]
 
         try:
             rec = await self.fs.create_sealed(run_bytes(run, self.kind, level), extra=extra)

@@ -56,6 +56,39 @@ class Term:
 
 
 @dataclass(frozen=True)
+class Between(Term):
+    """A lower-bound and an upper-bound term on one number or time column, as one interval
+    (a time window): one column-index lookup instead of two half-table ones intersected."""
+
+    upper: Term | None = None
+
+    def interval(self):
+        from rowstore.index.column_structures import Interval
+
+        a, b = Interval.from_op(self.op, self.value), Interval.from_op(self.upper.op, self.upper.value)
+        return Interval(a.lo, b.hi, a.lo_inc, b.hi_inc)
+
+
+def fold_ranges(preds: list) -> list:
+    """``preds`` with each column's (lower, upper) pair of terms as one :class:`Between` (only
+    for plain number/time columns: for a range column two terms are two overlap tests)."""
+    lows, highs, rest = {}, {}, []
+    for p in preds:
+        if isinstance(p, Term) and not isinstance(p, Between) and p.column.type.kind in NUMERIC \
+                and p.op in (">", ">=") and p.column.id not in lows:
+            lows[p.column.id] = p
+        elif isinstance(p, Term) and not isinstance(p, Between) and p.column.type.kind in NUMERIC \
+                and p.op in ("<", "<=") and p.column.id not in highs:
+            highs[p.column.id] = p
+        else:
+            rest.append(p)
+    for cid, lo in lows.items():
+        hi = highs.pop(cid, None)
+        rest.append(lo if hi is None else Between(lo.column, lo.op, lo.value, hi))
+    return rest + list(highs.values())
+
+
+@dataclass(frozen=True)
 class BBox:
     column: Column
     xmin: float
@@ -199,6 +232,8 @@ def parse_bbox(schema: SchemaVersion, bbox) -> BBox | None:
 
 def term_mask(arr: pa.Array, term: Term) -> np.ndarray:
     """Exact: which values satisfy ``term`` (nulls never do)."""
+    if isinstance(term, Between):
+        return term_mask(arr, Term(term.column, term.op, term.value)) & term_mask(arr, term.upper)
     k = term.column.type.kind
     if k == Kind.RANGE:
         return _range_mask(arr, term)

@@ -27,7 +27,7 @@ async def check_segments(fs: TerrascaleFS) -> list[Problem]:
     for e in await fs.catalog.scan(SEG_PREFIX):
         rec = SegmentRecord.from_bytes(e.value)
         try:
-            if rec.state == SegState.OFFLOADED:
+            if rec.state == SegState.OFFLOADED or (rec.state == SegState.RETIRED and rec.location):
                 await check_sealed_segment(await SealedSegment.open(await fs.open_sealed(rec.inode)), rec)
             elif rec.state in (SegState.ACTIVE, SegState.SEALED):
                 frec = await fs.stat(rec.inode)
@@ -55,6 +55,8 @@ async def check_sealed_segment(seg: SealedSegment, rec: SegmentRecord | None = N
     f, where = seg.footer, seg.where
     if rec is not None and f.segid != rec.segid:
         raise RowCorruptionError(where, None, f"footer names segment {f.segid}")
+    if rec is not None and rec.cluster and (f.cluster is None or list(f.cluster) != list(rec.cluster)):
+        raise RowCorruptionError(where, None, f"footer cluster range {f.cluster} is not the catalog's {rec.cluster}")
     offsets = await _leaf_offsets(seg)
     if len(offsets) != f.rows:
         raise RowCorruptionError(where, f.root_off, f"index holds {len(offsets)} rows; footer says {f.rows}")

@@ -36,7 +36,9 @@ _SCAN_RUN = 2 << 20  # bytes of whole rows fetched and decoded as one unit of a 
 _SCAN_AHEAD = 2  # runs in flight at once (one per core here)
 MAX_VERSIONS = 8
 _U32 = struct.Struct("<I")
-FOOTER = struct.Struct("<8sHHIQQQQIQQI8IH24sH24sI28sI")
+FOOTER = struct.Struct("<8sHHIQQQQIQQI8IH24sH24sI24s4sI")
+CLUSTER = struct.Struct("<BBHI16s")  # kind, 0, 0, column id, range (24 bytes at offset 160)
+CLUSTER_NONE, CLUSTER_BOX, CLUSTER_INT, CLUSTER_FLOAT = 0, 1, 2, 3  # part of the format
 FOOTER_LEN = FOOTER.size  # 192
 assert FOOTER_LEN == 192
 
@@ -56,6 +58,7 @@ class Footer:
     min_key_len: int
     max_key_len: int
     index_crc: int
+    cluster: tuple | None = None  # (kind, column id, lo..., hi...): see ``cluster_range``
 
     def pack(self) -> bytes:
         vers = list(self.versions) + [0] * (MAX_VERSIONS - len(self.versions))
@@ -63,7 +66,7 @@ class Footer:
                            self.root_off, self.height, self.min_ts, self.max_ts, len(self.versions), *vers,
                            self.min_key_len, self.min_key[:KEY_PREFIX].ljust(KEY_PREFIX, b"\0"),
                            self.max_key_len, self.max_key[:KEY_PREFIX].ljust(KEY_PREFIX, b"\0"),
-                           self.index_crc, bytes(28), 0)
+                           self.index_crc, pack_cluster(self.cluster), bytes(4), 0)
         return body[:-4] + struct.pack("<I", crc32c(body[:-4]))
 
     @classmethod
@@ -81,7 +84,36 @@ class Footer:
         if nver > MAX_VERSIONS:
             raise RowCorruptionError(where, at, f"footer names {nver} schema versions")
         return cls(f[3], f[4], f[6], f[7], f[8], f[9], f[10], tuple(f[12 : 12 + nver]),
-                   f[21][: min(f[20], KEY_PREFIX)], f[23][: min(f[22], KEY_PREFIX)], f[20], f[22], f[24])
+                   f[21][: min(f[20], KEY_PREFIX)], f[23][: min(f[22], KEY_PREFIX)], f[20], f[22], f[24],
+                   unpack_cluster(f[25], where, at))
+
+
+def pack_cluster(c: tuple | None) -> bytes:
+    """The footer's cluster range (docs/format/segment.md §3): a bounding box as float32
+    (rounded outward by the caller), or an int64 / float64 value range."""
+    if c is None:
+        return bytes(CLUSTER.size)
+    kind, cid, vals = c[0], c[1], c[2:]
+    if kind == CLUSTER_BOX:
+        body = struct.pack("<4f", *vals)
+    elif kind == CLUSTER_INT:
+        body = struct.pack("<2q", *vals)
+    else:
+        body = struct.pack("<2d", *vals)
+    return CLUSTER.pack(kind, 0, 0, cid, body)
+
+
+def unpack_cluster(raw: bytes, where: str, at: int) -> tuple | None:
+    kind, _, _, cid, body = CLUSTER.unpack(raw)
+    if kind == CLUSTER_NONE:
+        return None
+    if kind == CLUSTER_BOX:
+        return (kind, cid, *struct.unpack("<4f", body))
+    if kind == CLUSTER_INT:
+        return (kind, cid, *struct.unpack("<2q", body))
+    if kind == CLUSTER_FLOAT:
+        return (kind, cid, *struct.unpack("<2d", body))
+    raise RowCorruptionError(where, at + 160, f"unknown cluster range kind {kind}")
 
 
 def key_bytes(keys: np.ndarray) -> bytes:
@@ -95,9 +127,14 @@ def key_bytes(keys: np.ndarray) -> bytes:
 
 
 async def sealed_bytes(segid: int, batches, schemas: Callable[[int], SchemaVersion],
-                       key_schema: SchemaVersion, stats: dict | None = None) -> AsyncIterator[bytes]:
-    """Stream a sealed segment: rows of the committed ``batches`` in localid order, then the tree."""
+                       key_schema: SchemaVersion, stats: dict | None = None,
+                       cluster: tuple | None = None) -> AsyncIterator[bytes]:
+    """Stream a sealed segment: rows of the committed ``batches`` in localid order, then the tree.
+
+    A batch has ``rows`` (bytes), ``starts`` and ``commit_ts`` — or, for rows of many commits
+    (a garbage collector's copy), ``min_ts`` and ``max_ts``; ``cluster`` goes to the footer."""
     offsets, pos, min_ts, max_ts = [], 0, None, None
+    deletions, deletions_max_ts = 0, 0
     versions: set[int] = set()
     kmin = kmax = None
     async for b in batches:
@@ -111,8 +148,12 @@ async def sealed_bytes(segid: int, batches, schemas: Callable[[int], SchemaVersi
         kmin = lo if kmin is None else min(kmin, lo)
         kmax = hi if kmax is None else max(kmax, hi)
         versions.update(int(v) for v in np.unique(dec.schema_ver))
-        min_ts = b.commit_ts if min_ts is None else min(min_ts, b.commit_ts)
-        max_ts = b.commit_ts if max_ts is None else max(max_ts, b.commit_ts)
+        if dec.deleted.any():  # deletion rows: the garbage collector counts them live above the horizon
+            deletions += int(dec.deleted.sum())
+            deletions_max_ts = max(deletions_max_ts, int(dec.commit_ts[dec.deleted].max()))
+        lo_ts, hi_ts = getattr(b, "min_ts", b.commit_ts), getattr(b, "max_ts", b.commit_ts)
+        min_ts = lo_ts if min_ts is None else min(min_ts, lo_ts)
+        max_ts = hi_ts if max_ts is None else max(max_ts, hi_ts)
         pos += b.rows.shape[0]
         yield b.rows.tobytes()
     offs = np.concatenate(offsets) if offsets else np.zeros(0, np.int64)
@@ -123,9 +164,10 @@ async def sealed_bytes(segid: int, batches, schemas: Callable[[int], SchemaVersi
     pages, root, height = _tree(offs, pos)
     yield pages
     yield Footer(segid, len(offs), pos, root, height, min_ts or 0, max_ts or 0, tuple(sorted(versions)),
-                 kmin or b"", kmax or b"", len(kmin or b""), len(kmax or b""), crc32c(pages)).pack()
+                 kmin or b"", kmax or b"", len(kmin or b""), len(kmax or b""), crc32c(pages), cluster).pack()
     if stats is not None:
-        stats.update(rows=len(offs), rows_len=pos, min_ts=min_ts, max_ts=max_ts)
+        stats.update(rows=len(offs), rows_len=pos, min_ts=min_ts, max_ts=max_ts, deletions=deletions,
+                     deletions_max_ts=deletions_max_ts)
 
 
 def _tree(offs: np.ndarray, base: int) -> tuple[bytes, int, int]:

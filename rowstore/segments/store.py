@@ -25,6 +25,7 @@ from rowstore.errors import RowstoreError
 from rowstore.codec.rows import Decoded, decode_rows
 from rowstore.schema import SchemaVersion
 from rowstore.segments.sealed import SealedSegment, sealed_bytes
+from terrafs.catalog_ops import commit
 from terrafs.errors import CatalogConflictError
 from terrafs.fs import TerrascaleFS
 from terrafs.ranges import RangeAllocator
@@ -57,6 +58,11 @@ class SegmentRecord:
     live_bytes: int = 0
     location: str = ""
     seq: int = 0  # position among its partition's segments (replay order; segids are not ordered)
+    retired_ms: int = 0  # when the garbage collector retired it (ms since the epoch)
+    copy: bool = False  # written by the garbage collector (rows in cluster order; never replayed)
+    deletions: int = 0  # deletion rows (live while newer than the horizon; no index entry names them)
+    deletions_max_ts: int = 0  # the newest of them
+    cluster: list | None = None  # [kind, column id, lo..., hi...]: its rows' cluster range (RFC 0009)
 
     @property
     def key(self) -> str:
@@ -68,7 +74,11 @@ class SegmentRecord:
     @classmethod
     def from_bytes(cls, raw: bytes) -> "SegmentRecord":
         d = json.loads(raw)
-        return cls(**dict(d, state=SegState(d["state"])))
+        return cls(**{k: v for k, v in dict(d, state=SegState(d["state"])).items() if k in _FIELDS})
+
+
+_FIELDS = set(SegmentRecord.__dataclass_fields__)
+PENDING_PREFIX = "gc/pending/"  # a copy written by the garbage collector, not yet published
 
 
 class SegmentStore:
@@ -85,6 +95,7 @@ class SegmentStore:
         self.segids = RangeAllocator(self.catalog, "rs", 1, 2**32 - 1)
         self.active: dict[int, ActiveSegment] = {}
         self._sealed: dict[int, SealedSegment] = {}
+        self._clusters: dict[int, tuple | None] = {}  # segid -> cluster range (immutable per segid)
 
     async def open(self, decide=None) -> list[int]:
         """Init the segid table; reopen this node's local segments; finish pending offloads
@@ -224,7 +235,8 @@ class SegmentStore:
         stats: dict = {}
 
         def extra(f: FileRecord):
-            new = replace(rec, state=SegState.OFFLOADED, bytes=f.size, live_bytes=f.size, location=f.location)
+            new = replace(rec, state=SegState.OFFLOADED, bytes=f.size, live_bytes=f.size, location=f.location,
+                          deletions=stats.get("deletions", 0), deletions_max_ts=stats.get("deletions_max_ts", 0))
             return [Check(e.key, e.version)], [Put(e.key, new.to_bytes())]
 
         await self.fs.offload(rec.inode, sealed_bytes(segid, seg.batches(), schemas or self.schemas, key_schema, stats),
@@ -248,9 +260,76 @@ class SegmentStore:
             raise RowstoreError(f"could not delete segment {segid}")
         self.active.pop(segid, None)
         self._sealed.pop(segid, None)
+        self._clusters.pop(segid, None)
         for k, seg in list(self._current.items()):
             if seg.segid == segid:
                 del self._current[k]
+
+    async def create_copy(self, table: str, partition: int, content) -> SegmentRecord:
+        """A garbage collector's copy (RFC 0009): the object, its file row, a reserved segid and
+        a pending row ``gc/pending/<segid>`` in ONE transaction. The segment row is written
+        only by the pass's publishing transaction (:meth:`published_ops`); until then the copy
+        is invisible and recovery (:meth:`drop_pending`) deletes it."""
+        for _ in range(100):
+            segid, checks, ops = await self.segids.reserve()
+            key = f"{PENDING_PREFIX}{segid:08x}"
+            pend = {"segid": segid, "table": table, "partition": partition, "owner": self.node}
+
+            def extra(f: FileRecord, key=key, pend=pend, checks=checks, ops=ops):
+                return [*checks, Check(key, 0)], [*ops, Put(key, json.dumps(dict(pend, inode=f.inode)).encode())]
+
+            try:
+                f = await self.fs.create_sealed(content(segid), extra=extra)
+            except CatalogConflictError:
+                continue  # another allocator took this segid range row first (the copy is rebuilt)
+            return SegmentRecord(segid, table, partition, SegState.OFFLOADED, self.node, f.inode,
+                                 bytes=f.size, live_bytes=f.size, location=f.location)
+        raise RowstoreError("could not allocate a segment id for a copy")
+
+    async def drop_pending(self) -> list[int]:
+        """Delete this node's unpublished copies (a pass that crashed before publishing)."""
+        gone = []
+        for e in await self.catalog.scan(PENDING_PREFIX):
+            p = json.loads(e.value)
+            if p["owner"] != self.node:
+                continue
+            for _ in range(100):
+                checks, ops = await self.segids.release(p["segid"])
+                try:
+                    await self.fs.delete(p["inode"], [Check(e.key, e.version), *checks], [Delete(e.key), *ops])
+                    break
+                except CatalogConflictError:
+                    continue
+            gone.append(p["segid"])
+            log.info("event=gc_pending_dropped segid=%d inode=%d", p["segid"], p["inode"])
+        return gone
+
+    async def superseded(self, rowids: np.ndarray) -> None:
+        """Row versions an index merge purged: their segments' ``live_rows``/``live_bytes`` go
+        down now (a garbage-collection pass recounts them all; a conflict is left to it)."""
+        segs, _ = split_rowids(rowids)
+        ids, counts = np.unique(segs, return_counts=True)
+        for segid, n in zip(ids.tolist(), counts.tolist()):
+            e = await self.catalog.get(f"{SEG_PREFIX}{segid:08x}")
+            if e is None:
+                continue
+            rec = SegmentRecord.from_bytes(e.value)
+            if rec.state not in (SegState.SEALED, SegState.OFFLOADED) or not rec.rows:
+                continue  # an active segment's counts are set at seal; a retired one's are 0
+            live = max(rec.live_rows - n, 0)
+            upd = replace(rec, live_rows=live, live_bytes=rec.bytes * live // rec.rows)
+            await commit(self.catalog, [Check(e.key, e.version)], [Put(e.key, upd.to_bytes())])
+
+    async def clusters(self, segids) -> dict[int, tuple | None]:
+        """segid -> its cluster range (None: none), for query pruning; one catalog scan when a
+        segid is new to this node (a segid's range never changes until it is deleted)."""
+        if any(s not in self._clusters for s in segids):
+            for r in await self.list():
+                if r.state != SegState.ACTIVE:
+                    self._clusters[r.segid] = tuple(r.cluster) if r.cluster else None
+            for s in segids:
+                self._clusters.setdefault(s, None)
+        return self._clusters
 
     async def scan(self, segid: int, target: SchemaVersion, schemas=None):
         """Every row of a segment in localid order, as decoded Arrow batches."""
@@ -266,7 +345,7 @@ class SegmentStore:
         s = self._sealed.get(segid)
         if s is None:
             rec, _ = await self.record(segid)
-            if rec.state != SegState.OFFLOADED:
+            if rec.state not in (SegState.OFFLOADED, SegState.RETIRED):  # retired: readable until deleted
                 raise RowstoreError(f"segment {segid} is {rec.state.value}, not offloaded")
             s = self._sealed[segid] = await SealedSegment.open(await self.fs.open_sealed(rec.inode))
         return s

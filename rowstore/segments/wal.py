@@ -34,7 +34,7 @@ def frame(kind: Kind, body: bytes | memoryview) -> bytes:
 
 
 DECIDED = 1 << 63  # txn ids with this bit are decided in the catalog (RFC 0003; part of the format)
-# ... and with this one too, the batch spans nodes (RFC 0009): recovery must not delete its
+# ... and with this one too, the batch spans nodes (RFC 0010): recovery must not delete its
 # decision, another node's share may still need it (part of the format)
 SPANS_NODES = 1 << 62
 

@@ -37,6 +37,12 @@ class TableDef:
     schema: SchemaVersion | None  # None: dropped
     ts: int
     history: tuple[int, ...] = ()  # every schema version id this table id has had, oldest first
+    cluster_by: int | None = None  # column id whose order the garbage collector writes rows in (RFC 0009)
+
+    @property
+    def cluster_column(self):
+        """The ``cluster_by`` column (None: the primary key orders copies)."""
+        return self.schema.by_id(self.cluster_by) if self.schema and self.cluster_by is not None else None
 
     @property
     def dropped(self) -> bool:
@@ -48,6 +54,7 @@ class TableDef:
     def to_bytes(self) -> bytes:
         return json.dumps({"table_id": self.table_id, "partitions": self.partitions,
                            "indexes": list(self.indexes), "history": list(self.history),
+                           "cluster_by": self.cluster_by,
                            "schema": self.schema.to_json() if self.schema else None}).encode()
 
     @classmethod
@@ -55,7 +62,7 @@ class TableDef:
         d = json.loads(raw)
         schema = SchemaVersion.from_json(d["schema"]) if d["schema"] else None
         return cls(name, d["table_id"], d["partitions"], tuple(d["indexes"]), schema, ts,
-                   tuple(d.get("history", ())))
+                   tuple(d.get("history", ())), d.get("cluster_by"))
 
 
 def _vkey(name: str, ts: int) -> str:
@@ -121,17 +128,18 @@ class TableCatalog:
         return out
 
     async def create(self, name: str, schema: str | SchemaVersion, indexes: list[str] = (),
-                     partitions: int = 8) -> TableDef:
+                     partitions: int = 8, cluster_by: str | None = None) -> TableDef:
         _check_name(name)
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise SchemaError(f"partitions must be 1..{MAX_PARTITIONS}")
         sv = parse_schema(schema) if isinstance(schema, str) else schema
         idx = _index_ids(sv, indexes)
+        cluster = _cluster_id(sv, cluster_by)
         head = await self.catalog.get(f"tbl/{name}/head")
         cur = await self._at(name, None)
         if cur is not None and not cur.dropped:
             raise TableExistsError(f"table {name!r} exists")
-        d = TableDef(name, uuid.uuid4().hex, partitions, idx, sv, 0, (sv.version,))
+        d = TableDef(name, uuid.uuid4().hex, partitions, idx, sv, 0, (sv.version,), cluster)
         return await self._write(name, d, head)
 
     async def alter(self, name: str, change: Callable[[SchemaVersion], SchemaVersion]) -> TableDef:
@@ -140,18 +148,19 @@ class TableCatalog:
         cur = await self.describe(name)
         sv = change(cur.schema)
         idx = tuple(i for i in cur.indexes if sv.by_id(i) is not None)  # a dropped column leaves its index
-        d = TableDef(name, cur.table_id, cur.partitions, idx, sv, 0, cur.history + (sv.version,))
+        cluster = cur.cluster_by if cur.cluster_by is not None and sv.by_id(cur.cluster_by) is not None else None
+        d = TableDef(name, cur.table_id, cur.partitions, idx, sv, 0, cur.history + (sv.version,), cluster)
         return await self._write(name, d, head)
 
     async def drop(self, name: str) -> TableDef:
         head = await self.catalog.get(f"tbl/{name}/head")
         cur = await self.describe(name)
-        d = TableDef(name, cur.table_id, cur.partitions, (), None, 0, cur.history)
+        d = TableDef(name, cur.table_id, cur.partitions, (), None, 0, cur.history, cur.cluster_by)
         return await self._write(name, d, head)
 
     async def _write(self, name: str, d: TableDef, head) -> TableDef:
         ts = await self.clock.now()
-        d = TableDef(d.name, d.table_id, d.partitions, d.indexes, d.schema, ts, d.history)
+        d = TableDef(d.name, d.table_id, d.partitions, d.indexes, d.schema, ts, d.history, d.cluster_by)
         res = await commit(self.catalog, [Check(f"tbl/{name}/head", head.version if head else 0)],
                            [Put(f"tbl/{name}/head", str(ts).encode()), Put(_vkey(name, ts), d.to_bytes())])
         self.forget(name)
@@ -185,3 +194,18 @@ def _index_ids(sv: SchemaVersion, names) -> tuple[int, ...]:
             raise SchemaError(f"cannot index unknown column {n!r}")
         ids.append(c.id)
     return tuple(dict.fromkeys(ids))
+
+
+def _cluster_id(sv: SchemaVersion, name: str | None) -> int | None:
+    """The column id of ``cluster_by`` (None: the primary key); a clear error if unusable."""
+    from rowstore.segments.relocate import CLUSTERABLE
+
+    if name is None or name == sv.key.name:
+        return None
+    col = next((c for c in sv.columns if c.name == name), None)
+    if col is None:
+        raise SchemaError(f"cluster_by: no column {name!r}")
+    if col.type.kind not in CLUSTERABLE:
+        raise SchemaError(f"cluster_by: column {name!r} of type {col.type} cannot order rows "
+                          f"(use a point, box, timestamp, date or number column)")
+    return col.id

@@ -36,6 +36,7 @@ class Partition:
         self.store, self.table_id, self.pid, self.kind = store, table_id, pid, key_kind
         self.columns = PartitionColumns(store.fs, manifest_key(table_id, pid), indexed)
         self.index = PartitionIndex(store.fs, manifest_key(table_id, pid), key_kind, self.columns)
+        self.index.on_purged = store.superseded  # live counts move as merges purge versions
         self.lock = asyncio.Lock()
         self._inflight = 0  # batches enqueued but not yet applied (or failed)
         self._drained = asyncio.Event()

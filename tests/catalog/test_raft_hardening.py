@@ -19,6 +19,7 @@ import zlib
 
 import pytest
 from pysyncobj.encryptor import getEncryptor
+from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.journal import FileJournal
 
 from catalog.abc import Check, Put
@@ -230,6 +231,34 @@ async def test_3_ours_keeps_everything_across_compaction_and_restart(tmp_path):
     finally:
         await c.close()
 
+
+
+async def test_3_a_dump_newer_than_the_journal_loses_nothing(tmp_path, monkeypatch):
+    """The node stops (or is killed) after a background dump replaced dump.trd but before
+    pysyncobj heard of it and compacted the journal: the journal then starts before the dump's
+    entries. pysyncobj clears such a journal down to the dump's two entries, which dropped every
+    acknowledged entry after the dump; the replica aligns the journal to the dump first."""
+    real = Replica._dump_status
+
+    def never_reports_success(self):
+        st = real(self)
+        return SERIALIZER_STATE.SERIALIZING if st == SERIALIZER_STATE.SUCCESS else st
+
+    c = await single(tmp_path, tuning={"logCompactionMinEntries": 10})
+    monkeypatch.setattr(Replica, "_dump_status", never_reports_success)
+    for i in range(51):
+        await c.txn(ops=[Put(f"k{i}", b"x")])
+    dump_thread = c.replica()._dump_thread
+    if dump_thread is not None:
+        dump_thread.join(10)
+    await c.close()
+    monkeypatch.setattr(Replica, "_dump_status", real)
+    c = RaftCatalog(c.members, c.self_addr, c.path, SECRET)
+    await c.open()
+    try:
+        assert await c.revision() == 51 and len(await c.scan("k")) == 51
+    finally:
+        await c.close()
 
 # -- 4. exceptions in the state machine ---------------------------------------------------------------
 

@@ -118,7 +118,8 @@ def test_admin_commands(node):
     assert json.loads(ts(node, "admin", "seal", "-o", "json", check=0).stdout)["sealed"]
     assert "offloaded" in ts(node, "admin", "offload", check=0).stdout
     assert "checkpointed" in ts(node, "admin", "checkpoint", check=0).stdout
-    assert json.loads(ts(node, "admin", "gc", "-o", "json", check=0).stdout)["collected"] == 0
+    assert json.loads(ts(node, "admin", "gc", "-o", "json", check=0).stdout)["segments_collected"] == 0
+    assert "no victims" in ts(node, "admin", "gc", "--table", "adm", "--dry-run", check=0).stdout
     segs = json.loads(ts(node, "admin", "segments", "--table", "adm", "-o", "json", check=0).stdout)["segments"]
     assert segs and {s["state"] for s in segs} <= {"offloaded", "sealed", "active"}
     assert "segid" in ts(node, "admin", "segments", "-o", "csv", check=0).stdout.splitlines()[0]

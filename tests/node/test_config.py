@@ -57,6 +57,12 @@ retention = "7d"
     ({"security": {"encryption_key_file": "/nonexistent/kek"}}, "security.encryption_key_file"),
     ({"catalog": {"uri": "raft://127.0.0.1:7401?self=127.0.0.1:7401"}}, "catalog.secret_file"),
     ({"storage": {"block": 5}}, "storage.block"),
+    ({"gc": {"min_garbage": 1.5}}, "gc.min_garbage"),
+    ({"gc": {"min_garbage": True}}, "gc.min_garbage"),
+    ({"gc": {"interval": "often"}}, "gc.interval"),
+    ({"gc": {"grace": -1}}, "gc.grace"),
+    ({"gc": {"max_bytes_per_run": "0B"}}, "gc.max_bytes_per_run"),
+    ({"gc": {"speed": 1}}, "gc.speed"),
     ({"node": {"max_json_depth": 7}}, "node.max_json_depth"),
     ({"node": {"max_json_depth": 10_000}}, "node.max_json_depth"),
     ({"node": {"max_json_depth": "64"}}, "node.max_json_depth"),
@@ -68,6 +74,15 @@ def test_bad_values_name_the_key(doc, key):
         from_dict(doc)
     msg = str(ei.value)
     assert msg.startswith(key) and "\n" not in msg
+
+
+def test_gc_section_and_retention_down_to_zero():
+    c = from_dict({"gc": {"interval": "0s", "min_garbage": 0.25, "grace": "0s", "max_bytes_per_run": "64MiB"},
+                   "history": {"retention": "0s"}})
+    assert (c.gc_interval_s, c.gc_min_garbage, c.gc_grace_s, c.gc_max_bytes_per_run) == (0, 0.25, 0, 64 << 20)
+    assert c.retention_s == 0
+    d = defaults()
+    assert (d.gc_interval_s, d.gc_min_garbage, d.gc_grace_s, d.gc_max_bytes_per_run) == (60, 0.5, 300, 1 << 30)
 
 
 def test_bad_toml(tmp_path):

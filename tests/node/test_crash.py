@@ -132,7 +132,7 @@ def test_kill_9_during_ingest_on_the_raft_catalog_loses_nothing_acknowledged(tmp
     """The same on a 3-process Raft catalog: kill -9 the node the clients write through (it
     leads partition 0 and coordinates every batch) mid-ingest, then the catalog leader; each
     restarts and every acknowledged batch is there, whole. The table's partitions are spread
-    over all three nodes (RFC 0009) with one copy each, so while either victim is down the
+    over all three nodes (RFC 0010) with one copy each, so while either victim is down the
     batches, which span every partition, are refused — never acknowledged in part."""
     nodes = raft_cluster(tmp_path, 3, extra='shutdown_timeout = "20s"\n')
     try:

@@ -48,7 +48,7 @@ def test_fsck_refuses_a_running_node_then_checks_every_stopped_replica(cluster):
     r = fsck(owner)
     assert r.returncode == 1 and "stop the node first" in r.stderr, r.stdout + r.stderr
     # the owner stops last, so its replica holds every catalog entry: the other nodes lead
-    # partitions too (RFC 0009) and checkpoint them as they stop; a replica stopped before
+    # partitions too (RFC 0010) and checkpoint them as they stop; a replica stopped before
     # that would not know those runs and list them as orphans
     for n in sorted(nodes, key=lambda n: n is owner):
         rc, log = n.stop()

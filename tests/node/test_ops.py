@@ -173,7 +173,7 @@ def test_local_cluster_three_nodes_route_by_partition_and_survive_a_restart(tmp_
         view = c2.cluster()
         assert view["catalog"] == "raft" and sorted(m["id"] for m in view["members"]) == ["n1", "n2", "n3"]
         assert all(m["alive"] for m in view["members"]) and view["leader"] in ("n1", "n2", "n3")
-        # partitions are placed across the members, balanced by count (RFC 0009), starting
+        # partitions are placed across the members, balanced by count (RFC 0010), starting
         # at the creating node
         c1.create_table("a", [("id", "int64"), ("v", "string")], "id", indexes=["v"])
         c3.create_table("b", [("id", "int64")], "id", partitions=2)
@@ -288,7 +288,7 @@ def test_membership_add_and_remove_a_node_from_the_cli(tmp_path):
             assert sorted(m["raft_address"] for m in view["members"]) == sorted(members.split(",") + [raft4])
             c4.create_table("j", [("id", "int64")], "id")
             assert c4.upsert("j", [{"id": 1}])["committed"] == 1
-            # a joined member takes partitions of new tables (RFC 0009)
+            # a joined member takes partitions of new tables (RFC 0010)
             assert sorted({p["leader"] for p in c4.describe("j")["placement"]}) == ["n1", "n2", "n3", "n4"]
         again = subprocess.run(cli + ["add", raft4], capture_output=True, text=True, timeout=60)
         assert again.returncode == 1 and "membership_refused" in again.stderr

@@ -1,4 +1,4 @@
-"""A table's partitions placed across 3 real node processes (RFC 0009, step 1): any node
+"""A table's partitions placed across 3 real node processes (RFC 0010, step 1): any node
 accepts any request; a batch spanning nodes commits atomically with one commit_ts; a read
 sees one snapshot across nodes; kill -9 of a participant or of the coordinator loses no
 acknowledged batch and leaves none half-applied."""

@@ -1,4 +1,4 @@
-"""Placement of partitions over members (node/placement.py, RFC 0009 §1): balanced by count,
+"""Placement of partitions over members (node/placement.py, RFC 0010 §1): balanced by count,
 leaders spread round-robin from the creating node, the record's bytes, and property checks
 against a simple model."""
 import pytest
@@ -68,7 +68,7 @@ def test_leaders_stay_balanced_whatever_the_tables(n_members, partitions, data):
 
 
 def test_replicas_other_than_one_are_refused_with_the_reason(tmp_path):
-    """Replication is designed (RFC 0009) and not built: asking for it is a clear error, in
+    """Replication is designed (RFC 0010) and not built: asking for it is a clear error, in
     the config and on table create, and nothing is created."""
     from node.config import from_dict
     from node.errors import ConfigError

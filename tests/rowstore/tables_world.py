@@ -14,13 +14,16 @@ SCHEMA = "id int64 primary key, ts timestamp, loc point, name string, v float64,
 
 
 class TablesWorld:
-    def __init__(self, partitions: int = 4, **cfg):
-        self.cat, self.block, self.objects = MemoryCatalog(), MemoryBlockDevice(), MemoryObjectStore()
+    def __init__(self, partitions: int = 4, fs_cfg: dict | None = None, objects=None, kek=None, **cfg):
+        self.cat, self.block, self.objects = MemoryCatalog(), MemoryBlockDevice(), objects or MemoryObjectStore()
+        self.kek = kek
         self.cfg = TablesConfig(partitions=partitions, **cfg)
+        self.fs_cfg = fs_cfg or {}  # FsConfig overrides (tiny caches)
 
     async def start(self) -> Database:
-        fs = TerrascaleFS(self.cat, self.block, MemoryBlockDevice(durable=False), self.objects,
-                          config=FsConfig(sealed_block_size=4096, flush=ActiveConfig(flush_ms=0.5)))
+        fs = TerrascaleFS(self.cat, self.block, MemoryBlockDevice(durable=False), self.objects, kek=self.kek,
+                          config=FsConfig(**{"sealed_block_size": 4096, "flush": ActiveConfig(flush_ms=0.5),
+                                             **self.fs_cfg}))
         await fs.open()
         db = Database(fs, self.cfg)
         await db.open()

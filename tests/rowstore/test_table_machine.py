@@ -1,18 +1,30 @@
 """Hypothesis state machine: a table against a dict-of-versions model.
 
-Upserts, deletes, schema changes, checkpoints, merges, seals, offloads and crash
-restarts; after every step get / scan / query / bbox at random past timestamps
-must equal the model's reconstruction (RFC 0003: the newest version with
-commit_ts <= T, unless it is a deletion, in the columns and names of T).
+Upserts, deletes, schema changes, checkpoints, merges, seals, offloads, garbage-collection
+passes (clustered rewrites; the retention horizon moved forward; crashes at every GC step)
+and crash restarts; after every step get / scan / query / bbox at random timestamps at or
+above the horizon must equal the model's reconstruction (RFC 0003: the newest version with
+commit_ts <= T, unless it is a deletion, in the columns and names of T), and reads below the
+horizon are ``history_purged``. A variant runs with caches of one or two entries (block
+cache, parsed index pages) and index pages of four entries.
 """
 import asyncio
+import time
+from dataclasses import replace
 
 import hypothesis.strategies as st
 import pyarrow as pa
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
+from rowstore.db.gc import GcConfig
+from rowstore.errors import HistoryPurgedError
+from rowstore.hlc import ms_of, ts_from_ms
+from rowstore.index import key_run
+from terrafs.failpoints import FailPointCrash, armed
 from tests.rowstore.tables_world import TablesWorld
+
+GC_POINTS = ["gc.after_copy", "gc.after_publish", "gc.after_index_checkpoint", "gc.after_retire", "gc.after_delete"]
 
 SCHEMA = "id int64 primary key, loc point, v float64, n int64, name string"
 KEYS = st.lists(st.integers(0, 40), min_size=1, max_size=25)
@@ -44,12 +56,15 @@ class Model:
 
 
 class TableMachine(RuleBasedStateMachine):
+    CLUSTER_BY = "loc"  # copies are written in Hilbert order of the point column
+    FS: dict = {}
+
     def __init__(self):
         super().__init__()
         self.loop = asyncio.new_event_loop()
-        self.world = TablesWorld(partitions=3)
+        self.world = TablesWorld(partitions=3, fs_cfg=self.FS, gc=GcConfig(min_garbage=0.2, grace_s=0.0))
         self.db = self.run(self.world.start())
-        d = self.run(self.db.create_table("t", SCHEMA, indexes=["loc", "v", "name"]))
+        d = self.run(self.db.create_table("t", SCHEMA, indexes=["loc", "v", "name"], cluster_by=self.CLUSTER_BY))
         self.model = Model()
         self.model.schemas.append((d.ts, d.schema))
         self.extra = 0
@@ -150,20 +165,62 @@ class TableMachine(RuleBasedStateMachine):
         self.world.crash(tear)
         self.db = self.run(self.world.start())
 
+    # -- garbage collection ----------------------------------------------------------------------
+
+    def _advance_horizon(self, data) -> None:
+        """Move the retention horizon up to a write's timestamp (never back)."""
+        ts = [w[0] for w in self.model.writes] or [self.db.timeline.closed]
+        target = ts[data.draw(st.integers(0, 1000)) % len(ts)]  # draws never depend on the clock
+        retention = max(time.time_ns() // 1_000_000 - ms_of(target), 0)
+        if retention < self.world.cfg.retention_ms:
+            self.world.cfg = replace(self.world.cfg, retention_ms=retention)  # a restart keeps it
+            self.db.reader.retention_ms = retention
+
+    @rule(advance=st.booleans(), data=st.data())
+    def gc(self, advance, data):
+        if advance:
+            self._advance_horizon(data)
+        self.run(self.db.collect_garbage())
+
+    @rule(point=st.sampled_from(GC_POINTS), advance=st.booleans(), data=st.data())
+    def gc_crash(self, point, advance, data):
+        """A pass that dies at ``point`` (if it gets there), then a crash and a restart."""
+        if advance:
+            self._advance_horizon(data)
+        with armed(point):
+            try:
+                self.run(self.db.collect_garbage())
+            except FailPointCrash:
+                pass
+        self.world.crash()
+        self.db = self.run(self.world.start())
+
     # -- checks ---------------------------------------------------------------------------------
 
-    def _times(self, data) -> list[int]:
+    def _times(self, data) -> list[int | None]:
+        """Timestamps to read at: some at or above the horizon, and None (the present)."""
         ts = [w[0] for w in self.model.writes] + [s[0] for s in self.model.schemas]
-        return sorted(set(data.draw(st.lists(st.sampled_from(ts), max_size=2)))) + [self.db.timeline.closed]
+        picks = data.draw(st.lists(st.integers(0, 1000), min_size=1, max_size=3))  # never clock-dependent
+        horizon = self.db.horizon()
+        below = [t for t in ts if t < horizon]
+        if below:  # purged history is refused, never answered from what is left
+            try:
+                self.run(self.db.scan("t", as_of=below[picks[0] % len(below)]))
+                raise AssertionError("a read below the horizon was answered")
+            except HistoryPurgedError:
+                pass
+        ts = [t for t in ts if t >= horizon + ts_from_ms(250)]  # margin: the horizon moves with the clock
+        return [ts[i % len(ts)] if ts else None for i in picks[1:]] + [None]  # as many as picks: same draws
 
     @rule(data=st.data())
     def check_reads(self, data):
-        for T in self._times(data):
+        for at in self._times(data):
+            T = self.db.timeline.closed if at is None else at
             want = self.model.rows_at(T)
-            got, _ = self.run(self.db.scan("t", as_of=T))
+            got, _ = self.run(self.db.scan("t", as_of=at))
             assert got.to_pylist() == want, T
             for k in data.draw(st.lists(st.integers(0, 41), max_size=3)):
-                row = self.run(self.db.get("t", k, as_of=T))
+                row = self.run(self.db.get("t", k, as_of=at))
                 assert row == next((r for r in want if r["id"] == k), None), (k, T)
             s = self.model.schema_at(T)
             vname = "v" if s.by_name("v") else "w"
@@ -176,14 +233,42 @@ class TableMachine(RuleBasedStateMachine):
             def inbox(p, box=box):
                 return p is not None and box["xmin"] <= p["x"] <= box["xmax"] and box["ymin"] <= p["y"] <= box["ymax"]
 
-            got, _ = self.run(self.db.query("t", where=[[vname, ">=", lo], ["n", "<", nmax]], as_of=T, limit=None))
+            got, _ = self.run(self.db.query("t", where=[[vname, ">=", lo], ["n", "<", nmax]], as_of=at, limit=None))
             assert got.to_pylist() == [r for r in want if r[vname] is not None and r[vname] >= lo
                                        and r["n"] is not None and r["n"] < nmax], T
             got, _ = self.run(self.db.query("t", bbox={"column": "loc", **box}, where=[["name", "=", name]],
-                                            as_of=T, columns=["id"], limit=None))
+                                            as_of=at, columns=["id"], limit=None))
             assert got.column("id").to_pylist() == [r["id"] for r in want if inbox(r["loc"]) and r["name"] == name]
 
 
 TableMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
 test_table_machine = TableMachine.TestCase
+
+
+class TinyCacheMachine(TableMachine):
+    """Caches of 1-2 entries and 4-entry index pages: every read evicts what another needs
+    (the parsed-page eviction bug of `IndexRun.pages` would fail here)."""
+
+    CLUSTER_BY = None  # primary-key order
+    FS = {"cache_memory_bytes": 2 * 4096, "cache_volatile_bytes": 4096}
+
+    def __init__(self):
+        self._saved = (key_run.PARSED_PAGES, key_run.PAGE_ENTRIES)
+        key_run.PARSED_PAGES, key_run.PAGE_ENTRIES = 2, 4
+        try:
+            super().__init__()
+        except BaseException:
+            key_run.PARSED_PAGES, key_run.PAGE_ENTRIES = self._saved
+            raise
+
+    def teardown(self):
+        try:
+            super().teardown()
+        finally:
+            key_run.PARSED_PAGES, key_run.PAGE_ENTRIES = self._saved
+
+
+TinyCacheMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=30, deadline=None,
+                                              suppress_health_check=[HealthCheck.too_slow])
+test_tiny_cache_machine = TinyCacheMachine.TestCase

@@ -1,9 +1,7 @@
-"""Read leases against the garbage collector — simulated, since the collector is a later
-issue. ``collect`` deletes an offloaded segment through the engine (``SegmentStore.delete``:
-segment row, file row and segid in one catalog transaction, then the object) only when
-nothing may need it: its rows were all superseded before the retention horizon (the node
-keeps a 4 s history here, so no read as of T >= horizon wants them) and
-``Database.leased_segments()`` does not name it.
+"""Read leases against the garbage collector (docs/rfcs/0009-gc.md): ``collect`` runs a real
+pass (``Database.collect_garbage``, with ``gc.grace = 0s``). A segment whose rows were all
+superseded before the retention horizon (the node keeps a 4 s history here) is retired by a
+pass, and deleted by a later one only once no unexpired lease names it.
 
 The node's segments live on S3 (moto); the executors read them through a proxy that delays
 every request, so a task reads its segment for seconds — long after the horizon has passed
@@ -22,6 +20,7 @@ import pyarrow as pa
 import pytest
 from aiohttp import web
 
+from rowstore.segments.store import SegState
 from tests.fixtures.moto import make_bucket, s3_uri
 from tests.spark_bridge.conftest import api_rows, spark_rows
 from tests.spark_bridge.inproc import InProcessNode
@@ -41,15 +40,16 @@ class SlowProxy(FaultProxy):
         return await self._forward(request, await request.read())
 
 
-async def collect(db, segid: int, superseded_at: int) -> str:
-    """The collector's rule: "retained" while a read at or after the horizon may need the
-    segment, "leased" while an unexpired lease names it, else delete it: "deleted"."""
-    if superseded_at > db.horizon():
+async def collect(db, segid: int) -> str:
+    """One pass; then s1 is "retained" (live at the horizon), "leased" (retired, held by a
+    lease), "retired" (not leased, not yet deleted) or "deleted"."""
+    res = await db.collect_garbage("g")
+    if segid in res["deleted"]:
+        return "deleted"
+    rec = next(r for r in await db.store.list() if r.segid == segid)
+    if rec.state != SegState.RETIRED:
         return "retained"
-    if segid in await db.leased_segments():
-        return "leased"
-    await db.store.delete(segid)
-    return "deleted"
+    return "leased" if segid in await db.leased_segments() else "retired"
 
 
 async def lease_expiries(db) -> list[int]:
@@ -64,7 +64,8 @@ def s3(moto_server):
 @pytest.fixture(scope="module")
 def node(tmp_path_factory, s3):
     n = InProcessNode(tmp_path_factory.mktemp("spark-gc"), objects=s3_uri(*s3),
-                      extra=f'[tables]\npartitions = 1\n[history]\nretention = "{RETENTION_S}s"\n').start()
+                      extra='[tables]\npartitions = 1\n[history]\nretention = "1h"\n'
+                            '[gc]\ninterval = "0s"\ngrace = "0s"\n').start()
     yield n
     n.stop()
 
@@ -108,9 +109,10 @@ def test_a_running_job_protects_its_segments_and_an_expired_lease_reads_nothing(
     c.admin("offload")
     (s1,) = [s["segid"] for s in c.segments("g")["segments"] if s["state"] == "offloaded"]
     warm_up(spark, node, c, direct)
+    node.db.reader.retention_ms = RETENTION_S * 1000  # after the warm-up, whose first task may start late
     c.upsert("warm", [{"id": 2}])  # a commit: load() pins a recent T (the plan must come within 4 s of it)
     old = read(spark, node, slow_objects, lease_s=LEASE_S)  # pins the snapshot now: the v1 rows, in s1
-    t2 = c.upsert("g", rows(2))["commit_ts"]  # supersedes every row of s1
+    c.upsert("g", rows(2))  # supersedes every row of s1
 
     result, answers, expiries = [], [], []
     job = threading.Thread(target=lambda: result.append(old.count()))
@@ -118,7 +120,7 @@ def test_a_running_job_protects_its_segments_and_an_expired_lease_reads_nothing(
     while job.is_alive() and not node.call(lease_expiries(node.db)):
         time.sleep(0.01)  # planning: until the plan's lease exists, retention keeps s1
     while job.is_alive():
-        got = node.call(collect(node.db, s1, t2))
+        got = node.call(collect(node.db, s1))
         assert got != "deleted", "the collector deleted a segment a running job was reading"
         answers.append(got)
         expiries.extend(node.call(lease_expiries(node.db)))
@@ -129,7 +131,7 @@ def test_a_running_job_protects_its_segments_and_an_expired_lease_reads_nothing(
     assert len(set(expiries)) >= 3  # the reading task renewed it
 
     time.sleep(LEASE_S + 0.5)  # the job is over: nobody renews; the lease runs out
-    assert node.call(collect(node.db, s1, t2)) == "deleted"
+    assert node.call(collect(node.db, s1)) == "deleted"
     from pyspark.errors import PySparkException
     from py4j.protocol import Py4JJavaError
 

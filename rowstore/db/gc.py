@@ -1,0 +1,369 @@
+"""Copy-forward garbage collection with clustered rewrites (docs/rfcs/0009-gc.md).
+
+A pass, per table partition: checkpoint the key memtable; under the partition index's
+publish lock merge and purge every run at the horizon (the mark pass's input); mark live
+rows per segment (a numba kernel); pick victims; copy their live rows, in cluster order, into
+new offloaded segments (each created with a ``gc/pending`` row); publish — the new index runs,
+the new segments' rows and the victims RETIRED — in one catalog transaction. Then dropped
+tables are retired, and retired segments past ``grace`` that no read lease names are deleted.
+Every step has a fail point (``gc.after_*``) so tests can crash the pass there.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from catalog.abc import Check, Delete, Put
+from rowstore.db.leases import Leases
+from rowstore.db.registry import TableRegistry
+from rowstore.errors import ConflictError
+from rowstore.hlc import ms_of
+from rowstore.index.key_index import Manifest
+from rowstore.index.key_memtable import TOMBSTONE
+from rowstore.segments.active import rowids as make_rowids
+from rowstore.segments.relocate import ClusterSpec, mark_live, piece_stream, plan_copy, read_live
+from rowstore.segments.store import PENDING_PREFIX, SegmentRecord, SegmentStore, SegState
+from rowstore.tables.definitions import TableCatalog, TableDef
+from rowstore.tables.partition import Partition
+from rowstore.timeline import Timeline
+from terrafs.catalog_ops import commit
+from terrafs.failpoints import failpoint
+
+log = logging.getLogger("rowstore.db.gc")
+
+
+@dataclass(frozen=True)
+class GcConfig:
+    min_garbage: float = 0.5  # a segment whose garbage ratio is at least this is a victim
+    grace_s: float = 300.0  # a retired segment's object outlives its retirement this long
+    max_bytes_per_run: int = 1 << 30  # victims' bytes per pass (at least one victim)
+
+
+@dataclass
+class _Pass:
+    """What one pass did (the admin API's answer)."""
+
+    dry_run: bool
+    segments_collected: int = 0
+    rows_copied: int = 0
+    bytes_reclaimed: int = 0
+
+    def __post_init__(self):
+        self.budget: int | None = None  # victims' bytes this pass may still take
+        self.retired: list[int] = []
+        self.deleted: list[int] = []
+        self.victims: list[dict] = []
+
+    def to_dict(self) -> dict:
+        out = {"job": "gc", "segments_collected": self.segments_collected, "rows_copied": self.rows_copied,
+               "bytes_reclaimed": self.bytes_reclaimed, "retired": self.retired, "deleted": self.deleted}
+        if self.dry_run:
+            out["dry_run"] = True
+            out["victims"] = self.victims
+        return out
+
+
+class GarbageCollector:
+    def __init__(self, store: SegmentStore, definitions: TableCatalog, tables: TableRegistry, timeline: Timeline,
+                 leases: Leases, horizon, offload, cfg: GcConfig = GcConfig()):
+        self.store, self.definitions, self.tables, self.timeline = store, definitions, tables, timeline
+        self.leases, self.horizon, self.offload, self.cfg = leases, horizon, offload, cfg
+        self._lock = asyncio.Lock()  # one pass at a time
+        # (table id, partition) -> (what it looked like, the ts at which garbage can next appear)
+        # after a pass found no victim there: an idle partition is not re-read every interval
+        self._idle: dict[tuple[str, int], tuple] = {}
+        self.totals = {"runs": 0, "rows_copied": 0, "bytes_reclaimed": 0, "run_seconds": 0.0,
+                       "segments_collected": 0, "segments_deleted": 0, "bytes_copied": 0}
+        self.phases = dict.fromkeys(("checkpoint", "mark", "read", "order", "write", "publish", "delete"), 0.0)
+
+    async def recover(self) -> list[int]:
+        """At open: delete the copies of a pass that crashed before publishing them."""
+        return await self.store.drop_pending()
+
+    def gc_horizon(self) -> int:
+        """Versions at or below it that are superseded are garbage (RFC 0009: H)."""
+        return min(self.horizon(), self.timeline.closed)
+
+    async def run(self, table: str | None = None, dry_run: bool = False) -> dict:
+        """One pass over every open table (or ``table``); a dry run only reports victims."""
+        async with self._lock:
+            t0 = time.perf_counter()
+            res = _Pass(dry_run)
+            res.budget = self.cfg.max_bytes_per_run
+            tid = None if table is None else (await self.definitions.describe(table)).table_id
+            if not dry_run:
+                await self.offload()
+            H = self.gc_horizon()
+            for t in self.tables.opened():
+                d = self.tables.definition(t.table_id)
+                if d is None or (tid is not None and t.table_id != tid):
+                    continue
+                for p in t.parts:
+                    await self._partition(d, p, H, res)
+            if not dry_run:
+                await self._retire_dropped(tid, H, res)
+                failpoint("gc.after_retire")
+                t1 = time.perf_counter()
+                await self._delete_retired(tid, res)
+                self.phases["delete"] += time.perf_counter() - t1
+                self._count(res, time.perf_counter() - t0)
+            return res.to_dict()
+
+    def _count(self, res: _Pass, seconds: float) -> None:
+        tot = self.totals
+        tot["runs"] += 1
+        tot["rows_copied"] += res.rows_copied
+        tot["bytes_reclaimed"] += res.bytes_reclaimed
+        tot["segments_collected"] += res.segments_collected
+        tot["segments_deleted"] += len(res.deleted)
+        tot["run_seconds"] += seconds
+        busy = res.segments_collected or res.deleted or res.retired
+        log.log(logging.INFO if busy else logging.DEBUG,
+                "event=gc_pass collected=%d rows_copied=%d bytes_reclaimed=%d deleted=%d seconds=%.3f",
+                res.segments_collected, res.rows_copied, res.bytes_reclaimed, len(res.deleted), seconds)
+
+    async def garbage_ratio(self) -> float:
+        """1 - live bytes / bytes over every sealed, offloaded and retired segment."""
+        recs = [r for r in await self.store.list() if r.state != SegState.ACTIVE]
+        total = sum(r.bytes for r in recs)
+        live = sum(r.live_bytes for r in recs if r.state != SegState.RETIRED)
+        return 0.0 if total == 0 else 1.0 - live / total
+
+    # -- one partition ---------------------------------------------------------------------------
+
+    async def _partition(self, d: TableDef, p: Partition, H: int, res: _Pass) -> None:
+        t0 = time.perf_counter()
+        if not res.dry_run:
+            await p.checkpoint()  # every entry of a sealed segment into the runs
+        self.phases["checkpoint"] += time.perf_counter() - t0
+        async with p.index.publish_lock:
+            t0 = time.perf_counter()
+            recs = await p.segments()
+            counted = {r.segid: r for r in recs if r.state == SegState.OFFLOADED}
+            state = (p.index.manifest.to_bytes(), frozenset(counted), d.cluster_by, self.cfg.min_garbage)
+            idle = self._idle.get((p.table_id, p.pid))
+            if not res.dry_run and idle is not None and idle[0] == state and H < idle[1]:
+                return  # nothing changed since a pass found no victim, and nothing turned to garbage since
+            merged = await p.index.gc_view(H, with_memtable=res.dry_run)
+            marks = await asyncio.to_thread(mark_live, merged.rowids, {s: r.rows for s, r in counted.items()})
+            for segid, r in counted.items():  # deletion rows above the horizon: live, unreferenced
+                if r.deletions and r.deletions_max_ts > H:
+                    marks[segid] = (marks[segid][0] + r.deletions, marks[segid][1])
+            self.phases["mark"] += time.perf_counter() - t0
+            mark = [0, 0, 2**62] if res.dry_run else p.index.manifest.mark  # dry: the memtable is in the view
+            victims = self._victims(d, recs, counted, marks, mark, res)
+            if res.dry_run:
+                res.victims += [{"segid": r.segid, "table": d.name, "partition": p.pid, "rows": r.rows,
+                                 "live_rows": marks[r.segid][0], "bytes": r.bytes,
+                                 "garbage_ratio": round(_ratio(r, marks), 4)} for r in victims]
+                return
+            if not victims:
+                await self._update_live(counted, marks)
+                self._idle[(p.table_id, p.pid)] = (state, _next_garbage(merged, counted, H))
+                return
+            new, old_ids, new_ids = await self._copy(d, p, victims, marks, H)
+            top = max((r.seq for r in recs), default=0)
+            if not new:  # no copy carries the highest seq on: keep its segment (RFC 0009, replay order)
+                victims = [r for r in victims if r.seq != top]
+            if not victims:
+                return
+            failpoint("gc.after_copy")
+            t0 = time.perf_counter()
+            checks, ops = await self._publish_ops(counted, marks, victims, new)
+            try:
+                await p.index.publish_relocation(merged, old_ids, new_ids, checks, ops)
+            except ConflictError:
+                await self.store.drop_pending()  # the copies are unreferenced: gone now
+                raise
+            failpoint("gc.after_publish")
+            self.phases["publish"] += time.perf_counter() - t0
+            self.totals["bytes_copied"] += sum(r.bytes for r in new)
+            res.segments_collected += len(victims)
+            res.rows_copied += len(old_ids)
+            res.bytes_reclaimed += sum(r.bytes for r in victims) - sum(r.bytes for r in new)
+            res.retired += [r.segid for r in victims]
+            log.info("event=gc_relocated table=%s partition=%d victims=%s copies=%s rows=%d", d.name, p.pid,
+                     [r.segid for r in victims], [r.segid for r in new], len(old_ids))
+        await p.index.collect()  # the replaced index runs
+        failpoint("gc.after_index_checkpoint")
+
+    def _victims(self, d: TableDef, recs: list[SegmentRecord], counted: dict, marks: dict,
+                 mark: list[int], res: _Pass) -> list[SegmentRecord]:
+        """Offloaded segments below the replay mark with enough garbage or not in cluster order;
+        most garbage first, within budget."""
+        mark_seq = (list(mark) + [0, 0, 0])[2]
+        cands = []
+        for r in counted.values():
+            if r.seq >= mark_seq or r.rows == 0:
+                continue
+            ratio = _ratio(r, marks)
+            unclustered = d.cluster_by is not None and not r.copy  # never rewritten in cluster order
+            if ratio >= self.cfg.min_garbage or unclustered:
+                cands.append((ratio, r))
+        cands.sort(key=lambda x: (-x[0], x[1].segid))
+        out = []
+        first = res.budget == self.cfg.max_bytes_per_run  # the pass's first victim goes whatever its size
+        for _, r in cands:
+            if r.bytes > res.budget and not (first and not out):
+                break
+            out.append(r)
+            res.budget -= r.bytes
+        return out
+
+    async def _copy(self, d: TableDef, p: Partition, victims: list[SegmentRecord], marks: dict, H: int):
+        """Live rows of the victims into new offloaded segments; (records, old rowids sorted,
+        new rowids in the same order)."""
+        schemas = await self.tables.schemas_of(d)
+        rows = []
+        t0 = time.perf_counter()
+        for r in victims:
+            if marks[r.segid][0] == 0 and r.max_ts <= H:
+                continue  # nothing live and nothing above the horizon: retire without reading
+            rows.append(await read_live(await self.store.sealed(r.segid), marks[r.segid][1], H, schemas, d.schema))
+        t1 = time.perf_counter()
+        self.phases["read"] += t1 - t0
+        spec = ClusterSpec(d.cluster_column, d.schema.key.type.kind.value)
+        copy = await asyncio.to_thread(plan_copy, rows, spec, d.schema.key.name, self.store.seal_bytes)
+        t0 = time.perf_counter()
+        self.phases["order"] += t0 - t1
+        new, new_ids = [], []
+        for a, b in copy.cuts:
+            stats: dict = {}
+            rec = await self.store.create_copy(
+                p.table_id, p.pid, lambda segid, a=a, b=b, stats=stats: piece_stream(
+                    copy, a, b, segid, schemas, d.schema, spec, stats))
+            cluster = stats.get("cluster")
+            dels, ts = copy.deleted[a:b], copy.commit_ts[a:b]
+            new.append(replace(rec, rows=b - a, live_rows=b - a, deletions=int(dels.sum()),
+                               deletions_max_ts=int(ts[dels].max()) if dels.any() else 0,
+                               min_ts=int(ts.min()), max_ts=int(ts.max()), copy=True,
+                               seq=max(r.seq for r in victims),  # below the mark; keeps the highest seq
+                               cluster=list(cluster) if cluster is not None else None))
+            new_ids.append(make_rowids(rec.segid, np.arange(b - a, dtype=np.uint32)))
+        self.phases["write"] += time.perf_counter() - t0
+        old = copy.old_rowids
+        nid = np.concatenate(new_ids) if new_ids else np.zeros(0, np.uint64)
+        order = np.argsort(old, kind="stable")
+        return new, old[order], nid[order]
+
+    async def _publish_ops(self, counted: dict, marks: dict, victims: list[SegmentRecord],
+                           new: list[SegmentRecord]) -> tuple[list, list]:
+        """The segments' part of the publishing transaction: copies in (pending rows out),
+        victims RETIRED, live counts of the others."""
+        now_ms = int(time.time() * 1000)
+        gone = {r.segid for r in victims}
+        checks, ops = [], []
+        for segid in counted:
+            cur, e = await self.store.record(segid)
+            if segid in gone:
+                upd = replace(cur, state=SegState.RETIRED, retired_ms=now_ms, live_rows=0, live_bytes=0)
+            else:
+                upd = _with_live(cur, marks)
+                if upd == cur:
+                    continue
+            checks.append(Check(e.key, e.version))
+            ops.append(Put(e.key, upd.to_bytes()))
+        for r in new:
+            checks.append(Check(r.key, 0))
+            ops += [Put(r.key, r.to_bytes()), Delete(f"{PENDING_PREFIX}{r.segid:08x}")]
+        return checks, ops
+
+    async def _update_live(self, counted: dict, marks: dict) -> None:
+        """Live counts of a partition without victims (best effort: a segment row changed
+        meanwhile keeps its counts until the next pass)."""
+        for segid in counted:
+            cur, e = await self.store.record(segid)
+            upd = _with_live(cur, marks)
+            if upd != cur:
+                await commit(self.store.catalog, [Check(e.key, e.version)], [Put(e.key, upd.to_bytes())])
+
+    # -- dropped tables, retired segments -----------------------------------------------------------
+
+    async def _dropped(self) -> dict[str, int]:
+        """table id -> commit ts of its drop, for every dropped table id."""
+        out = {}
+        for e in await self.store.catalog.scan("tbl/"):
+            parts = e.key.split("/")
+            if len(parts) == 4 and parts[2] == "v":
+                td = TableDef.from_entry(parts[1], int(parts[3], 16), e.value)
+                if td.dropped:
+                    out[td.table_id] = td.ts
+        return out
+
+    async def _retire_dropped(self, tid: str | None, H: int, res: _Pass) -> None:
+        """Retire every segment of a table dropped before the horizon and over ``grace`` ago, and
+        delete its index runs (nothing can read them: reads below the horizon are refused)."""
+        now_ms = time.time() * 1000
+        for table_id, ts in (await self._dropped()).items():
+            if (tid is not None and table_id != tid) or ts > H or now_ms - ms_of(ts) < self.cfg.grace_s * 1000:
+                continue
+            self.tables.forget(table_id)
+            for r in await self.store.list(table=table_id):
+                if r.state == SegState.RETIRED or (r.state != SegState.OFFLOADED and r.owner != self.store.node):
+                    continue
+                cur, e = await self.store.record(r.segid)
+                upd = replace(cur, state=SegState.RETIRED, retired_ms=int(now_ms), live_rows=0, live_bytes=0)
+                done = await commit(self.store.catalog, [Check(e.key, e.version)], [Put(e.key, upd.to_bytes())])
+                if done.committed:
+                    res.retired.append(r.segid)
+            await self._drop_indexes(table_id)
+
+    async def _drop_indexes(self, table_id: str) -> None:
+        """Delete a dropped table's key and column runs, then its manifests."""
+        fs = self.store.fs
+        for e in await self.store.catalog.scan(f"idx/{table_id}/"):
+            if "/pending/" in e.key:
+                inodes = [int(e.key.rsplit("/", 1)[1], 16)]
+            elif e.key.endswith("/manifest"):
+                m = Manifest.from_bytes(e.value)
+                inodes = [r["inode"] for r in m.runs] + [i for r in m.runs for i in r.get("cols", {}).values()] \
+                    + list(m.garbage)
+            else:
+                continue
+            for inode in inodes:
+                try:
+                    await fs.delete(inode)
+                except Exception as err:  # noqa: BLE001 - gone already (a crash after its delete)
+                    log.info("event=gc_index_skip inode=%d reason=%r", inode, err)
+            await commit(self.store.catalog, [], [Delete(e.key)])
+
+    async def _delete_retired(self, tid: str | None, res: _Pass) -> None:
+        """Delete retired segments past ``grace`` that no unexpired read lease names (the leases
+        are read again right before each delete: a plan made meanwhile holds its segments)."""
+        mine = {t.table_id for t in self.tables.opened()}
+        now_ms = time.time() * 1000
+        due = [r for r in await self.store.list() if r.state == SegState.RETIRED
+               and (tid is None or r.table == tid) and now_ms - r.retired_ms >= self.cfg.grace_s * 1000
+               and (r.table in mine or r.owner == self.store.node)]  # another node's table: its owner's
+        for r in due:
+            if r.segid in await self.leases.leased_segments():
+                continue
+            await self.store.delete(r.segid)
+            failpoint("gc.after_delete")
+            res.deleted.append(r.segid)
+
+
+def _next_garbage(run, counted: dict, H: int) -> int:
+    """The lowest horizon at which this partition can have new garbage without anything else
+    changing: the oldest superseding version or deletion above ``H`` (once the horizon
+    passes it, what it supersedes is garbage), or a copy's newest deletion row."""
+    older = np.zeros(len(run), bool)
+    older[:-1] = run.keys[:-1] == run.keys[1:]  # (key asc, ts desc): this entry supersedes the next
+    cand = (older | (run.rowids == TOMBSTONE)) & (run.ts > np.uint64(H))
+    nxt = [int(run.ts[cand].min())] if cand.any() else []
+    nxt += [r.deletions_max_ts for r in counted.values() if r.deletions and r.deletions_max_ts > H]
+    return min(nxt, default=2**63)
+
+
+def _ratio(r: SegmentRecord, marks: dict) -> float:
+    return 1.0 - marks[r.segid][0] / r.rows if r.rows else 1.0
+
+
+def _with_live(r: SegmentRecord, marks: dict) -> SegmentRecord:
+    live = marks[r.segid][0] if r.segid in marks else r.live_rows
+    return replace(r, live_rows=live, live_bytes=r.bytes * live // r.rows if r.rows else 0)
+
