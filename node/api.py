@@ -21,33 +21,21 @@ from catalog.errors import (CatalogConfigError, CatalogError, CatalogTimeoutErro
                             InvalidTransactionError)
 from node.cluster import RemoteError
 from node.coalesce import Coalescer
-from node.codec import (ARROW_STREAM, BodyError, parse_json_body, read_arrow_stream, row_to_json, rows_to_table,
+from node.codec import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table,
                         schema_to_json, table_to_rows, write_arrow_stream)
 from node.config import NOT_REPLICATED
+from node.http_params import (CONFIG, THREAD_BYTES, THREAD_ROWS, ApiError, as_of_param, as_of_value, cpu, json_body,
+                              json_object, parse_json, rows_of, schema_from_json, where_terms)
 from node.router import Misdirected, Router
 from rowstore.db.reads import MAX_LIMIT
 from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, InvalidKeyError, QueryError,
                              RowstoreError, RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
                              UnavailableError)
 from rowstore.tables.key_check import show
-from rowstore.schema import Column, SchemaVersion, _check_name
-from rowstore.types import ColumnType
+from rowstore.schema import _check_name
 from terrafs.errors import TerrafsError
 
 log = logging.getLogger("terrascale.node")
-THREAD_BYTES = 256 << 10  # bodies (and results) bigger than this are converted off the event loop
-THREAD_ROWS = 2000
-
-
-CONFIG = web.AppKey("config", object)  # the node's NodeConfig: limits for the module-level helpers
-
-
-class ApiError(Exception):
-    """Raised by a handler to answer with one contract error."""
-
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(message)
-        self.status, self.code = status, code
 
 
 # engine error -> (status, code); the first matching class wins (subclasses before bases)
@@ -99,7 +87,7 @@ class Api:
 
     def _parsed(self, body: bytes):
         t0 = time.perf_counter()
-        doc = _parse_json(body, self.node.cfg.max_json_depth)
+        doc = parse_json(body, self.node.cfg.max_json_depth)
         self.node.metrics.write_stage.labels("parse").inc(time.perf_counter() - t0)
         return doc
 
@@ -220,14 +208,14 @@ class Api:
     # -- tables -----------------------------------------------------------------------------------
 
     async def create_table(self, request):
-        doc = await _json_object(request, {"name", "columns", "primary_key", "indexes", "partitions", "replicas",
+        doc = await json_object(request, {"name", "columns", "primary_key", "indexes", "partitions", "replicas",
                                            "cluster_by"},
                                  required=("name", "columns", "primary_key"))
         name = doc["name"]
         if not isinstance(name, str):
             raise ApiError(400, "invalid_schema", '"name" must be a string')
         _check_name(name)
-        schema = _schema_from_json(doc["columns"], doc["primary_key"])
+        schema = schema_from_json(doc["columns"], doc["primary_key"])
         indexes = doc.get("indexes") or []
         if not isinstance(indexes, list) or not all(isinstance(i, str) for i in indexes):
             raise ApiError(400, "invalid_schema", '"indexes" must be a list of column names')
@@ -251,14 +239,14 @@ class Api:
         return web.json_response(_table_json(d), status=201)
 
     async def list_tables(self, request):
-        as_of = _as_of_param(request)
+        as_of = as_of_param(request)
         db = self.db
         if self.node.cluster is not None and self.node.cluster.multi:
             db.forget_cached_definitions()  # other nodes change the catalog too
         return web.json_response({"tables": [_table_json(d) for d in await db.list_tables(as_of)]})
 
     async def describe(self, request):
-        d = await self.db.describe(request.match_info["table"], _as_of_param(request))
+        d = await self.db.describe(request.match_info["table"], as_of_param(request))
         out = _table_json(d)
         if self.node.cluster is not None:  # each partition's leader and replicas (RFC 0010)
             out["placement"] = (await self.node.cluster.placement(d.name, d.partitions)).json()
@@ -271,7 +259,7 @@ class Api:
         return web.json_response({"dropped": d.name, "commit_ts": d.ts})
 
     async def add_column(self, request):
-        doc = await _json_object(request, {"name", "type", "nullable"}, required=("name", "type"))
+        doc = await json_object(request, {"name", "type", "nullable"}, required=("name", "type"))
         name, type_text = doc["name"], doc["type"]
         if not isinstance(name, str) or not isinstance(type_text, str):
             raise ApiError(400, "invalid_schema", '"name" and "type" must be strings')
@@ -288,7 +276,7 @@ class Api:
         return web.json_response(_table_json(d))
 
     async def rename_column(self, request):
-        doc = await _json_object(request, {"name"}, required=("name",))
+        doc = await json_object(request, {"name"}, required=("name",))
         new, old = doc["name"], request.match_info["column"]
         if not isinstance(new, str):
             raise ApiError(400, "invalid_schema", '"name" must be a string')
@@ -317,11 +305,11 @@ class Api:
         body = await request.read()
         small = None
         if request.content_type == ARROW_STREAM:
-            data = await _cpu(len(body), read_arrow_stream, body)
+            data = await cpu(len(body), read_arrow_stream, body)
         elif request.content_type in ("application/json", "application/octet-stream", ""):
             d = await db.describe(table)
             if len(body) <= THREAD_BYTES:  # small: on the loop, and coalesced with its neighbours
-                rows = _rows_of(self._parsed(body))
+                rows = rows_of(self._parsed(body))
                 if not self.router.multi:  # in a cluster the router first finds where they go
                     res = await self.writes.upsert(d, rows)
                     if res is not None:
@@ -331,7 +319,7 @@ class Api:
                 data = rows_to_table(rows, d.schema)
             else:
                 depth = self.node.cfg.max_json_depth
-                data = await asyncio.to_thread(lambda: rows_to_table(_rows_of(_parse_json(body, depth)), d.schema))
+                data = await asyncio.to_thread(lambda: rows_to_table(rows_of(parse_json(body, depth)), d.schema))
         else:
             raise ApiError(415, "unsupported_media_type",
                            f"rows come as application/json or {ARROW_STREAM}, not {request.content_type}")
@@ -347,7 +335,7 @@ class Api:
         return web.json_response({"committed": count, "commit_ts": ts})
 
     async def delete_rows(self, request):
-        doc = await _json_object(request, {"keys"}, required=("keys",))
+        doc = await json_object(request, {"keys"}, required=("keys",))
         if not isinstance(doc["keys"], list):
             raise ApiError(400, "invalid_rows", '"keys" must be a list')
         table, db = request.match_info["table"], self.db
@@ -361,7 +349,7 @@ class Api:
 
     async def get_row(self, request):
         table, raw = request.match_info["table"], request.match_info["key"]
-        as_of = _as_of_param(request)
+        as_of = as_of_param(request)
         db = self.db
         d = await db.describe(table)
         forwarded = await self.router.get(request, d, raw)  # to the node serving the key's partition
@@ -379,18 +367,18 @@ class Api:
     async def query(self, request):
         table = request.match_info["table"]
         body = await request.read()
-        doc = await _json_body(request) if body and not body.isspace() else {}  # no body: every row
+        doc = await json_body(request) if body and not body.isspace() else {}  # no body: every row
         if not isinstance(doc, dict):
             raise ApiError(400, "invalid_query", "the query is a JSON object")
         extra = set(doc) - {"where", "bbox", "as_of", "columns", "limit"}
         if extra:
             raise ApiError(400, "invalid_query", f"unknown field(s): {', '.join(sorted(extra))}")
-        as_of = _as_of_value(doc.get("as_of"))
+        as_of = as_of_value(doc.get("as_of"))
         limit = doc.get("limit", 10_000)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ApiError(400, "invalid_query", f'"limit" must be a non-negative integer, not {limit!r}')
         self.db  # noqa: B018 - 503 before ready
-        forwarded, res = await self.router.query(request, table, _where_terms(doc, request), doc.get("bbox"),
+        forwarded, res = await self.router.query(request, table, where_terms(doc, request), doc.get("bbox"),
                                                  doc.get("columns"), limit if limit <= MAX_LIMIT else None, as_of)
         if forwarded is not None:
             return forwarded
@@ -398,9 +386,9 @@ class Api:
         if t.num_rows > limit:
             t = t.slice(0, limit)
         if ARROW_STREAM in request.headers.get("Accept", ""):
-            payload = await _cpu(t.nbytes, write_arrow_stream, t)
+            payload = await cpu(t.nbytes, write_arrow_stream, t)
             return web.Response(body=payload, content_type=ARROW_STREAM, headers={"X-Terrascale-As-Of": str(T)})
-        text = await _cpu(t.num_rows * (THREAD_BYTES // THREAD_ROWS),
+        text = await cpu(t.num_rows * (THREAD_BYTES // THREAD_ROWS),
                           lambda: json.dumps({"rows": table_to_rows(t), "as_of": T}, allow_nan=False))
         return web.Response(text=text, content_type="application/json", headers={"X-Terrascale-As-Of": str(T)})
 
@@ -425,7 +413,7 @@ class Api:
     async def gc(self, request):
         """One garbage-collection pass now (RFC 0009); ``{"table": T, "dry_run": bool}`` optional."""
         self.db  # noqa: B018 - 503 before ready
-        doc = await _json_object(request, {"table", "dry_run"}) if await request.read() else {}
+        doc = await json_object(request, {"table", "dry_run"}) if await request.read() else {}
         table, dry = doc.get("table"), doc.get("dry_run", False)
         if table is not None and not isinstance(table, str):
             raise ApiError(400, "bad_request", '"table" must be a table name')
@@ -440,7 +428,7 @@ class Api:
     async def add_member(self, request):
         """Add one Raft member (a node started with the current members and ``self=`` its own
         address); one change at a time (docs/raft.md)."""
-        doc = await _json_object(request, {"raft_address"}, ("raft_address",))
+        doc = await json_object(request, {"raft_address"}, ("raft_address",))
         await self._membership("add", doc["raft_address"])
         return web.json_response(await self.node.cluster_view())
 
@@ -468,100 +456,12 @@ class Api:
 # -- helpers --------------------------------------------------------------------------------------
 
 
-async def _cpu(size: int, fn, *args):
-    """Run ``fn`` in a worker thread when the work is big enough to stall the event loop."""
-    return await asyncio.to_thread(fn, *args) if size > THREAD_BYTES else fn(*args)
-
-
-def _rows_of(doc) -> list:
-    if not isinstance(doc, dict) or set(doc) != {"rows"}:
-        raise ApiError(400, "invalid_rows", 'expected a JSON object {"rows": [...]}')
-    return doc["rows"]
-
-
-def _parse_json(body: bytes, max_depth: int):
-    try:
-        return parse_json_body(body, max_depth)
-    except BodyError as e:
-        raise ApiError(e.status, e.code, str(e)) from None
-
-
-async def _json_body(request):
-    """The request's JSON body, parsed off the event loop once it is large."""
-    body = await request.read()
-    return await _cpu(len(body), _parse_json, body, request.app[CONFIG].max_json_depth)
-
-
-def _where_terms(doc: dict, request):
-    """A query's ``where`` terms, at most ``node.max_query_terms`` of them (413 beyond)."""
-    where = doc.get("where")
-    most = request.app[CONFIG].max_query_terms
-    if isinstance(where, list) and len(where) > most:
-        raise ApiError(413, "too_large", f"{len(where)} where terms; a query takes at most {most} "
-                                         f"(node.max_query_terms)")
-    return where
-
-
-async def _json_object(request, allowed: set, required=()) -> dict:
-    doc = await _json_body(request)
-    if not isinstance(doc, dict):
-        raise ApiError(400, "invalid_json", "expected a JSON object")
-    extra = set(doc) - allowed
-    if extra:
-        raise ApiError(400, "bad_request", f"unknown field(s): {', '.join(sorted(extra))}")
-    missing = [k for k in required if k not in doc]
-    if missing:
-        raise ApiError(400, "bad_request", f"missing field(s): {', '.join(missing)}")
-    return doc
-
-
 async def _exists(db, name: str) -> bool:
     try:
         await db.describe(name)
         return True
     except TableNotFoundError:
         return False
-
-
-def _as_of_value(v):
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ApiError(400, "invalid_as_of", f"as_of must be a commit timestamp (a non-negative integer), not {v!r}")
-    return v
-
-
-def _as_of_param(request):
-    raw = request.query.get("as_of")
-    if raw is None:
-        return None
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 20):  # "²".isdigit(); int() of 5000 digits raises
-        raise ApiError(400, "invalid_as_of", f"as_of must be a commit timestamp (a non-negative integer), not {raw!r}")
-    return int(raw)
-
-
-def _schema_from_json(columns, primary_key) -> SchemaVersion:
-    if not isinstance(columns, list) or not columns:
-        raise ApiError(400, "invalid_schema", '"columns" must be a non-empty list')
-    if not isinstance(primary_key, str):
-        raise ApiError(400, "invalid_schema", '"primary_key" must be a column name')
-    cols = []
-    for i, c in enumerate(columns):
-        if not isinstance(c, dict) or not {"name", "type"} <= set(c) or set(c) - {"name", "type", "nullable"}:
-            raise ApiError(400, "invalid_schema", f"columns[{i}]: expected {{name, type, nullable}}")
-        name, type_text, nullable = c["name"], c["type"], c.get("nullable", True)
-        if not isinstance(name, str) or not isinstance(type_text, str) or not isinstance(nullable, bool):
-            raise ApiError(400, "invalid_schema", f"columns[{i}]: name and type are strings, nullable a boolean")
-        _check_name(name)
-        if name == primary_key:
-            if "nullable" in c and nullable:
-                raise ApiError(400, "invalid_schema", f"the primary key {name!r} cannot be nullable")
-            nullable = False
-        cols.append(Column(i + 1, name, ColumnType.parse(type_text), nullable))
-    pk = next((c.id for c in cols if c.name == primary_key), None)
-    if pk is None:
-        raise ApiError(400, "invalid_schema", f"primary_key {primary_key!r} is not one of the columns")
-    return SchemaVersion(1, tuple(cols), pk, len(cols) + 1)
 
 
 def _table_json(d) -> dict:

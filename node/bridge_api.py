@@ -12,7 +12,7 @@ import base64
 
 from aiohttp import web
 
-from node.api import ApiError, _as_of_param, _as_of_value, _cpu, _json_object, _where_terms
+from node.http_params import ApiError, as_of_param, as_of_value, cpu, json_object, where_terms
 from node.codec import ARROW_STREAM, write_arrow_stream
 from rowstore.reads.predicates import parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
@@ -39,7 +39,7 @@ async def snapshot(api, request):
     """The read timestamp T (the closed timestamp, or ``as_of`` once closed), the table's
     schema at T, and ``changed_ts``: the newest commit of the table's rows at or below T (a
     change feed's offset moves only when the table changes, not with an idle clock)."""
-    as_of = _as_of_param(request)
+    as_of = as_of_param(request)
     T, changed = await api.router.snapshot(request.match_info["table"], as_of)
     d = await api.db.describe(request.match_info["table"], T)
     return web.json_response({"as_of": T, "table": d.name, "table_id": d.table_id, "schema": d.schema.to_json(),
@@ -47,14 +47,14 @@ async def snapshot(api, request):
 
 
 async def plan(api, request):
-    doc = await _json_object(request, {"as_of", "where", "bbox", "sealed_only", "lease_s", "typed", "presign", "keys"})
+    doc = await json_object(request, {"as_of", "where", "bbox", "sealed_only", "lease_s", "typed", "presign", "keys"})
     flags = {k: doc.get(k, False) for k in ("sealed_only", "typed", "presign", "keys")}
     for k, v in flags.items():
         if not isinstance(v, bool):
             raise ApiError(400, "bad_request", f'"{k}" is true or false')
     lease_s = _seconds(doc.get("lease_s", 600))
-    out = await api.router.plan(request.match_info["table"], _as_of_value(doc.get("as_of")),
-                                _where_terms(doc, request), doc.get("bbox"), flags["sealed_only"], lease_s)
+    out = await api.router.plan(request.match_info["table"], as_of_value(doc.get("as_of")),
+                                where_terms(doc, request), doc.get("bbox"), flags["sealed_only"], lease_s)
     body = out.to_json()  # rowstore.reads.plan.ReadPlan: "version" is the plan format's
     if flags["typed"]:
         body["predicates"] = typed_predicates(out.schema, doc.get("where"), doc.get("bbox"))
@@ -96,7 +96,7 @@ def typed_predicates(schema: SchemaVersion, where, bbox) -> dict:
 
 
 async def tail(api, request):
-    doc = await _json_object(request, {"partition", "as_of", "where", "bbox", "sealed"}, ("partition", "as_of"))
+    doc = await json_object(request, {"partition", "as_of", "where", "bbox", "sealed"}, ("partition", "as_of"))
     p = doc["partition"]
     if isinstance(p, bool) or not isinstance(p, int):
         raise ApiError(400, "bad_request", '"partition" is an integer')
@@ -104,20 +104,20 @@ async def tail(api, request):
     if sealed is not None and (not isinstance(sealed, list) or
                                any(isinstance(s, bool) or not isinstance(s, int) for s in sealed)):
         raise ApiError(400, "bad_request", '"sealed" is a list of segment ids (the plan\'s sealed segids)')
-    t = await api.db.tail(request.match_info["table"], p, _as_of_value(doc["as_of"]), _where_terms(doc, request),
+    t = await api.db.tail(request.match_info["table"], p, as_of_value(doc["as_of"]), where_terms(doc, request),
                           doc.get("bbox"), sealed)
-    return web.Response(body=await _cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
+    return web.Response(body=await cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 
 
 async def changes(api, request):
-    doc = await _json_object(request, {"after", "upto"}, ("after",))
-    t, upto = await api.router.changes(request.match_info["table"], doc["after"], _as_of_value(doc.get("upto")))
-    return web.Response(body=await _cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM,
+    doc = await json_object(request, {"after", "upto"}, ("after",))
+    t, upto = await api.router.changes(request.match_info["table"], doc["after"], as_of_value(doc.get("upto")))
+    return web.Response(body=await cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM,
                         headers={"X-Terrascale-As-Of": str(upto)})
 
 
 async def renew(api, request):
-    doc = await _json_object(request, {"ttl_s"})
+    doc = await json_object(request, {"ttl_s"})
     ttl = _seconds(doc.get("ttl_s", 600))
     await api.db.renew_lease(request.match_info["lease"], ttl)  # an expired lease is refused (409)
     return web.json_response({"lease": request.match_info["lease"], "renewed": True})

@@ -7,7 +7,7 @@ import time
 
 from aiohttp import web
 
-from node.api import ApiError, _cpu, _json_object
+from node.http_params import ApiError, cpu, json_object
 from node.cluster import FORWARDED, INCARNATION
 from node.codec import ARROW_STREAM, read_arrow_stream, write_arrow_stream
 from rowstore.hlc import ms_of
@@ -69,7 +69,7 @@ async def closed(api, request):
 async def read(api, request):
     """A query restricted to this node's partitions ``partitions`` at T (any columns: the
     caller projects after merging)."""
-    doc = await _json_object(request, {"table", "partitions", "as_of", "where", "bbox", "limit"},
+    doc = await json_object(request, {"table", "partitions", "as_of", "where", "bbox", "limit"},
                              ("table", "partitions", "as_of"))
     pids = doc["partitions"]
     if not isinstance(pids, list) or not pids:
@@ -78,13 +78,13 @@ async def read(api, request):
     limit = doc.get("limit")
     t, _ = await api.router.local_read(_name(doc["table"]), pids, _ts(doc["as_of"], "as_of"), doc.get("where"),
                                        doc.get("bbox"), None if limit is None else _int(limit, "limit"))
-    return web.Response(body=await _cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
+    return web.Response(body=await cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 
 
 async def _share(api, request, fields: set, required: tuple):
     """A request for this node's share of a table read across nodes: (doc, partitions), the
     partitions checked to be served here (421 otherwise)."""
-    doc = await _json_object(request, fields | {"table", "partitions"}, ("table", "partitions", *required))
+    doc = await json_object(request, fields | {"table", "partitions"}, ("table", "partitions", *required))
     pids = doc["partitions"]
     if not isinstance(pids, list) or not pids:
         raise ApiError(400, "bad_request", '"partitions" is a non-empty list of partition numbers')
@@ -106,7 +106,7 @@ async def changes(api, request):
     doc, pids = await _share(api, request, {"after", "upto"}, ("after", "upto"))
     t, _ = await api.db.changes(doc["table"], _int(doc["after"], "after"), _ts(doc["upto"], "upto"), partitions=pids,
                                 trusted=True)
-    return web.Response(body=await _cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
+    return web.Response(body=await cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 
 
 async def reserve(api, request):
@@ -117,7 +117,7 @@ async def reserve(api, request):
     if request.content_type != ARROW_STREAM:
         raise ApiError(415, "unsupported_media_type", f"rows come as {ARROW_STREAM}")
     body = await request.read()
-    rows = await _cpu(len(body), read_arrow_stream, body)
+    rows = await cpu(len(body), read_arrow_stream, body)
     delete = q.get("delete") == "1"
     await api.router.served_here(q["table"], rows, delete)
     coordinator = (request.headers.get(FORWARDED), request.headers.get(INCARNATION))
@@ -128,25 +128,25 @@ async def reserve(api, request):
 
 
 async def prepare(api, request):
-    doc = await _json_object(request, {"txn", "ts"}, ("txn", "ts"))
+    doc = await json_object(request, {"txn", "ts"}, ("txn", "ts"))
     await api.db.participant.prepare(_int(doc["txn"], "txn"), _ts(doc["ts"], "ts"))
     return web.json_response({"prepared": True})
 
 
 async def commit(api, request):
-    doc = await _json_object(request, {"txn"}, ("txn",))
+    doc = await json_object(request, {"txn"}, ("txn",))
     return web.json_response({"commit_ts": await api.db.participant.commit(_int(doc["txn"], "txn"))})
 
 
 async def abort(api, request):
-    doc = await _json_object(request, {"txn"}, ("txn",))
+    doc = await json_object(request, {"txn"}, ("txn",))
     await api.db.participant.abort(_int(doc["txn"], "txn"))
     return web.json_response({"aborted": True})
 
 
 async def forget(api, request):
     """Another node altered or dropped a table: read its definition from the catalog again."""
-    doc = await _json_object(request, {"table"}, ("table",))
+    doc = await json_object(request, {"table"}, ("table",))
     if not isinstance(doc["table"], str):
         raise ApiError(400, "bad_request", '"table" is a name')
     api.db.forget_cached_definitions(doc["table"])

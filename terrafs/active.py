@@ -11,9 +11,7 @@ import asyncio
 import logging
 import struct
 import time
-from bisect import bisect_right
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import AsyncIterator
 
 import numpy as np
@@ -24,7 +22,6 @@ from terrafs.blocks import (
     BLOCK_MAGIC,
     HEADER_LEN,
     BlockHeader,
-    Codec,
     Flags,
     decode_payload,
     encode_block_parts,
@@ -33,16 +30,15 @@ from terrafs.blocks import (
 )
 from terrafs.crypto import DataCipher, KeyEncryptionKey
 from terrafs.gather import read_ranges
-from terrafs.errors import ClosedError, CorruptionError, FileStateError, TerrafsError
+from terrafs.errors import ClosedError, CorruptionError, FileStateError
 from terrafs.iopool import run_io
 from terrafs.params import FileParams
+from terrafs.active_layout import (SCAN_WINDOW, ActiveConfig, BlockIndex, ScanWindow, cut_blocks,
+                                   decode_active_header, encode_active_header)
 
 log = logging.getLogger("terrafs.active")
+DEFAULT_CONFIG = ActiveConfig()  # frozen: one shared default
 
-ACTIVE_MAGIC = b"TRFSACTV"  # part of the format
-ACTIVE_VERSION = 1
-_FIXED = struct.Struct("<8sHHIQBBHIIHH")  # header fields before key id; 40 bytes
-_SCAN_WINDOW = 8 << 20
 _RECENT_BLOCKS = 256  # decoded blocks kept per open active file (16 MiB at 64 KiB)
 # Zero bytes kept ahead of the next group on local disks (docs/format/terrafs.md §2): a group
 # that grows the file carries zeros up to the first multiple of PREALLOC at least PREALLOC
@@ -57,86 +53,6 @@ _ZEROS = memoryview(b"\0" * (2 * PREALLOC))
 # no other flush took it along first; with the short timer the COMMIT records of a
 # two-phase commit each cost an fdatasync of their own between the writer's batches.
 LAZY_S = 0.05
-
-
-@dataclass(frozen=True, slots=True)
-class ActiveConfig:
-    """Group-commit policy.
-
-    A flush starts when the buffer holds ``flush_bytes``, or ``flush_ms`` after
-    its first waiter. With ``eager`` (the default) it also starts at once when
-    no flush is in flight: a lone writer then pays one fdatasync, not the
-    timer, while concurrent writers still share flushes — they gather behind
-    the one in flight. ``eager=False`` is the seed's pure timer policy (fuller
-    pages, more latency).
-    """
-
-    flush_bytes: int = 64 * 1024
-    flush_ms: float = 2.0
-    eager: bool = True
-
-
-def encode_active_header(p: FileParams) -> bytes:
-    kid = p.key_id.encode("ascii")
-    total = _FIXED.size + len(kid) + len(p.wrapped_key) + 4
-    head = _FIXED.pack(ACTIVE_MAGIC, ACTIVE_VERSION, total, p.inode, p.gen, int(p.codec),
-                       1 if p.encrypted else 0, len(kid), p.block_size, p.page_size,
-                       len(p.wrapped_key), 0) + kid + p.wrapped_key
-    return head + struct.pack("<I", crc32c(head))
-
-
-def decode_active_header(buf: bytes, where: str) -> tuple[FileParams, int]:
-    """Parse the file header; return the params and the header length."""
-    if len(buf) < _FIXED.size:
-        raise CorruptionError(where, 0, "truncated active-file header")
-    (magic, ver, total, inode, gen, codec, enc, klen, bsize, psize, wlen,
-     _r) = _FIXED.unpack_from(buf, 0)
-    if magic != ACTIVE_MAGIC:
-        raise CorruptionError(where, 0, f"bad active-file magic {magic!r}")
-    if ver != ACTIVE_VERSION:
-        raise CorruptionError(where, 0, f"unsupported active-file version {ver}")
-    if total != _FIXED.size + klen + wlen + 4 or len(buf) < total:
-        raise CorruptionError(where, 0, "truncated or inconsistent active-file header")
-    (crc,) = struct.unpack_from("<I", buf, total - 4)
-    if crc32c(buf[: total - 4]) != crc:
-        raise CorruptionError(where, 0, "active-file header checksum mismatch")
-    kid = buf[_FIXED.size : _FIXED.size + klen].decode("ascii")
-    wrapped = bytes(buf[_FIXED.size + klen : _FIXED.size + klen + wlen])
-    try:
-        params = FileParams(inode, gen, Codec(codec), bsize, psize, kid, wrapped)
-    except (ValueError, TerrafsError) as e:
-        raise CorruptionError(where, 0, f"bad active-file header field: {e}") from e
-    if bool(enc) != params.encrypted:
-        raise CorruptionError(where, 0, "encryption flag disagrees with key fields")
-    return params, total
-
-
-class BlockIndex:
-    """Logical -> physical map of a file's data blocks, in growing numpy arrays."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self._cap = 256
-        self.logical = np.zeros(self._cap, np.int64)
-        self.physical = np.zeros(self._cap, np.int64)
-        self.raw_len = np.zeros(self._cap, np.int32)
-        self.starts: list[int] = []  # ``logical`` as a list: bisect beats numpy for one lookup
-
-    def add(self, logical: int, physical: int, raw_len: int) -> None:
-        if self.n == self._cap:
-            self._cap *= 2
-            for name in ("logical", "physical", "raw_len"):
-                arr = getattr(self, name)
-                grown = np.zeros(self._cap, arr.dtype)
-                grown[: self.n] = arr[: self.n]
-                setattr(self, name, grown)
-        self.logical[self.n], self.physical[self.n], self.raw_len[self.n] = logical, physical, raw_len
-        self.starts.append(logical)
-        self.n += 1
-
-    def find(self, offset: int) -> int:
-        """Index of the block holding logical ``offset``."""
-        return bisect_right(self.starts, offset) - 1
 
 
 class ActiveFile:
@@ -179,7 +95,7 @@ class ActiveFile:
 
     @classmethod
     async def create(cls, dev: BlockDevice, name: str, params: FileParams,
-                     kek: KeyEncryptionKey | None, cfg: ActiveConfig = ActiveConfig()) -> "ActiveFile":
+                     kek: KeyEncryptionKey | None, cfg: ActiveConfig = DEFAULT_CONFIG) -> "ActiveFile":
         """Create the file with its header, durable (with the directory) on return."""
         where = f"{dev.uri}/{name}"
         cipher = params.cipher(kek, where)
@@ -191,7 +107,7 @@ class ActiveFile:
 
     @classmethod
     async def recover(cls, dev: BlockDevice, name: str, kek: KeyEncryptionKey | None,
-                      cfg: ActiveConfig = ActiveConfig(), *, read_only: bool = False) -> "ActiveFile":
+                      cfg: ActiveConfig = DEFAULT_CONFIG, *, read_only: bool = False) -> "ActiveFile":
         """Open after a restart: verify every group, cut a torn tail, build the index.
 
         ``read_only`` (fsck) reports a torn tail in ``torn_tail`` instead of cutting it.
@@ -347,7 +263,7 @@ class ActiveFile:
         ``entries`` receives (logical, physical, raw_len) of each data block.
         """
         p, parts, pos = self.params, [], phys
-        blocks = list(_cut(batch, p.block_size))
+        blocks = list(cut_blocks(batch, p.block_size))
         for i, (pieces, n) in enumerate(blocks):
             last = i == len(blocks) - 1
             kw = dict(logical_off=logical, group=group, codec=p.codec, cipher=self._cipher, inode=p.inode)
@@ -478,7 +394,7 @@ class ActiveFile:
     async def _recover_groups(self) -> None:
         """Scan every group from the header on (see docs/format/terrafs.md §2)."""
         size = self._f.size()
-        reader = _Window(self._f, size)
+        reader = ScanWindow(self._f, size)
         pos, logical, group = self._physical_end, 0, 0
         while pos < size:
             entries, nxt, nlogical, err = await self._read_group(reader, pos, logical, group + 1)
@@ -492,16 +408,16 @@ class ActiveFile:
         self._physical_end, self.durable_size, self._end, self._group = pos, logical, logical, group
         self._alloc_end = self._f.size()
 
-    async def _zeros_to_end(self, reader: "_Window", pos: int, size: int) -> bool:
+    async def _zeros_to_end(self, reader: "ScanWindow", pos: int, size: int) -> bool:
         """Whether every byte from ``pos`` to the end of the file is zero."""
         while pos < size:
-            chunk = await reader.get(pos, min(_SCAN_WINDOW, size - pos))
+            chunk = await reader.get(pos, min(SCAN_WINDOW, size - pos))
             if not chunk or np.frombuffer(chunk, np.uint8).any():
                 return False
             pos += len(chunk)
         return True
 
-    async def _read_group(self, reader: "_Window", pos: int, logical: int, group: int):
+    async def _read_group(self, reader: "ScanWindow", pos: int, logical: int, group: int):
         """Verify one group at ``pos``; return (entries, next pos, next logical, error)."""
         entries = []
         while True:
@@ -519,7 +435,7 @@ class ActiveFile:
             if h.flags & Flags.END:
                 return entries, pos, logical, None
 
-    async def _verified_block(self, reader: "_Window", pos: int) -> tuple[BlockHeader, int]:
+    async def _verified_block(self, reader: "ScanWindow", pos: int) -> tuple[BlockHeader, int]:
         head = await reader.get(pos, HEADER_LEN)
         h = parse_header(head, 0, self.where) if len(head) == HEADER_LEN else None
         if h is None:
@@ -531,7 +447,7 @@ class ActiveFile:
             raise CorruptionError(self.where, pos, "block payload checksum mismatch")
         return h, pos
 
-    async def _handle_bad_tail(self, reader: "_Window", pos: int, group: int,
+    async def _handle_bad_tail(self, reader: "ScanWindow", pos: int, group: int,
                                err: CorruptionError) -> None:
         later = await self._find_later_group(reader, pos, group)
         if later is not None:
@@ -547,16 +463,16 @@ class ActiveFile:
         await self._f.truncate(pos)
         await self._f.sync()
 
-    async def _find_later_group(self, reader: "_Window", pos: int, group: int):
+    async def _find_later_group(self, reader: "ScanWindow", pos: int, group: int):
         """First verifiable block after ``pos`` whose group is later than ``group``."""
         magic = struct.pack("<I", BLOCK_MAGIC)
         size = self._f.size()
         start = pos + 1
         while start < size:
-            chunk = await reader.get(start, _SCAN_WINDOW + HEADER_LEN)
+            chunk = await reader.get(start, SCAN_WINDOW + HEADER_LEN)
             i = chunk.find(magic)
             if i < 0:
-                start += _SCAN_WINDOW
+                start += SCAN_WINDOW
                 continue
             try:
                 h, at = await self._verified_block(reader, start + i)
@@ -566,36 +482,3 @@ class ActiveFile:
                 pass
             start += i + 1
         return None
-
-
-def _cut(batch: list[bytes], size: int):
-    """Split appends into blocks of at most ``size`` bytes: yields (pieces, length)."""
-    pieces, n = [], 0
-    for data in batch:
-        view = memoryview(data)
-        while view:
-            take = view[: size - n]
-            pieces.append(take)
-            n += len(take)
-            view = view[len(take) :]
-            if n == size:
-                yield pieces, n
-                pieces, n = [], 0
-    if pieces:
-        yield pieces, n
-
-
-class _Window:
-    """Sequential reads over a device file through a large buffer (recovery scans)."""
-
-    def __init__(self, f: DeviceFile, size: int):
-        self._f, self._size = f, size
-        self._base, self._buf = 0, b""
-
-    async def get(self, pos: int, n: int) -> bytes:
-        if pos < self._base or pos + n > self._base + len(self._buf):
-            want = max(n, _SCAN_WINDOW)
-            self._buf = await self._f.pread(pos, min(want, max(self._size - pos, 0)))
-            self._base = pos
-        lo = pos - self._base
-        return self._buf[lo : lo + n]

@@ -1,0 +1,113 @@
+"""Request parsing shared by the node's HTTP handlers (``node/api.py``, ``node/bridge_api.py``,
+``node/internal_api.py``): the one error a handler raises, JSON bodies parsed off the event
+loop once they are large and held to the configured depth, ``as_of`` and ``where`` limits."""
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from node.codec import BodyError, parse_json_body
+from rowstore.schema import Column, SchemaVersion, _check_name
+from rowstore.types import ColumnType
+
+THREAD_BYTES = 256 << 10  # bodies (and results) bigger than this are converted off the event loop
+THREAD_ROWS = 2000
+
+CONFIG = web.AppKey("config", object)  # the node's NodeConfig: limits for the module-level helpers
+
+
+class ApiError(Exception):
+    """Raised by a handler to answer with one contract error."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+async def cpu(size: int, fn, *args):
+    """Run ``fn`` in a worker thread when the work is big enough to stall the event loop."""
+    return await asyncio.to_thread(fn, *args) if size > THREAD_BYTES else fn(*args)
+
+
+def rows_of(doc) -> list:
+    if not isinstance(doc, dict) or set(doc) != {"rows"}:
+        raise ApiError(400, "invalid_rows", 'expected a JSON object {"rows": [...]}')
+    return doc["rows"]
+
+
+def parse_json(body: bytes, max_depth: int):
+    try:
+        return parse_json_body(body, max_depth)
+    except BodyError as e:
+        raise ApiError(e.status, e.code, str(e)) from None
+
+
+async def json_body(request):
+    """The request's JSON body, parsed off the event loop once it is large."""
+    body = await request.read()
+    return await cpu(len(body), parse_json, body, request.app[CONFIG].max_json_depth)
+
+
+def where_terms(doc: dict, request):
+    """A query's ``where`` terms, at most ``node.max_query_terms`` of them (413 beyond)."""
+    where = doc.get("where")
+    most = request.app[CONFIG].max_query_terms
+    if isinstance(where, list) and len(where) > most:
+        raise ApiError(413, "too_large", f"{len(where)} where terms; a query takes at most {most} "
+                                         f"(node.max_query_terms)")
+    return where
+
+
+async def json_object(request, allowed: set, required=()) -> dict:
+    doc = await json_body(request)
+    if not isinstance(doc, dict):
+        raise ApiError(400, "invalid_json", "expected a JSON object")
+    extra = set(doc) - allowed
+    if extra:
+        raise ApiError(400, "bad_request", f"unknown field(s): {', '.join(sorted(extra))}")
+    missing = [k for k in required if k not in doc]
+    if missing:
+        raise ApiError(400, "bad_request", f"missing field(s): {', '.join(missing)}")
+    return doc
+
+
+def as_of_value(v):
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ApiError(400, "invalid_as_of", f"as_of must be a commit timestamp (a non-negative integer), not {v!r}")
+    return v
+
+
+def as_of_param(request):
+    raw = request.query.get("as_of")
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 20):  # "²".isdigit(); int() of 5000 digits raises
+        raise ApiError(400, "invalid_as_of", f"as_of must be a commit timestamp (a non-negative integer), not {raw!r}")
+    return int(raw)
+
+
+def schema_from_json(columns, primary_key) -> SchemaVersion:
+    if not isinstance(columns, list) or not columns:
+        raise ApiError(400, "invalid_schema", '"columns" must be a non-empty list')
+    if not isinstance(primary_key, str):
+        raise ApiError(400, "invalid_schema", '"primary_key" must be a column name')
+    cols = []
+    for i, c in enumerate(columns):
+        if not isinstance(c, dict) or not {"name", "type"} <= set(c) or set(c) - {"name", "type", "nullable"}:
+            raise ApiError(400, "invalid_schema", f"columns[{i}]: expected {{name, type, nullable}}")
+        name, type_text, nullable = c["name"], c["type"], c.get("nullable", True)
+        if not isinstance(name, str) or not isinstance(type_text, str) or not isinstance(nullable, bool):
+            raise ApiError(400, "invalid_schema", f"columns[{i}]: name and type are strings, nullable a boolean")
+        _check_name(name)
+        if name == primary_key:
+            if "nullable" in c and nullable:
+                raise ApiError(400, "invalid_schema", f"the primary key {name!r} cannot be nullable")
+            nullable = False
+        cols.append(Column(i + 1, name, ColumnType.parse(type_text), nullable))
+    pk = next((c.id for c in cols if c.name == primary_key), None)
+    if pk is None:
+        raise ApiError(400, "invalid_schema", f"primary_key {primary_key!r} is not one of the columns")
+    return SchemaVersion(1, tuple(cols), pk, len(cols) + 1)
