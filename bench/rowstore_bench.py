@@ -79,19 +79,11 @@ async def ours(root: str, writers: int, size: int, src: pa.RecordBatch, window: 
 
 async def ours_keyed(root: str, writers: int, size: int, src: pa.RecordBatch) -> float:
     """Table upserts: the row appended to the partition's log and its key indexed."""
-    from catalog.local import LocalCatalog
-    from rowstore.db.database import Database, TablesConfig
-    from terrafs.backends.local import LocalObjectStore
-    from terrafs.fs import TerrascaleFS
+    from bench.table_bench import Node
 
     base = os.path.join(root, "keyed")
-    catalog = LocalCatalog(os.path.join(base, "catalog"))
-    await catalog.open()
-    fs = TerrascaleFS(catalog, LocalBlockDevice(f"{base}/block"), LocalBlockDevice(f"{base}/cache", durable=False),
-                      LocalObjectStore(f"{base}/objects"))
-    await fs.open()
-    db = Database(fs, TablesConfig(partitions=1))
-    await db.open()
+    node = Node(base, durable=True)
+    db = await node.open(partitions=1)
     await db.create_table("k", SCHEMA)
     batches = _batches(src, size, ROWS[size])
     per = [batches[w::writers] for w in range(writers)]
@@ -102,9 +94,7 @@ async def ours_keyed(root: str, writers: int, size: int, src: pa.RecordBatch) ->
 
     with Timer() as t:
         await asyncio.gather(*(writer(m) for m in per))
-    await db.close()
-    await fs.close()
-    await catalog.close()
+    await node.close()
     shutil.rmtree(base)
     return ROWS[size] / t.seconds
 

@@ -50,13 +50,17 @@ COLS = "id int64 primary key, lat float64, lon float64, ts timestamp, name strin
 
 
 class Node:
-    """A node's tables on local disks under ``root``; reopen() is a restart."""
+    """A node's tables on local disks under ``root``; reopen() is a restart. ``durable``: the
+    default ``trkv://`` catalog under ``root`` (commit decisions fsync'd), else in memory."""
 
-    def __init__(self, root: str, catalog=None):
-        self.root, self.catalog = root, catalog or MemoryCatalog()
+    def __init__(self, root: str, durable: bool = False):
+        self.root, self.durable = root, durable
+        self.catalog = LocalCatalog(os.path.join(root, "catalog")) if durable else MemoryCatalog()
 
     async def open(self, **cfg) -> Database:
         r = self.root
+        if self.durable:
+            await self.catalog.open()
         self.fs = TerrascaleFS(self.catalog, LocalBlockDevice(f"{r}/block"),
                                LocalBlockDevice(f"{r}/cache", durable=False), LocalObjectStore(f"{r}/objects"),
                                config=FsConfig(cache_memory_bytes=512 << 20))
@@ -68,6 +72,8 @@ class Node:
     async def close(self) -> None:
         await self.db.close()
         await self.fs.close()
+        if self.durable:
+            await self.catalog.close()
 
 
 def _median_rate(n: int, times: list[float]) -> float:
@@ -249,16 +255,13 @@ async def upserts(root: str, rounds: int = 5) -> list[Result]:
     ours, raw = [], []
 
     async def table_round(rnd):
-        catalog = LocalCatalog(os.path.join(root, f"u{rnd}", "catalog"))  # trkv://, the default
-        await catalog.open()
-        node = Node(os.path.join(root, f"u{rnd}"), catalog)
+        node = Node(os.path.join(root, f"u{rnd}"), durable=True)  # trkv://, the default catalog
         db = await node.open()
         await db.create_table("u", COLS, indexes=["ts", "name"])
         with Timer() as t:
             await _clients(4, batches, lambda b: db.upsert("u", b))
         ours.append(t.seconds)
         await node.close()
-        await catalog.close()
 
     async def raw_round(rnd):
         seg = await _raw_segment(os.path.join(root, f"r{rnd}"))
