@@ -23,7 +23,7 @@ from node.cluster import RemoteError
 from node.coalesce import Coalescer
 from node.codec import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table,
                         schema_to_json, table_to_rows, write_arrow_stream)
-from node.config import NOT_REPLICATED
+from node.config import MAX_REPLICAS
 from node.http_params import (CONFIG, THREAD_BYTES, THREAD_ROWS, ApiError, as_of_param, as_of_value, cpu, json_body,
                               json_object, parse_json, rows_of, schema_from_json, where_terms)
 from node.router import Misdirected, Router
@@ -33,7 +33,7 @@ from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedE
                              UnavailableError)
 from rowstore.tables.key_check import show
 from rowstore.schema import _check_name
-from terrafs.errors import TerrafsError
+from terrafs.errors import MirrorError, TerrafsError
 
 log = logging.getLogger("terrascale.node")
 
@@ -169,6 +169,8 @@ class Api:
                     return error(status, code, _one_line(e))
             log.warning("event=request_failed path=%s error=%r", request.path, e)
             return error(500, "storage_error" if isinstance(e, RowstoreError) else "catalog_error", _one_line(e))
+        except MirrorError as e:  # this node stopped leading the partition mid-write
+            return error(503, "unavailable", _one_line(e))
         except TerrafsError as e:
             log.warning("event=request_failed path=%s error=%r", request.path, e)
             return error(500, "storage_error", _one_line(e))
@@ -223,18 +225,22 @@ class Api:
         if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)):
             raise ApiError(400, "invalid_schema", '"partitions" must be an integer')
         replicas = doc.get("replicas", self.node.cfg.replicas)
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-            raise ApiError(400, "invalid_schema", '"replicas" must be an integer >= 1')
-        if replicas != 1:
-            raise ApiError(400, "invalid_schema", f'"replicas": {NOT_REPLICATED}')
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
+            raise ApiError(400, "invalid_schema", f'"replicas" must be an integer 1..{MAX_REPLICAS}')
+        multi = self.node.cluster is not None and self.node.cluster.multi
+        if replicas > 1 and not multi:
+            raise ApiError(400, "invalid_schema", f'"replicas": {replicas} copies need a cluster of at least '
+                                                  f'{replicas} nodes (this node runs alone, catalog trkv://)')
         cluster_by = doc.get("cluster_by")
         if cluster_by is not None and not isinstance(cluster_by, str):
             raise ApiError(400, "invalid_schema", '"cluster_by" must be a column name')
         db = self.db
         if self.node.cluster is not None and self.node.cluster.multi:
             db.forget_cached_definitions(name)
-            await self.node.cluster.place(name, partitions or db.cfg.partitions, lambda: _exists(db, name))
+            await self.node.cluster.place(name, partitions or db.cfg.partitions, lambda: _exists(db, name), replicas)
         d = await db.create_table(name, schema, indexes=indexes, partitions=partitions, cluster_by=cluster_by)
+        if replicas > 1:
+            await self.node.replication.started(d)  # each leader takes its partitions at epoch 1
         log.info("event=table_created table=%s partitions=%d", name, d.partitions)
         return web.json_response(_table_json(d), status=201)
 

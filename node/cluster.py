@@ -29,7 +29,7 @@ import aiohttp
 from catalog.abc import Check, Put
 from catalog.errors import CatalogError
 from node.placement import PLACE, Placement, counts, plan
-from rowstore.errors import ConflictError, TableExistsError
+from rowstore.errors import ConflictError, SchemaError, TableExistsError
 from terrafs.catalog_ops import commit
 
 log = logging.getLogger("terrascale.node")
@@ -68,6 +68,7 @@ class Cluster:
         self.multi = raft_addr is not None
         self._places: dict[str, tuple[Placement | None, float, int]] = {}  # table -> (placement, when, version)
         self.on_change = None
+        self.leading = None  # (table id, pid) -> whether this process leads that replicated partition
         self._members: dict[str, dict] = {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -92,7 +93,7 @@ class Cluster:
 
     # -- placement ------------------------------------------------------------------------------
 
-    async def place(self, table: str, partitions: int, exists) -> Placement:
+    async def place(self, table: str, partitions: int, exists, replicas: int = 1) -> Placement:
         """Place a new table's partitions over the members (balanced by count, RFC 0010 §1)
         before creating it, by compare-and-set; ``await exists()`` says whether the name is
         taken (then nothing is written: the live table's placement stays)."""
@@ -105,7 +106,10 @@ class Cluster:
         members = await self.placeable()
         others = [Placement.from_bytes(e.value, e.key) for e in await self.catalog.scan(PLACE) if e.key != key]
         led, held = counts(others)
-        pl = plan(members or [self.node_id], partitions, 1, led, held, first=self.node_id)
+        try:
+            pl = plan(members or [self.node_id], partitions, replicas, led, held, first=self.node_id)
+        except ValueError as e:
+            raise SchemaError(f"table {table!r}: {e}") from None
         res = await commit(self.catalog, [Check(key, cur.version if cur else 0)], [Put(key, pl.to_bytes())])
         if not res.committed:
             raise ConflictError(f"table {table!r} is being created by another node; retry")
@@ -155,8 +159,11 @@ class Cluster:
         return pl
 
     async def owns(self, d) -> set[int]:
-        """The partitions of table ``d`` this node serves (fresh)."""
-        return (await self.placement(d.name, d.partitions, fresh=True)).led_by(self.node_id)
+        """The partitions of table ``d`` this node serves now (fresh): those it leads — a
+        replicated one only once promoted in this process (``leading(table id, pid)``)."""
+        pl = await self.placement(d.name, d.partitions, fresh=True)
+        return {p for p in pl.led_by(self.node_id)
+                if len(pl.partitions[p].replicas) == 1 or (self.leading is not None and self.leading(d.table_id, p))}
 
     async def partitions(self, tables) -> dict:
         """``{table: {partition: leader}}`` for the given TableDefs."""

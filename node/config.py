@@ -78,6 +78,9 @@ class NodeConfig:
     gc_min_garbage: float = 0.5
     gc_grace_s: float = 300.0
     gc_max_bytes_per_run: int = 1 << 30
+    heartbeat_s: float = 0.5  # replication: how often a node says it is alive (node/alive/<id>)
+    failure_timeout_s: float = 2.0  # a node silent this long is dead; its partitions fail over
+    ack_timeout_s: float = 10.0  # a write waiting this long for a majority answers 503
 
 
 def _str(key: str, v) -> str:
@@ -142,15 +145,12 @@ def _partitions(key: str, v) -> int:
     return v
 
 
-NOT_REPLICATED = ("replication is not built yet (docs/rfcs/0010-replication.md: placement across nodes is, "
-                  "copies of a partition on several nodes are not); 1 is the only value for now")
+MAX_REPLICAS = 7
 
 
 def _replicas(key: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(f"{key}: expected an integer >= 1, got {v!r}")
-    if v != 1:
-        raise ConfigError(f"{key}: {NOT_REPLICATED}")
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_REPLICAS:
+        raise ConfigError(f"{key}: expected an integer 1..{MAX_REPLICAS}, got {v!r}")
     return v
 
 
@@ -180,6 +180,9 @@ _SCHEMA = {
     "jobs": {"checkpoint_every": ("checkpoint_every_s", parse_duration),
              "offload_every": ("offload_every_s", parse_duration),
              "seal_every": ("seal_every_s", parse_duration)},
+    "cluster": {"heartbeat": ("heartbeat_s", lambda k, v: _positive(k, parse_duration(k, v))),
+                "failure_timeout": ("failure_timeout_s", lambda k, v: _positive(k, parse_duration(k, v))),
+                "ack_timeout": ("ack_timeout_s", lambda k, v: _positive(k, parse_duration(k, v)))},
     "gc": {"interval": ("gc_interval_s", parse_duration), "min_garbage": ("gc_min_garbage", _fraction),
            "grace": ("gc_grace_s", parse_duration),
            "max_bytes_per_run": ("gc_max_bytes_per_run", lambda k, v: int(_positive(k, parse_size(k, v))))},

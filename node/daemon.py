@@ -35,6 +35,7 @@ from node import sdnotify
 from node.http_app import make_app
 from node.cluster import Cluster
 from node.config import NodeConfig
+from node.driver import NodeReplication
 from node.errors import ConfigError
 from node.guard import ConnectionGuard, GuardedSite, install_accept_handler
 from node.jobs import Jobs
@@ -64,6 +65,7 @@ class Node:
         self.catalog = None
         self.jobs: Jobs | None = None
         self.cluster: Cluster | None = None
+        self.replication: NodeReplication | None = None
         self.metrics = Metrics()
         self.guard = ConnectionGuard(cfg.handshake_timeout_s, cfg.max_pending_connections, self.refused("http"))
         self._raft_refused: dict[str, int] = {}
@@ -109,12 +111,18 @@ class Node:
                                                  retention_ms=int(c.retention_s * 1000),
                                                  gc=GcConfig(c.gc_min_garbage, c.gc_grace_s, c.gc_max_bytes_per_run)))
         self.cluster.on_change = self.db.forget_cached_definitions
+        self.cluster.leading = lambda tid, pid: self.db.leadership.shipper(tid, pid) is not None
         self.db.participant.gone = self.cluster.gone
+        self.db.committer.ack_timeout_s = c.ack_timeout_s
+        self.db.replicas.lost = set(report.recreated)
         await self._open_db()
         self._stack.push_async_callback(self._close_db)
         log.info("event=recovered node=%s tables=%d seconds=%.3f", c.node_id,
                  len(await self.db.list_tables()), time.perf_counter() - t0)
         await self.cluster.register()
+        self.replication = NodeReplication(self)
+        self.replication.start()
+        self._stack.push_async_callback(self.replication.stop)
         self.jobs = Jobs(self.db, self.metrics, c)
         self.jobs.start()
         self._stack.push_async_callback(self.jobs.stop)

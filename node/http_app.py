@@ -1,6 +1,6 @@
 """The node's HTTP application: the contract's endpoints (``node/api.py``), the Spark
 bridge's (``node/bridge_api.py``) and the ones nodes call on each other
-(``node/internal_api.py``), which share the same error edge."""
+(``node/internal_api.py``, ``node/replication_api.py``), which share the same error edge."""
 from __future__ import annotations
 
 from aiohttp import web
@@ -8,6 +8,7 @@ from aiohttp import web
 from node.api import Api
 from node.bridge_api import add_bridge_routes
 from node.internal_api import add_internal_routes
+from node.replication_api import add_replication_routes
 
 
 def make_app(node) -> web.Application:
@@ -15,4 +16,5 @@ def make_app(node) -> web.Application:
     app = api.app()
     add_bridge_routes(api, app.router)  # read plans, tails, change feed, leases
     add_internal_routes(api, app.router)  # node to node: cross-node batches and reads
+    add_replication_routes(api, app.router)  # leader to follower, driver to replicas (RFC 0010 §5)
     return app

@@ -22,10 +22,18 @@ FORMAT = 1  # part of the record's format
 class PartitionPlace:
     replicas: tuple[str, ...]
     epoch: int = 1
+    base: int = 0  # the epoch whose log the leader continued (docs/format/replication.md)
+    start: tuple[int, int] = (0, 0)  # the leader's log end when its epoch began
 
     @property
     def leader(self) -> str:
         return self.replicas[0]
+
+    def doc(self) -> dict:
+        out = {"replicas": list(self.replicas), "epoch": self.epoch}
+        if self.base or any(self.start):
+            out.update(base=self.base, start=list(self.start))
+        return out
 
 
 @dataclass(frozen=True)
@@ -49,8 +57,10 @@ class Placement:
         return {i for i, p in enumerate(self.partitions) if p.leader == node}
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"format": FORMAT, "partitions": [{"replicas": list(p.replicas), "epoch": p.epoch}
-                                                            for p in self.partitions]}).encode()
+        return json.dumps({"format": FORMAT, "partitions": [p.doc() for p in self.partitions]}).encode()
+
+    def with_partition(self, pid: int, place: PartitionPlace) -> "Placement":
+        return Placement(tuple(place if i == pid else p for i, p in enumerate(self.partitions)))
 
     @classmethod
     def from_bytes(cls, raw: bytes, key: str) -> "Placement":
@@ -58,10 +68,12 @@ class Placement:
             doc = json.loads(raw)
             if doc.get("format") != FORMAT:
                 raise ValueError(f"format {doc.get('format')!r}")
-            parts = tuple(PartitionPlace(tuple(str(r) for r in p["replicas"]), int(p["epoch"]))
+            parts = tuple(PartitionPlace(tuple(str(r) for r in p["replicas"]), int(p["epoch"]), int(p.get("base", 0)),
+                                         tuple(int(x) for x in p.get("start", (0, 0))))
                           for p in doc["partitions"])
-            if not parts or any(not p.replicas for p in parts):
-                raise ValueError("a partition without replicas")
+            if not parts or any(not p.replicas or len(set(p.replicas)) != len(p.replicas) or len(p.start) != 2
+                                for p in parts):
+                raise ValueError("a partition without replicas, with a replica twice, or a bad start")
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptionError(key, 0, f"not a placement record: {e}") from None
         return cls(parts)
@@ -73,6 +85,10 @@ class Placement:
     def json(self) -> list[dict]:
         return [{"partition": i, "leader": p.leader, "replicas": list(p.replicas), "epoch": p.epoch}
                 for i, p in enumerate(self.partitions)]
+
+    @property
+    def replicated(self) -> bool:
+        return any(len(p.replicas) > 1 for p in self.partitions)
 
 
 def plan(members: list[str], partitions: int, replicas: int, led: dict[str, int], held: dict[str, int],

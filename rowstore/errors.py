@@ -49,3 +49,17 @@ class HistoryPurgedError(RowstoreError):
 
 class UnavailableError(RowstoreError):
     """Raised when the data asked for cannot be served now (not recovered, closed)."""
+
+
+class FencedError(UnavailableError):
+    """Raised when a replication message carries an epoch older than one the replica promised
+    (``promised``): its sender is no longer the partition's leader."""
+
+    def __init__(self, message: str, promised: int):
+        super().__init__(message)
+        self.promised = promised
+
+
+class LeaderAliveError(UnavailableError):
+    """Raised when a replica refuses a fence because it heard from the current leader within
+    the leader's lease (the leader may still be serving)."""

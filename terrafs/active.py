@@ -30,7 +30,7 @@ from terrafs.blocks import (
 )
 from terrafs.crypto import DataCipher, KeyEncryptionKey
 from terrafs.gather import read_ranges
-from terrafs.errors import ClosedError, CorruptionError, FileStateError
+from terrafs.errors import ClosedError, CorruptionError, FileStateError, MirrorError
 from terrafs.iopool import run_io
 from terrafs.params import FileParams
 from terrafs.active_layout import (SCAN_WINDOW, ActiveConfig, BlockIndex, ScanWindow, cut_blocks,
@@ -86,6 +86,10 @@ class ActiveFile:
         self._recent: OrderedDict[int, bytes] = OrderedDict()  # decoded blocks, for point reads
         self.cache = None  # a shared BlockCache (memory tier) replaces _recent when set
         self.torn_tail: tuple[int, int] | None = None  # (offset, bytes) cut or found at recovery
+        # Replication (docs/format/replication.md): ``await mirror(logical, buffers)`` ships a
+        # group to the followers and returns once a majority holds it; the group counts as
+        # durable (readable, its appends return) only when both it and the local write are done.
+        self.mirror = None
         # flush_s: time spent writing + fdatasyncing groups; wait_s: appenders' total wait
         self.stats = {"flushes": 0, "flushed_bytes": 0, "appends": 0, "flush_s": 0.0, "wait_s": 0.0}
 
@@ -180,6 +184,8 @@ class ActiveFile:
             raise ClosedError(f"{self.where} is closed")
         if self._sealed:
             raise FileStateError(f"{self.where} is sealed; appends are not allowed")
+        if isinstance(self._failed, MirrorError):
+            raise self._failed
         if self._failed is not None:
             # After a failed fdatasync the page cache can no longer be trusted
             # (the "fsyncgate" lesson): refuse further writes; reopen recovers.
@@ -212,7 +218,8 @@ class ActiveFile:
                 self._failed = e
                 for fu in futs + self._futs:
                     if not fu.done():
-                        fu.set_exception(FileStateError(f"{self.where}: flush failed: {e}"))
+                        fu.set_exception(e if isinstance(e, MirrorError) else
+                                         FileStateError(f"{self.where}: flush failed: {e}"))
                 self._pending, self._futs = [], []
                 return
             for fu in futs:
@@ -225,13 +232,21 @@ class ActiveFile:
         group, logical = self._group + 1, self.durable_size
         entries: list[tuple[int, int, int]] = []
         t0 = time.perf_counter()
-        # Encode, write and fdatasync in one worker-thread hop.
-        if self._in_place:
-            phys = self._physical_end
-            n, self._alloc_end = await run_io(self._write_in_place, batch, group, phys, logical, entries)
-        else:
-            phys, n = await self._f.append_durable(
-                lambda phys: self._encode_group(batch, group, phys, logical, entries))
+        mirrored = None if self.mirror is None else asyncio.ensure_future(self.mirror(logical, batch))
+        try:
+            # Encode, write and fdatasync in one worker-thread hop.
+            if self._in_place:
+                phys = self._physical_end
+                n, self._alloc_end = await run_io(self._write_in_place, batch, group, phys, logical, entries)
+            else:
+                phys, n = await self._f.append_durable(
+                    lambda phys: self._encode_group(batch, group, phys, logical, entries))
+        except BaseException:
+            if mirrored is not None:
+                mirrored.cancel()
+            raise
+        if mirrored is not None:
+            await mirrored  # a majority holds the group (or MirrorError: this node was fenced)
         for e in entries:
             self.index.add(*e)
         self._group = group

@@ -67,3 +67,10 @@ class ClosedError(TerrafsError):
 
 class CatalogConflictError(TerrafsError):
     """Raised when a catalog transaction kept losing its compare-version checks."""
+
+
+class MirrorError(TerrafsError):
+    """Raised when an active file's mirror (a partition's replication to its followers)
+    refuses a write group for good: this node is no longer the partition's leader (fenced
+    by a newer epoch). The file fails like after a failed fdatasync; nothing in the group
+    was acknowledged."""

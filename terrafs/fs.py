@@ -29,6 +29,7 @@ from terrafs.errors import (
     FileNotFoundInDeviceError,
     FileStateError,
     InodeNotFoundError,
+    TerrafsError,
 )
 from terrafs.failpoints import failpoint
 from terrafs.params import new_params
@@ -168,6 +169,16 @@ class TerrascaleFS:
             await af.seal()
         self._active[inode] = af
         return af
+
+    async def close_active(self, inode: int) -> None:
+        """Close a local file's open handle (its bytes stay); the next ``open_active`` recovers
+        it from the device — after a failed flush, what is durable there is what counts."""
+        af = self._active.pop(inode, None)
+        if af is not None:
+            try:
+                await af.close()
+            except TerrafsError as e:  # a failed file: closing cannot flush; its bytes are what they are
+                log.info("event=close_failed_file inode=%d error=%r", inode, e)
 
     # -- seal and offload --------------------------------------------------------
 

@@ -88,6 +88,10 @@ class Committer:
         self._groups: dict[str, list] = {}  # table id -> multi-partition batches waiting to commit
         self._leading: set[str] = set()  # table ids whose group committer is running
         self._applying: dict[str, asyncio.Task] = {}  # table id -> its last decided group's finish
+        # A write to a replicated partition waits this long for a majority of its replicas, then
+        # answers "unavailable" (the batch may still become durable and visible later).
+        self.ack_timeout_s = 10.0
+        self.stalled = None  # (table id, pid) -> None: a replicated partition missed its ack timeout
 
     # -- recovery -----------------------------------------------------------------------------
 
@@ -217,6 +221,13 @@ class Committer:
                 for t, a, b in zip(tss, at, at[1:]):
                     stamp(Encoded(piece.enc.buf, piece.enc.starts[a:b]), t)
             task = await part.append(seg, piece.enc, ts)
+        done = self._finish_one(part, seg, task, piece, schema, ts, tss, sizes)
+        if (part.table_id, part.pid) not in part.store.shippers:
+            return await done
+        return await self._bounded(asyncio.ensure_future(done), [part])
+
+    async def _finish_one(self, part: Partition, seg, task, piece: Piece, schema, ts: int, tss: list[int],
+                          sizes: list[int] | None):
         try:
             ids = await task
             if sizes is not None:
@@ -244,7 +255,9 @@ class Committer:
         if table.table_id not in self._leading:
             self._leading.add(table.table_id)
             self.tasks.spawn(self._group_loop(table.table_id, q))
-        return await m.fut
+        if not any((part.table_id, part.pid) in part.store.shippers for part, _ in work):
+            return await m.fut
+        return await self._bounded(m.fut, [part for part, _ in work])
 
     async def _group_loop(self, tid: str, q: list) -> None:
         try:
@@ -334,6 +347,22 @@ class Committer:
         for part in g.parts:
             if part.full():
                 self.tasks.spawn(part.roll(if_full=True))
+
+    async def _bounded(self, fut: asyncio.Future, parts: list[Partition]):
+        """``fut``'s result, or UnavailableError after the ack timeout. Then the partitions'
+        leader steps down (``stalled``): its writes in flight fail and its timestamps end, so
+        the node's closed timestamp — and every other partition's writes — go on; the
+        partition is unavailable until an election with a majority of its replicas."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.ack_timeout_s)
+        except asyncio.TimeoutError:
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no "never retrieved" noise
+            for part in parts:
+                if self.stalled is not None and (part.table_id, part.pid) in part.store.shippers:
+                    self.stalled(part.table_id, part.pid)
+            raise UnavailableError(f"no majority of the partition's replicas acknowledged the write within "
+                                   f"{self.ack_timeout_s:g} s; it may still be applied (upserts are safe to retry)"
+                                   ) from None
 
     def merge_if_due(self, part: Partition) -> None:
         """Start a memtable merge of ``part`` in the background when one is due."""

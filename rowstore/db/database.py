@@ -11,6 +11,7 @@ the one object the node holds; the work is done by its parts, each in its own mo
 * :mod:`rowstore.db.leases` — read leases that hold segments back from collection;
 * :mod:`rowstore.db.maintenance` — checkpoint, merge, seal, offload;
 * :mod:`rowstore.db.gc` — copy-forward garbage collection, clustered rewrites (RFC 0009);
+* :mod:`rowstore.db.leadership` — leading and following replicated partitions (RFC 0010);
 * :mod:`rowstore.db.tasks` — the one home of background tasks.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pyarrow as pa
 from rowstore.db.committer import Committer, WriteResult
 from rowstore.db.external_reads import ExternalReads
 from rowstore.db.gc import GarbageCollector, GcConfig
+from rowstore.db.leadership import Leadership
 from rowstore.db.leases import Leases
 from rowstore.db.maintenance import Maintenance
 from rowstore.db.participant import Participant
@@ -30,6 +32,7 @@ from rowstore.db.registry import TableRegistry
 from rowstore.db.tasks import BackgroundTasks
 from rowstore.hlc import HybridClock
 from rowstore.reads.plan import ReadPlan
+from rowstore.replication.follower import ReplicaStore
 from rowstore.schema import SchemaVersion
 from rowstore.segments.store import SegmentRecord, SegmentStore
 from rowstore.tables.definitions import TableCatalog, TableDef
@@ -72,6 +75,10 @@ class Database:
                                        self.tasks)
         self.leases = Leases(self.catalog)
         self.external = ExternalReads(fs, self.store, self.reader, self.leases)
+        self.replicas = ReplicaStore(fs)
+        self.leadership = Leadership(self.store, self.replicas, self.tables, self.committer.decide_at_recovery)
+        self.reader.leases_of = self.leadership.check_lease
+        self.committer.stalled = lambda t, p: self.tasks.spawn(self.leadership.demote(t, p))
         self.gc = GarbageCollector(self.store, self.catalog_tables, self.tables, self.timeline, self.leases,
                                    self.reader.horizon, self.maintenance.offload, cfg.gc)
 
@@ -92,6 +99,9 @@ class Database:
                 await self.tables.table(d)
 
     async def close(self) -> None:
+        for t, p in list(self.leadership.led()):
+            await self.leadership.demote(t, p)
+        await self.replicas.close()
         await self.tasks.drain()
 
     @property

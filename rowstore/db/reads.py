@@ -51,6 +51,7 @@ class _PointTable:
     parts: list
     nparts: int
     decode: PointDecoder
+    owned: set  # the table's partitions served here (the registry's set: it changes in place)
 
 
 class Reader:
@@ -60,6 +61,7 @@ class Reader:
         self.clock, self.timeline, self.tasks = clock, timeline, tasks
         self.retention_ms, self.closed_wait_s = retention_ms, closed_wait_s
         self._points: dict[str, _PointTable] = {}  # name -> what a point read at the present needs
+        self.leases_of = lambda table_id, pids: None  # raises for a replicated partition without a lease
 
     def horizon(self) -> int:
         return ts_from_ms(max(time.time_ns() // 1_000_000 - self.retention_ms, 0))
@@ -87,6 +89,7 @@ class Reader:
         T = await self.snapshot(as_of, trusted)
         d = await self.definitions.describe(name, T)
         table = await self.tables.table(d)
+        self.leases_of(d.table_id, table.owned)
         return ReadContext(T, d, table, await self.tables.schemas_of(d))
 
     async def get(self, name: str, key, as_of: int | None = None) -> dict | None:
@@ -102,7 +105,11 @@ class Reader:
         else:
             T, pt = await self._point_table(name, as_of)
         k = _point_key(pt, key)
-        part = pt.parts[partition_one(k, pt.nparts)]
+        pid = partition_one(k, pt.nparts)
+        if pid not in pt.owned:
+            raise UnavailableError(f"table {name!r}: partition {pid} is not served by this node")
+        self.leases_of(pt.d.table_id, (pid,))
+        part = pt.parts[pid]
         rowid = part.index.get_cached(k, T)
         if rowid is None:
             rowid = await part.index.get(k, T)
@@ -121,7 +128,7 @@ class Reader:
         d = await self.definitions.describe(name, T)
         table = self.tables.get(d.table_id) or await self.tables.table(d)
         pt = _PointTable(gen, d, table.kind, table.parts, len(table.parts),
-                         PointDecoder(await self.tables.schemas_of(d), d.schema))
+                         PointDecoder(await self.tables.schemas_of(d), d.schema), table.owned)
         if as_of is None and await self.definitions.describe(name) is d:
             self._points[name] = pt
         return T, pt

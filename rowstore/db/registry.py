@@ -22,8 +22,8 @@ class Table:
         # the others exist as objects but are never opened, written or checkpointed here
         self.owned = set(range(d.partitions)) if owned is None else set(owned)
         self.kind = d.schema.key.type.kind.value
-        indexed = [c for c in d.schema.columns if c.id in d.indexes]
-        self.parts = [Partition(store, d.table_id, p, self.kind, indexed) for p in range(d.partitions)]
+        self.indexed = [c for c in d.schema.columns if c.id in d.indexes]
+        self.parts = [Partition(store, d.table_id, p, self.kind, self.indexed) for p in range(d.partitions)]
 
     def forget_columns(self, schema: SchemaVersion) -> None:
         """Stop indexing columns the schema no longer has."""

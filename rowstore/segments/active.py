@@ -57,6 +57,7 @@ def _grown(a: np.ndarray, cap: int) -> np.ndarray:
 class ActiveSegment:
     def __init__(self, segid: int, file: ActiveFile, where: str):
         self.segid, self.file, self.where = segid, file, where
+        self.seq = 0  # its position among the partition's segments (set by the store)
         self._idx = _Offsets()
         self._next = 0  # next localid to hand out (call order = file order)
         self.durable_rows = 0

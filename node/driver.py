@@ -1,0 +1,293 @@
+"""Replicated partitions across the cluster (docs/rfcs/0010-replication.md §5): heartbeats,
+the placement driver's failure detection and elections, and each node's reconciliation of
+what it leads with what the placement says.
+
+* Every node bumps ``node/alive/<id>`` every ``cluster.heartbeat``.
+* The node leading the catalog's Raft group is the **driver**: a node whose counter has not
+  moved for ``cluster.failure_timeout`` is dead, and each partition it led is elected anew.
+* Every node, every heartbeat, **reconciles**: it takes the partitions the placement names it
+  leader of (directly when the placement's epoch came from an election naming it; through an
+  election of its own after a restart, so a node that lost its disk never leads with a short
+  log), and steps down from those it no longer leads.
+
+An election (:meth:`NodeReplication.elect`) fences the live replicas with epoch + 1, takes the
+greatest ``(last epoch, position)`` among a majority of answers, writes the placement by
+compare-and-set and tells the chosen node to take the partition.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+
+from catalog.abc import Check, Put
+from catalog.errors import CatalogError
+from node.cluster import RemoteError
+from node.placement import PLACE, PartitionPlace, Placement
+from node.replication_api import HttpTransport
+from rowstore.errors import RowstoreError, TableNotFoundError
+from rowstore.replication.position import NOTHING, Position
+from terrafs.catalog_ops import commit
+from terrafs.errors import TerrafsError
+
+log = logging.getLogger("terrascale.node.driver")
+ALIVE = "node/alive/"
+PRUNE_EVERY_S = 5.0
+
+
+def majority(n: int) -> int:
+    return n // 2 + 1
+
+
+class NodeReplication:
+    def __init__(self, node):
+        self.node, self.cfg = node, node.cfg
+        self.db, self.cluster = node.db, node.cluster
+        self.me = self.cfg.node_id
+        self.lease_s = self.cfg.failure_timeout_s / 2
+        self.db.replicas.lease_s = self.lease_s
+        self.transport = HttpTransport(self.cluster, max(self.cfg.failure_timeout_s, 1.0))
+        self.counter = int(time.time() * 1000)  # grows across restarts too
+        self._seen: dict[str, tuple[bytes, float]] = {}  # node -> (counter, monotonic when it moved)
+        self._driving = False
+        self._pruned = 0.0
+        self._busy: set[tuple[str, int]] = set()
+        self._tasks: list[asyncio.Task] = []
+        self.elections = {"won": 0, "failed": 0}
+        self.dead: set[str] = set()
+
+    @property
+    def enabled(self) -> bool:
+        return self.cluster.multi
+
+    def start(self) -> None:
+        if self.enabled:
+            self._tasks = [asyncio.ensure_future(self._loop(self._beat)),
+                           asyncio.ensure_future(self._loop(self._tick))]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+
+    async def _loop(self, step) -> None:
+        while True:
+            try:
+                await step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - logged; the next beat tries again
+                log.warning("event=replication_step_failed step=%s error=%r", step.__name__, e)
+            await asyncio.sleep(self.cfg.heartbeat_s)
+
+    async def _beat(self) -> None:
+        self.counter += 1
+        await self.node.catalog.txn([], [Put(ALIVE + self.me, str(self.counter).encode())])
+
+    async def _tick(self) -> None:
+        await self.reconcile()
+        if await self._is_driver():
+            await self.drive()
+
+    # -- the driver -----------------------------------------------------------------------------
+
+    async def _is_driver(self) -> bool:
+        try:
+            st = await self.node.catalog.cluster_status()
+        except (CatalogError, asyncio.TimeoutError):
+            return False
+        driving = st.get("role") == "leader"
+        if driving and not self._driving:
+            self._seen.clear()  # a new driver watches everyone for a full timeout first
+        self._driving = driving
+        return driving
+
+    async def drive(self) -> None:
+        """Find dead nodes by their heartbeats; elect anew every partition one of them leads."""
+        now = time.monotonic()
+        for e in await self.node.catalog.scan(ALIVE):
+            n = e.key[len(ALIVE):]
+            if n not in self._seen or self._seen[n][0] != e.value:
+                self._seen[n] = (e.value, now)
+        self.dead = {n for n, (_, t) in self._seen.items() if now - t > self.cfg.failure_timeout_s}
+        if not self.dead:
+            return
+        for d, pl in await self._replicated():
+            for pid, p in enumerate(pl.partitions):
+                if p.leader in self.dead:
+                    await self.elect(d, pid, exclude=self.dead)
+
+    # -- every node -----------------------------------------------------------------------------
+
+    async def _replicated(self):
+        out = []
+        for d in await self.db.list_tables():
+            pl = await self.cluster.placement(d.name, d.partitions, fresh=True)
+            if pl.replicated:
+                out.append((d, pl))
+        return out
+
+    async def reconcile(self) -> None:
+        """Lead what the placement says this node leads; stop leading anything else."""
+        seen = set()
+        tables = await self._replicated()
+        for d, pl in tables:
+            for pid, p in enumerate(pl.partitions):
+                key = (d.table_id, pid)
+                seen.add(key)
+                sh = self.db.leadership.shipper(d.table_id, pid)
+                if p.leader == self.me:
+                    if sh is None or sh.epoch < p.epoch or sh.fenced is not None:
+                        await self.take(d, pid, pl)
+                elif sh is not None:
+                    await self.db.leadership.demote(d.table_id, pid)
+        for key in set(self.db.leadership.led()) - seen:
+            await self.db.leadership.demote(*key)
+        if time.monotonic() - self._pruned > PRUNE_EVERY_S:
+            self._pruned = time.monotonic()
+            await self._prune(tables)
+
+    async def _prune(self, tables) -> None:
+        """Drop this node's copies of segments its partitions' leaders offloaded or deleted."""
+        recs = await self.db.store.list()
+        for d, pl in tables:
+            for pid, p in enumerate(pl.partitions):
+                if self.me in p.replicas[1:]:
+                    keep = {r.segid for r in recs if r.table == d.table_id and r.partition == pid
+                            and r.state.value in ("active", "sealed")}
+                    with contextlib.suppress(RowstoreError, TerrafsError, CatalogError):
+                        await self.db.replicas.prune(d.table_id, pid, keep)
+
+    async def take_if_mine(self, table: str, pid: int) -> bool:
+        """The driver says this node leads ``pid`` of ``table`` now: take it."""
+        try:
+            d = await self.db.describe(table)
+        except TableNotFoundError:
+            return False
+        if not 0 <= pid < d.partitions:
+            return False
+        pl = await self.cluster.placement(d.name, d.partitions, fresh=True)
+        if pl.leader(pid) != self.me:
+            return False
+        await self.take(d, pid, pl)
+        return self.db.leadership.shipper(d.table_id, pid) is not None
+
+    async def take(self, d, pid: int, pl: Placement) -> None:
+        """Lead ``pid``: at once when its epoch came from an election naming this node (or the
+        table is new), else through an election (after a restart: another replica may hold
+        more than this node, which may even have lost its disk)."""
+        key = (d.table_id, pid)
+        if key in self._busy:
+            return
+        self._busy.add(key)
+        try:
+            p = pl.partitions[pid]
+            recs = [r for r in await self.db.store.list(table=d.table_id) if r.partition == pid]
+            if any(r.epoch == p.epoch for r in recs if r.owner == self.me):  # led at this epoch before
+                await self.elect(d, pid, exclude=set())
+                return
+            sh = self.db.leadership.shipper(d.table_id, pid)
+            if sh is not None and sh.fenced is not None:
+                await self.db.leadership.demote(d.table_id, pid)
+            await self.db.leadership.promote(d, pid, p.epoch, p.base, Position(*p.start), list(p.replicas[1:]),
+                                             self.transport, self.lease_s, on_fenced=self._fenced)
+        finally:
+            self._busy.discard(key)
+
+    def _fenced(self, sh) -> None:
+        self.db.tasks.spawn(self.db.leadership.demote(sh.table_id, sh.pid))
+
+    async def started(self, d) -> None:
+        """A replicated table was just created: each partition's leader takes it (epoch 1)."""
+        pl = await self.cluster.placement(d.name, d.partitions, fresh=True)
+        calls = []
+        for pid, p in enumerate(pl.partitions):
+            if p.leader == self.me:
+                calls.append(self.take(d, pid, pl))
+            else:
+                calls.append(self._tell(p.leader, d.name, pid))
+        for r in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(r, BaseException):
+                log.warning("event=partition_start_failed table=%s error=%r", d.name, r)
+
+    async def _tell(self, node: str, table: str, pid: int) -> None:
+        status, _, payload = await asyncio.wait_for(
+            self.cluster.call(node, "POST", "/v1/internal/repl/promote", doc={"table": table, "pid": pid}),
+            self.cfg.failure_timeout_s * 2)
+        if status != 200:
+            raise ConnectionError(f"node {node} answered {status} to promote: {payload[:200]!r}")
+
+    # -- elections ------------------------------------------------------------------------------
+
+    async def elect(self, d, pid: int, exclude: set[str]) -> bool:
+        """Fence ``pid``'s live replicas at the next epoch, choose the longest log among a
+        majority, write the placement (CAS) and tell the chosen node to lead."""
+        pl = await self.cluster.placement(d.name, d.partitions, fresh=True)
+        p = pl.partitions[pid]
+        voters = [n for n in p.replicas if n not in exclude]
+        need = majority(len(p.replicas))
+        if len(voters) < need:
+            self.elections["failed"] += 1
+            return False
+        epoch = p.epoch + 1
+        got = await asyncio.gather(*[self._fence(n, d.table_id, pid, epoch) for n in voters], return_exceptions=True)
+        ok = {n: g for n, g in zip(voters, got) if isinstance(g, dict)}
+        if len(ok) < need:
+            self.elections["failed"] += 1
+            log.info("event=election_failed table=%s partition=%d epoch=%d answers=%d need=%d why=%s", d.name, pid,
+                     epoch, len(ok), need, [repr(g)[:120] for g in got if not isinstance(g, dict)])
+            return False
+        chosen = max(ok, key=lambda n: (ok[n]["last"], tuple(ok[n]["pos"]), n == p.leader, n))
+        new = PartitionPlace((chosen, *[n for n in p.replicas if n != chosen]), epoch, int(ok[chosen]["last"]),
+                             tuple(Position.of(ok[chosen]["pos"])))
+        if not await self._write_place(d.name, pid, p, new):
+            self.elections["failed"] += 1
+            return False
+        self.elections["won"] += 1
+        log.warning("event=partition_elected table=%s partition=%d epoch=%d leader=%s was=%s last=%d pos=%s",
+                    d.name, pid, epoch, chosen, p.leader, new.base, list(new.start))
+        if chosen == self.me:
+            await self.take(d, pid, await self.cluster.placement(d.name, d.partitions, fresh=True))
+        else:
+            with contextlib.suppress(ConnectionError, asyncio.TimeoutError, RemoteError):
+                await self._tell(chosen, d.name, pid)  # else it takes it at its next reconcile
+        return True
+
+    async def _fence(self, node: str, table_id: str, pid: int, epoch: int) -> dict:
+        status, _, payload = await asyncio.wait_for(
+            self.cluster.call(node, "POST", "/v1/internal/repl/fence",
+                              doc={"table": table_id, "pid": pid, "epoch": epoch}), self.cfg.failure_timeout_s)
+        doc = json.loads(payload)
+        if status != 200:
+            raise ConnectionError(f"node {node}: {status} {doc.get('error', {}).get('message', '')}"[:200])
+        Position.of(doc["pos"])
+        return doc
+
+    async def _write_place(self, name: str, pid: int, was: PartitionPlace, new: PartitionPlace) -> bool:
+        """Replace partition ``pid``'s entry by compare-and-set, if it is still ``was``."""
+        key = PLACE + name
+        for _ in range(20):
+            e = await self.node.catalog.get(key)
+            if e is None:
+                return False
+            cur = Placement.from_bytes(e.value, key)
+            if cur.partitions[pid] != was:
+                return False
+            res = await commit(self.node.catalog, [Check(key, e.version)],
+                               [Put(key, cur.with_partition(pid, new).to_bytes())])
+            if res.committed:
+                await self.cluster.placement(name, len(cur.partitions), fresh=True)
+                return True
+        return False
+
+    def status(self) -> dict:
+        return {"driving": self._driving, "dead": sorted(self.dead), "elections": dict(self.elections),
+                "led": self.db.leadership.status()}
+
+
+__all__ = ["NodeReplication", "NOTHING"]

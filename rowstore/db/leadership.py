@@ -1,0 +1,118 @@
+"""Leading and following replicated partitions (docs/rfcs/0010-replication.md §5).
+
+A partition with R > 1 replicas is served by this node only between :meth:`promote` and
+:meth:`demote`: promotion takes over the copies the follower side holds (or this node's own
+segments), recovers them as active segments, starts shipping to the followers and replays the
+partition's index from its checkpoint mark; demotion stops all of it. Reads of a led
+partition need the leader's lease (:meth:`check_lease`)."""
+from __future__ import annotations
+
+import logging
+
+from rowstore.errors import FencedError, UnavailableError
+from rowstore.replication.follower import ReplicaStore
+from rowstore.replication.leader import Shipper, Transport
+from rowstore.replication.position import NOTHING, Position, rep_key
+from rowstore.segments.store import SegmentStore
+from rowstore.tables.definitions import TableDef
+from rowstore.tables.partition import Partition
+
+log = logging.getLogger("rowstore.db.leadership")
+
+
+class Leadership:
+    def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables, decide):
+        self.store, self.replicas, self.tables, self.decide = store, replicas, tables, decide
+        self.lease_wait_s = 2.0
+
+    def shipper(self, table_id: str, pid: int) -> Shipper | None:
+        return self.store.shippers.get((table_id, pid))
+
+    def led(self) -> dict[tuple[str, int], Shipper]:
+        return dict(self.store.shippers)
+
+    async def promote(self, d: TableDef, pid: int, epoch: int, base: int, start: Position, followers: list[str],
+                      transport: Transport, lease_s: float, on_fenced=None) -> Shipper:
+        """Lead partition ``pid`` of ``d`` at ``epoch`` (the placement already says so)."""
+        key = (d.table_id, pid)
+        old = self.store.shippers.get(key)
+        if old is not None:
+            if old.epoch >= epoch:
+                return old
+            await self.demote(d.table_id, pid)
+        table = await self.tables.table(d)  # opened without this partition (not led yet)
+        rec, version, files = await self.replicas.take(d.table_id, pid)
+        try:
+            segs = await self.store.adopt(d.table_id, pid, epoch, rec.segs, files,
+                                          rep_key(d.table_id, pid, self.store.node) if version else None, version,
+                                          self.decide)
+        except BaseException:
+            self.replicas.forget(d.table_id, pid)  # reload the record on the next message
+            raise
+        sh = Shipper(d.table_id, pid, epoch, base, start, followers, transport, lease_s, on_fenced)
+        for seg in segs:
+            sh.register(seg.seq, seg)
+        self.store.shippers[key] = sh
+        sh.start_links()
+        latest = await self.tables.latest_def(d)
+        part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
+        n = await part.open(await self.tables.schemas_of(latest), latest.schema)
+        table.parts[pid] = part
+        table.owned.add(pid)
+        log.info("event=partition_promoted table=%s partition=%d epoch=%d base=%d start=%s replayed=%d "
+                 "followers=%s", d.name, pid, epoch, base, list(start), n, ",".join(followers))
+        return sh
+
+    async def demote(self, table_id: str, pid: int) -> bool:
+        """Stop leading ``pid``: writes in flight fail, its files close (they are this node's
+        copies from now on, recorded in its replica row by the next leader's promotion)."""
+        sh = self.store.shippers.pop((table_id, pid), None)
+        if sh is None:
+            return False
+        table = self.tables.get(table_id)
+        if table is not None:
+            table.owned.discard(pid)
+            old = table.parts[pid]
+            table.parts[pid] = Partition(self.store, table_id, pid, table.kind, table.indexed)
+            del old
+        await sh.close()
+        for inode in self.store.release_local(table_id, pid):
+            await self.store.fs.close_active(inode)
+        self.store.epochs.pop((table_id, pid), None)
+        self.replicas.forget(table_id, pid)
+        log.warning("event=partition_demoted table=%s partition=%d epoch=%d", table_id, pid, sh.epoch)
+        return True
+
+    async def fence(self, table_id: str, pid: int, epoch: int, force: bool = False) -> dict:
+        """Promise ``epoch`` for a partition: a follower's copies answer through the replica
+        store; a node holding its own segments of the partition (it led it, and was not
+        replaced yet) answers for them — after stepping down if it still leads."""
+        sh = self.store.shippers.get((table_id, pid))
+        if sh is not None:
+            if epoch <= sh.epoch:
+                raise FencedError(f"epoch {epoch} is not above the leading epoch {sh.epoch}", sh.epoch)
+            await self.demote(table_id, pid)
+        own = await self.store.own_log(table_id, pid)
+        if own is not None:
+            last, pos = own
+            return {"last": last, "pos": list(pos)}
+        return await self.replicas.fence(table_id, pid, epoch, force)
+
+    def check_lease(self, table_id: str, pids) -> None:
+        """Refuse to read a replicated partition led here without a current lease."""
+        for pid in pids:
+            sh = self.store.shippers.get((table_id, pid))
+            if sh is not None and not sh.lease_ok():
+                raise UnavailableError(f"partition {pid} has no majority of its replicas within the lease; retry")
+
+    async def await_lease(self, table_id: str, pids) -> None:
+        for pid in pids:
+            sh = self.store.shippers.get((table_id, pid))
+            if sh is not None and not await sh.wait_lease(self.lease_wait_s):
+                raise UnavailableError(f"partition {pid} has no majority of its replicas within the lease; retry")
+
+    def status(self) -> dict:
+        return {f"{t}/{p}": sh.status() for (t, p), sh in self.store.shippers.items()}
+
+
+__all__ = ["Leadership", "NOTHING"]

@@ -1,0 +1,258 @@
+"""A follower's copies of the partitions it replicates (docs/format/replication.md).
+
+For each (table id, partition) this node follows, an ``rs/rep/`` record says which epoch it
+promised, which epoch's log it holds a prefix of, and which TerrascaleFS active files hold
+its copies of the leader's segments. Appends arrive in log order from the leader; a copy is
+the leader's logical bytes at the same offsets, so it is a valid active segment once this
+node is promoted (``take``)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from catalog.abc import Check, Delete, Put
+from rowstore.errors import ConflictError, FencedError, LeaderAliveError, RowstoreError
+from rowstore.replication.position import NOTHING, Position, ReplicaRecord, keeps_log, rep_key
+from terrafs.active import ActiveFile
+from terrafs.catalog_ops import commit
+from terrafs.errors import CatalogConflictError, TerrafsError
+from terrafs.fs import TerrascaleFS
+
+log = logging.getLogger("rowstore.replication.follower")
+
+
+@dataclass
+class Piece:
+    segid: int
+    seq: int
+    offset: int
+    data: bytes | memoryview
+
+
+@dataclass
+class _Replica:
+    """One partition's copy on this node (loaded from its record on first use)."""
+
+    key: str
+    rec: ReplicaRecord
+    version: int  # the record's catalog version (0: none yet)
+    files: dict[int, ActiveFile] = field(default_factory=dict)  # segid -> open copy
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    contact: float = -1e9  # monotonic time of the last append from the current epoch's leader
+    leader: str = ""
+
+    def position(self) -> Position:
+        if not self.rec.segs:
+            return NOTHING
+        segid, (seq, _) = max(self.rec.segs.items(), key=lambda kv: kv[1][0])
+        f = self.files.get(segid)
+        return Position(seq, f.durable_size if f is not None else 0)
+
+
+class ReplicaStore:
+    """This node's follower side: appends, fences, promotion hand-over, clean-up."""
+
+    def __init__(self, fs: TerrascaleFS, lease_s: float = 1.0):
+        self.fs, self.catalog, self.node = fs, fs.catalog, fs.cfg.node_id
+        self.lease_s = lease_s
+        self._reps: dict[tuple[str, int], _Replica] = {}
+        self._loading: dict[tuple[str, int], asyncio.Lock] = {}
+        self.lost: set[int] = set()  # inodes whose local files were found missing at start
+
+    async def replica(self, table_id: str, pid: int) -> _Replica:
+        r = self._reps.get((table_id, pid))
+        if r is not None:
+            return r
+        async with self._loading.setdefault((table_id, pid), asyncio.Lock()):
+            r = self._reps.get((table_id, pid))
+            if r is None:
+                r = await self._load(table_id, pid)
+                self._reps[(table_id, pid)] = r
+        return r
+
+    async def _load(self, table_id: str, pid: int) -> _Replica:
+        key = rep_key(table_id, pid, self.node)
+        e = await self.catalog.get(key)
+        if e is None:
+            return _Replica(key, ReplicaRecord(), 0)
+        r = _Replica(key, ReplicaRecord.from_bytes(e.value, key), e.version)
+        if any(inode in self.lost for _, inode in r.rec.segs.values()):
+            log.warning("event=replica_lost table=%s partition=%d: a copy's file is gone; starting over",
+                        table_id, pid)
+            await self._discard(r)
+            return r
+        for segid, (_, inode) in r.rec.segs.items():
+            try:
+                r.files[segid] = await self.fs.open_active(inode)
+            except TerrafsError as err:
+                log.warning("event=replica_unreadable table=%s partition=%d segid=%d error=%r", table_id, pid,
+                            segid, err)
+                await self._discard(r)
+                break
+        return r
+
+    # -- the leader's messages ------------------------------------------------------------------
+
+    async def append(self, table_id: str, pid: int, epoch: int, base: int, start: Position, pieces: list[Piece],
+                     leader: str = "") -> dict:
+        """Make ``pieces`` durable in order; answer the position (``gap``: a piece began past it)."""
+        r = await self.replica(table_id, pid)
+        async with r.lock:
+            if epoch < r.rec.promised:
+                raise FencedError(f"epoch {epoch} is older than the promised {r.rec.promised}", r.rec.promised)
+            if r.rec.last != epoch and not keeps_log(r.rec.last, r.position(), epoch, base, start):
+                log.info("event=replica_diverged table=%s partition=%d last=%d pos=%s epoch=%d base=%d start=%s",
+                         table_id, pid, r.rec.last, r.position(), epoch, base, start)
+                await self._discard(r)
+            if epoch > r.rec.promised:
+                await self._save(r, promised=epoch)
+            r.contact, r.leader = time.monotonic(), leader
+            gap = False
+            for p in pieces:
+                if not await self._put(r, table_id, pid, p):
+                    gap = True
+                    break
+            pos = r.position()
+            if r.rec.last != epoch and pos >= start:
+                await self._save(r, last=epoch)
+            return {"pos": pos.json(), "last": r.rec.last, "gap": gap}
+
+    async def _put(self, r: _Replica, table_id: str, pid: int, p: Piece) -> bool:
+        f = r.files.get(p.segid)
+        if f is None:
+            if p.offset != 0:
+                return False
+            f = await self._create(r, table_id, pid, p.segid, p.seq)
+        end = f.durable_size
+        if p.offset > end:
+            return False
+        skip = end - p.offset  # bytes already held (a resend)
+        if skip < len(p.data):
+            await f.append(bytes(memoryview(p.data)[skip:]))
+        return True
+
+    async def _create(self, r: _Replica, table_id: str, pid: int, segid: int, seq: int) -> ActiveFile:
+        for _ in range(20):
+            rec = r.rec.copy()
+
+            def extra(f, rec=rec, version=r.version):
+                rec.segs[segid] = (seq, f.inode)
+                return [Check(r.key, version)], [Put(r.key, rec.to_bytes())]
+
+            try:
+                af = await self.fs.create(extra=extra)
+            except CatalogConflictError:
+                await self._reload(r)
+                continue
+            r.rec, r.version = rec, await self._version(r.key)
+            r.files[segid] = af
+            return af
+        raise ConflictError(f"could not record the copy of segment {segid}")
+
+    async def fence(self, table_id: str, pid: int, epoch: int, force: bool = False) -> dict:
+        """Promise ``epoch``: refuse older appends from now on; answer the log's epoch and end."""
+        r = await self.replica(table_id, pid)
+        async with r.lock:
+            if epoch <= r.rec.promised:
+                raise FencedError(f"epoch {epoch} is not above the promised {r.rec.promised}", r.rec.promised)
+            if not force and time.monotonic() - r.contact < self.lease_s:
+                raise LeaderAliveError(f"heard from leader {r.leader} {time.monotonic() - r.contact:.2f} s ago")
+            await self._save(r, promised=epoch)
+            return {"last": r.rec.last, "pos": r.position().json()}
+
+    def status(self, table_id: str, pid: int) -> dict | None:
+        r = self._reps.get((table_id, pid))
+        if r is None:
+            return None
+        return {"promised": r.rec.promised, "last": r.rec.last, "pos": r.position().json(),
+                "contact_s": round(time.monotonic() - r.contact, 3) if r.contact > 0 else None}
+
+    # -- promotion and clean-up -----------------------------------------------------------------
+
+    async def take(self, table_id: str, pid: int) -> tuple[ReplicaRecord, int, dict[int, ActiveFile]]:
+        """Hand this partition's copies to the leader side (promotion): the record, its version
+        and the open files; this store forgets them (the caller's transaction deletes the row)."""
+        r = await self.replica(table_id, pid)
+        await r.lock.acquire()
+        try:
+            self._reps.pop((table_id, pid), None)
+            return r.rec.copy(), r.version, dict(r.files)
+        finally:
+            r.lock.release()
+
+    def forget(self, table_id: str, pid: int) -> None:
+        """Drop the cached state (the record changed under us: promotion of another node)."""
+        self._reps.pop((table_id, pid), None)
+
+    async def prune(self, table_id: str, pid: int, keep: set[int]) -> int:
+        """Drop copies of segments not in ``keep`` (offloaded or deleted by the leader)."""
+        r = await self.replica(table_id, pid)
+        async with r.lock:
+            gone = [s for s in r.rec.segs if s not in keep]
+            if gone:
+                await self._drop(r, gone)
+            return len(gone)
+
+    async def _discard(self, r: _Replica) -> None:
+        await self._drop(r, list(r.rec.segs), last=0)
+
+    async def _drop(self, r: _Replica, segids: list[int], last: int | None = None) -> None:
+        """Delete copies: each file with its entry in the record, in one transaction."""
+        for s in segids:
+            f = r.files.pop(s, None)
+            if f is not None:
+                await f.close()
+            if s not in r.rec.segs:
+                continue
+            rec = r.rec.copy()
+            inode = rec.segs.pop(s)[1]
+            try:
+                await self.fs.delete(inode, [Check(r.key, r.version)], [Put(r.key, rec.to_bytes())])
+            except CatalogConflictError:
+                await self._reload(r)
+                raise ConflictError(f"{r.key} changed under this replica; retry") from None
+            except TerrafsError as e:  # the file is gone already (a lost disk): forget it all the same
+                log.warning("event=replica_copy_not_deleted inode=%d error=%r", inode, e)
+                await self._write(r, rec)
+                continue
+            r.rec, r.version = rec, await self._version(r.key)
+        if last is not None and r.rec.last != last:
+            await self._save(r, last=last)
+
+    async def _save(self, r: _Replica, promised: int | None = None, last: int | None = None) -> None:
+        rec = r.rec.copy()
+        if promised is not None:
+            rec.promised = max(rec.promised, promised)
+        if last is not None:
+            rec.last = last
+        await self._write(r, rec)
+
+    async def _write(self, r: _Replica, rec: ReplicaRecord) -> None:
+        res = await commit(self.catalog, [Check(r.key, r.version)], [Put(r.key, rec.to_bytes())])
+        if not res.committed:
+            await self._reload(r)
+            raise ConflictError(f"{r.key} changed under this replica; retry")
+        r.rec, r.version = rec, res.revision
+
+    async def _reload(self, r: _Replica) -> None:
+        e = await self.catalog.get(r.key)
+        r.rec, r.version = (ReplicaRecord.from_bytes(e.value, r.key), e.version) if e else (ReplicaRecord(), 0)
+
+    async def _version(self, key: str) -> int:
+        e = await self.catalog.get(key)
+        if e is None:
+            raise RowstoreError(f"{key} vanished")
+        return e.version
+
+    async def close(self) -> None:
+        for r in self._reps.values():
+            for f in r.files.values():
+                await f.close()
+        self._reps.clear()
+
+
+def delete_ops(table_id: str, pid: int, node: str, version: int) -> tuple[list, list]:
+    key = rep_key(table_id, pid, node)
+    return [Check(key, version)], [Delete(key)]

@@ -1,0 +1,247 @@
+"""The leader's side: ship each write group of a partition's active segments to its followers
+and hold the group until a majority has it durable (docs/format/replication.md).
+
+One :class:`Shipper` per partition this node leads, one :class:`_Link` per follower. A link
+sends the follower what it lacks in log order: bytes from the leader's files (catch-up) and
+then the group in flight, whose bytes the shipper keeps until the next group of that segment
+begins. Each answer carries the follower's durable position; a group is released once
+enough followers reached its end. Idle links send heartbeats, which keep the leader's read
+lease (a majority answered within ``lease_s``) fresh.
+"""
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import time
+
+from rowstore.errors import FencedError
+from rowstore.replication.position import NOTHING, Position
+from terrafs.errors import ClosedError, MirrorError
+
+log = logging.getLogger("rowstore.replication.leader")
+CHUNK = 4 << 20  # catch-up bytes per message at most
+
+
+class Transport(abc.ABC):
+    """How a leader reaches a follower (the node layer implements it over HTTP)."""
+
+    @abc.abstractmethod
+    async def append(self, node: str, header: dict, data: list[bytes]) -> dict:
+        """Send ``data`` (the pieces of ``header``) to ``node``; its answer, or
+        FencedError (a newer epoch exists), ConnectionError or TimeoutError."""
+
+
+class Shipper:
+    """Replication of one partition, led by this node in ``epoch``."""
+
+    def __init__(self, table_id: str, pid: int, epoch: int, base: int, start: Position, followers: list[str],
+                 transport: Transport, lease_s: float = 1.0, on_fenced=None):
+        self.table_id, self.pid, self.epoch, self.base, self.start = table_id, pid, epoch, base, start
+        self.followers = list(followers)
+        self.transport, self.lease_s, self.on_fenced = transport, lease_s, on_fenced
+        self.needed = (len(self.followers) + 1) // 2  # followers that must hold a group (+ this node)
+        self.segs: dict[int, object] = {}  # seq -> ActiveSegment held here (active or sealed)
+        self.inflight: dict[int, tuple[int, int, bytes]] = {}  # seq -> (segid, offset, bytes)
+        self.fenced: int | None = None
+        self.closed = False
+        self._progress = asyncio.Event()
+        self._links = {n: _Link(self, n) for n in self.followers}
+        self._tasks: list[asyncio.Task] = []
+
+    def start_links(self) -> None:
+        self._tasks = [asyncio.ensure_future(link.run()) for link in self._links.values()]
+
+    # -- segments -------------------------------------------------------------------------------
+
+    def register(self, seq: int, seg) -> None:
+        """``seg`` (an ActiveSegment of this partition, position ``seq``) is shipped from now on."""
+        self.segs[seq] = seg
+        seg.file.mirror = lambda logical, batch, seq=seq, segid=seg.segid: self.mirror(seq, segid, logical, batch)
+        self.wake()
+
+    def unregister(self, segid: int) -> None:
+        for seq, seg in list(self.segs.items()):
+            if seg.segid == segid:
+                del self.segs[seq]
+                self.inflight.pop(seq, None)
+
+    # -- the write path -------------------------------------------------------------------------
+
+    async def mirror(self, seq: int, segid: int, logical: int, batch: list) -> None:
+        """Ship one group and wait until ``needed`` followers hold it (MirrorError once fenced)."""
+        data = b"".join(bytes(b) if not isinstance(b, bytes) else b for b in batch)
+        self.inflight[seq] = (segid, logical, data)
+        self.wake()
+        await self.wait_for(Position(seq, logical + len(data)))
+
+    async def wait_for(self, target: Position) -> None:
+        while True:
+            if self.fenced is not None or self.closed:
+                raise MirrorError(f"partition {self.table_id}/{self.pid}: no longer led here "
+                                  f"(epoch {self.epoch}{f', fenced by {self.fenced}' if self.fenced else ''})")
+            if sum(1 for link in self._links.values() if link.pos is not None and link.pos >= target) >= self.needed:
+                return
+            ev = self._progress
+            await ev.wait()
+
+    def progressed(self) -> None:
+        ev, self._progress = self._progress, asyncio.Event()
+        ev.set()
+
+    def wake(self) -> None:
+        for link in self._links.values():
+            link.wake.set()
+
+    def fence(self, epoch: int) -> None:
+        if self.fenced is None:
+            self.fenced = epoch
+            log.warning("event=leader_fenced table=%s partition=%d epoch=%d by=%d", self.table_id, self.pid,
+                        self.epoch, epoch)
+            self.progressed()
+            if self.on_fenced is not None:
+                self.on_fenced(self)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def lease_ok(self) -> bool:
+        """Whether a majority answered within the lease (this node counts as one)."""
+        if self.fenced is not None or self.closed:
+            return False
+        floor = time.monotonic() - self.lease_s
+        return sum(1 for link in self._links.values() if link.acked_at >= floor) >= self.needed
+
+    async def wait_lease(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.lease_ok():
+            if self.fenced is not None or self.closed or time.monotonic() > deadline:
+                return False
+            self.wake()
+            await asyncio.sleep(0.02)
+        return True
+
+    def status(self) -> dict:
+        now = time.monotonic()
+        return {"epoch": self.epoch, "lease": self.lease_ok(), "fenced": self.fenced,
+                "followers": {n: {"pos": None if link.pos is None else list(link.pos),
+                                  "lag_bytes": link.lag_bytes(),
+                                  "ack_age_s": round(now - link.acked_at, 3) if link.acked_at > 0 else None}
+                              for n, link in self._links.items()}}
+
+    def end(self) -> Position:
+        """This leader's durable log end."""
+        if not self.segs:
+            return NOTHING
+        seq = max(self.segs)
+        return Position(seq, self.segs[seq].file.durable_size)
+
+    async def close(self) -> None:
+        self.closed = True
+        self.progressed()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - a link's last error is logged by it
+                pass
+        # The files keep this shipper as their mirror: a group still flushing fails with
+        # MirrorError instead of counting as durable without a majority.
+
+
+class _Link:
+    """One follower: what it holds (``pos``), and the loop sending it the rest."""
+
+    def __init__(self, sh: Shipper, node: str):
+        self.sh, self.node = sh, node
+        self.pos: Position | None = None  # unknown until it answered
+        self.acked_at = -1e9
+        self.wake = asyncio.Event()
+        self.sent_bytes = 0
+
+    def lag_bytes(self) -> int | None:
+        if self.pos is None:
+            return None
+        end = self.sh.end()
+        if self.pos.seq == end.seq:
+            return max(end.offset - self.pos.offset, 0)
+        return sum(seg.file.durable_size for q, seg in self.sh.segs.items() if q > self.pos.seq) + \
+            max((self.sh.segs[self.pos.seq].file.durable_size - self.pos.offset) if self.pos.seq in self.sh.segs
+                else 0, 0)
+
+    async def run(self) -> None:
+        delay = 0.05
+        beat = self.sh.lease_s / 3
+        while not self.sh.closed and self.sh.fenced is None:
+            try:
+                header, data = await self._collect() if self.pos is not None else (self._header([]), [])
+                if not data and self.pos is not None and time.monotonic() - self.acked_at < beat:
+                    self.wake.clear()
+                    try:
+                        await asyncio.wait_for(self.wake.wait(), beat)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                t0 = time.monotonic()
+                got = await self.sh.transport.append(self.node, header, data)
+                self.pos = Position.of(got["pos"])
+                self.acked_at = t0
+                self.sent_bytes += sum(len(d) for d in data)
+                self.sh.progressed()
+                delay = 0.05
+            except FencedError as e:
+                self.sh.fence(e.promised)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a follower down or slow: try again, it is caught up then
+                if self.pos is not None:
+                    log.info("event=replica_unreachable table=%s partition=%d node=%s error=%r", self.sh.table_id,
+                             self.sh.pid, self.node, e)
+                self.pos = None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _header(self, pieces: list) -> dict:
+        sh = self.sh
+        return {"table": sh.table_id, "pid": sh.pid, "epoch": sh.epoch, "base": sh.base, "start": list(sh.start),
+                "pieces": pieces}
+
+    async def _collect(self) -> tuple[dict, list[bytes]]:
+        """The pieces the follower lacks next, in log order, up to CHUNK bytes."""
+        pieces, data, size = [], [], 0
+        seq, off = self.pos
+        for _ in range(64):
+            if size >= CHUNK:
+                break
+            later = sorted(q for q in self.sh.segs if q > seq)
+            if seq not in self.sh.segs:  # offloaded (an object: nothing to ship) or nothing yet
+                if not later:
+                    break
+                seq, off = later[0], 0
+            seg = self.sh.segs[seq]
+            durable = seg.file.durable_size
+            fl = self.sh.inflight.get(seq)
+            if off < durable:
+                try:
+                    chunk = await seg.file.read(off, min(durable - off, CHUNK - size))
+                except ClosedError:
+                    break  # offloaded meanwhile: the next round skips it
+                if not chunk:
+                    break
+                pieces.append([seg.segid, seq, off, len(chunk)])
+                data.append(chunk)
+                off += len(chunk)
+                size += len(chunk)
+                continue
+            if fl is not None and fl[1] == off and fl[1] + len(fl[2]) > off:
+                pieces.append([fl[0], seq, off, len(fl[2])])
+                data.append(fl[2])
+                off += len(fl[2])
+                size += len(fl[2])
+                continue
+            if later and (fl is None or fl[1] + len(fl[2]) <= off):
+                seq, off = later[0], 0  # this segment is complete (rolled): go on to the next
+                continue
+            break
+        return self._header(pieces), data

@@ -1,0 +1,91 @@
+"""Replicated partitions on 3 real node processes (RFC 0010 §5): writes acknowledged once a
+majority holds them, kill -9 of a leader fails its partitions over to a follower holding every
+acknowledged batch, a returning node catches up, two replicas down answer 503."""
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from node.client import ApiError
+from tests.node.proc import raft_cluster, start_all
+
+FAST = "[cluster]\nheartbeat = \"200ms\"\nfailure_timeout = \"1500ms\"\nack_timeout = \"3s\"\n"
+
+
+def rows(bid: int, n: int = 40) -> pa.Table:
+    keys = bid * 1000 + np.arange(n, dtype=np.int64)
+    return pa.table({"id": keys, "b": pa.array(np.full(n, bid), pa.int64())})
+
+
+def batches(c) -> dict[int, int]:
+    t = c.query("t", columns=["b"], limit=10_000_000)
+    ids, counts = np.unique(t.column("b").to_numpy(), return_counts=True)
+    return dict(zip(ids.tolist(), counts.tolist()))
+
+
+def eventually(fn, timeout: float = 30.0, every: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except (ApiError, ConnectionError, AssertionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(every)
+
+
+def upsert_retrying(c, bid: int, timeout: float = 30.0):
+    return eventually(lambda: c.upsert("t", rows(bid)), timeout)
+
+
+@pytest.mark.slow
+def test_r3_failover_catch_up_and_unavailable(tmp_path):
+    nodes = raft_cluster(tmp_path, 3, extra=FAST)
+    try:
+        start_all(nodes)
+        c1 = nodes[0].client(timeout=60)
+        c1.create_table("t", [("id", "int64"), ("b", "int64")], "id", partitions=3, replicas=3)
+        place = c1.describe("t")["placement"]
+        assert all(len(p["replicas"]) == 3 and p["epoch"] == 1 for p in place), place
+        acked = {}
+        for bid in range(1, 31):
+            acked[bid] = upsert_retrying(c1, bid)["commit_ts"]
+        assert batches(c1) == {b: 40 for b in acked}
+        # kill -9 the leader of partition 0: its partitions fail over, nothing acknowledged is lost
+        victim = next(n for n in nodes if n.node_id == place[0]["leader"])
+        others = [n for n in nodes if n is not victim]
+        victim.kill()
+        t0 = time.monotonic()
+        ca = others[0].client(timeout=60)
+        upsert_retrying(ca, 100)
+        took = time.monotonic() - t0
+        acked[100] = 1
+        for bid in range(101, 121):
+            upsert_retrying(ca, bid)
+            acked[bid] = 1
+        for n in others:
+            with n.client(timeout=60) as c:
+                got = eventually(lambda c=c: batches(c))
+                assert got == {b: 40 for b in acked}, sorted(set(acked) ^ set(got))[:5]
+        new = ca.describe("t")["placement"]
+        assert all(p["leader"] != victim.node_id for p in new) and new[0]["epoch"] > 1, new
+        # the victim comes back as a follower and catches up; then it can lead again
+        victim.start()
+        cv = victim.client(timeout=60)
+        got = eventually(lambda: batches(cv))
+        assert got == {b: 40 for b in acked}
+        # two of three replicas down: a write answers 503, never an ack
+        survivor = others[0]
+        for n in nodes:
+            if n is not survivor:
+                n.kill()
+        cs = survivor.client(timeout=60)
+        with pytest.raises((ApiError, ConnectionError)) as ei:
+            cs.upsert("t", rows(500))
+        if isinstance(ei.value, ApiError):
+            assert ei.value.status == 503, ei.value
+        print(f"failover first write after {took:.2f} s")
+    finally:
+        for n in nodes:
+            n.ensure_stopped()
