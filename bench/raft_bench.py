@@ -198,15 +198,25 @@ class Etcd:
         self.client = [f"http://127.0.0.1:{p}" for p in ports[:3]]
         peer = [f"http://127.0.0.1:{p}" for p in ports[3:]]
         cluster = ",".join(f"e{i}={u}" for i, u in enumerate(peer))
-        self.procs = []
-        for i in range(3):
-            self.procs.append(subprocess.Popen(
-                [binary, "--name", f"e{i}", "--data-dir", os.path.join(root, f"etcd{i}"),
-                 "--listen-client-urls", self.client[i], "--advertise-client-urls", self.client[i],
-                 "--listen-peer-urls", peer[i], "--initial-advertise-peer-urls", peer[i],
-                 "--initial-cluster", cluster, "--initial-cluster-state", "new",
-                 "--initial-cluster-token", f"bench-{os.getpid()}", "--log-level", "error"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self.cmds = [[binary, "--name", f"e{i}", "--data-dir", os.path.join(root, f"etcd{i}"),
+                      "--listen-client-urls", self.client[i], "--advertise-client-urls", self.client[i],
+                      "--listen-peer-urls", peer[i], "--initial-advertise-peer-urls", peer[i],
+                      "--initial-cluster", cluster, "--initial-cluster-state", "new",
+                      "--initial-cluster-token", f"bench-{os.getpid()}", "--log-level", "error"]
+                     for i in range(3)]
+        self.procs = [self._spawn(i) for i in range(3)]
+
+    def _spawn(self, i: int) -> subprocess.Popen:
+        return subprocess.Popen(self.cmds[i], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def kill(self, i: int) -> None:
+        """kill -9 member ``i``."""
+        self.procs[i].kill()
+        self.procs[i].wait()
+
+    def restart(self, i: int) -> None:
+        """Start member ``i`` again on its data dir (etcd ignores the --initial-* flags then)."""
+        self.procs[i] = self._spawn(i)
 
     async def open(self):
         import aiohttp

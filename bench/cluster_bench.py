@@ -1,0 +1,509 @@
+"""Cluster benchmark (issue 14): replicated partitions (RFC 0010 §5) on three real node processes.
+
+Three ``terrascale node run`` processes on loopback, one ``raft://`` catalog, the node's
+default ``[cluster]`` timings (heartbeat 500 ms, failure_timeout 2 s, ack_timeout 10 s),
+8 partitions per table. Every row is a same-run ratio against a named peer:
+
+1. **Ingest, R=3 vs R=1** on the same three nodes: 10k-row batches (the node bench's row
+   shape) split by the leader of each row's partition and the pieces posted at once to those
+   leaders as Arrow IPC streams (what ``terrascale ingest`` does), 1 and 4 batches in flight;
+   bodies encoded before the clock starts; rounds alternate R=1 / R=3, medians. Target ≥ 0.5×.
+2. **Single-row write latency, R=3** — one JSON upsert per request to the leader of the key's
+   partition, acknowledged once a majority holds it durable — against etcd 3.4 with 3 members
+   (started here, fsync on), ``POST /v3/kv/put`` of the same JSON row to its leader through
+   the v3 JSON gateway. 1 client (sequential) and 16 concurrent clients, p50 / p99; the same
+   requests to an R=1 table in ``extra``.
+3. **Failover**: kill -9 of partition 0's leader, then one writer retries single-row writes
+   to keys of partition 0 through a surviving node (each attempt ≤ 1 s, 20 ms apart) until
+   one is acknowledged; the killed node is restarted and every replica caught up before the
+   next kill. p50 and max over ``CLUSTER_BENCH_KILLS`` kills (10). Peer: the same writer
+   against etcd (3 members, its default heartbeat 100 ms / election 1 s) after kill -9 of
+   its leader, put through a surviving member. Target p50 < 3 s.
+4. **Catch-up**: kill -9 of a node that does not lead the catalog, write
+   ``CLUSTER_BENCH_CATCHUP_BATCHES`` (60) 10k-row batches to an R=3 table (every partition
+   has it as a replica), restart it and time until every leader reports its position equal
+   to the leader's log end (``GET /v1/admin/status`` → ``replication.led``). MB/s of bytes
+   shipped to it over the time from its ``/readyz`` to caught up, against the rate at which
+   the leaders wrote those bytes (the write phase, 4 batches in flight).
+
+Knobs (environment): ``CLUSTER_BENCH_QUICK=1`` (one round, 3 kills, 20 catch-up batches),
+``CLUSTER_BENCH_ROUNDS``, ``CLUSTER_BENCH_BATCHES``, ``CLUSTER_BENCH_LAT_SECONDS``,
+``CLUSTER_BENCH_KILLS``, ``CLUSTER_BENCH_CATCHUP_BATCHES``.
+
+The client, three nodes and etcd share the machine (2 cores here): absolute numbers are
+low, the ratios compare like with like. ``python -m bench cluster``.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from bench.common import Result, print_table, write_json
+from bench.node_bench import ARROW, BATCH_ROWS, SCHEMA, _PointPeers, _sensor_row, _write_load, batch
+from bench.raft_bench import Etcd
+from node.codec import write_arrow_stream
+from rowstore.index.key_memtable import encode_keys
+from rowstore.tables.keys import partition_of
+from tests.node.proc import raft_cluster, start_all
+
+QUICK = os.environ.get("CLUSTER_BENCH_QUICK") == "1"
+ROUNDS = int(os.environ.get("CLUSTER_BENCH_ROUNDS", "1" if QUICK else "2"))
+BATCHES = int(os.environ.get("CLUSTER_BENCH_BATCHES", "20" if QUICK else "30"))
+LAT_SECONDS = float(os.environ.get("CLUSTER_BENCH_LAT_SECONDS", "2" if QUICK else "3"))
+KILLS = int(os.environ.get("CLUSTER_BENCH_KILLS", "3" if QUICK else "10"))
+CATCHUP_BATCHES = int(os.environ.get("CLUSTER_BENCH_CATCHUP_BATCHES", "20" if QUICK else "60"))
+PARTITIONS = 8
+LAT_CLIENTS = 16
+ATTEMPT_S = 1.0  # a failover writer's attempt at most
+RETRY_S = 0.02  # between a failover writer's attempts
+COLUMNS = [{"name": c.split()[0], "type": c.split()[1]} for c in SCHEMA.split(", ")]
+JSON_CT = {"Content-Type": "application/json"}
+TIMINGS = "default [cluster] timings: heartbeat 500 ms, failure_timeout 2 s"
+ETCD3 = "etcd 3.4, 3 members, put via its v3 JSON gateway to the leader (same client)"
+
+
+def keys_of(parts: int, first: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """int64 keys first..first+n-1 and the partition of each."""
+    keys = np.arange(first, first + n, dtype=np.int64)
+    return keys, partition_of(encode_keys(pa.array(keys), "int64"), parts)
+
+
+class Cluster:
+    """Three node processes (tests/node/proc.py) and one aiohttp session for the load."""
+
+    def __init__(self, root: Path):
+        self.nodes = raft_cluster(root, 3)  # no [cluster] section: the node's defaults
+        self.by_id = {n.node_id: n for n in self.nodes}
+        self.replicated: dict[str, int] = {}  # table id -> partitions, R > 1
+
+    async def open(self) -> None:
+        import aiohttp
+
+        await asyncio.to_thread(start_all, self.nodes)
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                          timeout=aiohttp.ClientTimeout(total=120))
+
+    async def close(self) -> None:
+        if getattr(self, "http", None) is not None:
+            await self.http.close()
+        for n in self.nodes:
+            n.ensure_stopped()
+
+    def url(self, node_id: str) -> str:
+        return self.by_id[node_id].base
+
+    def live(self) -> list:
+        return [n for n in self.nodes if n.proc is not None]
+
+    async def get(self, node_id: str, path: str) -> dict:
+        async with self.http.get(self.url(node_id) + path) as r:
+            doc = await r.json(content_type=None)
+            if r.status != 200:
+                raise RuntimeError(f"GET {path} on {node_id}: {r.status} {doc}")
+            return doc
+
+    async def post(self, url: str, body: bytes, ctype: str = "application/json") -> None:
+        async with self.http.post(url, data=body, headers={"Content-Type": ctype}) as r:
+            payload = await r.read()
+            if r.status not in (200, 201):
+                raise RuntimeError(f"POST {url}: {r.status} {payload[:300]!r}")
+
+    async def create(self, name: str, replicas: int) -> list[str]:
+        """Create ``name`` with ``replicas`` replicas; the leader of each partition."""
+        n0 = self.live()[0]
+        await self.post(n0.base + "/v1/tables", json.dumps({
+            "name": name, "primary_key": "id", "columns": COLUMNS, "partitions": PARTITIONS,
+            "replicas": replicas}).encode())
+        d = await self.get(n0.node_id, f"/v1/tables/{name}")
+        if replicas > 1:
+            self.replicated[d["table_id"]] = d["partitions"]
+        return await self.leaders(name)
+
+    async def drop(self, name: str) -> None:
+        n0 = self.live()[0]
+        d = await self.get(n0.node_id, f"/v1/tables/{name}")
+        async with self.http.delete(f"{n0.base}/v1/tables/{name}") as r:
+            if r.status != 200:
+                raise RuntimeError(f"drop {name}: {r.status} {await r.text()}")
+        self.replicated.pop(d["table_id"], None)
+
+    async def leaders(self, name: str, via: str | None = None) -> list[str]:
+        d = await self.get(via or self.live()[0].node_id, f"/v1/tables/{name}")
+        return [p["leader"] for p in d["placement"]]
+
+    async def wait_ready(self, node, timeout: float = 120) -> None:
+        import aiohttp
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if node.proc.poll() is not None:
+                raise RuntimeError(f"node {node.node_id} exited: {node.log()[-2000:]}")
+            try:
+                async with self.http.get(node.base + "/readyz") as r:
+                    if r.status == 200:
+                        return
+            except (aiohttp.ClientError, OSError):
+                pass
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"node {node.node_id} never became ready")
+
+    async def shippers(self) -> dict[str, dict]:
+        """Each replicated partition ("table id/pid") -> the status of its newest live shipper,
+        with ``node`` (its leader)."""
+        import aiohttp
+
+        out: dict[str, dict] = {}
+        for n in self.live():
+            try:
+                st = await self.get(n.node_id, "/v1/admin/status")
+            except (aiohttp.ClientError, OSError, RuntimeError):
+                continue
+            for key, sh in ((st.get("replication") or {}).get("led") or {}).items():
+                if sh["fenced"] is None and (key not in out or sh["epoch"] > out[key]["epoch"]):
+                    out[key] = dict(sh, node=n.node_id)
+        return out
+
+    def _all_caught_up(self, shippers: dict[str, dict]) -> bool:
+        for tid, parts in self.replicated.items():
+            for pid in range(parts):
+                sh = shippers.get(f"{tid}/{pid}")
+                if sh is None or not sh["lease"]:
+                    return False
+                if any(f["pos"] is None or f["pos"] != sh["end"] for f in sh["followers"].values()):
+                    return False
+        return True
+
+    async def caught_up(self, timeout: float = 120, every: float = 0.1) -> dict[str, dict]:
+        """Wait until every replicated partition has a leader holding its lease and every
+        follower's durable position equals the leader's log end; the shippers then."""
+        deadline = time.monotonic() + timeout
+        while True:
+            sh = await self.shippers()
+            if self._all_caught_up(sh):
+                return sh
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"replicas not caught up after {timeout} s: {sh}")
+            await asyncio.sleep(every)
+
+
+def split_by_leader(tables: list[pa.Table], leaders: list[str]) -> list[list[tuple[str, bytes]]]:
+    """Each batch as (leader, Arrow IPC body) pieces, one per node (as ``terrascale ingest``)."""
+    lead = np.array(leaders)
+    out = []
+    for t in tables:
+        who = lead[partition_of(encode_keys(t.column("id"), "int64"), len(leaders))]
+        out.append([(n, write_arrow_stream(t.filter(pa.array(who == n)))) for n in np.unique(who).tolist()])
+    return out
+
+
+async def send_batches(cl: Cluster, name: str, pieces: list[list[tuple[str, bytes]]], inflight: int,
+                       retry_s: float = 0.0) -> float:
+    """Post every batch's pieces at once, ``inflight`` batches at a time; seconds taken.
+    With ``retry_s``, a refused piece is sent again (through any node) until it is acknowledged."""
+    nxt = iter(range(len(pieces)))
+
+    async def piece(node: str, body: bytes):
+        url = f"/v1/tables/{name}/rows"
+        target = cl.url(node)
+        while True:
+            try:
+                await cl.post(target + url, body, ARROW)
+                return
+            except (RuntimeError, OSError, asyncio.TimeoutError):
+                if not retry_s:
+                    raise
+                live = cl.live()
+                target = live[int(time.monotonic() * 1000) % len(live)].base
+                await asyncio.sleep(retry_s)
+
+    async def worker():
+        for i in nxt:
+            await asyncio.gather(*(piece(n, b) for n, b in pieces[i]))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(inflight)))
+    return time.perf_counter() - t0
+
+
+# -- 1. ingest ---------------------------------------------------------------------------------------
+
+async def ingest(cl: Cluster) -> list[Result]:
+    tables = [batch(i * BATCH_ROWS) for i in range(BATCHES)]
+    got: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
+    for rnd in range(ROUNDS):
+        for inflight in (1, 4):
+            for r in (1, 3):
+                name = f"ingest_r{r}_f{inflight}_{rnd}"
+                leaders = await cl.create(name, r)
+                pieces = await asyncio.to_thread(split_by_leader, tables, leaders)
+                took = await send_batches(cl, name, pieces, inflight)
+                got[(r, inflight)].append(BATCHES * BATCH_ROWS / took)
+                print(f"  round {rnd} R={r} {inflight} in flight: {got[(r, inflight)][-1]:,.0f} rows/s", flush=True)
+                await cl.drop(name)
+    out = []
+    for inflight in (1, 4):
+        r3, r1 = got[(3, inflight)], got[(1, inflight)]
+        out.append(Result(f"ingest, 10k-row Arrow batches split by partition leader (as terrascale ingest), "
+                          f"{inflight} in flight, R=3 (majority acks)", statistics.median(r3),
+                          "R=1, same 3 nodes, same batches and client", statistics.median(r1), "rows/s", ">= 0.5x",
+                          {"rounds_r3": [round(x) for x in r3], "rounds_r1": [round(x) for x in r1]}))
+    return out
+
+
+# -- 2. single-row write latency ---------------------------------------------------------------------
+
+async def latency(cl: Cluster, etcd: Etcd) -> list[Result]:
+    leaders = {3: await cl.create("lat_r3", 3), 1: await cl.create("lat_r1", 1)}
+    await cl.caught_up()
+    e_lead = await etcd.leader()
+    peers = _PointPeers(cl.http, "", etcd.client[e_lead])
+    span = 1 << 18  # distinct keys per case (more than a case writes)
+
+    def ours(r: int, base: int):
+        urls = [f"{cl.url(n)}/v1/tables/lat_r{r}/rows" for n in leaders[r]]
+        keys, parts = keys_of(PARTITIONS, base, span)
+        keys, parts = keys.tolist(), parts.tolist()
+
+        async def send(i: int) -> None:
+            j = i % span
+            await cl.post(urls[parts[j]], json.dumps({"rows": [_sensor_row(keys[j])]}).encode())
+        return send
+
+    got: dict = collections.defaultdict(list)
+    for rnd in range(ROUNDS):
+        for clients in (1, LAT_CLIENTS):
+            base = (rnd * 2 + (clients > 1)) * span
+            sides = {"r3": ours(3, base), "r1": ours(1, base), "etcd": peers.put(f"r{rnd}c{clients}/")}
+            for who, send in sides.items():
+                st = await _write_load(cl.http, clients, LAT_SECONDS, send)
+                got[(who, clients)].append(st)
+                print(f"  round {rnd} {who:>4} {clients:>2} clients: {st['req_s']:>7,.0f} req/s  p50 "
+                      f"{st['p50_us']:>7,.0f} us  p99 {st['p99_us']:>8,.0f} us", flush=True)
+    await cl.drop("lat_r3")
+    await cl.drop("lat_r1")
+
+    def med(who, clients, k):
+        return statistics.median(x[k] for x in got[(who, clients)])
+
+    out = []
+    for clients in (1, LAT_CLIENTS):
+        what = "1 client, sequential" if clients == 1 else f"{clients} concurrent clients"
+        for q in ("p50", "p99"):
+            k = f"{q}_us"
+            out.append(Result(f"single-row JSON upsert to its partition's leader, R=3 ack, {what}: {q}",
+                              med("r3", clients, k), ETCD3, med("etcd", clients, k), "us", "report (latency)",
+                              {"r1": round(med("r1", clients, k)),
+                               "rounds_r3": [round(x[k]) for x in got[("r3", clients)]],
+                               "rounds_etcd": [round(x[k]) for x in got[("etcd", clients)]]}))
+        out.append(Result(f"single-row JSON upsert, R=3, {what}: writes/s", med("r3", clients, "req_s"), ETCD3,
+                          med("etcd", clients, "req_s"), "req/s", "report",
+                          {"r1": round(med("r1", clients, "req_s"))}))
+    return out
+
+
+# -- 3. failover -------------------------------------------------------------------------------------
+
+async def first_ack(send, t0: float, limit: float = 60.0) -> tuple[float, int, dict]:
+    """Retry ``send()`` (-> HTTP status) until one answers 200: (seconds since ``t0``,
+    attempts, failures by kind)."""
+    import aiohttp
+
+    attempts, errs = 0, collections.Counter()
+    while True:
+        attempts += 1
+        try:
+            status = await asyncio.wait_for(send(), ATTEMPT_S)
+            if status == 200:
+                return time.perf_counter() - t0, attempts, dict(errs)
+            errs[str(status)] += 1
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            errs[type(e).__name__] += 1
+        if time.perf_counter() - t0 > limit:
+            raise RuntimeError(f"no write acknowledged {limit} s after the kill: {dict(errs)}")
+        await asyncio.sleep(RETRY_S)
+
+
+async def _status_of(http, method: str, url: str, body: bytes) -> int:
+    async with http.request(method, url, data=body, headers=JSON_CT) as r:
+        await r.read()
+        return r.status
+
+
+async def failover_ours(cl: Cluster) -> list[dict]:
+    await cl.create("fo", 3)
+    await cl.caught_up()
+    keys, parts = keys_of(PARTITIONS, 1 << 40, 1 << 20)
+    mine = iter(keys[parts == 0].tolist())  # keys of partition 0
+    runs = []
+    for k in range(KILLS):
+        leaders = await cl.leaders("fo")
+        victim = cl.by_id[leaders[0]]
+        survivor = next(n for n in cl.nodes if n is not victim)
+        st = await cl.get(survivor.node_id, "/v1/admin/status")
+        url = f"{survivor.base}/v1/tables/fo/rows"
+
+        def send(url=url):
+            return _status_of(cl.http, "POST", url, json.dumps({"rows": [_sensor_row(next(mine))]}).encode())
+
+        if await send() != 200:
+            raise RuntimeError("partition 0 refused a write before the kill")
+        t0 = time.perf_counter()
+        victim.kill()
+        took, attempts, errs = await first_ack(send, t0)
+        new = await cl.leaders("fo", via=survivor.node_id)
+        runs.append({"s": took, "victim": victim.node_id, "new_leader": new[0], "attempts": attempts,
+                     "failures": errs, "victim_led_catalog": st["catalog_leader"] == victim.node_id})
+        print(f"  kill {k}: {victim.node_id} (catalog leader: {runs[-1]['victim_led_catalog']}) -> "
+              f"{new[0]} first ack after {took:.2f} s, {attempts} attempts {errs}", flush=True)
+        t1 = time.perf_counter()
+        victim.start(wait=False)
+        await cl.wait_ready(victim)
+        await cl.caught_up()
+        runs[-1]["back_s"] = round(time.perf_counter() - t1, 2)
+    await cl.drop("fo")
+    return runs
+
+
+async def failover_etcd(etcd: Etcd, http) -> list[dict]:
+    runs = []
+    for k in range(KILLS):
+        lead = await etcd.leader()
+        survivor = (lead + 1) % 3
+        n = iter(range(1 << 40))
+        put = _PointPeers(http, "", etcd.client[survivor]).put(f"fo{k}/")
+
+        async def send(put=put, n=n):
+            try:
+                await put(next(n))
+                return 200
+            except RuntimeError:
+                return 503
+
+        if await send() != 200:
+            raise RuntimeError("etcd refused a put before the kill")
+        t0 = time.perf_counter()
+        etcd.kill(lead)
+        took, attempts, errs = await first_ack(send, t0)
+        runs.append({"s": took, "attempts": attempts, "failures": errs})
+        print(f"  etcd kill {k}: member {lead}, first ack after {took:.2f} s, {attempts} attempts {errs}", flush=True)
+        etcd.restart(lead)
+        await _etcd_healthy(http, etcd.client[lead])
+    return runs
+
+
+async def _etcd_healthy(http, url: str, timeout: float = 60) -> None:
+    import aiohttp
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            async with http.get(url + "/health") as r:
+                if r.status == 200 and (await r.json(content_type=None)).get("health") == "true":
+                    return
+        except (aiohttp.ClientError, OSError):
+            pass
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"etcd member {url} did not come back")
+
+
+def failover_results(ours: list[dict], theirs: list[dict]) -> list[Result]:
+    o, e = sorted(r["s"] for r in ours), sorted(r["s"] for r in theirs)
+    peer = "etcd 3.4, 3 members (heartbeat 100 ms, election 1 s), kill -9 of its leader, put via a survivor"
+    label = (f"failover: kill -9 of partition 0's leader to the first acknowledged write on it through a "
+             f"surviving node (R=3, {TIMINGS}), {len(o)} kills")
+    extra = {"ours": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in ours],
+             "etcd": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in theirs]}
+    return [Result(label + ": p50", statistics.median(o), peer, statistics.median(e), "s", "p50 < 3 s", extra),
+            Result(label + ": max", o[-1], peer, e[-1], "s", "report")]
+
+
+# -- 4. catch-up -------------------------------------------------------------------------------------
+
+async def catch_up(cl: Cluster) -> list[Result]:
+    leaders = await cl.create("cu", 3)
+    await cl.caught_up()
+    st = await cl.get(leaders[0], "/v1/admin/status")
+    victim = next(n for n in cl.nodes if n.node_id != st["catalog_leader"])
+    tables = [batch((1 << 30) + i * BATCH_ROWS) for i in range(CATCHUP_BATCHES)]
+    victim.kill()
+    # wait for the driver to move its partitions, so the writes below measure the leaders' rate
+    deadline = time.monotonic() + 60
+    while victim.node_id in (leaders := await cl.leaders("cu")):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the killed node's partitions never failed over")
+        await asyncio.sleep(0.1)
+    pieces = await asyncio.to_thread(split_by_leader, tables, leaders)
+    write_s = await send_batches(cl, "cu", pieces, 4, retry_s=0.05)
+
+    def shipped(shippers: dict) -> int:
+        return sum(sh["followers"].get(victim.node_id, {}).get("sent_bytes", 0) for sh in shippers.values())
+
+    before = shipped(await cl.shippers())
+    t0 = time.perf_counter()
+    victim.start(wait=False)
+    await cl.wait_ready(victim)
+    t_ready = time.perf_counter()
+    after = await cl.caught_up(every=0.05)
+    t_done = time.perf_counter()
+    mb = (shipped(after) - before) / 1e6
+    rate, write_rate = mb / (t_done - t_ready), mb / write_s
+    print(f"  catch-up: {mb:.1f} MB to {victim.node_id}: ready after {t_ready - t0:.2f} s, caught up "
+          f"{t_done - t_ready:.2f} s later ({rate:.1f} MB/s); the leaders wrote them at {write_rate:.1f} MB/s",
+          flush=True)
+    await cl.drop("cu")
+    return [Result(f"catch-up of a restarted replica: MB shipped to it / time from its /readyz until every "
+                   f"follower position equals its leader's log end ({mb:.0f} MB, 8 partitions)", rate,
+                   "the leaders' log write rate of the same bytes (R=3 with one replica down, 4 batches in flight)",
+                   write_rate, "MB/s", "report (> 1x: it catches up faster than it fell behind)",
+                   {"mb": round(mb, 1), "restart_to_ready_s": round(t_ready - t0, 2),
+                    "ready_to_caught_up_s": round(t_done - t_ready, 2), "write_s": round(write_s, 2)})]
+
+
+# -- the run -----------------------------------------------------------------------------------------
+
+async def run(root: str) -> list[Result]:
+    cl = Cluster(Path(root) / "nodes")
+    etcd = None
+    try:
+        print("cluster bench: starting 3 nodes", flush=True)
+        await cl.open()
+        print("cluster bench: ingest R=3 vs R=1", flush=True)
+        results = await ingest(cl)
+        etcd = Etcd(os.path.join(root, "etcd"))
+        await etcd.open()
+        print("cluster bench: single-row write latency, R=3 vs etcd put", flush=True)
+        results += await latency(cl, etcd)
+        print("cluster bench: catch-up of a restarted node", flush=True)
+        results += await catch_up(cl)
+        print("cluster bench: failover, ours", flush=True)
+        ours = await failover_ours(cl)
+        print("cluster bench: failover, etcd", flush=True)
+        theirs = await failover_etcd(etcd, cl.http)
+        results += failover_results(ours, theirs)
+    finally:
+        await cl.close()
+        if etcd is not None:
+            await etcd.close()
+    return results
+
+
+async def main() -> list[Result]:
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="cluster-bench-", dir=os.environ.get("BENCH_DIR")) as root:
+        results = await run(root)
+    print_table("Cluster: replicated partitions on 3 nodes (issue 14, RFC 0010 §5)", results)
+    print(f"\nJSON: {write_json('cluster', results)}  ({time.perf_counter() - t0:.0f} s)")
+    return results
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
