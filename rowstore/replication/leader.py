@@ -122,9 +122,9 @@ class Shipper:
 
     def status(self) -> dict:
         now = time.monotonic()
-        return {"epoch": self.epoch, "lease": self.lease_ok(), "fenced": self.fenced,
+        return {"epoch": self.epoch, "lease": self.lease_ok(), "fenced": self.fenced, "end": list(self.end()),
                 "followers": {n: {"pos": None if link.pos is None else list(link.pos),
-                                  "lag_bytes": link.lag_bytes(),
+                                  "lag_bytes": link.lag_bytes(), "sent_bytes": link.sent_bytes,
                                   "ack_age_s": round(now - link.acked_at, 3) if link.acked_at > 0 else None}
                               for n, link in self._links.items()}}
 
