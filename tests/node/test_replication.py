@@ -8,6 +8,8 @@ import pyarrow as pa
 import pytest
 
 from node.client import ApiError
+from rowstore.index.key_memtable import encode_keys
+from rowstore.tables.keys import partition_of
 from tests.node.proc import raft_cluster, start_all
 
 FAST = "[cluster]\nheartbeat = \"200ms\"\nfailure_timeout = \"1500ms\"\nack_timeout = \"3s\"\n"
@@ -52,6 +54,23 @@ def test_r3_failover_catch_up_and_unavailable(tmp_path):
         for bid in range(1, 31):
             acked[bid] = upsert_retrying(c1, bid)["commit_ts"]
         assert batches(c1) == {b: 40 for b in acked}
+        # writes of one partition sent to its leader (served there on its lease, no catalog read)
+        tid = c1.describe("t")["table_id"]
+        lead0 = next(n for n in nodes if n.node_id == place[0]["leader"])
+        keys = np.arange(200_000, 260_000, dtype=np.int64)
+        own = keys[partition_of(encode_keys(pa.array(keys), "int64"), 3) == 0][:40]
+        with lead0.client(timeout=60) as cl:
+            cl.upsert("t", pa.table({"id": own, "b": pa.array(np.full(len(own), 99), pa.int64())}))
+        acked[99] = 1
+        assert batches(c1) == {b: 40 for b in acked}
+        # its status shows every follower of every partition it leads holding the whole log
+        def caught_up():
+            with lead0.client(timeout=60) as cl:
+                led = cl.status()["replication"]["led"]
+            assert f"{tid}/0" in led, led
+            for sh in led.values():
+                assert all(f["pos"] == sh["end"] and f["lag_bytes"] == 0 for f in sh["followers"].values()), sh
+        eventually(caught_up)
         # kill -9 the leader of partition 0: its partitions fail over, nothing acknowledged is lost
         victim = next(n for n in nodes if n.node_id == place[0]["leader"])
         others = [n for n in nodes if n is not victim]
