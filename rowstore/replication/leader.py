@@ -47,10 +47,27 @@ class Shipper:
         self.closed = False
         self._progress = asyncio.Event()
         self._links = {n: _Link(self, n) for n in self.followers}
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: dict[str, asyncio.Task] = {}
 
     def start_links(self) -> None:
-        self._tasks = [asyncio.ensure_future(link.run()) for link in self._links.values()]
+        self._tasks = {n: asyncio.ensure_future(link.run()) for n, link in self._links.items()}
+
+    def set_followers(self, followers: list[str]) -> None:
+        """A new replica set (rebalancing adds a follower, later drops one): links come and go,
+        and the majority is counted over the new set from now on (one change at a time, so
+        every majority of the old set meets every majority of the new)."""
+        for n in [n for n in self._links if n not in followers]:
+            del self._links[n]
+            t = self._tasks.pop(n, None)
+            if t is not None:
+                t.cancel()
+        for n in followers:
+            if n not in self._links:
+                self._links[n] = _Link(self, n)
+                self._tasks[n] = asyncio.ensure_future(self._links[n].run())
+        self.followers = list(followers)
+        self.needed = (len(self.followers) + 1) // 2
+        self.progressed()
 
     # -- segments -------------------------------------------------------------------------------
 
@@ -138,9 +155,9 @@ class Shipper:
     async def close(self) -> None:
         self.closed = True
         self.progressed()
-        for t in self._tasks:
+        for t in self._tasks.values():
             t.cancel()
-        for t in self._tasks:
+        for t in self._tasks.values():
             try:
                 await t
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - a link's last error is logged by it
