@@ -17,6 +17,7 @@ import time
 
 from rowstore.errors import FencedError
 from rowstore.replication.position import NOTHING, Position
+from rowstore.segments.wal import REC
 from terrafs.errors import ClosedError, MirrorError
 
 log = logging.getLogger("rowstore.replication.leader")
@@ -241,7 +242,7 @@ class _Link:
             fl = self.sh.inflight.get(seq)
             if off < durable:
                 try:
-                    chunk = await seg.file.read(off, min(durable - off, CHUNK - size))
+                    chunk = await _whole_records(seg.file, off, durable, CHUNK - size)
                 except ClosedError:
                     break  # offloaded meanwhile: the next round skips it
                 if not chunk:
@@ -262,3 +263,28 @@ class _Link:
                 continue
             break
         return self._header(pieces), data
+
+
+async def _whole_records(f, off: int, end: int, budget: int) -> bytes:
+    """Durable bytes of ``f`` from ``off`` (a record boundary) up to ``end``, at most ``budget``
+    of them unless the first record alone is bigger, cut after the last whole write-ahead
+    record: a follower's copy then always ends between records, so it is a valid active
+    segment whenever it is promoted."""
+    data = await f.read(off, min(end - off, max(budget, REC.size)))
+    cut = whole_prefix(data)
+    if cut == 0 and len(data) >= REC.size:  # one record bigger than the budget: all of it
+        need = REC.size + REC.unpack_from(data, 0)[3]
+        data = await f.read(off, min(need, end - off))
+        cut = whole_prefix(data)
+    return data[:cut]
+
+
+def whole_prefix(data: bytes) -> int:
+    """The length of the longest prefix of ``data`` made of whole records."""
+    pos, n = 0, len(data)
+    while n - pos >= REC.size:
+        blen = REC.unpack_from(data, pos)[3]
+        if n - pos - REC.size < blen:
+            break
+        pos += REC.size + blen
+    return pos
