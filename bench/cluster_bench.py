@@ -83,7 +83,7 @@ class Cluster:
     def __init__(self, root: Path):
         self.nodes = raft_cluster(root, 3)  # no [cluster] section: the node's defaults
         self.by_id = {n.node_id: n for n in self.nodes}
-        self.replicated: dict[str, int] = {}  # table id -> partitions, R > 1
+        self.replicated: dict[str, int] = {}  # table -> partitions, R > 1
 
     async def open(self) -> None:
         import aiohttp
@@ -123,18 +123,16 @@ class Cluster:
         await self.post(n0.base + "/v1/tables", json.dumps({
             "name": name, "primary_key": "id", "columns": COLUMNS, "partitions": PARTITIONS,
             "replicas": replicas}).encode())
-        d = await self.get(n0.node_id, f"/v1/tables/{name}")
         if replicas > 1:
-            self.replicated[d["table_id"]] = d["partitions"]
+            self.replicated[name] = PARTITIONS
         return await self.leaders(name)
 
     async def drop(self, name: str) -> None:
         n0 = self.live()[0]
-        d = await self.get(n0.node_id, f"/v1/tables/{name}")
         async with self.http.delete(f"{n0.base}/v1/tables/{name}") as r:
             if r.status != 200:
                 raise RuntimeError(f"drop {name}: {r.status} {await r.text()}")
-        self.replicated.pop(d["table_id"], None)
+        self.replicated.pop(name, None)
 
     async def leaders(self, name: str, via: str | None = None) -> list[str]:
         d = await self.get(via or self.live()[0].node_id, f"/v1/tables/{name}")
@@ -157,7 +155,7 @@ class Cluster:
         raise RuntimeError(f"node {node.node_id} never became ready")
 
     async def shippers(self) -> dict[str, dict]:
-        """Each replicated partition ("table id/pid") -> the status of its newest live shipper,
+        """Each replicated partition ("table/pid") -> the status of its newest live shipper,
         with ``node`` (its leader)."""
         import aiohttp
 
@@ -173,9 +171,9 @@ class Cluster:
         return out
 
     def _all_caught_up(self, shippers: dict[str, dict]) -> bool:
-        for tid, parts in self.replicated.items():
+        for name, parts in self.replicated.items():
             for pid in range(parts):
-                sh = shippers.get(f"{tid}/{pid}")
+                sh = shippers.get(f"{name}/{pid}")
                 if sh is None or not sh["lease"]:
                     return False
                 if any(f["pos"] is None or f["pos"] != sh["end"] for f in sh["followers"].values()):
