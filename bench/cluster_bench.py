@@ -14,8 +14,8 @@ default ``[cluster]`` timings (heartbeat 500 ms, failure_timeout 2 s, ack_timeou
    the v3 JSON gateway. 1 client (sequential) and 16 concurrent clients, p50 / p99; the same
    requests to an R=1 table in ``extra``.
 3. **Failover**: kill -9 of a partition's leader, then one writer retries single-row writes
-   to keys of that partition through a surviving node (20 ms after a refusal; beside an
-   attempt pending for 1 s, which may still be acknowledged) until one is acknowledged; the
+   to keys of that partition through a surviving node (20 ms after a refusal; every 100 ms
+   beside attempts still pending, which may yet be acknowledged) until one is; the
    killed node is restarted and every replica caught up before the next kill. Kills
    alternate, where the placement allows, between a node that does not lead the catalog's
    Raft group and the one that does (then the catalog elects a leader first, and its new
@@ -70,7 +70,7 @@ KILLS = int(os.environ.get("CLUSTER_BENCH_KILLS", "3" if QUICK else "10"))
 CATCHUP_BATCHES = int(os.environ.get("CLUSTER_BENCH_CATCHUP_BATCHES", "20" if QUICK else "60"))
 PARTITIONS = 8
 LAT_CLIENTS = 16
-ATTEMPT_S = 1.0  # a failover writer starts another attempt beside one pending this long
+ATTEMPT_S = 0.1  # a failover writer starts another attempt beside one pending this long
 RETRY_S = 0.02  # between a failover writer's attempts
 COLUMNS = [{"name": c.split()[0], "type": c.split()[1]} for c in SCHEMA.split(", ")]
 JSON_CT = {"Content-Type": "application/json"}
