@@ -58,6 +58,7 @@ class NodeReplication:
         self._tasks: list[asyncio.Task] = []
         self.elections = {"won": 0, "failed": 0}
         self.dead: set[str] = set()
+        self.known: dict[str, int] = {}  # table id -> partitions (replication messages are checked against it)
         self.rebalancer = Rebalancer(self)
 
     @property
