@@ -75,6 +75,13 @@ def test_r3_failover_catch_up_and_unavailable(tmp_path):
         cv = victim.client(timeout=60)
         got = eventually(lambda: batches(cv))
         assert got == {b: 40 for b in acked}
+
+        def leads_again():  # the driver moves a leadership back to the returned node (balance)
+            assert any(p["leader"] == victim.node_id for p in ca.describe("t")["placement"])
+        eventually(leads_again, 60)
+        upsert_retrying(cv, 200)
+        acked[200] = 1
+        assert eventually(lambda: batches(cv)) == {b: 40 for b in acked}
         # two of three replicas down: a write answers 503, never an ack
         survivor = others[0]
         for n in nodes:
