@@ -206,6 +206,9 @@ class NodeReplication:
             p = pl.partitions[pid]
             recs = [r for r in await self.db.store.list(table=d.table_id) if r.partition == pid]
             if any(r.epoch == p.epoch for r in recs if r.owner == self.me):  # led at this epoch before
+                fenced = self.db.leadership.fenced_at.get(key)
+                if fenced is not None and time.monotonic() - fenced < self.cfg.failure_timeout_s:
+                    return  # someone's election fenced this node just now: let it finish
                 await self.elect(d, pid, exclude=set())
                 return
             sh = self.db.leadership.shipper(d.table_id, pid)
