@@ -56,9 +56,13 @@ class Leadership:
             sh.register(seg.seq, seg)
         self.store.shippers[key] = sh
         sh.start_links()
-        latest = await self.tables.latest_def(d)
-        part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
-        n = await part.open(await self.tables.schemas_of(latest), latest.schema)
+        try:
+            latest = await self.tables.latest_def(d)
+            part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
+            n = await part.open(await self.tables.schemas_of(latest), latest.schema)
+        except BaseException:
+            await self.demote(d.table_id, pid)  # half a promotion serves nothing; the next reconcile retries
+            raise
         table.parts[pid] = part
         table.owned.add(pid)
         log.info("event=partition_promoted table=%s partition=%d epoch=%d base=%d start=%s replayed=%d "
