@@ -69,7 +69,6 @@ class Cluster:
         self._places: dict[str, tuple[Placement | None, float, int]] = {}  # table -> (placement, when, version)
         self.on_change = None
         self.leading = None  # (table id, pid) -> whether this process leads that replicated partition
-        self.leased = None  # (table id, pid) -> whether it leads it holding its lease (RFC 0010 §5)
         self._members: dict[str, dict] = {}
         self._session: aiohttp.ClientSession | None = None
 

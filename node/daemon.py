@@ -113,8 +113,6 @@ class Node:
                                                  gc=GcConfig(c.gc_min_garbage, c.gc_grace_s, c.gc_max_bytes_per_run)))
         self.cluster.on_change = self.db.forget_cached_definitions
         self.cluster.leading = lambda tid, pid: self.db.leadership.shipper(tid, pid) is not None
-        self.cluster.leased = lambda tid, pid: ((sh := self.db.leadership.shipper(tid, pid)) is not None
-                                                and sh.lease_ok())
         self.db.participant.gone = self.cluster.gone
         self.db.committer.ack_timeout_s = c.ack_timeout_s
         self.db.replicas.lost = set(report.recreated)

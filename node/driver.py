@@ -58,6 +58,7 @@ class NodeReplication:
         self._tasks: list[asyncio.Task] = []
         self.elections = {"won": 0, "failed": 0}
         self.dead: set[str] = set()
+        self.known: dict[str, int] = {}  # table id -> partitions (replication messages are checked against it)
         self.rebalancer = Rebalancer(self)
 
     @property
@@ -205,6 +206,9 @@ class NodeReplication:
             p = pl.partitions[pid]
             recs = [r for r in await self.db.store.list(table=d.table_id) if r.partition == pid]
             if any(r.epoch == p.epoch for r in recs if r.owner == self.me):  # led at this epoch before
+                fenced = self.db.leadership.fenced_at.get(key)
+                if fenced is not None and time.monotonic() - fenced < self.cfg.failure_timeout_s:
+                    return  # someone's election fenced this node just now: let it finish
                 await self.elect(d, pid, exclude=set())
                 return
             sh = self.db.leadership.shipper(d.table_id, pid)
@@ -240,7 +244,8 @@ class NodeReplication:
 
     # -- elections ------------------------------------------------------------------------------
 
-    async def elect(self, d, pid: int, exclude: set[str], handoff: str | None = None, force: bool = False) -> bool:
+    async def elect(self, d, pid: int, exclude: set[str], handoff: str | None = None, force: bool = False,
+                    prefer: str | None = None) -> bool:
         """Fence ``pid``'s live replicas at the next epoch, choose the longest log among a
         majority, write the placement (CAS) and tell the chosen node to lead. ``handoff``: a
         planned change (rebalancing) — that live leader is fenced first, so it has stopped
@@ -255,10 +260,9 @@ class NodeReplication:
             self.elections["failed"] += 1
             return False
         epoch = p.epoch + 1
-        first = {}
         if handoff is not None:
             try:
-                first[handoff] = await self._fence(handoff, d.table_id, pid, epoch)
+                await self._fence(handoff, d.table_id, pid, epoch)
             except (ConnectionError, asyncio.TimeoutError, ValueError) as e:
                 log.info("event=handoff_refused table=%s partition=%d node=%s error=%r", d.name, pid, handoff, e)
                 self.elections["failed"] += 1
@@ -267,19 +271,16 @@ class NodeReplication:
         got = await asyncio.gather(*[self._fence(n, d.table_id, pid, epoch, force=force or handoff is not None)
                                      for n in rest],
                                    return_exceptions=True)
-        ok = {**first, **{n: g for n, g in zip(rest, got) if isinstance(g, dict)}}
+        ok = {n: g for n, g in zip(rest, got) if isinstance(g, dict)}
+        # Every acknowledged write is on a majority: the longest log among a majority of
+        # answers holds them all. A planned hand-over counts only the others' answers (the old
+        # leader's own tail may hold writes no majority acknowledged: dropped, as after a crash).
         if len(ok) < need:
             self.elections["failed"] += 1
             log.info("event=election_failed table=%s partition=%d epoch=%d answers=%d need=%d why=%s", d.name, pid,
                      epoch, len(ok), need, [repr(g)[:120] for g in got if not isinstance(g, dict)])
             return False
-        chosen = max((n for n in ok if n != handoff),
-                     key=lambda n: (ok[n]["last"], tuple(ok[n]["pos"]), n == p.leader, n), default=None)
-        if chosen is None or (handoff is not None and (ok[chosen]["last"], ok[chosen]["pos"]) <
-                              (ok[handoff]["last"], ok[handoff]["pos"])):
-            self.elections["failed"] += 1  # a planned hand-off waits until the successor caught up
-            log.info("event=handoff_waits table=%s partition=%d epoch=%d", d.name, pid, epoch)
-            return False
+        chosen = max(ok, key=lambda n: (ok[n]["last"], tuple(ok[n]["pos"]), n == prefer, n == p.leader, n))
         new = PartitionPlace((chosen, *[n for n in p.replicas if n != chosen]), epoch, int(ok[chosen]["last"]),
                              tuple(Position.of(ok[chosen]["pos"])), p.leaving)
         if not await self._write_place(d.name, pid, p, new):

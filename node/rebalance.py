@@ -29,7 +29,7 @@ log = logging.getLogger("terrascale.node.rebalance")
 class Rebalancer:
     def __init__(self, repl):
         self.repl = repl
-        self.moves = {"started": 0, "handed_over": 0, "finished": 0}
+        self.moves = {"started": 0, "handed_over": 0, "finished": 0, "leaders_moved": 0}
 
     async def step(self) -> bool:
         """At most one step of one move; whether something was done."""
@@ -59,13 +59,36 @@ class Rebalancer:
         if len(held) < 2:
             return False
         hi, lo = max(held, key=lambda m: (held[m], m)), min(held, key=lambda m: (held[m], m))
-        if held[hi] - held[lo] <= 1:
+        if held[hi] - held[lo] > 1:
+            for prefer_follower in (True, False):
+                for d, pl in tables:
+                    for pid, p in enumerate(pl.partitions):
+                        if hi in p.replicas and lo not in p.replicas and (p.leader != hi or not prefer_follower):
+                            return await self._start(d, pid, p, hi, held, {lo})
+        return await self._balance_leaders(tables, live)
+
+    async def _balance_leaders(self, tables, live: set[str]) -> bool:
+        """Leadership back to a node that returned (failovers pile leaders on the survivors):
+        a planned hand-over from the node leading the most partitions to a caught-up follower
+        leading the fewest, while they differ by more than one."""
+        led = {m: 0 for m in live}
+        for _, pl in tables:
+            for p in pl.partitions:
+                if p.leader in led:
+                    led[p.leader] += 1
+        if len(led) < 2:
             return False
-        for prefer_follower in (True, False):
-            for d, pl in tables:
-                for pid, p in enumerate(pl.partitions):
-                    if hi in p.replicas and lo not in p.replicas and (p.leader != hi or not prefer_follower):
-                        return await self._start(d, pid, p, hi, held, {lo})
+        hi, lo = max(led, key=lambda m: (led[m], m)), min(led, key=lambda m: (led[m], m))
+        if led[hi] - led[lo] <= 1:
+            return False
+        for d, pl in tables:
+            for pid, p in enumerate(pl.partitions):
+                if p.leader == hi and lo in p.replicas and not p.leaving and \
+                        await self._caught_up(d, pid, hi, [lo]):
+                    if await self.repl.elect(d, pid, exclude=set(), handoff=hi, prefer=lo):
+                        self.moves["leaders_moved"] += 1
+                        log.warning("event=leader_moved table=%s partition=%d from=%s to=%s", d.name, pid, hi, lo)
+                        return True
         return False
 
     async def _start(self, d, pid: int, p: PartitionPlace, leaving: str, held: dict, candidates) -> bool:

@@ -53,19 +53,17 @@ class Router:
     async def _placement(self, d, fresh: bool = False):
         return await self.cluster.placement(d.name, d.partitions, fresh=fresh)
 
-    async def _where(self, request, d, pids, fresh: bool = False, write: bool = False) -> str | None:
+    async def _where(self, request, d, pids, fresh: bool = False) -> str | None:
         """The one node serving all of ``pids`` (None: several). Serving here is confirmed
-        with a fresh look; a forwarded request for partitions elsewhere is Misdirected.
-
-        A write to replicated partitions this node leads while holding their lease needs no
-        fresh look (a linearizable catalog read, more than half of a single-row write's
-        latency): a leader that was replaced cannot reach a majority — the followers
-        promised the newer epoch — so such a write fails (503) rather than being
-        acknowledged (RFC 0010 §5). Reads keep the fresh look."""
+        with a fresh look — or, for replicated partitions led here, by their leases (no other
+        leader can exist while a majority answered within the lease); a forwarded request for
+        partitions elsewhere is Misdirected."""
+        if self._leased_here(d, pids):
+            return self.cluster.node_id
         pl = await self._placement(d, fresh)
         nodes = {pl.leader(int(p)) for p in pids}
         forwarded = FORWARDED in request.headers
-        if (forwarded or self.cluster.node_id in nodes) and not (write and self._leased(d, pids, nodes)):
+        if forwarded or self.cluster.node_id in nodes:
             pl = await self._placement(d, fresh=True)
             nodes = {pl.leader(int(p)) for p in pids}
         if forwarded and nodes != {self.cluster.node_id}:
@@ -73,10 +71,13 @@ class Router:
                               f"{', '.join(sorted(nodes))}")
         return nodes.pop() if len(nodes) == 1 else None
 
-    def _leased(self, d, pids, nodes: set) -> bool:
-        leased = self.cluster.leased
-        return nodes == {self.cluster.node_id} and leased is not None and all(leased(d.table_id, int(p))
-                                                                               for p in pids)
+    def _leased_here(self, d, pids) -> bool:
+        lead = self.db.leadership
+        for p in pids:
+            sh = lead.shipper(d.table_id, int(p))
+            if sh is None or not sh.lease_ok():
+                return False
+        return len(pids) > 0
 
     async def _forward(self, request, d, who: str, pids):
         """The answer of ``who``; None when, after a 421, a fresh placement says the request
@@ -87,12 +88,12 @@ class Router:
             return await self._where(request, d, pids, fresh=True) or self.cluster.node_id
         return await self.cluster.forward(request, who, await request.read(), again)
 
-    async def _dispatch(self, request, d, pids, here, across, write: bool = False):
+    async def _dispatch(self, request, d, pids, here, across):
         """Route by the partitions ``pids``: ``here()`` when this node serves them all, the
         request forwarded when one other node does, ``across()`` when several do."""
         fresh = False
         for _ in range(2):
-            who = await self._where(request, d, np.unique(pids), fresh, write)
+            who = await self._where(request, d, np.unique(pids), fresh)
             if who == self.cluster.node_id:
                 return None, await here()
             if who is None:
@@ -174,7 +175,7 @@ class Router:
         async def across():
             out = await self._across(d, batch, pids, False)
             return out.rows, out.commit_ts
-        return await self._dispatch(request, d, pids, here, across, write=True)
+        return await self._dispatch(request, d, pids, here, across)
 
     async def delete(self, request, table: str, keys: list, small=None):
         d = await self.db.describe(table)
@@ -194,7 +195,7 @@ class Router:
             batch = pa.RecordBatch.from_arrays([karr], names=[d.schema.key.name])
             out = await self._across(d, batch, pids, True)
             return out.existed, out.commit_ts
-        return await self._dispatch(request, d, pids, here, across, write=True)
+        return await self._dispatch(request, d, pids, here, across)
 
     async def _across(self, d, batch, pids, delete: bool):
         try:

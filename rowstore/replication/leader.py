@@ -88,7 +88,7 @@ class Shipper:
 
     async def mirror(self, seq: int, segid: int, logical: int, batch: list) -> None:
         """Ship one group and wait until ``needed`` followers hold it (MirrorError once fenced)."""
-        data = b"".join(bytes(b) if not isinstance(b, bytes) else b for b in batch)
+        data = b"".join(batch)  # one copy: the appenders may reuse their buffers once acknowledged
         self.inflight[seq] = (segid, logical, data)
         self.wake()
         await self.wait_for(Position(seq, logical + len(data)))
