@@ -27,8 +27,8 @@ from catalog.errors import CatalogError
 from node.cluster import RemoteError
 from node.placement import PLACE, PartitionPlace, Placement
 from node.rebalance import Rebalancer
-from node.replication_api import HttpTransport
-from rowstore.errors import RowstoreError, TableNotFoundError
+from node.replication_api import PROMISED, HttpTransport
+from rowstore.errors import FencedError, RowstoreError, TableNotFoundError
 from rowstore.replication.position import NOTHING, REP_PREFIX, Position
 from terrafs.catalog_ops import commit
 from terrafs.errors import TerrafsError
@@ -259,11 +259,28 @@ class NodeReplication:
         if len(voters) < need:
             self.elections["failed"] += 1
             return False
+        if handoff is not None and sum(1 for n in voters if n != handoff and n not in self.dead) < need:
+            # A planned hand-over counts only the others' answers: with one of them dead it
+            # cannot succeed, and fencing the leader first would leave the partition unled.
+            log.info("event=handoff_deferred table=%s partition=%d dead=%s", d.name, pid, sorted(self.dead))
+            return False
         epoch = p.epoch + 1
+        for _ in range(3):
+            won = await self._elect_at(d, pid, p, voters, need, epoch, handoff, force, prefer)
+            if isinstance(won, bool):
+                return won
+            epoch = won + 1  # a replica promised a later epoch (an election that failed): go above it
+        self.elections["failed"] += 1
+        return False
+
+    async def _elect_at(self, d, pid: int, p: PartitionPlace, voters: list[str], need: int, epoch: int,
+                        handoff: str | None, force: bool, prefer: str | None) -> bool | int:
+        """One election at ``epoch``: True / False, or the highest epoch a replica had
+        already promised (≥ ``epoch``) when that is why too few answered."""
         if handoff is not None:
             try:
                 await self._fence(handoff, d.table_id, pid, epoch)
-            except (ConnectionError, asyncio.TimeoutError, ValueError) as e:
+            except (ConnectionError, asyncio.TimeoutError, ValueError, FencedError) as e:
                 log.info("event=handoff_refused table=%s partition=%d node=%s error=%r", d.name, pid, handoff, e)
                 self.elections["failed"] += 1
                 return False
@@ -276,9 +293,12 @@ class NodeReplication:
         # answers holds them all. A planned hand-over counts only the others' answers (the old
         # leader's own tail may hold writes no majority acknowledged: dropped, as after a crash).
         if len(ok) < need:
-            self.elections["failed"] += 1
             log.info("event=election_failed table=%s partition=%d epoch=%d answers=%d need=%d why=%s", d.name, pid,
                      epoch, len(ok), need, [repr(g)[:120] for g in got if not isinstance(g, dict)])
+            promised = [g.promised for g in got if isinstance(g, FencedError) and g.promised >= epoch]
+            if promised and len(ok) + len(promised) >= need:
+                return max(promised)
+            self.elections["failed"] += 1
             return False
         chosen = max(ok, key=lambda n: (ok[n]["last"], tuple(ok[n]["pos"]), n == prefer, n == p.leader, n))
         new = PartitionPlace((chosen, *[n for n in p.replicas if n != chosen]), epoch, int(ok[chosen]["last"]),
@@ -297,11 +317,14 @@ class NodeReplication:
         return True
 
     async def _fence(self, node: str, table_id: str, pid: int, epoch: int, force: bool = False) -> dict:
-        status, _, payload = await asyncio.wait_for(
+        status, headers, payload = await asyncio.wait_for(
             self.cluster.call(node, "POST", "/v1/internal/repl/fence",
                               doc={"table": table_id, "pid": pid, "epoch": epoch, "force": force}),
             self.cfg.failure_timeout_s)
         doc = json.loads(payload)
+        promised = headers.get(PROMISED, "")
+        if status == 409 and doc.get("error", {}).get("code") == "fenced" and promised.isdigit():
+            raise FencedError(f"node {node}: {doc['error'].get('message', '')}"[:200], int(promised))
         if status != 200:
             raise ConnectionError(f"node {node}: {status} {doc.get('error', {}).get('message', '')}"[:200])
         Position.of(doc["pos"])

@@ -1,6 +1,7 @@
 """Replicated partitions on 3 real node processes (RFC 0010 §5): writes acknowledged once a
 majority holds them, kill -9 of a leader fails its partitions over to a follower holding every
 acknowledged batch, a returning node catches up, two replicas down answer 503."""
+import json
 import time
 
 import numpy as np
@@ -221,4 +222,43 @@ def test_a_joining_member_takes_replicas_and_leaderships_under_load(tmp_path):
                 assert got == {b: 40 for b in acked}, sorted(set(acked) ^ set(got))[:5]
     finally:
         for n in [*nodes, *([n4] if n4 else [])]:
+            n.ensure_stopped()
+
+
+@pytest.mark.slow
+def test_an_election_goes_above_epochs_promised_by_one_that_failed(tmp_path):
+    """A planned hand-over that fenced the leader and then fell short of a majority (a replica
+    down) leaves two live replicas that promised epoch E + 1 under a placement still at E. The
+    next election must go above the promise (it used to ask for E + 1 again, be refused by
+    both, and leave the partition unled for as long as the third replica stayed down)."""
+    nodes = raft_cluster(tmp_path, 3, extra=FAST)
+    try:
+        start_all(nodes)
+        c1 = nodes[0].client(timeout=60)
+        c1.create_table("t", [("id", "int64"), ("b", "int64")], "id", partitions=3, replicas=3)
+        for bid in range(1, 4):
+            upsert_retrying(c1, bid)
+        driver = c1.cluster()["leader"]
+        place = c1.describe("t")["placement"]
+        # the partition, its leader and the replica that goes down: none of them the driver
+        pid, p = next((i, p) for i, p in enumerate(place) if p["leader"] != driver)
+        down = next(n for n in nodes if n.node_id not in (driver, p["leader"]))
+        leader = next(n for n in nodes if n.node_id == p["leader"])
+        survivor = next(n for n in nodes if n.node_id == driver)
+        down.kill()
+        tid = c1.describe("t")["table_id"]
+        for n in (leader, survivor):  # what the failed hand-over left behind (it forces the others)
+            with n.client(timeout=60) as c:
+                status, body, _ = c.request("POST", "/v1/internal/repl/fence", json.dumps(
+                    {"table": tid, "pid": pid, "epoch": p["epoch"] + 1, "force": True}).encode(), "application/json")
+                assert status == 200, body
+        keys = np.arange(20_000_000, 20_060_000, dtype=np.int64)
+        own = keys[partition_of(encode_keys(pa.array(keys), "int64"), 3) == pid][:40]
+        with survivor.client(timeout=60) as cs:
+            eventually(lambda: cs.upsert("t", pa.table({"id": own, "b": pa.array(np.full(len(own), 7),
+                                                                                 pa.int64())})), 30)
+            assert cs.describe("t")["placement"][pid]["epoch"] > p["epoch"] + 1
+            assert eventually(lambda: batches(cs)) == {1: 40, 2: 40, 3: 40, 7: 40}
+    finally:
+        for n in nodes:
             n.ensure_stopped()
