@@ -219,12 +219,13 @@ async def send_batches(cl: Cluster, name: str, pieces: list[list[tuple[str, byte
     async def piece(node: str, body: bytes):
         url = f"/v1/tables/{name}/rows"
         target = cl.url(node)
+        deadline = time.monotonic() + 120
         while True:
             try:
                 await cl.post(target + url, body, ARROW)
                 return
             except (RuntimeError, OSError, asyncio.TimeoutError):
-                if not retry_s:
+                if not retry_s or time.monotonic() > deadline:
                     raise
                 live = cl.live()
                 target = live[int(time.monotonic() * 1000) % len(live)].base
