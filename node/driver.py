@@ -55,6 +55,7 @@ class NodeReplication:
         self._driving = False
         self._pruned = 0.0
         self._busy: set[tuple[str, int]] = set()
+        self._outvoted: dict[tuple[str, int], int] = {}  # (table id, pid) -> epoch a follower fenced us with
         self._tasks: list[asyncio.Task] = []
         self.elections = {"won": 0, "failed": 0}
         self.dead: set[str] = set()
@@ -205,8 +206,12 @@ class NodeReplication:
         try:
             p = pl.partitions[pid]
             recs = [r for r in await self.db.store.list(table=d.table_id) if r.partition == pid]
-            if any(r.epoch == p.epoch for r in recs if r.owner == self.me):  # led at this epoch before
-                fenced = self.db.leadership.fenced_at.get(key)
+            fenced = self.db.leadership.fenced_at.get(key)
+            # led at this epoch before, or fenced beyond it since (an election that did not
+            # finish left a later epoch promised: taking it again at this one would only be
+            # fenced again, for ever)
+            beyond = max(self._outvoted.get(key, 0), self.db.leadership.fenced_epoch.get(key, 0)) > p.epoch
+            if beyond or any(r.epoch == p.epoch for r in recs if r.owner == self.me):
                 if fenced is not None and time.monotonic() - fenced < self.cfg.failure_timeout_s:
                     return  # someone's election fenced this node just now: let it finish
                 await self.elect(d, pid, exclude=set())
@@ -220,6 +225,8 @@ class NodeReplication:
             self._busy.discard(key)
 
     def _fenced(self, sh) -> None:
+        key = (sh.table_id, sh.pid)
+        self._outvoted[key] = max(self._outvoted.get(key, 0), sh.fenced or 0)
         self.db.tasks.spawn(self.db.leadership.demote(sh.table_id, sh.pid))
 
     async def started(self, d) -> None:

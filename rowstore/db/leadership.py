@@ -26,6 +26,7 @@ class Leadership:
         self.store, self.replicas, self.tables, self.decide = store, replicas, tables, decide
         self.lease_wait_s = 2.0
         self.fenced_at: dict[tuple[str, int], float] = {}  # monotonic time a fence made this node step down
+        self.fenced_epoch: dict[tuple[str, int], int] = {}  # the highest epoch this node was fenced with
 
     def shipper(self, table_id: str, pid: int) -> Shipper | None:
         return self.store.shippers.get((table_id, pid))
@@ -99,6 +100,7 @@ class Leadership:
                 raise FencedError(f"epoch {epoch} is not above the leading epoch {sh.epoch}", sh.epoch)
             await self.demote(table_id, pid)
         self.fenced_at[(table_id, pid)] = time.monotonic()  # an election is under way elsewhere
+        self.fenced_epoch[(table_id, pid)] = max(self.fenced_epoch.get((table_id, pid), 0), epoch)
         own = await self.store.own_log(table_id, pid)
         if own is not None:
             last, pos = own
