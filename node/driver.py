@@ -189,8 +189,10 @@ class NodeReplication:
             p = pl.partitions[pid]
             recs = [r for r in await self.db.store.list(table=d.table_id) if r.partition == pid]
             if any(r.epoch == p.epoch for r in recs if r.owner == self.me):  # led at this epoch before
-                await self.elect(d, pid, exclude=set())
-                return
+                await self.elect(d, pid, exclude=set())  # its take() of this node is refused: busy
+                was, p = p.epoch, (await self.cluster.placement(d.name, d.partitions, fresh=True)).partitions[pid]
+                if p.leader != self.me or p.epoch == was:
+                    return
             sh = self.db.leadership.shipper(d.table_id, pid)
             if sh is not None and sh.fenced is not None:
                 await self.db.leadership.demote(d.table_id, pid)
