@@ -112,8 +112,11 @@ class SegmentStore:
         pending = []
         for rec in await self.list(owner=self.node):
             if rec.state in (SegState.ACTIVE, SegState.SEALED):
+                # A replicated partition's segment (epoch > 0) is one copy of its log: the
+                # catalog keeps the decisions taken here for the copy that leads it next.
+                dec = decide if decide is None or rec.epoch == 0 else (lambda txn: decide(txn, keep=True))
                 self.active[rec.segid] = await ActiveSegment.recover(
-                    rec.segid, await self.fs.open_active(rec.inode), decide)
+                    rec.segid, await self.fs.open_active(rec.inode), dec)
                 self.active[rec.segid].seq = rec.seq
                 self._parts[rec.segid] = (rec.table, rec.partition)
 
