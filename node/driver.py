@@ -161,7 +161,7 @@ class NodeReplication:
                     keep = {r.segid for r in recs if r.table == d.table_id and r.partition == pid
                             and r.state.value in ("active", "sealed")}
                     with contextlib.suppress(RowstoreError, TerrafsError, CatalogError):
-                        await self.db.replicas.prune(d.table_id, pid, keep)
+                        await self.db.leadership.prune(d.table_id, pid, keep)
 
     async def take_if_mine(self, table: str, pid: int) -> bool:
         """The driver says this node leads ``pid`` of ``table`` now: take it."""

@@ -71,7 +71,7 @@ async def append(api, request):
     """Make the leader's pieces durable here; answer this replica's position."""
     h, pieces = decode(await request.read())
     try:
-        out = await api.db.replicas.append(h["table"], h["pid"], h["epoch"], h["base"], h["start"], pieces,
+        out = await api.db.leadership.append(h["table"], h["pid"], h["epoch"], h["base"], h["start"], pieces,
                                            request.headers.get("X-Terrascale-Forwarded-By", ""))
     except FencedError as e:
         return web.json_response({"error": {"code": "fenced", "message": str(e)}, "promised": e.promised},

@@ -7,6 +7,7 @@ partition's index from its checkpoint mark; demotion stops all of it. Reads of a
 partition need the leader's lease (:meth:`check_lease`)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from rowstore.errors import FencedError, UnavailableError
@@ -24,6 +25,14 @@ class Leadership:
     def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables, decide):
         self.store, self.replicas, self.tables, self.decide = store, replicas, tables, decide
         self.lease_wait_s = 2.0
+        # One hand-over at a time per partition: promotion, demotion, fences and the follower
+        # side's appends and clean-up all take it, so a message for the partition never finds
+        # its copies half handed over (an append reloading the record while promotion held
+        # the files acted on them — it discarded them once).
+        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+
+    def _lock(self, table_id: str, pid: int) -> asyncio.Lock:
+        return self._locks.setdefault((table_id, pid), asyncio.Lock())
 
     def shipper(self, table_id: str, pid: int) -> Shipper | None:
         return self.store.shippers.get((table_id, pid))
@@ -33,15 +42,26 @@ class Leadership:
 
     async def promote(self, d: TableDef, pid: int, epoch: int, base: int, start: Position, followers: list[str],
                       transport: Transport, lease_s: float, on_fenced=None) -> Shipper:
-        """Lead partition ``pid`` of ``d`` at ``epoch`` (the placement already says so)."""
+        """Lead partition ``pid`` of ``d`` at ``epoch`` (the placement already says so).
+        FencedError when this node promised a newer epoch meanwhile (the placement it read
+        is stale: another election followed)."""
+        async with self._lock(d.table_id, pid):
+            return await self._promote(d, pid, epoch, base, start, followers, transport, lease_s, on_fenced)
+
+    async def _promote(self, d: TableDef, pid: int, epoch: int, base: int, start: Position, followers: list[str],
+                       transport: Transport, lease_s: float, on_fenced) -> Shipper:
         key = (d.table_id, pid)
         old = self.store.shippers.get(key)
         if old is not None:
             if old.epoch >= epoch:
                 return old
-            await self.demote(d.table_id, pid)
+            await self._demote(d.table_id, pid)
         table = await self.tables.table(d)  # opened without this partition (not led yet)
         rec, version, files = await self.replicas.take(d.table_id, pid)
+        if rec.promised > epoch:
+            self.replicas.forget(d.table_id, pid)
+            raise FencedError(f"partition {pid}: epoch {epoch} is older than the promised {rec.promised}",
+                              rec.promised)
         try:
             segs = await self.store.adopt(d.table_id, pid, epoch, rec.segs, files,
                                           rep_key(d.table_id, pid, self.store.node) if version else None, version,
@@ -66,6 +86,10 @@ class Leadership:
     async def demote(self, table_id: str, pid: int) -> bool:
         """Stop leading ``pid``: writes in flight fail, its files close (they are this node's
         copies from now on, recorded in its replica row by the next leader's promotion)."""
+        async with self._lock(table_id, pid):
+            return await self._demote(table_id, pid)
+
+    async def _demote(self, table_id: str, pid: int) -> bool:
         sh = self.store.shippers.pop((table_id, pid), None)
         if sh is None:
             return False
@@ -86,17 +110,41 @@ class Leadership:
     async def fence(self, table_id: str, pid: int, epoch: int, force: bool = False) -> dict:
         """Promise ``epoch`` for a partition: a follower's copies answer through the replica
         store; a node holding its own segments of the partition (it led it, and was not
-        replaced yet) answers for them — after stepping down if it still leads."""
-        sh = self.store.shippers.get((table_id, pid))
-        if sh is not None:
-            if epoch <= sh.epoch:
-                raise FencedError(f"epoch {epoch} is not above the leading epoch {sh.epoch}", sh.epoch)
-            await self.demote(table_id, pid)
-        own = await self.store.own_log(table_id, pid)
-        if own is not None:
+        replaced yet) answers for them — after stepping down if it still leads, and with the
+        promise recorded in its replica row all the same (it must not lead an older epoch
+        after answering for a newer one: its answer may be part of that election's majority)."""
+        async with self._lock(table_id, pid):
+            sh = self.store.shippers.get((table_id, pid))
+            if sh is not None:
+                if epoch <= sh.epoch:
+                    raise FencedError(f"epoch {epoch} is not above the leading epoch {sh.epoch}", sh.epoch)
+                await self._demote(table_id, pid)
+            own = await self.store.own_log(table_id, pid)
+            if own is None:
+                return await self.replicas.fence(table_id, pid, epoch, force)
+            await self.replicas.fence(table_id, pid, epoch, force=True)  # the promise; no copies in it
             last, pos = own
             return {"last": last, "pos": list(pos)}
-        return await self.replicas.fence(table_id, pid, epoch, force)
+
+    async def append(self, table_id: str, pid: int, epoch: int, base: int, start: Position, pieces,
+                     leader: str = "") -> dict:
+        """A leader's append to this node's copy. While this node leads the partition, an
+        older or equal epoch is fenced, and a newer one (its election is over: the epoch comes
+        from the placement's compare-and-set) makes this node step down first."""
+        async with self._lock(table_id, pid):
+            sh = self.store.shippers.get((table_id, pid))
+            if sh is not None:
+                if epoch <= sh.epoch:
+                    raise FencedError(f"epoch {epoch} is not above the leading epoch {sh.epoch}", sh.epoch)
+                await self._demote(table_id, pid)
+            return await self.replicas.append(table_id, pid, epoch, base, start, pieces, leader)
+
+    async def prune(self, table_id: str, pid: int, keep: set[int]) -> int:
+        """The follower side's clean-up of copies the leader offloaded or deleted."""
+        async with self._lock(table_id, pid):
+            if (table_id, pid) in self.store.shippers:
+                return 0
+            return await self.replicas.prune(table_id, pid, keep)
 
     def check_lease(self, table_id: str, pids) -> None:
         """Refuse to read a replicated partition led here without a current lease."""
