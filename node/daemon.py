@@ -232,6 +232,8 @@ class Node:
             "memtable_bytes": self.db.memtable_bytes() if self.db else 0,
             "jobs": {name: {"every_s": every, "last": (self.jobs.last.get(name) if self.jobs else None)}
                      for name, every in (self.jobs.schedule.items() if self.jobs else ())},
+            # replicated partitions led here: epoch, lease, each follower's position and lag
+            "replication": self.replication.status() if self.replication and self.replication.enabled else None,
         }
 
     async def _catalog_status(self) -> dict:
