@@ -102,6 +102,7 @@ class SegmentStore:
         self._parts: dict[int, tuple[str, int]] = {}  # segid -> (table, partition) of open segments
 
         self.epochs: dict[tuple[str, int], int] = {}  # their epochs (new segment rows carry it)
+        self.lost: set[int] = set()  # inodes whose local files were gone at start (a lost block device)
 
     async def open(self, decide=None) -> list[int]:
         """Init the segid table; reopen this node's local segments; finish pending offloads
@@ -111,6 +112,8 @@ class SegmentStore:
         await self.segids.init()
         pending = []
         for rec in await self.list(owner=self.node):
+            if rec.epoch > 0 and rec.inode in self.lost:
+                continue  # this node's copy of a replicated partition's log is gone: it holds nothing
             if rec.state in (SegState.ACTIVE, SegState.SEALED):
                 # A replicated partition's segment (epoch > 0) is one copy of its log: the
                 # catalog keeps the decisions taken here for the copy that leads it next.
@@ -237,6 +240,9 @@ class SegmentStore:
                 if r.partition == partition and r.state in (SegState.ACTIVE, SegState.SEALED)]
         if not recs:
             return None
+        if any(r.inode in self.lost for r in recs):
+            log.warning("event=own_log_lost table=%s partition=%d", table, partition)
+            return 0, (0, 0)
         top = max(recs, key=lambda r: r.seq)
         try:
             size = (await self.fs.open_active(top.inode)).durable_size
@@ -332,7 +338,8 @@ class SegmentStore:
 
     async def pending_offload(self) -> list[int]:
         """This node's sealed segments still on its block device."""
-        return [r.segid for r in await self.list(owner=self.node) if r.state == SegState.SEALED]
+        return [r.segid for r in await self.list(owner=self.node)
+                if r.state == SegState.SEALED and r.inode not in self.lost]
 
     async def seal(self, segid: int) -> SegmentRecord:
         rec, e = await self.record(segid)
