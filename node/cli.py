@@ -49,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--partitions", type=int, help="number of partitions (default: the node's)")
     c.add_argument("--cluster-by", help="column whose order the garbage collector rewrites rows in "
                                         "(point, box, timestamp, date or number; default: the primary key)")
-    c.add_argument("--replicas", type=int, help="copies of each partition (default: the node's; only 1 for now)")
+    c.add_argument("--replicas", type=int, help="copies of each partition, on as many nodes; a write is "
+                                                "acknowledged once a majority holds it (default: [tables] replicas)")
     lst = table.add_parser("list", parents=[out], help="list tables")
     lst.add_argument("--as-of", type=int)
     d = table.add_parser("describe", parents=[out], help="a table's schema (as of T)")

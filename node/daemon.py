@@ -52,6 +52,7 @@ from terrafs.records import FileState, FileTier
 from terrafs.uri import open_block_device, open_catalog, open_object_store
 
 log = logging.getLogger("terrascale.node")
+CATCH_UP_BYTES = 4 << 20  # a follower further behind than one catch-up message is under-replicated
 
 
 class Node:
@@ -212,10 +213,28 @@ class Node:
         return generate_latest(m.registry), CONTENT_TYPE_LATEST
 
     async def _placement_metrics(self) -> None:
-        """Partitions led here and their epochs (a dropped table's series go away)."""
+        """Partitions led here and their epochs, and each follower's lag (a dropped table's
+        series go away)."""
         m = self.metrics
         m.partitions_led.clear()
         m.partition_epoch.clear()
+        m.replica_lag_bytes.clear()
+        m.replica_lag_seconds.clear()
+        names = self.db.tables.names()
+        under = 0
+        for (tid, pid), sh in self.db.leadership.led().items():
+            st, behind = sh.status(), False
+            for node, f in st["followers"].items():
+                lag = -1 if f["lag_bytes"] is None else f["lag_bytes"]
+                m.replica_lag_bytes.labels(names.get(tid, tid), str(pid), node).set(lag)
+                m.replica_lag_seconds.labels(names.get(tid, tid), str(pid), node).set(
+                    f["ack_age_s"] if f["ack_age_s"] is not None else -1)
+                behind |= lag < 0 or lag > CATCH_UP_BYTES
+            under += behind
+        m.under_replicated.set(under)
+        if self.replication is not None:
+            for outcome, n in self.replication.elections.items():
+                m.elections.labels(outcome).set(n)
         for d in await self.db.list_tables():
             pl = await self.cluster.placement(d.name, d.partitions)
             led = pl.led_by(self.cfg.node_id)
@@ -252,9 +271,19 @@ class Node:
             "memtable_bytes": self.db.memtable_bytes() if self.db else 0,
             "jobs": {name: {"every_s": every, "last": (self.jobs.last.get(name) if self.jobs else None)}
                      for name, every in (self.jobs.schedule.items() if self.jobs else ())},
-            # replicated partitions led here: epoch, lease, each follower's position and lag
-            "replication": self.replication.status() if self.replication and self.replication.enabled else None,
+            "replication": self._replication_status(),
         }
+
+    def _replication_status(self) -> dict | None:
+        """Replicated partitions led here (epoch, lease, each follower's position and lag),
+        the driver's view (dead nodes) and the elections run (RFC 0010 §5)."""
+        if self.replication is None or not self.replication.enabled:
+            return None
+        names = self.db.tables.names()
+        st = self.replication.status()
+        st["led"] = {f"{names.get(k.split('/')[0], k.split('/')[0])}/{k.split('/')[1]}": v
+                     for k, v in st["led"].items()}
+        return st
 
     async def _catalog_status(self) -> dict:
         """role / leader / term of the catalog, leader as a node id where it is known."""

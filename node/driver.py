@@ -26,9 +26,10 @@ from catalog.abc import Check, Put
 from catalog.errors import CatalogError
 from node.cluster import RemoteError
 from node.placement import PLACE, PartitionPlace, Placement
+from node.rebalance import Rebalancer
 from node.replication_api import HttpTransport
 from rowstore.errors import RowstoreError, TableNotFoundError
-from rowstore.replication.position import NOTHING, Position
+from rowstore.replication.position import NOTHING, REP_PREFIX, Position
 from terrafs.catalog_ops import commit
 from terrafs.errors import TerrafsError
 
@@ -57,6 +58,8 @@ class NodeReplication:
         self._tasks: list[asyncio.Task] = []
         self.elections = {"won": 0, "failed": 0}
         self.dead: set[str] = set()
+        self.known: dict[str, int] = {}  # table id -> partitions (replication messages are checked against it)
+        self.rebalancer = Rebalancer(self)
 
     @property
     def enabled(self) -> bool:
@@ -115,12 +118,13 @@ class NodeReplication:
             if n not in self._seen or self._seen[n][0] != e.value:
                 self._seen[n] = (e.value, now)
         self.dead = {n for n, (_, t) in self._seen.items() if now - t > self.cfg.failure_timeout_s}
-        if not self.dead:
-            return
-        for d, pl in await self._replicated():
+        failed_over = False
+        for d, pl in await self._replicated() if self.dead else ():
             for pid, p in enumerate(pl.partitions):
                 if p.leader in self.dead:
-                    await self.elect(d, pid, exclude=self.dead)
+                    failed_over |= await self.elect(d, pid, exclude=self.dead)
+        if not failed_over:
+            await self.rebalancer.step()
 
     # -- every node -----------------------------------------------------------------------------
 
@@ -144,6 +148,8 @@ class NodeReplication:
                 if p.leader == self.me:
                     if sh is None or sh.epoch < p.epoch or sh.fenced is not None:
                         await self.take(d, pid, pl)
+                    elif sh.followers != list(p.replicas[1:]):
+                        sh.set_followers(list(p.replicas[1:]))  # rebalancing added or dropped one
                 elif sh is not None:
                     await self.db.leadership.demote(d.table_id, pid)
         for key in set(self.db.leadership.led()) - seen:
@@ -153,15 +159,26 @@ class NodeReplication:
             await self._prune(tables)
 
     async def _prune(self, tables) -> None:
-        """Drop this node's copies of segments its partitions' leaders offloaded or deleted."""
+        """Drop this node's copies of segments their leaders offloaded or deleted, and every
+        copy of a partition this node no longer replicates (moved away, or its table dropped)."""
         recs = await self.db.store.list()
-        for d, pl in tables:
-            for pid, p in enumerate(pl.partitions):
-                if self.me in p.replicas[1:]:
-                    keep = {r.segid for r in recs if r.table == d.table_id and r.partition == pid
-                            and r.state.value in ("active", "sealed")}
-                    with contextlib.suppress(RowstoreError, TerrafsError, CatalogError):
-                        await self.db.leadership.prune(d.table_id, pid, keep)
+        places = {d.table_id: pl for d, pl in tables}
+        for e in await self.node.catalog.scan(REP_PREFIX):
+            parts = e.key[len(REP_PREFIX):].split("/")
+            if len(parts) != 3 or parts[2] != self.me or not parts[1].isdigit():
+                continue
+            tid, pid = parts[0], int(parts[1])
+            pl = places.get(tid)
+            if pl is not None and pid < len(pl.partitions) and pl.partitions[pid].leader == self.me:
+                continue  # led here: its rows are segment rows now
+            follows = pl is not None and pid < len(pl.partitions) and self.me in pl.partitions[pid].replicas
+            if pl is None and any(d.table_id == tid for d in await self.db.list_tables()):
+                continue  # a table not replicated (any more): leave it to a later pass
+            keep = {r.segid for r in recs if r.table == tid and r.partition == pid
+                    and r.state.value in ("active", "sealed")} if follows else set()
+            with contextlib.suppress(RowstoreError, TerrafsError, CatalogError):
+                if await self.db.leadership.prune(tid, pid, keep):
+                    log.info("event=replica_pruned table=%s partition=%d follows=%s", tid, pid, follows)
 
     async def take_if_mine(self, table: str, pid: int) -> bool:
         """The driver says this node leads ``pid`` of ``table`` now: take it."""
@@ -189,6 +206,9 @@ class NodeReplication:
             p = pl.partitions[pid]
             recs = [r for r in await self.db.store.list(table=d.table_id) if r.partition == pid]
             if any(r.epoch == p.epoch for r in recs if r.owner == self.me):  # led at this epoch before
+                fenced = self.db.leadership.fenced_at.get(key)
+                if fenced is not None and time.monotonic() - fenced < self.cfg.failure_timeout_s:
+                    return  # someone's election fenced this node just now: let it finish
                 await self.elect(d, pid, exclude=set())  # its take() of this node is refused: busy
                 was, p = p.epoch, (await self.cluster.placement(d.name, d.partitions, fresh=True)).partitions[pid]
                 if p.leader != self.me or p.epoch == was:
@@ -226,9 +246,14 @@ class NodeReplication:
 
     # -- elections ------------------------------------------------------------------------------
 
-    async def elect(self, d, pid: int, exclude: set[str]) -> bool:
+    async def elect(self, d, pid: int, exclude: set[str], handoff: str | None = None, force: bool = False,
+                    prefer: str | None = None) -> bool:
         """Fence ``pid``'s live replicas at the next epoch, choose the longest log among a
-        majority, write the placement (CAS) and tell the chosen node to lead."""
+        majority, write the placement (CAS) and tell the chosen node to lead. ``handoff``: a
+        planned change (rebalancing) — that live leader is fenced first, so it has stopped
+        before the followers are told to stop waiting for it, and is not chosen. ``force``: the
+        followers promise even while they hear from the leader (it left the membership: it can
+        no longer read the catalog, so it serves nothing, but it may still ship)."""
         pl = await self.cluster.placement(d.name, d.partitions, fresh=True)
         p = pl.partitions[pid]
         voters = [n for n in p.replicas if n not in exclude]
@@ -237,16 +262,29 @@ class NodeReplication:
             self.elections["failed"] += 1
             return False
         epoch = p.epoch + 1
-        got = await asyncio.gather(*[self._fence(n, d.table_id, pid, epoch) for n in voters], return_exceptions=True)
-        ok = {n: g for n, g in zip(voters, got) if isinstance(g, dict)}
+        if handoff is not None:
+            try:
+                await self._fence(handoff, d.table_id, pid, epoch)
+            except (ConnectionError, asyncio.TimeoutError, ValueError) as e:
+                log.info("event=handoff_refused table=%s partition=%d node=%s error=%r", d.name, pid, handoff, e)
+                self.elections["failed"] += 1
+                return False
+        rest = [n for n in voters if n != handoff]
+        got = await asyncio.gather(*[self._fence(n, d.table_id, pid, epoch, force=force or handoff is not None)
+                                     for n in rest],
+                                   return_exceptions=True)
+        ok = {n: g for n, g in zip(rest, got) if isinstance(g, dict)}
+        # Every acknowledged write is on a majority: the longest log among a majority of
+        # answers holds them all. A planned hand-over counts only the others' answers (the old
+        # leader's own tail may hold writes no majority acknowledged: dropped, as after a crash).
         if len(ok) < need:
             self.elections["failed"] += 1
             log.info("event=election_failed table=%s partition=%d epoch=%d answers=%d need=%d why=%s", d.name, pid,
                      epoch, len(ok), need, [repr(g)[:120] for g in got if not isinstance(g, dict)])
             return False
-        chosen = max(ok, key=lambda n: (ok[n]["last"], tuple(ok[n]["pos"]), n == p.leader, n))
+        chosen = max(ok, key=lambda n: (ok[n]["last"], tuple(ok[n]["pos"]), n == prefer, n == p.leader, n))
         new = PartitionPlace((chosen, *[n for n in p.replicas if n != chosen]), epoch, int(ok[chosen]["last"]),
-                             tuple(Position.of(ok[chosen]["pos"])))
+                             tuple(Position.of(ok[chosen]["pos"])), p.leaving)
         if not await self._write_place(d.name, pid, p, new):
             self.elections["failed"] += 1
             return False
@@ -260,10 +298,11 @@ class NodeReplication:
                 await self._tell(chosen, d.name, pid)  # else it takes it at its next reconcile
         return True
 
-    async def _fence(self, node: str, table_id: str, pid: int, epoch: int) -> dict:
+    async def _fence(self, node: str, table_id: str, pid: int, epoch: int, force: bool = False) -> dict:
         status, _, payload = await asyncio.wait_for(
             self.cluster.call(node, "POST", "/v1/internal/repl/fence",
-                              doc={"table": table_id, "pid": pid, "epoch": epoch}), self.cfg.failure_timeout_s)
+                              doc={"table": table_id, "pid": pid, "epoch": epoch, "force": force}),
+            self.cfg.failure_timeout_s)
         doc = json.loads(payload)
         if status != 200:
             raise ConnectionError(f"node {node}: {status} {doc.get('error', {}).get('message', '')}"[:200])
@@ -289,7 +328,7 @@ class NodeReplication:
 
     def status(self) -> dict:
         return {"driving": self._driving, "dead": sorted(self.dead), "elections": dict(self.elections),
-                "led": self.db.leadership.status()}
+                "moves": dict(self.rebalancer.moves), "led": self.db.leadership.status()}
 
 
 __all__ = ["NodeReplication", "NOTHING"]

@@ -24,6 +24,7 @@ from rowstore.errors import RowCorruptionError
 from rowstore.index.column_index import parse_column_run
 from rowstore.index.key_run import IndexRun
 from rowstore.segments.fsck import check_segments
+from rowstore.replication.position import REP_PREFIX, ReplicaRecord
 from terrafs.backends.memory import MemoryBlockDevice
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.errors import TerrafsError
@@ -166,14 +167,16 @@ def _check_entries(run: IndexRun, e, r: dict) -> None:
 
 
 async def check_references(catalog) -> list[Problem]:
-    """Every file row is named by a segment row, a partition manifest (runs, column runs, runs
-    awaiting deletion) or a pending row (a column run or a GC copy not yet published, removed
+    """Every file row is named by a segment row, a follower's replica row, a partition manifest
+    (runs, column runs, runs awaiting deletion) or a pending row (a column run or a GC copy not yet published, removed
     at the owner's next start); a sealed file nothing names is leaked space."""
     named: set[int] = set()
     for e in await catalog.scan("rs/seg/"):
         named.add(json.loads(e.value)["inode"])
     for e in await catalog.scan("gc/pending/"):
         named.add(json.loads(e.value)["inode"])
+    for e in await catalog.scan(REP_PREFIX):  # a follower's copies (docs/format/replication.md)
+        named.update(inode for _, inode in ReplicaRecord.from_bytes(e.value, e.key).segs.values())
     for e in await catalog.scan(IDX_PREFIX):
         if "/pending/" in e.key:
             named.add(int(e.key.rsplit("/", 1)[1], 16))

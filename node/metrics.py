@@ -71,6 +71,17 @@ class Metrics:
                                     "(RFC 0010)", ["table"], registry=r)
         self.partition_epoch = Gauge("terrascale_partition_epoch", "Epoch of each partition this node leads",
                                      ["table", "partition"], registry=r)
+        self.replica_lag_bytes = Gauge("terrascale_partition_replica_lag_bytes",
+                                       "Bytes a follower lacks of a partition this node leads (-1: unreachable)",
+                                       ["table", "partition", "replica"], registry=r)
+        self.replica_lag_seconds = Gauge("terrascale_partition_replica_lag_seconds",
+                                         "Seconds since a follower of a partition led here last answered",
+                                         ["table", "partition", "replica"], registry=r)
+        self.under_replicated = Gauge("terrascale_partitions_under_replicated",
+                                      "Partitions led here with a follower that is unreachable or more than one "
+                                      "catch-up message behind", registry=r)
+        self.elections = Gauge("terrascale_partition_elections_total", "Elections this node ran, by outcome",
+                               ["outcome"], registry=r)
         self.txn_across = Counter("terrascale_txn_across_nodes_total", "Batches spanning nodes this node "
                                   "coordinated, by outcome (committed, failed)", ["outcome"], registry=r)
         self.txn_held = Gauge("terrascale_txn_held", "Shares of batches coordinated elsewhere that this "

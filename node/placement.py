@@ -24,6 +24,7 @@ class PartitionPlace:
     epoch: int = 1
     base: int = 0  # the epoch whose log the leader continued (docs/format/replication.md)
     start: tuple[int, int] = (0, 0)  # the leader's log end when its epoch began
+    leaving: str = ""  # a replica being moved away (rebalancing): dropped once its successor caught up
 
     @property
     def leader(self) -> str:
@@ -33,7 +34,14 @@ class PartitionPlace:
         out = {"replicas": list(self.replicas), "epoch": self.epoch}
         if self.base or any(self.start):
             out.update(base=self.base, start=list(self.start))
+        if self.leaving:
+            out["leaving"] = self.leaving
         return out
+
+    @property
+    def copies(self) -> int:
+        """The replication factor: replicas, not counting one on its way out."""
+        return len(self.replicas) - (1 if self.leaving else 0)
 
 
 @dataclass(frozen=True)
@@ -69,10 +77,10 @@ class Placement:
             if doc.get("format") != FORMAT:
                 raise ValueError(f"format {doc.get('format')!r}")
             parts = tuple(PartitionPlace(tuple(str(r) for r in p["replicas"]), int(p["epoch"]), int(p.get("base", 0)),
-                                         tuple(int(x) for x in p.get("start", (0, 0))))
+                                         tuple(int(x) for x in p.get("start", (0, 0))), str(p.get("leaving", "")))
                           for p in doc["partitions"])
             if not parts or any(not p.replicas or len(set(p.replicas)) != len(p.replicas) or len(p.start) != 2
-                                for p in parts):
+                                or (p.leaving and p.leaving not in p.replicas) for p in parts):
                 raise ValueError("a partition without replicas, with a replica twice, or a bad start")
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptionError(key, 0, f"not a placement record: {e}") from None

@@ -17,6 +17,7 @@ from rowstore.replication.position import Position
 
 _LEN = struct.Struct("<I")
 MAX_HEADER = 1 << 20
+PROMISED = "X-Terrascale-Promised"  # a fenced answer: the epoch the replica promised
 
 
 def add_replication_routes(api, router) -> None:
@@ -67,35 +68,62 @@ def decode(body: bytes) -> tuple[dict, list[Piece]]:
     return h, pieces
 
 
+def _fenced(e: FencedError) -> web.Response:
+    """409 ``fenced``; the promised epoch in a header (the error body has its fixed shape)."""
+    return web.json_response({"error": {"code": "fenced", "message": str(e)}}, status=409,
+                             headers={PROMISED: str(e.promised)})
+
+
+async def _partition(api, table_id: str, pid: int) -> None:
+    """404 unless ``table_id`` is a live table of this cluster and ``pid`` one of its
+    partitions (a message about anything else must change nothing); 409 on a single node."""
+    api.db  # noqa: B018 - 503 while starting or stopping
+    if api.node.cluster is None or not api.node.cluster.multi:
+        raise ApiError(409, "not_a_cluster", "replication needs a cluster (catalog raft://)")
+    parts = api.node.replication.known.get(table_id)
+    if parts is None:
+        api.node.replication.known = {d.table_id: d.partitions for d in await api.db.list_tables()}
+        parts = api.node.replication.known.get(table_id)
+    if parts is None:
+        raise ApiError(404, "table_not_found", f"no table with id {table_id!r}"[:200])
+    if not 0 <= pid < parts:
+        raise ApiError(400, "bad_request", f"table {table_id} has partitions 0..{parts - 1}")
+
+
 async def append(api, request):
     """Make the leader's pieces durable here; answer this replica's position."""
     h, pieces = decode(await request.read())
+    await _partition(api, h["table"], h["pid"])
     try:
         out = await api.db.leadership.append(h["table"], h["pid"], h["epoch"], h["base"], h["start"], pieces,
                                            request.headers.get("X-Terrascale-Forwarded-By", ""))
     except FencedError as e:
-        return web.json_response({"error": {"code": "fenced", "message": str(e)}, "promised": e.promised},
-                                 status=409)
+        return _fenced(e)
     return web.json_response(out)
 
 
 async def fence(api, request):
     doc = await json_object(request, {"table", "pid", "epoch", "force"}, ("table", "pid", "epoch"))
     if not isinstance(doc["table"], str) or not all(isinstance(doc[k], int) and not isinstance(doc[k], bool)
-                                                    and doc[k] >= 0 for k in ("pid", "epoch")):
+                                                    and 0 <= doc[k] < 2**31 for k in ("pid", "epoch")):
         raise ApiError(400, "bad_request", '"table" is a table id, "pid" and "epoch" integers')
+    if not isinstance(doc.get("force", False), bool):
+        raise ApiError(400, "bad_request", '"force" is true or false')
+    await _partition(api, doc["table"], doc["pid"])
     try:
-        out = await api.db.leadership.fence(doc["table"], doc["pid"], doc["epoch"], bool(doc.get("force")))
+        out = await api.db.leadership.fence(doc["table"], doc["pid"], doc["epoch"], doc.get("force", False))
     except FencedError as e:
-        return web.json_response({"error": {"code": "fenced", "message": str(e)}, "promised": e.promised},
-                                 status=409)
+        return _fenced(e)
     return web.json_response(out)
 
 
 async def promote(api, request):
     doc = await json_object(request, {"table", "pid"}, ("table", "pid"))
-    if not isinstance(doc["table"], str) or not isinstance(doc["pid"], int):
+    if not isinstance(doc["table"], str) or isinstance(doc["pid"], bool) or not isinstance(doc["pid"], int):
         raise ApiError(400, "bad_request", '"table" is a table name, "pid" an integer')
+    api.db  # noqa: B018 - 503 while starting or stopping
+    if api.node.cluster is None or not api.node.cluster.multi:
+        raise ApiError(409, "not_a_cluster", "replication needs a cluster (catalog raft://)")
     led = await api.node.replication.take_if_mine(doc["table"], doc["pid"])
     return web.json_response({"leading": led})
 
@@ -108,7 +136,7 @@ class HttpTransport(Transport):
 
     async def append(self, node: str, header: dict, data: list[bytes]) -> dict:
         body = encode(header, data)
-        status, _, payload = await asyncio.wait_for(
+        status, headers, payload = await asyncio.wait_for(
             self.cluster.call(node, "POST", "/v1/internal/repl/append", body=body,
                               headers={"Content-Type": "application/octet-stream"}), self.timeout_s)
         try:
@@ -116,7 +144,7 @@ class HttpTransport(Transport):
         except ValueError:
             doc = {}
         if status == 409 and doc.get("error", {}).get("code") == "fenced":
-            raise FencedError(doc["error"]["message"], int(doc.get("promised", 0)))
+            raise FencedError(doc["error"]["message"], int(headers.get(PROMISED, "0") or 0))
         if status != 200:
             raise ConnectionError(f"node {node} answered {status} to an append: {payload[:200]!r}")
         return doc

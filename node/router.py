@@ -59,7 +59,11 @@ class Router:
 
     async def _where(self, request, d, pids, fresh: bool = False) -> str | None:
         """The one node serving all of ``pids`` (None: several). Serving here is confirmed
-        with a fresh look; a forwarded request for partitions elsewhere is Misdirected."""
+        with a fresh look — or, for replicated partitions led here, by their leases (no other
+        leader can exist while a majority answered within the lease); a forwarded request for
+        partitions elsewhere is Misdirected."""
+        if self._leased_here(d, pids):
+            return self.cluster.node_id
         pl = await self._placement(d, fresh)
         nodes = {pl.leader(int(p)) for p in pids}
         forwarded = FORWARDED in request.headers
@@ -70,6 +74,14 @@ class Router:
             raise Misdirected(f"table {d.name!r}: partitions {sorted(set(map(int, pids)))} are served by "
                               f"{', '.join(sorted(nodes))}")
         return nodes.pop() if len(nodes) == 1 else None
+
+    def _leased_here(self, d, pids) -> bool:
+        lead = self.db.leadership
+        for p in pids:
+            sh = lead.shipper(d.table_id, int(p))
+            if sh is None or not sh.lease_ok():
+                return False
+        return len(pids) > 0
 
     async def _forward(self, request, d, who: str, pids):
         """The answer of ``who``; None when, after a 421, a fresh placement says the request

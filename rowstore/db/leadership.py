@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from rowstore.errors import FencedError, UnavailableError
 from rowstore.replication.follower import ReplicaStore
@@ -25,6 +26,7 @@ class Leadership:
     def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables, decide):
         self.store, self.replicas, self.tables, self.decide = store, replicas, tables, decide
         self.lease_wait_s = 2.0
+        self.fenced_at: dict[tuple[str, int], float] = {}  # monotonic time a fence made this node step down
         # One hand-over at a time per partition: promotion, demotion, fences and the follower
         # side's appends and clean-up all take it, so a message for the partition never finds
         # its copies half handed over (an append reloading the record while promotion held
@@ -74,9 +76,13 @@ class Leadership:
             sh.register(seg.seq, seg)
         self.store.shippers[key] = sh
         sh.start_links()
-        latest = await self.tables.latest_def(d)
-        part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
-        n = await part.open(await self.tables.schemas_of(latest), latest.schema)
+        try:
+            latest = await self.tables.latest_def(d)
+            part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
+            n = await part.open(await self.tables.schemas_of(latest), latest.schema)
+        except BaseException:
+            await self._demote(d.table_id, pid)  # half a promotion serves nothing; the next reconcile retries
+            raise
         table.parts[pid] = part
         table.owned.add(pid)
         log.info("event=partition_promoted table=%s partition=%d epoch=%d base=%d start=%s replayed=%d "
@@ -119,6 +125,7 @@ class Leadership:
                 if epoch <= sh.epoch:
                     raise FencedError(f"epoch {epoch} is not above the leading epoch {sh.epoch}", sh.epoch)
                 await self._demote(table_id, pid)
+            self.fenced_at[(table_id, pid)] = time.monotonic()  # an election is under way elsewhere
             own = await self.store.own_log(table_id, pid)
             if own is None:
                 return await self.replicas.fence(table_id, pid, epoch, force)

@@ -42,6 +42,9 @@ class _Replica:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     contact: float = -1e9  # monotonic time of the last append from the current epoch's leader
     leader: str = ""
+    # The epoch whose leader this process has been receiving from since its log was known to
+    # be a prefix of that leader's (in memory only: after a restart the record decides).
+    following: int = 0
 
     def position(self) -> Position:
         if not self.rec.segs:
@@ -102,10 +105,12 @@ class ReplicaStore:
         async with r.lock:
             if epoch < r.rec.promised:
                 raise FencedError(f"epoch {epoch} is older than the promised {r.rec.promised}", r.rec.promised)
-            if r.rec.last != epoch and not keeps_log(r.rec.last, r.position(), epoch, base, start):
-                log.info("event=replica_diverged table=%s partition=%d last=%d pos=%s epoch=%d base=%d start=%s",
-                         table_id, pid, r.rec.last, r.position(), epoch, base, start)
-                await self._discard(r)
+            if r.following != epoch and r.rec.last != epoch:
+                if not keeps_log(r.rec.last, r.position(), epoch, base, start):
+                    log.info("event=replica_diverged table=%s partition=%d last=%d pos=%s epoch=%d base=%d start=%s",
+                             table_id, pid, r.rec.last, r.position(), epoch, base, start)
+                    await self._discard(r)
+            r.following = epoch  # from here on its log is a prefix of this leader's
             if epoch > r.rec.promised:
                 await self._save(r, promised=epoch)
             r.contact, r.leader = time.monotonic(), leader

@@ -17,6 +17,7 @@ import time
 
 from rowstore.errors import FencedError
 from rowstore.replication.position import NOTHING, Position
+from rowstore.segments.wal import REC
 from terrafs.errors import ClosedError, MirrorError
 
 log = logging.getLogger("rowstore.replication.leader")
@@ -47,10 +48,27 @@ class Shipper:
         self.closed = False
         self._progress = asyncio.Event()
         self._links = {n: _Link(self, n) for n in self.followers}
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: dict[str, asyncio.Task] = {}
 
     def start_links(self) -> None:
-        self._tasks = [asyncio.ensure_future(link.run()) for link in self._links.values()]
+        self._tasks = {n: asyncio.ensure_future(link.run()) for n, link in self._links.items()}
+
+    def set_followers(self, followers: list[str]) -> None:
+        """A new replica set (rebalancing adds a follower, later drops one): links come and go,
+        and the majority is counted over the new set from now on (one change at a time, so
+        every majority of the old set meets every majority of the new)."""
+        for n in [n for n in self._links if n not in followers]:
+            del self._links[n]
+            t = self._tasks.pop(n, None)
+            if t is not None:
+                t.cancel()
+        for n in followers:
+            if n not in self._links:
+                self._links[n] = _Link(self, n)
+                self._tasks[n] = asyncio.ensure_future(self._links[n].run())
+        self.followers = list(followers)
+        self.needed = (len(self.followers) + 1) // 2
+        self.progressed()
 
     # -- segments -------------------------------------------------------------------------------
 
@@ -70,7 +88,7 @@ class Shipper:
 
     async def mirror(self, seq: int, segid: int, logical: int, batch: list) -> None:
         """Ship one group and wait until ``needed`` followers hold it (MirrorError once fenced)."""
-        data = b"".join(bytes(b) if not isinstance(b, bytes) else b for b in batch)
+        data = b"".join(batch)  # one copy: the appenders may reuse their buffers once acknowledged
         self.inflight[seq] = (segid, logical, data)
         self.wake()
         await self.wait_for(Position(seq, logical + len(data)))
@@ -138,9 +156,9 @@ class Shipper:
     async def close(self) -> None:
         self.closed = True
         self.progressed()
-        for t in self._tasks:
+        for t in self._tasks.values():
             t.cancel()
-        for t in self._tasks:
+        for t in self._tasks.values():
             try:
                 await t
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - a link's last error is logged by it
@@ -224,7 +242,7 @@ class _Link:
             fl = self.sh.inflight.get(seq)
             if off < durable:
                 try:
-                    chunk = await seg.file.read(off, min(durable - off, CHUNK - size))
+                    chunk = await _whole_records(seg.file, off, durable, CHUNK - size)
                 except ClosedError:
                     break  # offloaded meanwhile: the next round skips it
                 if not chunk:
@@ -245,3 +263,28 @@ class _Link:
                 continue
             break
         return self._header(pieces), data
+
+
+async def _whole_records(f, off: int, end: int, budget: int) -> bytes:
+    """Durable bytes of ``f`` from ``off`` (a record boundary) up to ``end``, at most ``budget``
+    of them unless the first record alone is bigger, cut after the last whole write-ahead
+    record: a follower's copy then always ends between records, so it is a valid active
+    segment whenever it is promoted."""
+    data = await f.read(off, min(end - off, max(budget, REC.size)))
+    cut = whole_prefix(data)
+    if cut == 0 and len(data) >= REC.size:  # one record bigger than the budget: all of it
+        need = REC.size + REC.unpack_from(data, 0)[3]
+        data = await f.read(off, min(need, end - off))
+        cut = whole_prefix(data)
+    return data[:cut]
+
+
+def whole_prefix(data: bytes) -> int:
+    """The length of the longest prefix of ``data`` made of whole records."""
+    pos, n = 0, len(data)
+    while n - pos >= REC.size:
+        blen = REC.unpack_from(data, pos)[3]
+        if n - pos - REC.size < blen:
+            break
+        pos += REC.size + blen
+    return pos

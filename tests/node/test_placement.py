@@ -42,9 +42,14 @@ def test_the_record_round_trips_and_damage_is_corruption():
     pl = Placement((PartitionPlace(("n1", "n2"), 3), PartitionPlace(("n2",), 1)))
     raw = pl.to_bytes()
     assert Placement.from_bytes(raw, "k") == pl
+    moved = pl.with_partition(1, PartitionPlace(("n3", "n2"), 4, 3, (7, 4096)))  # after an election
+    assert Placement.from_bytes(moved.to_bytes(), "k") == moved and moved.partitions[0] == pl.partitions[0]
+    assert b'"base": 3, "start": [7, 4096]' in moved.to_bytes() and b"base" not in raw
     assert pl.json()[0] == {"partition": 0, "leader": "n1", "replicas": ["n1", "n2"], "epoch": 3}
     for bad in (b"", b"{}", b'{"format": 2, "partitions": []}', b'{"format": 1, "partitions": []}',
-                b'{"format": 1, "partitions": [{"replicas": [], "epoch": 1}]}', raw[:-3]):
+                b'{"format": 1, "partitions": [{"replicas": [], "epoch": 1}]}', raw[:-3],
+                b'{"format": 1, "partitions": [{"replicas": ["a", "a"], "epoch": 1}]}',
+                b'{"format": 1, "partitions": [{"replicas": ["a"], "epoch": 1, "start": [1]}]}'):
         with pytest.raises(CorruptionError) as ei:
             Placement.from_bytes(bad, "node/place/t")
         assert ei.value.where == "node/place/t"
@@ -67,25 +72,27 @@ def test_leaders_stay_balanced_whatever_the_tables(n_members, partitions, data):
         assert max(loads) - min(loads) <= 1
 
 
-def test_replicas_other_than_one_are_refused_with_the_reason(tmp_path):
-    """Replication is designed (RFC 0010) and not built: asking for it is a clear error, in
-    the config and on table create, and nothing is created."""
+def test_replicas_beyond_what_the_cluster_has_are_refused_with_the_reason(tmp_path):
+    """R copies need R nodes: the config takes 1..7; a single node (trkv:// catalog) refuses
+    R > 1 on table create with the reason, and nothing is created."""
     from node.config import from_dict
     from node.errors import ConfigError
     from tests.node.proc import NodeProc
 
-    with pytest.raises(ConfigError, match="tables.replicas: replication is not built yet"):
-        from_dict({"tables": {"replicas": 3}})
-    with pytest.raises(ConfigError, match="tables.replicas: expected an integer"):
-        from_dict({"tables": {"replicas": 0}})
+    assert from_dict({"tables": {"replicas": 3}}).replicas == 3
+    for bad in (0, 8, True, "2"):
+        with pytest.raises(ConfigError, match="tables.replicas: expected an integer 1..7"):
+            from_dict({"tables": {"replicas": bad}})
     assert from_dict({"tables": {"replicas": 1}}).replicas == 1
     node = NodeProc(tmp_path).start()
     try:
         with node.client() as c:
-            for bad in (3, 0, "2", True):
+            for bad in (3, 0, "2", True, 8):
                 with pytest.raises(Exception) as ei:
                     c.create_table("r", [("id", "int64")], "id", replicas=bad)
                 assert ei.value.status == 400 and ei.value.code == "invalid_schema"
+            with pytest.raises(Exception, match="need a cluster of at least 2 nodes"):
+                c.create_table("r", [("id", "int64")], "id", replicas=2)
             assert c.list_tables()["tables"] == []
             c.create_table("r", [("id", "int64")], "id", replicas=1)
             place = c.describe("r")["placement"]

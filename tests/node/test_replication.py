@@ -75,6 +75,13 @@ def test_r3_failover_catch_up_and_unavailable(tmp_path):
         cv = victim.client(timeout=60)
         got = eventually(lambda: batches(cv))
         assert got == {b: 40 for b in acked}
+
+        def leads_again():  # the driver moves a leadership back to the returned node (balance)
+            assert any(p["leader"] == victim.node_id for p in ca.describe("t")["placement"])
+        eventually(leads_again, 60)
+        upsert_retrying(cv, 200)
+        acked[200] = 1
+        assert eventually(lambda: batches(cv)) == {b: 40 for b in acked}
         # two of three replicas down: a write answers 503, never an ack
         survivor = others[0]
         for n in nodes:
@@ -88,4 +95,112 @@ def test_r3_failover_catch_up_and_unavailable(tmp_path):
         print(f"failover first write after {took:.2f} s")
     finally:
         for n in nodes:
+            n.ensure_stopped()
+
+
+@pytest.mark.slow
+def test_removed_member_replicas_move_under_load_nothing_lost(tmp_path):
+    """`admin cluster remove` of a node holding replicas (and leading some): the driver moves
+    each of its replicas to another member (newcomer caught up, leader handed over, old replica
+    dropped) while writes go on; nothing acknowledged is lost and reads agree everywhere."""
+    nodes = raft_cluster(tmp_path, 4, extra=FAST)
+    try:
+        start_all(nodes)
+        c1 = nodes[0].client(timeout=60)
+        c1.create_table("t", [("id", "int64"), ("b", "int64")], "id", partitions=4, replicas=3)
+        place = c1.describe("t")["placement"]
+        leader = c1.cluster()["leader"]  # the catalog's Raft leader cannot remove itself
+        gone = next(n for n in reversed(nodes[1:]) if n.node_id != leader)
+        assert any(gone.node_id in p["replicas"] for p in place)
+        acked = {}
+        for bid in range(1, 11):
+            acked[bid] = upsert_retrying(c1, bid)
+        c1._call("DELETE", f"/v1/admin/cluster/members/{gone.raft_address}")
+        deadline = time.monotonic() + 90
+        bid = 100
+        while time.monotonic() < deadline:
+            acked[bid] = upsert_retrying(c1, bid)  # writes go on during the moves
+            bid += 1
+            place = c1.describe("t")["placement"]
+            if all(gone.node_id not in p["replicas"] and len(p["replicas"]) == 3 for p in place):
+                break
+        assert all(gone.node_id not in p["replicas"] and len(p["replicas"]) == 3 for p in place), place
+        for n in nodes:
+            if n is gone:
+                continue
+            with n.client(timeout=60) as c:
+                got = eventually(lambda c=c: batches(c))
+                assert got == {b: 40 for b in acked}, sorted(set(acked) ^ set(got))[:5]
+        moves = c1.status()["replication"]
+        print("moves", moves.get("moves"), "batches written during the moves", bid - 100)
+    finally:
+        for n in nodes:
+            n.ensure_stopped()
+
+
+def joiner(root, nodes, extra: str):
+    """A new node configured with the current members (it joins with `admin cluster add`)."""
+    from tests.fixtures.moto import free_port
+    from tests.node.proc import NodeProc
+
+    (root / "n4").mkdir()
+    n4 = NodeProc(root / "n4", node_id="n4", extra=extra)
+    n4.raft_address = f"127.0.0.1:{free_port()}"
+    members = ",".join(n.raft_address for n in nodes)
+    n4.config.write_text(n4.config.read_text().replace(
+        f'uri = "trkv://{n4.data}/catalog"',
+        f'uri = "raft://{members}?self={n4.raft_address}"\n'
+        f'secret_file = "{root / "secret"}"\ndir = "{n4.data / "raft"}"').replace(
+        f'objects = "trfs://{n4.data}/objects"', f'objects = "trfs://{root}/objects"'))
+    return n4
+
+
+@pytest.mark.slow
+def test_a_joining_member_takes_replicas_and_leaderships_under_load(tmp_path):
+    """`admin cluster add` of a 4th node while a writer goes on: the driver moves replicas to it
+    (catch-up, then the old replica leaves) until every member holds the same number, and
+    leaderships follow; every acknowledged batch reads back the same from all four nodes."""
+    import threading
+
+    nodes = raft_cluster(tmp_path, 3, extra=FAST)
+    n4 = None
+    try:
+        start_all(nodes)
+        c1 = nodes[0].client(timeout=60)
+        c1.create_table("t", [("id", "int64"), ("b", "int64")], "id", partitions=4, replicas=3)
+        acked, stop = {}, threading.Event()
+
+        def write():
+            bid = 1
+            with nodes[1].client(timeout=60) as c:
+                while not stop.is_set():
+                    try:
+                        c.upsert("t", rows(bid))
+                        acked[bid] = 1
+                    except (ApiError, ConnectionError):
+                        time.sleep(0.05)
+                    bid += 1
+
+        w = threading.Thread(target=write)
+        w.start()
+        n4 = joiner(tmp_path, nodes, FAST).start(wait=False)
+        c1._call("POST", "/v1/admin/cluster/members", {"raft_address": n4.raft_address})
+        n4.wait_ready(90)
+
+        def balanced():
+            place = c1.describe("t")["placement"]
+            held = {n: sum(n in p["replicas"] for p in place) for n in ("n1", "n2", "n3", "n4")}
+            led = {n: sum(n == p["leader"] for p in place) for n in held}
+            assert held == {n: 3 for n in held} and led == {n: 1 for n in led}, (held, led, place)
+            assert not any("leaving" in p for p in place)
+        eventually(balanced, 120, 0.5)
+        stop.set()
+        w.join(60)
+        assert len(acked) > 20
+        for n in [*nodes, n4]:
+            with n.client(timeout=60) as c:
+                got = eventually(lambda c=c: batches(c))
+                assert got == {b: 40 for b in acked}, sorted(set(acked) ^ set(got))[:5]
+    finally:
+        for n in [*nodes, *([n4] if n4 else [])]:
             n.ensure_stopped()

@@ -1,0 +1,138 @@
+"""Rebalancing replicated partitions when members join or leave (RFC 0010 §7).
+
+Run by the placement driver, one step per tick, each step one compare-and-set of a
+placement row, so a crash anywhere leaves a row the next driver continues from:
+
+1. **start a move**: a partition has a replica on a node that left the membership (``admin
+   cluster remove``), or the replicas held per member differ by more than one (``admin
+   cluster add``): the least loaded live member not holding it joins as an extra follower and
+   the replica to go is marked ``leaving``;
+2. **wait**: the leader ships the newcomer everything (catch-up, as after a restart);
+3. **hand over**: once the newcomer's lag is zero and the leaving replica is the leader, a
+   planned election (the old leader fenced first) makes the newcomer or another caught-up
+   replica leader;
+4. **drop**: the leaving replica leaves the set; its node drops its copies at its next pass.
+
+Writes and reads go on throughout: a leader change is answered 421 / 503 once and retried.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from node.placement import PartitionPlace
+
+log = logging.getLogger("terrascale.node.rebalance")
+
+
+class Rebalancer:
+    def __init__(self, repl):
+        self.repl = repl
+        self.moves = {"started": 0, "handed_over": 0, "finished": 0, "leaders_moved": 0}
+
+    async def step(self) -> bool:
+        """At most one step of one move; whether something was done."""
+        repl = self.repl
+        members = set(await repl.cluster.placeable())
+        live = members - repl.dead
+        tables = await repl._replicated()
+        held = {m: 0 for m in live}
+        for _, pl in tables:
+            for p in pl.partitions:
+                for r in p.replicas:
+                    if r in held:
+                        held[r] += 1
+        for d, pl in tables:  # moves in progress first
+            for pid, p in enumerate(pl.partitions):
+                if p.leaving:
+                    return await self._advance(d, pid, p)
+        for d, pl in tables:  # a leader that left the membership: it cannot serve; elect another
+            for pid, p in enumerate(pl.partitions):
+                if p.leader not in members:
+                    return await repl.elect(d, pid, exclude={p.leader}, force=True)
+        for d, pl in tables:  # replicas on nodes that left
+            for pid, p in enumerate(pl.partitions):
+                gone = [r for r in p.replicas if r not in members]
+                if gone:
+                    return await self._start(d, pid, p, gone[-1], held, live)
+        if len(held) < 2:
+            return False
+        hi, lo = max(held, key=lambda m: (held[m], m)), min(held, key=lambda m: (held[m], m))
+        if held[hi] - held[lo] > 1:
+            for prefer_follower in (True, False):
+                for d, pl in tables:
+                    for pid, p in enumerate(pl.partitions):
+                        if hi in p.replicas and lo not in p.replicas and (p.leader != hi or not prefer_follower):
+                            return await self._start(d, pid, p, hi, held, {lo})
+        return await self._balance_leaders(tables, live)
+
+    async def _balance_leaders(self, tables, live: set[str]) -> bool:
+        """Leadership back to a node that returned (failovers pile leaders on the survivors):
+        a planned hand-over from the node leading the most partitions to a caught-up follower
+        leading the fewest, while they differ by more than one."""
+        led = {m: 0 for m in live}
+        for _, pl in tables:
+            for p in pl.partitions:
+                if p.leader in led:
+                    led[p.leader] += 1
+        if len(led) < 2:
+            return False
+        hi, lo = max(led, key=lambda m: (led[m], m)), min(led, key=lambda m: (led[m], m))
+        if led[hi] - led[lo] <= 1:
+            return False
+        for d, pl in tables:
+            for pid, p in enumerate(pl.partitions):
+                if p.leader == hi and lo in p.replicas and not p.leaving and \
+                        await self._caught_up(d, pid, hi, [lo]):
+                    if await self.repl.elect(d, pid, exclude=set(), handoff=hi, prefer=lo):
+                        self.moves["leaders_moved"] += 1
+                        log.warning("event=leader_moved table=%s partition=%d from=%s to=%s", d.name, pid, hi, lo)
+                        return True
+        return False
+
+    async def _start(self, d, pid: int, p: PartitionPlace, leaving: str, held: dict, candidates) -> bool:
+        pool = [m for m in candidates if m not in p.replicas]
+        if not pool:
+            return False
+        target = min(pool, key=lambda m: (held.get(m, 0), m))
+        new = PartitionPlace((*p.replicas, target), p.epoch, p.base, p.start, leaving)
+        if not await self.repl._write_place(d.name, pid, p, new):
+            return False
+        self.moves["started"] += 1
+        log.warning("event=replica_move_started table=%s partition=%d from=%s to=%s", d.name, pid, leaving, target)
+        return True
+
+    async def _advance(self, d, pid: int, p: PartitionPlace) -> bool:
+        repl = self.repl
+        newcomer = p.replicas[-1]
+        if not await self._caught_up(d, pid, p.leader, [newcomer]):
+            return False
+        if p.leader == p.leaving:
+            if await repl.elect(d, pid, exclude=set(), handoff=p.leaving):
+                self.moves["handed_over"] += 1
+                return True
+            return False
+        rest = tuple(r for r in p.replicas if r != p.leaving)
+        new = PartitionPlace(rest, p.epoch, p.base, p.start)
+        if not await repl._write_place(d.name, pid, p, new):
+            return False
+        self.moves["finished"] += 1
+        log.warning("event=replica_move_finished table=%s partition=%d from=%s to=%s", d.name, pid, p.leaving,
+                    newcomer)
+        return True
+
+    async def _caught_up(self, d, pid: int, leader: str, followers: list[str]) -> bool:
+        """Whether the leader reports every one of ``followers`` at its own log end."""
+        try:
+            status, _, payload = await asyncio.wait_for(
+                self.repl.cluster.call(leader, "GET", "/v1/admin/status"), self.repl.cfg.failure_timeout_s)
+        except (ConnectionError, asyncio.TimeoutError):
+            return False
+        if status != 200:
+            return False
+        led = ((json.loads(payload).get("replication") or {}).get("led") or {}).get(f"{d.name}/{pid}")
+        if not led:
+            return False
+        fs = led["followers"]
+        return all(n in fs and fs[n]["lag_bytes"] == 0 for n in followers)

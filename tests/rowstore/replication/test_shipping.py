@@ -1,0 +1,171 @@
+"""Replication of active segments in one process (unit level; the multi-process tests are in
+tests/node/test_replication*.py): majority acks, catch-up, gaps, fencing, divergence, and a
+follower's copy recovering as the same active segment."""
+import asyncio
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from catalog.memory import MemoryCatalog
+from rowstore.errors import FencedError
+from rowstore.replication.follower import Piece, ReplicaStore
+from rowstore.replication.leader import Shipper, Transport, whole_prefix
+from rowstore.replication.position import NOTHING, Position, ReplicaRecord, keeps_log
+from rowstore.schema import parse_schema
+from rowstore.segments.active import ActiveSegment
+from rowstore.segments.wal import REC, Kind, frame
+from terrafs.active import ActiveConfig
+from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
+from terrafs.errors import MirrorError
+from terrafs.fs import FsConfig, TerrascaleFS
+
+S1 = parse_schema("id int64 primary key, v string")
+
+
+def batch(lo, hi):
+    return pa.record_batch({"id": pa.array(range(lo, hi), pa.int64()),
+                            "v": pa.array([f"v{i}" * (i % 5) for i in range(lo, hi)])}, schema=S1.arrow())
+
+
+class LocalTransport(Transport):
+    """Followers in this process; a node in ``down`` does not answer."""
+
+    def __init__(self, stores):
+        self.stores, self.down, self.calls = stores, set(), 0
+
+    async def append(self, node, header, data):
+        self.calls += 1
+        if node in self.down:
+            raise ConnectionError(f"{node} is down")
+        pieces = [Piece(s, q, o, d) for (s, q, o, _), d in zip(header["pieces"], data)]
+        await asyncio.sleep(0)
+        return await self.stores[node].append(header["table"], header["pid"], header["epoch"], header["base"],
+                                              Position(*header["start"]), pieces, "n1")
+
+
+async def world(n=3):
+    cat, objects = MemoryCatalog(), MemoryObjectStore()
+    fss = {}
+    for i in range(1, n + 1):
+        fs = TerrascaleFS(cat, MemoryBlockDevice(), MemoryBlockDevice(durable=False), objects,
+                          config=FsConfig(node_id=f"n{i}", flush=ActiveConfig(flush_ms=0.5)))
+        await fs.open()
+        fss[f"n{i}"] = fs
+    stores = {n: ReplicaStore(fs, lease_s=0.3) for n, fs in fss.items() if n != "n1"}
+    return fss, stores, LocalTransport(stores)
+
+
+async def leader(fss, transport, epoch=1, base=0, start=NOTHING, segid=7, seq=1):
+    sh = Shipper("T", 0, epoch, base, start, ["n2", "n3"], transport, lease_s=0.3)
+    af = await fss["n1"].create()
+    seg = ActiveSegment(segid, af, af.where)
+    seg.seq = seq
+    sh.register(seq, seg)
+    sh.start_links()
+    return sh, seg
+
+
+async def test_groups_are_acknowledged_once_a_majority_holds_them_and_copies_are_the_same_segment():
+    fss, stores, tr = await world()
+    sh, seg = await leader(fss, tr)
+    tr.down.add("n3")  # one follower down: leader + n2 is a majority of 3
+    ids = await asyncio.gather(*(seg.append(batch(i * 50, i * 50 + 50), S1, 100 + i) for i in range(20)))
+    assert sum(len(i) for i in ids) == 1000
+    assert sh.lease_ok() and sh.status()["followers"]["n2"]["lag_bytes"] == 0
+    tr.down.clear()  # n3 returns and catches up from the leader's file
+    for _ in range(200):
+        if sh.status()["followers"]["n3"]["lag_bytes"] == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert sh.status()["followers"]["n3"]["lag_bytes"] == 0
+    for n in ("n2", "n3"):
+        rec, _, files = await stores[n].take("T", 0)
+        assert rec.last == 1 and rec.promised == 1 and list(rec.segs) == [7]
+        copy = await ActiveSegment.recover(7, files[7])
+        assert copy.durable_rows == seg.durable_rows == 1000 and copy.file.durable_size == seg.file.durable_size
+        for loc in (0, 499, 999):
+            assert await copy.get_raw(loc) == await seg.get_raw(loc)
+        assert (copy.min_ts, copy.max_ts) == (100, 119)
+    await sh.close()
+
+
+async def test_no_majority_no_ack_until_a_follower_returns():
+    fss, stores, tr = await world()
+    tr.down |= {"n2", "n3"}
+    sh, seg = await leader(fss, tr)
+    pending = asyncio.ensure_future(seg.append(batch(0, 10), S1, 5))
+    await asyncio.sleep(0.2)
+    assert not pending.done() and seg.durable_rows == 0 and not sh.lease_ok()
+    assert await seg.file.read(0, 10) == b""  # nothing readable that a majority does not hold
+    tr.down.discard("n3")
+    assert len(await asyncio.wait_for(pending, 5)) == 10
+    await sh.close()
+
+
+async def test_a_fenced_leader_acknowledges_nothing_more():
+    fss, stores, tr = await world()
+    sh, seg = await leader(fss, tr)
+    await seg.append(batch(0, 10), S1, 5)
+    await stores["n2"].fence("T", 0, 2, force=True)  # a new epoch elsewhere
+    await stores["n3"].fence("T", 0, 2, force=True)
+    with pytest.raises(MirrorError):
+        await asyncio.wait_for(seg.append(batch(10, 20), S1, 6), 5)
+    assert sh.fenced == 2 and not sh.lease_ok()
+    with pytest.raises(MirrorError):  # the file refuses every later append with the same reason
+        await seg.append(batch(20, 30), S1, 7)
+    with pytest.raises(FencedError):
+        await stores["n2"].append("T", 0, 1, 0, NOTHING, [], "n1")
+    await sh.close()
+
+
+async def test_a_follower_refuses_a_fence_while_the_leader_is_within_its_lease():
+    fss, stores, tr = await world()
+    sh, seg = await leader(fss, tr)
+    await seg.append(batch(0, 10), S1, 5)
+    with pytest.raises(Exception, match="heard from leader"):
+        await stores["n2"].fence("T", 0, 2)
+    await sh.close()
+    await asyncio.sleep(0.35)  # the lease ran out
+    got = await stores["n2"].fence("T", 0, 2)
+    assert got["last"] == 1 and got["pos"] == [1, seg.file.durable_size]
+
+
+async def test_gaps_are_refused_resends_skipped_and_divergent_logs_dropped():
+    fss, stores, _ = await world()
+    f = stores["n2"]
+    rec1 = frame(Kind.OPAQUE, b"a" * 30)
+    got = await f.append("T", 0, 1, 0, NOTHING, [Piece(9, 1, 0, rec1)])
+    assert got["pos"] == [1, len(rec1)] and got["last"] == 1 and not got["gap"]
+    got = await f.append("T", 0, 1, 0, NOTHING, [Piece(9, 1, 0, rec1 + rec1)])  # a resend, overlapping
+    assert got["pos"] == [1, 2 * len(rec1)]
+    got = await f.append("T", 0, 1, 0, NOTHING, [Piece(9, 1, 5 * len(rec1), rec1)])  # beyond the end
+    assert got["gap"] and got["pos"] == [1, 2 * len(rec1)]
+    # epoch 3 continued epoch 1 from before this copy's end: this copy has a suffix the new
+    # leader does not, so it is dropped and sent again from the start
+    got = await f.append("T", 0, 3, 1, Position(1, len(rec1)), [])
+    assert got["pos"] == [0, 0] and got["last"] == 0
+    got = await f.append("T", 0, 3, 1, Position(1, len(rec1)), [Piece(9, 1, 0, rec1)])
+    assert got["pos"] == [1, len(rec1)] and got["last"] == 3
+    e = await fss["n2"].catalog.get("rs/rep/T/000/n2")
+    assert ReplicaRecord.from_bytes(e.value, e.key).promised == 3
+
+
+def test_which_logs_a_follower_keeps():
+    assert keeps_log(4, Position(9, 9), 4, 3, Position(1, 1))  # already this epoch's
+    assert keeps_log(3, Position(2, 10), 4, 3, Position(2, 10))  # the base epoch, up to start
+    assert not keeps_log(3, Position(2, 11), 4, 3, Position(2, 10))  # past start: a suffix to drop
+    assert not keeps_log(2, Position(1, 1), 4, 3, Position(2, 10))  # an older epoch: may diverge
+    assert keeps_log(0, NOTHING, 4, 3, Position(2, 10))  # nothing held: a prefix of anything
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=40), max_size=12), st.integers(0, 400))
+def test_whole_prefix_cuts_after_the_last_whole_record(bodies, cut):
+    recs = [frame(Kind.OPAQUE, b) for b in bodies]
+    data = b"".join(recs)[:cut]
+    n = whole_prefix(data)
+    ends = np.cumsum([0] + [len(r) for r in recs])
+    assert n == max(e for e in ends if e <= len(data)) and n <= len(data)
+    assert REC.size == 8
