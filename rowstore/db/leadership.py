@@ -129,7 +129,11 @@ class Leadership:
             own = await self.store.own_log(table_id, pid)
             if own is None:
                 return await self.replicas.fence(table_id, pid, epoch, force)
-            await self.replicas.fence(table_id, pid, epoch, force=True)  # the promise; no copies in it
+            try:
+                await self.replicas.fence(table_id, pid, epoch, force=True)  # the promise; no copies in it
+            except FencedError as e:
+                if e.promised != epoch:  # promised this very epoch already: a failed election's retry
+                    raise
             last, pos = own
             return {"last": last, "pos": list(pos)}
 
