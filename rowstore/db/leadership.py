@@ -102,13 +102,13 @@ class Leadership:
         table = self.tables.get(table_id)
         if table is not None:
             table.owned.discard(pid)
-            old = table.parts[pid]
+            table.parts[pid].retired = True
             table.parts[pid] = Partition(self.store, table_id, pid, table.kind, table.indexed)
-            del old
         await sh.close()
         for inode in self.store.release_local(table_id, pid):
             await self.store.fs.close_active(inode)
         self.store.epochs.pop((table_id, pid), None)
+        self.store.not_led.add((table_id, pid))
         self.replicas.forget(table_id, pid)
         log.warning("event=partition_demoted table=%s partition=%d epoch=%d", table_id, pid, sh.epoch)
         return True

@@ -21,7 +21,7 @@ import numpy as np
 
 from catalog.abc import Check, Delete, Put
 from rowstore.segments.active import ActiveSegment, split_rowids
-from rowstore.errors import ConflictError, RowstoreError
+from rowstore.errors import ConflictError, RowstoreError, UnavailableError
 from rowstore.codec.rows import Decoded, decode_rows
 from rowstore.replication.position import ReplicaRecord, rep_key as rkey
 from rowstore.schema import SchemaVersion
@@ -103,6 +103,7 @@ class SegmentStore:
 
         self.epochs: dict[tuple[str, int], int] = {}  # their epochs (new segment rows carry it)
         self.lost: set[int] = set()  # inodes whose local files were gone at start (a lost block device)
+        self.not_led: set[tuple[str, int]] = set()  # replicated partitions this node stopped leading
 
     async def open(self, decide=None) -> list[int]:
         """Init the segid table; reopen this node's local segments; finish pending offloads
@@ -123,7 +124,9 @@ class SegmentStore:
                 self.active[rec.segid].seq = rec.seq
                 self._parts[rec.segid] = (rec.table, rec.partition)
 
-            if rec.state == SegState.ACTIVE:
+            if rec.epoch > 0:  # replicated: this node appends to it only once it leads it again (adopt)
+                self.not_led.add((rec.table, rec.partition))
+            elif rec.state == SegState.ACTIVE:
                 self._current[(rec.table, rec.partition)] = self.active[rec.segid]
             if rec.state == SegState.SEALED:
                 pending.append(rec.segid)
@@ -157,7 +160,10 @@ class SegmentStore:
         return SegmentRecord.from_bytes(e.value), e
 
     async def create(self, table: str, partition: int, seq: int | None = None) -> ActiveSegment:
-        """A new active segment: inode, file row, segid and segment row in ONE transaction."""
+        """A new active segment: inode, file row, segid and segment row in ONE transaction.
+        Never for a replicated partition this node stopped leading (its log is the leader's)."""
+        if (table, partition) in self.not_led:
+            raise UnavailableError(f"partition {partition} is no longer led by this node; retry")
         if seq is None:
             seq = 1 + max((r.seq for r in await self.list(table=table) if r.partition == partition), default=0)
         for _ in range(100):
@@ -312,6 +318,7 @@ class SegmentStore:
             self._parts[rec.segid] = (table, partition)
             out.append((rec, seg))
         self.epochs[(table, partition)] = epoch
+        self.not_led.discard((table, partition))
         live = [seg for rec, seg in out]
         actives = [(rec, seg) for rec, seg in out if rec.state == SegState.ACTIVE]
         for rec, _seg in actives[:-1]:  # the old leader rolled but had not sealed yet
