@@ -277,6 +277,10 @@ class SegmentStore:
             if rec.owner == self.node:
                 ops.append(Put(rec.key, replace(rec, epoch=epoch).to_bytes()))
             elif rec.segid in copies:
+                f = files.get(rec.segid)
+                if rec.state == SegState.SEALED and f is not None and f.durable_size != rec.bytes:
+                    raise RowstoreError(f"segment {rec.segid}: this node's copy holds {f.durable_size} bytes of the "
+                                        f"{rec.bytes} sealed; it cannot lead {table}/{partition}")
                 mine = replace(rec, owner=self.node, inode=copies[rec.segid][1], epoch=epoch)
                 ops.append(Put(rec.key, mine.to_bytes()))
                 olds.setdefault(rec.owner, []).append(rec)
@@ -323,6 +327,9 @@ class SegmentStore:
         actives = [(rec, seg) for rec, seg in out if rec.state == SegState.ACTIVE]
         for rec, _seg in actives[:-1]:  # the old leader rolled but had not sealed yet
             await self.seal(rec.segid)
+        for rec, seg in out:  # a copy of a segment the old leader sealed: the file follows its row
+            if rec.state == SegState.SEALED and rec.segid in copies:
+                await self.fs.seal(seg.file.inode)
         self._current.pop((table, partition), None)
         if actives:
             self._current[(table, partition)] = actives[-1][1]

@@ -204,3 +204,41 @@ def test_a_joining_member_takes_replicas_and_leaderships_under_load(tmp_path):
     finally:
         for n in [*nodes, *([n4] if n4 else [])]:
             n.ensure_stopped()
+
+
+@pytest.mark.slow
+def test_a_new_leader_offloads_the_sealed_segments_it_took_over(tmp_path):
+    """Sealed but not yet offloaded when the leader dies: the new leader takes its copies over
+    (sealed, like their rows), offloads them, and every row reads back from the objects."""
+    extra = FAST + '[jobs]\noffload_every = "1h"\n'
+    nodes = raft_cluster(tmp_path, 3, extra=extra)
+    try:
+        start_all(nodes)
+        c1 = nodes[0].client(timeout=60)
+        c1.create_table("t", [("id", "int64"), ("b", "int64")], "id", partitions=2, replicas=3)
+        for bid in range(1, 21):
+            upsert_retrying(c1, bid)
+        place = c1.describe("t")["placement"]
+        victim = next(n for n in nodes if n.node_id == place[0]["leader"])
+        with victim.client(timeout=60) as cv:
+            cv.admin("seal")
+            sealed = [s for s in cv.segments("t")["segments"] if s["state"] == "sealed"]
+        assert sealed
+        victim.kill()
+        other = next(n for n in nodes if n is not victim)
+        co = other.client(timeout=60)
+        upsert_retrying(co, 21)
+
+        def offloaded():
+            new = co.describe("t")["placement"]
+            leader = next(n for n in nodes if n.node_id == new[0]["leader"])
+            assert leader is not victim
+            with leader.client(timeout=60) as cl:
+                cl.admin("offload")
+                segs = {s["segid"]: s["state"] for s in cl.segments("t")["segments"]}
+            assert all(segs[s["segid"]] == "offloaded" for s in sealed if s["partition"] == 0), segs
+        eventually(offloaded, 60, 0.5)
+        assert eventually(lambda: batches(co)) == {b: 40 for b in range(1, 22)}
+    finally:
+        for n in nodes:
+            n.ensure_stopped()
