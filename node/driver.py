@@ -25,6 +25,7 @@ import time
 from catalog.abc import Check, Put
 from catalog.errors import CatalogError
 from node.cluster import RemoteError
+from node.jobs import cancel_all
 from node.placement import PLACE, PartitionPlace, Placement
 from node.rebalance import Rebalancer
 from node.replication_api import HttpTransport
@@ -71,12 +72,7 @@ class NodeReplication:
                            asyncio.ensure_future(self._loop(self._tick))]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._tasks.clear()
+        await cancel_all(self._tasks)
 
     async def _loop(self, step) -> None:
         while True:

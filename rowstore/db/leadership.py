@@ -120,11 +120,7 @@ class Leadership:
         promise recorded in its replica row all the same (it must not lead an older epoch
         after answering for a newer one: its answer may be part of that election's majority)."""
         async with self._lock(table_id, pid):
-            sh = self.store.shippers.get((table_id, pid))
-            if sh is not None:
-                if epoch <= sh.epoch:
-                    raise FencedError(f"epoch {epoch} is not above the leading epoch {sh.epoch}", sh.epoch)
-                await self._demote(table_id, pid)
+            await self._yield_to(table_id, pid, epoch)
             self.fenced_at[(table_id, pid)] = time.monotonic()  # an election is under way elsewhere
             own = await self.store.own_log(table_id, pid)
             if own is None:
@@ -143,12 +139,16 @@ class Leadership:
         older or equal epoch is fenced, and a newer one (its election is over: the epoch comes
         from the placement's compare-and-set) makes this node step down first."""
         async with self._lock(table_id, pid):
-            sh = self.store.shippers.get((table_id, pid))
-            if sh is not None:
-                if epoch <= sh.epoch:
-                    raise FencedError(f"epoch {epoch} is not above the leading epoch {sh.epoch}", sh.epoch)
-                await self._demote(table_id, pid)
+            await self._yield_to(table_id, pid, epoch)
             return await self.replicas.append(table_id, pid, epoch, base, start, pieces, leader)
+
+    async def _yield_to(self, table_id: str, pid: int, epoch: int) -> None:
+        """A message of ``epoch`` for a partition led here: fenced unless newer; then step down."""
+        sh = self.store.shippers.get((table_id, pid))
+        if sh is not None:
+            if epoch <= sh.epoch:
+                raise FencedError(f"epoch {epoch} is not above the leading epoch {sh.epoch}", sh.epoch)
+            await self._demote(table_id, pid)
 
     async def prune(self, table_id: str, pid: int, keep: set[int]) -> int:
         """The follower side's clean-up of copies the leader offloaded or deleted."""

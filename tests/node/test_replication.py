@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 
 from node.client import ApiError
-from tests.node.proc import raft_cluster, start_all
+from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
 
-FAST = "[cluster]\nheartbeat = \"200ms\"\nfailure_timeout = \"1500ms\"\nack_timeout = \"3s\"\n"
+FAST = FAST_CLUSTER
 
 
 def rows(bid: int, n: int = 40) -> pa.Table:
@@ -22,17 +22,6 @@ def batches(c) -> dict[int, int]:
     t = c.query("t", columns=["b"], limit=10_000_000)
     ids, counts = np.unique(t.column("b").to_numpy(), return_counts=True)
     return dict(zip(ids.tolist(), counts.tolist()))
-
-
-def eventually(fn, timeout: float = 30.0, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return fn()
-        except (ApiError, ConnectionError, AssertionError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(every)
 
 
 def upsert_retrying(c, bid: int, timeout: float = 30.0):

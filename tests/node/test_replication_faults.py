@@ -24,9 +24,9 @@ import pytest
 from node.client import ApiError, Client
 from rowstore.index.key_memtable import encode_keys
 from rowstore.tables.keys import partition_of
-from tests.node.proc import raft_cluster, start_all
+from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
 
-FAST = "[cluster]\nheartbeat = \"200ms\"\nfailure_timeout = \"1500ms\"\nack_timeout = \"3s\"\n"
+FAST = FAST_CLUSTER
 FAILURE_S = 1.5
 ROWS = 12  # rows per batch: keys bid * ROWS + 0..ROWS-1, spread over the partitions
 RETRY = {421, 503}  # answers that mean "not now": the writer tries again (elsewhere)
@@ -53,17 +53,6 @@ def counts(c: Client, table: str = "t", as_of: int | None = None) -> dict[int, i
     b = t.column("b").to_numpy()
     ids, n = np.unique(b[b >= 0], return_counts=True)  # rows with b < 0: single rows a test wrote
     return dict(zip(ids.tolist(), n.tolist()))
-
-
-def eventually(fn, timeout: float = 30.0, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return fn()
-        except (ApiError, ConnectionError, AssertionError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(every)
 
 
 def check_batches(got: dict[int, int], acked: set[int], size: int = ROWS) -> None:
