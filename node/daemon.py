@@ -43,9 +43,10 @@ from node.metrics import Metrics
 from rowstore.db.database import Database, TablesConfig
 from rowstore.db.gc import GcConfig
 from rowstore.tables.partition import segment_states
+from rowstore.replication.position import REP_PREFIX, ReplicaRecord
 from terrafs.active import ActiveConfig
 from terrafs.crypto import KeyEncryptionKey
-from terrafs.errors import TerrafsError
+from terrafs.errors import FileStateError, TerrafsError
 from terrafs.fs import FsConfig, TerrascaleFS
 from terrafs.records import FileState, FileTier
 from terrafs.uri import open_block_device, open_catalog, open_object_store
@@ -115,7 +116,9 @@ class Node:
         self.cluster.leading = lambda tid, pid: self.db.leadership.shipper(tid, pid) is not None
         self.db.participant.gone = self.cluster.gone
         self.db.committer.ack_timeout_s = c.ack_timeout_s
-        self.db.replicas.lost = set(report.recreated)
+        lost = set(report.recreated) | set(report.missing)
+        self.db.replicas.lost = self.db.store.lost = lost
+        await self._check_missing(set(report.missing))
         await self._open_db()
         self._stack.push_async_callback(self._close_db)
         log.info("event=recovered node=%s tables=%d seconds=%.3f", c.node_id,
@@ -133,6 +136,23 @@ class Node:
         gc.freeze()
         self.ready = True
         self.metrics.ready.set(1)
+
+    async def _check_missing(self, missing: set[int]) -> None:
+        """Sealed local files gone (a lost block device) are fatal, unless each is this node's
+        copy of a replicated partition's segment: the partition's other replicas hold its
+        bytes, and this node starts its copies over from the leader (RFC 0010 §5)."""
+        if not missing:
+            return
+        covered = {r.inode for r in await self.db.store.list(owner=self.cfg.node_id) if r.epoch > 0}
+        for e in await self.catalog.scan(REP_PREFIX):  # copies this node holds as a follower
+            if e.key.endswith("/" + self.cfg.node_id):
+                covered |= {inode for _, inode in ReplicaRecord.from_bytes(e.value, e.key).segs.values()}
+        fatal = sorted(missing - covered)
+        if fatal:
+            raise FileStateError(f"sealed local files of inodes {fatal[:10]} are missing from the block device "
+                                 "and no other node holds a copy")
+        log.warning("event=copies_lost node=%s inodes=%d: rebuilt from the partitions' leaders", self.cfg.node_id,
+                    len(missing))
 
     async def _open_db(self) -> None:
         """Recover the partitions this node serves, and only those (RFC 0010).

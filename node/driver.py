@@ -25,6 +25,7 @@ import time
 from catalog.abc import Check, Put
 from catalog.errors import CatalogError
 from node.cluster import RemoteError
+from node.jobs import cancel_all
 from node.placement import PLACE, PartitionPlace, Placement
 from node.rebalance import Rebalancer
 from node.replication_api import PROMISED, HttpTransport
@@ -72,12 +73,7 @@ class NodeReplication:
                            asyncio.ensure_future(self._loop(self._tick))]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._tasks.clear()
+        await cancel_all(self._tasks)
 
     async def _loop(self, step) -> None:
         while True:
@@ -178,7 +174,7 @@ class NodeReplication:
             keep = {r.segid for r in recs if r.table == tid and r.partition == pid
                     and r.state.value in ("active", "sealed")} if follows else set()
             with contextlib.suppress(RowstoreError, TerrafsError, CatalogError):
-                if await self.db.replicas.prune(tid, pid, keep):
+                if await self.db.leadership.prune(tid, pid, keep):
                     log.info("event=replica_pruned table=%s partition=%d follows=%s", tid, pid, follows)
 
     async def take_if_mine(self, table: str, pid: int) -> bool:
@@ -214,8 +210,10 @@ class NodeReplication:
             if beyond or any(r.epoch == p.epoch for r in recs if r.owner == self.me):
                 if fenced is not None and time.monotonic() - fenced < self.cfg.failure_timeout_s:
                     return  # someone's election fenced this node just now: let it finish
-                await self.elect(d, pid, exclude=set())
-                return
+                await self.elect(d, pid, exclude=set())  # its take() of this node is refused: busy
+                was, p = p.epoch, (await self.cluster.placement(d.name, d.partitions, fresh=True)).partitions[pid]
+                if p.leader != self.me or p.epoch == was:
+                    return
             sh = self.db.leadership.shipper(d.table_id, pid)
             if sh is not None and sh.fenced is not None:
                 await self.db.leadership.demote(d.table_id, pid)

@@ -64,12 +64,7 @@ class Jobs:
                 self._tasks.append(asyncio.ensure_future(self._loop(name, every)))
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._tasks.clear()
+        await cancel_all(self._tasks)
 
     async def _loop(self, name: str, every: float) -> None:
         """Every ``every`` seconds; the checkpoint job also as soon as the memtable budget is crossed."""
@@ -93,3 +88,13 @@ def _short(v) -> str:
     if isinstance(v, list):
         return str(len(v)) if len(v) > 8 else ",".join(map(str, v)) or "0"
     return str(v)
+
+
+async def cancel_all(tasks: list) -> None:
+    """Cancel background loops and wait for them (their last errors were logged by them)."""
+    for t in tasks:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t
+    tasks.clear()

@@ -95,7 +95,7 @@ async def append(api, request):
     h, pieces = decode(await request.read())
     await _partition(api, h["table"], h["pid"])
     try:
-        out = await api.db.replicas.append(h["table"], h["pid"], h["epoch"], h["base"], h["start"], pieces,
+        out = await api.db.leadership.append(h["table"], h["pid"], h["epoch"], h["base"], h["start"], pieces,
                                            request.headers.get("X-Terrascale-Forwarded-By", ""))
     except FencedError as e:
         return _fenced(e)

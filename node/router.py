@@ -22,7 +22,9 @@ import pyarrow as pa
 
 from node.cluster import FORWARDED, raise_remote
 from node.codec import read_arrow_stream
+from node.http_params import ApiError
 from node.txn import commit_across
+from rowstore.errors import UnavailableError
 from rowstore.index.key_memtable import encode_keys
 from rowstore.reads.plan import ReadPlan
 from rowstore.tables.conform import conform
@@ -44,6 +46,8 @@ class Router:
 
     @property
     def db(self):
+        if not self.node.ready:  # an internal call from a node that saw this one up (a restart)
+            raise ApiError(503, "not_ready", "the node is starting or stopping (see /readyz)")
         return self.node.db
 
     @property
@@ -227,7 +231,8 @@ class Router:
         d = await self.db.describe(table)
 
         async def here():
-            return await self.db.query(table, where=where, bbox=bbox, columns=columns, limit=limit, as_of=as_of)
+            return await self.db.query(table, where=where, bbox=bbox, columns=columns, limit=limit, as_of=as_of,
+                                       partitions=self._all(d))
         if not self.multi:
             return None, await here()
 
@@ -286,6 +291,12 @@ class Router:
 
     # -- the bridge's reads across nodes (RFC 0010 §6) -------------------------------------------
 
+    def _all(self, d) -> list[int] | None:
+        """Every partition of ``d``, named, for a read served whole by this node in a cluster:
+        a partition the placement gives this node but that it has not taken over yet (a
+        restart, an election just won) is then refused (503) instead of read as empty."""
+        return list(range(d.partitions)) if self.multi else None
+
     async def _spread(self, d) -> dict[str, list[int]] | None:
         """node -> partitions, when ``d``'s partitions are on several nodes (else None)."""
         if not self.multi:
@@ -324,6 +335,8 @@ class Router:
         d = await self.db.describe(table)
         by_node = await self._spread(d)
         if by_node is None:
+            if self.multi and len(await self.cluster.owns(d)) < d.partitions:  # see _all
+                raise UnavailableError(f"table {table!r}: a partition is not taken over by its leader yet; retry")
             return await self.db.read_plan(table, as_of, where, bbox, sealed_only, lease_s)
         T = await self._T(by_node, as_of)
 
@@ -344,7 +357,7 @@ class Router:
         d = await self.db.describe(table)
         by_node = await self._spread(d)
         if by_node is None:
-            return await self.db.changes(table, after, upto)
+            return await self.db.changes(table, after, upto, partitions=self._all(d))
         T = await self._T(by_node, upto)
 
         async def local(pids):

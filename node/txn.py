@@ -95,7 +95,11 @@ async def _decide_and_commit(node, d, got, txn: int, ts: int) -> Outcome:
         log.warning("event=txn_commit_unconfirmed txn=%s node=%s error=%r", key, who, e)
         raise UnavailableError(f"the batch is committed (txn {key}) but node {who} did not confirm it: {e}; it is "
                                "applied when that node recovers")
-    node.db.tasks.spawn(commit(node.catalog, [], [Delete(key)]))  # every share has its COMMIT X
+    # Every share has its COMMIT X — unless a participant answered 0: it had restarted and
+    # found X decided by its recovery, which for a replicated partition is one copy of the
+    # log; the copy leading it next may hold BATCH X alone and must still find the decision.
+    if all(answers):
+        node.db.tasks.spawn(commit(node.catalog, [], [Delete(key)]))
     return Outcome(sum(a["rows"] for _, a in got), sum(a["existed"] for _, a in got), ts)
 
 

@@ -72,6 +72,7 @@ class RecoveryReport:
     rolled_back: list[int] = field(default_factory=list)
     local_deleted: list[str] = field(default_factory=list)
     pending_offload: list[int] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)  # sealed local files gone (a lost disk), not opened
 
 
 class TerrascaleFS:
@@ -350,7 +351,11 @@ class TerrascaleFS:
             return
         if not await self.block.exists(rec.location):
             if rec.state != FileState.ACTIVE:
-                raise FileStateError(f"sealed local file {rec.location} of inode {rec.inode} is missing")
+                # Lost with the block device. Fatal unless another node holds a copy of its
+                # bytes (a replicated partition's segment): the caller decides (``missing``).
+                log.warning("event=local_file_missing inode=%d location=%s", rec.inode, rec.location)
+                rep.missing.append(rec.inode)
+                return
             # Crash between the catalog row and the file's creation: nothing was
             # ever appended (appends need the open file), so an empty file is exact.
             self._active[rec.inode] = af = await self._create_local(rec)

@@ -95,14 +95,18 @@ class Committer:
 
     # -- recovery -----------------------------------------------------------------------------
 
-    async def decide_at_recovery(self, txn: int) -> bool:
+    async def decide_at_recovery(self, txn: int, keep: bool = False) -> bool:
         """A prepared batch found at the end of a segment: committed iff the catalog says so;
-        an undecided one is aborted (by compare-and-set: a late coordinator cannot commit it)."""
+        an undecided one is aborted (by compare-and-set: a late coordinator cannot commit it).
+
+        ``keep``: the decision must stay in the catalog — the segment is one copy of a
+        replicated partition's log (RFC 0010 §5), and the copy that leads it next may hold the
+        prepared batch without this COMMIT and decide again."""
         key = txn_key(txn)
         for _ in range(10):
             e = await self.catalog.get(key)
             if e is not None:
-                if e.value == COMMITTED and not txn & SPANS_NODES:
+                if e.value == COMMITTED and not txn & SPANS_NODES and not keep:
                     self._decided.append(key)  # every share of it is on this node
                 return e.value == COMMITTED
             res = await commit(self.catalog, [Check(key, 0)], [Put(key, ABORTED)])

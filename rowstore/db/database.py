@@ -76,7 +76,8 @@ class Database:
         self.leases = Leases(self.catalog)
         self.external = ExternalReads(fs, self.store, self.reader, self.leases)
         self.replicas = ReplicaStore(fs)
-        self.leadership = Leadership(self.store, self.replicas, self.tables, self.committer.decide_at_recovery)
+        self.leadership = Leadership(self.store, self.replicas, self.tables,
+                                     lambda txn: self.committer.decide_at_recovery(txn, keep=True))
         self.reader.leases_of = self.leadership.check_lease
         self.committer.stalled = lambda t, p: self.tasks.spawn(self.leadership.demote(t, p))
         self.gc = GarbageCollector(self.store, self.catalog_tables, self.tables, self.timeline, self.leases,

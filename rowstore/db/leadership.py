@@ -7,6 +7,7 @@ partition's index from its checkpoint mark; demotion stops all of it. Reads of a
 partition need the leader's lease (:meth:`check_lease`)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -27,6 +28,14 @@ class Leadership:
         self.lease_wait_s = 2.0
         self.fenced_at: dict[tuple[str, int], float] = {}  # monotonic time a fence made this node step down
         self.fenced_epoch: dict[tuple[str, int], int] = {}  # the highest epoch this node was fenced with
+        # One hand-over at a time per partition: promotion, demotion, fences and the follower
+        # side's appends and clean-up all take it, so a message for the partition never finds
+        # its copies half handed over (an append reloading the record while promotion held
+        # the files acted on them — it discarded them once).
+        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+
+    def _lock(self, table_id: str, pid: int) -> asyncio.Lock:
+        return self._locks.setdefault((table_id, pid), asyncio.Lock())
 
     def shipper(self, table_id: str, pid: int) -> Shipper | None:
         return self.store.shippers.get((table_id, pid))
@@ -36,15 +45,26 @@ class Leadership:
 
     async def promote(self, d: TableDef, pid: int, epoch: int, base: int, start: Position, followers: list[str],
                       transport: Transport, lease_s: float, on_fenced=None) -> Shipper:
-        """Lead partition ``pid`` of ``d`` at ``epoch`` (the placement already says so)."""
+        """Lead partition ``pid`` of ``d`` at ``epoch`` (the placement already says so).
+        FencedError when this node promised a newer epoch meanwhile (the placement it read
+        is stale: another election followed)."""
+        async with self._lock(d.table_id, pid):
+            return await self._promote(d, pid, epoch, base, start, followers, transport, lease_s, on_fenced)
+
+    async def _promote(self, d: TableDef, pid: int, epoch: int, base: int, start: Position, followers: list[str],
+                       transport: Transport, lease_s: float, on_fenced) -> Shipper:
         key = (d.table_id, pid)
         old = self.store.shippers.get(key)
         if old is not None:
             if old.epoch >= epoch:
                 return old
-            await self.demote(d.table_id, pid)
+            await self._demote(d.table_id, pid)
         table = await self.tables.table(d)  # opened without this partition (not led yet)
         rec, version, files = await self.replicas.take(d.table_id, pid)
+        if rec.promised > epoch:
+            self.replicas.forget(d.table_id, pid)
+            raise FencedError(f"partition {pid}: epoch {epoch} is older than the promised {rec.promised}",
+                              rec.promised)
         try:
             segs = await self.store.adopt(d.table_id, pid, epoch, rec.segs, files,
                                           rep_key(d.table_id, pid, self.store.node) if version else None, version,
@@ -62,7 +82,7 @@ class Leadership:
             part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
             n = await part.open(await self.tables.schemas_of(latest), latest.schema)
         except BaseException:
-            await self.demote(d.table_id, pid)  # half a promotion serves nothing; the next reconcile retries
+            await self._demote(d.table_id, pid)  # half a promotion serves nothing; the next reconcile retries
             raise
         table.parts[pid] = part
         table.owned.add(pid)
@@ -73,19 +93,23 @@ class Leadership:
     async def demote(self, table_id: str, pid: int) -> bool:
         """Stop leading ``pid``: writes in flight fail, its files close (they are this node's
         copies from now on, recorded in its replica row by the next leader's promotion)."""
+        async with self._lock(table_id, pid):
+            return await self._demote(table_id, pid)
+
+    async def _demote(self, table_id: str, pid: int) -> bool:
         sh = self.store.shippers.pop((table_id, pid), None)
         if sh is None:
             return False
         table = self.tables.get(table_id)
         if table is not None:
             table.owned.discard(pid)
-            old = table.parts[pid]
+            table.parts[pid].retired = True
             table.parts[pid] = Partition(self.store, table_id, pid, table.kind, table.indexed)
-            del old
         await sh.close()
         for inode in self.store.release_local(table_id, pid):
             await self.store.fs.close_active(inode)
         self.store.epochs.pop((table_id, pid), None)
+        self.store.not_led.add((table_id, pid))
         self.replicas.forget(table_id, pid)
         log.warning("event=partition_demoted table=%s partition=%d epoch=%d", table_id, pid, sh.epoch)
         return True
@@ -93,19 +117,47 @@ class Leadership:
     async def fence(self, table_id: str, pid: int, epoch: int, force: bool = False) -> dict:
         """Promise ``epoch`` for a partition: a follower's copies answer through the replica
         store; a node holding its own segments of the partition (it led it, and was not
-        replaced yet) answers for them — after stepping down if it still leads."""
+        replaced yet) answers for them — after stepping down if it still leads, and with the
+        promise recorded in its replica row all the same (it must not lead an older epoch
+        after answering for a newer one: its answer may be part of that election's majority)."""
+        async with self._lock(table_id, pid):
+            await self._yield_to(table_id, pid, epoch)
+            self.fenced_at[(table_id, pid)] = time.monotonic()  # an election is under way elsewhere
+            self.fenced_epoch[(table_id, pid)] = max(self.fenced_epoch.get((table_id, pid), 0), epoch)
+            own = await self.store.own_log(table_id, pid)
+            if own is None:
+                return await self.replicas.fence(table_id, pid, epoch, force)
+            try:
+                await self.replicas.fence(table_id, pid, epoch, force=True)  # the promise; no copies in it
+            except FencedError as e:
+                if e.promised != epoch:  # promised this very epoch already: a failed election's retry
+                    raise
+            last, pos = own
+            return {"last": last, "pos": list(pos)}
+
+    async def append(self, table_id: str, pid: int, epoch: int, base: int, start: Position, pieces,
+                     leader: str = "") -> dict:
+        """A leader's append to this node's copy. While this node leads the partition, an
+        older or equal epoch is fenced, and a newer one (its election is over: the epoch comes
+        from the placement's compare-and-set) makes this node step down first."""
+        async with self._lock(table_id, pid):
+            await self._yield_to(table_id, pid, epoch)
+            return await self.replicas.append(table_id, pid, epoch, base, start, pieces, leader)
+
+    async def _yield_to(self, table_id: str, pid: int, epoch: int) -> None:
+        """A message of ``epoch`` for a partition led here: fenced unless newer; then step down."""
         sh = self.store.shippers.get((table_id, pid))
         if sh is not None:
             if epoch <= sh.epoch:
                 raise FencedError(f"epoch {epoch} is not above the leading epoch {sh.epoch}", sh.epoch)
-            await self.demote(table_id, pid)
-        self.fenced_at[(table_id, pid)] = time.monotonic()  # an election is under way elsewhere
-        self.fenced_epoch[(table_id, pid)] = max(self.fenced_epoch.get((table_id, pid), 0), epoch)
-        own = await self.store.own_log(table_id, pid)
-        if own is not None:
-            last, pos = own
-            return {"last": last, "pos": list(pos)}
-        return await self.replicas.fence(table_id, pid, epoch, force)
+            await self._demote(table_id, pid)
+
+    async def prune(self, table_id: str, pid: int, keep: set[int]) -> int:
+        """The follower side's clean-up of copies the leader offloaded or deleted."""
+        async with self._lock(table_id, pid):
+            if (table_id, pid) in self.store.shippers:
+                return 0
+            return await self.replicas.prune(table_id, pid, keep)
 
     def check_lease(self, table_id: str, pids) -> None:
         """Refuse to read a replicated partition led here without a current lease."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from catalog.abc import Check, Delete, Put
 from rowstore.segments.active import ActiveSegment, split_rowids
-from rowstore.errors import ConflictError, RowstoreError
+from rowstore.errors import ConflictError, RowstoreError, UnavailableError
 from rowstore.codec.rows import Decoded, decode_rows
 from rowstore.replication.position import ReplicaRecord, rep_key as rkey
 from rowstore.schema import SchemaVersion
@@ -102,6 +102,8 @@ class SegmentStore:
         self._parts: dict[int, tuple[str, int]] = {}  # segid -> (table, partition) of open segments
 
         self.epochs: dict[tuple[str, int], int] = {}  # their epochs (new segment rows carry it)
+        self.lost: set[int] = set()  # inodes whose local files were gone at start (a lost block device)
+        self.not_led: set[tuple[str, int]] = set()  # replicated partitions this node stopped leading
 
     async def open(self, decide=None) -> list[int]:
         """Init the segid table; reopen this node's local segments; finish pending offloads
@@ -111,13 +113,20 @@ class SegmentStore:
         await self.segids.init()
         pending = []
         for rec in await self.list(owner=self.node):
+            if rec.epoch > 0 and rec.inode in self.lost:
+                continue  # this node's copy of a replicated partition's log is gone: it holds nothing
             if rec.state in (SegState.ACTIVE, SegState.SEALED):
+                # A replicated partition's segment (epoch > 0) is one copy of its log: the
+                # catalog keeps the decisions taken here for the copy that leads it next.
+                dec = decide if decide is None or rec.epoch == 0 else (lambda txn: decide(txn, keep=True))
                 self.active[rec.segid] = await ActiveSegment.recover(
-                    rec.segid, await self.fs.open_active(rec.inode), decide)
+                    rec.segid, await self.fs.open_active(rec.inode), dec)
                 self.active[rec.segid].seq = rec.seq
                 self._parts[rec.segid] = (rec.table, rec.partition)
 
-            if rec.state == SegState.ACTIVE:
+            if rec.epoch > 0:  # replicated: this node appends to it only once it leads it again (adopt)
+                self.not_led.add((rec.table, rec.partition))
+            elif rec.state == SegState.ACTIVE:
                 self._current[(rec.table, rec.partition)] = self.active[rec.segid]
             if rec.state == SegState.SEALED:
                 pending.append(rec.segid)
@@ -151,7 +160,10 @@ class SegmentStore:
         return SegmentRecord.from_bytes(e.value), e
 
     async def create(self, table: str, partition: int, seq: int | None = None) -> ActiveSegment:
-        """A new active segment: inode, file row, segid and segment row in ONE transaction."""
+        """A new active segment: inode, file row, segid and segment row in ONE transaction.
+        Never for a replicated partition this node stopped leading (its log is the leader's)."""
+        if (table, partition) in self.not_led:
+            raise UnavailableError(f"partition {partition} is no longer led by this node; retry")
         if seq is None:
             seq = 1 + max((r.seq for r in await self.list(table=table) if r.partition == partition), default=0)
         for _ in range(100):
@@ -234,6 +246,9 @@ class SegmentStore:
                 if r.partition == partition and r.state in (SegState.ACTIVE, SegState.SEALED)]
         if not recs:
             return None
+        if any(r.inode in self.lost for r in recs):
+            log.warning("event=own_log_lost table=%s partition=%d", table, partition)
+            return 0, (0, 0)
         top = max(recs, key=lambda r: r.seq)
         try:
             size = (await self.fs.open_active(top.inode)).durable_size
@@ -262,6 +277,10 @@ class SegmentStore:
             if rec.owner == self.node:
                 ops.append(Put(rec.key, replace(rec, epoch=epoch).to_bytes()))
             elif rec.segid in copies:
+                f = files.get(rec.segid)
+                if rec.state == SegState.SEALED and f is not None and f.durable_size != rec.bytes:
+                    raise RowstoreError(f"segment {rec.segid}: this node's copy holds {f.durable_size} bytes of the "
+                                        f"{rec.bytes} sealed; it cannot lead {table}/{partition}")
                 mine = replace(rec, owner=self.node, inode=copies[rec.segid][1], epoch=epoch)
                 ops.append(Put(rec.key, mine.to_bytes()))
                 olds.setdefault(rec.owner, []).append(rec)
@@ -303,10 +322,14 @@ class SegmentStore:
             self._parts[rec.segid] = (table, partition)
             out.append((rec, seg))
         self.epochs[(table, partition)] = epoch
+        self.not_led.discard((table, partition))
         live = [seg for rec, seg in out]
         actives = [(rec, seg) for rec, seg in out if rec.state == SegState.ACTIVE]
         for rec, _seg in actives[:-1]:  # the old leader rolled but had not sealed yet
             await self.seal(rec.segid)
+        for rec, seg in out:  # a copy of a segment the old leader sealed: the file follows its row
+            if rec.state == SegState.SEALED and rec.segid in copies:
+                await self.fs.seal(seg.file.inode)
         self._current.pop((table, partition), None)
         if actives:
             self._current[(table, partition)] = actives[-1][1]
@@ -329,7 +352,8 @@ class SegmentStore:
 
     async def pending_offload(self) -> list[int]:
         """This node's sealed segments still on its block device."""
-        return [r.segid for r in await self.list(owner=self.node) if r.state == SegState.SEALED]
+        return [r.segid for r in await self.list(owner=self.node)
+                if r.state == SegState.SEALED and r.inode not in self.lost]
 
     async def seal(self, segid: int) -> SegmentRecord:
         rec, e = await self.record(segid)

@@ -15,6 +15,7 @@ import logging
 import numpy as np
 import pyarrow as pa
 
+from rowstore.errors import UnavailableError
 from rowstore.segments.active import ActiveSegment, rowids as make_rowids
 from rowstore.index.column_index import PartitionColumns
 from rowstore.index.key_memtable import TOMBSTONE, encode_keys
@@ -41,6 +42,9 @@ class Partition:
         self._inflight = 0  # batches enqueued but not yet applied (or failed)
         self._drained = asyncio.Event()
         self._drained.set()
+        # Set when this node stops leading the partition (replication): a writer still holding
+        # this object must not start a segment of its own — nobody would ever replay it.
+        self.retired = False
 
     # -- recovery ------------------------------------------------------------------------
 
@@ -91,6 +95,8 @@ class Partition:
                                     batch if live is None else batch.filter(pa.array(live)), schema)
 
     async def current(self) -> ActiveSegment:
+        if self.retired:
+            raise UnavailableError(f"partition {self.pid} is no longer led by this node; retry")
         return await self.store.current(self.table_id, self.pid)
 
     def enter(self) -> None:

@@ -132,3 +132,19 @@ def start_all(nodes: list[NodeProc], timeout: float = 90) -> None:
         node.start(wait=False)
     for node in nodes:
         node.wait_ready(timeout)
+
+
+# Short replication timings for tests: faults show in about a second (docs/format/replication.md).
+FAST_CLUSTER = "[cluster]\nheartbeat = \"200ms\"\nfailure_timeout = \"1500ms\"\nack_timeout = \"3s\"\n"
+
+
+def eventually(fn, timeout: float = 30.0, every: float = 0.1):
+    """``fn()``'s result once it stops raising ApiError, ConnectionError or AssertionError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except (ApiError, ConnectionError, AssertionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(every)

@@ -11,9 +11,9 @@ import pytest
 from node.client import ApiError
 from rowstore.index.key_memtable import encode_keys
 from rowstore.tables.keys import partition_of
-from tests.node.proc import raft_cluster, start_all
+from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
 
-FAST = "[cluster]\nheartbeat = \"200ms\"\nfailure_timeout = \"1500ms\"\nack_timeout = \"3s\"\n"
+FAST = FAST_CLUSTER
 
 
 def rows(bid: int, n: int = 40) -> pa.Table:
@@ -25,17 +25,6 @@ def batches(c) -> dict[int, int]:
     t = c.query("t", columns=["b"], limit=10_000_000)
     ids, counts = np.unique(t.column("b").to_numpy(), return_counts=True)
     return dict(zip(ids.tolist(), counts.tolist()))
-
-
-def eventually(fn, timeout: float = 30.0, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return fn()
-        except (ApiError, ConnectionError, AssertionError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(every)
 
 
 def upsert_retrying(c, bid: int, timeout: float = 30.0):
@@ -261,6 +250,44 @@ def test_an_election_goes_above_epochs_promised_by_one_that_failed(tmp_path, wri
                                                                                  pa.int64())})), 30)
             assert cs.describe("t")["placement"][pid]["epoch"] > p["epoch"] + 1
             assert eventually(lambda: batches(cs)) == ({1: 40, 2: 40, 3: 40} if written else {}) | {7: 40}
+    finally:
+        for n in nodes:
+            n.ensure_stopped()
+
+
+@pytest.mark.slow
+def test_a_new_leader_offloads_the_sealed_segments_it_took_over(tmp_path):
+    """Sealed but not yet offloaded when the leader dies: the new leader takes its copies over
+    (sealed, like their rows), offloads them, and every row reads back from the objects."""
+    extra = FAST + '[jobs]\noffload_every = "1h"\n'
+    nodes = raft_cluster(tmp_path, 3, extra=extra)
+    try:
+        start_all(nodes)
+        c1 = nodes[0].client(timeout=60)
+        c1.create_table("t", [("id", "int64"), ("b", "int64")], "id", partitions=2, replicas=3)
+        for bid in range(1, 21):
+            upsert_retrying(c1, bid)
+        place = c1.describe("t")["placement"]
+        victim = next(n for n in nodes if n.node_id == place[0]["leader"])
+        with victim.client(timeout=60) as cv:
+            cv.admin("seal")
+            sealed = [s for s in cv.segments("t")["segments"] if s["state"] == "sealed"]
+        assert sealed
+        victim.kill()
+        other = next(n for n in nodes if n is not victim)
+        co = other.client(timeout=60)
+        upsert_retrying(co, 21)
+
+        def offloaded():
+            new = co.describe("t")["placement"]
+            leader = next(n for n in nodes if n.node_id == new[0]["leader"])
+            assert leader is not victim
+            with leader.client(timeout=60) as cl:
+                cl.admin("offload")
+                segs = {s["segid"]: s["state"] for s in cl.segments("t")["segments"]}
+            assert all(segs[s["segid"]] == "offloaded" for s in sealed if s["partition"] == 0), segs
+        eventually(offloaded, 60, 0.5)
+        assert eventually(lambda: batches(co)) == {b: 40 for b in range(1, 22)}
     finally:
         for n in nodes:
             n.ensure_stopped()
