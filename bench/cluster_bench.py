@@ -364,18 +364,28 @@ async def failover_ours(cl: Cluster) -> list[dict]:
     of_pid = {p: iter(keys[parts == p].tolist()) for p in range(PARTITIONS)}
     runs = []
     for k in range(KILLS):
-        leaders = await cl.leaders("fo")
-        cat = (await cl.get(leaders[0], "/v1/admin/status"))["catalog_leader"]
-        pid = next((p for p, n in enumerate(leaders) if (n == cat) == (k % 2 == 1)), 0)
-        victim = cl.by_id[leaders[pid]]
-        survivor = next(n for n in cl.nodes if n is not victim)
-        url = f"{survivor.base}/v1/tables/fo/rows"
+        for _ in range(50):  # pick the victim from the leaders serving now (not a cached placement)
+            sh = await cl.shippers()
+            leaders = [sh.get(f"fo/{p}", {}).get("node") for p in range(PARTITIONS)]
+            if None in leaders:
+                await asyncio.sleep(0.2)
+                continue
+            cat = (await cl.get(leaders[0], "/v1/admin/status"))["catalog_leader"]
+            pid = next((p for p, n in enumerate(leaders) if (n == cat) == (k % 2 == 1)), 0)
+            victim = cl.by_id[leaders[pid]]
+            survivor = next(n for n in cl.nodes if n is not victim)
+            url = f"{survivor.base}/v1/tables/fo/rows"
 
-        def send(url=url, mine=of_pid[pid]):
-            return _status_of(cl.http, "POST", url, json.dumps({"rows": [_sensor_row(next(mine))]}).encode())
+            def send(url=url, mine=of_pid[pid]):
+                return _status_of(cl.http, "POST", url, json.dumps({"rows": [_sensor_row(next(mine))]}).encode())
 
-        if await send() != 200:
-            raise RuntimeError(f"partition {pid} refused a write before the kill")
+            # the partition takes writes before the kill (a leadership moving back to a
+            # returned node answers 503 for a moment: retried), and is still led by the victim
+            await first_ack(send, time.perf_counter(), limit=30)
+            if (await cl.shippers()).get(f"fo/{pid}", {}).get("node") == victim.node_id:
+                break
+        else:
+            raise RuntimeError(f"the leaders of 'fo' keep moving: {leaders}")
         t0 = time.perf_counter()
         victim.kill()
         took, attempts, errs = await first_ack(send, t0)
