@@ -208,7 +208,10 @@ def test_a_joining_member_takes_replicas_and_leaderships_under_load(tmp_path):
         for n in [*nodes, n4]:
             with n.client(timeout=60) as c:
                 got = eventually(lambda c=c: batches(c))
-                assert got == {b: 40 for b in acked}, sorted(set(acked) ^ set(got))[:5]
+                # every acknowledged batch whole; one whose write failed (a timeout, a 503 after
+                # the decision) may be there too — whole, never in part
+                assert set(acked) <= set(got) and all(v == 40 for v in got.values()), \
+                    (sorted(set(acked) - set(got))[:5], {b: v for b, v in got.items() if v != 40})
     finally:
         for n in [*nodes, *([n4] if n4 else [])]:
             n.ensure_stopped()
