@@ -53,6 +53,7 @@ class NodeReplication:
         self.transport = HttpTransport(self.cluster, max(self.cfg.failure_timeout_s, 1.0))
         self.counter = int(time.time() * 1000)  # grows across restarts too
         self._seen: dict[str, tuple[bytes, float]] = {}  # node -> (counter, monotonic when it moved)
+        self._observed = -1e9  # monotonic time of the last look at every counter
         self._driving = False
         self._pruned = 0.0
         self._busy: set[tuple[str, int]] = set()
@@ -86,8 +87,17 @@ class NodeReplication:
             await asyncio.sleep(self.cfg.heartbeat_s)
 
     async def _beat(self) -> None:
+        """Say this node is alive; watch everyone's counters (every node does, driving or not:
+        a node that becomes the driver — the catalog's leader died, say — then knows already
+        for how long each counter has not moved, instead of watching a whole timeout first)."""
         self.counter += 1
         await self.node.catalog.txn([], [Put(ALIVE + self.me, str(self.counter).encode())])
+        now = time.monotonic()
+        for e in await self.node.catalog.scan(ALIVE):
+            n = e.key[len(ALIVE):]
+            if n not in self._seen or self._seen[n][0] != e.value:
+                self._seen[n] = (e.value, now)
+        self._observed = now
 
     async def _tick(self) -> None:
         await self.reconcile()
@@ -102,18 +112,14 @@ class NodeReplication:
         except (CatalogError, asyncio.TimeoutError):
             return False
         driving = st.get("role") == "leader"
-        if driving and not self._driving:
-            self._seen.clear()  # a new driver watches everyone for a full timeout first
         self._driving = driving
         return driving
 
     async def drive(self) -> None:
         """Find dead nodes by their heartbeats; elect anew every partition one of them leads."""
         now = time.monotonic()
-        for e in await self.node.catalog.scan(ALIVE):
-            n = e.key[len(ALIVE):]
-            if n not in self._seen or self._seen[n][0] != e.value:
-                self._seen[n] = (e.value, now)
+        if now - self._observed > 3 * self.cfg.heartbeat_s:
+            return  # this node's own view is stale (it was paused or cut off): look again first
         self.dead = {n for n, (_, t) in self._seen.items() if now - t > self.cfg.failure_timeout_s}
         failed_over = False
         for d, pl in await self._replicated() if self.dead else ():
