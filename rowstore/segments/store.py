@@ -278,7 +278,7 @@ class SegmentStore:
                 ops.append(Put(rec.key, replace(rec, epoch=epoch).to_bytes()))
             elif rec.segid in copies:
                 f = files.get(rec.segid)
-                if rec.state == SegState.SEALED and f is not None and f.durable_size != rec.bytes:
+                if rec.state == SegState.SEALED and f is not None and f.durable_size < rec.bytes:
                     raise RowstoreError(f"segment {rec.segid}: this node's copy holds {f.durable_size} bytes of the "
                                         f"{rec.bytes} sealed; it cannot lead {table}/{partition}")
                 mine = replace(rec, owner=self.node, inode=copies[rec.segid][1], epoch=epoch)
@@ -360,6 +360,7 @@ class SegmentStore:
         if rec.state != SegState.ACTIVE:
             return rec
         seg = self.active[segid]
+        await seg.file.flush()  # a lazy record (a COMMIT, a PROGRESS) still buffered counts too
         new = replace(rec, state=SegState.SEALED, rows=seg.durable_rows, bytes=seg.nbytes,
                       min_ts=seg.min_ts or 0, max_ts=seg.max_ts or 0, live_rows=seg.durable_rows,
                       live_bytes=seg.nbytes)
