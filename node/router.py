@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 
 import numpy as np
 import pyarrow as pa
 
-from node.cluster import FORWARDED, raise_remote
+from node.cluster import FORWARDED, RemoteError, raise_remote
 from node.codec import read_arrow_stream
 from node.http_params import ApiError
 from node.txn import commit_across
@@ -30,6 +31,9 @@ from rowstore.reads.plan import ReadPlan
 from rowstore.tables.conform import conform
 from rowstore.tables.key_check import check_keys
 from rowstore.tables.keys import partition_of
+
+
+log = logging.getLogger("node.router")
 
 
 class Misdirected(Exception):
@@ -157,7 +161,14 @@ class Router:
         who = await self._where(request, d, pids)
         if who is None or who == self.cluster.node_id:
             return None
-        return await self._forward(request, d, who, pids)
+        plan = request.path.endswith("/plan")
+        try:
+            resp = await self._forward(request, d, who, pids)
+        except ConnectionError:
+            if not plan:
+                raise
+            return None  # planned here: the partitions' objects, without their leader (§6)
+        return None if plan and resp is not None and resp.status == 503 else resp
 
     # -- writes ---------------------------------------------------------------------------------
 
@@ -238,7 +249,15 @@ class Router:
 
         async def across():
             return await self._scatter(d, where, bbox, columns, limit, as_of)
-        return await self._dispatch(request, d, np.arange(d.partitions), here, across)
+        try:
+            resp, out = await self._dispatch(request, d, np.arange(d.partitions), here, across)
+        except (ConnectionError, UnavailableError):
+            if as_of is None:
+                raise
+            return None, await across()  # as of a given T: partitions without a leader from their objects
+        if resp is not None and resp.status == 503 and as_of is not None:
+            return None, await across()
+        return resp, out
 
     async def cluster_ts(self, nodes) -> int:
         """A read timestamp that sees every commit acknowledged anywhere before now: the
@@ -270,6 +289,15 @@ class Router:
                 raise QueryError(f"no column {missing[0]!r}" if missing else "columns must be a list of names")
 
         async def read(n: str, pids: list[int]) -> pa.Table:
+            try:
+                return await share(n, pids)
+            except (ConnectionError, UnavailableError, RemoteError) as e:
+                if as_of is None or (isinstance(e, RemoteError) and e.status != 503):
+                    raise
+                log.info("event=read_without_leader table=%s node=%s partitions=%s", d.name, n, pids)
+                return await self.db.query_without_leader(d.name, T, pids, where, bbox, limit)
+
+        async def share(n: str, pids: list[int]) -> pa.Table:
             if n == self.cluster.node_id:
                 t, _ = await self.db.query(d.name, where=where, bbox=bbox, limit=limit, as_of=T, partitions=pids,
                                            trusted=True)
@@ -302,21 +330,31 @@ class Router:
         if not self.multi:
             return None
         by_node = (await self._placement(d, fresh=True)).by_node()
-        return by_node if len(by_node) > 1 else None
+        return by_node if len(by_node) > 1 or self.cluster.node_id not in by_node else None
 
     async def _T(self, by_node, as_of) -> int:
         return await self.cluster_ts(sorted(by_node)) if as_of is None else await self.db.snapshot(as_of)
 
-    async def _each(self, by_node, local, path: str, doc: dict):
+    async def _each(self, by_node, local, path: str, doc: dict, without=None):
         """``local(pids)`` here and ``path`` with ``doc`` + ``partitions`` on the other nodes,
-        in parallel: [(node, answer)] (remote answers as raw bytes)."""
-        async def one(n: str, pids: list[int]):
+        in parallel: [(node, answer)] (remote answers as raw bytes). ``without(pids)``: the
+        answer for partitions whose node does not answer or does not lead them now."""
+        async def ask(n: str, pids: list[int]):
             if n == self.cluster.node_id:
                 return await local(pids)
             status, _, payload = await self.cluster.call(n, "POST", path, doc={**doc, "partitions": pids})
             if status != 200:
                 raise_remote(status, payload, n)
             return payload
+
+        async def one(n: str, pids: list[int]):
+            try:
+                return await ask(n, pids)
+            except (ConnectionError, UnavailableError, RemoteError) as e:
+                if without is None or (isinstance(e, RemoteError) and e.status != 503):
+                    raise
+                log.info("event=plan_without_leader node=%s partitions=%s error=%s", n, pids, e)
+                return await without(pids)
         items = sorted(by_node.items())
         return list(zip([n for n, _ in items], await asyncio.gather(*(one(n, p) for n, p in items))))
 
@@ -342,10 +380,21 @@ class Router:
 
         async def local(pids):
             return await self.db.read_plan(table, T, where, bbox, False, lease_s, partitions=pids, trusted=True)
+
+        async def without(pids):  # their leader does not answer: from their objects, T at most their watermark
+            if as_of is None:
+                raise UnavailableError(f"table {table!r}: partitions {pids} have no leader answering; "
+                                       "a plan without their leader needs an as_of")
+            return list(await self.db.plan_without_leader(table, T, pids))
         got = await self._each(by_node, local, "/v1/internal/plan",
-                               {"table": table, "as_of": T, "where": where, "bbox": bbox})
-        plans = [g if isinstance(g, ReadPlan) else ReadPlan.from_json(json.loads(g)) for _, g in got]
+                               {"table": table, "as_of": T, "where": where, "bbox": bbox}, without)
+        plans = [g if isinstance(g, ReadPlan) else ReadPlan.from_json(json.loads(g))
+                 for _, g in got if not isinstance(g, list)]
+        if not plans:  # every partition without its leader: the plan's frame (schema, versions) from here
+            plans = [await self.db.read_plan(table, T, None, None, True, lease_s, partitions=[], trusted=True)]
         sealed = sorted((s for p in plans for s in p.sealed), key=lambda s: s.segid)
+        sealed += [s for _, g in got if isinstance(g, list) for s in g]
+        sealed.sort(key=lambda s: s.segid)
         tail = () if sealed_only else tuple(sorted({t for p in plans for t in p.tail}))
         segids = sorted({r.segid for _, r in await self.db.segment_records(table) if r.table == d.table_id})
         lease = await self.db.acquire_lease(segids, lease_s)

@@ -186,6 +186,13 @@ class Database:
                         trusted: bool = False) -> ReadPlan:
         return await self.external.read_plan(name, as_of, where, bbox, sealed_only, lease_s, partitions, trusted)
 
+    async def plan_without_leader(self, name: str, T: int, pids: list[int]):
+        return await self.external.plan_without_leader(name, T, pids)
+
+    async def query_without_leader(self, name: str, T: int, pids: list[int], where=None, bbox=None,
+                                   limit: int | None = None) -> pa.Table:
+        return await self.external.query_without_leader(name, T, pids, where, bbox, limit)
+
     async def tail(self, name: str, partition: int, as_of: int, where=None, bbox=None,
                    sealed: list[int] | None = None) -> pa.Table:
         return await self.external.tail(name, partition, as_of, where, bbox, sealed)

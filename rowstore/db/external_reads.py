@@ -12,7 +12,8 @@ from rowstore.segments.active import split_rowids
 from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegmentStore, SegState
 from rowstore.db.leases import Leases
-from rowstore.db.reads import Reader, candidates
+from rowstore.db.offloaded_reads import plan_offloaded, query_offloaded
+from rowstore.db.reads import Reader, candidates, finish
 from terrafs.fs import TerrascaleFS
 
 
@@ -76,6 +77,21 @@ class ExternalReads:
         versions = tuple(c.schemas(v) for v in latest.history if _has(c.schemas, v))
         return ReadPlan(c.T, c.d.name, c.d.table_id, c.d.schema, versions, self.fs.objects.uri,
                         self.fs.kek is not None, tuple(sealed), () if sealed_only else tuple(sorted(tail)), lease)
+
+    async def plan_without_leader(self, name: str, T: int, pids: list[int]) -> list[SegmentSlice]:
+        """The sealed slices of ``pids`` at T from their objects alone (their leader does not
+        answer; RFC 0010 §6): refused when T is above a partition's watermark."""
+        c = await self.reader.context(name, T, trusted=True)
+        return await plan_offloaded(self.store, self.fs, c.d, c.schemas, pids, c.T)
+
+    async def query_without_leader(self, name: str, T: int, pids: list[int], where=None, bbox=None,
+                                   limit: int | None = None) -> pa.Table:
+        """The rows of ``pids`` visible at T matching ``where``/``bbox``, in key order, from
+        their objects alone (as :meth:`plan_without_leader`)."""
+        c = await self.reader.context(name, T, trusted=True)
+        terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
+        rows = await query_offloaded(self.store, c.d, c.schemas, pids, c.T, terms, box)
+        return finish(rows, c.d.schema, None, limit)
 
     async def tail(self, name: str, partition: int, as_of: int, where=None, bbox=None,
                    sealed: list[int] | None = None) -> pa.Table:

@@ -7,6 +7,7 @@ import asyncio
 import logging
 from typing import Callable
 
+from rowstore.db.offloaded_reads import advance_watermark
 from rowstore.segments.store import SegmentRecord, SegmentStore
 from rowstore.tables.definitions import TableCatalog
 from rowstore.timeline import Timeline
@@ -85,6 +86,10 @@ class Maintenance:
                 continue  # a table this node has not opened (it will be, at the next start)
             await self.store.offload(segid, d.schema, await self.tables.schemas_of(d))
             done.append(segid)
+            try:  # what any node may read without the partition's leader (RFC 0010 §6)
+                await advance_watermark(self.store, self.timeline, rec.table, rec.partition)
+            except Exception as e:  # noqa: BLE001 - the offload stands; the next one moves it
+                log.warning("event=watermark_failed segid=%d error=%r", segid, e)
         return {"offloaded": done}
 
     async def segment_records(self, table: str | None = None) -> list[tuple[str, SegmentRecord]]:

@@ -183,11 +183,13 @@ async def test_dropped_table_is_reclaimed():
     await churn(db, model, rounds=1)
     await db.checkpoint()
     tid = (await db.describe("m")).table_id
+    assert await db.catalog.scan(f"rs/wm/{tid}/")
     await db.drop_table("m")
     res = await db.collect_garbage()
     assert res["deleted"]
     assert not [r for r in await db.store.list() if r.table == tid]
     assert not await db.catalog.scan(f"idx/{tid}/")
+    assert not await db.catalog.scan(f"rs/wm/{tid}/")  # nor what its partitions had offloaded
 
 
 @pytest.mark.parametrize("point", ["gc.after_copy", "gc.after_publish", "gc.after_index_checkpoint",

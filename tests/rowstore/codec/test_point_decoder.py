@@ -39,6 +39,7 @@ def test_decode_one_across_schema_versions():
         decode_one(raw[:-1], lambda v: v1, v1)
 
 
+@settings(deadline=None)  # the first example compiles the numba partition kernel
 @given(keys=st.lists(st.integers(-2**63, 2**63 - 1), min_size=1, max_size=50), parts=st.integers(1, 64))
 def test_scalar_int_keys_match(keys, parts):
     enc = encode_keys(pa.array(keys, pa.int64()), "int64")
@@ -46,6 +47,7 @@ def test_scalar_int_keys_match(keys, parts):
     assert [partition_one(encode_one(k, "int64"), parts) for k in keys] == partition_of(enc, parts).tolist()
 
 
+@settings(deadline=None)
 @given(keys=st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
                              max_size=40), min_size=1,
                      max_size=30), parts=st.integers(1, 64))

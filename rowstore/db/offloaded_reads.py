@@ -1,0 +1,168 @@
+"""Reads of a partition from its objects alone, when its leader does not answer (RFC 0010 §6).
+
+Which rows of an offloaded segment are visible at T is normally the leader's key index (a
+newer version or a deletion in any later segment hides a row). A partition's *watermark*
+(``rs/wm/<table id>/<pid:03d>``, docs/format/replication.md) says up to which commit
+timestamp every commit of the partition is in offloaded segments; below it any node can
+work visibility out from the objects themselves: per key the newest version at or below T,
+deletions hiding their key. Above it the rows may be only on the leader's replicas, and the
+read is refused rather than answered short.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from catalog.abc import Check, Put
+from rowstore.errors import UnavailableError
+from rowstore.reads.plan import SegmentSlice, visible_bitmap
+from rowstore.reads.predicates import batch_mask
+from rowstore.segments.store import SegmentRecord, SegmentStore, SegState
+from rowstore.timeline import Timeline
+from terrafs.catalog_ops import commit
+
+log = logging.getLogger("rowstore.db.offloaded_reads")
+WATERMARK_PREFIX = "rs/wm/"
+_GONE = (SegState.OFFLOADED, SegState.RETIRED)
+
+
+def watermark_key(table_id: str, pid: int) -> str:
+    return f"{WATERMARK_PREFIX}{table_id}/{pid:03d}"
+
+
+@dataclass(frozen=True)
+class Watermark:
+    seq: int  # every non-copy segment with seq <= it is offloaded (or retired)
+    ts: int  # every commit at or below it is in those segments (or their copies)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"seq": self.seq, "ts": self.ts}).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Watermark:
+        d = json.loads(raw)
+        return cls(int(d["seq"]), int(d["ts"]))
+
+
+async def read_watermark(catalog, table_id: str, pid: int) -> Watermark | None:
+    e = await catalog.get(watermark_key(table_id, pid))
+    return None if e is None else Watermark.from_bytes(e.value)
+
+
+async def advance_watermark(store: SegmentStore, timeline: Timeline, table_id: str, pid: int) -> Watermark | None:
+    """After this node (the partition's leader) offloaded one of its segments: move the
+    partition's watermark up to what is offloaded now. None: it cannot move."""
+    closed = timeline.closed  # first: a commit at or below it is done, in some segment already
+    recs = [r for r in await store.list(table=table_id) if r.partition == pid and not r.copy]
+    if not recs:
+        return None
+    recs.sort(key=lambda r: r.seq)
+    k = None
+    for r in recs:
+        if r.state not in _GONE:
+            break
+        k = r.seq
+    if k is None:
+        return None
+    floor = closed
+    for r in recs:
+        if r.seq <= k:
+            continue
+        if r.state == SegState.ACTIVE and r.segid not in store.active:
+            return None  # another node's active segment: its rows' timestamps are unknown here
+        live = store.live(r)
+        if live.max_ts:  # holds rows (an empty active segment's rows will all be above ``closed``)
+            floor = min(floor, live.min_ts - 1)
+    new = Watermark(k, floor)
+    key = watermark_key(table_id, pid)
+    for _ in range(5):
+        e = await store.catalog.get(key)
+        old = None if e is None else Watermark.from_bytes(e.value)
+        if old is not None and old.ts >= new.ts and old.seq >= new.seq:
+            return old
+        best = new if old is None else Watermark(max(old.seq, new.seq), max(old.ts, new.ts))
+        res = await commit(store.catalog, [Check(key, 0 if e is None else e.version)], [Put(key, best.to_bytes())])
+        if res.committed:
+            return best
+    log.warning("event=watermark_contended table=%s partition=%d", table_id, pid)
+    return None
+
+
+async def visible_offloaded(store: SegmentStore, d, schemas, pid: int, T: int) -> dict[int, np.ndarray]:
+    """segid -> localids (sorted) of the partition's rows visible at T, from its objects.
+
+    Refused (UnavailableError) when T is above the partition's watermark."""
+    wm = await read_watermark(store.catalog, d.table_id, pid)
+    if wm is None or T > wm.ts:
+        have = "nothing offloaded yet" if wm is None else f"its objects hold every commit up to {wm.ts}"
+        raise UnavailableError(f"table {d.name!r}: partition {pid} has no leader answering and {have}; "
+                               f"a read at {T} needs its leader (retry, or read as of an earlier time)")
+    recs = [r for r in await store.list(table=d.table_id)
+            if r.partition == pid and r.state == SegState.OFFLOADED and r.min_ts <= T and r.rows]
+    keys, ts, dead, segs, locs = [], [], [], [], []
+    key = d.schema.key.name
+    for r in recs:
+        n = 0
+        async for dec in store.scan(r.segid, d.schema, schemas):
+            m = dec.batch.num_rows
+            keys.append(dec.batch.column(key))
+            ts.append(dec.commit_ts)
+            dead.append(dec.deleted)
+            segs.append(np.full(m, r.segid, np.uint32))
+            locs.append(np.arange(n, n + m, dtype=np.uint32))
+            n += m
+    if not keys:
+        return {}
+    t = pa.table({"k": pa.concat_arrays(keys), "ts": np.concatenate(ts), "dead": np.concatenate(dead),
+                  "seg": np.concatenate(segs), "loc": np.concatenate(locs)})
+    t = t.filter(pc.less_equal(t.column("ts"), pa.scalar(T, pa.uint64())))
+    if t.num_rows == 0:
+        return {}
+    t = t.take(pc.sort_indices(t, [("k", "ascending"), ("ts", "descending")]))
+    k = t.column("k").combine_chunks()
+    first = np.ones(t.num_rows, bool)  # the newest version of each key at or below T
+    if t.num_rows > 1:
+        first[1:] = pc.not_equal(k.slice(1), k.slice(0, t.num_rows - 1)).to_numpy(zero_copy_only=False)
+    keep = first & ~t.column("dead").to_numpy()
+    seg, loc = t.column("seg").to_numpy()[keep], t.column("loc").to_numpy()[keep]
+    out = {}
+    for s in np.unique(seg).tolist():
+        out[int(s)] = np.sort(loc[seg == s])
+    return out
+
+
+async def plan_offloaded(store: SegmentStore, fs, d, schemas, pids, T: int) -> list[SegmentSlice]:
+    """The read plan's slices of ``pids`` at T, made without their leader."""
+    recs: dict[int, SegmentRecord] = {r.segid: r for r in await store.list(table=d.table_id)}
+    out = []
+    for pid in pids:
+        for segid, locs in sorted((await visible_offloaded(store, d, schemas, pid, T)).items()):
+            f = await fs.stat(recs[segid].inode)
+            out.append(SegmentSlice(segid, f.location, f.object_size, recs[segid].rows, visible_bitmap(locs)))
+    return out
+
+
+async def query_offloaded(store: SegmentStore, d, schemas, pids, T: int, terms, box) -> list[pa.RecordBatch]:
+    """The rows of ``pids`` visible at T matching the predicates, read from the objects."""
+    out = []
+    for pid in pids:
+        for segid, locs in sorted((await visible_offloaded(store, d, schemas, pid, T)).items()):
+            want = np.zeros(int(locs[-1]) + 1, bool)
+            want[locs] = True
+            base = 0
+            async for dec in store.scan(segid, d.schema, schemas):
+                m = dec.batch.num_rows
+                w = np.zeros(m, bool)
+                hi = min(base + m, len(want))
+                if hi > base:
+                    w[: hi - base] = want[base:hi]
+                base += m
+                if w.any():
+                    b = dec.batch.filter(pa.array(w))
+                    out.append(b.filter(pa.array(batch_mask(b, terms, box))))
+    return out
