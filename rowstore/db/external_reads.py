@@ -81,14 +81,14 @@ class ExternalReads:
     async def plan_without_leader(self, name: str, T: int, pids: list[int]) -> list[SegmentSlice]:
         """The sealed slices of ``pids`` at T from their objects alone (their leader does not
         answer; RFC 0010 §6): refused when T is above a partition's watermark."""
-        c = await self.reader.context(name, T, trusted=True)
+        c = await self.reader.context(name, T, trusted=True, leased=False)
         return await plan_offloaded(self.store, self.fs, c.d, c.schemas, pids, c.T)
 
     async def query_without_leader(self, name: str, T: int, pids: list[int], where=None, bbox=None,
                                    limit: int | None = None) -> pa.Table:
         """The rows of ``pids`` visible at T matching ``where``/``bbox``, in key order, from
         their objects alone (as :meth:`plan_without_leader`)."""
-        c = await self.reader.context(name, T, trusted=True)
+        c = await self.reader.context(name, T, trusted=True, leased=False)
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
         rows = await query_offloaded(self.store, c.d, c.schemas, pids, c.T, terms, box)
         return finish(rows, c.d.schema, None, limit)

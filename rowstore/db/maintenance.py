@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Callable
 
 from rowstore.db.offloaded_reads import advance_watermark
@@ -14,6 +15,7 @@ from rowstore.timeline import Timeline
 from rowstore.db.registry import TableRegistry
 
 log = logging.getLogger("rowstore.database")
+WATERMARK_EVERY_S = 10.0
 
 
 class Maintenance:
@@ -22,6 +24,7 @@ class Maintenance:
         self.store, self.definitions, self.tables, self.timeline = store, definitions, tables, timeline
         self.memtable_budget, self.horizon = memtable_budget, horizon
         self._wake = asyncio.Event()  # a write crossed the memtable budget: maintain now
+        self._marked: dict[tuple[str, int], float] = {}  # (table id, pid) -> when its watermark last moved
 
     def after_write(self) -> None:
         if self.memtable_bytes() > self.memtable_budget:
@@ -90,7 +93,26 @@ class Maintenance:
                 await advance_watermark(self.store, self.timeline, rec.table, rec.partition)
             except Exception as e:  # noqa: BLE001 - the offload stands; the next one moves it
                 log.warning("event=watermark_failed segid=%d error=%r", segid, e)
+        await self.mark_idle()
         return {"offloaded": done}
+
+    async def mark_idle(self) -> None:
+        """Partitions led here whose rows are all in objects (none in an active segment): their
+        watermark follows the closed timestamp, once per ``WATERMARK_EVERY_S`` each (one catalog
+        write), so an idle partition stays readable without its leader up to a recent time."""
+        now = time.monotonic()
+        for p in self.tables.partitions():
+            k = (p.table_id, p.pid)
+            seg = self.store.current_or_none(p.table_id, p.pid)
+            if seg is not None and seg.durable_rows:
+                continue  # an active segment with rows: the offload after its seal moves the watermark
+            if k in self._marked and now - self._marked[k] < WATERMARK_EVERY_S:
+                continue
+            self._marked[k] = now
+            try:
+                await advance_watermark(self.store, self.timeline, p.table_id, p.pid)
+            except Exception as e:  # noqa: BLE001 - tried again in WATERMARK_EVERY_S
+                log.warning("event=watermark_failed table=%s partition=%d error=%r", p.table_id, p.pid, e)
 
     async def segment_records(self, table: str | None = None) -> list[tuple[str, SegmentRecord]]:
         """(table name, record as this node sees it now) for every segment, or one table's."""

@@ -58,17 +58,13 @@ async def advance_watermark(store: SegmentStore, timeline: Timeline, table_id: s
     """After this node (the partition's leader) offloaded one of its segments: move the
     partition's watermark up to what is offloaded now. None: it cannot move."""
     closed = timeline.closed  # first: a commit at or below it is done, in some segment already
-    recs = [r for r in await store.list(table=table_id) if r.partition == pid and not r.copy]
-    if not recs:
-        return None
-    recs.sort(key=lambda r: r.seq)
-    k = None
+    recs = sorted((r for r in await store.list(table=table_id) if r.partition == pid and not r.copy),
+                  key=lambda r: r.seq)
+    k = 0  # no segment at all: every commit at or below ``closed`` is nowhere (there is none)
     for r in recs:
         if r.state not in _GONE:
             break
         k = r.seq
-    if k is None:
-        return None
     floor = closed
     for r in recs:
         if r.seq <= k:

@@ -85,11 +85,14 @@ class Reader:
             raise FutureTimestampError(f"as_of {as_of} is not closed yet (closed timestamp {self.timeline.closed})")
         return as_of
 
-    async def context(self, name: str, as_of: int | None, trusted: bool = False) -> ReadContext:
+    async def context(self, name: str, as_of: int | None, trusted: bool = False, leased: bool = True) -> ReadContext:
+        """``leased``: refuse when a replicated partition led here has no current lease (False:
+        the read uses no partition's index, only objects)."""
         T = await self.snapshot(as_of, trusted)
         d = await self.definitions.describe(name, T)
         table = await self.tables.table(d)
-        self.leases_of(d.table_id, table.owned)
+        if leased:
+            self.leases_of(d.table_id, table.owned)
         return ReadContext(T, d, table, await self.tables.schemas_of(d))
 
     async def get(self, name: str, key, as_of: int | None = None) -> dict | None:

@@ -419,10 +419,16 @@ def test_two_of_three_replicas_down_answer_503_never_an_ack(tmp_path):
         k0, k_ok = keys_in(0, 5, 6, 10_000), keys_in(ok_pid, 5, 6, 20_000)
         acked = []
         for k in k0[:3]:
-            cu.upsert("t", [{"id": int(k), "b": -1}])
+            T = cu.upsert("t", [{"id": int(k), "b": -1}])["commit_ts"]
             acked.append(int(k))
+        for n in nodes:  # offloaded: readable without a leader as of T (RFC 0010 §6)
+            with n.client(timeout=60) as cn:
+                cn.admin("seal")
+                cn.admin("offload")
         for n in down:
             n.kill()
+        old = cu.query("t", as_of=T, limit=1000)  # partition 0 has no leader that can prove it leads
+        assert sorted(old.column("id").to_pylist()) == sorted(acked)
         refused = 0
         for k in k0[3:]:
             with pytest.raises(ApiError) as ei:

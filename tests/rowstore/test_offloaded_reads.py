@@ -123,3 +123,24 @@ async def same_as_index_one(db, T):
     want, _ = await db.query("m", as_of=T, limit=None)
     got = await db.query_without_leader("m", T, [0])
     assert got.column("v").to_pylist() == want.column("v").to_pylist()
+
+
+async def test_an_idle_partitions_watermark_follows_the_closed_timestamp():
+    """Nothing written, or everything offloaded: the maintenance round moves the watermark to
+    the closed timestamp, so the partition reads (empty, or its objects) without its leader."""
+    w = TablesWorld(PARTS)
+    db = await w.start()
+    d = await db.create_table("m", SCHEMA)
+    T0 = db.closed_ts
+    await db.offload()  # a maintenance round's offload step
+    for p in range(PARTS):
+        assert (await read_watermark(db.catalog, d.table_id, p)).ts >= T0
+    assert (await db.query_without_leader("m", T0, list(range(PARTS)))).num_rows == 0
+    T1 = (await db.upsert("m", rows(range(30)))).commit_ts
+    await db.offload()  # rows in active segments: the watermark stays below them
+    with pytest.raises(UnavailableError):
+        await db.query_without_leader("m", T1, list(range(PARTS)))
+    await db.seal()
+    db.maintenance._marked.clear()  # as WATERMARK_EVERY_S later
+    await db.offload()
+    await same_as_index(db, T1)
