@@ -8,7 +8,7 @@ import logging
 import time
 from typing import Callable
 
-from rowstore.db.offloaded_reads import advance_watermark
+from rowstore.db.offloaded_reads import advance_from, advance_watermark
 from rowstore.segments.store import SegmentRecord, SegmentStore
 from rowstore.tables.definitions import TableCatalog
 from rowstore.timeline import Timeline
@@ -101,18 +101,24 @@ class Maintenance:
         watermark follows the closed timestamp, once per ``WATERMARK_EVERY_S`` each (one catalog
         write), so an idle partition stays readable without its leader up to a recent time."""
         now = time.monotonic()
+        due = []
         for p in self.tables.partitions():
             k = (p.table_id, p.pid)
             seg = self.store.current_or_none(p.table_id, p.pid)
             if seg is not None and seg.durable_rows:
                 continue  # an active segment with rows: the offload after its seal moves the watermark
-            if k in self._marked and now - self._marked[k] < WATERMARK_EVERY_S:
-                continue
+            if k not in self._marked or now - self._marked[k] >= WATERMARK_EVERY_S:
+                due.append(k)
+        if not due:
+            return
+        closed = self.timeline.closed  # before the listing (offloaded_reads.advance_from)
+        listed = await self.store.list()
+        for k in due:
             self._marked[k] = now
             try:
-                await advance_watermark(self.store, self.timeline, p.table_id, p.pid)
+                await advance_from(self.store, closed, listed, *k)
             except Exception as e:  # noqa: BLE001 - tried again in WATERMARK_EVERY_S
-                log.warning("event=watermark_failed table=%s partition=%d error=%r", p.table_id, p.pid, e)
+                log.warning("event=watermark_failed table=%s partition=%d error=%r", k[0], k[1], e)
 
     async def segment_records(self, table: str | None = None) -> list[tuple[str, SegmentRecord]]:
         """(table name, record as this node sees it now) for every segment, or one table's."""

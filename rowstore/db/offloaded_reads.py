@@ -58,7 +58,13 @@ async def advance_watermark(store: SegmentStore, timeline: Timeline, table_id: s
     """After this node (the partition's leader) offloaded one of its segments: move the
     partition's watermark up to what is offloaded now. None: it cannot move."""
     closed = timeline.closed  # first: a commit at or below it is done, in some segment already
-    recs = sorted((r for r in await store.list(table=table_id) if r.partition == pid and not r.copy),
+    return await advance_from(store, closed, await store.list(table=table_id), table_id, pid)
+
+
+async def advance_from(store: SegmentStore, closed: int, listed: list[SegmentRecord], table_id: str,
+                       pid: int) -> Watermark | None:
+    """:func:`advance_watermark` with the closed timestamp read *before* ``listed`` was."""
+    recs = sorted((r for r in listed if r.table == table_id and r.partition == pid and not r.copy),
                   key=lambda r: r.seq)
     k = 0  # no segment at all: every commit at or below ``closed`` is nowhere (there is none)
     for r in recs:
