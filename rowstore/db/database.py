@@ -77,7 +77,8 @@ class Database:
         self.external = ExternalReads(fs, self.store, self.reader, self.leases)
         self.replicas = ReplicaStore(fs)
         self.leadership = Leadership(self.store, self.replicas, self.tables,
-                                     lambda txn: self.committer.decide_at_recovery(txn, keep=True))
+                                     lambda txn: self.committer.decide_at_recovery(txn, keep=True),
+                                     self.clock.observe)
         self.reader.leases_of = self.leadership.check_lease
         self.committer.stalled = lambda t, p: self.tasks.spawn(self.leadership.demote(t, p))
         self.gc = GarbageCollector(self.store, self.catalog_tables, self.tables, self.timeline, self.leases,

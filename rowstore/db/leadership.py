@@ -12,6 +12,7 @@ import logging
 import time
 
 from rowstore.errors import FencedError, UnavailableError
+from rowstore.db.offloaded_reads import read_watermark
 from rowstore.replication.follower import ReplicaStore
 from rowstore.replication.leader import Shipper, Transport
 from rowstore.replication.position import NOTHING, Position, rep_key
@@ -23,8 +24,9 @@ log = logging.getLogger("rowstore.db.leadership")
 
 
 class Leadership:
-    def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables, decide):
+    def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables, decide, observe=None):
         self.store, self.replicas, self.tables, self.decide = store, replicas, tables, decide
+        self.observe = observe  # the clock's observe(ts): a new leader commits above the log it took
         self.lease_wait_s = 2.0
         self.fenced_at: dict[tuple[str, int], float] = {}  # monotonic time a fence made this node step down
         self.fenced_epoch: dict[tuple[str, int], int] = {}  # the highest epoch this node was fenced with
@@ -72,6 +74,9 @@ class Leadership:
         except BaseException:
             self.replicas.forget(d.table_id, pid)  # reload the record on the next message
             raise
+        if self.observe is not None:  # above every commit of the log and the partition's watermark
+            wm = await read_watermark(self.store.catalog, d.table_id, pid)
+            self.observe(max([s.max_ts or 0 for s in segs] + [wm.ts if wm else 0]))
         sh = Shipper(d.table_id, pid, epoch, base, start, followers, transport, lease_s, on_fenced)
         for seg in segs:
             sh.register(seg.seq, seg)
