@@ -164,7 +164,6 @@ class NodeReplication:
     async def _prune(self, tables) -> None:
         """Drop this node's copies of segments their leaders offloaded or deleted, and every
         copy of a partition this node no longer replicates (moved away, or its table dropped)."""
-        recs = await self.db.store.list()
         places = {d.table_id: pl for d, pl in tables}
         for e in await self.node.catalog.scan(REP_PREFIX):
             parts = e.key[len(REP_PREFIX):].split("/")
@@ -177,10 +176,8 @@ class NodeReplication:
             follows = pl is not None and pid < len(pl.partitions) and self.me in pl.partitions[pid].replicas
             if pl is None and any(d.table_id == tid for d in await self.db.list_tables()):
                 continue  # a table not replicated (any more): leave it to a later pass
-            keep = {r.segid for r in recs if r.table == tid and r.partition == pid
-                    and r.state.value in ("active", "sealed")} if follows else set()
             with contextlib.suppress(RowstoreError, TerrafsError, CatalogError):
-                if await self.db.leadership.prune(tid, pid, keep):
+                if await self.db.leadership.prune(tid, pid, follows):
                     log.info("event=replica_pruned table=%s partition=%d follows=%s", tid, pid, follows)
 
     async def take_if_mine(self, table: str, pid: int) -> bool:

@@ -115,17 +115,22 @@ def plan(members: list[str], partitions: int, replicas: int, led: dict[str, int]
         raise ValueError(f"{replicas} replicas need as many members; the cluster has {len(ids)}")
     led, held = {m: led.get(m, 0) for m in ids}, {m: held.get(m, 0) for m in ids}
     start = ids.index(first) if first in ids else 0
-    out = []
+    leaders = []  # every leader first, so the followers' choice sees the copies they hold
     for _ in range(partitions):
         order = ids[start:] + ids[:start]
         leader = min(order, key=lambda m: led[m])
-        rest = [m for m in order if m != leader]
-        followers = sorted(rest, key=lambda m: held[m])[: replicas - 1]
-        for m in (leader, *followers):
-            held[m] += 1
         led[leader] += 1
-        out.append(PartitionPlace((leader, *followers)))
+        held[leader] += 1
+        leaders.append(leader)
         start = (ids.index(leader) + 1) % len(ids)
+    out = []
+    for leader in leaders:
+        at = ids.index(leader)
+        rest = ids[at + 1:] + ids[:at]  # ties: the members after the leader, in id order
+        followers = sorted(rest, key=lambda m: held[m])[: replicas - 1]
+        for m in followers:
+            held[m] += 1
+        out.append(PartitionPlace((leader, *followers)))
     return Placement(tuple(out))
 
 

@@ -157,11 +157,17 @@ class Leadership:
                 raise FencedError(f"epoch {epoch} is not above the leading epoch {sh.epoch}", sh.epoch)
             await self._demote(table_id, pid)
 
-    async def prune(self, table_id: str, pid: int, keep: set[int]) -> int:
-        """The follower side's clean-up of copies the leader offloaded or deleted."""
+    async def prune(self, table_id: str, pid: int, follows: bool) -> int:
+        """The follower side's clean-up of copies the leader offloaded or deleted (all of them
+        when this node no longer ``follows`` the partition). The segment rows are listed under
+        the partition's lock: a copy the leader started after a listing made outside it (its
+        row is written before its first append is shipped) would look deleted, and an
+        acknowledged append would be dropped from this replica."""
         async with self._lock(table_id, pid):
             if (table_id, pid) in self.store.shippers:
                 return 0
+            keep = {r.segid for r in await self.store.list(table=table_id) if r.partition == pid
+                    and r.state.value in ("active", "sealed")} if follows else set()
             return await self.replicas.prune(table_id, pid, keep)
 
     def check_lease(self, table_id: str, pids) -> None:

@@ -396,6 +396,21 @@ def test_a_lost_block_device_is_rebuilt_from_the_others(tmp_path, who):
             n.ensure_stopped()
 
 
+def settled(c, quiet_s: float = 2.0, timeout: float = 60.0) -> list[dict]:
+    """The table's placement once the rebalancer stopped moving replicas (unchanged for
+    ``quiet_s``): a new table's placement may be evened out by a move or two first."""
+    deadline = time.monotonic() + timeout
+    last, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        place = c.describe("t")["placement"]
+        if place != last or any("leaving" in p for p in place):
+            last, since = place, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return place
+        time.sleep(0.2)
+    raise AssertionError(f"the placement kept changing: {last}")
+
+
 @pytest.mark.slow
 def test_two_of_three_replicas_down_answer_503_never_an_ack(tmp_path):
     """5 nodes (the catalog keeps its quorum with two down), R=3: with two replicas of a
@@ -407,7 +422,7 @@ def test_two_of_three_replicas_down_answer_503_never_an_ack(tmp_path):
         start_all(nodes)
         c = nodes[0].client(timeout=60)
         c.create_table("t", [("id", "int64"), ("b", "int64")], "id", partitions=5, replicas=3)
-        place = c.describe("t")["placement"]
+        place = settled(c)  # the partitions chosen below keep their replicas
         leader = c.cluster()["leader"]  # the catalog's Raft leader stays up (quicker, not needed)
         p0 = place[0]["replicas"]
         down = [n for n in nodes if n.node_id in p0[1:]][:2]  # both followers of partition 0
