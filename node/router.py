@@ -292,7 +292,7 @@ class Router:
             try:
                 return await share(n, pids)
             except (ConnectionError, UnavailableError, RemoteError) as e:
-                if as_of is None or (isinstance(e, RemoteError) and e.status != 503):
+                if as_of is None or not _unled(e):
                     raise
                 log.info("event=read_without_leader table=%s node=%s partitions=%s", d.name, n, pids)
                 return await self.db.query_without_leader(d.name, T, pids, where, bbox, limit)
@@ -351,7 +351,7 @@ class Router:
             try:
                 return await ask(n, pids)
             except (ConnectionError, UnavailableError, RemoteError) as e:
-                if without is None or (isinstance(e, RemoteError) and e.status != 503):
+                if without is None or not _unled(e):
                     raise
                 log.info("event=plan_without_leader node=%s partitions=%s error=%s", n, pids, e)
                 return await without(pids)
@@ -392,9 +392,8 @@ class Router:
                  for _, g in got if not isinstance(g, list)]
         if not plans:  # every partition without its leader: the plan's frame (schema, versions) from here
             plans = [await self.db.read_plan(table, T, None, None, True, lease_s, partitions=[], trusted=True)]
-        sealed = sorted((s for p in plans for s in p.sealed), key=lambda s: s.segid)
-        sealed += [s for _, g in got if isinstance(g, list) for s in g]
-        sealed.sort(key=lambda s: s.segid)
+        sealed = sorted([*(s for p in plans for s in p.sealed), *(s for _, g in got if isinstance(g, list) for s in g)],
+                        key=lambda s: s.segid)
         tail = () if sealed_only else tuple(sorted({t for p in plans for t in p.tail}))
         segids = sorted({r.segid for _, r in await self.db.segment_records(table) if r.table == d.table_id})
         lease = await self.db.acquire_lease(segids, lease_s)
@@ -417,6 +416,12 @@ class Router:
         t = pa.concat_tables(tables, promote_options="default")
         key = (await self.db.describe(table, T)).schema.key.name
         return t.sort_by([("commit_ts", "ascending"), (key, "ascending")]), T
+
+
+def _unled(e: BaseException) -> bool:
+    """Whether a node's failure to serve its partitions says they have no leader answering
+    (down, or 503: not leading them now) — not that the request itself was wrong."""
+    return not isinstance(e, RemoteError) or e.status == 503
 
 
 def _pids(d, keys) -> np.ndarray:

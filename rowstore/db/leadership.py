@@ -16,7 +16,7 @@ from rowstore.db.offloaded_reads import read_watermark
 from rowstore.replication.follower import ReplicaStore
 from rowstore.replication.leader import Shipper, Transport
 from rowstore.replication.position import NOTHING, Position, rep_key
-from rowstore.segments.store import SegmentStore
+from rowstore.segments.store import SegmentStore, SegState
 from rowstore.tables.definitions import TableDef
 from rowstore.tables.partition import Partition
 
@@ -167,7 +167,7 @@ class Leadership:
             if (table_id, pid) in self.store.shippers:
                 return 0
             keep = {r.segid for r in await self.store.list(table=table_id) if r.partition == pid
-                    and r.state.value in ("active", "sealed")} if follows else set()
+                    and r.state in (SegState.ACTIVE, SegState.SEALED)} if follows else set()
             return await self.replicas.prune(table_id, pid, keep)
 
     def check_lease(self, table_id: str, pids) -> None:

@@ -8,7 +8,7 @@ import logging
 import time
 from typing import Callable
 
-from rowstore.db.offloaded_reads import advance_from, advance_watermark
+from rowstore.db.offloaded_reads import advance_from
 from rowstore.segments.store import SegmentRecord, SegmentStore
 from rowstore.tables.definitions import TableCatalog
 from rowstore.timeline import Timeline
@@ -81,7 +81,7 @@ class Maintenance:
         return {"sealed": sealed}
 
     async def offload(self) -> dict:
-        done = []
+        done, touched = [], set()
         for segid in await self.store.pending_offload():
             rec, _ = await self.store.record(segid)
             d = self.tables.definition(rec.table)
@@ -89,35 +89,39 @@ class Maintenance:
                 continue  # a table this node has not opened (it will be, at the next start)
             await self.store.offload(segid, d.schema, await self.tables.schemas_of(d))
             done.append(segid)
-            try:  # what any node may read without the partition's leader (RFC 0010 §6)
-                await advance_watermark(self.store, self.timeline, rec.table, rec.partition)
-            except Exception as e:  # noqa: BLE001 - the offload stands; the next one moves it
-                log.warning("event=watermark_failed segid=%d error=%r", segid, e)
-        await self.mark_idle()
+            touched.add((rec.table, rec.partition))
+        await self.mark(self._idle() | touched)
         return {"offloaded": done}
 
-    async def mark_idle(self) -> None:
-        """Partitions led here whose rows are all in objects (none in an active segment): their
-        watermark follows the closed timestamp, once per ``WATERMARK_EVERY_S`` each (one catalog
-        write), so an idle partition stays readable without its leader up to a recent time."""
+    def _idle(self) -> set[tuple[str, int]]:
+        """Partitions led here whose rows are all in objects (none in an active segment) and
+        whose watermark has not moved for ``WATERMARK_EVERY_S``: it follows the closed timestamp
+        (one catalog write each), so an idle partition stays readable without its leader up to
+        a recent time."""
         now = time.monotonic()
-        due = []
+        due = set()
         for p in self.tables.partitions():
             k = (p.table_id, p.pid)
             seg = self.store.current_or_none(p.table_id, p.pid)
             if seg is not None and seg.durable_rows:
                 continue  # an active segment with rows: the offload after its seal moves the watermark
             if k not in self._marked or now - self._marked[k] >= WATERMARK_EVERY_S:
-                due.append(k)
+                due.add(k)
+        return due
+
+    async def mark(self, due: set[tuple[str, int]]) -> None:
+        """Move the watermarks of ``due`` (what any node may read without the partition's
+        leader, RFC 0010 §6): one closed timestamp, then one listing of the segment rows."""
         if not due:
             return
+        now = time.monotonic()
         closed = self.timeline.closed  # before the listing (offloaded_reads.advance_from)
         listed = await self.store.list()
-        for k in due:
+        for k in sorted(due):
             self._marked[k] = now
             try:
                 await advance_from(self.store, closed, listed, *k)
-            except Exception as e:  # noqa: BLE001 - tried again in WATERMARK_EVERY_S
+            except Exception as e:  # noqa: BLE001 - the offload stands; the next round tries again
                 log.warning("event=watermark_failed table=%s partition=%d error=%r", k[0], k[1], e)
 
     async def segment_records(self, table: str | None = None) -> list[tuple[str, SegmentRecord]]:

@@ -22,6 +22,7 @@ from catalog.abc import Check, Put
 from rowstore.errors import UnavailableError
 from rowstore.reads.plan import SegmentSlice, visible_bitmap
 from rowstore.reads.predicates import batch_mask
+from rowstore.segments.active import rowids, split_rowids
 from rowstore.segments.store import SegmentRecord, SegmentStore, SegState
 from rowstore.timeline import Timeline
 from terrafs.catalog_ops import commit
@@ -95,8 +96,11 @@ async def advance_from(store: SegmentStore, closed: int, listed: list[SegmentRec
     return None
 
 
-async def visible_offloaded(store: SegmentStore, d, schemas, pid: int, T: int) -> dict[int, np.ndarray]:
-    """segid -> localids (sorted) of the partition's rows visible at T, from its objects.
+async def visible_offloaded(store: SegmentStore, d, schemas, pid: int, T: int, listed: list[SegmentRecord],
+                            match=None) -> tuple[np.ndarray, list[tuple[pa.RecordBatch, np.ndarray]]]:
+    """The rowids (sorted) of the partition's rows visible at T, worked out from its objects
+    in one scan of each; with ``match(batch) -> mask``, also the matching rows committed at or
+    below T as (batch, their rowids) — the caller keeps the visible ones, without a second scan.
 
     Refused (UnavailableError) when T is above the partition's watermark."""
     wm = await read_watermark(store.catalog, d.table_id, pid)
@@ -104,67 +108,58 @@ async def visible_offloaded(store: SegmentStore, d, schemas, pid: int, T: int) -
         have = "nothing offloaded yet" if wm is None else f"its objects hold every commit up to {wm.ts}"
         raise UnavailableError(f"table {d.name!r}: partition {pid} has no leader answering and {have}; "
                                f"a read at {T} needs its leader (retry, or read as of an earlier time)")
-    recs = [r for r in await store.list(table=d.table_id)
-            if r.partition == pid and r.state == SegState.OFFLOADED and r.min_ts <= T and r.rows]
-    keys, ts, dead, segs, locs = [], [], [], [], []
-    key = d.schema.key.name
+    recs = [r for r in listed if r.table == d.table_id and r.partition == pid and r.state == SegState.OFFLOADED
+            and r.min_ts <= T and r.rows]
+    keys, ts, dead, ids, kept = [], [], [], [], []
     for r in recs:
         n = 0
         async for dec in store.scan(r.segid, d.schema, schemas):
             m = dec.batch.num_rows
-            keys.append(dec.batch.column(key))
+            rid = rowids(r.segid, np.arange(n, n + m, dtype=np.uint32))
+            n += m
+            keys.append(dec.batch.column(d.schema.key.name))
             ts.append(dec.commit_ts)
             dead.append(dec.deleted)
-            segs.append(np.full(m, r.segid, np.uint32))
-            locs.append(np.arange(n, n + m, dtype=np.uint32))
-            n += m
+            ids.append(rid)
+            if match is not None:
+                want = np.asarray(match(dec.batch), bool) & (dec.commit_ts <= np.uint64(T)) & ~dec.deleted
+                if want.any():
+                    kept.append((dec.batch.filter(pa.array(want)), rid[want]))
     if not keys:
-        return {}
+        return np.zeros(0, np.uint64), kept
     t = pa.table({"k": pa.concat_arrays(keys), "ts": np.concatenate(ts), "dead": np.concatenate(dead),
-                  "seg": np.concatenate(segs), "loc": np.concatenate(locs)})
+                  "id": np.concatenate(ids)})
     t = t.filter(pc.less_equal(t.column("ts"), pa.scalar(T, pa.uint64())))
     if t.num_rows == 0:
-        return {}
+        return np.zeros(0, np.uint64), kept
     t = t.take(pc.sort_indices(t, [("k", "ascending"), ("ts", "descending")]))
     k = t.column("k").combine_chunks()
     first = np.ones(t.num_rows, bool)  # the newest version of each key at or below T
     if t.num_rows > 1:
         first[1:] = pc.not_equal(k.slice(1), k.slice(0, t.num_rows - 1)).to_numpy(zero_copy_only=False)
-    keep = first & ~t.column("dead").to_numpy()
-    seg, loc = t.column("seg").to_numpy()[keep], t.column("loc").to_numpy()[keep]
-    out = {}
-    for s in np.unique(seg).tolist():
-        out[int(s)] = np.sort(loc[seg == s])
-    return out
+    return np.sort(t.column("id").to_numpy()[first & ~t.column("dead").to_numpy()]), kept
 
 
 async def plan_offloaded(store: SegmentStore, fs, d, schemas, pids, T: int) -> list[SegmentSlice]:
     """The read plan's slices of ``pids`` at T, made without their leader."""
-    recs: dict[int, SegmentRecord] = {r.segid: r for r in await store.list(table=d.table_id)}
+    listed = await store.list(table=d.table_id)
+    recs = {r.segid: r for r in listed}
     out = []
     for pid in pids:
-        for segid, locs in sorted((await visible_offloaded(store, d, schemas, pid, T)).items()):
+        ids, _ = await visible_offloaded(store, d, schemas, pid, T, listed)
+        segs, locs = split_rowids(ids)
+        for segid in np.unique(segs).tolist():
             f = await fs.stat(recs[segid].inode)
-            out.append(SegmentSlice(segid, f.location, f.object_size, recs[segid].rows, visible_bitmap(locs)))
+            out.append(SegmentSlice(segid, f.location, f.object_size, recs[segid].rows,
+                                    visible_bitmap(locs[segs == segid])))
     return out
 
 
 async def query_offloaded(store: SegmentStore, d, schemas, pids, T: int, terms, box) -> list[pa.RecordBatch]:
     """The rows of ``pids`` visible at T matching the predicates, read from the objects."""
+    listed = await store.list(table=d.table_id)
     out = []
     for pid in pids:
-        for segid, locs in sorted((await visible_offloaded(store, d, schemas, pid, T)).items()):
-            want = np.zeros(int(locs[-1]) + 1, bool)
-            want[locs] = True
-            base = 0
-            async for dec in store.scan(segid, d.schema, schemas):
-                m = dec.batch.num_rows
-                w = np.zeros(m, bool)
-                hi = min(base + m, len(want))
-                if hi > base:
-                    w[: hi - base] = want[base:hi]
-                base += m
-                if w.any():
-                    b = dec.batch.filter(pa.array(w))
-                    out.append(b.filter(pa.array(batch_mask(b, terms, box))))
+        ids, kept = await visible_offloaded(store, d, schemas, pid, T, listed, lambda b: batch_mask(b, terms, box))
+        out += [b.filter(pa.array(np.isin(rid, ids))) for b, rid in kept]
     return out
