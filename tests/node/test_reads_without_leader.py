@@ -3,22 +3,12 @@ killed -9 keeps its offloaded rows readable through every other node — queries
 plans as of a time its watermark covers — while a read that needs its unoffloaded rows
 answers 503 instead of answering short."""
 import numpy as np
-import pyarrow as pa
 import pytest
 
 from node.client import ApiError
 from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
 from tests.node.test_bridge_api import call, plan_rows
-
-
-def rows(bid: int, n: int = 40, b: int | None = None) -> pa.Table:
-    keys = bid * 1000 + np.arange(n, dtype=np.int64)
-    return pa.table({"id": keys, "b": pa.array(np.full(n, bid if b is None else b), pa.int64())})
-
-
-def counts(t: pa.Table) -> dict[int, int]:
-    ids, n = np.unique(t.column("b").to_numpy(), return_counts=True)
-    return dict(zip(ids.tolist(), n.tolist()))
+from tests.node.test_replication import counts, rows
 
 
 @pytest.mark.slow

@@ -16,15 +16,20 @@ from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
 FAST = FAST_CLUSTER
 
 
-def rows(bid: int, n: int = 40) -> pa.Table:
+def rows(bid: int, n: int = 40, b: int | None = None) -> pa.Table:
+    """Batch ``bid``: keys bid * 1000 + 0..n-1, column b = ``b`` (default: bid)."""
     keys = bid * 1000 + np.arange(n, dtype=np.int64)
-    return pa.table({"id": keys, "b": pa.array(np.full(n, bid), pa.int64())})
+    return pa.table({"id": keys, "b": pa.array(np.full(n, bid if b is None else b), pa.int64())})
+
+
+def counts(t: pa.Table) -> dict[int, int]:
+    """b -> how many rows carry it."""
+    ids, n = np.unique(t.column("b").to_numpy(), return_counts=True)
+    return dict(zip(ids.tolist(), n.tolist()))
 
 
 def batches(c) -> dict[int, int]:
-    t = c.query("t", columns=["b"], limit=10_000_000)
-    ids, counts = np.unique(t.column("b").to_numpy(), return_counts=True)
-    return dict(zip(ids.tolist(), counts.tolist()))
+    return counts(c.query("t", columns=["b"], limit=10_000_000))
 
 
 def upsert_retrying(c, bid: int, timeout: float = 30.0):

@@ -3,17 +3,11 @@ time while the node leading one of its partitions is dead (kill -9): that partit
 come from its objects alone (RFC 0010 §6), in both readers, equal to what the table held."""
 from __future__ import annotations
 
-import numpy as np
-import pyarrow as pa
 import pytest
 
 from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
+from tests.node.test_replication import rows
 from tests.spark_bridge.test_jvm_reader import read
-
-
-def batch(bid: int, n: int = 50) -> pa.Table:
-    keys = bid * 1000 + np.arange(n, dtype=np.int64)
-    return pa.table({"id": keys, "b": pa.array(np.full(n, bid), pa.int64())})
 
 
 @pytest.mark.slow
@@ -24,12 +18,12 @@ def test_spark_reads_a_dead_nodes_partitions_from_their_objects(spark, tmp_path)
         c1 = nodes[0].client(timeout=60)
         c1.create_table("t", [("id", "int64"), ("b", "int64")], "id", partitions=3)
         for bid in range(1, 7):
-            T = eventually(lambda bid=bid: c1.upsert("t", batch(bid)))["commit_ts"]
+            T = eventually(lambda bid=bid: c1.upsert("t", rows(bid, 50)))["commit_ts"]
         for n in nodes:
             with n.client(timeout=60) as c:
                 c.admin("seal")
                 c.admin("offload")
-        c1.upsert("t", batch(7))  # after T, on the nodes' disks only
+        c1.upsert("t", rows(7, 50))  # after T, on the nodes' disks only
         victim = next(n for n in nodes if n.node_id == c1.describe("t")["placement"][1]["leader"])
         victim.kill()
         other = next(n for n in nodes if n is not victim)
