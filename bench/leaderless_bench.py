@@ -74,7 +74,8 @@ async def main() -> None:
         assert a.num_rows == b.num_rows == ROWS and len(slices) == len(plan.sealed)
         await db.close()
         await db.fs.close()
-    n = f"{ROWS:,} rows + {ROWS // 2:,} overwrites, offloaded, 1 partition, best of 3"
+    n = (f"{ROWS:,} rows + {ROWS // 2:,} overwrites, offloaded, 1 partition, in process, "
+         "best of 3 (blocks cached on both sides)")
     res = [Result(f"read plan from the objects alone (no leader), {n}", best["plan_objects"] * 1000,
                   "read plan from the key index (the leader)", best["plan_index"] * 1000, "ms",
                   "report (degraded path)"),
