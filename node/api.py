@@ -33,7 +33,7 @@ from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedE
                              UnavailableError)
 from rowstore.tables.key_check import show
 from rowstore.schema import _check_name
-from terrafs.errors import MirrorError, TerrafsError
+from terrafs.errors import ClosedError, MirrorError, TerrafsError
 
 log = logging.getLogger("terrascale.node")
 
@@ -169,7 +169,7 @@ class Api:
                     return error(status, code, _one_line(e))
             log.warning("event=request_failed path=%s error=%r", request.path, e)
             return error(500, "storage_error" if isinstance(e, RowstoreError) else "catalog_error", _one_line(e))
-        except MirrorError as e:  # this node stopped leading the partition mid-write
+        except (MirrorError, ClosedError) as e:  # this node stopped leading the partition (or shuts down) mid-request
             return error(503, "unavailable", _one_line(e))
         except TerrafsError as e:
             log.warning("event=request_failed path=%s error=%r", request.path, e)

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from rowstore.errors import UnavailableError
+from terrafs.errors import ClosedError
 from rowstore.segments.active import ActiveSegment, rowids as make_rowids
 from rowstore.index.column_index import PartitionColumns
 from rowstore.index.key_memtable import TOMBSTONE, encode_keys
@@ -109,10 +110,20 @@ class Partition:
             self._drained.set()
 
     async def append(self, seg: ActiveSegment, enc: Encoded, ts: int, txn: int | None = None) -> asyncio.Task:
-        """Enqueue a batch now (call order = log order); the task returns its rowids once durable."""
-        task = asyncio.ensure_future(seg.append_encoded(enc, ts, txn))
+        """Enqueue a batch now (call order = log order); the task returns its rowids once durable.
+        A partition this node stopped leading (or a node shutting down) closes its files under
+        a writer that took the segment before: that write failed whole and may be retried."""
+        task = asyncio.ensure_future(self._append(seg, enc, ts, txn))
         await asyncio.sleep(0)  # let the task take its localids and enqueue its bytes under our lock
         return task
+
+    async def _append(self, seg: ActiveSegment, enc: Encoded, ts: int, txn: int | None) -> np.ndarray:
+        if self.retired:  # in the task, so the caller's in-flight accounting sees the failure
+            raise UnavailableError(f"partition {self.pid} is no longer led by this node; retry")
+        try:
+            return await seg.append_encoded(enc, ts, txn)
+        except ClosedError as e:
+            raise UnavailableError(f"partition {self.pid} stopped taking writes here ({e}); retry") from e
 
     def full(self) -> bool:
         """Whether the current segment reached the seal size (then ``roll(if_full=True)``)."""
