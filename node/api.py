@@ -256,6 +256,9 @@ class Api:
         out = _table_json(d)
         if self.node.cluster is not None:  # each partition's leader and replicas (RFC 0010)
             out["placement"] = (await self.node.cluster.placement(d.name, d.partitions)).json()
+            marks = await self.db.watermarks(d.table_id)
+            for p in out["placement"]:  # reads as of T <= it are served without the leader (RFC 0010 §6)
+                p["watermark"] = marks.get(p["partition"])
         return web.json_response(out)
 
     async def drop_table(self, request):

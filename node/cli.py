@@ -294,7 +294,8 @@ def _describe_out(d: dict, fmt: str) -> None:
         if fmt == "table" and d.get("placement"):
             print()
             _print_table([{"partition": p["partition"], "leader": p["leader"], "replicas": ",".join(p["replicas"]),
-                           "epoch": p["epoch"]} for p in d["placement"]], ["partition", "leader", "replicas", "epoch"])
+                           "epoch": p["epoch"], "watermark": "" if p.get("watermark") is None else p["watermark"]}
+                          for p in d["placement"]], ["partition", "leader", "replicas", "epoch", "watermark"])
     else:
         _emit(d, fmt)
 

@@ -190,6 +190,9 @@ class Database:
     async def plan_without_leader(self, name: str, T: int, pids: list[int]):
         return await self.external.plan_without_leader(name, T, pids)
 
+    async def watermarks(self, table_id: str) -> dict[int, int]:
+        return await self.external.watermarks(table_id)
+
     async def query_without_leader(self, name: str, T: int, pids: list[int], where=None, bbox=None,
                                    limit: int | None = None) -> pa.Table:
         return await self.external.query_without_leader(name, T, pids, where, bbox, limit)

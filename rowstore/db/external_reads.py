@@ -12,7 +12,7 @@ from rowstore.segments.active import split_rowids
 from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegmentStore, SegState
 from rowstore.db.leases import Leases
-from rowstore.db.offloaded_reads import plan_offloaded, query_offloaded
+from rowstore.db.offloaded_reads import plan_offloaded, query_offloaded, read_watermarks
 from rowstore.db.reads import Reader, candidates, finish
 from terrafs.fs import TerrascaleFS
 
@@ -83,6 +83,10 @@ class ExternalReads:
         answer; RFC 0010 §6): refused when T is above a partition's watermark."""
         c = await self.reader.context(name, T, trusted=True, leased=False)
         return await plan_offloaded(self.store, self.fs, c.d, c.schemas, pids, c.T)
+
+    async def watermarks(self, table_id: str) -> dict[int, int]:
+        """Per partition, the time at or below which reads need no leader (RFC 0010 §6)."""
+        return {pid: w.ts for pid, w in (await read_watermarks(self.store.catalog, table_id)).items()}
 
     async def query_without_leader(self, name: str, T: int, pids: list[int], where=None, bbox=None,
                                    limit: int | None = None) -> pa.Table:

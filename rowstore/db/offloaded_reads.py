@@ -55,6 +55,12 @@ async def read_watermark(catalog, table_id: str, pid: int) -> Watermark | None:
     return None if e is None else Watermark.from_bytes(e.value)
 
 
+async def read_watermarks(catalog, table_id: str) -> dict[int, Watermark]:
+    """Every partition's watermark of a table, by partition (one scan)."""
+    prefix = f"{WATERMARK_PREFIX}{table_id}/"
+    return {int(e.key[len(prefix):]): Watermark.from_bytes(e.value) for e in await catalog.scan(prefix)}
+
+
 async def advance_watermark(store: SegmentStore, timeline: Timeline, table_id: str, pid: int) -> Watermark | None:
     """After this node (the partition's leader) offloaded one of its segments: move the
     partition's watermark up to what is offloaded now. None: it cannot move."""

@@ -33,6 +33,11 @@ def test_a_dead_nodes_partitions_are_read_from_their_objects(tmp_path):
         victim = next(n for n in nodes if n.node_id == c1.describe("t")["placement"][0]["leader"])
         others = [n for n in nodes if n is not victim]
         victim.kill()
+        with others[0].client(timeout=60) as c:  # describe names each partition's watermark
+            marks = [p["watermark"] for p in c.describe("t")["placement"]]
+            assert all(T <= m < after for m in marks), (T, marks, after)
+            got = eventually(lambda: c.query("t", columns=["b"], as_of=min(marks), limit=100_000))
+            assert counts(got) == want  # nothing was written between T and the watermarks
         for n in others:
             with n.client(timeout=60) as c:
                 # a query as of T: the dead node's partitions from their objects, the others as usual
