@@ -79,6 +79,13 @@ class TableCatalog:
     async def describe(self, name: str, as_of: int | None = None) -> TableDef:
         """The definition at ``as_of`` (default: now); TableNotFoundError if absent or dropped."""
         d = await self._at(name, as_of)
+        if (d is None or d.dropped) and name in self._hist:
+            # cached: another node may have (re)created it since, and creation is not announced
+            fresh = await self._read_versions(name)
+            if fresh != self._hist.get(name):
+                self.forget(name)
+                self._hist[name] = fresh
+                d = await self._at(name, as_of)
         if d is None or d.dropped:
             raise TableNotFoundError(f"no table {name!r}" + (f" as of {as_of}" if as_of else ""))
         return d

@@ -53,6 +53,28 @@ async def test_drop_and_recreate_is_a_new_table():
     assert (await tc.schemas(b))(1).by_name("w") is not None
 
 
+async def test_a_table_created_by_another_node_is_found_after_a_cached_miss():
+    """Node 2 cached "t" as dropped (or absent); node 1 (re)creates it without telling node
+    2: node 2's next lookup reads the catalog again instead of answering not found."""
+    one = await tables()
+    two = TableCatalog(one.catalog, HybridClock(one.catalog, "n2"))
+    await two.clock.open()
+    with pytest.raises(TableNotFoundError):
+        await two.describe("t")  # absent, cached
+    a = await one.create("t", "id int64 primary key, v string")
+    assert (await two.describe("t")).table_id == a.table_id
+    await one.drop("t")
+    two.forget("t")  # the drop is announced
+    with pytest.raises(TableNotFoundError):
+        await two.describe("t")  # dropped, cached
+    gen = two.generation
+    with pytest.raises(TableNotFoundError):
+        await two.describe("t")  # a miss that finds nothing new keeps the other tables' caches
+    assert two.generation == gen
+    b = await one.create("t", "id string primary key, w int32")
+    assert (await two.describe("t")).table_id == b.table_id and two.generation > gen
+
+
 async def test_errors_and_races():
     tc = await tables()
     await tc.create("t", "id int64 primary key")
