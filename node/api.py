@@ -442,8 +442,33 @@ class Api:
         return web.json_response(await self.node.cluster_view())
 
     async def remove_member(self, request):
-        await self._membership("remove", request.match_info["address"])
+        """Remove one Raft member. Refused (409, nothing changed) while that node holds the only
+        copy of a partition — it would be unreadable from then on — unless ``force=true``."""
+        address = request.match_info["address"]
+        force = request.query.get("force", "false")
+        if force not in ("true", "false"):
+            raise ApiError(400, "bad_request", "force is true or false")
+        if force == "false":
+            await self._refuse_only_copies(address)
+        await self._membership("remove", address)
         return web.json_response(await self.node.cluster_view())
+
+    async def _refuse_only_copies(self, address: str) -> None:
+        cluster = self.node.cluster
+        if cluster is None or not cluster.multi:
+            return
+        tables = {d.name for d in await self.db.list_tables()}
+        for node, m in (await cluster.members()).items():
+            if m.get("raft") != address:
+                continue
+            only = await cluster.only_copies(node, tables)
+            if only:
+                shown = ", ".join(only[:8]) + (f" and {len(only) - 8} more" if len(only) > 8 else "")
+                raise ApiError(409, "membership_refused",
+                               f"node {node} holds the only copy of {len(only)} partition(s) ({shown}); they are "
+                               "not moved (one replica) and would be unreadable once it leaves. Remove it anyway "
+                               "with force=true (terrascale admin cluster remove --force); they return if it is "
+                               "added back")
 
     async def _membership(self, op: str, address) -> None:
         self.db  # noqa: B018 - 503 before ready

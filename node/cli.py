@@ -92,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     cl = adm.add_parser("cluster", parents=[out], help="members, leader and term; add/remove a Raft member")
     cl.add_argument("change", nargs="?", choices=("add", "remove"))
     cl.add_argument("raft_address", nargs="?", help="host:port of the member's Raft port")
+    cl.add_argument("--force", action="store_true",
+                    help="remove: even if the node holds the only copy of some partitions (they become unreadable)")
     segs = adm.add_parser("segments", parents=[out])
     segs.add_argument("--table")
 
@@ -375,8 +377,13 @@ def _admin(c, args) -> int:
             print(f"terrascale: error: admin cluster {args.change} needs the member's Raft address (host:port)",
                   file=sys.stderr)
             return 2
-        doc = {"add": c.add_member, "remove": c.remove_member}[args.change](args.raft_address) \
-            if args.change else c.cluster()
+        if args.force and args.change != "remove":
+            print("terrascale: error: --force goes with admin cluster remove", file=sys.stderr)
+            return 2
+        if args.change == "remove":
+            doc = c.remove_member(args.raft_address, force=args.force)
+        else:
+            doc = c.add_member(args.raft_address) if args.change else c.cluster()
         if fmt == "table":
             print(f"leader {doc['leader']}  term {doc['term']}  catalog {doc.get('catalog')}")
             _print_table(doc["members"])

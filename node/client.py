@@ -266,8 +266,9 @@ class Client:
     def add_member(self, raft_address: str) -> dict:
         return self._call("POST", "/v1/admin/cluster/members", {"raft_address": raft_address})
 
-    def remove_member(self, raft_address: str) -> dict:
-        return self._call("DELETE", f"/v1/admin/cluster/members/{_seg(raft_address)}")
+    def remove_member(self, raft_address: str, force: bool = False) -> dict:
+        return self._call("DELETE", f"/v1/admin/cluster/members/{_seg(raft_address)}"
+                          + ("?force=true" if force else ""))
 
 
 class AsyncClient:
@@ -381,5 +382,6 @@ class AsyncClient:
     async def add_member(self, raft_address: str):
         return await self._call("POST", "/v1/admin/cluster/members", {"raft_address": raft_address})
 
-    async def remove_member(self, raft_address: str):
-        return await self._call("DELETE", f"/v1/admin/cluster/members/{_seg(raft_address)}")
+    async def remove_member(self, raft_address: str, force: bool = False):
+        return await self._call("DELETE", f"/v1/admin/cluster/members/{_seg(raft_address)}"
+                                + ("?force=true" if force else ""))

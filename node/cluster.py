@@ -158,6 +158,17 @@ class Cluster:
             return Placement.single(self.node_id, partitions)
         return pl
 
+    async def only_copies(self, node: str, tables: set[str]) -> list[str]:
+        """``table/partition`` of each partition of ``tables`` whose one replica is ``node``: what
+        becomes unreadable if that node leaves (an R = 1 partition is not moved, RFC 0010 §7)."""
+        out = []
+        for e in await self.catalog.scan(PLACE):
+            name = e.key[len(PLACE):]
+            if name in tables:
+                pl = Placement.from_bytes(e.value, e.key)
+                out += [f"{name}/{i}" for i, p in enumerate(pl.partitions) if p.replicas == (node,)]
+        return out
+
     async def owns(self, d) -> set[int]:
         """The partitions of table ``d`` this node serves now (fresh): those it leads — a
         replicated one only once promoted in this process (``leading(table id, pid)``)."""
