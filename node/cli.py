@@ -93,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     cl.add_argument("change", nargs="?", choices=("add", "remove"))
     cl.add_argument("raft_address", nargs="?", help="host:port of the member's Raft port")
     cl.add_argument("--force", action="store_true",
-                    help="remove: even if the node holds the only copy of some partitions (they become unreadable)")
+                    help="remove: at once, without moving the partitions it holds the only copy of "
+                         "(unreadable until it is added back)")
     segs = adm.add_parser("segments", parents=[out])
     segs.add_argument("--table")
 

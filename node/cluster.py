@@ -10,6 +10,8 @@ any request and routes it to the owner of the data"):
   node that creates the table, before it creates it;
 * ``node/owner/<table name>`` — RFC 0007's per-table owner, still read for tables made
   before placements (every partition on that node).
+* ``node/leaving/<node id>`` — present while ``admin cluster remove`` moves the node's
+  one-copy partitions off it: nothing is placed or moved onto it meanwhile.
 
 A request is sent on to another node unchanged (method, path, query, body,
 ``Authorization``), marked with ``X-Terrascale-Forwarded-By`` so it is never forwarded
@@ -26,14 +28,14 @@ import time
 
 import aiohttp
 
-from catalog.abc import Check, Put
+from catalog.abc import Check, Delete, Put
 from catalog.errors import CatalogError
 from node.placement import PLACE, Placement, counts, plan
 from rowstore.errors import ConflictError, SchemaError, TableExistsError
 from terrafs.catalog_ops import commit
 
 log = logging.getLogger("terrascale.node")
-MEMBER, OWNER = "node/member/", "node/owner/"
+MEMBER, OWNER, LEAVING = "node/member/", "node/owner/", "node/leaving/"
 FORWARDED = "X-Terrascale-Forwarded-By"
 INCARNATION = "X-Terrascale-Incarnation"  # the calling process (a restarted node is a new one)
 PLACE_TTL_S = 2.0
@@ -116,12 +118,20 @@ class Cluster:
         await self.placement(table, partitions, fresh=True)
         return pl
 
+    async def leaving(self, nodes: set[str], on: bool) -> None:
+        """Mark (or unmark) ``nodes`` as leaving: nothing is placed or moved onto them while
+        their partitions are moved off before they leave the membership."""
+        ops = [Put(LEAVING + n, b"1") if on else Delete(LEAVING + n) for n in sorted(nodes)]
+        if ops:
+            await commit(self.catalog, [], ops)
+
     async def placeable(self) -> list[str]:
-        """The members new partitions may go to: registered and in the catalog's Raft
-        membership (a removed node would leave them unserved) — all registered ones when the
-        catalog cannot tell. Not whether a member is reachable right now: that changes by
+        """The members new partitions may go to: registered, in the catalog's Raft membership
+        (a removed node would leave them unserved) and not leaving — all registered ones when
+        the catalog cannot tell. Not whether a member is reachable right now: that changes by
         the second, and a table's placement stays."""
-        members = await self.members()
+        gone = {e.key[len(LEAVING):] for e in await self.catalog.scan(LEAVING)} if self.multi else set()
+        members = {n: m for n, m in (await self.members()).items() if n not in gone}
         status = getattr(self.catalog, "cluster_status", None)
         if status is None:
             return sorted(members)
@@ -157,17 +167,6 @@ class Cluster:
         if pl is None or len(pl.partitions) != partitions:
             return Placement.single(self.node_id, partitions)
         return pl
-
-    async def only_copies(self, node: str, tables: set[str]) -> list[str]:
-        """``table/partition`` of each partition of ``tables`` whose one replica is ``node``: what
-        becomes unreadable if that node leaves (an R = 1 partition is not moved, RFC 0010 §7)."""
-        out = []
-        for e in await self.catalog.scan(PLACE):
-            name = e.key[len(PLACE):]
-            if name in tables:
-                pl = Placement.from_bytes(e.value, e.key)
-                out += [f"{name}/{i}" for i, p in enumerate(pl.partitions) if p.replicas == (node,)]
-        return out
 
     async def owns(self, d) -> set[int]:
         """The partitions of table ``d`` this node serves now (fresh): those it leads — a

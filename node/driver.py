@@ -25,6 +25,7 @@ import time
 from catalog.abc import Check, Put
 from catalog.errors import CatalogError
 from node.cluster import RemoteError
+from node.handoff import call_hand_off, hand_off, reconcile as take_placed, single_copy_moves
 from node.jobs import cancel_all
 from node.placement import PLACE, PartitionPlace, Placement
 from node.rebalance import Rebalancer
@@ -56,6 +57,7 @@ class NodeReplication:
         self._observed = -1e9  # monotonic time of the last look at every counter
         self._driving = False
         self._pruned = 0.0
+        self._moving = None  # the one-copy partition move under way (a task), if any
         self._busy: set[tuple[str, int]] = set()
         self._outvoted: dict[tuple[str, int], int] = {}  # (table id, pid) -> epoch a follower fenced us with
         self._tasks: list[asyncio.Task] = []
@@ -120,29 +122,61 @@ class NodeReplication:
         now = time.monotonic()
         if now - self._observed > 3 * self.cfg.heartbeat_s:
             return  # this node's own view is stale (it was paused or cut off): look again first
-        self.dead = {n for n, (_, t) in self._seen.items() if now - t > self.cfg.failure_timeout_s}
+        self.dead = self.silent()
         failed_over = False
         for d, pl in await self._replicated() if self.dead else ():
             for pid, p in enumerate(pl.partitions):
                 if p.leader in self.dead:
                     failed_over |= await self.elect(d, pid, exclude=self.dead)
-        if not failed_over:
-            await self.rebalancer.step()
+        if not failed_over and not await self.rebalancer.step():
+            await self._move_single(self.dead)
 
     # -- every node -----------------------------------------------------------------------------
 
+    def silent(self) -> set[str]:
+        """Members whose heartbeat counter has not moved for the failure timeout (every node
+        watches them; the driver acts on it)."""
+        now = time.monotonic()
+        return {n for n, (_, t) in self._seen.items() if now - t > self.cfg.failure_timeout_s}
+
+    async def _move_single(self, dead: set[str]) -> None:
+        """Even out one-copy partitions over the live members (a member joined), one move at a
+        time in the background: a move seals and offloads a partition, which may take long,
+        and must not hold up failure detection."""
+        if self._moving is not None and not self._moving.done():
+            return
+        live = set(await self.cluster.placeable()) - dead
+        moves = single_copy_moves(await self._placed(), live)
+        if moves:
+            table, pid, owner, to = moves[0]
+            self._moving = self.db.tasks.spawn(self._move(table, pid, owner, to))
+
+    async def _move(self, table: str, pid: int, owner: str, to: str) -> None:
+        try:
+            if owner == self.me:
+                await hand_off(self.node, table, pid, to)
+            else:
+                await call_hand_off(self.node, owner, table, pid, to)
+            self.rebalancer.moves["single_moved"] = self.rebalancer.moves.get("single_moved", 0) + 1
+        except Exception as e:  # noqa: BLE001 - logged; the next tick tries again
+            log.warning("event=single_move_failed table=%s partition=%d from=%s to=%s error=%r", table, pid, owner,
+                        to, e)
+
+    async def _placed(self):
+        """(TableDef, its placement, read fresh) for every table."""
+        return [(d, await self.cluster.placement(d.name, d.partitions, fresh=True))
+                for d in await self.db.list_tables()]
+
     async def _replicated(self):
-        out = []
-        for d in await self.db.list_tables():
-            pl = await self.cluster.placement(d.name, d.partitions, fresh=True)
-            if pl.replicated:
-                out.append((d, pl))
-        return out
+        return [(d, pl) for d, pl in await self._placed() if pl.replicated]
 
     async def reconcile(self) -> None:
-        """Lead what the placement says this node leads; stop leading anything else."""
+        """Lead what the placement says this node leads; stop leading anything else; serve the
+        one-copy partitions moved here."""
         seen = set()
-        tables = await self._replicated()
+        placed = await self._placed()
+        await take_placed(self.node, placed)
+        tables = [(d, pl) for d, pl in placed if pl.replicated]
         for d, pl in tables:
             for pid, p in enumerate(pl.partitions):
                 key = (d.table_id, pid)

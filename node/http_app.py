@@ -8,6 +8,7 @@ from aiohttp import web
 from node.api import Api
 from node.bridge_api import add_bridge_routes
 from node.internal_api import add_internal_routes
+from node.handoff import add_handoff_routes
 from node.replication_api import add_replication_routes
 
 
@@ -17,4 +18,5 @@ def make_app(node) -> web.Application:
     add_bridge_routes(api, app.router)  # read plans, tails, change feed, leases
     add_internal_routes(api, app.router)  # node to node: cross-node batches and reads
     add_replication_routes(api, app.router)  # leader to follower, driver to replicas (RFC 0010 §5)
+    add_handoff_routes(api, app.router)  # one-copy partitions moved between nodes (RFC 0010 §7)
     return app

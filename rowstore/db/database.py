@@ -12,6 +12,7 @@ the one object the node holds; the work is done by its parts, each in its own mo
 * :mod:`rowstore.db.maintenance` — checkpoint, merge, seal, offload;
 * :mod:`rowstore.db.gc` — copy-forward garbage collection, clustered rewrites (RFC 0009);
 * :mod:`rowstore.db.leadership` — leading and following replicated partitions (RFC 0010);
+* :mod:`rowstore.db.handoff` — moving a one-copy partition to another node through objects;
 * :mod:`rowstore.db.tasks` — the one home of background tasks.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pyarrow as pa
 from rowstore.db.committer import Committer, WriteResult
 from rowstore.db.external_reads import ExternalReads
 from rowstore.db.gc import GarbageCollector, GcConfig
+from rowstore.db.handoff import Handoffs
 from rowstore.db.leadership import Leadership
 from rowstore.db.leases import Leases
 from rowstore.db.maintenance import Maintenance
@@ -79,6 +81,7 @@ class Database:
         self.leadership = Leadership(self.store, self.replicas, self.tables,
                                      lambda txn: self.committer.decide_at_recovery(txn, keep=True),
                                      self.clock.observe)
+        self.handoffs = Handoffs(self.store, self.tables, self.clock.observe)
         self.reader.leases_of = self.leadership.check_lease
         self.committer.stalled = lambda t, p: self.tasks.spawn(self.leadership.demote(t, p))
         self.gc = GarbageCollector(self.store, self.catalog_tables, self.tables, self.timeline, self.leases,

@@ -142,6 +142,8 @@ class GarbageCollector:
             await p.checkpoint()  # every entry of a sealed segment into the runs
         self.phases["checkpoint"] += time.perf_counter() - t0
         async with p.index.publish_lock:
+            if p.index.moved:
+                return  # another node took the partition meanwhile (rowstore.db.handoff)
             t0 = time.perf_counter()
             recs = await p.segments()
             counted = {r.segid: r for r in recs if r.state == SegState.OFFLOADED}

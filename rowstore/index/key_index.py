@@ -80,6 +80,7 @@ class PartitionIndex:
         self.manifest = Manifest()
         self._version = 0
         self.publish_lock = asyncio.Lock()  # one manifest change at a time: checkpoint, merge, GC
+        self.moved = False  # set under publish_lock when another node took the partition: publish nothing more
         self.on_purged = None  # async (rowids) -> None: row versions a merge's purge dropped (live counts)
 
     async def open(self) -> Manifest:
@@ -243,6 +244,8 @@ class PartitionIndex:
 
     async def finish_checkpoint(self, token, mark) -> bool:
         async with self.publish_lock:
+            if self.moved:
+                return False
             return await self._finish_checkpoint(token, mark)
 
     async def _finish_checkpoint(self, token, mark) -> bool:
@@ -284,7 +287,8 @@ class PartitionIndex:
     async def merge(self, level: int, horizon: int) -> None:
         """Merge every run of ``level`` and ``level + 1`` into one run at ``level + 1``."""
         async with self.publish_lock:
-            await self._merge(level, horizon)
+            if not self.moved:
+                await self._merge(level, horizon)
 
     async def _merge(self, level: int, horizon: int) -> None:
         src = [(m, lr) for m, lr in zip(self.manifest.runs, self.runs) if lr[0] in (level, level + 1)]
@@ -399,7 +403,8 @@ class PartitionIndex:
     async def collect(self) -> None:
         """Delete the runs a merge or a relocation replaced (named in the manifest's garbage)."""
         async with self.publish_lock:
-            await self._collect()
+            if not self.moved:
+                await self._collect()
 
     async def _publish(self, run: Run, level: int, make_manifest, cols: dict | None = None,
                        more: tuple[list, list] = ([], [])) -> object:

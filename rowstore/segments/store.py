@@ -166,11 +166,11 @@ class SegmentStore:
                     seg = self._current[(table, partition)] = await self.create(table, partition)
         return seg
 
-    async def roll(self, table: str, partition: int) -> ActiveSegment | None:
-        """Seal the partition's current segment now (if it holds rows); a new one takes over
-        at the next append. Returns the sealed segment."""
+    async def roll(self, table: str, partition: int, empty: bool = False) -> ActiveSegment | None:
+        """Seal the partition's current segment now (if it holds rows, or ``empty`` too); a new
+        one takes over at the next append. Returns the sealed segment."""
         seg = self._current.get((table, partition))
-        if seg is None or seg.durable_rows == 0:
+        if seg is None or (seg.durable_rows == 0 and not empty):
             return None
         async with self._rolling.setdefault((table, partition), asyncio.Lock()):
             if self._current.get((table, partition)) is not seg:

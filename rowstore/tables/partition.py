@@ -125,6 +125,11 @@ class Partition:
         except ClosedError as e:
             raise UnavailableError(f"partition {self.pid} stopped taking writes here ({e}); retry") from e
 
+    async def drain(self) -> None:
+        """Wait until no batch is in flight (appended but not yet applied, or failed)."""
+        async with self.lock:
+            await self._drained.wait()
+
     def full(self) -> bool:
         """Whether the current segment reached the seal size (then ``roll(if_full=True)``)."""
         seg = self.store.current_or_none(self.table_id, self.pid)
