@@ -86,3 +86,36 @@ def test_one_copy_partitions_move_on_join_and_leave_under_load(tmp_path):
         stop.set()
         for n in [*nodes, *([n4] if n4 else [])]:
             n.ensure_stopped()
+
+
+@pytest.mark.slow
+def test_removing_a_dead_node_holding_only_copies_is_refused_unless_forced(tmp_path):
+    """The node holding the only copy of some partitions is down: they cannot be moved, so
+    `admin cluster remove` answers 409 and the node stays a member (nothing changed); with
+    force it is removed, and its partitions are unreadable until it is added back."""
+    nodes = raft_cluster(tmp_path, 3, extra=FAST)
+    try:
+        start_all(nodes)
+        c1 = nodes[0].client(timeout=120)
+        c1.create_table("t", [("id", "int64"), ("b", "int64")], "id", partitions=3)
+        c1.upsert("t", rows(1))
+        leader = c1.cluster()["leader"]
+        victim = next(n for n in reversed(nodes) if n.node_id != leader)
+        live = next(n for n in nodes if n is not victim)
+        victim.kill()
+        with live.client(timeout=120) as c:
+            with pytest.raises(ApiError) as ei:
+                c._call("DELETE", f"/v1/admin/cluster/members/{victim.raft_address}")
+            assert ei.value.status == 409 and ei.value.code == "membership_refused", ei.value
+            assert f"node {victim.node_id} holds the only copy" in str(ei.value)
+            members = {m["raft_address"] for m in c.cluster()["members"]}
+            assert victim.raft_address in members
+            assert victim.node_id in leaders(c)  # its partition was not moved
+            with pytest.raises(ApiError) as ei:
+                c._call("DELETE", f"/v1/admin/cluster/members/{victim.raft_address}?force=maybe")
+            assert ei.value.status == 400
+            c._call("DELETE", f"/v1/admin/cluster/members/{victim.raft_address}?force=true")
+            assert victim.raft_address not in {m["raft_address"] for m in c.cluster()["members"]}
+    finally:
+        for n in nodes:
+            n.ensure_stopped()
