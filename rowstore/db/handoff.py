@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from rowstore.db.offloaded_reads import read_watermark
 from rowstore.errors import RowstoreError, UnavailableError
@@ -45,6 +46,7 @@ class Handoffs:
             if pid not in table.owned or (d.table_id, pid) in self.store.shippers:
                 raise UnavailableError(f"partition {pid} of {d.name!r} is not served here with one copy")
             part = table.parts[pid]
+            t0 = time.perf_counter()
             part.retired = True  # every write from now on fails whole (503): the client retries elsewhere
             try:
                 await part.drain()
@@ -64,7 +66,8 @@ class Handoffs:
             except BaseException:
                 part.retired = False
                 raise
-            log.info("event=partition_released table=%s partition=%d max_ts=%d", d.name, pid, top)
+            log.info("event=partition_released table=%s partition=%d max_ts=%d seconds=%.3f", d.name, pid, top,
+                     time.perf_counter() - t0)
             return top
 
     async def switch(self, d: TableDef, pid: int, switch) -> bool:
