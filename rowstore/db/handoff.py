@@ -20,6 +20,7 @@ import asyncio
 import logging
 import time
 
+from catalog.errors import CatalogError
 from rowstore.db.offloaded_reads import read_watermark
 from rowstore.errors import RowstoreError, UnavailableError
 from rowstore.segments.store import SegmentStore, SegState
@@ -60,7 +61,7 @@ class Handoffs:
                             raise RowstoreError(f"segment {rec.segid} of {d.name}/{pid} is active on {rec.owner}")
                         rec = await self.store.seal(rec.segid)
                     if rec.state == SegState.SEALED:
-                        rec = await self.store.offload(rec.segid, latest.schema, schemas)
+                        rec = await self._offload(rec, latest.schema, schemas)
                     top = max(top, rec.max_ts or 0)
                 await part.checkpoint()
             except BaseException:
@@ -69,6 +70,19 @@ class Handoffs:
             log.info("event=partition_released table=%s partition=%d max_ts=%d seconds=%.3f", d.name, pid, top,
                      time.perf_counter() - t0)
             return top
+
+    async def _offload(self, rec, key_schema, schemas):
+        """Offload one sealed segment; the maintenance round may be offloading it at the same
+        time (then one of the two fails its switch): wait for the other and go on."""
+        for _ in range(50):
+            try:
+                return await self.store.offload(rec.segid, key_schema, schemas)
+            except (RowstoreError, CatalogError, KeyError):
+                rec, _ = await self.store.record(rec.segid)
+                if rec.state == SegState.OFFLOADED:
+                    return rec
+                await asyncio.sleep(0.1)
+        raise RowstoreError(f"segment {rec.segid} could not be offloaded")
 
     async def switch(self, d: TableDef, pid: int, switch) -> bool:
         """After :meth:`release`: ``await switch()`` moves the placement (the node layer's
