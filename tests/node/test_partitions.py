@@ -136,7 +136,8 @@ def test_batches_across_nodes_are_atomic_and_reads_see_one_snapshot(tmp_path):
         place = c1.describe("t")["placement"]
         assert [p["leader"] for p in place] == ["n2", "n3", "n1"] * 2
         assert all(p["replicas"] == [p["leader"]] and p["epoch"] == 1 for p in place)
-        assert all(p.pop("watermark") is None for p in place)  # nothing offloaded yet
+        for p in place:
+            p.pop("watermark")  # describe's alone (an idle partition's follows the closed timestamp)
         assert c3.cluster()["placement"]["t"] == place
         assert c1.status()["partitions_owned"] == 2
         with Writers(nodes, 1) as w:
