@@ -17,14 +17,13 @@ import traceback
 
 from aiohttp import web
 
-from catalog.errors import (CatalogConfigError, CatalogError, CatalogTimeoutError, CatalogUnavailableError,
+from catalog.errors import (CatalogError, CatalogTimeoutError, CatalogUnavailableError,
                             InvalidTransactionError)
 from node.cluster import RemoteError
 from node.coalesce import Coalescer
 from node.codec import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table,
                         schema_to_json, table_to_rows, write_arrow_stream)
 from node.config import MAX_REPLICAS
-from node.handoff import call_hand_off, hand_off, single_copy_moves
 from node.http_params import (CONFIG, THREAD_BYTES, THREAD_ROWS, ApiError, as_of_param, as_of_value, cpu, json_body,
                               json_object, parse_json, rows_of, schema_from_json, where_terms)
 from node.router import Misdirected, Router
@@ -121,9 +120,6 @@ class Api:
         for job in ("seal", "offload", "checkpoint"):
             r.add_post(f"/v1/admin/{job}", self._job(job))
         r.add_post("/v1/admin/gc", self.gc)
-        r.add_get("/v1/admin/cluster", self.cluster)
-        r.add_post("/v1/admin/cluster/members", self.add_member)
-        r.add_delete("/v1/admin/cluster/members/{address}", self.remove_member)
         return app
 
     # -- the edge: auth, routing to the owner, errors, metrics ------------------------------------
@@ -430,86 +426,6 @@ class Api:
         if not isinstance(dry, bool):
             raise ApiError(400, "bad_request", '"dry_run" must be true or false')
         return web.json_response(await self.node.jobs.run("gc", table=table, dry_run=dry))
-
-    async def cluster(self, request):
-        self.db  # noqa: B018 - 503 before ready
-        return web.json_response(await self.node.cluster_view())
-
-    async def add_member(self, request):
-        """Add one Raft member (a node started with the current members and ``self=`` its own
-        address); one change at a time (docs/raft.md)."""
-        doc = await json_object(request, {"raft_address"}, ("raft_address",))
-        await self._membership("add", doc["raft_address"])
-        return web.json_response(await self.node.cluster_view())
-
-    async def remove_member(self, request):
-        """Remove one Raft member. Partitions it holds the only copy of are moved to the
-        others first (through objects, while it can still write the catalog); if one cannot
-        be (the node does not answer), 409 and nothing more changes — unless ``force=true``,
-        which removes it at once (those partitions are unreadable until it is added back)."""
-        address = request.match_info["address"]
-        force = request.query.get("force", "false")
-        if force not in ("true", "false"):
-            raise ApiError(400, "bad_request", "force is true or false")
-        cluster = self.node.cluster
-        leaving = set()
-        if force == "false" and cluster is not None and cluster.multi:
-            leaving = {n for n, m in (await cluster.members()).items() if m.get("raft") == address}
-        status = getattr(self.node.catalog, "cluster_status", None)
-        if leaving and status is not None and (await status()).get("leader") == address:
-            raise ApiError(409, "membership_refused", f"{address} leads the catalog's Raft group: transfer its "
-                                                      "leadership first (docs/raft.md); nothing moved or removed")
-        try:
-            if leaving:
-                await cluster.leaving(leaving, True)  # nothing is moved onto it from now on
-                await self._move_only_copies(leaving)
-            await self._membership("remove", address)
-        finally:
-            if leaving:  # once out of the membership it is not placeable anyway
-                await cluster.leaving(leaving, False)
-        return web.json_response(await self.node.cluster_view())
-
-    async def _move_only_copies(self, leaving: set[str]) -> None:
-        """Move every partition a leaving node holds the only copy of to the other members
-        (rounds until none is left: a move the driver started meanwhile ends first)."""
-        cluster, repl = self.node.cluster, self.node.replication
-        for _ in range(5):
-            moves = single_copy_moves(await repl._placed(), set(await cluster.placeable()) - repl.silent(), leaving)
-            if not moves:
-                return
-            for table, pid, owner, to in moves:
-                try:
-                    if owner == cluster.node_id:
-                        await hand_off(self.node, table, pid, to)
-                    else:
-                        await call_hand_off(self.node, owner, table, pid, to)
-                except (ApiError, RemoteError, RowstoreError, CatalogError, ConnectionError,
-                        asyncio.TimeoutError) as e:
-                    raise ApiError(409, "membership_refused",
-                                   f"node {owner} holds the only copy of partition {pid} of {table!r} and it could "
-                                   f"not be moved ({_one_line(e)}); nothing removed. Remove it anyway with force=true "
-                                   "(terrascale admin cluster remove --force): its partitions return if it is added "
-                                   "back") from None
-                log.warning("event=member_leaving_partition_moved table=%s partition=%d to=%s", table, pid, to)
-            await asyncio.sleep(0.2)
-        raise ApiError(409, "membership_refused", f"partitions of {sorted(leaving)} kept arriving; nothing removed")
-
-    async def _membership(self, op: str, address) -> None:
-        self.db  # noqa: B018 - 503 before ready
-        cat = self.node.catalog
-        if not hasattr(cat, "add_member"):
-            raise ApiError(409, "not_a_cluster", "this node's catalog is trkv:// (one node); membership needs raft://")
-        if not isinstance(address, str):
-            raise ApiError(400, "bad_request", '"raft_address" is "host:port"')
-        try:
-            await (cat.add_member(address) if op == "add" else cat.remove_member(address))
-        except CatalogConfigError as e:
-            raise ApiError(400, "bad_request", _one_line(e)) from None
-        except (CatalogUnavailableError, CatalogTimeoutError):
-            raise
-        except CatalogError as e:
-            raise ApiError(409, "membership_refused", _one_line(e)) from None
-
 
 # -- helpers --------------------------------------------------------------------------------------
 

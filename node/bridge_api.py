@@ -12,7 +12,7 @@ import base64
 
 from aiohttp import web
 
-from node.http_params import ApiError, as_of_param, as_of_value, cpu, json_object, where_terms
+from node.http_params import ApiError, bound, as_of_param, as_of_value, cpu, json_object, where_terms
 from node.codec import ARROW_STREAM, write_arrow_stream
 from rowstore.reads.predicates import parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
@@ -20,13 +20,8 @@ from terrafs.sealed import SealedFile
 
 
 def add_bridge_routes(api, router) -> None:
-    def bound(handler):  # aiohttp wants coroutine functions, not partials
-        async def run(request):
-            return await handler(api, request)
-        return run
-
     h_snapshot, h_plan, h_tail, h_changes, h_renew, h_release = map(
-        bound, (snapshot, plan, tail, changes, renew, release))
+        lambda h: bound(api, h), (snapshot, plan, tail, changes, renew, release))
     router.add_get("/v1/tables/{table}/snapshot", h_snapshot)
     router.add_post("/v1/tables/{table}/plan", h_plan)
     router.add_post("/v1/tables/{table}/tail", h_tail)

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from catalog.abc import Check, Put
 from node.cluster import LEAVING, RemoteError
-from node.http_params import ApiError, json_object
+from node.http_params import bound, ApiError, json_object
 from node.placement import PLACE, PartitionPlace, Placement, counts
 from terrafs.catalog_ops import commit
 from rowstore.errors import TableNotFoundError
@@ -30,13 +30,8 @@ CALL_TIMEOUT_S = 600.0  # a release seals and offloads the partition's rows: bou
 
 
 def add_handoff_routes(api, router) -> None:
-    def bound(handler):
-        async def run(request):
-            return await handler(api, request)
-        return run
-
-    router.add_post("/v1/internal/handoff", bound(handoff))
-    router.add_post("/v1/internal/take", bound(take))
+    router.add_post("/v1/internal/handoff", bound(api, handoff))
+    router.add_post("/v1/internal/take", bound(api, take))
 
 
 async def _doc(api, request, keys: set, required) -> dict:

@@ -111,3 +111,10 @@ def schema_from_json(columns, primary_key) -> SchemaVersion:
     if pk is None:
         raise ApiError(400, "invalid_schema", f"primary_key {primary_key!r} is not one of the columns")
     return SchemaVersion(1, tuple(cols), pk, len(cols) + 1)
+
+
+def bound(api, handler):
+    """``handler(api, request)`` as an aiohttp handler (it wants coroutine functions, not partials)."""
+    async def run(request):
+        return await handler(api, request)
+    return run

@@ -7,27 +7,22 @@ import time
 
 from aiohttp import web
 
-from node.http_params import ApiError, cpu, json_object
+from node.http_params import bound, ApiError, cpu, json_object
 from node.cluster import FORWARDED, INCARNATION
 from node.codec import ARROW_STREAM, read_arrow_stream, write_arrow_stream
 from rowstore.hlc import ms_of
 
 
 def add_internal_routes(api, router) -> None:
-    def bound(handler):  # aiohttp wants coroutine functions, not partials
-        async def run(request):
-            return await handler(api, request)
-        return run
-
-    router.add_get("/v1/internal/closed", bound(closed))
-    router.add_post("/v1/internal/read", bound(read))
-    router.add_post("/v1/internal/plan", bound(plan))
-    router.add_post("/v1/internal/changes", bound(changes))
-    router.add_post("/v1/internal/txn/reserve", bound(reserve))
-    router.add_post("/v1/internal/txn/prepare", bound(prepare))
-    router.add_post("/v1/internal/txn/commit", bound(commit))
-    router.add_post("/v1/internal/txn/abort", bound(abort))
-    router.add_post("/v1/internal/forget", bound(forget))
+    router.add_get("/v1/internal/closed", bound(api, closed))
+    router.add_post("/v1/internal/read", bound(api, read))
+    router.add_post("/v1/internal/plan", bound(api, plan))
+    router.add_post("/v1/internal/changes", bound(api, changes))
+    router.add_post("/v1/internal/txn/reserve", bound(api, reserve))
+    router.add_post("/v1/internal/txn/prepare", bound(api, prepare))
+    router.add_post("/v1/internal/txn/commit", bound(api, commit))
+    router.add_post("/v1/internal/txn/abort", bound(api, abort))
+    router.add_post("/v1/internal/forget", bound(api, forget))
 
 
 MAX_SKEW_MS = 10_000  # how far ahead of this node's clock another node's timestamp may be

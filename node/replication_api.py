@@ -9,7 +9,7 @@ import struct
 from aiohttp import web
 
 from node.cluster import Cluster
-from node.http_params import ApiError, json_object
+from node.http_params import bound, ApiError, json_object
 from rowstore.errors import FencedError
 from rowstore.replication.follower import Piece
 from rowstore.replication.leader import Transport
@@ -21,14 +21,9 @@ PROMISED = "X-Terrascale-Promised"  # a fenced answer: the epoch the replica pro
 
 
 def add_replication_routes(api, router) -> None:
-    def bound(handler):
-        async def run(request):
-            return await handler(api, request)
-        return run
-
-    router.add_post("/v1/internal/repl/append", bound(append))
-    router.add_post("/v1/internal/repl/fence", bound(fence))
-    router.add_post("/v1/internal/repl/promote", bound(promote))
+    router.add_post("/v1/internal/repl/append", bound(api, append))
+    router.add_post("/v1/internal/repl/fence", bound(api, fence))
+    router.add_post("/v1/internal/repl/promote", bound(api, promote))
 
 
 def encode(header: dict, data: list[bytes]) -> bytes:

@@ -1,0 +1,108 @@
+"""The cluster's admin endpoints (contract: `GET /v1/admin/cluster`, `terrascale admin cluster
+add|remove`): the view, and Raft membership changes — a removal first moves the partitions
+the node holds the only copy of (RFC 0010 §7, ``node/handoff.py``)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from catalog.errors import CatalogConfigError, CatalogError, CatalogTimeoutError, CatalogUnavailableError
+from node.cluster import RemoteError
+from node.handoff import call_hand_off, hand_off, single_copy_moves
+from node.api import _one_line
+from node.http_params import ApiError, bound, json_object
+from rowstore.errors import RowstoreError
+
+log = logging.getLogger("terrascale.node")
+
+
+def add_membership_routes(api, router) -> None:
+    router.add_get("/v1/admin/cluster", bound(api, cluster))
+    router.add_post("/v1/admin/cluster/members", bound(api, add_member))
+    router.add_delete("/v1/admin/cluster/members/{address}", bound(api, remove_member))
+
+
+async def cluster(api, request):
+    api.db  # noqa: B018 - 503 before ready
+    return web.json_response(await api.node.cluster_view())
+
+
+async def add_member(api, request):
+    """Add one Raft member (a node started with the current members and ``self=`` its own
+    address); one change at a time (docs/raft.md)."""
+    doc = await json_object(request, {"raft_address"}, ("raft_address",))
+    await _membership(api, "add", doc["raft_address"])
+    return web.json_response(await api.node.cluster_view())
+
+
+async def remove_member(api, request):
+    """Remove one Raft member. Partitions it holds the only copy of are moved to the
+    others first (through objects, while it can still write the catalog); if one cannot
+    be (the node does not answer), 409 and nothing more changes — unless ``force=true``,
+    which removes it at once (those partitions are unreadable until it is added back)."""
+    address = request.match_info["address"]
+    force = request.query.get("force", "false")
+    if force not in ("true", "false"):
+        raise ApiError(400, "bad_request", "force is true or false")
+    cluster = api.node.cluster
+    leaving = set()
+    if force == "false" and cluster is not None and cluster.multi:
+        leaving = {n for n, m in (await cluster.members()).items() if m.get("raft") == address}
+    status = getattr(api.node.catalog, "cluster_status", None)
+    if leaving and status is not None and (await status()).get("leader") == address:
+        raise ApiError(409, "membership_refused", f"{address} leads the catalog's Raft group: transfer its "
+                                                  "leadership first (docs/raft.md); nothing moved or removed")
+    try:
+        if leaving:
+            await cluster.leaving(leaving, True)  # nothing is moved onto it from now on
+            await _move_only_copies(api, leaving)
+        await _membership(api, "remove", address)
+    finally:
+        if leaving:  # once out of the membership it is not placeable anyway
+            await cluster.leaving(leaving, False)
+    return web.json_response(await api.node.cluster_view())
+
+
+async def _move_only_copies(api, leaving: set[str]) -> None:
+    """Move every partition a leaving node holds the only copy of to the other members
+    (rounds until none is left: a move the driver started meanwhile ends first)."""
+    cluster, repl = api.node.cluster, api.node.replication
+    for _ in range(5):
+        moves = single_copy_moves(await repl._placed(), set(await cluster.placeable()) - repl.silent(), leaving)
+        if not moves:
+            return
+        for table, pid, owner, to in moves:
+            try:
+                if owner == cluster.node_id:
+                    await hand_off(api.node, table, pid, to)
+                else:
+                    await call_hand_off(api.node, owner, table, pid, to)
+            except (ApiError, RemoteError, RowstoreError, CatalogError, ConnectionError,
+                    asyncio.TimeoutError) as e:
+                raise ApiError(409, "membership_refused",
+                               f"node {owner} holds the only copy of partition {pid} of {table!r} and it could "
+                               f"not be moved ({_one_line(e)}); nothing removed. Remove it anyway with force=true "
+                               "(terrascale admin cluster remove --force): its partitions return if it is added "
+                               "back") from None
+            log.warning("event=member_leaving_partition_moved table=%s partition=%d to=%s", table, pid, to)
+        await asyncio.sleep(0.2)
+    raise ApiError(409, "membership_refused", f"partitions of {sorted(leaving)} kept arriving; nothing removed")
+
+
+async def _membership(api, op: str, address) -> None:
+    api.db  # noqa: B018 - 503 before ready
+    cat = api.node.catalog
+    if not hasattr(cat, "add_member"):
+        raise ApiError(409, "not_a_cluster", "this node's catalog is trkv:// (one node); membership needs raft://")
+    if not isinstance(address, str):
+        raise ApiError(400, "bad_request", '"raft_address" is "host:port"')
+    try:
+        await (cat.add_member(address) if op == "add" else cat.remove_member(address))
+    except CatalogConfigError as e:
+        raise ApiError(400, "bad_request", _one_line(e)) from None
+    except (CatalogUnavailableError, CatalogTimeoutError):
+        raise
+    except CatalogError as e:
+        raise ApiError(409, "membership_refused", _one_line(e)) from None
