@@ -123,13 +123,15 @@ class NodeReplication:
         if now - self._observed > 3 * self.cfg.heartbeat_s:
             return  # this node's own view is stale (it was paused or cut off): look again first
         self.dead = self.silent()
+        placed = await self._placed()  # read once per tick: failover, then one rebalancing step
+        replicated = [(d, pl) for d, pl in placed if pl.replicated]
         failed_over = False
-        for d, pl in await self._replicated() if self.dead else ():
+        for d, pl in replicated if self.dead else ():
             for pid, p in enumerate(pl.partitions):
                 if p.leader in self.dead:
                     failed_over |= await self.elect(d, pid, exclude=self.dead)
-        if not failed_over and not await self.rebalancer.step():
-            await self._move_single(self.dead)
+        if not failed_over and not await self.rebalancer.step(replicated):
+            await self._move_single(self.dead, placed)
 
     # -- every node -----------------------------------------------------------------------------
 
@@ -139,14 +141,14 @@ class NodeReplication:
         now = time.monotonic()
         return {n for n, (_, t) in self._seen.items() if now - t > self.cfg.failure_timeout_s}
 
-    async def _move_single(self, dead: set[str]) -> None:
+    async def _move_single(self, dead: set[str], placed) -> None:
         """Even out one-copy partitions over the live members (a member joined), one move at a
         time in the background: a move seals and offloads a partition, which may take long,
         and must not hold up failure detection."""
         if self._moving is not None and not self._moving.done():
             return
         live = set(await self.cluster.placeable()) - dead
-        moves = single_copy_moves(await self._placed(), live)
+        moves = single_copy_moves(placed, live)
         if moves:
             table, pid, owner, to = moves[0]
             self._moving = self.db.tasks.spawn(self._move(table, pid, owner, to))

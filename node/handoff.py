@@ -140,13 +140,13 @@ def single_copy_moves(tables, live: set[str], leaving: set[str] = frozenset()) -
     """One-copy partitions to move now, as ``(table, pid, from, to)``: every one on a node in
     ``leaving``, then (when nothing leaves) one from the member serving the most to the one
     serving the fewest while they differ by more than one. Targets are the least loaded."""
-    single = list(tables)
-    led, _ = counts(pl for _, pl in single)
-    load = {m: sum(1 for _, pl in single for p in pl.partitions if p.replicas == (m,)) for m in live - leaving}
+    tables = list(tables)
+    led, _ = counts(pl for _, pl in tables)
+    load = {m: sum(1 for _, pl in tables for p in pl.partitions if p.replicas == (m,)) for m in live - leaving}
     if not load:
         return []
     out = []
-    for d, pl in single:
+    for d, pl in tables:
         for pid, p in enumerate(pl.partitions):
             if len(p.replicas) == 1 and p.leader in leaving:
                 to = min(load, key=lambda m: (load[m], led.get(m, 0), m))
@@ -156,7 +156,7 @@ def single_copy_moves(tables, live: set[str], leaving: set[str] = frozenset()) -
         return out
     hi, lo = max(load, key=lambda m: (load[m], m)), min(load, key=lambda m: (load[m], m))
     if load[hi] - load[lo] > 1:
-        for d, pl in single:
+        for d, pl in tables:
             for pid, p in enumerate(pl.partitions):
                 if p.replicas == (hi,):
                     return [(d.name, pid, hi, lo)]

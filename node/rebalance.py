@@ -31,12 +31,12 @@ class Rebalancer:
         self.repl = repl
         self.moves = {"started": 0, "handed_over": 0, "finished": 0, "leaders_moved": 0}
 
-    async def step(self) -> bool:
-        """At most one step of one move; whether something was done."""
+    async def step(self, tables) -> bool:
+        """At most one step of one move over ``tables`` (the replicated ones with their
+        placements, as the driver read them this tick); whether something was done."""
         repl = self.repl
         members = set(await repl.cluster.placeable())
         live = members - repl.dead
-        tables = await repl._replicated()
         held = {m: 0 for m in live}
         for _, pl in tables:
             for p in pl.partitions:
