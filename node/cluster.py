@@ -168,11 +168,12 @@ class Cluster:
             return Placement.single(self.node_id, partitions)
         return pl
 
-    async def owns(self, d) -> set[int]:
-        """The partitions of table ``d`` this node serves now (fresh): those it leads — a
-        replicated one only once promoted in this process (``leading(table id, pid)``)."""
+    async def owns(self, d) -> dict[int, int]:
+        """The partitions of table ``d`` this node serves now (fresh), with their placement
+        epochs: those it leads — a replicated one only once promoted in this process
+        (``leading(table id, pid)``)."""
         pl = await self.placement(d.name, d.partitions, fresh=True)
-        return {p for p in pl.led_by(self.node_id)
+        return {p: pl.partitions[p].epoch for p in pl.led_by(self.node_id)
                 if len(pl.partitions[p].replicas) == 1 or (self.leading is not None and self.leading(d.table_id, p))}
 
     async def partitions(self, tables) -> dict:

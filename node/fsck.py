@@ -22,6 +22,7 @@ from node.config import NodeConfig
 from node.errors import ConfigError
 from rowstore.errors import RowCorruptionError
 from rowstore.index.column_index import parse_column_run
+from rowstore.index.key_memtable import TOMBSTONE
 from rowstore.index.key_run import IndexRun
 from rowstore.segments.fsck import check_segments
 from rowstore.replication.position import REP_PREFIX, ReplicaRecord
@@ -110,9 +111,12 @@ def _file_record(raw: bytes) -> list[FileRecord]:
 
 
 async def check_index_runs(fs: TerrascaleFS) -> list[Problem]:
-    """Every key-index and column-index run every partition manifest names."""
+    """Every key-index and column-index run every partition manifest names, and every rowid
+    they hold: a segment row must exist for it and, once the segment is sealed, hold its
+    localid (docs/format/segment.md §6)."""
     out: list[Problem] = []
     checked = 0
+    segs = _segment_rows_by_id(await fs.catalog.scan("rs/seg/"))
     for e in await fs.catalog.scan(IDX_PREFIX):
         if not e.key.endswith("/manifest"):
             continue  # pending markers: files a crash left unpublished, dropped at the next open
@@ -122,19 +126,48 @@ async def check_index_runs(fs: TerrascaleFS) -> list[Problem]:
             out.append(Problem(f"catalog {e.key}", None, f"malformed manifest: {err}"))
             continue
         for r in runs:
-            out += await _check_run(fs, e.key, r)
+            out += await _check_run(fs, e.key, r, segs)
             checked += 1 + len(r.get("cols") or {})
     log.info("event=fsck_index_runs checked=%d", checked)
     return out
 
 
-async def _check_run(fs: TerrascaleFS, manifest: str, r: dict) -> list[Problem]:
+def _segment_rows_by_id(entries) -> tuple[np.ndarray, np.ndarray]:
+    """(segids sorted, their row counts; -1 while the count is not known: an active segment)."""
+    got = sorted((d["segid"], d.get("rows", 0) if d.get("state") != "active" else -1)
+                 for d in (json.loads(e.value) for e in entries))
+    return np.array([s for s, _ in got], np.uint64), np.array([n for _, n in got], np.int64)
+
+
+def _dangling(rowids: np.ndarray, segs: tuple[np.ndarray, np.ndarray], manifest: str, what: str) -> list[Problem]:
+    """Rowids of a run that name no segment, or a localid past a sealed segment's end."""
+    ids = np.asarray(rowids, np.uint64)
+    ids = ids[ids != np.uint64(TOMBSTONE)]
+    segids, counts = segs
+    seg, loc = ids >> np.uint64(32), (ids & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    at = np.minimum(np.searchsorted(segids, seg), max(len(segids) - 1, 0))
+    known = (at < len(segids)) & (segids[at] == seg) if len(segids) else np.zeros(len(ids), bool)
+    rows = np.where(known, counts[at] if len(counts) else 0, 0)
+    tid, pid = manifest.split("/")[1:3]
+    out = []
+    for bad, why in ((~known, "no such segment"), (known & (rows >= 0) & (loc >= rows), "past the segment's end")):
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            first = int(ids[i])
+            out.append(Problem(f"catalog {manifest}", None, f"table {tid} partition {int(pid)}: {what} names "
+                               f"{int(bad.sum())} rowids of no row ({why}), e.g. rowid {first} (segment "
+                               f"{first >> 32}, localid {first & 0xFFFFFFFF}, segment rows {int(rows[i])})"))
+    return out
+
+
+async def _check_run(fs: TerrascaleFS, manifest: str, r: dict, segs) -> list[Problem]:
     inode, where = r.get("inode"), f"catalog {manifest}"
     try:
         run = await IndexRun.open(await fs.open_sealed(inode))
         where = run.where
         entries = await run.all()
         _check_entries(run, entries, r)
+        out = _dangling(entries.rowids, segs, manifest, f"key-index run (inode {inode})")
         for cid, cinode in (r.get("cols") or {}).items():
             where = f"catalog {manifest} column {cid}"
             sf = await fs.open_sealed(cinode)
@@ -142,7 +175,8 @@ async def _check_run(fs: TerrascaleFS, manifest: str, r: dict) -> list[Problem]:
             rowids, values = parse_column_run(await sf.read(0, sf.size), sf.where)
             if len(rowids) != len(values):
                 raise RowCorruptionError(sf.where, 0, f"{len(rowids)} rowids but {len(values)} values")
-        return []
+            out += _dangling(rowids, segs, manifest, f"column {cid} run (inode {cinode})")
+        return out
     except RowCorruptionError as err:
         return [Problem(err.where, err.offset, f"index run of {manifest}: {err.reason}")]
     except TerrafsError as err:

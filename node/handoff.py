@@ -108,7 +108,7 @@ async def take_if_placed(node, table: str, pid: int) -> bool:
     pl = await node.cluster.placement(d.name, d.partitions, fresh=True)
     if pl.partitions[pid].replicas != (node.cluster.node_id,):
         return False
-    return await node.db.handoffs.take(d, pid)
+    return await node.db.handoffs.take(d, pid, pl.partitions[pid].epoch)
 
 
 async def reconcile(node, tables) -> None:
@@ -121,7 +121,7 @@ async def reconcile(node, tables) -> None:
             continue  # opened with the right partitions when first used
         for pid, p in enumerate(pl.partitions):
             if p.replicas == (me,) and pid not in t.owned:
-                await node.db.handoffs.take(d, pid)
+                await node.db.handoffs.take(d, pid, p.epoch)
 
 
 async def call_hand_off(node, owner: str, table: str, pid: int, to: str) -> dict:

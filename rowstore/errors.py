@@ -23,6 +23,20 @@ class RowCorruptionError(RowstoreError, CorruptionError):
     """Raised when encoded rows or index runs fail an invariant (``where``, ``offset``)."""
 
 
+class DanglingRowidError(RowCorruptionError):
+    """Raised when an index entry names a row that cannot exist: a segment id with no segment,
+    or a localid past its segment's end (``where`` names the table and partition when known)."""
+
+    def __init__(self, where: str, rowid: int, reason: str):
+        super().__init__(where, None, f"an index entry names rowid {rowid} (segment {rowid >> 32}, localid "
+                                      f"{rowid & 0xFFFFFFFF}): {reason}")
+        self.rowid = rowid
+
+
+class SegmentNotFoundError(RowstoreError):
+    """Raised when no segment row has the segment id asked for."""
+
+
 class TableNotFoundError(RowstoreError):
     """Raised when a table does not exist (at the time asked about)."""
 

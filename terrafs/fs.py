@@ -284,10 +284,12 @@ class TerrascaleFS:
     # -- reads -------------------------------------------------------------------
 
     async def open_sealed(self, inode: int) -> SealedFile:
-        sf = self._sealed.get(inode)
-        if sf is not None:
-            return sf
+        """The object of a sealed file. Inodes are reused once a file is deleted (by any node),
+        so a cached object is returned only while the file row still names it."""
         rec = await self.stat(inode)
+        sf = self._sealed.get(inode)
+        if sf is not None and sf.key == rec.location:
+            return sf
         if rec.tier != FileTier.OBJECT or rec.state != FileState.SEALED:
             raise FileStateError(f"inode {inode} is not an offloaded sealed file")
         sf = await SealedFile.open(self.objects, rec.location, object_size=rec.object_size,

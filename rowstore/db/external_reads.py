@@ -114,7 +114,7 @@ class ExternalReads:
         else:
             offloaded = {r.segid for r in await self.store.list(table=c.d.table_id) if r.state == SegState.OFFLOADED}
         keep = ~np.isin(split_rowids(ids)[0], np.array(sorted(offloaded), np.uint32))
-        rows = await fetch(self.store, ids[keep], c.schemas, c.d.schema)
+        rows = await fetch(self.store, ids[keep], c.schemas, c.d.schema, f"table {name!r} partition {partition}")
         return pa.Table.from_batches([rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box)))])
 
     async def changes(self, name: str, after: int, upto: int | None = None, partitions=None,

@@ -11,6 +11,7 @@ Every step has a fail point (``gc.after_*``) so tests can crash the pass there.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -20,7 +21,7 @@ import numpy as np
 from catalog.abc import Check, Delete, Put
 from rowstore.db.leases import Leases
 from rowstore.db.registry import TableRegistry
-from rowstore.errors import ConflictError
+from rowstore.errors import ConflictError, UnavailableError
 from rowstore.hlc import ms_of
 from rowstore.index.key_index import Manifest
 from rowstore.index.key_memtable import TOMBSTONE
@@ -35,6 +36,8 @@ from terrafs.catalog_ops import commit
 from terrafs.failpoints import failpoint
 
 log = logging.getLogger("rowstore.db.gc")
+RECLAIM_PREFIX = "gc/drop/"  # gc/drop/<table id>: the node reclaiming a dropped table (docs/format/segment.md §5)
+RECLAIM_TAKEOVER_S = 600.0  # a reclaim row untouched this long is taken over by another node
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class GarbageCollector:
         self.store, self.definitions, self.tables, self.timeline = store, definitions, tables, timeline
         self.leases, self.horizon, self.offload, self.cfg = leases, horizon, offload, cfg
         self._lock = asyncio.Lock()  # one pass at a time
+        self._reclaiming: set[str] = set()  # dropped table ids whose shared parts this node reclaims
         # (table id, partition) -> (what it looked like, the ts at which garbage can next appear)
         # after a pass found no victim there: an idle partition is not re-read every interval
         self._idle: dict[tuple[str, int], tuple] = {}
@@ -103,8 +107,11 @@ class GarbageCollector:
                 d = self.tables.definition(t.table_id)
                 if d is None or (tid is not None and t.table_id != tid):
                     continue
-                for p in t.parts:
-                    await self._partition(d, p, H, res)
+                for p in t.served():  # only what this node serves (RFC 0009, "Who collects")
+                    try:
+                        await self._partition(d, p, H, res)
+                    except (ConflictError, UnavailableError) as e:  # it stopped serving it meanwhile
+                        log.warning("event=gc_partition_abandoned table=%s partition=%d reason=%r", d.name, p.pid, e)
             if not dry_run:
                 await self._retire_dropped(tid, H, res)
                 failpoint("gc.after_retire")
@@ -142,8 +149,8 @@ class GarbageCollector:
             await p.checkpoint()  # every entry of a sealed segment into the runs
         self.phases["checkpoint"] += time.perf_counter() - t0
         async with p.index.publish_lock:
-            if p.index.moved:
-                return  # another node took the partition meanwhile (rowstore.db.handoff)
+            if not self._serves(p):
+                return  # another node took the partition meanwhile (leadership, handoff)
             t0 = time.perf_counter()
             recs = await p.segments()
             counted = {r.segid: r for r in recs if r.state == SegState.OFFLOADED}
@@ -193,6 +200,12 @@ class GarbageCollector:
                      [r.segid for r in victims], [r.segid for r in new], len(old_ids))
         await p.index.collect()  # the replaced index runs
         failpoint("gc.after_index_checkpoint")
+
+    def _serves(self, p: Partition) -> bool:
+        """Whether ``p`` is (still) the partition object this node serves. Checked under the
+        publish lock; the manifest's claim is what makes it hold until the publish."""
+        t = self.tables.get(p.table_id)
+        return not p.index.moved and t is not None and p.pid in t.owned and t.parts[p.pid] is p
 
     def _victims(self, d: TableDef, recs: list[SegmentRecord], counted: dict, marks: dict,
                  mark: list[int], res: _Pass) -> list[SegmentRecord]:
@@ -298,22 +311,58 @@ class GarbageCollector:
         return out
 
     async def _retire_dropped(self, tid: str | None, H: int, res: _Pass) -> None:
-        """Retire every segment of a table dropped before the horizon and over ``grace`` ago, and
-        delete its index runs (nothing can read them: reads below the horizon are refused)."""
+        """Retire the segments of a table dropped before the horizon and over ``grace`` ago, and
+        delete its index runs (nothing can read them: reads below the horizon are refused).
+        Every node retires its own local segments; one node — the one holding the table's
+        reclaim row — retires the offloaded ones and deletes the indexes."""
         now_ms = time.time() * 1000
+        self._reclaiming = set()
         for table_id, ts in (await self._dropped()).items():
             if (tid is not None and table_id != tid) or ts > H or now_ms - ms_of(ts) < self.cfg.grace_s * 1000:
                 continue
             self.tables.forget(table_id)
+            mine = await self._reclaim(table_id, now_ms)
+            if mine is None:
+                continue  # reclaimed whole already
+            if mine:
+                self._reclaiming.add(table_id)
             for r in await self.store.list(table=table_id):
-                if r.state == SegState.RETIRED or (r.state != SegState.OFFLOADED and r.owner != self.store.node):
+                if r.state == SegState.RETIRED or not (r.owner == self.store.node if not r.location else mine):
                     continue
                 cur, e = await self.store.record(r.segid)
                 upd = replace(cur, state=SegState.RETIRED, retired_ms=int(now_ms), live_rows=0, live_bytes=0)
                 done = await commit(self.store.catalog, [Check(e.key, e.version)], [Put(e.key, upd.to_bytes())])
                 if done.committed:
                     res.retired.append(r.segid)
-            await self._drop_indexes(table_id)
+            if mine:
+                await self._drop_indexes(table_id)
+
+    async def _reclaim(self, table_id: str, now_ms: float) -> bool | None:
+        """Whether this node reclaims dropped table ``table_id``'s shared parts (its reclaim row
+        ``gc/drop/<table id>`` names this node: taken by compare-and-set when absent, or when
+        its holder has not touched it for ``RECLAIM_TAKEOVER_S``); None when it is done."""
+        key = f"{RECLAIM_PREFIX}{table_id}"
+        e = await self.store.catalog.get(key)
+        doc = json.loads(e.value) if e is not None else {}
+        if doc.get("done") and not any(r.state != SegState.RETIRED or r.owner == self.store.node
+                                       for r in await self.store.list(table=table_id)):
+            return None
+        if doc.get("node") == self.store.node or (
+                not doc.get("done") and (e is None or now_ms - doc.get("at_ms", 0) >= RECLAIM_TAKEOVER_S * 1000)):
+            new = {"node": self.store.node, "at_ms": int(now_ms), "done": bool(doc.get("done"))}
+            got = await commit(self.store.catalog, [Check(key, e.version if e is not None else 0)],
+                               [Put(key, json.dumps(new).encode())])
+            return got.committed
+        return False
+
+    async def _reclaimed(self, table_id: str) -> None:
+        """Mark a dropped table's reclaim done once nothing of it is left but its reclaim row."""
+        key = f"{RECLAIM_PREFIX}{table_id}"
+        e = await self.store.catalog.get(key)
+        if e is None or await self.store.list(table=table_id):
+            return
+        doc = dict(json.loads(e.value), done=True)
+        await commit(self.store.catalog, [Check(key, e.version)], [Put(key, json.dumps(doc).encode())])
 
     async def _drop_indexes(self, table_id: str) -> None:
         """Delete a dropped table's key and column runs, then its manifests."""
@@ -339,18 +388,24 @@ class GarbageCollector:
 
     async def _delete_retired(self, tid: str | None, res: _Pass) -> None:
         """Delete retired segments past ``grace`` that no unexpired read lease names (the leases
-        are read again right before each delete: a plan made meanwhile holds its segments)."""
-        mine = {t.table_id for t in self.tables.opened()}
+        are read again right before each delete: a plan made meanwhile holds its segments).
+        Only this node's: those of partitions it serves, and of a dropped table the objects it
+        reclaims and its own local files."""
+        served = {(t.table_id, p.pid) for t in self.tables.opened() for p in t.served()}
+        dropped = set(await self._dropped())
         now_ms = time.time() * 1000
         due = [r for r in await self.store.list() if r.state == SegState.RETIRED
                and (tid is None or r.table == tid) and now_ms - r.retired_ms >= self.cfg.grace_s * 1000
-               and (r.table in mine or r.owner == self.store.node)]  # another node's table: its owner's
+               and ((r.table, r.partition) in served or (r.table in dropped and (
+                   r.table in self._reclaiming if r.location else r.owner == self.store.node)))]
         for r in due:
             if r.segid in await self.leases.leased_segments():
                 continue
-            await self.store.delete(r.segid)
-            failpoint("gc.after_delete")
-            res.deleted.append(r.segid)
+            if await self.store.delete(r.segid):
+                failpoint("gc.after_delete")
+                res.deleted.append(r.segid)
+        for table_id in self._reclaiming:
+            await self._reclaimed(table_id)
 
 
 def _next_garbage(run, counted: dict, H: int) -> int:

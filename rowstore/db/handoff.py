@@ -25,6 +25,7 @@ from rowstore.db.offloaded_reads import read_watermark
 from rowstore.errors import RowstoreError, UnavailableError
 from rowstore.segments.store import SegmentStore, SegState
 from rowstore.tables.definitions import TableDef
+from rowstore.index.key_index import Claim
 from rowstore.tables.partition import Partition
 
 log = logging.getLogger("rowstore.db.handoff")
@@ -104,16 +105,15 @@ class Handoffs:
                     part.retired = False
                     return False
                 part.index.moved = True
-                table.owned.discard(pid)
-                table.parts[pid] = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
+                table.unserve(pid)
             for inode in self.store.release_local(d.table_id, pid):
                 await self.store.fs.close_active(inode)
             log.info("event=partition_handed_off table=%s partition=%d", d.name, pid)
             return True
 
-    async def take(self, d: TableDef, pid: int) -> bool:
-        """Serve partition ``pid`` of ``d``, which the placement now names this node for (its
-        previous node released it). Whether it was taken now."""
+    async def take(self, d: TableDef, pid: int, epoch: int) -> bool:
+        """Serve partition ``pid`` of ``d``, which the placement now names this node for at
+        ``epoch`` (its previous node released it). Whether it was taken now."""
         async with self._lock(d.table_id, pid):
             if self.observe is not None:  # commit above every commit the partition holds
                 recs = [r for r in await self.store.list(table=d.table_id) if r.partition == pid]
@@ -124,8 +124,7 @@ class Handoffs:
                 return False
             part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
             latest = await self.tables.latest_def(d)
-            n = await part.open(await self.tables.schemas_of(latest), latest.schema)
-            table.parts[pid] = part
-            table.owned.add(pid)
+            n = await part.open(await self.tables.schemas_of(latest), latest.schema, Claim(self.store.node, epoch))
+            table.serve(part, epoch)
             log.info("event=partition_taken table=%s partition=%d replayed=%d", d.name, pid, n)
             return True

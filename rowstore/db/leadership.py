@@ -18,6 +18,7 @@ from rowstore.replication.leader import Shipper, Transport
 from rowstore.replication.position import NOTHING, Position, rep_key
 from rowstore.segments.store import SegmentStore, SegState
 from rowstore.tables.definitions import TableDef
+from rowstore.index.key_index import Claim
 from rowstore.tables.partition import Partition
 
 log = logging.getLogger("rowstore.db.leadership")
@@ -85,12 +86,11 @@ class Leadership:
         try:
             latest = await self.tables.latest_def(d)
             part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
-            n = await part.open(await self.tables.schemas_of(latest), latest.schema)
+            n = await part.open(await self.tables.schemas_of(latest), latest.schema, Claim(self.store.node, epoch))
         except BaseException:
             await self._demote(d.table_id, pid)  # half a promotion serves nothing; the next reconcile retries
             raise
-        table.parts[pid] = part
-        table.owned.add(pid)
+        table.serve(part, epoch)
         log.info("event=partition_promoted table=%s partition=%d epoch=%d base=%d start=%s replayed=%d "
                  "followers=%s", d.name, pid, epoch, base, list(start), n, ",".join(followers))
         return sh
@@ -106,10 +106,10 @@ class Leadership:
         if sh is None:
             return False
         table = self.tables.get(table_id)
-        if table is not None:
-            table.owned.discard(pid)
-            table.parts[pid].retired = True
-            table.parts[pid] = Partition(self.store, table_id, pid, table.kind, table.indexed)
+        if table is not None and pid in table.owned:
+            old = table.unserve(pid)
+            old.retired = True  # no new segment; and nothing more published for it (stale)
+            old.index.moved = True
         await sh.close()
         for inode in self.store.release_local(table_id, pid):
             await self.store.fs.close_active(inode)

@@ -120,7 +120,8 @@ class Reader:
             self.tasks.spawn(part.index.merge_memtable())
         if rowid == 0:
             return None
-        raw, where = self.store.row_bytes_cached(rowid) or await self.store.row_bytes(rowid)
+        raw, where = self.store.row_bytes_cached(rowid) or await self.store.row_bytes(
+            rowid, f"table {name!r} partition {pid}")
         return pt.decode(raw, where)
 
     async def _point_table(self, name: str, as_of: int | None) -> tuple[int, _PointTable]:
@@ -150,7 +151,8 @@ class Reader:
             if index.consolidation_due:
                 self.tasks.spawn(index.merge_memtable())
         rowids = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.uint64)
-        return finish([(await fetch(self.store, rowids, c.schemas, c.d.schema)).batch], c.d.schema, None, None)
+        return finish([(await fetch(self.store, rowids, c.schemas, c.d.schema, f"table {name!r}")).batch],
+                      c.d.schema, None, None)
 
     async def scan(self, name: str, lo=None, hi=None, as_of: int | None = None, columns=None,
                    limit: int | None = None) -> tuple[pa.Table, int]:
@@ -161,7 +163,7 @@ class Reader:
         parts = []
         for part in c.table.served():
             vis = await part.index.scan(bounds[0], bounds[1], c.T)
-            parts.append((await fetch(self.store, vis.rowids, c.schemas, c.d.schema)).batch)
+            parts.append((await fetch(self.store, vis.rowids, c.schemas, c.d.schema, _where(c, part))).batch)
         return finish(parts, c.d.schema, columns, limit), c.T
 
     async def query(self, name: str, where=None, bbox=None, columns=None, limit: int | None = 10_000,
@@ -186,7 +188,7 @@ class Reader:
         keep = await self.zone_mask(c, cands, terms, box)
         if keep is not None:
             cands, srcs = cands[keep], srcs[keep]
-        rows = await fetch(self.store, cands, c.schemas, c.d.schema)  # in rowid order, as cands
+        rows = await fetch(self.store, cands, c.schemas, c.d.schema, _where(c, part))  # in rowid order, as cands
         keys = encode_keys(rows.batch.column(c.d.schema.key.name), part.kind)
         visible = (rows.commit_ts <= np.uint64(c.T)) & ~rows.deleted
         idx = np.flatnonzero(visible)
@@ -204,7 +206,7 @@ class Reader:
         while at < len(ids):
             chunk = ids[at : at + step] if limit is not None else ids
             at += len(chunk)
-            rows = await fetch(self.store, chunk, c.schemas, c.d.schema)  # rowid order
+            rows = await fetch(self.store, chunk, c.schemas, c.d.schema, _where(c, part))  # rowid order
             got.append(rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box))))
             if limit is not None and sum(x.num_rows for x in got) >= limit:
                 break
@@ -220,6 +222,11 @@ class Reader:
         if c.d.cluster_by is None or len(ids) == 0 or (box is None and not terms):
             return None
         return keep_mask(ids, await self.store.clusters(segments_of(ids)), terms, box)
+
+
+def _where(c: ReadContext, part: Partition) -> str:
+    """What a corruption found reading ``part`` names."""
+    return f"table {c.d.name!r} partition {part.pid}"
 
 
 def _point_key(pt: _PointTable, key):

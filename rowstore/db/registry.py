@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from rowstore.errors import FencedError
+from rowstore.index.key_index import Claim
 from rowstore.schema import SchemaVersion
 from rowstore.segments.store import SegmentStore
 from rowstore.tables.definitions import TableCatalog, TableDef
@@ -16,11 +18,13 @@ log = logging.getLogger("rowstore.database")
 class Table:
     """One table id's partitions (a dropped and re-created name is another Table)."""
 
-    def __init__(self, store: SegmentStore, d: TableDef, owned: set[int] | None = None):
+    def __init__(self, store: SegmentStore, d: TableDef, owned: dict[int, int] | None = None):
         self.table_id, self.name = d.table_id, d.name
-        # the partitions this node serves (RFC 0010: a cluster places them across nodes);
-        # the others exist as objects but are never opened, written or checkpointed here
-        self.owned = set(range(d.partitions)) if owned is None else set(owned)
+        # the partitions this node serves (RFC 0010: a cluster places them across nodes) and
+        # the placement epoch of each (0: no placement); the others exist as objects but are
+        # never opened, written, checkpointed or collected here
+        self.epochs = dict.fromkeys(range(d.partitions), 0) if owned is None else dict(owned)
+        self.owned = set(self.epochs)
         self.kind = d.schema.key.type.kind.value
         self.indexed = [c for c in d.schema.columns if c.id in d.indexes]
         self.parts = [Partition(store, d.table_id, p, self.kind, self.indexed) for p in range(d.partitions)]
@@ -33,11 +37,25 @@ class Table:
     def served(self) -> list[Partition]:
         return [p for p in self.parts if p.pid in self.owned]
 
+    def serve(self, part: Partition, epoch: int) -> None:
+        """``part`` (opened) is served here from now on, at ``epoch``."""
+        self.parts[part.pid] = part
+        self.owned.add(part.pid)
+        self.epochs[part.pid] = epoch
+
+    def unserve(self, pid: int) -> Partition:
+        """Stop serving ``pid``: a fresh, unopened object takes its place (returns the old one)."""
+        old = self.parts[pid]
+        self.owned.discard(pid)
+        self.epochs.pop(pid, None)
+        self.parts[pid] = Partition(old.store, self.table_id, pid, self.kind, self.indexed)
+        return old
+
 
 class TableRegistry:
     def __init__(self, definitions: TableCatalog, store: SegmentStore):
         self.definitions, self.store = definitions, store
-        self.owns = None  # async (TableDef) -> the partitions this node serves (None: all)
+        self.owns = None  # async (TableDef) -> {pid: epoch} of the partitions this node serves (None: all, epoch 0)
         self._tables: dict[str, Table] = {}
         self._opening: dict[str, asyncio.Lock] = {}
         self._defs: dict[str, TableDef] = {}  # table id -> newest definition with a schema
@@ -71,7 +89,12 @@ class TableRegistry:
                 t = Table(self.store, latest, None if self.owns is None else await self.owns(latest))
                 schemas = await self.schemas_of(latest)
                 for p in t.served():
-                    n = await p.open(schemas, latest.schema)
+                    try:
+                        n = await p.open(schemas, latest.schema, Claim(self.store.node, t.epochs[p.pid]))
+                    except FencedError as e:  # a newer server claimed it since the placement was read
+                        log.warning("event=partition_not_served table=%s partition=%d reason=%r", d.name, p.pid, e)
+                        t.unserve(p.pid)
+                        continue
                     if n:
                         log.info("event=partition_replayed table=%s partition=%d rows=%d", d.name, p.pid, n)
                 self._tables[d.table_id] = t

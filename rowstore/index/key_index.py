@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from catalog.abc import Check, Delete, Put
-from rowstore.errors import ConflictError
+from rowstore.errors import ConflictError, FencedError
 from rowstore.index.key_run import IndexRun, run_bytes
 from rowstore.index.key_memtable import TOMBSTONE, MemTable, Run, merge_runs, visible
 from terrafs.catalog_ops import commit
@@ -36,15 +36,31 @@ class Manifest:
     mark: list[int] = field(default_factory=lambda: [0, 0])  # (segid, localid) replay starts at
     checkpoints: int = 0
     garbage: list[int] = field(default_factory=list)  # inodes of replaced runs, deleted after the swap
+    owner: str = ""  # the claim: the node serving the partition ...
+    epoch: int = 0  # ... at this placement epoch (docs/format/index-run.md, "The claim")
 
     def to_bytes(self) -> bytes:
         return json.dumps({"runs": self.runs, "mark": self.mark, "checkpoints": self.checkpoints,
-                           "garbage": self.garbage}).encode()
+                           "garbage": self.garbage, "owner": self.owner, "epoch": self.epoch}).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "Manifest":
         d = json.loads(raw)
-        return cls(d["runs"], d["mark"], d["checkpoints"], d.get("garbage", []))
+        return cls(d["runs"], d["mark"], d["checkpoints"], d.get("garbage", []), d.get("owner", ""),
+                   int(d.get("epoch", 0)))
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Who serves a partition: ``owner`` (a node id) at placement ``epoch`` (0: no placement)."""
+
+    owner: str
+    epoch: int = 0
+
+    def refuses(self, m: Manifest) -> bool:
+        """Whether ``m`` was claimed by a newer server: a higher epoch, or the same epoch
+        (above 0) by another node."""
+        return m.epoch > self.epoch or (m.epoch == self.epoch > 0 and m.owner not in ("", self.owner))
 
 
 def purge(run: Run, horizon: int, bottom: bool) -> Run:
@@ -83,11 +99,11 @@ class PartitionIndex:
         self.moved = False  # set under publish_lock when another node took the partition: publish nothing more
         self.on_purged = None  # async (rowids) -> None: row versions a merge's purge dropped (live counts)
 
-    async def open(self) -> Manifest:
-        """Load the runs named by the manifest; the caller replays the log from ``mark``."""
-        e = await self.fs.catalog.get(self.key)
-        if e is not None:
-            self.manifest, self._version = Manifest.from_bytes(e.value), e.version
+    async def open(self, claim: Claim | None = None) -> Manifest:
+        """Claim the manifest for ``claim`` (the node now serving the partition), then load the
+        runs it names; the caller replays the log from ``mark``. Without a claim (tests, tools)
+        the manifest is only read."""
+        self.manifest, self._version = await self._claim(claim)
         self.runs = [(r["level"], await IndexRun.open(await self.fs.open_sealed(r["inode"])))
                      for r in self.manifest.runs]
         await self._collect()  # a merge that crashed before deleting what it replaced
@@ -96,6 +112,27 @@ class PartitionIndex:
             for r in self.manifest.runs:
                 await self.columns.attach(r["inode"], r.get("cols", {}))
         return self.manifest
+
+    async def _claim(self, claim: Claim | None) -> tuple[Manifest, int]:
+        """The manifest and its version once it names ``claim``: written by compare-and-set on
+        the version read, so every publish of a node that served the partition before fails
+        from now on (docs/format/index-run.md, "The claim"). FencedError when a newer server
+        claimed it already."""
+        for _ in range(100):
+            e = await self.fs.catalog.get(self.key)
+            m, version = (Manifest.from_bytes(e.value), e.version) if e is not None else (Manifest(), 0)
+            if claim is None or (m.owner, m.epoch) == (claim.owner, claim.epoch):
+                return m, version
+            if claim.refuses(m):
+                raise FencedError(f"{self.key} is claimed by {m.owner or '?'} at epoch {m.epoch}, not below "
+                                  f"{claim.epoch}", m.epoch)
+            new = replace(m, owner=claim.owner, epoch=claim.epoch)
+            res = await commit(self.fs.catalog, [Check(self.key, version)], [Put(self.key, new.to_bytes())])
+            if res.committed:
+                log.info("event=manifest_claimed manifest=%s owner=%s epoch=%d was=%s/%d", self.key, claim.owner,
+                         claim.epoch, m.owner, m.epoch)
+                return new, res.revision
+        raise ConflictError(f"{self.key} kept changing while this node claimed it")
 
     async def _drop_unpublished(self) -> None:
         """Column runs written for a checkpoint or merge that crashed before publishing."""
@@ -253,10 +290,10 @@ class PartitionIndex:
         try:
             run = await asyncio.to_thread(frozen.consolidated)  # a sort of the whole memtable
             cols = await self.columns.write_runs(ctoken) if ctoken is not None else {}
-            rec = await self._publish(run, 0, lambda r: Manifest(
-                [{"inode": r.inode, "level": 0, "entries": len(run), "cols": cols, "unique": _unique(run)}]
-                + self.manifest.runs,
-                list(mark), self.manifest.checkpoints + 1, self.manifest.garbage), cols)
+            rec = await self._publish(run, 0, lambda r: replace(
+                self.manifest,
+                runs=[{"inode": r.inode, "level": 0, "entries": len(run), "cols": cols, "unique": _unique(run)}]
+                + self.manifest.runs, mark=list(mark), checkpoints=self.manifest.checkpoints + 1), cols)
             self.runs.insert(0, (0, await IndexRun.open(await self.fs.open_sealed(rec.inode))))
             if ctoken is not None:
                 await self.columns.attach(rec.inode, cols)
@@ -302,9 +339,8 @@ class PartitionIndex:
         def manifest(rec):
             entry = {"inode": rec.inode, "level": level + 1, "entries": len(merged), "cols": cols,
                      "unique": _unique(merged)}
-            return Manifest([m for m in rest if m["level"] < level] + [entry] +
-                            [m for m in rest if m["level"] > level + 1],
-                            self.manifest.mark, self.manifest.checkpoints, self.manifest.garbage + gone)
+            return replace(self.manifest, runs=[m for m in rest if m["level"] < level] + [entry] +
+                           [m for m in rest if m["level"] > level + 1], garbage=self.manifest.garbage + gone)
 
         by_inode = {m["inode"]: r for m, (_, r) in zip(self.manifest.runs, self.runs)}  # before the swap
         rec = await self._publish(merged, level + 1, manifest, cols)
@@ -377,7 +413,7 @@ class PartitionIndex:
 
         def manifest(rec):
             entry = {"inode": rec.inode, "level": 2, "entries": len(run), "cols": cols, "unique": _unique(run)}
-            return Manifest([entry], self.manifest.mark, self.manifest.checkpoints, self.manifest.garbage + gone)
+            return replace(self.manifest, runs=[entry], garbage=self.manifest.garbage + gone)
 
         rec = await self._publish(run, 2, manifest, cols, (checks, ops))
         self.runs = [(2, await IndexRun.open(await self.fs.open_sealed(rec.inode)))]
@@ -435,7 +471,7 @@ class PartitionIndex:
                 await self.fs.delete(inode)
             except Exception as e:  # noqa: BLE001 - already gone (a crash between delete and clear)
                 log.info("event=index_garbage_skip inode=%d reason=%r", inode, e)
-        new = Manifest(self.manifest.runs, self.manifest.mark, self.manifest.checkpoints, [])
+        new = replace(self.manifest, garbage=[])
         res = await commit(self.fs.catalog, [Check(self.key, self._version)], [Put(self.key, new.to_bytes())])
         if not res.committed:
             raise ConflictError(f"{self.key} changed under this partition's writer")

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from rowstore.segments.active import ActiveSegment, split_rowids
-from rowstore.errors import RowstoreError
+from rowstore.errors import DanglingRowidError, RowstoreError, SegmentNotFoundError
 from rowstore.codec.rows import Decoded, decode_rows
 from rowstore.schema import SchemaVersion
 
@@ -24,8 +24,10 @@ _OFFSET_SEGMENTS = 64
 _OFFSETS: OrderedDict = OrderedDict()
 
 
-async def fetch(store, rowids: np.ndarray, schemas, target: SchemaVersion) -> Decoded:
-    """Rows for ``rowids`` (any order, no duplicates) decoded into ``target``, in rowid order."""
+async def fetch(store, rowids: np.ndarray, schemas, target: SchemaVersion, where: str = "") -> Decoded:
+    """Rows for ``rowids`` (any order, no duplicates) decoded into ``target``, in rowid order.
+    A rowid no segment has is corruption (DanglingRowidError, naming ``where``: the table and
+    partition the rowids came from), never an IndexError or a bare "no segment"."""
     rowids = np.sort(np.asarray(rowids, np.uint64))
     if len(rowids) == 0:
         return _empty(target)
@@ -33,13 +35,19 @@ async def fetch(store, rowids: np.ndarray, schemas, target: SchemaVersion) -> De
     cuts = np.flatnonzero(np.diff(segs)) + 1
     parts = []
     for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(rowids)]):
-        parts.append(await _segment_rows(store, int(segs[a]), locs[a:b], schemas, target))
+        parts.append(await _segment_rows(store, int(segs[a]), locs[a:b], schemas, target, where))
     return concat(parts, target)
 
 
-async def _segment_rows(store, segid: int, locs: np.ndarray, schemas, target) -> Decoded:
+def _dangling(where: str, segid: int, loc: int, reason: str) -> DanglingRowidError:
+    return DanglingRowidError(where or f"segment {segid}", (segid << 32) | loc, reason)
+
+
+async def _segment_rows(store, segid: int, locs: np.ndarray, schemas, target, where: str = "") -> Decoded:
     seg = store.active.get(segid)
     if seg is not None:
+        if len(locs) and int(locs.max()) >= seg.durable_rows:
+            raise _dangling(where, segid, int(locs.max()), f"the active segment has {seg.durable_rows} rows")
         try:
             return await _from_active(seg, locs, schemas, target)
         except RowstoreError:
@@ -47,7 +55,12 @@ async def _segment_rows(store, segid: int, locs: np.ndarray, schemas, target) ->
         except Exception:
             if segid in store.active:
                 raise
-    sealed = await store.sealed(segid)
+    try:
+        sealed = await store.sealed(segid)
+    except SegmentNotFoundError:
+        raise _dangling(where, segid, int(locs[0]), "no such segment exists (deleted, or never written)") from None
+    if int(locs.max()) >= sealed.footer.rows:
+        raise _dangling(where, segid, int(locs.max()), f"the segment has {sealed.footer.rows} rows")
     if len(locs) * _SCAN_SHARE > sealed.footer.rows:
         return await _by_scan(store, segid, locs, schemas, target)
     if len(locs) < _FEW:

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from rowstore.codec.rows import decode_run
+from rowstore.errors import RowCorruptionError
 from rowstore.index.key_memtable import TOMBSTONE, encode_keys
 from rowstore.schema import Column, SchemaVersion
 from rowstore.segments.sealed import (CLUSTER_BOX, CLUSTER_FLOAT, CLUSTER_INT, MAX_VERSIONS, SealedSegment,
@@ -209,6 +210,9 @@ async def read_live(seg: SealedSegment, live: np.ndarray, horizon: int, schemas,
     (deletion rows above the horizon stay for the change feed; the index has no rowid for them)."""
     offsets = await seg.row_offsets()
     n, rows_len = len(offsets), seg.footer.rows_len
+    if len(live) != n:  # the mark pass counted another segment's rows under this segid
+        raise RowCorruptionError(seg.where, None, f"segment {seg.segid} holds {n} rows; its catalog row says "
+                                                  f"{len(live)}")
     data = await seg.sf.read_sequential(0, rows_len)
     buf = np.frombuffer(data, np.uint8)
     dec = await asyncio.to_thread(decode_run, buf, offsets, schemas, target, seg.where, 0)

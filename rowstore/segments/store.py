@@ -20,7 +20,7 @@ import numpy as np
 
 from catalog.abc import Check, Delete, Put
 from rowstore.segments.active import ActiveSegment, split_rowids
-from rowstore.errors import ConflictError, RowstoreError, UnavailableError
+from rowstore.errors import ConflictError, DanglingRowidError, RowstoreError, SegmentNotFoundError, UnavailableError
 from rowstore.codec.rows import Decoded, decode_rows
 from rowstore.replication.position import ReplicaRecord, rep_key as rkey
 from rowstore.schema import SchemaVersion
@@ -108,7 +108,7 @@ class SegmentStore:
     async def record(self, segid: int) -> tuple[SegmentRecord, object]:
         e = await self.catalog.get(f"{SEG_PREFIX}{segid:08x}")
         if e is None:
-            raise RowstoreError(f"no segment {segid}")
+            raise SegmentNotFoundError(f"no segment {segid}")
         return SegmentRecord.from_bytes(e.value), e
 
     async def create(self, table: str, partition: int, seq: int | None = None) -> ActiveSegment:
@@ -343,17 +343,21 @@ class SegmentStore:
         log.info("event=segment_offloaded segid=%d rows=%s", segid, stats.get("rows"))
         return (await self.record(segid))[0]
 
-    async def delete(self, segid: int) -> None:
-        """Drop a segment: its row, its file and its segid's return to the free table, in one
-        transaction, then the bytes (the garbage collector calls this)."""
+    async def delete(self, segid: int) -> bool:
+        """Drop a segment: its row and its file in one transaction, then the bytes (the garbage
+        collector calls this). The segid is never returned to the free table: nothing may ever
+        name another segment with it (docs/format/segment.md §6). False when the segment is
+        gone already."""
         for _ in range(100):
-            rec, e = await self.record(segid)
-            checks, ops = await self.segids.release(segid)
+            e = await self.catalog.get(f"{SEG_PREFIX}{segid:08x}")
+            if e is None:
+                return False
+            rec = SegmentRecord.from_bytes(e.value)
             try:
-                await self.fs.delete(rec.inode, [Check(e.key, e.version), *checks], [Delete(e.key), *ops])
+                await self.fs.delete(rec.inode, [Check(e.key, e.version)], [Delete(e.key)])
                 break
             except CatalogConflictError:
-                continue  # a neighbouring free range changed; recompute the merge
+                continue  # the row changed (its live counts); read it again
         else:
             raise RowstoreError(f"could not delete segment {segid}")
         self.active.pop(segid, None)
@@ -362,6 +366,7 @@ class SegmentStore:
         for k, seg in list(self._current.items()):
             if seg.segid == segid:
                 del self._current[k]
+        return True
 
     async def create_copy(self, table: str, partition: int, content) -> SegmentRecord:
         """A garbage collector's copy (RFC 0009): the object, its file row, a reserved segid and
@@ -391,13 +396,10 @@ class SegmentStore:
             p = json.loads(e.value)
             if p["owner"] != self.node:
                 continue
-            for _ in range(100):
-                checks, ops = await self.segids.release(p["segid"])
-                try:
-                    await self.fs.delete(p["inode"], [Check(e.key, e.version), *checks], [Delete(e.key), *ops])
-                    break
-                except CatalogConflictError:
-                    continue
+            try:  # the segid is not returned (docs/format/segment.md §6)
+                await self.fs.delete(p["inode"], [Check(e.key, e.version)], [Delete(e.key)])
+            except CatalogConflictError:
+                continue
             gone.append(p["segid"])
             log.info("event=gc_pending_dropped segid=%d inode=%d", p["segid"], p["inode"])
         return gone
@@ -451,23 +453,35 @@ class SegmentStore:
     def row_bytes_cached(self, rowid: int) -> tuple[bytes, str] | None:
         """``row_bytes`` without I/O: when the memory cache holds the row's block (and, for an
         offloaded segment, the tree pages on its path are parsed already); else None."""
-        seg = self.active.get(rowid >> 32) or self._sealed.get(rowid >> 32)
+        seg = self.active.get(rowid >> 32)
+        rows = seg.durable_rows if seg is not None else 0
         if seg is None:
-            return None
+            seg = self._sealed.get(rowid >> 32)
+            rows = seg.footer.rows if seg is not None else 0
+        if seg is None or (rowid & 0xFFFFFFFF) >= rows:
+            return None  # (a localid past the end: row_bytes reports it)
         raw = seg.get_raw_cached(rowid & 0xFFFFFFFF)
         return None if raw is None else (raw, seg.where)
 
-    async def row_bytes(self, rowid: int) -> tuple[bytes, str]:
-        """One row's encoded bytes and where they came from (for a point read)."""
+    async def row_bytes(self, rowid: int, where: str = "") -> tuple[bytes, str]:
+        """One row's encoded bytes and where they came from (for a point read); a rowid no
+        segment holds is DanglingRowidError naming ``where`` (the table and partition)."""
         segid, loc = rowid >> 32, rowid & 0xFFFFFFFF
         seg = self.active.get(segid)
         if seg is not None:
+            if loc >= seg.durable_rows:
+                raise DanglingRowidError(where or seg.where, rowid, f"the active segment has {seg.durable_rows} rows")
             try:
                 return await seg.get_raw(loc), seg.where
             except Exception:
                 if segid in self.active:
                     raise
-        sealed = await self.sealed(segid)
+        try:
+            sealed = await self.sealed(segid)
+        except SegmentNotFoundError:
+            raise DanglingRowidError(where or f"segment {segid}", rowid, "no such segment exists") from None
+        if loc >= sealed.footer.rows:
+            raise DanglingRowidError(where or sealed.where, rowid, f"the segment has {sealed.footer.rows} rows")
         return await sealed.get_raw(loc), sealed.where
 
     async def get(self, ids, target: SchemaVersion, schemas=None) -> Decoded:

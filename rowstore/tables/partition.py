@@ -20,7 +20,7 @@ from terrafs.errors import ClosedError
 from rowstore.segments.active import ActiveSegment, rowids as make_rowids
 from rowstore.index.column_index import PartitionColumns
 from rowstore.index.key_memtable import TOMBSTONE, encode_keys
-from rowstore.index.key_index import PartitionIndex
+from rowstore.index.key_index import Claim, PartitionIndex
 from rowstore.codec.rows import Encoded
 from rowstore.schema import Column, SchemaVersion
 from rowstore.segments.store import SegmentRecord, SegmentStore, SegState
@@ -49,9 +49,10 @@ class Partition:
 
     # -- recovery ------------------------------------------------------------------------
 
-    async def open(self, schemas, target: SchemaVersion) -> int:
-        """Load the index runs and replay the write-ahead after the checkpoint mark."""
-        manifest = await self.index.open()
+    async def open(self, schemas, target: SchemaVersion, claim: Claim | None = None) -> int:
+        """Claim the index for the node serving the partition now (``claim``), load its runs and
+        replay the write-ahead after the checkpoint mark."""
+        manifest = await self.index.open(claim)
         mark = manifest.mark + [0] * (3 - len(manifest.mark))  # (segid, localid, seq)
         replayed = 0
         for rec in await self.segments():

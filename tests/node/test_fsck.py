@@ -145,3 +145,52 @@ def test_fsck_checks_index_runs_entry_by_entry(tmp_path):
     r = _fsck(d)
     assert r.returncode == 1 and "out of (key asc, commit_ts desc) order" in r.stdout, r.stdout + r.stderr
     assert "idx/1/000/manifest" in r.stdout
+
+
+async def _make_dangling(d):
+    """What a cluster whose collectors ran on partitions they did not serve could leave: index entries naming a segment
+    that was deleted (and a segment row whose count is below the localids named)."""
+    import pyarrow as pa
+    import pytest
+
+    from catalog.abc import Put
+    from rowstore.db.database import Database, TablesConfig
+    from rowstore.errors import DanglingRowidError
+    from rowstore.segments.store import SEG_PREFIX, SegmentRecord
+
+    cat = LocalCatalog(str(d / "catalog"))
+    await cat.open()
+    fs = TerrascaleFS(cat, LocalBlockDevice(str(d / "block")), LocalBlockDevice(str(d / "cache"), durable=False),
+                      LocalObjectStore(str(d / "objects")), config=FsConfig(sealed_block_size=4096))
+    await fs.open()
+    db = Database(fs, TablesConfig(partitions=1))
+    await db.open()
+    await db.create_table("t", "id int64 primary key, v int64")
+    await db.upsert("t", pa.table({"id": pa.array(range(100), pa.int64()), "v": pa.array(range(100), pa.int64())}))
+    await db.seal()
+    await db.upsert("t", pa.table({"id": pa.array(range(100, 150), pa.int64()), "v": pa.array([1] * 50, pa.int64())}))
+    await db.seal()
+    await db.offload()
+    await db.checkpoint()
+    first, second = sorted((r for r in await db.store.list()), key=lambda r: r.seq)[:2]
+    await db.store.delete(first.segid)  # bypassing the collector: entries still name it
+    e = await cat.get(f"{SEG_PREFIX}{second.segid:08x}")
+    await cat.txn([], [Put(e.key, SegmentRecord.from_bytes(e.value).__class__(
+        **{**SegmentRecord.from_bytes(e.value).__dict__, "rows": 10}).to_bytes())])
+    with pytest.raises(DanglingRowidError, match="table 't' partition 0"):
+        await db.get("t", 5)
+    await db.close()
+    await fs.close()
+    await cat.close()
+    return first.segid, second.segid
+
+
+def test_fsck_finds_index_entries_naming_no_row(tmp_path):
+    d = tmp_path / "data"
+    gone, short = asyncio.run(_make_dangling(d))
+    r = _fsck(d)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "names 100 rowids of no row (no such segment)" in r.stdout, r.stdout  # every entry of the deleted one
+    assert f"(segment {gone}, localid" in r.stdout
+    assert "names 40 rowids of no row (past the segment's end)" in r.stdout, r.stdout  # localids 10..49
+    assert f"(segment {short}, localid 10, segment rows 10)" in r.stdout

@@ -20,7 +20,7 @@ class Two:
     def __init__(self):
         self.cat, self.objects = MemoryCatalog(), MemoryObjectStore()
         self.blocks = {n: MemoryBlockDevice() for n in ("n1", "n2")}
-        self.owner = "n1"
+        self.owner, self.epoch = "n1", 1
 
     async def start(self, node: str) -> Database:
         fs = TerrascaleFS(self.cat, self.blocks[node], MemoryBlockDevice(durable=False), self.objects,
@@ -29,7 +29,7 @@ class Two:
         db = Database(fs, TablesConfig(partitions=1))
 
         async def owns(d):
-            return {0} if self.owner == node else set()
+            return {0: self.epoch} if self.owner == node else {}
         await db.open(owns)
         return db
 
@@ -56,13 +56,13 @@ async def test_a_partition_moves_whole_with_its_history():
     assert ids_and_v((await n1.query("m", limit=None))[0]) == want[t3]  # still readable until forgotten
 
     async def switch():  # the placement switch (the node layer's compare-and-set)
-        w.owner = "n2"
+        w.owner, w.epoch = "n2", 2
         return True
     assert await n1.handoffs.switch(d, 0, switch)
     with pytest.raises(UnavailableError):  # no longer served here
         await n1.query("m", limit=None, partitions=[0])
     assert (await n1.tables.table(d)).parts[0].index.moved is False  # a fresh, unopened one
-    assert await n2.handoffs.take(d, 0) and not await n2.handoffs.take(d, 0)
+    assert await n2.handoffs.take(d, 0, 2) and not await n2.handoffs.take(d, 0, 2)
     for T, rowsT in want.items():
         assert ids_and_v((await n2.query("m", as_of=T, limit=None))[0]) == rowsT
     got = await n2.query("m", where=[["name", "=", "name-3"]], limit=None)  # the column index came along

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from catalog.memory import MemoryCatalog
+from rowstore.errors import DanglingRowidError
 from rowstore.segments.active import split_rowids
+from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegState, SegmentStore
 from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
@@ -100,7 +102,9 @@ async def test_rollover_at_seal_bytes():
     assert (await st2.current("t", 3)).segid == (await st.current("t", 3)).segid
 
 
-async def test_delete_recycles_segid_and_scan():
+async def test_delete_never_returns_the_segid_and_a_stale_rowid_is_corruption():
+    """docs/format/segment.md §6: a deleted segment's id stays taken; a rowid naming it (or a
+    localid past a segment's end) reads as DanglingRowidError, never another segment's row."""
     w = World()
     st = await w.start()
     a = await st.create("t", 0)
@@ -112,14 +116,19 @@ async def test_delete_recycles_segid_and_scan():
     await st.offload(a.segid, KEYS)
     got = [d async for d in st.scan(a.segid, S1)]
     assert pa_ids(got) == list(range(2000))
+    with pytest.raises(DanglingRowidError, match="localid 2000"):
+        await fetch(st, np.array([(a.segid << 32) | 2000], np.uint64), lambda v: S1, S1, "table 't' partition 0")
     free_before = await st.segids.free_ranges()
-    await st.delete(a.segid)
+    assert await st.delete(a.segid) and not await st.delete(a.segid)
     assert await w.objects.list("files/") == []
-    assert sum(hi - lo for lo, hi in await st.segids.free_ranges()) == \
-        sum(hi - lo for lo, hi in free_before) + 1
+    assert await st.segids.free_ranges() == free_before  # the segid is not returned
     assert [r.segid for r in await st.list()] == [b.segid]
-    await st.delete(b.segid)
-    assert sum(hi - lo for lo, hi in await st.segids.free_ranges()) == 2**32 - 2  # everything back
+    with pytest.raises(DanglingRowidError, match="table 't' partition 0.*no such segment"):
+        await fetch(st, np.array([(a.segid << 32) | 5], np.uint64), lambda v: S1, S1, "table 't' partition 0")
+    with pytest.raises(DanglingRowidError):
+        await st.row_bytes((a.segid << 32) | 5, "table 't' partition 0")
+    made = {(await st.create("t", 2 + i)).segid for i in range(50)}
+    assert a.segid not in made and b.segid not in made
 
 
 def pa_ids(decoded):

@@ -1,0 +1,167 @@
+"""Garbage collection on three nodes (RFC 0009, "Who collects"): the one-node GC workload of
+``bench/gc_bench.py`` run through three real ``terrascale node run`` processes on one Raft
+catalog and one object store, every node collecting the partitions it serves.
+
+* **Space amplification**: N rows of ~140 encoded bytes, R rounds overwriting a random 30% of
+  the keys (each round sealed and offloaded on every node), then GC passes on every node to
+  quiescence (history 0 s, grace 0 s): (bytes in the object store + the three block devices)
+  / (bytes of the live rows, encoded the same way) — vs RocksDB holding the same keys and row
+  bytes, written in the same rounds, after ``compact_range`` (one copy: the R=1 row compares
+  like with like; the R=3 row's block devices hold three copies until offload).
+* **Ingest while GC runs**: 20k-row Arrow batches sent to one node (routed to each key's
+  partition) with ``POST /v1/admin/gc`` looping on every node meanwhile, vs the same batches
+  with no GC (same table state, same client path).
+
+``python -m bench gc_cluster``; ``BENCH_GC_ROWS`` / ``BENCH_GC_ROUNDS`` as in the one-node bench,
+``BENCH_GC_REPLICAS`` (default ``1,3``).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from rocksdict import Options, Rdict
+
+from bench.common import Result, Timer, print_table, write_json
+from bench.gc_bench import BATCH, ROUNDS, ROWS, SCHEMA, _dir_bytes, _rows
+from node.client import ApiError
+from rowstore.codec.rows import encode_rows
+from rowstore.schema import parse_schema
+from tests.node.proc import raft_cluster, start_all
+
+REPLICAS = [int(r) for r in os.environ.get("BENCH_GC_REPLICAS", "1,3").split(",")]
+EXTRA = """
+[history]
+retention = "0s"
+[gc]
+interval = "0s"
+grace = "0s"
+min_garbage = 0.2
+max_bytes_per_run = "256MiB"
+[segments]
+seal_bytes = "8MiB"
+[jobs]
+offload_every = "0s"
+"""
+
+
+def _rocks_put(rocks, t: pa.Table, schema) -> None:
+    enc = encode_rows(t, schema, 1)
+    for k, a, b in zip(t.column("id").to_pylist(), enc.starts, np.append(enc.starts[1:], enc.nbytes)):
+        rocks[int(k).to_bytes(8, "big")] = enc.buf[a:b].tobytes()
+
+
+def _all(clients, job: str) -> None:
+    for c in clients:
+        c.admin(job)
+
+
+def _gc_to_quiescence(clients) -> None:
+    for _ in range(50):
+        busy = False
+        for c in clients:
+            res = c.gc()
+            busy |= bool(res["segments_collected"] or res["deleted"])
+        if not busy:
+            return
+
+
+def run_cluster(root: Path, replicas: int) -> list[Result]:
+    nodes = raft_cluster(root / "nodes", 3, extra=EXTRA)
+    schema = parse_schema(SCHEMA)
+    rocks = Rdict(str(root / "rocks"), Options())
+    rng = np.random.default_rng(1)
+    try:
+        start_all(nodes)
+        clients = [n.client(timeout=600) for n in nodes]
+        c0 = clients[0]
+        c0.create_table("s", [c.split()[:2] for c in SCHEMA.split(", ")], "id", partitions=6, replicas=replicas)
+
+        def write(keys: np.ndarray, gen: int, both: bool = True) -> None:
+            for i in range(0, len(keys), BATCH):
+                t = _rows(keys[i:i + BATCH], gen, rng)
+                c0.upsert("s", t)
+                if both:
+                    _rocks_put(rocks, t, schema)
+
+        write(np.arange(ROWS), 0)
+        _all(clients, "seal")
+        _all(clients, "offload")
+        for r in range(1, ROUNDS + 1):
+            write(np.sort(rng.choice(ROWS, ROWS * 3 // 10, replace=False)), r)
+            _all(clients, "seal")
+            _all(clients, "offload")
+
+        n_ingest = min(ROWS, 100_000)
+        batches = [np.sort(rng.choice(ROWS, BATCH, replace=False)) for _ in range(n_ingest // BATCH)]
+        with Timer() as base:
+            for i, keys in enumerate(batches):
+                write(keys, 100 + i, both=False)
+        stop, passes = threading.Event(), [0]
+
+        def gc_loop(c):
+            while not stop.is_set():
+                try:
+                    c.gc()
+                    passes[0] += 1
+                except ApiError:
+                    time.sleep(0.05)
+
+        loops = [threading.Thread(target=gc_loop, args=(n.client(timeout=600),)) for n in nodes]
+        for t in loops:
+            t.start()
+        with Timer() as during:
+            for i, keys in enumerate(batches):
+                write(keys, 200 + i, both=False)
+        stop.set()
+        for t in loops:
+            t.join()
+        final = c0.query("s", limit=10_000_000).sort_by("id")
+        _rocks_put(rocks, final, schema)
+        _all(clients, "seal")
+        _all(clients, "offload")
+        _gc_to_quiescence(clients)
+        _all(clients, "checkpoint")
+        assert final.num_rows == ROWS, final.num_rows
+        live = encode_rows(final, schema, 1).nbytes
+        ours = (_dir_bytes(str(root / "nodes" / "objects"))
+                + sum(_dir_bytes(str(n.data / "block")) for n in nodes)) / live
+        for c in clients:
+            c.close()
+    finally:
+        for n in nodes:
+            n.ensure_stopped()
+    rocks.compact_range(None, None)
+    rocks.flush()
+    rocks.close()
+    peer = _dir_bytes(str(root / "rocks")) / live
+    return [
+        Result(f"3 nodes, R={replicas}: space amplification, {ROWS / 1e6:g}M rows x {ROUNDS} rounds of 30% "
+               "overwrites, GC on every node to quiescence", ours,
+               "RocksDB after compact_range (same rows, same encoding, one copy)", peer, "x live bytes",
+               "<= 1.25x" if replicas == 1 else "report", {"live_bytes": live}),
+        Result(f"3 nodes, R={replicas}: ingest while GC runs on every node ({n_ingest} rows in {BATCH}-row "
+               f"Arrow batches to one node, {passes[0]} GC passes)", n_ingest / during.seconds,
+               "the same ingest without GC", n_ingest / base.seconds, "rows/s", ">= 0.7x"),
+    ]
+
+
+async def main() -> list[Result]:
+    results = []
+    t0 = time.perf_counter()
+    for r in REPLICAS:
+        with tempfile.TemporaryDirectory(prefix="gc-cluster-", dir=os.environ.get("BENCH_DIR", ".")) as root:
+            results += await asyncio.to_thread(run_cluster, Path(root), r)
+    print_table("Garbage collection on three nodes (RFC 0009, who collects)", results)
+    print(f"\nJSON: {write_json('gc_cluster', results)}  ({time.perf_counter() - t0:.0f} s)")
+    return results
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
