@@ -67,6 +67,7 @@ class Database:
         self.catalog_tables = TableCatalog(self.catalog, self.clock)
         self.store = SegmentStore(fs, _schema_of_segment_rows, cfg.seal_bytes)
         self.tables = TableRegistry(self.catalog_tables, self.store)
+        self.tables.observe = self.clock.observe
         self.reader = Reader(self.store, self.catalog_tables, self.tables, self.clock, self.timeline, self.tasks,
                              cfg.retention_ms, cfg.closed_wait_s)
         self.maintenance = Maintenance(self.store, self.catalog_tables, self.tables, self.timeline,

@@ -125,6 +125,8 @@ class Handoffs:
             part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
             latest = await self.tables.latest_def(d)
             n = await part.open(await self.tables.schemas_of(latest), latest.schema, Claim(self.store.node, epoch))
+            if self.observe is not None:
+                self.observe(part.newest_ts)
             table.serve(part, epoch)
             log.info("event=partition_taken table=%s partition=%d replayed=%d", d.name, pid, n)
             return True

@@ -87,6 +87,8 @@ class Leadership:
             latest = await self.tables.latest_def(d)
             part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
             n = await part.open(await self.tables.schemas_of(latest), latest.schema, Claim(self.store.node, epoch))
+            if self.observe is not None:
+                self.observe(part.newest_ts)
         except BaseException:
             await self._demote(d.table_id, pid)  # half a promotion serves nothing; the next reconcile retries
             raise

@@ -56,6 +56,7 @@ class TableRegistry:
     def __init__(self, definitions: TableCatalog, store: SegmentStore):
         self.definitions, self.store = definitions, store
         self.owns = None  # async (TableDef) -> {pid: epoch} of the partitions this node serves (None: all, epoch 0)
+        self.observe = None  # the clock's observe(ts): this node commits above every partition it opens
         self._tables: dict[str, Table] = {}
         self._opening: dict[str, asyncio.Lock] = {}
         self._defs: dict[str, TableDef] = {}  # table id -> newest definition with a schema
@@ -95,6 +96,8 @@ class TableRegistry:
                         log.warning("event=partition_not_served table=%s partition=%d reason=%r", d.name, p.pid, e)
                         t.unserve(p.pid)
                         continue
+                    if self.observe is not None:
+                        self.observe(p.newest_ts)
                     if n:
                         log.info("event=partition_replayed table=%s partition=%d rows=%d", d.name, p.pid, n)
                 self._tables[d.table_id] = t

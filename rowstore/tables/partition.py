@@ -46,6 +46,7 @@ class Partition:
         # Set when this node stops leading the partition (replication): a writer still holding
         # this object must not start a segment of its own — nobody would ever replay it.
         self.retired = False
+        self.newest_ts = 0  # set by open(): the newest commit timestamp the partition holds
 
     # -- recovery ------------------------------------------------------------------------
 
@@ -55,7 +56,11 @@ class Partition:
         manifest = await self.index.open(claim)
         mark = manifest.mark + [0] * (3 - len(manifest.mark))  # (segid, localid, seq)
         replayed = 0
-        for rec in await self.segments():
+        recs = await self.segments()
+        # the newest commit the partition holds: a node serving it must commit above it (its
+        # clock may run behind the node that wrote it — a moved partition after a restart)
+        self.newest_ts = max([r.max_ts or 0 for r in recs] + [r.max_ts for _, r in self.index.runs], default=0)
+        for rec in recs:
             if rec.seq < mark[2]:
                 continue
             skip = mark[1] if rec.seq == mark[2] else 0
@@ -67,6 +72,7 @@ class Partition:
                     self.apply(np.arange(base + lo, base + n), rec.segid, d.batch.slice(lo), d.commit_ts[lo:],
                                d.deleted[lo:], target)
                     replayed += n - lo
+                    self.newest_ts = max(self.newest_ts, int(d.commit_ts[lo:].max()))
                 base += n
         return replayed
 

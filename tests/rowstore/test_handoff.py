@@ -111,3 +111,31 @@ async def test_a_release_that_fails_takes_writes_again():
     recs = await (await n1.tables.table(d)).parts[0].segments()
     assert recs and all(r.state.value == "offloaded" for r in recs), recs
     await n1.close()
+
+
+async def test_after_a_restart_the_new_node_still_commits_above_the_old_nodes_commits():
+    """The old node's clock ran ahead (it observed a later timestamp); the partition moves and
+    the new node restarts: its next delete must still be newer than the old node's upsert
+    (it was not: the restart opened the partition without observing its commits)."""
+    from rowstore.hlc import ts_from_ms
+
+    w = Two()
+    n1, n2 = await w.start("n1"), await w.start("n2")
+    d = await n1.create_table("m", SCHEMA)
+    await n2.tables.table(d)
+    n1.clock.observe(n1.clock._last + ts_from_ms(3000))  # n1's clock 3 s ahead of n2's
+    t1 = (await n1.upsert("m", rows([5]))).commit_ts
+    await n1.handoffs.release(d, 0)
+
+    async def switch():
+        w.owner, w.epoch = "n2", 2
+        return True
+    assert await n1.handoffs.switch(d, 0, switch)
+    assert await n2.handoffs.take(d, 0, 2)
+    await n2.close()
+    n2 = await w.start("n2")  # restarted: the partition is opened with the table
+    t2 = (await n2.delete("m", [5])).commit_ts
+    assert t2 > t1
+    assert await n2.get("m", 5) is None
+    await n1.close()
+    await n2.close()

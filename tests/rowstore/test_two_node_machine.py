@@ -17,7 +17,7 @@ from dataclasses import replace
 import hypothesis.strategies as st
 import numpy as np
 import pyarrow as pa
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from catalog.memory import MemoryCatalog
@@ -221,6 +221,8 @@ class TwoNodeMachine(RuleBasedStateMachine):
                         assert self.run(db.get("t", k, as_of=at)) == want.get(k), (node, k, T)
 
 
-TwoNodeMachine.TestCase.settings = settings(max_examples=int(os.environ.get("TWO_NODE_EXAMPLES", 150)), stateful_step_count=50, deadline=None,
-                                            suppress_health_check=[HealthCheck.too_slow])
+TwoNodeMachine.TestCase.settings = settings(
+    max_examples=int(os.environ.get("TWO_NODE_EXAMPLES", 150)), stateful_step_count=50, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=[p for p in Phase if p != Phase.shrink or not os.environ.get("TWO_NODE_NO_SHRINK")])
 test_two_node_machine = TwoNodeMachine.TestCase
