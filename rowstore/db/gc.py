@@ -103,9 +103,10 @@ class GarbageCollector:
             if not dry_run:
                 await self.offload()
             H = self.gc_horizon()
+            dropped = await self._dropped()  # reclaimed whole (below), never collected partition by partition
             for t in self.tables.opened():
                 d = self.tables.definition(t.table_id)
-                if d is None or (tid is not None and t.table_id != tid):
+                if d is None or (tid is not None and t.table_id != tid) or t.table_id in dropped:
                     continue
                 for p in t.served():  # only what this node serves (RFC 0009, "Who collects")
                     try:
@@ -113,10 +114,10 @@ class GarbageCollector:
                     except (ConflictError, UnavailableError) as e:  # it stopped serving it meanwhile
                         log.warning("event=gc_partition_abandoned table=%s partition=%d reason=%r", d.name, p.pid, e)
             if not dry_run:
-                await self._retire_dropped(tid, H, res)
+                await self._retire_dropped(dropped, tid, H, res)
                 failpoint("gc.after_retire")
                 t1 = time.perf_counter()
-                await self._delete_retired(tid, res)
+                await self._delete_retired(dropped, tid, res)
                 self.phases["delete"] += time.perf_counter() - t1
                 self._count(res, time.perf_counter() - t0)
             return res.to_dict()
@@ -310,14 +311,14 @@ class GarbageCollector:
                     out[td.table_id] = td.ts
         return out
 
-    async def _retire_dropped(self, tid: str | None, H: int, res: _Pass) -> None:
+    async def _retire_dropped(self, dropped: dict[str, int], tid: str | None, H: int, res: _Pass) -> None:
         """Retire the segments of a table dropped before the horizon and over ``grace`` ago, and
         delete its index runs (nothing can read them: reads below the horizon are refused).
         Every node retires its own local segments; one node — the one holding the table's
         reclaim row — retires the offloaded ones and deletes the indexes."""
         now_ms = time.time() * 1000
         self._reclaiming = set()
-        for table_id, ts in (await self._dropped()).items():
+        for table_id, ts in dropped.items():
             if (tid is not None and table_id != tid) or ts > H or now_ms - ms_of(ts) < self.cfg.grace_s * 1000:
                 continue
             self.tables.forget(table_id)
@@ -386,13 +387,12 @@ class GarbageCollector:
         if wms:  # what its partitions had offloaded: nothing reads it any more
             await commit(self.store.catalog, [], [Delete(k) for k in wms])
 
-    async def _delete_retired(self, tid: str | None, res: _Pass) -> None:
+    async def _delete_retired(self, dropped: dict[str, int], tid: str | None, res: _Pass) -> None:
         """Delete retired segments past ``grace`` that no unexpired read lease names (the leases
         are read again right before each delete: a plan made meanwhile holds its segments).
         Only this node's: those of partitions it serves, and of a dropped table the objects it
         reclaims and its own local files."""
         served = {(t.table_id, p.pid) for t in self.tables.opened() for p in t.served()}
-        dropped = set(await self._dropped())
         now_ms = time.time() * 1000
         due = [r for r in await self.store.list() if r.state == SegState.RETIRED
                and (tid is None or r.table == tid) and now_ms - r.retired_ms >= self.cfg.grace_s * 1000

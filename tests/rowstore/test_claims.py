@@ -3,6 +3,8 @@
 it — paused while another took over — publishes nothing more, checkpoint, merge or collection
 pass; a claim older than the manifest's is refused; a node's collector leaves alone the
 partitions it does not serve."""
+import json
+
 import pytest
 
 from rowstore.errors import ConflictError, FencedError
@@ -81,5 +83,39 @@ async def test_a_collector_leaves_partitions_it_does_not_serve_alone():
     out = await n1.collect_garbage()  # the serving node collects them
     assert out["segments_collected"] >= 1
     assert ids_and_v((await n1.query("m", limit=None))[0]) == [(i, 3.0) for i in range(300)]
+    await n1.close()
+    await n2.close()
+
+
+async def test_a_dropped_table_is_reclaimed_once_by_one_node():
+    """Both nodes run passes after a drop: one takes the reclaim row and deletes the objects
+    and indexes; the other deletes only its own local segments; nothing fails, nothing is left."""
+    from rowstore.db.gc import RECLAIM_PREFIX
+
+    w = Two()
+    n1, n2 = await w.start("n1"), await w.start("n2")
+    for db in (n1, n2):
+        db.gc.cfg = type(db.gc.cfg)(min_garbage=0.5, grace_s=0.0)
+        db.reader.retention_ms = 0
+    d = await n1.create_table("m", SCHEMA)
+    await n2.tables.table(d)
+    await n1.upsert("m", rows(range(300)))
+    await n1.seal()
+    await n1.offload()
+    await n1.upsert("m", rows(range(50)))  # an active segment too (n1's own, local)
+    await n1.checkpoint()
+    dropped = await n1.drop_table("m")
+    for db in (n1, n2):
+        db.clock.observe(dropped.ts)  # both clocks past the drop (the horizon is now: retention 0)
+    out2 = await n2.collect_garbage()  # first: n2 takes the reclaim row
+    doc = json.loads((await n2.catalog.get(f"{RECLAIM_PREFIX}{d.table_id}")).value)
+    assert doc["node"] == "n2" and not doc["done"]
+    left = {r.segid: (r.owner, r.state.value) for r in await n2.store.list(table=d.table_id)}
+    assert set(out2["deleted"]) and all(o == "n1" and s != "retired" for o, s in left.values()), left
+    await n1.collect_garbage()  # n1 retires and deletes its own local segment
+    await n2.collect_garbage()  # n2 sees nothing left: done
+    assert await n1.store.list(table=d.table_id) == []
+    assert not await n1.catalog.scan(f"idx/{d.table_id}/")
+    assert json.loads((await n2.catalog.get(f"{RECLAIM_PREFIX}{d.table_id}")).value)["done"]
     await n1.close()
     await n2.close()
