@@ -444,3 +444,27 @@ async def _crash_in_a_pass(w, db, point: str, model: dict):
     await check(db, model)
     await no_leaks(db)
     return db
+
+
+async def test_a_segment_row_that_disagrees_with_its_object_is_corruption_not_a_shape_error():
+    """The cluster failure 'operands could not be broadcast together with shapes (128,) (166,)':
+    a pass's mark bitmap is sized from the segment row (rows), its victim read from the object
+    this node cached under that segid — another segment's object once segids were reused. Now
+    reported as corruption naming the segment (and segids are never reused)."""
+    from dataclasses import replace
+
+    from rowstore.errors import RowCorruptionError
+    from rowstore.segments.store import SEG_PREFIX
+
+    w, db = await make(min_garbage=0.1)
+    model = {}
+    await churn(db, model, rounds=2)
+    await db.checkpoint()
+    victim = max((r for r in await db.store.list() if r.state == SegState.OFFLOADED), key=lambda r: r.rows)
+    await db.store.sealed(victim.segid)  # this node's cached object of the segid
+    e = await db.catalog.get(f"{SEG_PREFIX}{victim.segid:08x}")
+    from catalog.abc import Put
+
+    await db.catalog.txn([], [Put(e.key, replace(victim, rows=victim.rows - 38).to_bytes())])
+    with pytest.raises(RowCorruptionError, match=f"segment {victim.segid} holds {victim.rows} rows"):
+        await db.collect_garbage()
