@@ -57,7 +57,7 @@ import pyarrow as pa
 from bench.common import Result, print_table, write_json
 from bench.node_bench import ARROW, BATCH_ROWS, SCHEMA, _PointPeers, _sensor_row, _write_load, batch
 from bench.raft_bench import Etcd
-from node.codec import write_arrow_stream
+from node.wire import write_arrow_stream
 from rowstore.index.key_memtable import encode_keys
 from rowstore.tables.keys import partition_of
 from tests.node.proc import raft_cluster, start_all

@@ -30,7 +30,7 @@ from rocksdict import Options, Rdict
 
 from bench.common import Result, Timer, print_table, write_json
 from bench.gc_bench import BATCH, ROUNDS, ROWS, SCHEMA, _dir_bytes, _rows
-from node.client import ApiError
+from node.errors import ApiError
 from rowstore.codec.rows import encode_rows
 from rowstore.schema import parse_schema
 from tests.node.proc import raft_cluster, start_all

@@ -45,7 +45,7 @@ import pyarrow as pa
 
 from bench.common import Result, print_table, write_json
 from bench.raft_bench import ensure_etcd
-from node.codec import table_to_rows, write_arrow_stream
+from node.wire import table_to_rows, write_arrow_stream
 from node.config import defaults
 from tests.fixtures.moto import free_port
 
@@ -126,7 +126,7 @@ async def _run_batches(send, n: int, inflight: int) -> float:
 async def ingest(root: str) -> list[Result]:
     import aiohttp
 
-    from node.daemon import Node
+    from node.daemon.lifecycle import Node
 
     tables = [batch(i * BATCH_ROWS) for i in range(BATCHES)]
     arrow = [write_arrow_stream(t) for t in tables]

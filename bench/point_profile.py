@@ -25,10 +25,10 @@ from bench.node_bench import SCHEMA, NodeProcess, _PointPeers, _post, _write_loa
 # (stage, substrings of "function (file)" that mark it) — the innermost (deepest) match wins
 STAGES = [
     ("HTTP: aiohttp parse/respond, loop", ("aiohttp", "asyncio/", "selectors.py", "uvloop")),
-    ("edge: middleware, metrics, routing", ("node/api.py", "node/metrics.py", "prometheus_client")),
+    ("edge: middleware, metrics, routing", ("node/http/api.py", "node/daemon/metrics.py", "prometheus_client")),
     ("JSON parse", ("json/decoder.py", "json/__init__.py:loads", "loads (json")),
-    ("JSON -> Arrow (rows_to_table)", ("node/codec.py",)),
-    ("coalescing", ("node/coalesce.py",)),
+    ("JSON -> Arrow (rows_to_table)", ("node/wire.py",)),
+    ("coalescing", ("node/http/coalesce.py",)),
     ("fast path encode", ("rowstore/point_write", "rowstore/pointwrite", "node/fastpath")),
     ("conform / keys / partition", ("rowstore/table_io.py:conform", "rowstore/table_io.py:_cast",
                                     "rowstore/memtable.py:encode_keys", "rowstore/partitioning.py")),

@@ -76,7 +76,8 @@ class NodeProcess:
                                      stdout=subprocess.DEVNULL)
 
     def wait_ready(self):
-        from node.client import ApiError, Client
+        from node.client.client import Client
+        from node.errors import ApiError
 
         with Client(self.base, timeout=5) as c:
             for _ in range(600):
@@ -143,7 +144,7 @@ def _rss(pid: int) -> int:
 
 
 def load(root: str) -> tuple[NodeProcess, dict]:
-    from node.client import Client
+    from node.client.client import Client
 
     node = NodeProcess(root)
     node.wait_ready()

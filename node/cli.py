@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import logging
 import os
@@ -17,6 +16,7 @@ import sys
 
 from catalog.errors import CatalogError
 from node import config as config_mod
+from node.client.output import cell, emit, emit_arrow_table, print_csv, print_table
 from node.errors import NodeError, UsageError
 from rowstore.errors import QueryError, RowstoreError
 from rowstore.reads.text_forms import parse_bbox_text, parse_where_text
@@ -117,7 +117,7 @@ def _setup_logging() -> None:
 def _node_run(args) -> int:
     from dataclasses import replace
 
-    from node.daemon import run
+    from node.daemon.lifecycle import run
 
     _setup_logging()
     cfg = config_mod.load(args.config) if args.config else config_mod.defaults(args.data_dir)
@@ -128,7 +128,7 @@ def _node_run(args) -> int:
 
 
 def _fsck(args, parser) -> int:
-    from node.fsck import fsck
+    from node.client.fsck import fsck
 
     _setup_logging()
     if bool(args.data_dir) == bool(args.config):
@@ -140,97 +140,6 @@ def _fsck(args, parser) -> int:
     damaged = [p for p in problems if p.damage]
     print(f"fsck: {len(damaged)} problem(s), {len(problems) - len(damaged)} notice(s)", file=sys.stderr)
     return 1 if damaged else 0
-
-
-# -- output ---------------------------------------------------------------------------------------
-
-
-def _emit(doc, fmt: str, rows_key: str | None = None) -> None:
-    """Print an API answer: a list of rows under ``rows_key`` as a table/CSV/JSON/Arrow, or a document."""
-    rows = doc.get(rows_key) if rows_key and isinstance(doc, dict) else None
-    if fmt == "json":
-        print(json.dumps(doc, indent=None if rows is not None else 2))
-        return
-    if rows is None:
-        rows = [doc] if fmt in ("csv", "arrow") else None
-    if rows is None:
-        _print_doc(doc)
-    elif fmt == "arrow":
-        import pyarrow as pa
-
-        from node.client import _arrow_body
-
-        sys.stdout.buffer.write(_arrow_body(pa.Table.from_pylist([_flat(r) for r in rows])))
-        sys.stdout.flush()
-    elif fmt == "csv":
-        _print_csv(rows)
-    else:
-        _print_table(rows)
-
-
-def _emit_arrow_table(t, fmt: str, as_of=None) -> None:
-    if fmt == "arrow":
-        from node.client import _arrow_body
-
-        sys.stdout.buffer.write(_arrow_body(t))
-        sys.stdout.flush()
-        return
-    from node.codec import table_to_rows
-
-    rows = table_to_rows(t)
-    if fmt == "json":
-        print(json.dumps({"rows": rows, "as_of": as_of}))
-    elif fmt == "csv":
-        _print_csv(rows, t.column_names)
-    else:
-        _print_table(rows, t.column_names)
-        print(f"({len(rows)} row{'s' if len(rows) != 1 else ''}{f', as of {as_of}' if as_of else ''})",
-              file=sys.stderr)
-
-
-def _flat(r: dict) -> dict:
-    return {k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()}
-
-
-def _cell(v) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, separators=(",", ":"))
-    return str(v)
-
-
-def _print_table(rows: list[dict], cols: list[str] | None = None) -> None:
-    cols = cols or list(dict.fromkeys(k for r in rows for k in r))
-    cells = [[_cell(r.get(c)) for c in cols] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
-
-
-def _print_csv(rows: list[dict], cols: list[str] | None = None) -> None:
-    cols = cols or list(dict.fromkeys(k for r in rows for k in r))
-    w = csv.writer(sys.stdout)
-    w.writerow(cols)
-    for r in rows:
-        w.writerow([_cell(r.get(c)) for c in cols])
-
-
-def _print_doc(doc, indent: int = 0) -> None:
-    pad = "  " * indent
-    for k, v in doc.items():
-        if isinstance(v, dict) and v and all(not isinstance(x, (dict, list)) for x in v.values()):
-            print(f"{pad}{k}: " + ", ".join(f"{a}={b}" for a, b in v.items()))
-        elif isinstance(v, dict) and v:
-            print(f"{pad}{k}:")
-            _print_doc(v, indent + 1)
-        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
-            print(f"{pad}{k}:")
-            for x in v:
-                print(f"{pad}  - " + ", ".join(f"{a}={_cell(b)}" for a, b in x.items()))
-        else:
-            print(f"{pad}{k}: {_cell(v) if not isinstance(v, list) else ', '.join(map(_cell, v))}")
 
 
 # -- online commands ------------------------------------------------------------------------------
@@ -256,14 +165,14 @@ def _table_cmd(c, args) -> int:
         if fmt in ("table", "csv"):
             rows = [{"name": t["name"], "primary_key": t["primary_key"], "columns": len(t["columns"]),
                      "indexes": ",".join(t["indexes"]), "partitions": t["partitions"]} for t in doc["tables"]]
-            (_print_table if fmt == "table" else _print_csv)(rows, ["name", "primary_key", "columns", "indexes",
+            (print_table if fmt == "table" else print_csv)(rows, ["name", "primary_key", "columns", "indexes",
                                                                     "partitions"])
         else:
-            _emit(doc, fmt, "tables")
+            emit(doc, fmt, "tables")
     elif args.table_cmd == "describe":
         _describe_out(c.describe(args.name, args.as_of), fmt)
     elif args.table_cmd == "drop":
-        _emit(c.drop_table(args.name), fmt)
+        emit(c.drop_table(args.name), fmt)
     elif args.table_cmd == "alter":
         _describe_out(_alter(c, args), fmt)
     return 0
@@ -293,14 +202,14 @@ def _describe_out(d: dict, fmt: str) -> None:
                   f"schema version {d['schema_version']}, ts {d['ts']})")
         rows = [{"column": col["name"], "type": col["type"], "nullable": col["nullable"],
                  "indexed": col["name"] in d["indexes"]} for col in d["columns"]]
-        (_print_table if fmt == "table" else _print_csv)(rows, ["column", "type", "nullable", "indexed"])
+        (print_table if fmt == "table" else print_csv)(rows, ["column", "type", "nullable", "indexed"])
         if fmt == "table" and d.get("placement"):
             print()
-            _print_table([{"partition": p["partition"], "leader": p["leader"], "replicas": ",".join(p["replicas"]),
+            print_table([{"partition": p["partition"], "leader": p["leader"], "replicas": ",".join(p["replicas"]),
                            "epoch": p["epoch"], "watermark": "" if p.get("watermark") is None else p["watermark"]}
                           for p in d["placement"]], ["partition", "leader", "replicas", "epoch", "watermark"])
     else:
-        _emit(d, fmt)
+        emit(d, fmt)
 
 
 def _parse_where(expr: str) -> list:
@@ -328,12 +237,12 @@ def _query(c, args) -> int:
                                       ("columns", columns), ("limit", args.limit)) if v is not None}).encode(),
         "application/json", "application/vnd.apache.arrow.stream")
     if status >= 400:
-        from node.client import _raise
+        from node.client.client import _raise
 
         _raise(status, body)
-    from node.client import _read_arrow
+    from node.client.client import _read_arrow
 
-    _emit_arrow_table(_read_arrow(body), args.output, int(headers.get("x-terrascale-as-of", 0)) or None)
+    emit_arrow_table(_read_arrow(body), args.output, int(headers.get("x-terrascale-as-of", 0)) or None)
     return 0
 
 
@@ -351,28 +260,28 @@ def _get(c, args) -> int:
     if args.output == "table":
         width = max(len(k) for k in row)
         for k, v in row.items():
-            print(f"{k.ljust(width)}  {_cell(v)}")
+            print(f"{k.ljust(width)}  {cell(v)}")
     else:
-        _emit({"rows": [row]}, args.output, "rows") if args.output != "json" else print(json.dumps(row))
+        emit({"rows": [row]}, args.output, "rows") if args.output != "json" else print(json.dumps(row))
     return 0
 
 
 def _admin(c, args) -> int:
     cmd, fmt = args.admin_cmd, args.output
     if cmd == "status":
-        _emit(c.status(), fmt)
+        emit(c.status(), fmt)
     elif cmd == "segments":
         doc = c.segments(args.table)
-        _emit(doc, fmt, "segments")
+        emit(doc, fmt, "segments")
     elif cmd == "gc":
         doc = c.gc(args.table, args.dry_run)
         if args.dry_run and fmt == "table":
             if doc["victims"]:
-                _print_table(doc["victims"])
+                print_table(doc["victims"])
             else:
                 print("no victims")
         else:
-            _emit(doc, fmt)
+            emit(doc, fmt)
     elif cmd == "cluster":
         if args.change and not args.raft_address:
             print(f"terrascale: error: admin cluster {args.change} needs the member's Raft address (host:port)",
@@ -387,7 +296,7 @@ def _admin(c, args) -> int:
             doc = c.add_member(args.raft_address) if args.change else c.cluster()
         if fmt == "table":
             print(f"leader {doc['leader']}  term {doc['term']}  catalog {doc.get('catalog')}")
-            _print_table(doc["members"])
+            print_table(doc["members"])
             for t, parts in doc["partitions"].items():
                 led: dict[str, list[str]] = {}
                 for p, who in parts.items():
@@ -395,14 +304,14 @@ def _admin(c, args) -> int:
                 print(f"table {t}: {len(parts)} partitions on {', '.join(sorted(led))} ("
                       + "; ".join(f"{who} leads {','.join(ps)}" for who, ps in sorted(led.items())) + ")")
         else:
-            _emit(doc, fmt, "members")
+            emit(doc, fmt, "members")
     else:
-        _emit(c.admin(cmd), fmt)
+        emit(c.admin(cmd), fmt)
     return 0
 
 
 def _online(args) -> int:
-    from node.client import Client
+    from node.client.client import Client
 
     try:
         c = Client(args.endpoint, args.token)
@@ -418,7 +327,7 @@ def _online(args) -> int:
         if args.cmd == "admin":
             return _admin(c, args)
         if args.cmd == "ingest":
-            from node.ingest import ingest
+            from node.client.ingest import ingest
 
             return ingest(c, args)
     return 2
@@ -427,7 +336,7 @@ def _online(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    from node.client import ApiError
+    from node.errors import ApiError
 
     try:
         if args.cmd == "node":

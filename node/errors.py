@@ -13,3 +13,12 @@ class ConfigError(NodeError):
 
 class UsageError(NodeError):
     """Raised for a malformed command-line argument the parser could not catch (exit 2)."""
+
+
+class ApiError(NodeError):
+    """One error answer of the HTTP API (``status``, ``code``, ``message``): raised by a
+    handler to answer with it, and by the clients when a node answered with it."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.status, self.code, self.message = status, code, message

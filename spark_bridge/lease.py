@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-from node.client import ApiError
+from node.errors import ApiError
 from spark_bridge.errors import BridgeError, LeaseExpiredError
 from spark_bridge.options import Options
 from spark_bridge.remote import Remote

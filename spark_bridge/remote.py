@@ -1,4 +1,4 @@
-"""The node endpoints the bridge calls (node/bridge_api.py, docs/openapi.yaml), over
+"""The node endpoints the bridge calls (node/http/routes/bridge.py, docs/openapi.yaml), over
 ``node.client.Client``: one short-lived client per caller, since a Client is not thread-safe."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from urllib.parse import quote
 
 import pyarrow as pa
 
-from node.client import ARROW_STREAM, ApiError, Client, _read_arrow
+from node.client.client import ARROW_STREAM, Client, _read_arrow
+from node.errors import ApiError
 from spark_bridge.errors import BridgeError
 from spark_bridge.options import Options
 

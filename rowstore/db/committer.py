@@ -183,7 +183,7 @@ class Committer:
     async def write_pieces(self, d: TableDef, pieces: list[Piece], sizes: list[list[int]] | None = None) -> list:
         """Commit rows already checked, encoded and split by partition (each piece: distinct
         keys, rows of ``d.schema``), without the conform/encode/split of :meth:`write` —
-        for a caller that coalesced concurrent small requests (``node/coalesce.py``).
+        for a caller that coalesced concurrent small requests (``node/http/coalesce.py``).
 
         Without ``sizes``: all pieces are one atomic batch with one commit timestamp; returns
         it once per piece. With ``sizes`` (per piece: its requests' row counts, back to back):

@@ -1,4 +1,4 @@
-"""JSON text the engine accepts: in request bodies (node/codec.py) and in ``json`` columns.
+"""JSON text the engine accepts: in request bodies (node/wire.py) and in ``json`` columns.
 
 Strict RFC 8259 — no bare ``NaN`` / ``Infinity`` (Python's parser takes them, and the JSON
 output could not write them back) — and nested at most a given depth, checked by one pass

@@ -7,7 +7,8 @@ import subprocess
 import sys
 import time
 
-from node.client import ApiError, Client
+from node.client.client import Client
+from node.errors import ApiError
 from tests.fixtures.moto import free_port
 
 TERRASCALE = os.path.join(os.path.dirname(sys.executable), "terrascale")

@@ -1,6 +1,6 @@
 """The durability rule, watched from outside with strace (CONTRACT §6): no write is
 acknowledged before an fdatasync that covers it — also when concurrent requests are coalesced
-(node/coalesce.py) into shared appends and flushes.
+(node/http/coalesce.py) into shared appends and flushes.
 
 The node runs under ``strace -f``; every response carrying a ``commit_ts`` is matched to its
 request (the last row key read on that connection before it), to the device write that carried

@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from node.client import ApiError, AsyncClient, Client
+from node.client.client import AsyncClient, Client
+from node.errors import ApiError
 from tests.node.proc import NodeProc
 
 TOKEN = "t0ken-for-tests"

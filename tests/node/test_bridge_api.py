@@ -6,7 +6,7 @@ import asyncio
 import pyarrow as pa
 import pytest
 
-from node.client import ApiError
+from node.errors import ApiError
 from rowstore.reads.external import SegmentSlice, read_segment, schemas_lookup
 from rowstore.schema import SchemaVersion
 from tests.node.proc import NodeProc

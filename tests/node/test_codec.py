@@ -1,4 +1,4 @@
-"""JSON <-> Arrow row conversion (node/codec.py): every contract type round-trips, column-wise
+"""JSON <-> Arrow row conversion (node/wire.py): every contract type round-trips, column-wise
 output equals value-wise output, and misfits are refused naming row and column."""
 import datetime as dt
 import math
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.codec import read_arrow_stream, row_to_json, rows_to_table, table_to_rows, write_arrow_stream
+from node.wire import read_arrow_stream, row_to_json, rows_to_table, table_to_rows, write_arrow_stream
 from rowstore.errors import RowValidationError
 from rowstore.schema import parse_schema
 from rowstore.tables.conform import conform

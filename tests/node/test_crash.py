@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from node.client import ApiError
+from node.errors import ApiError
 from tests.node.proc import NodeProc, raft_cluster, start_all
 
 CLIENTS, BATCH = 8, 400

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from node.client import ApiError
+from node.errors import ApiError
 from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
 
 KEYS = 1500

@@ -7,7 +7,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from node.client import ApiError
+from node.errors import ApiError
 from tests.fixtures.moto import make_bucket, s3_uri
 from tests.node.proc import TERRASCALE, NodeProc
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from node.client import ApiError
+from node.errors import ApiError
 from tests.node.proc import NodeProc, raft_cluster, start_all
 
 

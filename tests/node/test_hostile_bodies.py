@@ -1,4 +1,4 @@
-"""The JSON and Arrow body decoders (node/codec.py, rowstore/table_io.py, rowstore/query.py)
+"""The JSON and Arrow body decoders (node/wire.py, rowstore/table_io.py, rowstore/query.py)
 fed hostile values by hypothesis: nesting depth, NaN/Infinity anywhere, huge integers where
 floats or timestamps go, unicode digits and non-ASCII text, lone surrogates, strings where
 numbers go and numbers where strings go. Every input either is refused with the package's
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.codec import (BodyError, json_depth_over, parse_json_body, read_arrow_stream, row_to_json, rows_to_table,
+from node.wire import (BodyError, json_depth_over, parse_json_body, read_arrow_stream, row_to_json, rows_to_table,
                         table_to_rows)
 from rowstore.errors import RowstoreError
 from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where

@@ -8,7 +8,7 @@ from urllib.parse import quote
 
 import pytest
 
-from node.client import ApiError
+from node.errors import ApiError
 from spark_bridge.errors import BridgeError
 from spark_bridge.options import Options
 from spark_bridge.remote import Remote

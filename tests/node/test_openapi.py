@@ -5,7 +5,7 @@ import types
 import yaml
 from openapi_spec_validator import validate
 
-from node.http_app import make_app
+from node.http.app import make_app
 from node.config import NodeConfig
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "openapi.yaml")

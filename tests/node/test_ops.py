@@ -15,7 +15,8 @@ import tomllib
 
 import pytest
 
-from node.client import ApiError, Client
+from node.client.client import Client
+from node.errors import ApiError
 from node.config import from_dict
 from tests.fixtures.moto import free_port
 from tests.node.proc import TERRASCALE, NodeProc

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyroaring import BitMap
 
-from node.client import ApiError
+from node.errors import ApiError
 from rowstore.index.key_memtable import encode_keys
 from rowstore.tables.keys import partition_of
 from tests.node.proc import TERRASCALE, raft_cluster, start_all

@@ -1,4 +1,4 @@
-"""Placement of partitions over members (node/placement.py, RFC 0010 §1): balanced by count,
+"""Placement of partitions over members (node/cluster/placement.py, RFC 0010 §1): balanced by count,
 leaders spread round-robin from the creating node, the record's bytes, and property checks
 against a simple model."""
 import pytest
@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.errors import CorruptionError
-from node.placement import Placement, PartitionPlace, counts, plan
+from node.cluster.placement import Placement, PartitionPlace, counts, plan
 
 
 def test_an_empty_cluster_gets_leaders_round_robin_from_the_creating_node():

@@ -1,4 +1,4 @@
-"""Coalesced point writes (node/coalesce.py) against a real `terrascale node run` process:
+"""Coalesced point writes (node/http/coalesce.py) against a real `terrascale node run` process:
 concurrent requests are merged, yet each keeps its own answer, atomicity and commit_ts;
 kill -9 under 64 single-row clients loses nothing acknowledged and applies nothing in part."""
 import asyncio

@@ -5,7 +5,7 @@ answers 503 instead of answering short."""
 import numpy as np
 import pytest
 
-from node.client import ApiError
+from node.errors import ApiError
 from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
 from tests.node.test_bridge_api import call, plan_rows
 from tests.node.test_replication import counts, rows

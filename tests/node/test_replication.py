@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from node.client import ApiError
+from node.errors import ApiError
 from rowstore.index.key_memtable import encode_keys
 from rowstore.tables.keys import partition_of
 from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all

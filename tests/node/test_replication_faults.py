@@ -21,7 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from node.client import ApiError, Client
+from node.client.client import Client
+from node.errors import ApiError
 from rowstore.index.key_memtable import encode_keys
 from rowstore.tables.keys import partition_of
 from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all

@@ -1,4 +1,4 @@
-"""The fast row encoder (node/row_encoder.py) against the full path: wherever it accepts a row,
+"""The fast row encoder (node/http/fast_encoder.py) against the full path: wherever it accepts a row,
 its bytes are exactly ``encode_rows(conform(rows_to_table(...)))``'s; values it is unsure of are
 ``Slow`` (the full path decides), never a different encoding."""
 import datetime as dt
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.codec import rows_to_table
-from node.row_encoder import Slow, encoder, index_key
+from node.wire import rows_to_table
+from node.http.fast_encoder import Slow, encoder, index_key
 from rowstore.codec.rows import encode_rows
 from rowstore.db.committer import _filler
 from rowstore.errors import RowValidationError

@@ -1,4 +1,4 @@
-"""One-copy partitions (R = 1) moved between real node processes (RFC 0010 §7, node/handoff.py):
+"""One-copy partitions (R = 1) moved between real node processes (RFC 0010 §7, node/cluster/handoff.py):
 a joining member is given its share, a leaving one hands its partitions over before it leaves,
 and writes go on throughout — every acknowledged batch reads back whole from every node."""
 import threading
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from node.client import ApiError
+from node.errors import ApiError
 from tests.node.proc import eventually, raft_cluster, start_all
 from tests.node.test_replication import FAST, batches, joiner, rows
 

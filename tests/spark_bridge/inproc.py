@@ -9,9 +9,9 @@ import threading
 
 from aiohttp import web
 
-from node.http_app import make_app
+from node.http.app import make_app
 from node.config import load
-from node.daemon import Node
+from node.daemon.lifecycle import Node
 from tests.node.proc import NodeProc
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from node.client import ApiError
+from node.errors import ApiError
 from rowstore.schema import SchemaVersion
 from spark_bridge.errors import LeaseExpiredError
 from spark_bridge.lease import LeaseKeeper

@@ -112,3 +112,49 @@ def test_only_the_bridge_imports_pyspark():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             offenders += [f"{m} imports {n}" for n in names if n.split(".")[0] == "pyspark"]
     assert not offenders, "\n".join(offenders)
+
+
+# Inside ``node/`` (docs/ARCHITECTURE.md, "node"): part -> the other parts of ``node`` it may
+# import. The client side imports no server module; cluster control imports no HTTP module;
+# the HTTP surface drives cluster control, never the daemon; the daemon and the CLI assemble.
+NODE_PARTS = {
+    "node.errors": set(),
+    "node.wire": set(),
+    "node.tasks": set(),
+    "node.config": {"node.errors"},
+    "node.client": {"node.errors", "node.wire", "node.config"},
+    "node.cluster": {"node.errors", "node.wire", "node.tasks", "node.config"},
+    "node.http": {"node.errors", "node.wire", "node.config", "node.cluster"},
+    "node.daemon": {"node.errors", "node.wire", "node.tasks", "node.config", "node.cluster", "node.http"},
+    "node.cli": {"node", "node.errors", "node.wire", "node.config", "node.client", "node.daemon"},
+}
+
+
+def _part(m: str) -> str | None:
+    parts = m.split(".")
+    for n in (2, 1):
+        if ".".join(parts[:n]) in NODE_PARTS or (n == 1 and parts[0] == "node" and len(parts) == 1):
+            return ".".join(parts[:n])
+    return None
+
+
+def test_node_parts_import_only_what_they_may():
+    mods = _modules()
+    unplaced = sorted(m for m in mods if m.startswith("node.") and _part(m) is None)
+    assert not unplaced, f"modules of node/ in no part of NODE_PARTS: {unplaced}"
+    bad = []
+    for m, deps in _graph().items():
+        if not m.startswith("node."):
+            continue
+        mine = _part(m)
+        for d in deps:
+            theirs = _part(d) if d.startswith("node.") else None
+            if theirs is not None and theirs != mine and theirs not in NODE_PARTS[mine]:
+                bad.append(f"{m} imports {d}")
+    assert not bad, "imports across node/'s parts against NODE_PARTS:\n" + "\n".join(sorted(bad))
+
+
+def test_no_node_module_over_450_lines():
+    long = sorted(f"{m}: {n}" for m, p in _modules().items() if m.startswith("node")
+                  and (n := len(p.read_text().splitlines())) > 450)
+    assert not long, f"node/ modules over 450 lines: {long}"

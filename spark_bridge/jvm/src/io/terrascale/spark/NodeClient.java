@@ -14,7 +14,7 @@ import java.time.Duration;
 import java.util.List;
 
 /**
- * The node endpoints the reader calls (node/bridge_api.py, docs/openapi.yaml tag ``bridge``):
+ * The node endpoints the reader calls (node/http/routes/bridge.py, docs/openapi.yaml tag ``bridge``):
  * snapshot, plan, tail and lease renewal. Requests that are safe to repeat are retried when the
  * node cannot be reached or answers 502/503/504.
  */

@@ -16,11 +16,11 @@ Every run is timed (``terrascale_job_seconds``) and counted by outcome.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
-from node.metrics import Metrics
+from node.daemon.metrics import Metrics
+from node.tasks import cancel_all
 
 log = logging.getLogger("terrascale.node")
 BUDGET_POLL_S = 0.2
@@ -88,13 +88,3 @@ def _short(v) -> str:
     if isinstance(v, list):
         return str(len(v)) if len(v) > 8 else ",".join(map(str, v)) or "0"
     return str(v)
-
-
-async def cancel_all(tasks: list) -> None:
-    """Cancel background loops and wait for them (their last errors were logged by them)."""
-    for t in tasks:
-        t.cancel()
-    for t in tasks:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await t
-    tasks.clear()

@@ -1,13 +1,13 @@
 """Moving one-copy partitions between nodes (RFC 0010 §7): the node layer of
 :mod:`rowstore.db.handoff`.
 
-``POST /v1/internal/handoff {"table", "pid", "to"}`` goes to the partition's node: it releases
-the partition (every row into objects, writes refused meanwhile), switches the placement to
-``to`` by compare-and-set (epoch + 1), stops serving it and tells ``to``, which takes it
-(``POST /v1/internal/take``; every node also takes what the placement gives it at its next
-reconcile, so a lost message only delays it). Callers: ``admin cluster remove`` (before the
-node leaves the membership — afterwards it could not write the catalog) and the driver's
-rebalancing when a member joins.
+``POST /v1/internal/handoff {"table", "pid", "to"}`` (:mod:`node.http.routes.handoff`) goes to
+the partition's node: it releases the partition (every row into objects, writes refused
+meanwhile), switches the placement to ``to`` by compare-and-set (epoch + 1), stops serving it
+and tells ``to``, which takes it (``POST /v1/internal/take``; every node also takes what the
+placement gives it at its next reconcile, so a lost message only delays it). Callers:
+``admin cluster remove`` (before the node leaves the membership — afterwards it could not
+write the catalog) and the placement controller's rebalancing when a member joins.
 """
 from __future__ import annotations
 
@@ -16,44 +16,15 @@ import contextlib
 import json
 import logging
 
-from aiohttp import web
-
 from catalog.abc import Check, Put
-from node.cluster import LEAVING, RemoteError
-from node.http_params import bound, ApiError, json_object
-from node.placement import PLACE, PartitionPlace, Placement, counts
+from node.cluster.members import LEAVING, RemoteError
+from node.errors import ApiError
+from node.cluster.placement import PLACE, PartitionPlace, Placement, counts
 from terrafs.catalog_ops import commit
 from rowstore.errors import TableNotFoundError
 
 log = logging.getLogger("terrascale.node.handoff")
 CALL_TIMEOUT_S = 600.0  # a release seals and offloads the partition's rows: bounded by their size
-
-
-def add_handoff_routes(api, router) -> None:
-    router.add_post("/v1/internal/handoff", bound(api, handoff))
-    router.add_post("/v1/internal/take", bound(api, take))
-
-
-async def _doc(api, request, keys: set, required) -> dict:
-    doc = await json_object(request, keys, required)
-    if not isinstance(doc["table"], str) or isinstance(doc["pid"], bool) or not isinstance(doc["pid"], int):
-        raise ApiError(400, "bad_request", '"table" is a table name, "pid" an integer')
-    api.db  # noqa: B018 - 503 while starting or stopping
-    if api.node.cluster is None or not api.node.cluster.multi:
-        raise ApiError(409, "not_a_cluster", "moving partitions needs a cluster (catalog raft://)")
-    return doc
-
-
-async def handoff(api, request):
-    doc = await _doc(api, request, {"table", "pid", "to"}, ("table", "pid", "to"))
-    if not isinstance(doc["to"], str):
-        raise ApiError(400, "bad_request", '"to" is a node id')
-    return web.json_response(await hand_off(api.node, doc["table"], doc["pid"], doc["to"]))
-
-
-async def take(api, request):
-    doc = await _doc(api, request, {"table", "pid"}, ("table", "pid"))
-    return web.json_response({"taken": await take_if_placed(api.node, doc["table"], doc["pid"])})
 
 
 async def hand_off(node, table: str, pid: int, to: str) -> dict:

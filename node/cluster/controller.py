@@ -24,12 +24,12 @@ import time
 
 from catalog.abc import Check, Put
 from catalog.errors import CatalogError
-from node.cluster import RemoteError
-from node.handoff import call_hand_off, hand_off, reconcile as take_placed, single_copy_moves
-from node.jobs import cancel_all
-from node.placement import PLACE, PartitionPlace, Placement
-from node.rebalance import Rebalancer
-from node.replication_api import PROMISED, HttpTransport
+from node.cluster.members import RemoteError
+from node.cluster.handoff import call_hand_off, hand_off, reconcile as take_placed, single_copy_moves
+from node.tasks import cancel_all
+from node.cluster.placement import PLACE, PartitionPlace, Placement
+from node.cluster.rebalance import Rebalancer
+from node.cluster.transport import PROMISED, HttpTransport
 from rowstore.errors import FencedError, RowstoreError, TableNotFoundError
 from rowstore.replication.position import NOTHING, REP_PREFIX, Position
 from terrafs.catalog_ops import commit

@@ -1,6 +1,6 @@
 """The cluster's admin endpoints (contract: `GET /v1/admin/cluster`, `terrascale admin cluster
 add|remove`): the view, and Raft membership changes — a removal first moves the partitions
-the node holds the only copy of (RFC 0010 §7, ``node/handoff.py``)."""
+the node holds the only copy of (RFC 0010 §7, ``node/cluster/handoff.py``)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,10 +9,11 @@ import logging
 from aiohttp import web
 
 from catalog.errors import CatalogConfigError, CatalogError, CatalogTimeoutError, CatalogUnavailableError
-from node.cluster import RemoteError
-from node.handoff import call_hand_off, hand_off, single_copy_moves
-from node.api import _one_line
-from node.http_params import ApiError, bound, json_object
+from node.cluster.members import RemoteError
+from node.cluster.handoff import call_hand_off, hand_off, single_copy_moves
+from node.http.edge import one_line
+from node.http.params import bound, json_object
+from node.errors import ApiError
 from rowstore.errors import RowstoreError
 
 log = logging.getLogger("terrascale.node")
@@ -83,7 +84,7 @@ async def _move_only_copies(api, leaving: set[str]) -> None:
                     asyncio.TimeoutError) as e:
                 raise ApiError(409, "membership_refused",
                                f"node {owner} holds the only copy of partition {pid} of {table!r} and it could "
-                               f"not be moved ({_one_line(e)}); nothing removed. Remove it anyway with force=true "
+                               f"not be moved ({one_line(e)}); nothing removed. Remove it anyway with force=true "
                                "(terrascale admin cluster remove --force): its partitions return if it is added "
                                "back") from None
             log.warning("event=member_leaving_partition_moved table=%s partition=%d to=%s", table, pid, to)
@@ -101,8 +102,8 @@ async def _membership(api, op: str, address) -> None:
     try:
         await (cat.add_member(address) if op == "add" else cat.remove_member(address))
     except CatalogConfigError as e:
-        raise ApiError(400, "bad_request", _one_line(e)) from None
+        raise ApiError(400, "bad_request", one_line(e)) from None
     except (CatalogUnavailableError, CatalogTimeoutError):
         raise
     except CatalogError as e:
-        raise ApiError(409, "membership_refused", _one_line(e)) from None
+        raise ApiError(409, "membership_refused", one_line(e)) from None

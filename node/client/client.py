@@ -22,16 +22,10 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import pyarrow as pa
 
+from node.errors import ApiError
+
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 IDLE_RECONNECT_S = 30  # below the server's keep-alive timeout (aiohttp: 75 s): never reuse a connection it may drop
-
-
-class ApiError(Exception):
-    """Raised when the node answers with an error (``status``, ``code``, ``message``)."""
-
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.status, self.code, self.message = status, code, message
 
 
 def _arrow_body(data) -> bytes:

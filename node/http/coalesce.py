@@ -1,6 +1,6 @@
 """Concurrent small writes to one table become one engine batch (docs/rfcs/0008-point-writes.md).
 
-Each request is checked and encoded on its own (``node.row_encoder``: a request the fast
+Each request is checked and encoded on its own (``node.http.fast_encoder``: a request the fast
 encoder is unsure of takes the full path alone, so a bad request fails alone and answers
 with the full path's error). Requests then queue per table; one committer per table takes
 everything queued as one group:
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from node.codec import column_from_json
-from node.row_encoder import Slow, encoder, index_key
+from node.wire import column_from_json
+from node.http.fast_encoder import Slow, encoder, index_key
 from rowstore.codec.rows import Encoded
 from rowstore.db.committer import WriteResult
 from rowstore.errors import InvalidKeyError

@@ -3,7 +3,7 @@
 Beyond the contract's table (CONTRACT.md §3 allows more): a snapshot (the closed timestamp
 and the schema at it), a read plan pinning a timestamp, the unsealed tail of one partition,
 the change feed between two timestamps, and read leases. Errors go through the same edge as
-every other endpoint (``node/api.py``); ``docs/openapi.yaml`` documents them.
+every other endpoint (``node/http/api.py``); ``docs/openapi.yaml`` documents them.
 """
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import base64
 
 from aiohttp import web
 
-from node.http_params import ApiError, bound, as_of_param, as_of_value, cpu, json_object, where_terms
-from node.codec import ARROW_STREAM, write_arrow_stream
+from node.http.params import bound, as_of_param, as_of_value, cpu, json_object, where_terms
+from node.errors import ApiError
+from node.wire import ARROW_STREAM, write_arrow_stream
 from rowstore.reads.predicates import parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
 from terrafs.sealed import SealedFile

@@ -13,64 +13,31 @@ import hmac
 import json
 import logging
 import time
-import traceback
 
 from aiohttp import web
 
-from catalog.errors import (CatalogError, CatalogTimeoutError, CatalogUnavailableError,
-                            InvalidTransactionError)
-from node.cluster import RemoteError
-from node.coalesce import Coalescer
-from node.codec import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table,
+from catalog.errors import (CatalogError)
+from node.http.coalesce import Coalescer
+from node.http.edge import one_line, answer, error
+from node.wire import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table,
                         schema_to_json, table_to_rows, write_arrow_stream)
 from node.config import MAX_REPLICAS
-from node.http_params import (CONFIG, THREAD_BYTES, THREAD_ROWS, ApiError, as_of_param, as_of_value, cpu, json_body,
+from node.http.params import (CONFIG, THREAD_BYTES, THREAD_ROWS, as_of_param, as_of_value, cpu, json_body,
                               json_object, parse_json, rows_of, schema_from_json, where_terms)
-from node.router import Misdirected, Router
+from node.errors import ApiError
+from node.cluster.router import Router
 from rowstore.db.reads import MAX_LIMIT
-from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, InvalidKeyError, QueryError,
-                             RowstoreError, RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
-                             UnavailableError)
+from rowstore.errors import (TableNotFoundError)
 from rowstore.tables.key_check import show
 from rowstore.schema import _check_name
-from terrafs.errors import ClosedError, MirrorError, TerrafsError
 
 log = logging.getLogger("terrascale.node")
 
 
-# engine error -> (status, code); the first matching class wins (subclasses before bases)
-_ERRORS = [
-    (InvalidKeyError, 400, "bad_request"), (QueryError, 400, "invalid_query"),
-    (RowValidationError, 400, "invalid_rows"),
-    (SchemaError, 400, "invalid_schema"), (InvalidTransactionError, 400, "invalid_request"),
-    (TableNotFoundError, 404, "table_not_found"), (TableExistsError, 409, "table_exists"),
-    (ConflictError, 409, "conflict"), (FutureTimestampError, 409, "future_timestamp"),
-    (HistoryPurgedError, 410, "history_purged"), (UnavailableError, 503, "unavailable"),
-    (CatalogTimeoutError, 503, "unavailable"), (CatalogUnavailableError, 503, "unavailable"),
-]
 # whole-table endpoints sent to the node serving every partition (RFC 0010 §2); row
 # endpoints route inside their handlers, where the keys are known
 _WHOLE_TABLE = {"/v1/tables/{table}/snapshot", "/v1/tables/{table}/plan", "/v1/tables/{table}/tail",
                 "/v1/tables/{table}/changes"}
-_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large",
-               415: "unsupported_media_type"}
-
-
-def error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status)
-
-
-def _where(e: BaseException) -> str:
-    """file:line of the innermost frame (logs stay one line per event)."""
-    tb = traceback.extract_tb(e.__traceback__)
-    return f"{tb[-1].filename}:{tb[-1].lineno}" if tb else "?"
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e) or type(e).__name__
-    return text.splitlines()[0][:1000]
-
-
 class Api:
     def __init__(self, node):
         self.node = node
@@ -79,7 +46,7 @@ class Api:
 
     @property
     def writes(self) -> Coalescer:
-        """Small writes coalesce here (node/coalesce.py); one per opened engine."""
+        """Small writes coalesce here (node/http/coalesce.py); one per opened engine."""
         db = self.db
         if self._writes is None or self._writes.db is not db:
             self._writes = Coalescer(db, self.node.metrics)
@@ -150,33 +117,8 @@ class Api:
                 if forwarded is not None:
                     return forwarded
             return await handler(request)
-        except ApiError as e:
-            return error(e.status, e.code, str(e))
-        except RemoteError as e:  # another node's answer, as it gave it
-            return error(e.status, e.code, str(e))
-        except Misdirected as e:  # sent here by a node with an older map: it retries
-            return error(421, "misdirected", str(e))
-        except web.HTTPException as e:
-            if e.status < 400:
-                raise
-            return error(e.status, _HTTP_CODES.get(e.status, "http_error"), e.reason)
-        except (RowstoreError, CatalogError) as e:
-            for cls, status, code in _ERRORS:
-                if isinstance(e, cls):
-                    return error(status, code, _one_line(e))
-            log.warning("event=request_failed path=%s error=%r", request.path, e)
-            return error(500, "storage_error" if isinstance(e, RowstoreError) else "catalog_error", _one_line(e))
-        except (MirrorError, ClosedError) as e:  # this node stopped leading the partition (or shuts down) mid-request
-            return error(503, "unavailable", _one_line(e))
-        except TerrafsError as e:
-            log.warning("event=request_failed path=%s error=%r", request.path, e)
-            return error(500, "storage_error", _one_line(e))
-        except (ConnectionError, OSError, asyncio.TimeoutError) as e:
-            log.warning("event=request_failed path=%s error=%r", request.path, e)
-            return error(503, "unavailable", _one_line(e))
-        except Exception as e:  # noqa: BLE001 - the last line of defence: never a traceback to the client
-            log.error("event=request_crashed path=%s error=%r at=%s", request.path, e, _where(e))
-            return error(500, "internal", type(e).__name__)
+        except Exception as e:  # noqa: BLE001 - every failure becomes one error answer (node/http/edge.py)
+            return answer(request, e)
 
     def _authorized(self, request) -> bool:
         tok = self.node.cfg.token
@@ -197,7 +139,7 @@ class Api:
         try:
             await asyncio.wait_for(self.node.catalog.revision(), 5)  # the catalog answers
         except (CatalogError, asyncio.TimeoutError) as e:
-            return error(503, "not_ready", f"the catalog does not answer: {_one_line(e)}")
+            return error(503, "not_ready", f"the catalog does not answer: {one_line(e)}")
         return web.json_response({"status": "ready"})
 
     async def metrics(self, request):

@@ -29,8 +29,8 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.abc import Check, Delete, Put
-from node.cluster import raise_remote
-from node.codec import ARROW_STREAM, write_arrow_stream
+from node.cluster.members import raise_remote
+from node.wire import ARROW_STREAM, write_arrow_stream
 from rowstore.db.committer import COMMITTED, txn_key
 from rowstore.errors import ConflictError, UnavailableError
 from rowstore.hlc import ts_from_ms

@@ -35,8 +35,8 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from node.client import ApiError
-from node.codec import column_from_json, rows_to_table
+from node.errors import ApiError
+from node.wire import column_from_json, rows_to_table
 from node.errors import NodeError, UsageError
 from rowstore.errors import RowValidationError
 from rowstore.index.key_memtable import encode_keys

@@ -1,5 +1,5 @@
-"""Request parsing shared by the node's HTTP handlers (``node/api.py``, ``node/bridge_api.py``,
-``node/internal_api.py``): the one error a handler raises, JSON bodies parsed off the event
+"""Request parsing shared by the node's HTTP handlers (``node/http/api.py``, ``node/http/routes/bridge.py``,
+``node/http/routes/internal.py``): the one error a handler raises, JSON bodies parsed off the event
 loop once they are large and held to the configured depth, ``as_of`` and ``where`` limits."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import asyncio
 
 from aiohttp import web
 
-from node.codec import BodyError, parse_json_body
+from node.errors import ApiError
+from node.wire import BodyError, parse_json_body
 from rowstore.schema import Column, SchemaVersion, _check_name
 from rowstore.types import ColumnType
 
@@ -15,14 +16,6 @@ THREAD_BYTES = 256 << 10  # bodies (and results) bigger than this are converted 
 THREAD_ROWS = 2000
 
 CONFIG = web.AppKey("config", object)  # the node's NodeConfig: limits for the module-level helpers
-
-
-class ApiError(Exception):
-    """Raised by a handler to answer with one contract error."""
-
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(message)
-        self.status, self.code = status, code
 
 
 async def cpu(size: int, fn, *args):

@@ -1,11 +1,11 @@
 """Routing by partition (docs/rfcs/0010-replication.md §2): any node accepts any request.
 
 The node that receives a request hashes its keys to partitions with the format's
-partition hash and looks up who serves them (``node/placement.py``):
+partition hash and looks up who serves them (``node/cluster/placement.py``):
 
 * everything on this node: served here, after a fresh look at the placement;
 * everything on one other node: the request goes there unchanged (RFC 0007's forward);
-* rows on several nodes: one atomic batch across them (``node/txn.py``);
+* rows on several nodes: one atomic batch across them (``node/cluster/commit.py``);
 * a query: every node's partitions read at one snapshot T and merged in key order.
 
 A request that arrives forwarded (``X-Terrascale-Forwarded-By``) is served here or
@@ -21,10 +21,10 @@ import logging
 import numpy as np
 import pyarrow as pa
 
-from node.cluster import FORWARDED, RemoteError, raise_remote
-from node.codec import read_arrow_stream
-from node.http_params import ApiError
-from node.txn import commit_across
+from node.cluster.members import FORWARDED, RemoteError, raise_remote
+from node.wire import read_arrow_stream
+from node.errors import ApiError
+from node.cluster.commit import commit_across
 from rowstore.errors import UnavailableError
 from rowstore.index.key_memtable import encode_keys
 from rowstore.reads.plan import ReadPlan

@@ -6,7 +6,7 @@ any request and routes it to the owner of the data"):
 * ``node/member/<node id>`` — ``{"http": "http://host:port", "raft": "host:port" | null}``,
   written by each node when it becomes ready (its address for forwarded requests);
 * ``node/place/<table name>`` — the placement of the table's partitions
-  (``node/placement.py``, docs/rfcs/0010-replication.md), set by compare-and-set by the
+  (``node/cluster/placement.py``, docs/rfcs/0010-replication.md), set by compare-and-set by the
   node that creates the table, before it creates it;
 * ``node/owner/<table name>`` — RFC 0007's per-table owner, still read for tables made
   before placements (every partition on that node).
@@ -30,7 +30,8 @@ import aiohttp
 
 from catalog.abc import Check, Delete, Put
 from catalog.errors import CatalogError
-from node.placement import PLACE, Placement, counts, plan
+from node.cluster.placement import PLACE, Placement, counts, plan
+from node.errors import ApiError
 from rowstore.errors import ConflictError, SchemaError, TableExistsError
 from terrafs.catalog_ops import commit
 
@@ -42,12 +43,8 @@ PLACE_TTL_S = 2.0
 _HOP_HEADERS = ("Authorization", "Content-Type", "Accept")
 
 
-class RemoteError(Exception):
-    """Raised with another node's contract error, to be answered as it is."""
-
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(message)
-        self.status, self.code = status, code
+class RemoteError(ApiError):
+    """Raised with another node's error answer, to be answered as it is."""
 
 
 def raise_remote(status: int, payload: bytes, node: str) -> None:

@@ -21,7 +21,7 @@ import asyncio
 import json
 import logging
 
-from node.placement import PartitionPlace
+from node.cluster.placement import PartitionPlace
 
 log = logging.getLogger("terrascale.node.rebalance")
 

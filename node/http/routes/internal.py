@@ -7,9 +7,10 @@ import time
 
 from aiohttp import web
 
-from node.http_params import bound, ApiError, cpu, json_object
-from node.cluster import FORWARDED, INCARNATION
-from node.codec import ARROW_STREAM, read_arrow_stream, write_arrow_stream
+from node.http.params import bound, cpu, json_object
+from node.errors import ApiError
+from node.cluster.members import FORWARDED, INCARNATION
+from node.wire import ARROW_STREAM, read_arrow_stream, write_arrow_stream
 from rowstore.hlc import ms_of
 
 

@@ -1,16 +1,16 @@
-"""The node's HTTP application: the contract's endpoints (``node/api.py``), the Spark
-bridge's (``node/bridge_api.py``) and the ones nodes call on each other
-(``node/internal_api.py``, ``node/replication_api.py``), which share the same error edge."""
+"""The node's HTTP application: the contract's endpoints (``node/http/api.py``), the Spark
+bridge's (``node/http/routes/bridge.py``) and the ones nodes call on each other
+(``node/http/routes/internal.py``, ``node/http/routes/replication.py``), which share the same error edge."""
 from __future__ import annotations
 
 from aiohttp import web
 
-from node.api import Api
-from node.bridge_api import add_bridge_routes
-from node.internal_api import add_internal_routes
-from node.membership_api import add_membership_routes
-from node.handoff import add_handoff_routes
-from node.replication_api import add_replication_routes
+from node.http.api import Api
+from node.http.routes.bridge import add_bridge_routes
+from node.http.routes.internal import add_internal_routes
+from node.http.routes.membership import add_membership_routes
+from node.http.routes.handoff import add_handoff_routes
+from node.http.routes.replication import add_replication_routes
 
 
 def make_app(node) -> web.Application:

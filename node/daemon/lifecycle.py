@@ -31,15 +31,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from catalog.errors import CatalogError
 from catalog.raft.wire import ConnLimits
-from node import sdnotify
-from node.http_app import make_app
-from node.cluster import Cluster
+from node.daemon import sdnotify
+from node.http.app import make_app
+from node.cluster.members import Cluster
 from node.config import NodeConfig
-from node.driver import NodeReplication
+from node.cluster.controller import NodeReplication
 from node.errors import ConfigError
-from node.guard import ConnectionGuard, GuardedSite, install_accept_handler
-from node.jobs import Jobs
-from node.metrics import Metrics
+from node.http.limits import ConnectionGuard, GuardedSite, install_accept_handler
+from node.daemon.jobs import Jobs
+from node.daemon.metrics import Metrics
 from rowstore.db.database import Database, TablesConfig
 from rowstore.db.gc import GcConfig
 from rowstore.tables.partition import segment_states

@@ -1,0 +1,2 @@
+"""The client side: the Python clients of the HTTP API, bulk ingest and the offline fsck.
+Imports no server module (``node.http``, ``node.cluster``, ``node.daemon``)."""

@@ -1,0 +1,80 @@
+"""The HTTP edge's error translation: every failure a handler raises becomes one answer of
+the documented shape ``{"error": {"code", "message"}}`` (docs/openapi.yaml), here and only
+here; nothing else reaches a client, never a traceback."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+
+from aiohttp import web
+
+from catalog.errors import (CatalogError, CatalogTimeoutError, CatalogUnavailableError,
+                            InvalidTransactionError)
+from node.cluster.router import Misdirected
+from node.errors import ApiError
+from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, InvalidKeyError, QueryError,
+                             RowstoreError, RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
+                             UnavailableError)
+from terrafs.errors import ClosedError, MirrorError, TerrafsError
+
+log = logging.getLogger("terrascale.node")
+
+# engine error -> (status, code); the first matching class wins (subclasses before bases)
+_ERRORS = [
+    (InvalidKeyError, 400, "bad_request"), (QueryError, 400, "invalid_query"),
+    (RowValidationError, 400, "invalid_rows"),
+    (SchemaError, 400, "invalid_schema"), (InvalidTransactionError, 400, "invalid_request"),
+    (TableNotFoundError, 404, "table_not_found"), (TableExistsError, 409, "table_exists"),
+    (ConflictError, 409, "conflict"), (FutureTimestampError, 409, "future_timestamp"),
+    (HistoryPurgedError, 410, "history_purged"), (UnavailableError, 503, "unavailable"),
+    (CatalogTimeoutError, 503, "unavailable"), (CatalogUnavailableError, 503, "unavailable"),
+]
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large",
+               415: "unsupported_media_type"}
+
+
+def error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+def _where(e: BaseException) -> str:
+    """file:line of the innermost frame (logs stay one line per event)."""
+    tb = traceback.extract_tb(e.__traceback__)
+    return f"{tb[-1].filename}:{tb[-1].lineno}" if tb else "?"
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return text.splitlines()[0][:1000]
+
+
+def answer(request: web.Request, exc: Exception) -> web.Response:
+    """The error answer for ``exc`` raised while serving ``request`` (a redirect re-raised)."""
+    try:
+        raise exc
+    except ApiError as e:  # a handler's answer, or another node's (RemoteError) as it gave it
+        return error(e.status, e.code, e.message)
+    except Misdirected as e:  # sent here by a node with an older map: it retries
+        return error(421, "misdirected", str(e))
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error(e.status, _HTTP_CODES.get(e.status, "http_error"), e.reason)
+    except (RowstoreError, CatalogError) as e:
+        for cls, status, code in _ERRORS:
+            if isinstance(e, cls):
+                return error(status, code, one_line(e))
+        log.warning("event=request_failed path=%s error=%r", request.path, e)
+        return error(500, "storage_error" if isinstance(e, RowstoreError) else "catalog_error", one_line(e))
+    except (MirrorError, ClosedError) as e:  # this node stopped leading the partition (or shuts down) mid-request
+        return error(503, "unavailable", one_line(e))
+    except TerrafsError as e:
+        log.warning("event=request_failed path=%s error=%r", request.path, e)
+        return error(500, "storage_error", one_line(e))
+    except (ConnectionError, OSError, asyncio.TimeoutError) as e:
+        log.warning("event=request_failed path=%s error=%r", request.path, e)
+        return error(503, "unavailable", one_line(e))
+    except Exception as e:  # noqa: BLE001 - the last line of defence: never a traceback to the client
+        log.error("event=request_crashed path=%s error=%r at=%s", request.path, e, _where(e))
+        return error(500, "internal", type(e).__name__)

@@ -1,0 +1,37 @@
+"""The hand-off endpoints (RFC 0010 §7): ``POST /v1/internal/handoff`` (move a one-copy
+partition this node serves to another node) and ``POST /v1/internal/take`` (serve what the
+placement now gives this node). The moves themselves: :mod:`node.cluster.handoff`."""
+from __future__ import annotations
+
+from aiohttp import web
+
+from node.cluster.handoff import hand_off, take_if_placed
+from node.errors import ApiError
+from node.http.params import bound, json_object
+
+
+def add_handoff_routes(api, router) -> None:
+    router.add_post("/v1/internal/handoff", bound(api, handoff))
+    router.add_post("/v1/internal/take", bound(api, take))
+
+
+async def _doc(api, request, keys: set, required) -> dict:
+    doc = await json_object(request, keys, required)
+    if not isinstance(doc["table"], str) or isinstance(doc["pid"], bool) or not isinstance(doc["pid"], int):
+        raise ApiError(400, "bad_request", '"table" is a table name, "pid" an integer')
+    api.db  # noqa: B018 - 503 while starting or stopping
+    if api.node.cluster is None or not api.node.cluster.multi:
+        raise ApiError(409, "not_a_cluster", "moving partitions needs a cluster (catalog raft://)")
+    return doc
+
+
+async def handoff(api, request):
+    doc = await _doc(api, request, {"table", "pid", "to"}, ("table", "pid", "to"))
+    if not isinstance(doc["to"], str):
+        raise ApiError(400, "bad_request", '"to" is a node id')
+    return web.json_response(await hand_off(api.node, doc["table"], doc["pid"], doc["to"]))
+
+
+async def take(api, request):
+    doc = await _doc(api, request, {"table", "pid"}, ("table", "pid"))
+    return web.json_response({"taken": await take_if_placed(api.node, doc["table"], doc["pid"])})
