@@ -1,6 +1,7 @@
 """A real `terrascale node run` process for tests: config, start, wait ready, stop, kill -9."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -44,9 +45,10 @@ uri = "trkv://{self.data}/catalog"
     def start(self, wait: bool = True, env: dict | None = None, wrap: tuple = (), timeout: float = 60) -> "NodeProc":
         """``wrap``: a command the node runs under (``strace -f …``)."""
         self._log = open(self.root / f"node-{len(self.logs)}.log", "w+")
+        # a process group of its own: a node under a wrapper (strace) is stopped with it
         self.proc = subprocess.Popen([*wrap, TERRASCALE, "node", "run", "--config", str(self.config)], cwd=self.root,
                                      stderr=self._log, stdout=subprocess.DEVNULL,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})}, start_new_session=True)
         if wait:
             self.wait_ready(timeout)
         return self
@@ -98,8 +100,9 @@ uri = "trkv://{self.data}/catalog"
         return self._done()
 
     def ensure_stopped(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):  # the wrapper and the node it runs, if any is left
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
         if self._log is not None:
             self._done()
