@@ -22,7 +22,7 @@ from node.http.edge import one_line, answer, error
 from node.wire import (ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table,
                         schema_to_json, table_to_rows, write_arrow_stream)
 from node.config import MAX_REPLICAS
-from node.http.params import (CONFIG, THREAD_BYTES, THREAD_ROWS, as_of_param, as_of_value, cpu, json_body,
+from node.http.params import (CONFIG, THREAD_BYTES, THREAD_ROWS, as_of_param, as_of_value, off_loop_if_big, json_body,
                               json_object, parse_json, rows_of, schema_from_json, where_terms)
 from node.errors import ApiError
 from node.cluster.router import Router
@@ -253,7 +253,7 @@ class Api:
         body = await request.read()
         small = None
         if request.content_type == ARROW_STREAM:
-            data = await cpu(len(body), read_arrow_stream, body)
+            data = await off_loop_if_big(len(body), read_arrow_stream, body)
         elif request.content_type in ("application/json", "application/octet-stream", ""):
             d = await db.describe(table)
             if len(body) <= THREAD_BYTES:  # small: on the loop, and coalesced with its neighbours
@@ -334,9 +334,9 @@ class Api:
         if t.num_rows > limit:
             t = t.slice(0, limit)
         if ARROW_STREAM in request.headers.get("Accept", ""):
-            payload = await cpu(t.nbytes, write_arrow_stream, t)
+            payload = await off_loop_if_big(t.nbytes, write_arrow_stream, t)
             return web.Response(body=payload, content_type=ARROW_STREAM, headers={"X-Terrascale-As-Of": str(T)})
-        text = await cpu(t.num_rows * (THREAD_BYTES // THREAD_ROWS),
+        text = await off_loop_if_big(t.num_rows * (THREAD_BYTES // THREAD_ROWS),
                           lambda: json.dumps({"rows": table_to_rows(t), "as_of": T}, allow_nan=False))
         return web.Response(text=text, content_type="application/json", headers={"X-Terrascale-As-Of": str(T)})
 

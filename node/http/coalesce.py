@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from node.wire import column_from_json
-from node.http.fast_encoder import Slow, encoder, index_key
+from node.http.fast_encoder import NotFast, encoder, index_key
 from rowstore.codec.rows import Encoded
 from rowstore.db.committer import WriteResult
 from rowstore.errors import InvalidKeyError
@@ -98,7 +98,7 @@ class Coalescer:
                 rows.append(b)
                 keys.append(ik)
                 pids.append(partition_one(ik, nparts))
-        except (Slow, InvalidKeyError):  # the full path answers with its error
+        except (NotFast, InvalidKeyError):  # the full path answers with its error
             return self._full()
         if len(set(keys)) != len(keys):
             return self._full()  # the last row of a key wins: the full path sorts that out

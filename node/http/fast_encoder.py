@@ -39,14 +39,14 @@ _EPOCH = dt.datetime(1970, 1, 1)
 _EPOCH_DATE = dt.date(1970, 1, 1)
 
 
-class Slow(Exception):
+class NotFast(Exception):
     """The value is not one the fast path is sure about: the request takes the full path."""
 
 
 def _iso_us(v: str) -> int:
     m = _ISO_Z.match(v)
     if m is None:
-        raise Slow
+        raise NotFast
     y, mo, d, h, mi, s, frac = m.groups()
     t = dt.datetime(int(y), int(mo), int(d), int(h), int(mi), int(s))  # ValueError: a bad date
     us = (t - _EPOCH) // dt.timedelta(microseconds=1)
@@ -55,13 +55,13 @@ def _iso_us(v: str) -> int:
 
 def _date_days(v: str) -> int:
     if len(v) != 10:
-        raise Slow
+        raise NotFast
     return (dt.date.fromisoformat(v) - _EPOCH_DATE).days
 
 
 def _uuid_bytes(v: str) -> bytes:
     if _UUID.match(v) is None:
-        raise Slow
+        raise NotFast
     return bytes.fromhex(v.replace("-", ""))
 
 
@@ -69,13 +69,13 @@ def _b64(v: str) -> bytes:
     try:
         return base64.b64decode(v, validate=True)
     except (binascii.Error, ValueError):
-        raise Slow from None
+        raise NotFast from None
 
 
 def _f32(v) -> float:
     x = float(v)
     if not math.isfinite(x) or abs(x) > _F32_MAX:
-        raise Slow
+        raise NotFast
     return x
 
 
@@ -89,33 +89,33 @@ def _value_code(kind: Kind, x: str) -> tuple[list[str], str, int]:
     """(checks run on ``x``, the expression of its stored value(s), fields it packs)."""
     if kind in _INT:
         _, lo, hi = _INT[kind]
-        return [f"if type({x}) is not int or not {lo} <= {x} < {hi}: raise Slow"], x, 1
+        return [f"if type({x}) is not int or not {lo} <= {x} < {hi}: raise NotFast"], x, 1
     if kind == Kind.FLOAT64:
-        return [f"if type({x}) is not float and type({x}) is not int: raise Slow"], f"float({x})", 1
+        return [f"if type({x}) is not float and type({x}) is not int: raise NotFast"], f"float({x})", 1
     if kind == Kind.FLOAT32:
-        return [f"if type({x}) is not float and type({x}) is not int: raise Slow"], f"_f32({x})", 1
+        return [f"if type({x}) is not float and type({x}) is not int: raise NotFast"], f"_f32({x})", 1
     if kind == Kind.BOOL:
-        return [f"if type({x}) is not bool: raise Slow"], f"1 if {x} else 0", 1
+        return [f"if type({x}) is not bool: raise NotFast"], f"1 if {x} else 0", 1
     if kind == Kind.TIMESTAMP:
         return [f"if type({x}) is str: {x} = _iso_us({x})",
-                f"elif type({x}) is not int: raise Slow",
-                f"if not {TS_RANGE_US[0]} <= {x} <= {TS_RANGE_US[1]}: raise Slow"], x, 1  # a read writes it back
+                f"elif type({x}) is not int: raise NotFast",
+                f"if not {TS_RANGE_US[0]} <= {x} <= {TS_RANGE_US[1]}: raise NotFast"], x, 1  # a read writes it back
     if kind == Kind.DATE:
-        return [f"if type({x}) is not str: raise Slow"], f"_date_days({x})", 1
+        return [f"if type({x}) is not str: raise NotFast"], f"_date_days({x})", 1
     if kind == Kind.UUID:
-        return [f"if type({x}) is not str: raise Slow"], f"_uuid_bytes({x})", 1
+        return [f"if type({x}) is not str: raise NotFast"], f"_uuid_bytes({x})", 1
     if kind in _STRUCT:
         f = _STRUCT[kind]
         keys = "{" + ", ".join(repr(k) for k in f) + "}"
         vals = ", ".join(f"{x}[{k!r}]" for k in f)
-        return [f"if type({x}) is not dict or {x}.keys() != {keys}: raise Slow",
+        return [f"if type({x}) is not dict or {x}.keys() != {keys}: raise NotFast",
                 f"{x} = ({vals})",
-                f"if not all((type(q) is float or type(q) is int) and _finite(q) for q in {x}): raise Slow"], \
+                f"if not all((type(q) is float or type(q) is int) and _finite(q) for q in {x}): raise NotFast"], \
             ", ".join(f"float({x}[{i}])" for i in range(len(f))), len(f)
     if kind == Kind.STRING:
-        return [f"if type({x}) is not str: raise Slow"], f"{x}.encode()", 1
+        return [f"if type({x}) is not str: raise NotFast"], f"{x}.encode()", 1
     if kind == Kind.BINARY:
-        return [f"if type({x}) is not str: raise Slow"], f"_b64({x})", 1
+        return [f"if type({x}) is not str: raise NotFast"], f"_b64({x})", 1
     raise AssertionError(kind)
 
 
@@ -127,7 +127,7 @@ def _zero(kind: Kind) -> str:
 class RowEncoder:
     """The generated encoders of one schema version: ``row(obj)`` → (row bytes, the key's
     value) for an upsert, ``tombstone(key)`` → (row bytes, key) for a delete; both raise
-    :class:`Slow` when the full path must decide."""
+    :class:`NotFast` when the full path must decide."""
 
     def __init__(self, schema: SchemaVersion):
         self.schema = schema
@@ -157,7 +157,7 @@ def _make(schema: SchemaVersion, tombstone: bool) -> Callable:
     lay = layout(schema)
     nb = (len(schema.columns) + 7) // 8
     key = schema.key
-    body = [] if tombstone else ["for k in r:", "    if k not in NAMES: raise Slow"]
+    body = [] if tombstone else ["for k in r:", "    if k not in NAMES: raise NotFast"]
     nulls: list[tuple[int, str]] = []  # (column position, expression of its null bit)
     vals: dict[int, str] = {}  # column id -> the packed value(s) / the var bytes
     for i, c in enumerate(schema.columns):
@@ -174,7 +174,7 @@ def _make(schema: SchemaVersion, tombstone: bool) -> Callable:
             empty = "b''" if c.type.variable else f"({_zero(c.type.kind)},)"
             body += [f"{x} = r.get({c.name!r})", f"if {x} is None:"]
             if not c.nullable:
-                body.append("    raise Slow")
+                body.append("    raise NotFast")
             else:
                 body += [f"    n{i} = {1 << (i & 7)}", f"    {x} = {empty}"]
             body += ["else:", *("    " + ln for ln in checks), f"    n{i} = 0",
@@ -197,7 +197,7 @@ def _make(schema: SchemaVersion, tombstone: bool) -> Callable:
     tail = "".join(f" + v{j}" for j in range(len(ends)))
     body += [f"return pack({', '.join(args)}){tail}, key"]
     src = "\n".join(["def encode(r):", *("    " + ln for ln in body)])
-    env = {"Slow": Slow, "NAMES": frozenset(c.name for c in schema.columns), "pack": struct.Struct(fmt).pack,
+    env = {"NotFast": NotFast, "NAMES": frozenset(c.name for c in schema.columns), "pack": struct.Struct(fmt).pack,
            "_iso_us": _iso_us, "_date_days": _date_days, "_uuid_bytes": _uuid_bytes, "_b64": _b64, "_f32": _f32,
            "_finite": math.isfinite}
     assert struct.calcsize(fmt) == lay.size, "layout and struct disagree"  # part of the format
@@ -210,20 +210,20 @@ def _guarded(fn: Callable) -> Callable:
         try:
             return fn(r)
         except (ValueError, TypeError, OverflowError, UnicodeError, KeyError, struct.error):
-            raise Slow from None
+            raise NotFast from None
     encode.__wrapped__ = fn
     return encode
 
 
 def index_key(key, kind: str):
     """A key value as the index's order-preserving scalar (``rowstore.tables.keys.encode_one``,
-    which never wraps); Slow for keys the full path has to judge (out of range, NUL in a
+    which never wraps); NotFast for keys the full path has to judge (out of range, NUL in a
     string key, over the size limit, an empty string)."""
     if kind == "uuid" and isinstance(key, str):
         key = _uuid_bytes(key)
     if kind == "string" and key == "":
-        raise Slow
+        raise NotFast
     try:
         return encode_one(key, kind)
     except (RowstoreError, TypeError, AttributeError, UnicodeError):
-        raise Slow from None
+        raise NotFast from None

@@ -18,7 +18,7 @@ THREAD_ROWS = 2000
 CONFIG = web.AppKey("config", object)  # the node's NodeConfig: limits for the module-level helpers
 
 
-async def cpu(size: int, fn, *args):
+async def off_loop_if_big(size: int, fn, *args):
     """Run ``fn`` in a worker thread when the work is big enough to stall the event loop."""
     return await asyncio.to_thread(fn, *args) if size > THREAD_BYTES else fn(*args)
 
@@ -39,7 +39,7 @@ def parse_json(body: bytes, max_depth: int):
 async def json_body(request):
     """The request's JSON body, parsed off the event loop once it is large."""
     body = await request.read()
-    return await cpu(len(body), parse_json, body, request.app[CONFIG].max_json_depth)
+    return await off_loop_if_big(len(body), parse_json, body, request.app[CONFIG].max_json_depth)
 
 
 def where_terms(doc: dict, request):

@@ -12,7 +12,7 @@ import base64
 
 from aiohttp import web
 
-from node.http.params import bound, as_of_param, as_of_value, cpu, json_object, where_terms
+from node.http.params import bound, as_of_param, as_of_value, off_loop_if_big, json_object, where_terms
 from node.errors import ApiError
 from node.wire import ARROW_STREAM, write_arrow_stream
 from rowstore.reads.predicates import parse_bbox, parse_where
@@ -102,13 +102,13 @@ async def tail(api, request):
         raise ApiError(400, "bad_request", '"sealed" is a list of segment ids (the plan\'s sealed segids)')
     t = await api.db.tail(request.match_info["table"], p, as_of_value(doc["as_of"]), where_terms(doc, request),
                           doc.get("bbox"), sealed)
-    return web.Response(body=await cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
+    return web.Response(body=await off_loop_if_big(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 
 
 async def changes(api, request):
     doc = await json_object(request, {"after", "upto"}, ("after",))
     t, upto = await api.router.changes(request.match_info["table"], doc["after"], as_of_value(doc.get("upto")))
-    return web.Response(body=await cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM,
+    return web.Response(body=await off_loop_if_big(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM,
                         headers={"X-Terrascale-As-Of": str(upto)})
 
 

@@ -7,7 +7,7 @@ import time
 
 from aiohttp import web
 
-from node.http.params import bound, cpu, json_object
+from node.http.params import bound, off_loop_if_big, json_object
 from node.errors import ApiError
 from node.cluster.members import FORWARDED, INCARNATION
 from node.wire import ARROW_STREAM, read_arrow_stream, write_arrow_stream
@@ -74,7 +74,7 @@ async def read(api, request):
     limit = doc.get("limit")
     t, _ = await api.router.local_read(_name(doc["table"]), pids, _ts(doc["as_of"], "as_of"), doc.get("where"),
                                        doc.get("bbox"), None if limit is None else _int(limit, "limit"))
-    return web.Response(body=await cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
+    return web.Response(body=await off_loop_if_big(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 
 
 async def _share(api, request, fields: set, required: tuple):
@@ -102,7 +102,7 @@ async def changes(api, request):
     doc, pids = await _share(api, request, {"after", "upto"}, ("after", "upto"))
     t, _ = await api.db.changes(doc["table"], _int(doc["after"], "after"), _ts(doc["upto"], "upto"), partitions=pids,
                                 trusted=True)
-    return web.Response(body=await cpu(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
+    return web.Response(body=await off_loop_if_big(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 
 
 async def reserve(api, request):
@@ -113,7 +113,7 @@ async def reserve(api, request):
     if request.content_type != ARROW_STREAM:
         raise ApiError(415, "unsupported_media_type", f"rows come as {ARROW_STREAM}")
     body = await request.read()
-    rows = await cpu(len(body), read_arrow_stream, body)
+    rows = await off_loop_if_big(len(body), read_arrow_stream, body)
     delete = q.get("delete") == "1"
     await api.router.served_here(q["table"], rows, delete)
     coordinator = (request.headers.get(FORWARDED), request.headers.get(INCARNATION))
