@@ -53,6 +53,8 @@ class _Prepared:
     coordinator: object = None  # who to ask whether it is still there (None: this node)
     expiry: asyncio.Task | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    appending: bool = False  # BATCH X enqueued, its appends not all back yet
+    aborted: bool = False  # aborted meanwhile: the prepare rolls back once they are
 
 
 @dataclass(frozen=True)
@@ -130,8 +132,15 @@ class Participant:
         p.segs = [await part.current() for part in p.parts]
         for pc in p.pieces:
             stamp(pc.enc, ts)
-        tasks = [await part.append(seg, pc.enc, ts, txn) for part, seg, pc in zip(p.parts, p.segs, p.pieces)]
-        p.got = await asyncio.gather(*tasks, return_exceptions=True)
+        p.appending = True
+        try:
+            tasks = [await part.append(seg, pc.enc, ts, txn) for part, seg, pc in zip(p.parts, p.segs, p.pieces)]
+            p.got = await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            p.appending = False
+        if p.aborted:  # aborted while the appends were in flight: their localids go back now
+            await self._roll_back(p)
+            raise ConflictError(f"transaction {txn_key(txn)} was aborted here while it was being prepared")
         failed = next((g for g in p.got if isinstance(g, BaseException)), None)
         if failed is not None:
             await self.abort(txn)
@@ -168,12 +177,21 @@ class Participant:
         return p.ts
 
     async def abort(self, txn: int) -> None:
-        """Second phase, aborted (or never decided): the prepared rows are forgotten."""
+        """Second phase, aborted (or never decided): the prepared rows are forgotten. While
+        the prepare's appends are in flight their localids are not known yet: the prepare rolls
+        them back when they are (and keeps the locks until then, so nothing is appended after
+        them meanwhile)."""
         p = self._held.pop(txn, None)
         if p is None:
             return
         if p.expiry is not None and p.expiry is not asyncio.current_task():
             p.expiry.cancel()
+        if p.appending:
+            p.aborted = True
+            return
+        await self._roll_back(p)
+
+    async def _roll_back(self, p: _Prepared) -> None:
         for seg, g in zip(p.segs, p.got):
             if not isinstance(g, BaseException):
                 seg.abort_prepared(g)

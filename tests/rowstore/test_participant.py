@@ -1,0 +1,50 @@
+"""This node's share of a batch coordinated elsewhere (rowstore.db.participant, RFC 0010 §3):
+an abort that arrives while the prepare's append is still in flight (the coordinator went
+silent, the timeout fired) must roll the localids back once the append lands — otherwise the
+log's next rows are numbered from a base replay will not use, and the key index points rows
+off (``GET k`` answers another key's row)."""
+import asyncio
+import secrets
+
+import pyarrow as pa
+import pytest
+
+from rowstore.errors import ConflictError
+from rowstore.segments.wal import DECIDED, SPANS_NODES
+from tests.rowstore.tables_world import SCHEMA, TablesWorld, rows
+
+
+async def test_an_abort_during_an_inflight_prepare_rolls_back_when_the_append_lands():
+    w = TablesWorld(partitions=1)
+    db = await w.start()
+    d = await db.create_table("m", SCHEMA)
+    await db.upsert("m", rows(range(10)))
+    part = (await db.tables.table(d)).parts[0]
+    seg = await part.current()
+    held, real = asyncio.Event(), seg.append_encoded
+
+    async def slow_append(*a, **k):  # the disk (or the majority) is slow
+        await held.wait()
+        return await real(*a, **k)
+    seg.append_encoded = slow_append
+    txn = DECIDED | SPANS_NODES | secrets.randbits(60)
+    r = await db.participant.reserve("m", d.table_id, d.schema.version, rows(range(100, 105)), 0, txn)
+    prep = asyncio.ensure_future(db.participant.prepare(txn, r.ts))
+    await asyncio.sleep(0.01)  # BATCH X enqueued, waiting for the disk
+    await db.participant.abort(txn)  # the coordinator's timeout: aborted here
+    held.set()
+    with pytest.raises(ConflictError):
+        await prep
+    seg.append_encoded = real
+    await db.upsert("m", rows(range(20, 25), v=7.0))  # numbered right after the 10 committed rows
+    assert seg.durable_rows == 15
+    for k in range(20, 25):
+        assert (await db.get("m", k))["v"] == 7.0
+    assert await db.get("m", 100) is None
+    w.crash()
+    db = await w.start()  # replay drops the aborted BATCH X: the index must agree with it
+    for k in range(20, 25):
+        assert (await db.get("m", k))["v"] == 7.0, k
+    got, _ = await db.scan("m")
+    assert got.column("id").to_pylist() == list(range(10)) + list(range(20, 25))
+    assert pa.compute.all(pa.compute.equal(got.column("v").slice(10), 7.0)).as_py()
