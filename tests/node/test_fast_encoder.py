@@ -1,6 +1,6 @@
 """The fast row encoder (node/http/fast_encoder.py) against the full path: wherever it accepts a row,
 its bytes are exactly ``encode_rows(conform(rows_to_table(...)))``'s; values it is unsure of are
-``Slow`` (the full path decides), never a different encoding."""
+``NotFast`` (the full path decides), never a different encoding."""
 import datetime as dt
 import json
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node.wire import rows_to_table
-from node.http.fast_encoder import Slow, encoder, index_key
+from node.http.fast_encoder import NotFast, encoder, index_key
 from rowstore.codec.rows import encode_rows
 from rowstore.db.committer import _filler
 from rowstore.errors import RowValidationError
@@ -102,13 +102,13 @@ BAD = [{"id": True}, {"id": 1.0}, {"id": None}, {"n": 1, "s2": ""}, {"id": 1, "n
 
 @pytest.mark.parametrize("r", BAD, ids=range(len(BAD)))
 def test_unsure_values_take_the_full_path(r):
-    with pytest.raises(Slow):
+    with pytest.raises(NotFast):
         encoder(SCHEMA).row(r)
 
 
 def test_timestamps_a_read_could_not_write_back_are_refused_on_both_paths():
     for us in (TS_RANGE_US[0] - 1, TS_RANGE_US[1] + 1, 2**62, -(2**63)):
-        with pytest.raises(Slow):
+        with pytest.raises(NotFast):
             encoder(SCHEMA).row({"id": 1, "n": 1, "s2": "", "ts": us})
         with pytest.raises(RowValidationError):
             _full([{"id": 1, "n": 1, "s2": "", "ts": us}])
@@ -121,12 +121,12 @@ def test_json_and_range_tables_have_no_fast_path():
 
 def test_string_keys_the_full_path_judges():
     for k in ("", "a\0b", "x" * 1025):
-        with pytest.raises(Slow):
+        with pytest.raises(NotFast):
             index_key(k, "string")
     with pytest.raises(RowValidationError):
         check_keys(["a\0b"], parse_schema("k string primary key").key)
     with pytest.raises(RowValidationError):
         encode_one("a\0b", "string")
     for k in (2**63, -(2**63) - 1, 2**64 + 5):  # the fast path never wraps a key either
-        with pytest.raises(Slow):
+        with pytest.raises(NotFast):
             index_key(k, "int64")
