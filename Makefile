@@ -72,6 +72,7 @@ strace:
 
 test: $(STAMP) java17 strace jvm
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/vulture
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: $(STAMP)

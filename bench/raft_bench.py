@@ -294,7 +294,7 @@ async def run(root: str) -> list[Result]:
         await etcd.close()
     stock = Ours(os.path.join(root, "stock"), STOCK_DEFAULTS)
     try:
-        s_lead, s_follower = await stock.roles()
+        _, s_follower = await stock.roles()
         await stock.load(s_follower, 1, 5, "warm")
         stock_1 = await stock.load(s_follower, 1, 30, "stock")
     finally:

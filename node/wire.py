@@ -402,7 +402,7 @@ class BodyError(Exception):
 
 
 def parse_json_body(body: bytes, max_depth: int):
-    """A request body as strict JSON nested at most ``max_depth`` deep (``rowstore/json_text.py``:
+    """A request body as strict JSON nested at most ``max_depth`` deep (``rowstore/tables/json_text.py``:
     no bare NaN / Infinity — a float column takes the strings "NaN", "Infinity", "-Infinity";
     the depth is checked before parsing)."""
     try:

@@ -70,9 +70,6 @@ class BlockDevice(abc.ABC):
     uri: str
     durable: bool
 
-    async def open_device(self) -> None:
-        """Prepare the device (create its root). Idempotent."""
-
     @abc.abstractmethod
     async def create(self, name: str) -> DeviceFile:
         """Create an empty file; AlreadyExistsError if it exists."""

@@ -38,10 +38,6 @@ def arm(name: str, skip: int = 0) -> None:
     _armed[name] = skip
 
 
-def disarm_all() -> None:
-    _armed.clear()
-
-
 @contextlib.contextmanager
 def armed(name: str, skip: int = 0):
     arm(name, skip)

@@ -369,18 +369,6 @@ class TerrascaleFS:
         if rec.state == FileState.SEALED:
             rep.pending_offload.append(rec.inode)
 
-    async def sweep(self) -> list[str]:
-        """Delete objects under ``files/`` whose (inode, gen) has no catalog row."""
-        known = {(r.inode, r.gen) for r in await self.list()}
-        removed = []
-        for info in await self.objects.list("files/"):
-            ident = parse_name(info.key)
-            if ident is not None and ident not in known:
-                await self.objects.delete(info.key)
-                removed.append(info.key)
-        return removed
-
-
 async def _bytes_of(blocks: AsyncIterator[tuple[int, bytes]]) -> AsyncIterator[bytes]:
     async for _, data in blocks:
         yield data

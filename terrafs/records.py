@@ -46,10 +46,6 @@ class FileRecord:
     def key(self) -> str:
         return file_key(self.inode)
 
-    @property
-    def base_name(self) -> str:
-        return f"{self.inode:08x}-{self.gen:016x}"
-
     def to_bytes(self) -> bytes:
         d = asdict(self)
         d.update(state=self.state.value, tier=self.tier.value, codec=int(self.codec))

@@ -70,7 +70,6 @@ class View:
     has_quorum: bool = False
     no_quorum_since: float = 0.0
     commit_index: int = 0
-    last_applied: int = 0
 
 
 # -- entry codec ------------------------------------------------------------------------------

@@ -169,9 +169,6 @@ class NodeReplication:
         return [(d, await self.cluster.placement(d.name, d.partitions, fresh=True))
                 for d in await self.db.list_tables()]
 
-    async def _replicated(self):
-        return [(d, pl) for d, pl in await self._placed() if pl.replicated]
-
     async def reconcile(self) -> None:
         """Lead what the placement says this node leads; stop leading anything else; serve the
         one-copy partitions moved here."""

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import secrets
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -81,9 +80,9 @@ class _Prepared:
 
 class Committer:
     def __init__(self, catalog: Catalog, definitions: TableCatalog, tables: TableRegistry, timeline: Timeline,
-                 tasks: BackgroundTasks, after_write: Callable[[], None]):
+                 tasks: BackgroundTasks):
         self.catalog, self.definitions, self.tables = catalog, definitions, tables
-        self.timeline, self.tasks, self.after_write = timeline, tasks, after_write
+        self.timeline, self.tasks = timeline, tasks
         self._decided: list[str] = []  # txn keys decided committed at recovery
         self._groups: dict[str, list] = {}  # table id -> multi-partition batches waiting to commit
         self._leading: set[str] = set()  # table ids whose group committer is running
@@ -157,7 +156,6 @@ class Committer:
         work = [(table.parts[p.pid], p) for p in pieces]
         ts = await (self._commit_one(*work[0], d.schema) if len(work) == 1 else
                     self._commit_many(table, work, d.schema))
-        self.after_write()
         return WriteResult(n, ts)
 
     async def split(self, d: TableDef, batch: pa.RecordBatch, deleted: np.ndarray | None):
@@ -193,15 +191,12 @@ class Committer:
         table = await self.tables.table(d)
         served(table, np.array([p.pid for p in pieces]))
         work = [(table.parts[p.pid], p) for p in pieces]
-        try:
-            if sizes is not None:
-                return list(await asyncio.gather(*[self._commit_one(part, p, d.schema, n)
-                                                   for (part, p), n in zip(work, sizes)], return_exceptions=True))
-            ts = await (self._commit_one(*work[0], d.schema) if len(work) == 1 else
-                        self._commit_many(table, work, d.schema))
-            return [ts] * len(work)
-        finally:
-            self.after_write()
+        if sizes is not None:
+            return list(await asyncio.gather(*[self._commit_one(part, p, d.schema, n)
+                                               for (part, p), n in zip(work, sizes)], return_exceptions=True))
+        ts = await (self._commit_one(*work[0], d.schema) if len(work) == 1 else
+                    self._commit_many(table, work, d.schema))
+        return [ts] * len(work)
 
     async def existing(self, d: TableDef, pid: int, keys: np.ndarray) -> np.ndarray:
         """Per encoded key of partition ``pid``: whether it has a live row now (a delete's count)."""

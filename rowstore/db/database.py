@@ -72,8 +72,7 @@ class Database:
                              cfg.retention_ms, cfg.closed_wait_s)
         self.maintenance = Maintenance(self.store, self.catalog_tables, self.tables, self.timeline,
                                        cfg.memtable_bytes, self.reader.horizon)
-        self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks,
-                                   self.maintenance.after_write)
+        self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks)
         self.participant = Participant(self.catalog, self.catalog_tables, self.committer, self.timeline,
                                        self.tasks)
         self.leases = Leases(self.catalog)
@@ -228,9 +227,6 @@ class Database:
 
     async def maintain(self) -> dict:
         return await self.maintenance.maintain()
-
-    async def run_background(self, interval_s: float = 1.0) -> None:
-        await self.maintenance.run_forever(interval_s)
 
     async def checkpoint(self, force: bool = True) -> dict:
         return await self.maintenance.checkpoint(force)

@@ -28,7 +28,6 @@ class Leadership:
     def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables, decide, observe=None):
         self.store, self.replicas, self.tables, self.decide = store, replicas, tables, decide
         self.observe = observe  # the clock's observe(ts): a new leader commits above the log it took
-        self.lease_wait_s = 2.0
         self.fenced_at: dict[tuple[str, int], float] = {}  # monotonic time a fence made this node step down
         self.fenced_epoch: dict[tuple[str, int], int] = {}  # the highest epoch this node was fenced with
         # One hand-over at a time per partition: promotion, demotion, fences and the follower
@@ -177,12 +176,6 @@ class Leadership:
         for pid in pids:
             sh = self.store.shippers.get((table_id, pid))
             if sh is not None and not sh.lease_ok():
-                raise UnavailableError(f"partition {pid} has no majority of its replicas within the lease; retry")
-
-    async def await_lease(self, table_id: str, pids) -> None:
-        for pid in pids:
-            sh = self.store.shippers.get((table_id, pid))
-            if sh is not None and not await sh.wait_lease(self.lease_wait_s):
                 raise UnavailableError(f"partition {pid} has no majority of its replicas within the lease; retry")
 
     def status(self) -> dict:

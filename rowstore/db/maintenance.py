@@ -1,9 +1,9 @@
 """Background work on a node's tables: checkpoint key memtables over the budget, merge
-index runs, seal and offload segments (the garbage collector will live here). The daemon
-runs :meth:`Maintenance.run_forever`; the admin API runs the jobs on demand."""
+index runs, seal and offload segments. The node's jobs (``node/daemon/jobs.py``) run them on
+schedules — the checkpoint also as soon as the memtables pass their budget — and the admin
+API on demand."""
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Callable
@@ -23,12 +23,7 @@ class Maintenance:
                  memtable_budget: int, horizon: Callable[[], int]):
         self.store, self.definitions, self.tables, self.timeline = store, definitions, tables, timeline
         self.memtable_budget, self.horizon = memtable_budget, horizon
-        self._wake = asyncio.Event()  # a write crossed the memtable budget: maintain now
         self._marked: dict[tuple[str, int], float] = {}  # (table id, pid) -> when its watermark last moved
-
-    def after_write(self) -> None:
-        if self.memtable_bytes() > self.memtable_budget:
-            self._wake.set()
 
     def memtable_bytes(self) -> int:
         return sum(p.mem_bytes for p in self.tables.partitions())
@@ -41,21 +36,6 @@ class Maintenance:
         closed = self.timeline.closed
         out["progress"] = sum([await p.progress(closed) for p in self.tables.partitions()])
         return out
-
-    async def run_forever(self, interval_s: float = 1.0) -> None:
-        """Maintain forever (the daemon runs this as a task and cancels it at shutdown)."""
-        while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), interval_s)
-            except asyncio.TimeoutError:
-                pass
-            self._wake.clear()
-            try:
-                await self.maintain()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - logged and retried next round; never kills the loop
-                log.warning("event=maintain_failed error=%r", e)
 
     async def checkpoint(self, force: bool = True) -> dict:
         """Checkpoint memtables: all of them, or (``force=False``) the largest until the

@@ -207,11 +207,6 @@ class MemTable:
                 best_r, best_t = r, t
         return best_r
 
-    @staticmethod
-    def _get_many(run: Run, keys: np.ndarray, as_of: int) -> np.ndarray:
-        """Per key: the first entry of one sorted run with ts <= as_of (0 if none)."""
-        return _lookup(run, keys, as_of)[0]
-
     def scan(self, lo: np.ndarray | None, hi: np.ndarray | None, as_of: int) -> Run:
         """Visible entries with ``lo <= key < hi`` (None: unbounded), in key order."""
         run = self.consolidated()

@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from catalog.abc import Check, Delete, Put
+from catalog.abc import Check, Put
 from rowstore.errors import ConflictError, FencedError, LeaderAliveError, RowstoreError
 from rowstore.replication.position import NOTHING, Position, ReplicaRecord, keeps_log, rep_key
 from terrafs.active import ActiveFile
@@ -256,8 +256,3 @@ class ReplicaStore:
             for f in r.files.values():
                 await f.close()
         self._reps.clear()
-
-
-def delete_ops(table_id: str, pid: int, node: str, version: int) -> tuple[list, list]:
-    key = rep_key(table_id, pid, node)
-    return [Check(key, version)], [Delete(key)]

@@ -129,15 +129,6 @@ class Shipper:
         floor = time.monotonic() - self.lease_s
         return sum(1 for link in self._links.values() if link.acked_at >= floor) >= self.needed
 
-    async def wait_lease(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while not self.lease_ok():
-            if self.fenced is not None or self.closed or time.monotonic() > deadline:
-                return False
-            self.wake()
-            await asyncio.sleep(0.02)
-        return True
-
     def status(self) -> dict:
         now = time.monotonic()
         return {"epoch": self.epoch, "lease": self.lease_ok(), "fenced": self.fenced, "end": list(self.end()),

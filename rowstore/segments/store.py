@@ -209,9 +209,6 @@ class SegmentStore:
             return 0, (0, 0)
         return max(r.epoch for r in recs), (top.seq, size)
 
-    def _of(self, seg) -> tuple[str, int] | None:
-        return self._parts.get(seg.segid)
-
     async def adopt(self, table: str, partition: int, epoch: int, copies: dict[int, tuple[int, int]],
                     files: dict, rep_key: str | None, rep_version: int, decide=None) -> list[ActiveSegment]:
         """Become the partition's leader at ``epoch``: in ONE transaction every unsealed

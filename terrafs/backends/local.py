@@ -54,21 +54,12 @@ class LocalDeviceFile(DeviceFile):
     async def pread(self, offset: int, length: int) -> bytes:
         return await asyncio.to_thread(os.pread, self._fdc(), length, offset)
 
-    def pread_sync(self, offset: int, length: int) -> bytes:
-        """Blocking read, for code already running in a worker thread."""
-        return os.pread(self._fdc(), length, offset)
-
     async def truncate(self, size: int) -> None:
         await asyncio.to_thread(os.ftruncate, self._fdc(), size)
         self._size = size
 
     async def sync(self) -> None:
         await run_io(_fdatasync, self._fdc())
-
-    def write_sync(self, data, offset: int) -> None:
-        """Blocking positional write, for code running in a worker thread."""
-        _pwrite_all(self._fdc(), data, offset)
-        self._size = max(self._size, offset + len(data))
 
     def writev_sync(self, parts, offset: int) -> int:
         """Blocking positional write of several buffers (one pwritev where the kernel allows),

@@ -99,7 +99,7 @@ def test_open_file_exhaustion_on_both_ports_is_survived(tmp_path):
         victim = next(n for n in nodes if n.node_id != leader)
         dead = next(n for n in nodes if n.node_id == leader)
         pid = victim.proc.pid
-        soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        _, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (_fds(pid) + 40, hard))  # this node's limit only
         raft_port = int(victim.raft_address.rsplit(":", 1)[1])
         flood += _flood(raft_port, 300)

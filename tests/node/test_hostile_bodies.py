@@ -1,4 +1,4 @@
-"""The JSON and Arrow body decoders (node/wire.py, rowstore/table_io.py, rowstore/query.py)
+"""The JSON and Arrow body decoders (node/wire.py, rowstore/tables/conform.py, rowstore/reads/predicates.py)
 fed hostile values by hypothesis: nesting depth, NaN/Infinity anywhere, huge integers where
 floats or timestamps go, unicode digits and non-ASCII text, lone surrogates, strings where
 numbers go and numbers where strings go. Every input either is refused with the package's

@@ -28,7 +28,7 @@ def make_rows(rng: np.random.Generator, ids: np.ndarray) -> pa.Table:
     def nulls(arr, p=0.15):
         return pa.array(arr, mask=rng.random(n) < p) if not isinstance(arr, pa.Array) else arr
 
-    def rng_range(lo_hi, typ):
+    def rng_range(_lo_hi, typ):
         lo = rng.integers(-20, 20, n) if typ == "int" else rng.uniform(-20, 20, n).round(1)
         hi = lo + (rng.integers(0, 10, n) if typ == "int" else rng.uniform(0, 10, n).round(1))
         base = pa.int64() if typ == "int" else pa.float64()

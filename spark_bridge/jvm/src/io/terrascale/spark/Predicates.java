@@ -8,7 +8,7 @@ import java.util.Base64;
 import java.util.List;
 
 /**
- * The exact predicates of a read (rowstore/query.py's semantics), as the node typed them in the
+ * The exact predicates of a read (rowstore/reads/predicates.py's semantics), as the node typed them in the
  * plan (``predicates``: each term's value in the column's storage domain). Evaluated on row bytes:
  * a null never matches; ranges match when they overlap the term's interval; a bbox holds points
  * inside it and boxes overlapping it, edges inclusive.
