@@ -1,5 +1,5 @@
-# Terrascale developer targets. Everything installs into ./.venv from this
-# repository's own files; nothing is assumed to be on the machine already.
+# Terrascale developer targets. Python packages install into ./.venv from this repository's
+# own files; Java 17 and strace, when missing, from the system's packages (apt-get).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
