@@ -158,3 +158,10 @@ def test_no_node_module_over_450_lines():
     long = sorted(f"{m}: {n}" for m, p in _modules().items() if m.startswith("node")
                   and (n := len(p.read_text().splitlines())) > 450)
     assert not long, f"node/ modules over 450 lines: {long}"
+
+
+def test_the_documented_python_client_import_works():
+    """README's Python example (docs/REFERENCE.md, "Python"): the client package exports the client."""
+    from node.client import ApiError, AsyncClient, Client
+
+    assert Client.__module__ == "node.client.client" and ApiError.__module__ == "node.errors" and AsyncClient
