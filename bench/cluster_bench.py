@@ -1,4 +1,4 @@
-"""Cluster benchmark (issue 14): replicated partitions (RFC 0010 §5) on three real node processes.
+"""Cluster benchmark: replicated partitions (RFC 0010 §5) on three real node processes.
 
 Three ``terrascale node run`` processes on loopback, one ``raft://`` catalog, the node's
 default ``[cluster]`` timings (heartbeat 500 ms, failure_timeout 2 s, ack_timeout 10 s),
@@ -402,7 +402,7 @@ async def main() -> list[Result]:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cluster-bench-", dir=os.environ.get("BENCH_DIR")) as root:
         results = await run(root)
-    print_table("Cluster: replicated partitions on 3 nodes (issue 14, RFC 0010 §5)", results)
+    print_table("Cluster: replicated partitions on 3 nodes (RFC 0010 §5)", results)
     print(f"\nJSON: {write_json('cluster', results)}  ({time.perf_counter() - t0:.0f} s)")
     return results
 

@@ -1,4 +1,4 @@
-"""Failover of ``python -m bench cluster`` (issue 14): kill -9 of a partition's leader → the
+"""Failover of ``python -m bench cluster``: kill -9 of a partition's leader → the
 first write acknowledged through a survivor, against etcd's leader killed the same way; the
 workload is described in ``bench/cluster_bench.py``."""
 from __future__ import annotations

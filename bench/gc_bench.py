@@ -1,4 +1,4 @@
-"""Garbage collection and clustered rewrites (issue 13, RFC 0009), peers in the same run.
+"""Garbage collection and clustered rewrites (RFC 0009), peers in the same run.
 
 * **Space amplification**: N rows of ~140 encoded bytes, then R rounds overwriting a random
   30% of the keys (each round sealed and offloaded), then GC passes to quiescence (history
@@ -250,7 +250,7 @@ async def main() -> list[Result]:
         os.makedirs(f"{root}/q/p")
         os.makedirs(f"{root}/q/t")
         results += await clustered_queries(f"{root}/q")
-    print_table("Garbage collection and clustered rewrites (issue 13)", results)
+    print_table("Garbage collection and clustered rewrites", results)
     for r in results:
         if r.extra:
             print(f"  {r.workload}: {r.extra}")

@@ -1,4 +1,4 @@
-"""Node benchmark (issue 5): the HTTP API against the engine in process, and point gets against etcd.
+"""Node benchmark: the HTTP API against the engine in process, and point gets against etcd.
 
 Workloads, peers in the same run, rounds alternating, medians reported:
 
@@ -17,7 +17,7 @@ Workloads, peers in the same run, rounds alternating, medians reported:
   of the same size (one etcd member on loopback, Debian ``etcd-server``, installed with
   apt-get when missing). Requests/s, p50 and p99. Target: ahead of etcd.
 
-* **Point writes** (issue 15, RFC 0008): single-row JSON upserts from 1, 8, 64 and 256
+* **Point writes** (RFC 0008): single-row JSON upserts from 1, 8, 64 and 256
   keep-alive clients, single-key deletes and 10-row upserts from 64 — against etcd's put /
   delete-range / txn of 10 puts through its JSON gateway (1 member, fsync per commit),
   each case ours then etcd: rows/s, p50 and p99. Targets: >= 2x etcd at 64 and 256
@@ -282,7 +282,7 @@ async def point_gets(root: str) -> list[Result]:
     ]
 
 
-# -- point writes (issue 15): single-row upserts from many clients, against etcd put -------------
+# -- point writes: single-row upserts from many clients, against etcd put -------------
 
 PW_CLIENTS = tuple(int(x) for x in os.environ.get("NODE_BENCH_PW_CLIENTS", "1,8,64,256").split(","))
 PW_SECONDS = float(os.environ.get("NODE_BENCH_PW_SECONDS", "4"))

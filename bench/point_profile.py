@@ -1,4 +1,4 @@
-"""Where a single-row write's time goes (issue 15, docs/rfcs/0008-point-writes.md).
+"""Where a single-row write's time goes (docs/rfcs/0008-point-writes.md).
 
 Starts a real ``terrascale node run``, drives it with N keep-alive clients doing single-row
 JSON upserts (the point-write bench's rows), and samples the node with py-spy (``--idle``

@@ -1,4 +1,4 @@
-"""Raft catalog benchmark (issue 7): compare-and-set txns on 3 nodes vs etcd, peers in the same run.
+"""Raft catalog benchmark: compare-and-set txns on 3 nodes vs etcd, peers in the same run.
 
 Both clusters: 3 members on loopback, fsync on, started here. Each client owns
 one key and runs ``txn(Check(key, version), Put(key, value))`` in a loop, the
@@ -16,7 +16,7 @@ HTTP client (aiohttp, keep-alive) per side, each txn one JSON POST to a member:
   ``POST /v3/kv/txn`` on its v3 JSON gateway.
 
 Also measured: the same txns with pysyncobj's shipped defaults
-(``appendEntriesUseBatch=True``, heartbeat 0.1 s) — issue 7, problem 8.
+(``appendEntriesUseBatch=True``, heartbeat 0.1 s) — RFC 0005, problem 8.
 
 ``python -m bench raft`` (or ``python -m bench.raft_bench``).
 """
@@ -325,7 +325,7 @@ async def run(root: str) -> list[Result]:
 async def main() -> list[Result]:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as root:
         results = await run(root)
-    print_table("Raft catalog: compare-and-set txns, 3 nodes on loopback (issue 7)", results)
+    print_table("Raft catalog: compare-and-set txns, 3 nodes on loopback", results)
     print(f"\nJSON: {write_json('raft', results)}")
     return results
 

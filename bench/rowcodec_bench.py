@@ -1,4 +1,4 @@
-"""Row codec throughput (issue 3): ~140-byte rows (int64 key, two float64, a
+"""Row codec throughput: ~140-byte rows (int64 key, two float64, a
 timestamp, a short string), encode and decode, against Arrow IPC stream
 serialization of the same batch in the same run."""
 from __future__ import annotations
@@ -63,7 +63,7 @@ async def main() -> list[Result]:
                structured, "rows/s", "report"),
         Result("decode rows -> Arrow", ours_dec, "Arrow IPC read + copy columns", ipc_dec, "rows/s", "report"),
     ]
-    print_table("Row codec (issue 3)", results)
+    print_table("Row codec", results)
     print(f"\nJSON: {write_json('rowcodec', results)}")
     return results
 

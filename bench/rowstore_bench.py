@@ -1,4 +1,4 @@
-"""Durable appends of ~140-byte rows (issue 3), peers in the same run.
+"""Durable appends of ~140-byte rows, peers in the same run.
 
 Ours: an active segment (TerrascaleFS active file on a local disk, group
 commit, fdatasync before the rowids return), encoding Arrow batches included.
@@ -214,7 +214,7 @@ async def main() -> list[Result]:
                 results.append(Result("durable log append, batch 1000, 1 writer pipelined: 4 batches in flight",
                                       got["ours"], f"{PEERS[0][0]}, 4 writer threads (4 in flight)", got["rocks"],
                                       "rows/s", "report"))
-    print_table(f"Row store durable appends (issue 3), medians of {ROUNDS} rotating rounds", results)
+    print_table(f"Row store durable appends, medians of {ROUNDS} rotating rounds", results)
     print(f"\nJSON: {write_json('rowstore', results)}")
     return results
 

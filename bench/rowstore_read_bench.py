@@ -1,4 +1,4 @@
-"""Row-store reads (issue 3), peers in the same run.
+"""Row-store reads, peers in the same run.
 
 * point ``get(rowid)`` returning the row's bytes: active segment, sealed
   (cached), sealed (cold: no cache, local object store) — vs RocksDB ``get``
@@ -90,7 +90,7 @@ async def main() -> list[Result]:
         Result("sealed scan -> Arrow, block cache cold", scan_cold, "Arrow IPC file, zstd (page cache)", zipc_rate,
                "rows/s", ">= 0.5x"),
     ]
-    print_table("Row-store reads (issue 3)", results)
+    print_table("Row-store reads", results)
     print(f"\nJSON: {write_json('rowstore_read', results)}")
     return results
 

@@ -1,4 +1,4 @@
-"""Tables (issue 4), peers in the same run.
+"""Tables, peers in the same run.
 
 * point get by primary key, hot (memtable) and after a restart (runs + sealed segments
   read back through the block cache) — vs RocksDB (rocksdict) ``get`` of the same keys
@@ -299,7 +299,7 @@ async def main() -> list[Result]:
         results += await upserts(os.path.join(root, "up"))
         results += await point_gets(os.path.join(root, "get"))
         results += await bboxes(os.path.join(root, "bbox"))
-    print_table("Tables (issue 4)", results)
+    print_table("Tables", results)
     print(f"\nJSON: {write_json('table', results)}")
     return results
 

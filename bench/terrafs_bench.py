@@ -1,4 +1,4 @@
-"""TerrascaleFS benchmarks (issue 2), peers in the same run.
+"""TerrascaleFS benchmarks, peers in the same run.
 
 * active-file appends with group commit (64 concurrent appenders, 4 KiB and
   64 KiB appends, crc32c, no compression/encryption) vs raw write+fdatasync
@@ -213,7 +213,7 @@ async def main() -> list[Result]:
         if os.environ.get("BENCH_ONLY") != "append":
             for bs in (4096, 32768):
                 results += await bench_sealed_reads(root, bs)
-    print_table("TerrascaleFS (issue 2)", results)
+    print_table("TerrascaleFS", results)
     print(f"\nJSON: {write_json('terrafs', results)}")
     return results
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Sequence, Union
 
 # Limits keep every transaction well under one Raft entry (pysyncobj breaks at
-# 64 KiB, see issue 7). Part of the interface: every backend enforces them.
+# 64 KiB, RFC 0005). Part of the interface: every backend enforces them.
 MAX_KEY_BYTES = 512
 MAX_VALUE_BYTES = 16 * 1024
 MAX_TXN_BYTES = 48 * 1024

@@ -2,7 +2,7 @@
 
 Pure and deterministic: the same transactions in the same order give the
 same state on every replica. ``apply`` never raises (an exception inside a
-replicated method would wedge every Raft replica, issue 7); malformed
+replicated method would wedge every Raft replica, RFC 0005); malformed
 transactions are refused earlier by :func:`validate_txn`.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""`terrascale` command line (contract §2). Exit 0 success, 1 failure, 2 usage.
+"""`terrascale` command line (docs/REFERENCE.md §2). Exit 0 success, 1 failure, 2 usage.
 
 argparse (standard library) gives exit status 2 and a usage line on bad
-arguments, which is what the contract asks; every failure below it is one
+arguments, as the reference promises; every failure below it is one
 line on stderr, never a traceback. Commands other than ``node run`` and
 ``fsck`` talk to a node over HTTP through ``node.client.Client``.
 """
@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 
     node = sub.add_parser("node", help="run a node daemon").add_subparsers(dest="node_cmd", required=True)
     run = node.add_parser("run", help="run a node in the foreground")
-    run.add_argument("--config", help="TOML config file (contract §4)")
+    run.add_argument("--config", help="TOML config file (docs/REFERENCE.md §5)")
     run.add_argument("--data-dir", default="./data", help="embedded defaults under this directory")
     run.add_argument("--listen", help="HOST:PORT (overrides the config)")
 

@@ -1,4 +1,4 @@
-"""Node configuration: TOML (contract §4) or the embedded defaults under a data dir.
+"""Node configuration: TOML (docs/REFERENCE.md §5) or the embedded defaults under a data dir.
 
 Parsed with the standard library's ``tomllib`` into frozen dataclasses;
 every key is checked, and an unknown key or bad value is a ConfigError whose
@@ -190,7 +190,7 @@ _SCHEMA = {
 
 
 def defaults(data_dir: str = "./data") -> NodeConfig:
-    """The embedded defaults under ``data_dir`` (contract §1)."""
+    """The embedded defaults under ``data_dir`` (docs/REFERENCE.md §1)."""
     d = data_dir.rstrip("/") or "."
     pre = "trfs://" + (d if d.startswith("/") else "./" + d.removeprefix("./"))
     kv = "trkv://" + (d if d.startswith("/") else "./" + d.removeprefix("./"))

@@ -8,7 +8,7 @@ class NodeError(Exception):
 class ConfigError(NodeError):
     """Raised when the config file is unreadable, has an unknown key or a bad value.
 
-    The message is one line naming the key (contract §4)."""
+    The message is one line naming the key (docs/REFERENCE.md §5)."""
 
 
 class UsageError(NodeError):

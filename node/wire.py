@@ -1,4 +1,4 @@
-"""Rows between JSON and Arrow, exactly as the contract's Types section says (CONTRACT.md §3).
+"""Rows between JSON and Arrow, exactly as docs/REFERENCE.md §4 says.
 
 JSON in (``{"rows": [...]}``): every value is checked against its column's type
 and the batch is rejected whole on the first misfit, naming the row and column.
@@ -303,7 +303,7 @@ _IN = {
 
 
 def column_type(field: pa.Field) -> ColumnType | None:
-    """The contract type a result field carries in its metadata (None: plain Arrow)."""
+    """The column type a result field carries in its metadata (None: plain Arrow)."""
     meta = field.metadata or {}
     return ColumnType.parse(meta[LOGICAL_KEY].decode()) if LOGICAL_KEY in meta else None
 

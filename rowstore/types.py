@@ -1,4 +1,4 @@
-"""The contract's column types (CONTRACT.md §3), each mapped to one Arrow type
+"""The column types (docs/REFERENCE.md §4), each mapped to one Arrow type
 and to its fixed-width row storage (docs/format/segment.md §1)."""
 from __future__ import annotations
 

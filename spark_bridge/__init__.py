@@ -1,4 +1,4 @@
-"""Spark over Terrascale tables: the data source ``terrascale`` (docs/spark.md; CONTRACT.md §5) —
+"""Spark over Terrascale tables: the data source ``terrascale`` (docs/spark.md; docs/REFERENCE.md §6) —
 batch reads in the JVM where its jar is on the classpath (``spark_bridge/jvm``), else in this
 PySpark Python data source, which also serves writes and the change feed.
 

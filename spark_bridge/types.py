@@ -1,6 +1,6 @@
-"""Contract types <-> Spark types, and the vectorized Arrow conversions between them.
+"""Column types <-> Spark types, and the vectorized Arrow conversions between them.
 
-Every contract type (CONTRACT.md §3) maps to one Spark type (docs/spark.md has the table):
+Every column type (docs/REFERENCE.md §4) maps to one Spark type (docs/spark.md has the table):
 integers and floats to the Spark type of the same width, unsigned integers widened to the
 next signed type that holds every value (``uint64`` to ``DecimalType(20, 0)``), ``timestamp``
 to ``TimestampType`` (UTC), ``uuid`` to its canonical string, ``json`` to its text, ``point``,
@@ -29,7 +29,7 @@ from rowstore.schema import Column, SchemaVersion
 from rowstore.types import ColumnType, Kind
 from spark_bridge.errors import BridgeError
 
-TYPE_KEY = "terrascale.type"  # Spark field metadata: the contract type a column has in the table
+TYPE_KEY = "terrascale.type"  # Spark field metadata: the column type a column has in the table
 
 _SCALAR: dict[Kind, DataType] = {
     Kind.INT8: ByteType(), Kind.INT16: ShortType(), Kind.INT32: IntegerType(), Kind.INT64: LongType(),

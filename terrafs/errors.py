@@ -1,7 +1,7 @@
 """Exceptions raised by terrafs: storage interfaces and TerrascaleFS.
 
 One hierarchy for the package; the HTTP and CLI edge translates it into the
-contract's error codes. Corruption errors name the file/object and offset.
+documented error codes. Corruption errors name the file/object and offset.
 """
 from __future__ import annotations
 

@@ -37,11 +37,11 @@ TXN, BARRIER, GROUP = 1, 2, 3
 MAX_ENTRY_BYTES = 60 * 1024  # < BATCH_BYTES: pysyncobj's chunked path (broken >= 64 KiB) never runs
 assert MAX_ENTRY_BYTES < BATCH_BYTES
 
-# Tuned defaults (issue 7, problem 8); every one can be overridden for tests.
+# Tuned defaults (RFC 0005, problem 8); every one can be overridden for tests.
 TUNING = dict(
     appendEntriesUseBatch=False,     # send at once; batching cost ~100 ms per txn
     appendEntriesPeriod=0.05,        # heartbeat
-    raftMinTimeout=0.2, raftMaxTimeout=0.6,   # a new leader well within the 2 s of issue 7
+    raftMinTimeout=0.2, raftMaxTimeout=0.6,   # a new leader well within 2 s (RFC 0005)
     connectionTimeout=1.0, connectionRetryTime=0.2,
     leaderFallbackTimeout=1.0,       # a leader cut off from the majority steps down
     appendEntriesBatchSizeBytes=BATCH_BYTES, logCompactionBatchSize=BATCH_BYTES,
@@ -122,7 +122,7 @@ def _split_group(p: bytes) -> list[bytes]:
 
 
 def apply_entry(state: CatalogState, payload) -> TxnResult | int | EntryError | list:
-    """Apply one entry. Deterministic and never raises (issue 7, problem 4)."""
+    """Apply one entry. Deterministic and never raises (RFC 0005, problem 4)."""
     try:
         if not isinstance(payload, bytes) or not payload:
             return EntryError("entry is not bytes")

@@ -9,7 +9,7 @@
 * Outgoing messages wait in an outbox until ``flush``: acknowledgements leave
   only after the journal is fdatasync'd, and adjacent append-entries to one
   peer are merged into one message.
-* Hostile connections (issue 16): an incoming connection that has not named a
+* Hostile connections (docs/raft.md, "Hostile connections"): an incoming connection that has not named a
   member within ``ConnLimits.handshake_timeout`` is closed (pysyncobj checks its
   timeout only when bytes arrive, so a silent one stayed forever); at most
   ``ConnLimits.max_pending`` of them are open, more are closed at accept. EMFILE,

@@ -1,10 +1,10 @@
-"""Python clients for a Terrascale node (contract §5): ``Client`` (blocking) and ``AsyncClient``.
+"""Python clients for a Terrascale node (docs/REFERENCE.md §6): ``Client`` (blocking) and ``AsyncClient``.
 
 Both mirror the HTTP API (docs/openapi.yaml) one method per endpoint and return
 what the API returns: dicts, or a ``pyarrow.Table`` for rows (query results come
 as Arrow IPC streams, so types survive exactly). Rows go in as a ``pyarrow.Table``
 / ``RecordBatch`` (sent as an Arrow IPC stream) or a list of JSON-ready dicts.
-Every error answer raises :class:`ApiError` with the contract's status, code and
+Every error answer raises :class:`ApiError` with the documented status, code and
 message; a node that cannot be reached raises ``ConnectionError``.
 
 ``Client`` keeps one keep-alive connection (``http.client``) and is not thread-safe:
@@ -223,7 +223,7 @@ class Client:
         return self._call("POST", f"/v1/tables/{_seg(table)}/delete", {"keys": list(keys)})
 
     def get(self, table, key, as_of=None) -> dict | None:
-        """The row as a dict (JSON forms of the contract's types), or None if absent at T."""
+        """The row as a dict (the JSON forms of the column types), or None if absent at T."""
         try:
             return self._call("GET", f"/v1/tables/{_seg(table)}/rows/{_seg(key)}" + _q(as_of=as_of))
         except ApiError as e:

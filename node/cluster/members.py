@@ -1,6 +1,6 @@
 """Who is in the cluster and where each table's partitions live; calls between nodes.
 
-Catalog keys (the catalog is the one source of truth, contract §3 "any node accepts
+Catalog keys (the catalog is the one source of truth, docs/REFERENCE.md §3: "any node accepts
 any request and routes it to the owner of the data"):
 
 * ``node/member/<node id>`` — ``{"http": "http://host:port", "raft": "host:port" | null}``,

@@ -1,6 +1,6 @@
-"""The HTTP API (contract §3; OpenAPI: docs/openapi.yaml).
+"""The HTTP API (docs/REFERENCE.md §3; OpenAPI: docs/openapi.yaml).
 
-Errors from the engine are translated once, here, into the contract's shape
+Errors from the engine are translated once, here, into the documented shape
 ``{"error": {"code", "message"}}``; nothing else reaches a client. JSON bodies
 are parsed and converted to Arrow in a worker thread once they are large, and
 so are large responses, so one big request never stalls the others.

@@ -1,4 +1,4 @@
-"""The node's HTTP application: the contract's endpoints (``node/http/api.py``), the Spark
+"""The node's HTTP application: the data API's endpoints (``node/http/api.py``), the Spark
 bridge's (``node/http/routes/bridge.py``) and the ones nodes call on each other
 (``node/http/routes/internal.py``, ``node/http/routes/replication.py``), which share the same error edge."""
 from __future__ import annotations

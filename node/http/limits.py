@@ -1,4 +1,4 @@
-"""The HTTP port under hostile connections (issue 16).
+"""The HTTP port under hostile connections (docs/raft.md, "Hostile connections", the same rules).
 
 A connection is *pending* from accept until its first request head is parsed
 (``Api._edge`` calls ``ConnectionGuard.headed``). A pending connection is closed

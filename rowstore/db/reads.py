@@ -28,7 +28,7 @@ from rowstore.timeline import Timeline
 from rowstore.db.registry import Table, TableRegistry
 from rowstore.db.tasks import BackgroundTasks
 
-MAX_LIMIT = 2**63 - 1  # any limit is fine (CONTRACT §3)
+MAX_LIMIT = 2**63 - 1  # any limit is fine (docs/REFERENCE.md §3)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Query predicates: parsing and validation against a schema, and exact vectorized evaluation.
 
 ``where`` terms are ``[column, op, value]`` with op in ``= != < <= > >=``; a bounding
-box names a ``point`` or ``box`` column and four inclusive edges (CONTRACT.md §3).
+box names a ``point`` or ``box`` column and four inclusive edges (docs/REFERENCE.md §3).
 The masks here are the exact semantics; the column index (``rowstore/index/column_index.py``)
 only narrows candidates, and every candidate is re-checked with these masks, so
 the index path and the scan path agree by construction (and by a property test).

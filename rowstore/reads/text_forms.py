@@ -1,5 +1,5 @@
 """The text forms of query predicates, as people type them: the CLI's ``--where``/``--bbox``
-and the Spark bridge's ``where``/``bbox`` options (CONTRACT.md §4, docs/spark.md).
+and the Spark bridge's ``where``/``bbox`` options (docs/REFERENCE.md §2, docs/spark.md).
 
 They parse into the HTTP API's JSON forms (``[[col, op, value], ...]`` and the bbox
 object); values stay strings and the node converts them to the column's type

@@ -1,6 +1,6 @@
 """Rows coming in: conform an Arrow batch to a table schema, keys from user values.
 
-A batch is checked whole before anything is written (CONTRACT.md §3): an unknown
+A batch is checked whole before anything is written (docs/REFERENCE.md §3): an unknown
 column, a missing or null primary key, or a value of the wrong type rejects it.
 Lossless conversions between Arrow types of the same family are applied (int32
 data for an int64 column, large_string for string, timestamps in another unit

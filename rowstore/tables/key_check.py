@@ -4,7 +4,7 @@ Every path that takes a key (point gets, ``get_many``, deletes, scans, ``where``
 the key column, the key column of upserted rows — whichever client sent it) checks it
 here *before* it is encoded (``tables.keys.encode_one``, ``index.key_memtable.encode_keys``), so
 no key outside its type can reach the encoders, which would otherwise map it onto
-another key (CONTRACT.md §8). A key that does not fit is an :class:`InvalidKeyError`
+another key (docs/REFERENCE.md §4). A key that does not fit is an :class:`InvalidKeyError`
 naming the column and the key; the HTTP edge answers it with 400 ``bad_request``.
 
 What a key of each primary-key type is:

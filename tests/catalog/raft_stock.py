@@ -1,4 +1,4 @@
-"""Stock pysyncobj 0.3.17, unwrapped, reproducing issue 7's problems ("before" halves of the tests).
+"""Stock pysyncobj 0.3.17, unwrapped, reproducing RFC 0005's problems ("before" halves of the tests).
 
 Run as a subprocess (so nothing of ``catalog.raft`` is imported and pysyncobj
 is exactly as shipped): ``python -m tests.catalog.raft_stock SCENARIO DIR PORT...``.

@@ -1,4 +1,4 @@
-"""raft:// in the config (contract §4) and the URI table: every mistake is one line naming the key."""
+"""raft:// in the config (docs/REFERENCE.md §5) and the URI table: every mistake is one line naming the key."""
 import pytest
 
 from catalog.errors import CatalogConfigError

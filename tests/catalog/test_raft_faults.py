@@ -1,4 +1,4 @@
-"""raft:// under failures, with real node processes on loopback (issue 7's test list).
+"""raft:// under failures, with real node processes on loopback (RFC 0005).
 
 Each test keeps its own books of what was acknowledged and checks the
 cluster against them afterwards; nothing here asserts on speed except the

@@ -1,4 +1,4 @@
-"""Issue 7's eight pysyncobj problems: each reproduced on stock pysyncobj, then shown fixed.
+"""RFC 0005's eight pysyncobj problems: each reproduced on stock pysyncobj, then shown fixed.
 
 "Before" halves run ``tests/catalog/raft_stock.py`` in a subprocess (pysyncobj
 exactly as shipped); "after" halves run our replica, in process or as real

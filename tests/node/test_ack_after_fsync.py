@@ -1,4 +1,4 @@
-"""The durability rule, watched from outside with strace (CONTRACT §6): no write is
+"""The durability rule, watched from outside with strace (docs/REFERENCE.md §7): no write is
 acknowledged before an fdatasync that covers it — also when concurrent requests are coalesced
 (node/http/coalesce.py) into shared appends and flushes.
 

@@ -1,6 +1,6 @@
 """The Spark bridge's endpoints over real HTTP: a read plan's offloaded segments read straight
 from object storage plus the tails equal the query API at the same timestamp; the change
-feed; leases; bad requests answer 4xx in the contract's shape."""
+feed; leases; bad requests answer 4xx in the documented shape."""
 import asyncio
 
 import pyarrow as pa

@@ -1,4 +1,4 @@
-"""JSON <-> Arrow row conversion (node/wire.py): every contract type round-trips, column-wise
+"""JSON <-> Arrow row conversion (node/wire.py): every column type round-trips, column-wise
 output equals value-wise output, and misfits are refused naming row and column."""
 import datetime as dt
 import math

@@ -1,5 +1,5 @@
 """Property-based fuzzing of the HTTP API from docs/openapi.yaml (schemathesis) against a
-real node process: no input gets a 5xx, every error is the contract's JSON shape
+real node process: no input gets a 5xx, every error is the documented JSON shape
 ``{"error": {"code", "message"}}``, and every answer conforms to the document (status
 codes, content types, bodies). Bounded: a fixed seed (derandomized), at most
 ``EXAMPLES`` generated cases per operation, each sent twice — as generated, and aimed at
@@ -38,7 +38,7 @@ load_all_checks()
 schemathesis.serializer.alias("application/vnd.apache.arrow.stream", "application/octet-stream")
 
 
-def contract_error_shape(ctx, response, case):
+def documented_error_shape(ctx, response, case):
     """Every 4xx/5xx is JSON ``{"error": {"code": snake_case, "message": str}}`` and nothing else."""
     if response.status_code < 400:
         return None
@@ -57,7 +57,7 @@ def no_server_error(ctx, response, case):
     return True
 
 
-CHECKS = [no_server_error, contract_error_shape, status_code_conformance, content_type_conformance,
+CHECKS = [no_server_error, documented_error_shape, status_code_conformance, content_type_conformance,
           response_schema_conformance]
 
 

@@ -1,6 +1,6 @@
 """Keys outside their column's type against a real node, from every client: raw HTTP, the
 Python client, the CLI and the Spark bridge's options. Each is 400 ``bad_request`` naming
-the key, never another row, and changes nothing (CONTRACT.md §8)."""
+the key, never another row, and changes nothing (docs/REFERENCE.md §4)."""
 import json
 import os
 import subprocess

@@ -1,5 +1,5 @@
 """A corpus of malformed requests against a real node: each gets the right 4xx with the
-contract's error shape, and none changes anything (both tables, their schemas and the
+documented error shape, and none changes anything (both tables, their schemas and the
 table list are compared before and after every case)."""
 import json
 import time

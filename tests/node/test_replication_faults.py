@@ -1,4 +1,4 @@
-"""Replicated partitions under faults (issue 14's test list, RFC 0010 §5), on real node
+"""Replicated partitions under faults (RFC 0010 §5), on real node
 processes over loopback: kill -9 rounds under load, a leader paused with SIGSTOP past the
 failure timeout, a node's block device lost while it is down, two of three replicas of a
 partition down while the catalog keeps its quorum (5 nodes).

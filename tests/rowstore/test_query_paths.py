@@ -1,4 +1,4 @@
-"""The column-index path and the scan path give identical answers (RFC 0002's contract).
+"""The column-index path and the scan path give identical answers (RFC 0002's requirement).
 
 Two tables receive the same random rows (nulls included) and the same deletes; one
 indexes every indexable column, the other none. Random checkpoints put part of the

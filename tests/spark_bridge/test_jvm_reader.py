@@ -1,5 +1,5 @@
 """The JVM reader (spark_bridge/jvm) against the Python one: a second decoder of the formats of
-docs/format/, written from the docs. Segments the engine wrote — every contract type, zstd and
+docs/format/, written from the docs. Segments the engine wrote — every column type, zstd and
 stored (incompressible) blocks, several schema versions in one segment, tombstones — read by
 both readers row by row at now and as of past timestamps, sealed parts alone and whole
 snapshots, with the where/bbox options and Spark's own filters pushed down; a corrupted byte

@@ -1,5 +1,5 @@
 """Batch reads through Spark equal the node's HTTP query API at the same timestamp: every
-contract type, updates, deletes and schema changes spread over offloaded segments (read by
+column type, updates, deletes and schema changes spread over offloaded segments (read by
 the executors from the object store) and unsealed tails (read from the node); now and as of
 past timestamps; with the where/bbox options; sealed_only; one Spark partition per segment."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Spark reads of a table the garbage collector rewrote (docs/rfcs/0009-gc.md): copies in
-cluster order, with rows of every contract type and two schema versions, read by both
+cluster order, with rows of every column type and two schema versions, read by both
 readers from the object store, equal the node's query API; a bbox read skips the copies
 whose cluster range it misses and still equals the API."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bulk writes through Spark: every contract type survives a round trip (read a table with
+"""Bulk writes through Spark: every column type survives a round trip (read a table with
 the bridge, write it into another, both equal through the HTTP API); a task that fails after
 some of its rows were committed is retried without duplicating a row; the driver's commit
 reports the rows written; overwrite and unknown columns are refused with a clear error."""

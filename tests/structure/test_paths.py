@@ -44,3 +44,16 @@ def test_every_named_path_exists():
             if not _exists(path):
                 missing.append(f"{p.relative_to(ROOT)} names {path}")
     assert not missing, "paths named but absent:\n" + "\n".join(sorted(missing))
+
+
+def test_references_a_reader_can_follow():
+    """No file names a document outside the repository (the shared contract) or an issue
+    number: a reader of a clone can follow neither. Name a section of docs/REFERENCE.md, an
+    RFC or a format document instead, or say the reason."""
+    bad = re.compile(r"CONTRACT(\.md)?\b|[Cc]ontract §|\b[Ii]ssues? #?\d+\b")
+    found = []
+    for p in _texts():
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            if bad.search(line) and p.name != "test_paths.py":
+                found.append(f"{p.relative_to(ROOT)}:{i}: {line.strip()[:100]}")
+    assert not found, "references a clone cannot follow:\n" + "\n".join(found)

@@ -1,6 +1,6 @@
 """Endpoints for external readers — the Spark bridge (docs/rfcs/0006-external-reads.md).
 
-Beyond the contract's table (CONTRACT.md §3 allows more): a snapshot (the closed timestamp
+Beyond the data API (docs/REFERENCE.md §3): a snapshot (the closed timestamp
 and the schema at it), a read plan pinning a timestamp, the unsealed tail of one partition,
 the change feed between two timestamps, and read leases. Errors go through the same edge as
 every other endpoint (``node/http/api.py``); ``docs/openapi.yaml`` documents them.

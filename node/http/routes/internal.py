@@ -1,6 +1,6 @@
 """Endpoints nodes call on each other (docs/rfcs/0010-replication.md; fields:
 docs/format/placement.md). Authenticated like every other endpoint; not for clients —
-their answers follow the contract's error shape all the same."""
+their answers follow the documented error shape all the same."""
 from __future__ import annotations
 
 import time

@@ -1,4 +1,4 @@
-"""The cluster's admin endpoints (contract: `GET /v1/admin/cluster`, `terrascale admin cluster
+"""The cluster's admin endpoints (docs/REFERENCE.md §3: `GET /v1/admin/cluster`, `terrascale admin cluster
 add|remove`): the view, and Raft membership changes — a removal first moves the partitions
 the node holds the only copy of (RFC 0010 §7, ``node/cluster/handoff.py``)."""
 from __future__ import annotations

@@ -19,7 +19,7 @@ import java.util.List;
  * node cannot be reached or answers 502/503/504.
  */
 final class NodeClient {
-    /** A 4xx/5xx answer: status, the contract's error code and message. */
+    /** A 4xx/5xx answer: status, the documented error code and message. */
     static final class ApiError extends BridgeException {
         final int status;
         final String code;

@@ -14,7 +14,7 @@ import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
 /**
- * The contract's column types (CONTRACT.md §3), their fixed-width row storage
+ * The column types (docs/REFERENCE.md §4), their fixed-width row storage
  * (docs/format/segment.md §1) and their Spark types (docs/spark.md, "Types": the same
  * mapping as spark_bridge/types.py).
  */
@@ -45,7 +45,7 @@ final class Types {
     static final class Col implements Serializable {
         final int id;
         final String name;
-        final String type; // the contract type's text, e.g. "range<int64>"
+        final String type; // the column type's text, e.g. "range<int64>"
         final Kind kind;
         final Kind elem; // range<elem>, else null
         final boolean nullable;
