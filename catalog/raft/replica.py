@@ -70,6 +70,7 @@ class View:
     has_quorum: bool = False
     no_quorum_since: float = 0.0
     commit_index: int = 0
+    last_applied: int = 0
 
 
 # -- entry codec ------------------------------------------------------------------------------
