@@ -16,7 +16,7 @@ from node.errors import ApiError
 from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, InvalidKeyError, QueryError,
                              RowstoreError, RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
                              UnavailableError)
-from terrafs.errors import ClosedError, MirrorError, TerrafsError
+from terrafs.errors import ClosedError, MirrorError, TerrafsError, TransientStorageError
 
 log = logging.getLogger("terrascale.node")
 
@@ -69,6 +69,9 @@ def answer(request: web.Request, exc: Exception) -> web.Response:
         return error(500, "storage_error" if isinstance(e, RowstoreError) else "catalog_error", one_line(e))
     except (MirrorError, ClosedError) as e:  # this node stopped leading the partition (or shuts down) mid-request
         return error(503, "unavailable", one_line(e))
+    except TransientStorageError as e:  # a store that does not answer now (it names itself): retry later
+        log.warning("event=store_unavailable path=%s error=%r", request.path, e)
+        return error(503, "unavailable", f"a store does not answer now; retry later: {one_line(e)}")
     except TerrafsError as e:
         log.warning("event=request_failed path=%s error=%r", request.path, e)
         return error(500, "storage_error", one_line(e))
