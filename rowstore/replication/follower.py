@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 
 from catalog.abc import Check, Put
 from rowstore.errors import ConflictError, FencedError, LeaderAliveError, RowstoreError
-from rowstore.replication.position import NOTHING, Position, ReplicaRecord, keeps_log, rep_key
+from rowstore.replication.position import NOTHING, Position, ReplicaRecord, keeps_log, rep_key, truncates_to
 from terrafs.active import ActiveFile
 from terrafs.catalog_ops import commit
 from terrafs.errors import CatalogConflictError, TerrafsError
+from terrafs.failpoints import failpoint
 from terrafs.fs import TerrascaleFS
 
 log = logging.getLogger("rowstore.replication.follower")
+_COPY_CHUNK = 4 << 20  # bytes read and appended at a time when a copy is cut
 
 
 @dataclass
@@ -81,6 +83,8 @@ class ReplicaStore:
         if e is None:
             return _Replica(key, ReplicaRecord(), 0)
         r = _Replica(key, ReplicaRecord.from_bytes(e.value, key), e.version)
+        if r.rec.rewriting:  # a cut copy whose switch a crash prevented: the old copy stands
+            await self._drop_rewrites(r)
         if any(inode in self.lost for _, inode in r.rec.segs.values()):
             log.warning("event=replica_lost table=%s partition=%d: a copy's file is gone; starting over",
                         table_id, pid)
@@ -107,9 +111,13 @@ class ReplicaStore:
                 raise FencedError(f"epoch {epoch} is older than the promised {r.rec.promised}", r.rec.promised)
             if r.following != epoch and r.rec.last != epoch:
                 if not keeps_log(r.rec.last, r.position(), epoch, base, start):
-                    log.info("event=replica_diverged table=%s partition=%d last=%d pos=%s epoch=%d base=%d start=%s",
-                             table_id, pid, r.rec.last, r.position(), epoch, base, start)
-                    await self._discard(r)
+                    cut = truncates_to(r.rec.last, r.position(), epoch, base, start)
+                    log.info("event=replica_diverged table=%s partition=%d last=%d pos=%s epoch=%d base=%d start=%s "
+                             "cut=%s", table_id, pid, r.rec.last, r.position(), epoch, base, start, cut)
+                    if cut is not None:
+                        await self._truncate(r, cut)
+                    else:
+                        await self._discard(r)
             r.following = epoch  # from here on its log is a prefix of this leader's
             if epoch > r.rec.promised:
                 await self._save(r, promised=epoch)
@@ -199,6 +207,57 @@ class ReplicaStore:
             if gone:
                 await self._drop(r, gone)
             return len(gone)
+
+    async def _truncate(self, r: _Replica, to: Position) -> None:
+        """Cut this replica's log at ``to``: copies of later segments go, the copy of segment
+        ``to.seq`` is rewritten with its first ``to.offset`` bytes and switched in (one catalog
+        transaction, the old file deleted with it), earlier copies stay as they are."""
+        later = [s for s, (q, _) in r.rec.segs.items() if q > to.seq]
+        if later:
+            await self._drop(r, later)
+        at = next((s for s, (q, _) in r.rec.segs.items() if q == to.seq), None)
+        f = r.files.get(at) if at is not None else None
+        if f is None or f.durable_size <= to.offset:
+            return
+        if to.offset == 0:
+            await self._drop(r, [at])
+            return
+        seq, old = r.rec.segs[at]
+        rec = r.rec.copy()
+
+        def extra(nf, rec=rec, version=r.version):
+            rec.rewriting[nf.inode] = at
+            return [Check(r.key, version)], [Put(r.key, rec.to_bytes())]
+        try:
+            nf = await self.fs.create(extra=extra)
+        except CatalogConflictError:
+            await self._reload(r)
+            raise ConflictError(f"{r.key} changed under this replica; retry") from None
+        r.rec, r.version = rec, await self._version(r.key)
+        for a in range(0, to.offset, _COPY_CHUNK):
+            await nf.append(await f.read(a, min(_COPY_CHUNK, to.offset - a)))
+        failpoint("replica.after_cut_copy")
+        done = r.rec.copy()
+        done.segs[at] = (seq, nf.inode)
+        done.rewriting.pop(nf.inode, None)
+        await f.close()
+        await self.fs.delete(old, [Check(r.key, r.version)], [Put(r.key, done.to_bytes())])
+        r.rec, r.version = done, await self._version(r.key)
+        r.files[at] = nf
+        log.info("event=replica_cut segid=%d seq=%d offset=%d", at, seq, to.offset)
+
+    async def _drop_rewrites(self, r: _Replica) -> None:
+        """Delete the files of cuts a crash interrupted before their switch."""
+        for inode in list(r.rec.rewriting):
+            rec = r.rec.copy()
+            rec.rewriting.pop(inode)
+            try:
+                await self.fs.delete(inode, [Check(r.key, r.version)], [Put(r.key, rec.to_bytes())])
+            except TerrafsError as e:  # already gone: forget it all the same
+                log.warning("event=replica_rewrite_not_deleted inode=%d error=%r", inode, e)
+                await self._write(r, rec)
+                continue
+            r.rec, r.version = rec, await self._version(r.key)
 
     async def _discard(self, r: _Replica) -> None:
         await self._drop(r, list(r.rec.segs), last=0)

@@ -42,23 +42,40 @@ class ReplicaRecord:
     promised: int = 0
     last: int = 0
     segs: dict[int, tuple[int, int]] = field(default_factory=dict)  # segid -> (seq, inode)
+    rewriting: dict[int, int] = field(default_factory=dict)  # inode -> segid: a cut copy being written
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"promised": self.promised, "last": self.last,
-                           "segs": {f"{s:x}": {"seq": q, "inode": i} for s, (q, i) in sorted(self.segs.items())}},
-                          separators=(",", ":")).encode()
+        doc = {"promised": self.promised, "last": self.last,
+               "segs": {f"{s:x}": {"seq": q, "inode": i} for s, (q, i) in sorted(self.segs.items())}}
+        if self.rewriting:
+            doc["rewriting"] = {f"{i:x}": s for i, s in sorted(self.rewriting.items())}
+        return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes, key: str) -> "ReplicaRecord":
         try:
             d = json.loads(raw)
             segs = {int(s, 16): (int(v["seq"]), int(v["inode"])) for s, v in d["segs"].items()}
-            return cls(int(d["promised"]), int(d["last"]), segs)
+            rewriting = {int(i, 16): int(s) for i, s in d.get("rewriting", {}).items()}
+            return cls(int(d["promised"]), int(d["last"]), segs, rewriting)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptionError(key, 0, f"not a replica record: {e}") from None
 
     def copy(self) -> "ReplicaRecord":
-        return ReplicaRecord(self.promised, self.last, dict(self.segs))
+        return ReplicaRecord(self.promised, self.last, dict(self.segs), dict(self.rewriting))
+
+
+def truncates_to(last: int, pos: Position, epoch: int, base: int, start: Position) -> Position | None:
+    """Where a replica whose log continues epoch ``last`` and ends at ``pos`` must cut it to be a
+    prefix of the log of a leader of ``epoch`` that continued epoch ``base`` from ``start``; None
+    when it need not be cut (:func:`keeps_log`) or cannot be told (then it is dropped whole).
+    A log of the base epoch that runs past ``start`` holds, below ``start``, exactly the new
+    leader's bytes (both are prefixes of the base epoch's leader's log, and the new leader's ends
+    at ``start``); the suffix past it was never acknowledged in the base epoch by a majority
+    that included the new leader, and epoch ``epoch`` wrote its own bytes there."""
+    if keeps_log(last, pos, epoch, base, start) or last != base:
+        return None
+    return start
 
 
 def keeps_log(last: int, pos: Position, epoch: int, base: int, start: Position) -> bool:

@@ -143,11 +143,11 @@ async def test_gaps_are_refused_resends_skipped_and_divergent_logs_dropped():
     got = await f.append("T", 0, 1, 0, NOTHING, [Piece(9, 1, 5 * len(rec1), rec1)])  # beyond the end
     assert got["gap"] and got["pos"] == [1, 2 * len(rec1)]
     # epoch 3 continued epoch 1 from before this copy's end: this copy has a suffix the new
-    # leader does not, so it is dropped and sent again from the start
+    # leader does not; it is cut at the new epoch's start (its prefix is the leader's log)
     got = await f.append("T", 0, 3, 1, Position(1, len(rec1)), [])
-    assert got["pos"] == [0, 0] and got["last"] == 0
-    got = await f.append("T", 0, 3, 1, Position(1, len(rec1)), [Piece(9, 1, 0, rec1)])
     assert got["pos"] == [1, len(rec1)] and got["last"] == 3
+    got = await f.append("T", 0, 3, 1, Position(1, len(rec1)), [Piece(9, 1, 0, rec1 + rec1[:7])])
+    assert got["pos"] == [1, len(rec1) + 7] and got["last"] == 3
     e = await fss["n2"].catalog.get("rs/rep/T/000/n2")
     assert ReplicaRecord.from_bytes(e.value, e.key).promised == 3
 
@@ -155,7 +155,7 @@ async def test_gaps_are_refused_resends_skipped_and_divergent_logs_dropped():
 def test_which_logs_a_follower_keeps():
     assert keeps_log(4, Position(9, 9), 4, 3, Position(1, 1))  # already this epoch's
     assert keeps_log(3, Position(2, 10), 4, 3, Position(2, 10))  # the base epoch, up to start
-    assert not keeps_log(3, Position(2, 11), 4, 3, Position(2, 10))  # past start: a suffix to drop
+    assert not keeps_log(3, Position(2, 11), 4, 3, Position(2, 10))  # past start: a suffix to cut (truncates_to)
     assert not keeps_log(2, Position(1, 1), 4, 3, Position(2, 10))  # an older epoch: may diverge
     assert keeps_log(0, NOTHING, 4, 3, Position(2, 10))  # nothing held: a prefix of anything
 
@@ -169,3 +169,46 @@ def test_whole_prefix_cuts_after_the_last_whole_record(bodies, cut):
     ends = np.cumsum([0] + [len(r) for r in recs])
     assert n == max(e for e in ends if e <= len(data)) and n <= len(data)
     assert REC.size == 8
+
+
+async def test_a_longer_log_of_the_base_epoch_is_cut_at_the_start_not_dropped_and_wins_the_next_election():
+    """S1 of the replication review: L led epoch 1 and its log ends past A's; A is elected at
+    epoch 2 (base 1, start = A's end). L returns: it must keep its log up to A's start — every
+    write acknowledged in epoch 1 is in it — not drop it all. If A dies before L copied epoch
+    2's writes, the next election (the greatest (last, position) among a majority) must pick
+    L over B, which lagged in epoch 1: B lacks acknowledged writes."""
+    fss, stores, _ = await world(4)
+    L, A, B = stores["n2"], stores["n3"], stores["n4"]
+    body = [frame(Kind.OPAQUE, bytes([i]) * 50) for i in range(60)]
+    log1 = b"".join(body)
+    acked = len(b"".join(body[:40]))  # on L and A: a majority of {L, A, B}
+    for store, n in ((L, len(log1)), (A, acked), (B, len(b"".join(body[:10])))):
+        await store.append("T", 0, 1, 0, NOTHING, [Piece(9, 1, 0, log1[:n])])
+    start = Position(1, acked)  # A's log end when epoch 2 began
+    got = await L.append("T", 0, 2, 1, start, [])  # epoch 2's first message to L
+    assert got["pos"] == list(start) and got["last"] == 2, got
+    f = (await L.replica("T", 0)).files[9]
+    assert await f.read(0, acked) == log1[:acked] and f.durable_size == acked
+    answers = {n: await store.fence("T", 0, 3, force=True) for n, store in (("L", L), ("B", B))}  # A is dead
+    chosen = max(answers, key=lambda n: (answers[n]["last"], Position(*answers[n]["pos"])))
+    assert chosen == "L" and answers["L"]["pos"] == list(start), answers
+    L.forget("T", 0)  # a restart: the cut copy and its record are what is durable
+    r = await L.replica("T", 0)
+    assert r.position() == start and r.rec.last == 2 and not r.rec.rewriting
+
+
+async def test_a_cut_interrupted_before_its_switch_leaves_the_old_copy_and_no_orphan():
+    from terrafs.failpoints import FailPointCrash, armed
+
+    fss, stores, _ = await world()
+    f = stores["n2"]
+    rec1 = frame(Kind.OPAQUE, b"a" * 30)
+    await f.append("T", 0, 1, 0, NOTHING, [Piece(9, 1, 0, rec1 * 3)])
+    with armed("replica.after_cut_copy"), pytest.raises(FailPointCrash):
+        await f.append("T", 0, 2, 1, Position(1, len(rec1)), [])
+    f.forget("T", 0)  # a restart
+    r = await f.replica("T", 0)
+    assert r.position() == Position(1, 3 * len(rec1)) and not r.rec.rewriting and r.rec.last == 1
+    assert {rec.inode for rec in await fss["n2"].list()} == {r.rec.segs[9][1]}  # the cut's file is gone
+    got = await f.append("T", 0, 2, 1, Position(1, len(rec1)), [])
+    assert got["pos"] == [1, len(rec1)] and got["last"] == 2
