@@ -31,6 +31,7 @@ from node.cluster.placement import PLACE, PartitionPlace, Placement
 from node.cluster.rebalance import Rebalancer
 from node.cluster.transport import PROMISED, HttpTransport
 from rowstore.errors import FencedError, RowstoreError, TableNotFoundError
+from rowstore.replication.epochs import Epoch, History, epochs_key
 from rowstore.replication.position import NOTHING, REP_PREFIX, Position
 from terrafs.catalog_ops import commit
 from terrafs.errors import TerrafsError
@@ -344,7 +345,7 @@ class NodeReplication:
         chosen = max(ok, key=lambda n: (ok[n]["last"], tuple(ok[n]["pos"]), n == prefer, n == p.leader, n))
         new = PartitionPlace((chosen, *[n for n in p.replicas if n != chosen]), epoch, int(ok[chosen]["last"]),
                              tuple(Position.of(ok[chosen]["pos"])), p.leaving)
-        if not await self._write_place(d.name, pid, p, new):
+        if not await self._write_place(d.name, pid, p, new, d.table_id):
             self.elections["failed"] += 1
             return False
         self.elections["won"] += 1
@@ -371,8 +372,11 @@ class NodeReplication:
         Position.of(doc["pos"])
         return doc
 
-    async def _write_place(self, name: str, pid: int, was: PartitionPlace, new: PartitionPlace) -> bool:
-        """Replace partition ``pid``'s entry by compare-and-set, if it is still ``was``."""
+    async def _write_place(self, name: str, pid: int, was: PartitionPlace, new: PartitionPlace,
+                           table_id: str | None = None) -> bool:
+        """Replace partition ``pid``'s entry by compare-and-set, if it is still ``was``. A new
+        epoch (``table_id`` given) goes into the partition's epoch history in the same
+        transaction (docs/format/replication.md, "Epoch history")."""
         key = PLACE + name
         for _ in range(20):
             e = await self.node.catalog.get(key)
@@ -381,8 +385,14 @@ class NodeReplication:
             cur = Placement.from_bytes(e.value, key)
             if cur.partitions[pid] != was:
                 return False
-            res = await commit(self.node.catalog, [Check(key, e.version)],
-                               [Put(key, cur.with_partition(pid, new).to_bytes())])
+            checks, ops = [Check(key, e.version)], [Put(key, cur.with_partition(pid, new).to_bytes())]
+            if table_id is not None and new.epoch != was.epoch:
+                hk = epochs_key(table_id, pid)
+                he = await self.node.catalog.get(hk)
+                h = History.from_bytes(he.value, hk) if he is not None else History([])
+                checks.append(Check(hk, he.version if he is not None else 0))
+                ops.append(Put(hk, h.with_epoch(Epoch(new.epoch, new.base, Position(*new.start))).to_bytes()))
+            res = await commit(self.node.catalog, checks, ops)
             if res.committed:
                 await self.cluster.placement(name, len(cur.partitions), fresh=True)
                 return True

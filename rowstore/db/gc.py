@@ -28,6 +28,7 @@ from rowstore.index.key_memtable import TOMBSTONE
 from rowstore.segments.active import rowids as make_rowids
 from rowstore.segments.relocate import ClusterSpec, mark_live, piece_stream, plan_copy, read_live
 from rowstore.db.offloaded_reads import WATERMARK_PREFIX
+from rowstore.replication.epochs import EPOCHS_PREFIX
 from rowstore.segments.store import PENDING_PREFIX, SegmentRecord, SegmentStore, SegState
 from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.tables.partition import Partition
@@ -383,9 +384,10 @@ class GarbageCollector:
                 except Exception as err:  # noqa: BLE001 - gone already (a crash after its delete)
                     log.info("event=gc_index_skip inode=%d reason=%r", inode, err)
             await commit(self.store.catalog, [], [Delete(e.key)])
-        wms = [e.key for e in await self.store.catalog.scan(f"{WATERMARK_PREFIX}{table_id}/")]
-        if wms:  # what its partitions had offloaded: nothing reads it any more
-            await commit(self.store.catalog, [], [Delete(k) for k in wms])
+        for prefix in (WATERMARK_PREFIX, EPOCHS_PREFIX):  # what its partitions had offloaded, their epochs
+            keys = [e.key for e in await self.store.catalog.scan(f"{prefix}{table_id}/")]
+            if keys:
+                await commit(self.store.catalog, [], [Delete(k) for k in keys])
 
     async def _delete_retired(self, dropped: dict[str, int], tid: str | None, res: _Pass) -> None:
         """Delete retired segments past ``grace`` that no unexpired read lease names (the leases

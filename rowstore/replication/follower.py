@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from catalog.abc import Check, Put
 from rowstore.errors import ConflictError, FencedError, LeaderAliveError, RowstoreError
-from rowstore.replication.position import NOTHING, Position, ReplicaRecord, keeps_log, rep_key, truncates_to
+from rowstore.replication.epochs import History, cut_point, epochs_key
+from rowstore.replication.position import NOTHING, Position, ReplicaRecord, keeps_log, rep_key
 from terrafs.active import ActiveFile
 from terrafs.catalog_ops import commit
 from terrafs.errors import CatalogConflictError, TerrafsError
@@ -111,7 +112,7 @@ class ReplicaStore:
                 raise FencedError(f"epoch {epoch} is older than the promised {r.rec.promised}", r.rec.promised)
             if r.following != epoch and r.rec.last != epoch:
                 if not keeps_log(r.rec.last, r.position(), epoch, base, start):
-                    cut = truncates_to(r.rec.last, r.position(), epoch, base, start)
+                    cut = cut_point(r.rec.last, r.position(), epoch, base, start, await self._history(table_id, pid))
                     log.info("event=replica_diverged table=%s partition=%d last=%d pos=%s epoch=%d base=%d start=%s "
                              "cut=%s", table_id, pid, r.rec.last, r.position(), epoch, base, start, cut)
                     if cut is not None:
@@ -207,6 +208,12 @@ class ReplicaStore:
             if gone:
                 await self._drop(r, gone)
             return len(gone)
+
+    async def _history(self, table_id: str, pid: int) -> list:
+        """The partition's epoch history (empty when none was written: its first epochs)."""
+        key = epochs_key(table_id, pid)
+        e = await self.catalog.get(key)
+        return History.from_bytes(e.value, key).epochs if e is not None else []
 
     async def _truncate(self, r: _Replica, to: Position) -> None:
         """Cut this replica's log at ``to``: copies of later segments go, the copy of segment

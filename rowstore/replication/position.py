@@ -65,19 +65,6 @@ class ReplicaRecord:
         return ReplicaRecord(self.promised, self.last, dict(self.segs), dict(self.rewriting))
 
 
-def truncates_to(last: int, pos: Position, epoch: int, base: int, start: Position) -> Position | None:
-    """Where a replica whose log continues epoch ``last`` and ends at ``pos`` must cut it to be a
-    prefix of the log of a leader of ``epoch`` that continued epoch ``base`` from ``start``; None
-    when it need not be cut (:func:`keeps_log`) or cannot be told (then it is dropped whole).
-    A log of the base epoch that runs past ``start`` holds, below ``start``, exactly the new
-    leader's bytes (both are prefixes of the base epoch's leader's log, and the new leader's ends
-    at ``start``); the suffix past it was never acknowledged in the base epoch by a majority
-    that included the new leader, and epoch ``epoch`` wrote its own bytes there."""
-    if keeps_log(last, pos, epoch, base, start) or last != base:
-        return None
-    return start
-
-
 def keeps_log(last: int, pos: Position, epoch: int, base: int, start: Position) -> bool:
     """Whether a replica whose log continues epoch ``last`` and ends at ``pos`` may keep it under
     a leader of ``epoch`` that continued epoch ``base`` from ``start`` (invariant 4): its log is

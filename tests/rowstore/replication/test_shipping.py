@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from catalog.abc import Put
 from catalog.memory import MemoryCatalog
 from rowstore.errors import FencedError
 from rowstore.replication.follower import Piece, ReplicaStore
@@ -212,3 +213,23 @@ async def test_a_cut_interrupted_before_its_switch_leaves_the_old_copy_and_no_or
     assert {rec.inode for rec in await fss["n2"].list()} == {r.rec.segs[9][1]}  # the cut's file is gone
     got = await f.append("T", 0, 2, 1, Position(1, len(rec1)), [])
     assert got["pos"] == [1, len(rec1)] and got["last"] == 2
+
+
+async def test_a_replica_that_missed_a_whole_epoch_is_cut_where_the_lineages_part():
+    """last = 1, while epoch 2 continued epoch 1 from 100 and epoch 3 epoch 2 from 120: the
+    replica's bytes below 100 are epoch 3's too (the epoch history, written with the placement
+    by each election, says so); it keeps them instead of being copied whole again."""
+    from rowstore.replication.epochs import Epoch, History, epochs_key
+
+    fss, stores, _ = await world()
+    f = stores["n2"]
+    body = frame(Kind.OPAQUE, b"x" * 142)  # 150 bytes
+    await f.append("T", 0, 1, 0, NOTHING, [Piece(9, 1, 0, body)])
+    hist = History([Epoch(1, 0, NOTHING), Epoch(2, 1, Position(1, 100)), Epoch(3, 2, Position(1, 120))])
+    await fss["n2"].catalog.txn([], [Put(epochs_key("T", 0), hist.to_bytes())])
+    got = await f.append("T", 0, 3, 2, Position(1, 120), [])
+    assert got["pos"] == [1, 100] and got["last"] == 1, got  # cut, and epoch 3's start not reached yet
+    f2 = stores["n3"]  # without the history the same replica is copied whole again
+    await f2.append("T", 1, 1, 0, NOTHING, [Piece(9, 1, 0, body)])
+    got = await f2.append("T", 1, 3, 2, Position(1, 120), [])
+    assert got["pos"] == [0, 0], got

@@ -1,0 +1,85 @@
+"""A partition's epoch history and where a replica's log must be cut to be a prefix of the
+current leader's (docs/format/replication.md, "Epoch history"; Kafka's leader-epoch
+truncation, KIP-101/279, over our (epoch, base, start) records).
+
+Every election writes, with the placement, the new epoch's ``base`` (the epoch whose log the
+new leader continued) and ``start`` (its log end then). The log of epoch E is therefore the
+log of ``base(E)`` up to ``start(E)``, followed by what E's leader wrote. A replica whose
+``last`` is epoch ``e`` holds a prefix of e's log; the bytes it shares with the current
+epoch's log are those below the point where the two lineages part.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from catalog.errors import CorruptionError
+from rowstore.replication.position import Position
+
+EPOCHS_PREFIX = "rs/epochs/"
+KEEP = 64  # epochs kept per partition; a replica whose last epoch is older is copied whole again
+
+
+def epochs_key(table_id: str, pid: int) -> str:
+    return f"{EPOCHS_PREFIX}{table_id}/{pid:03d}"
+
+
+@dataclass(frozen=True)
+class Epoch:
+    epoch: int
+    base: int
+    start: Position
+
+
+@dataclass
+class History:
+    """``rs/epochs/<table id>/<pid>``: the partition's recent epochs, oldest first."""
+
+    epochs: list[Epoch]
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"epochs": [[e.epoch, e.base, *e.start] for e in self.epochs]},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, key: str) -> "History":
+        try:
+            d = json.loads(raw)
+            return cls([Epoch(int(a), int(b), Position(int(s), int(o))) for a, b, s, o in d["epochs"]])
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptionError(key, 0, f"not an epoch history: {e}") from None
+
+    def with_epoch(self, e: Epoch) -> "History":
+        """This history and ``e`` (replacing a record of the same epoch), the newest ``KEEP``."""
+        kept = [x for x in self.epochs if x.epoch != e.epoch] + [e]
+        kept.sort(key=lambda x: x.epoch)
+        return History(kept[-KEEP:])
+
+
+def cut_point(last: int, pos: Position, epoch: int, base: int, start: Position,
+              history: list[Epoch]) -> Position | None:
+    """Where a replica whose log is a prefix of epoch ``last``'s and ends at ``pos`` must be cut
+    so that it is a prefix of the log of ``epoch`` (which continued ``base`` from ``start``);
+    ``pos`` itself when it need not be cut; None when the history cannot tell (the replica is
+    then copied whole again). Epoch 0 is the empty log.
+
+    The replica's bytes below ``pos`` are those of ``last``'s log, which below ``start(last)``
+    are ``base(last)``'s, and so on up its ancestors; the current log's are, likewise, its
+    ancestors' below each start. Both chains are walked up to the first epoch they share:
+    below the smallest start crossed on the way, the two logs are that epoch's."""
+    rec = {e.epoch: e for e in history}
+    rec[epoch] = Epoch(epoch, base, start)
+    mine, cut, x = {}, pos, last  # the replica's ancestors -> what of its bytes is theirs
+    while True:
+        mine[x] = cut
+        if x == 0 or x not in rec:
+            break
+        cut, x = min(cut, rec[x].start), rec[x].base
+    bound, x = None, epoch  # up the current epoch's ancestors to the first the replica shares
+    while x not in mine:
+        r = rec.get(x)
+        if r is None or x == 0:
+            return None
+        bound = r.start if bound is None else min(bound, r.start)
+        x = r.base
+    return mine[x] if bound is None else min(mine[x], bound)
