@@ -30,9 +30,17 @@ def _named(text: str):
         yield path
 
 
+def _ignored() -> set[str]:
+    """Outputs the project writes and git ignores (``bench/results/``): named, absent in a clone."""
+    lines = (ROOT / ".gitignore").read_text().splitlines()
+    return {ln.strip().strip("/") for ln in lines if ln.strip() and not ln.startswith("#")}
+
+
 def _exists(path: str) -> bool:
-    """The file or folder, or — for a short form like ``docs/rfcs/0001`` or a test module named
+    """An ignored output, the file or folder, or — for a short form like ``docs/rfcs/0001`` or a test module named
     without ``.py`` — one file it is the start of."""
+    if path.strip("/") in _ignored():
+        return True
     p = ROOT / path
     return p.exists() or (p.parent.is_dir() and any(c.name.startswith(p.name) for c in p.parent.iterdir()))
 
