@@ -29,7 +29,7 @@ from rowstore.db.leadership import Leadership
 from rowstore.db.leases import Leases
 from rowstore.db.maintenance import Maintenance
 from rowstore.db.participant import Participant
-from rowstore.db.reads import Reader
+from rowstore.db.reads import PURGE_LAG_MS, Reader
 from rowstore.db.registry import TableRegistry
 from rowstore.db.tasks import BackgroundTasks
 from rowstore.hlc import HybridClock
@@ -51,6 +51,7 @@ class TablesConfig:
     memtable_bytes: int = 64 << 20  # all partitions' key memtables together
     retention_ms: int = 7 * 86_400_000
     closed_wait_s: float = 2.0
+    purge_lag_ms: int = PURGE_LAG_MS  # how far purges trail the retention horizon (reads.py)
     gc: GcConfig = GcConfig()
 
 
@@ -59,9 +60,11 @@ def _schema_of_segment_rows(version: int) -> SchemaVersion:
 
 
 class Database:
-    def __init__(self, fs: TerrascaleFS, cfg: TablesConfig = TablesConfig()):
+    def __init__(self, fs: TerrascaleFS, cfg: TablesConfig = TablesConfig(), now_ms=None):
+        """``now_ms``: the wall clock in ms (default the system's); every horizon, closed
+        timestamp and commit timestamp of this database reads it."""
         self.fs, self.catalog, self.cfg = fs, fs.catalog, cfg
-        self.clock = HybridClock(self.catalog, fs.cfg.node_id)
+        self.clock = HybridClock(self.catalog, fs.cfg.node_id, now_ms)
         self.timeline = Timeline(self.clock)
         self.tasks = BackgroundTasks()
         self.catalog_tables = TableCatalog(self.catalog, self.clock)
@@ -69,9 +72,9 @@ class Database:
         self.tables = TableRegistry(self.catalog_tables, self.store)
         self.tables.observe = self.clock.observe
         self.reader = Reader(self.store, self.catalog_tables, self.tables, self.clock, self.timeline, self.tasks,
-                             cfg.retention_ms, cfg.closed_wait_s)
+                             cfg.retention_ms, cfg.closed_wait_s, cfg.purge_lag_ms)
         self.maintenance = Maintenance(self.store, self.catalog_tables, self.tables, self.timeline,
-                                       cfg.memtable_bytes, self.reader.horizon)
+                                       cfg.memtable_bytes, self.reader.purge_horizon)
         self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks)
         self.participant = Participant(self.catalog, self.catalog_tables, self.committer, self.timeline,
                                        self.tasks)
@@ -85,7 +88,7 @@ class Database:
         self.reader.leases_of = self.leadership.check_lease
         self.committer.stalled = lambda t, p: self.tasks.spawn(self.leadership.demote(t, p))
         self.gc = GarbageCollector(self.store, self.catalog_tables, self.tables, self.timeline, self.leases,
-                                   self.reader.horizon, self.maintenance.offload, cfg.gc)
+                                   self.reader.purge_horizon, self.maintenance.offload, cfg.gc)
 
     # -- life cycle -------------------------------------------------------------------------
 

@@ -128,7 +128,7 @@ class ExternalReads:
         if partitions is not None and set(partitions) - c.table.owned:
             raise UnavailableError(f"table {name!r}: partitions {sorted(set(partitions) - c.table.owned)} "
                                    "are not served by this node")
-        if after < self.reader.horizon() and after != 0:
+        if after < (self.reader.purge_horizon() if trusted else self.reader.horizon()) and after != 0:
             raise HistoryPurgedError(f"changes after {after} reach before the retention horizon")
         parts = []
         for rec in map(self.store.live, await self.store.list(table=c.d.table_id)):

@@ -91,7 +91,8 @@ class GarbageCollector:
         return await self.store.drop_pending()
 
     def gc_horizon(self) -> int:
-        """Versions at or below it that are superseded are garbage (RFC 0009: H)."""
+        """Versions at or below it that are superseded are garbage (RFC 0009: H): the purge
+        horizon, which already trails the closed timestamp."""
         return min(self.horizon(), self.timeline.closed)
 
     async def run(self, table: str | None = None, dry_run: bool = False) -> dict:

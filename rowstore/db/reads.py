@@ -5,7 +5,6 @@ deletion (RFC 0003). Point gets take a scalar path; many keys, ranges and querie
 vectorized, the column index narrowing candidates that are then re-checked exactly."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +28,11 @@ from rowstore.db.registry import Table, TableRegistry
 from rowstore.db.tasks import BackgroundTasks
 
 MAX_LIMIT = 2**63 - 1  # any limit is fine (docs/REFERENCE.md §3)
+# How far the purge horizon trails the retention horizon: a read of the present chosen on one
+# node (its closed timestamp, or the largest of several nodes') reaches the others a moment
+# later, and a read that passed the check goes on while merges and GC run. History younger
+# than retention + this is never purged, so such reads find every version they need.
+PURGE_LAG_MS = 5_000
 
 
 @dataclass(frozen=True)
@@ -56,15 +60,25 @@ class _PointTable:
 
 class Reader:
     def __init__(self, store: SegmentStore, definitions: TableCatalog, tables: TableRegistry, clock: HybridClock,
-                 timeline: Timeline, tasks: BackgroundTasks, retention_ms: int, closed_wait_s: float):
+                 timeline: Timeline, tasks: BackgroundTasks, retention_ms: int, closed_wait_s: float,
+                 purge_lag_ms: int = PURGE_LAG_MS):
         self.store, self.definitions, self.tables = store, definitions, tables
         self.clock, self.timeline, self.tasks = clock, timeline, tasks
-        self.retention_ms, self.closed_wait_s = retention_ms, closed_wait_s
+        self.retention_ms, self.closed_wait_s, self.purge_lag_ms = retention_ms, closed_wait_s, purge_lag_ms
         self._points: dict[str, _PointTable] = {}  # name -> what a point read at the present needs
         self.leases_of = lambda table_id, pids: None  # raises for a replicated partition without a lease
 
     def horizon(self) -> int:
-        return ts_from_ms(max(time.time_ns() // 1_000_000 - self.retention_ms, 0))
+        """The retention horizon: a caller's ``as_of`` below it is refused (410)."""
+        return ts_from_ms(max(self.clock.now_ms() - self.retention_ms, 0))
+
+    def purge_horizon(self) -> int:
+        """What merges and GC may purge below (RFC 0009: H): ``purge_lag_ms`` behind both the
+        retention horizon and the closed timestamp, so that a read accepted at T >= this one's
+        value when it started never loses a version it needs while it runs."""
+        lag = self.purge_lag_ms
+        return max(min(ts_from_ms(max(self.clock.now_ms() - self.retention_ms - lag, 0)),
+                       self.timeline.closed - ts_from_ms(lag)), 0)
 
     async def snapshot(self, as_of: int | None = None, trusted: bool = False) -> int:
         """The read timestamp: ``closed`` by default; a given T once it is closed. ``trusted``:
@@ -74,11 +88,14 @@ class Reader:
             return self.timeline.closed
         if isinstance(as_of, bool) or not isinstance(as_of, int) or not 0 <= as_of <= MAX_TS:
             raise QueryError(f"as_of must be a commit timestamp (an integer 0..{MAX_TS}), not {as_of!r}")
-        if as_of < self.horizon():
-            raise HistoryPurgedError(f"as_of {as_of} is before the retention horizon {self.horizon()}")
+        # T from another node (a read of the present there, or a caller's T it checked) is
+        # refused only where versions may be gone; a caller's T at the retention horizon.
+        floor = self.purge_horizon() if trusted else self.horizon()
+        if as_of < floor:
+            raise HistoryPurgedError(f"as_of {as_of} is before the retention horizon {floor}")
         if as_of <= self.timeline.closed:
             return as_of
-        if ms_of(as_of) > time.time_ns() // 1_000_000 and not trusted:
+        if ms_of(as_of) > self.clock.now_ms() and not trusted:
             raise FutureTimestampError(f"as_of {as_of} is in the future (closed timestamp {self.timeline.closed})")
         self.clock.observe(as_of)  # later commits get larger timestamps; wait for the older ones
         if not await self.timeline.wait_closed(as_of, self.closed_wait_s):

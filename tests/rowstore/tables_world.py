@@ -9,6 +9,7 @@ from rowstore.db.database import Database, TablesConfig
 from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.fs import FsConfig, TerrascaleFS
+from tests.fixtures.clock import ManualClock
 
 SCHEMA = "id int64 primary key, ts timestamp, loc point, name string, v float64, n int64"
 
@@ -19,13 +20,14 @@ class TablesWorld:
         self.kek = kek
         self.cfg = TablesConfig(partitions=partitions, **cfg)
         self.fs_cfg = fs_cfg or {}  # FsConfig overrides (tiny caches)
+        self.clock = ManualClock()  # kept across restarts, like a machine's clock
 
     async def start(self) -> Database:
         fs = TerrascaleFS(self.cat, self.block, MemoryBlockDevice(durable=False), self.objects, kek=self.kek,
                           config=FsConfig(**{"sealed_block_size": 4096, "flush": ActiveConfig(flush_ms=0.5),
                                              **self.fs_cfg}))
         await fs.open()
-        db = Database(fs, self.cfg)
+        db = Database(fs, self.cfg, self.clock.now_ms)
         await db.open()
         self.db = db
         return db

@@ -40,7 +40,7 @@ async def test_a_node_that_lost_its_partition_publishes_nothing(caplog):
     await n1.upsert("m", rows([7000]))  # n1 still believes it serves partition 0 (a stale leader)
     with pytest.raises(ConflictError):
         await stale.checkpoint()
-    n1.reader.retention_ms = 0
+    n1.reader.retention_ms = n1.reader.purge_lag_ms = 0
     out = await n1.collect_garbage()  # the pass abandons the partition: nothing retired or deleted
     assert out["retired"] == [] and out["deleted"] == []
     assert "gc_partition_abandoned" in caplog.text
@@ -76,7 +76,7 @@ async def test_a_collector_leaves_partitions_it_does_not_serve_alone():
         await n1.upsert("m", rows(range(300), v=float(v)))
         await n1.seal()
         await n1.offload()
-    n1.reader.retention_ms = n2.reader.retention_ms = 0
+    n1.reader.retention_ms = n2.reader.retention_ms = n1.reader.purge_lag_ms = n2.reader.purge_lag_ms = 0
     segs = {r.segid: r.state for r in await n1.store.list()}
     out = await n2.collect_garbage()
     assert out["retired"] == [] and out["deleted"] == []
@@ -97,7 +97,7 @@ async def test_a_dropped_table_is_reclaimed_once_by_one_node():
     n1, n2 = await w.start("n1"), await w.start("n2")
     for db in (n1, n2):
         db.gc.cfg = type(db.gc.cfg)(min_garbage=0.5, grace_s=0.0)
-        db.reader.retention_ms = 0
+        db.reader.retention_ms = db.reader.purge_lag_ms = 0
     d = await n1.create_table("m", SCHEMA)
     await n2.tables.table(d)
     await n1.upsert("m", rows(range(300)))

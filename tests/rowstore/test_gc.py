@@ -13,7 +13,9 @@ BOX = {"column": "loc", "xmin": 20, "ymin": 10, "xmax": 70, "ymax": 60}
 
 
 async def make(partitions=2, cluster_by=None, grace_s=0.0, min_garbage=0.5, **cfg):
-    w = TablesWorld(partitions, retention_ms=0, gc=GcConfig(min_garbage=min_garbage, grace_s=grace_s), **cfg)
+    # no history kept at all: every superseded version is garbage at once
+    w = TablesWorld(partitions, retention_ms=0, purge_lag_ms=0,
+                    gc=GcConfig(min_garbage=min_garbage, grace_s=grace_s), **cfg)
     db = await w.start()
     await db.create_table("m", SCHEMA, indexes=["loc", "name"], cluster_by=cluster_by)
     return w, db
@@ -143,7 +145,7 @@ async def test_time_travel_above_the_horizon_survives_a_pass():
     assert sorted(t.column("op").to_pylist()) == ["delete"] * 50 + ["upsert"] * 200  # the feed is whole
     t, _ = await db.scan("m", as_of=r2.commit_ts)
     assert t.column("v").to_pylist() == [2.0] * 100
-    db.reader.retention_ms = 0
+    db.reader.retention_ms = db.reader.purge_lag_ms = 0
     res = await db.collect_garbage()
     assert res["segments_collected"] >= 2
     t, _ = await db.scan("m")
@@ -296,7 +298,7 @@ async def test_on_s3_with_encryption_crashes_and_leaks_nothing(s3_bucket_uri):
     store = open_object_store(s3_bucket_uri)
     await store.open_store()
     kek = KeyEncryptionKey(os.urandom(32))
-    w = TablesWorld(2, objects=store, kek=kek, retention_ms=0, gc=GcConfig(grace_s=0.0))
+    w = TablesWorld(2, objects=store, kek=kek, retention_ms=0, purge_lag_ms=0, gc=GcConfig(grace_s=0.0))
     db = await w.start()
     await db.create_table("m", SCHEMA, indexes=["loc", "name"], cluster_by="loc")
     model = {}
@@ -333,7 +335,7 @@ async def test_an_idle_partition_is_not_reread_until_garbage_can_appear():
     assert first == len(db.tables.partitions())
     await db.collect_garbage()
     assert len(calls) == first  # nothing changed, the horizon is an hour below the next garbage
-    db.reader.retention_ms = 0  # the horizon passes every superseding version: look again
+    db.reader.retention_ms = db.reader.purge_lag_ms = 0  # the horizon passes every superseding version: look again
     res = await db.collect_garbage()
     assert len(calls) == 2 * first and res["segments_collected"] > 0
     await check(db, model)
@@ -399,7 +401,7 @@ async def test_cluster_keys_of_every_clusterable_type(typ, values):
     from rowstore.reads.predicates import parse_bbox, parse_where
     from rowstore.reads.zones import misses
 
-    w = TablesWorld(1, retention_ms=0, gc=GcConfig(grace_s=0.0))
+    w = TablesWorld(1, retention_ms=0, purge_lag_ms=0, gc=GcConfig(grace_s=0.0))
     db = await w.start()
     await db.create_table("c", f"id int64 primary key, k {typ}", cluster_by="k")
     n = 300
