@@ -33,6 +33,7 @@ from node.cluster.transport import PROMISED, HttpTransport
 from rowstore.errors import FencedError, RowstoreError, TableNotFoundError
 from rowstore.replication.epochs import Epoch, History, epochs_key
 from rowstore.replication.position import NOTHING, REP_PREFIX, Position
+from rowstore.replication.leader import lease_wait
 from terrafs.catalog_ops import commit
 from terrafs.errors import TerrafsError
 
@@ -292,8 +293,9 @@ class NodeReplication:
         majority, write the placement (CAS) and tell the chosen node to lead. ``handoff``: a
         planned change (rebalancing) — that live leader is fenced first, so it has stopped
         before the followers are told to stop waiting for it, and is not chosen. ``force``: the
-        followers promise even while they hear from the leader (it left the membership: it can
-        no longer read the catalog, so it serves nothing, but it may still ship)."""
+        followers promise even while they hear from the leader (it left the membership, and may
+        still ship and hold its read lease): the placement is written only once that lease has
+        run out (:func:`lease_wait`), so two leases never overlap."""
         pl = await self.cluster.placement(d.name, d.partitions, fresh=True)
         p = pl.partitions[pid]
         voters = [n for n in p.replicas if n not in exclude]
@@ -342,6 +344,8 @@ class NodeReplication:
                 return max(promised)
             self.elections["failed"] += 1
             return False
+        if force and handoff is None and p.leader not in ok:
+            await asyncio.sleep(lease_wait(ok.values(), self.lease_s))
         chosen = max(ok, key=lambda n: (ok[n]["last"], tuple(ok[n]["pos"]), n == prefer, n == p.leader, n))
         new = PartitionPlace((chosen, *[n for n in p.replicas if n != chosen]), epoch, int(ok[chosen]["last"]),
                              tuple(Position.of(ok[chosen]["pos"])), p.leaving)

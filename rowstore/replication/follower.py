@@ -43,7 +43,10 @@ class _Replica:
     version: int  # the record's catalog version (0: none yet)
     files: dict[int, ActiveFile] = field(default_factory=dict)  # segid -> open copy
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    contact: float = -1e9  # monotonic time of the last append from the current epoch's leader
+    # Monotonic time of the last append from the current epoch's leader. Loaded counts as just
+    # heard: this replica may have acknowledged a leader just before a restart, and that
+    # leader's lease may still run on it (a promise waits it out).
+    contact: float = field(default_factory=time.monotonic)
     leader: str = ""
     # The epoch whose leader this process has been receiving from since its log was known to
     # be a prefix of that leader's (in memory only: after a restart the record decides).
@@ -174,14 +177,17 @@ class ReplicaStore:
             if not force and time.monotonic() - r.contact < self.lease_s:
                 raise LeaderAliveError(f"heard from leader {r.leader} {time.monotonic() - r.contact:.2f} s ago")
             await self._save(r, promised=epoch)
-            return {"last": r.rec.last, "pos": r.position().json()}
+            # how long ago the old leader last reached this replica: its lease may run until
+            # lease_s after that (a forced election waits it out, RFC 0010 §5 "Leases")
+            age = time.monotonic() - r.contact
+            return {"last": r.rec.last, "pos": r.position().json(), "contact_age_s": age}
 
     def status(self, table_id: str, pid: int) -> dict | None:
         r = self._reps.get((table_id, pid))
         if r is None:
             return None
         return {"promised": r.rec.promised, "last": r.rec.last, "pos": r.position().json(),
-                "contact_s": round(time.monotonic() - r.contact, 3) if r.contact > 0 else None}
+                "contact_s": round(time.monotonic() - r.contact, 3)}
 
     # -- promotion and clean-up -----------------------------------------------------------------
 

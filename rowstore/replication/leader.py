@@ -22,6 +22,18 @@ from terrafs.errors import ClosedError, MirrorError
 
 log = logging.getLogger("rowstore.replication.leader")
 CHUNK = 4 << 20  # catch-up bytes per message at most
+LEASE_DRIFT = 1.1  # how much faster one node's monotonic clock may run than another's
+
+
+def lease_wait(answers, lease_s: float) -> float:
+    """How long a forced election waits, after its promises, before it names a leader: the old
+    leader was not fenced and its followers promised while it still reached them, so its read
+    lease may run until ``lease_s`` after the latest append one of them took (it needs one of
+    them for a majority; none acknowledges it any more). Clocks may run 10% apart."""
+    ages = [a.get("contact_age_s") for a in answers]
+    if any(a is None for a in ages):  # an old node's answer: assume it just heard
+        return lease_s * LEASE_DRIFT
+    return max(lease_s * LEASE_DRIFT - min(ages, default=lease_s * LEASE_DRIFT), 0.0)
 
 
 class Transport(abc.ABC):

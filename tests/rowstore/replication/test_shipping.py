@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from catalog.abc import Put
 from catalog.memory import MemoryCatalog
+from rowstore.replication.leader import LEASE_DRIFT, lease_wait
 from rowstore.errors import FencedError
 from rowstore.replication.follower import Piece, ReplicaStore
 from rowstore.replication.leader import Shipper, Transport, whole_prefix
@@ -35,11 +36,14 @@ class LocalTransport(Transport):
 
     def __init__(self, stores):
         self.stores, self.down, self.calls = stores, set(), 0
+        self.stalled = False  # every message hangs: a link too slow to answer at all
 
     async def append(self, node, header, data):
         self.calls += 1
         if node in self.down:
             raise ConnectionError(f"{node} is down")
+        if self.stalled:
+            await asyncio.Event().wait()
         pieces = [Piece(s, q, o, d) for (s, q, o, _), d in zip(header["pieces"], data)]
         await asyncio.sleep(0)
         return await self.stores[node].append(header["table"], header["pid"], header["epoch"], header["base"],
@@ -131,6 +135,39 @@ async def test_a_follower_refuses_a_fence_while_the_leader_is_within_its_lease()
     await asyncio.sleep(0.35)  # the lease ran out
     got = await stores["n2"].fence("T", 0, 2)
     assert got["last"] == 1 and got["pos"] == [1, seg.file.durable_size]
+
+
+async def test_a_forced_election_names_a_leader_only_after_the_old_lease_ran_out():
+    """A forced promise (the leader left the membership; nobody fences it) answers how long ago
+    the leader last reached this replica. Right after the promises the old leader still holds
+    its lease — naming a new leader then (as forced elections did) gave two leases at once;
+    ``lease_wait`` after them, it holds none, though no fence ever reached it."""
+    fss, stores, tr = await world()
+    sh, seg = await leader(fss, tr)
+    await seg.append(batch(0, 10), S1, 5)
+    tr.stalled = True  # the old leader's messages no longer arrive, nor do their answers
+    answers = [await stores[n].fence("T", 0, 2, force=True) for n in ("n2", "n3")]
+    assert sh.lease_ok() and sh.fenced is None  # the old leader would still serve reads
+    wait = lease_wait(answers, 0.3)
+    assert 0 < wait <= 0.3 * LEASE_DRIFT
+    await asyncio.sleep(wait)
+    assert not sh.lease_ok()
+    assert lease_wait([{"last": 1, "pos": [1, 0]}], 0.3) == 0.3 * LEASE_DRIFT  # an answer without the age
+    await sh.close()
+
+
+async def test_a_replica_loaded_after_a_restart_counts_as_just_reached():
+    """It may have acknowledged the leader just before the restart: a normal election waits out
+    that leader's lease on it too."""
+    fss, stores, tr = await world()
+    sh, seg = await leader(fss, tr)
+    await seg.append(batch(0, 10), S1, 5)
+    await sh.close()
+    fresh = ReplicaStore(fss["n2"], lease_s=0.3)  # n2's process restarted
+    with pytest.raises(Exception, match="heard from leader"):
+        await fresh.fence("T", 0, 2)
+    await asyncio.sleep(0.35)
+    assert (await fresh.fence("T", 0, 2))["last"] == 1
 
 
 async def test_gaps_are_refused_resends_skipped_and_divergent_logs_dropped():
