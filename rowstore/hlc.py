@@ -69,6 +69,11 @@ class HybridClock:
         self._last = ts
         return ts
 
+    def present(self) -> int:
+        """The largest timestamp this clock could hand out as a read's T now (the closed
+        timestamp of an idle node), without issuing one."""
+        return max(self._last, ts_from_ms(self._now_ms()))
+
     def now_ms(self) -> int:
         """The physical clock, in ms."""
         return self._now_ms()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 
 
 class FailPointCrash(Exception):
@@ -19,6 +20,18 @@ _armed: dict[str, int] = {}
 # A real process crash for kill -9 tests of a node: the named point SIGKILLs the process
 # (set in the environment of a test's child process only; unset in production).
 _KILL_AT = os.environ.get("TERRASCALE_FAILPOINT_KILL")
+
+
+# A node whose wall clock runs this many ms ahead (or behind): clock-skew faults of a test's
+# child process (unset in production).
+CLOCK_SKEW_MS = int(os.environ.get("TERRASCALE_FAILPOINT_CLOCK_SKEW_MS", "0"))
+
+
+def skewed_wall_clock():
+    """The node's wall clock in ms when a test skews it, else None (the system's)."""
+    if not CLOCK_SKEW_MS:
+        return None
+    return lambda: time.time_ns() // 1_000_000 + CLOCK_SKEW_MS
 
 
 def failpoint(name: str) -> None:

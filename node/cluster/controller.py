@@ -33,7 +33,7 @@ from node.cluster.transport import PROMISED, HttpTransport
 from rowstore.errors import FencedError, RowstoreError, TableNotFoundError
 from rowstore.replication.epochs import Epoch, History, epochs_key
 from rowstore.replication.position import NOTHING, REP_PREFIX, Position
-from rowstore.replication.leader import lease_wait
+from rowstore.replication.leader import clock_floor, lease_wait
 from terrafs.catalog_ops import commit
 from terrafs.errors import TerrafsError
 
@@ -349,7 +349,7 @@ class NodeReplication:
         chosen = max(ok, key=lambda n: (ok[n]["last"], tuple(ok[n]["pos"]), n == prefer, n == p.leader, n))
         new = PartitionPlace((chosen, *[n for n in p.replicas if n != chosen]), epoch, int(ok[chosen]["last"]),
                              tuple(Position.of(ok[chosen]["pos"])), p.leaving)
-        if not await self._write_place(d.name, pid, p, new, d.table_id):
+        if not await self._write_place(d.name, pid, p, new, d.table_id, clock_floor(ok.values(), self.lease_s)):
             self.elections["failed"] += 1
             return False
         self.elections["won"] += 1
@@ -377,7 +377,7 @@ class NodeReplication:
         return doc
 
     async def _write_place(self, name: str, pid: int, was: PartitionPlace, new: PartitionPlace,
-                           table_id: str | None = None) -> bool:
+                           table_id: str | None = None, floor: int = 0) -> bool:
         """Replace partition ``pid``'s entry by compare-and-set, if it is still ``was``. A new
         epoch (``table_id`` given) goes into the partition's epoch history in the same
         transaction (docs/format/replication.md, "Epoch history")."""
@@ -395,7 +395,7 @@ class NodeReplication:
                 he = await self.node.catalog.get(hk)
                 h = History.from_bytes(he.value, hk) if he is not None else History([])
                 checks.append(Check(hk, he.version if he is not None else 0))
-                ops.append(Put(hk, h.with_epoch(Epoch(new.epoch, new.base, Position(*new.start))).to_bytes()))
+                ops.append(Put(hk, h.with_epoch(Epoch(new.epoch, new.base, Position(*new.start), floor)).to_bytes()))
             res = await commit(self.node.catalog, checks, ops)
             if res.committed:
                 await self.cluster.placement(name, len(cur.partitions), fresh=True)

@@ -39,6 +39,9 @@ def decode(body: bytes) -> tuple[dict, list[Piece]]:
             if isinstance(h.get(k), bool) or not isinstance(h.get(k), int) or not 0 <= h[k] < 2**31:
                 raise ValueError(f"{k} is not a small integer")
         start = Position.of(h.get("start"))
+        h.setdefault("clock", 0)  # the leader's present (absent from an older leader)
+        if isinstance(h["clock"], bool) or not isinstance(h["clock"], int) or not 0 <= h["clock"] < 2**63:
+            raise ValueError("clock is not a timestamp")
         pieces, at = [], 4 + n
         for p in h.get("pieces", []):
             segid, seq, off, ln = p

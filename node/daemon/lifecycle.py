@@ -47,6 +47,7 @@ from rowstore.replication.position import REP_PREFIX, ReplicaRecord
 from terrafs.active import ActiveConfig
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.errors import FileStateError, TerrafsError
+from terrafs.failpoints import skewed_wall_clock
 from terrafs.fs import FsConfig, TerrascaleFS
 from terrafs.records import FileState, FileTier
 from terrafs.uri import open_block_device, open_catalog, open_object_store
@@ -111,7 +112,8 @@ class Node:
         self.db = Database(self.fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes,
                                                  memtable_bytes=c.memtable_bytes,
                                                  retention_ms=int(c.retention_s * 1000),
-                                                 gc=GcConfig(c.gc_min_garbage, c.gc_grace_s, c.gc_max_bytes_per_run)))
+                                                 gc=GcConfig(c.gc_min_garbage, c.gc_grace_s, c.gc_max_bytes_per_run)),
+                           now_ms=skewed_wall_clock())
         self.cluster.on_change = self.db.forget_cached_definitions
         self.cluster.leading = lambda tid, pid: self.db.leadership.shipper(tid, pid) is not None
         self.db.participant.gone = self.cluster.gone

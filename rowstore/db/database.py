@@ -83,7 +83,7 @@ class Database:
         self.replicas = ReplicaStore(fs)
         self.leadership = Leadership(self.store, self.replicas, self.tables,
                                      lambda txn: self.committer.decide_at_recovery(txn, keep=True),
-                                     self.clock.observe)
+                                     self.clock.observe, self.clock.present)
         self.handoffs = Handoffs(self.store, self.tables, self.clock.observe)
         self.reader.leases_of = self.leadership.check_lease
         self.committer.stalled = lambda t, p: self.tasks.spawn(self.leadership.demote(t, p))

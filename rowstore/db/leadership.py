@@ -25,9 +25,10 @@ log = logging.getLogger("rowstore.db.leadership")
 
 
 class Leadership:
-    def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables, decide, observe=None):
+    def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables, decide, observe=None, present=None):
         self.store, self.replicas, self.tables, self.decide = store, replicas, tables, decide
         self.observe = observe  # the clock's observe(ts): a new leader commits above the log it took
+        self.present = present or (lambda: 0)  # the clock's present: sent to followers, answered to fences
         self.fenced_at: dict[tuple[str, int], float] = {}  # monotonic time a fence made this node step down
         self.fenced_epoch: dict[tuple[str, int], int] = {}  # the highest epoch this node was fenced with
         # One hand-over at a time per partition: promotion, demotion, fences and the follower
@@ -74,10 +75,12 @@ class Leadership:
         except BaseException:
             self.replicas.forget(d.table_id, pid)  # reload the record on the next message
             raise
-        if self.observe is not None:  # above every commit of the log and the partition's watermark
+        if self.observe is not None:  # above every commit of the log, the partition's watermark and
+            # every read T the previous leaders could serve (the election's clock floor)
             wm = await read_watermark(self.store.catalog, d.table_id, pid)
-            self.observe(max([s.max_ts or 0 for s in segs] + [wm.ts if wm else 0]))
-        sh = Shipper(d.table_id, pid, epoch, base, start, followers, transport, lease_s, on_fenced)
+            floor = next((e.floor for e in await self.replicas.history(d.table_id, pid) if e.epoch == epoch), 0)
+            self.observe(max([s.max_ts or 0 for s in segs] + [wm.ts if wm else 0, floor]))
+        sh = Shipper(d.table_id, pid, epoch, base, start, followers, transport, lease_s, on_fenced, self.present)
         for seg in segs:
             sh.register(seg.seq, seg)
         self.store.shippers[key] = sh
@@ -139,16 +142,16 @@ class Leadership:
                 if e.promised != epoch:  # promised this very epoch already: a failed election's retry
                     raise
             last, pos = own
-            return {"last": last, "pos": list(pos)}
+            return {"last": last, "pos": list(pos), "clock": self.present()}  # it serves nothing after this
 
     async def append(self, table_id: str, pid: int, epoch: int, base: int, start: Position, pieces,
-                     leader: str = "") -> dict:
+                     leader: str = "", clock: int = 0) -> dict:
         """A leader's append to this node's copy. While this node leads the partition, an
         older or equal epoch is fenced, and a newer one (its election is over: the epoch comes
         from the placement's compare-and-set) makes this node step down first."""
         async with self._lock(table_id, pid):
             await self._yield_to(table_id, pid, epoch)
-            return await self.replicas.append(table_id, pid, epoch, base, start, pieces, leader)
+            return await self.replicas.append(table_id, pid, epoch, base, start, pieces, leader, clock)
 
     async def _yield_to(self, table_id: str, pid: int, epoch: int) -> None:
         """A message of ``epoch`` for a partition led here: fenced unless newer; then step down."""

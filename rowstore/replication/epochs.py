@@ -29,6 +29,7 @@ class Epoch:
     epoch: int
     base: int
     start: Position
+    floor: int = 0  # the new leader's clock starts above it (RFC 0010 §5, "Clocks"); 0: none
 
 
 @dataclass
@@ -38,14 +39,15 @@ class History:
     epochs: list[Epoch]
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"epochs": [[e.epoch, e.base, *e.start] for e in self.epochs]},
+        return json.dumps({"epochs": [[e.epoch, e.base, *e.start, e.floor] for e in self.epochs]},
                           separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes, key: str) -> "History":
         try:
             d = json.loads(raw)
-            return cls([Epoch(int(a), int(b), Position(int(s), int(o))) for a, b, s, o in d["epochs"]])
+            return cls([Epoch(int(a), int(b), Position(int(s), int(o)), int(f[0]) if f else 0)
+                        for a, b, s, o, *f in d["epochs"]])
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptionError(key, 0, f"not an epoch history: {e}") from None
 

@@ -48,6 +48,7 @@ class _Replica:
     # leader's lease may still run on it (a promise waits it out).
     contact: float = field(default_factory=time.monotonic)
     leader: str = ""
+    leader_clock: int = 0  # the highest clock a leader sent this replica (its present then)
     # The epoch whose leader this process has been receiving from since its log was known to
     # be a prefix of that leader's (in memory only: after a restart the record decides).
     following: int = 0
@@ -107,15 +108,16 @@ class ReplicaStore:
     # -- the leader's messages ------------------------------------------------------------------
 
     async def append(self, table_id: str, pid: int, epoch: int, base: int, start: Position, pieces: list[Piece],
-                     leader: str = "") -> dict:
-        """Make ``pieces`` durable in order; answer the position (``gap``: a piece began past it)."""
+                     leader: str = "", clock: int = 0) -> dict:
+        """Make ``pieces`` durable in order; answer the position (``gap``: a piece began past it).
+        ``clock``: the leader's present when it sent them (answered by a promise)."""
         r = await self.replica(table_id, pid)
         async with r.lock:
             if epoch < r.rec.promised:
                 raise FencedError(f"epoch {epoch} is older than the promised {r.rec.promised}", r.rec.promised)
             if r.following != epoch and r.rec.last != epoch:
                 if not keeps_log(r.rec.last, r.position(), epoch, base, start):
-                    cut = cut_point(r.rec.last, r.position(), epoch, base, start, await self._history(table_id, pid))
+                    cut = cut_point(r.rec.last, r.position(), epoch, base, start, await self.history(table_id, pid))
                     log.info("event=replica_diverged table=%s partition=%d last=%d pos=%s epoch=%d base=%d start=%s "
                              "cut=%s", table_id, pid, r.rec.last, r.position(), epoch, base, start, cut)
                     if cut is not None:
@@ -126,6 +128,7 @@ class ReplicaStore:
             if epoch > r.rec.promised:
                 await self._save(r, promised=epoch)
             r.contact, r.leader = time.monotonic(), leader
+            r.leader_clock = max(r.leader_clock, clock)
             gap = False
             for p in pieces:
                 if not await self._put(r, table_id, pid, p):
@@ -180,7 +183,7 @@ class ReplicaStore:
             # how long ago the old leader last reached this replica: its lease may run until
             # lease_s after that (a forced election waits it out, RFC 0010 §5 "Leases")
             age = time.monotonic() - r.contact
-            return {"last": r.rec.last, "pos": r.position().json(), "contact_age_s": age}
+            return {"last": r.rec.last, "pos": r.position().json(), "contact_age_s": age, "clock": r.leader_clock}
 
     def status(self, table_id: str, pid: int) -> dict | None:
         r = self._reps.get((table_id, pid))
@@ -215,7 +218,7 @@ class ReplicaStore:
                 await self._drop(r, gone)
             return len(gone)
 
-    async def _history(self, table_id: str, pid: int) -> list:
+    async def history(self, table_id: str, pid: int) -> list:
         """The partition's epoch history (empty when none was written: its first epochs)."""
         key = epochs_key(table_id, pid)
         e = await self.catalog.get(key)

@@ -16,6 +16,7 @@ import logging
 import time
 
 from rowstore.errors import FencedError
+from rowstore.hlc import ts_from_ms
 from rowstore.replication.position import NOTHING, Position
 from rowstore.segments.wal import REC
 from terrafs.errors import ClosedError, MirrorError
@@ -36,6 +37,14 @@ def lease_wait(answers, lease_s: float) -> float:
     return max(lease_s * LEASE_DRIFT - min(ages, default=lease_s * LEASE_DRIFT), 0.0)
 
 
+def clock_floor(answers, lease_s: float) -> int:
+    """The lowest timestamp a new leader may hand out (RFC 0010 §5, "Clocks"): above every
+    read T the old leader could still serve — its clock when it sent a round some promising
+    replica took (``clock`` in the answer), plus the lease that round gave it. 0: unknown."""
+    top = max((int(a.get("clock") or 0) for a in answers), default=0)
+    return top + ts_from_ms(int(lease_s * 1000 * LEASE_DRIFT)) + 1 if top else 0
+
+
 class Transport(abc.ABC):
     """How a leader reaches a follower (the node layer implements it over HTTP)."""
 
@@ -49,8 +58,9 @@ class Shipper:
     """Replication of one partition, led by this node in ``epoch``."""
 
     def __init__(self, table_id: str, pid: int, epoch: int, base: int, start: Position, followers: list[str],
-                 transport: Transport, lease_s: float = 1.0, on_fenced=None):
+                 transport: Transport, lease_s: float = 1.0, on_fenced=None, clock=None):
         self.table_id, self.pid, self.epoch, self.base, self.start = table_id, pid, epoch, base, start
+        self.clock = clock or (lambda: 0)  # this node's HLC present: sent with every round
         self.followers = list(followers)
         self.transport, self.lease_s, self.on_fenced = transport, lease_s, on_fenced
         self.needed = (len(self.followers) + 1) // 2  # followers that must hold a group (+ this node)
@@ -226,7 +236,7 @@ class _Link:
     def _header(self, pieces: list) -> dict:
         sh = self.sh
         return {"table": sh.table_id, "pid": sh.pid, "epoch": sh.epoch, "base": sh.base, "start": list(sh.start),
-                "pieces": pieces}
+                "clock": sh.clock(), "pieces": pieces}
 
     async def _collect(self) -> tuple[dict, list[bytes]]:
         """The pieces the follower lacks next, in log order, up to CHUNK bytes."""

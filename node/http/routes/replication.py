@@ -45,7 +45,7 @@ async def append(api, request):
     await _partition(api, h["table"], h["pid"])
     try:
         out = await api.db.leadership.append(h["table"], h["pid"], h["epoch"], h["base"], h["start"], pieces,
-                                           request.headers.get("X-Terrascale-Forwarded-By", ""))
+                                           request.headers.get("X-Terrascale-Forwarded-By", ""), h["clock"])
     except FencedError as e:
         return _fenced(e)
     return web.json_response(out)

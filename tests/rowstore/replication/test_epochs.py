@@ -66,3 +66,10 @@ def test_the_history_keeps_the_newest_epochs():
         h = h.with_epoch(Epoch(e, e - 1, Position(e, 0)))
     assert [x.epoch for x in h.epochs] == list(range(36, 100))
     assert History.from_bytes(h.to_bytes(), "k") == h
+
+
+def test_an_epochs_clock_floor_round_trips_and_older_records_have_none():
+    h = History([Epoch(1, 0, Position(0, 0)), Epoch(2, 1, Position(3, 40), floor=123 << 16)])
+    assert History.from_bytes(h.to_bytes(), "k") == h
+    old = History.from_bytes(b'{"epochs":[[1,0,0,0],[2,1,3,40]]}', "k")  # written before floors
+    assert [e.floor for e in old.epochs] == [0, 0]

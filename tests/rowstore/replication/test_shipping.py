@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 
 from catalog.abc import Put
 from catalog.memory import MemoryCatalog
-from rowstore.replication.leader import LEASE_DRIFT, lease_wait
+from rowstore.hlc import ts_from_ms
+from rowstore.replication.leader import LEASE_DRIFT, clock_floor, lease_wait
 from rowstore.errors import FencedError
 from rowstore.replication.follower import Piece, ReplicaStore
 from rowstore.replication.leader import Shipper, Transport, whole_prefix
@@ -47,7 +48,7 @@ class LocalTransport(Transport):
         pieces = [Piece(s, q, o, d) for (s, q, o, _), d in zip(header["pieces"], data)]
         await asyncio.sleep(0)
         return await self.stores[node].append(header["table"], header["pid"], header["epoch"], header["base"],
-                                              Position(*header["start"]), pieces, "n1")
+                                              Position(*header["start"]), pieces, "n1", header["clock"])
 
 
 async def world(n=3):
@@ -153,6 +154,26 @@ async def test_a_forced_election_names_a_leader_only_after_the_old_lease_ran_out
     await asyncio.sleep(wait)
     assert not sh.lease_ok()
     assert lease_wait([{"last": 1, "pos": [1, 0]}], 0.3) == 0.3 * LEASE_DRIFT  # an answer without the age
+    await sh.close()
+
+
+async def test_a_promise_answers_the_old_leaders_clock_and_the_new_leader_starts_above_its_lease():
+    """Every round carries the leader's present; a promise answers the highest one it took, and
+    the election's floor lies above every read T that leader could serve under the lease those
+    rounds gave it — however far its clock ran ahead of the new leader's."""
+    fss, stores, tr = await world()
+    ahead = (1 << 62)  # a leader whose clock is far ahead of everyone's
+    sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=0.3, clock=lambda: ahead)
+    af = await fss["n1"].create()
+    seg = ActiveSegment(7, af, af.where)
+    seg.seq = 1
+    sh.register(1, seg)
+    sh.start_links()
+    await seg.append(batch(0, 10), S1, 5)
+    answers = [await stores[n].fence("T", 0, 2, force=True) for n in ("n2", "n3")]
+    assert [a["clock"] for a in answers] == [ahead, ahead]
+    assert clock_floor(answers, 0.3) > ahead + ts_from_ms(300)
+    assert clock_floor([{"last": 0, "pos": [0, 0]}], 0.3) == 0  # nobody heard from a leader
     await sh.close()
 
 
