@@ -94,6 +94,10 @@ class BlockDevice(abc.ABC):
     async def exists(self, name: str) -> bool:
         """Whether a file of that name exists."""
 
+    def free_bytes(self) -> int | None:
+        """Bytes an unprivileged writer can still use on the device; None when unknown."""
+        return None
+
     async def write_file(self, name: str, data: bytes) -> None:
         """Atomically replace ``name`` with ``data``: temp file, sync, rename."""
         tmp = name + ".tmp"

@@ -30,7 +30,7 @@ from terrafs.blocks import (
 )
 from terrafs.crypto import DataCipher, KeyEncryptionKey
 from terrafs.gather import read_ranges
-from terrafs.errors import ClosedError, CorruptionError, FileStateError, MirrorError
+from terrafs.errors import ClosedError, CorruptionError, FileStateError, MirrorError, NoSpaceError, no_space
 from terrafs.iopool import run_io
 from terrafs.params import FileParams
 from terrafs.active_layout import (SCAN_WINDOW, ActiveConfig, BlockIndex, ScanWindow, cut_blocks,
@@ -168,6 +168,8 @@ class ActiveFile:
     async def flush(self) -> None:
         """Make every append so far durable now."""
         while True:
+            if isinstance(self._failed, NoSpaceError):
+                raise NoSpaceError(f"{self.where}: {self._failed}")
             if self._failed is not None:
                 raise FileStateError(f"{self.where}: an earlier flush failed: {self._failed}")
             if self._pending:
@@ -186,6 +188,8 @@ class ActiveFile:
             raise FileStateError(f"{self.where} is sealed; appends are not allowed")
         if isinstance(self._failed, MirrorError):
             raise self._failed
+        if isinstance(self._failed, NoSpaceError):
+            raise NoSpaceError(f"{self.where}: {self._failed}")
         if self._failed is not None:
             # After a failed fdatasync the page cache can no longer be trusted
             # (the "fsyncgate" lesson): refuse further writes; reopen recovers.
@@ -215,10 +219,11 @@ class ActiveFile:
             try:
                 await self._write_group(batch)
             except BaseException as e:  # noqa: BLE001 - the file can no longer be trusted: every later append fails with it
+                e = no_space(e) or e
                 self._failed = e
                 for fu in futs + self._futs:
                     if not fu.done():
-                        fu.set_exception(e if isinstance(e, MirrorError) else
+                        fu.set_exception(e if isinstance(e, (MirrorError, NoSpaceError)) else
                                          FileStateError(f"{self.where}: flush failed: {e}"))
                 self._pending, self._futs = [], []
                 return
@@ -391,13 +396,23 @@ class ActiveFile:
         await self.flush()
         self._sealed = True
 
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the file takes no more appends after a failed group, or None."""
+        return self._failed
+
     async def close(self) -> None:
-        """Flush what is pending, then close."""
+        """Flush what is pending, then close. A file whose group failed for space is first cut
+        back to the end of its last durable group: whoever opens it next finds exactly what
+        was acknowledged (a group written whole but not synced would otherwise look durable)."""
         if self._closed:
             return
         try:
             if self._failed is None and not self._sealed:
                 await self.flush()
+            elif isinstance(self._failed, NoSpaceError):
+                await self._f.truncate(self._physical_end)
+                await self._f.sync()
         finally:
             self._closed = True
             if self._timer is not None:

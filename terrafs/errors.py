@@ -69,6 +69,23 @@ class CatalogConflictError(TerrafsError):
     """Raised when a catalog transaction kept losing its compare-version checks."""
 
 
+class NoSpaceError(TerrafsError):
+    """Raised when the block device is full (ENOSPC, EDQUOT). The write group that hit it is
+    not durable and nothing in it was acknowledged; the file takes no appends until it is
+    cut back to its durable end (``ActiveFile.discard_failed``) once space returns."""
+
+
+def no_space(e: BaseException) -> "NoSpaceError | None":
+    """``e`` as a NoSpaceError when it is a full device's OSError, else None."""
+    import errno
+
+    if isinstance(e, NoSpaceError):
+        return e
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return NoSpaceError(f"the block device is full: {e.strerror or e}")
+    return None
+
+
 class MirrorError(TerrafsError):
     """Raised when an active file's mirror (a partition's replication to its followers)
     refuses a write group for good: this node is no longer the partition's leader (fenced

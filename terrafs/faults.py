@@ -115,3 +115,6 @@ class FaultyBlockDevice(BlockDevice):
 
     async def exists(self, name) -> bool:
         return await self.inner.exists(name)
+
+    def free_bytes(self) -> int | None:
+        return self.inner.free_bytes()

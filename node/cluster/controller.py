@@ -42,6 +42,15 @@ ALIVE = "node/alive/"
 PRUNE_EVERY_S = 5.0
 
 
+def choose_leader(answers: dict[str, dict], need: int, prefer: str | None, was: str) -> str:
+    """The longest log among a majority of promises (it holds every acknowledged write). A node
+    that cannot take writes (its block device is full) is passed over while the others still
+    make a majority: the longest log among *them* holds every acknowledged write too."""
+    able = {n: a for n, a in answers.items() if a.get("writable", True)}
+    pool = able if len(able) >= need else answers
+    return max(pool, key=lambda n: (answers[n]["last"], tuple(answers[n]["pos"]), n == prefer, n == was, n))
+
+
 def majority(n: int) -> int:
     return n // 2 + 1
 
@@ -346,7 +355,7 @@ class NodeReplication:
             return False
         if force and handoff is None and p.leader not in ok:
             await asyncio.sleep(lease_wait(ok.values(), self.lease_s))
-        chosen = max(ok, key=lambda n: (ok[n]["last"], tuple(ok[n]["pos"]), n == prefer, n == p.leader, n))
+        chosen = choose_leader(ok, need, prefer, p.leader)
         new = PartitionPlace((chosen, *[n for n in p.replicas if n != chosen]), epoch, int(ok[chosen]["last"]),
                              tuple(Position.of(ok[chosen]["pos"])), p.leaving)
         if not await self._write_place(d.name, pid, p, new, d.table_id, clock_floor(ok.values(), self.lease_s)):

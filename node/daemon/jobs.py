@@ -24,6 +24,7 @@ from node.tasks import cancel_all
 
 log = logging.getLogger("terrascale.node")
 BUDGET_POLL_S = 0.2
+SPACE_EVERY_S = 1.0  # how often a node whose block device filled up looks for space again
 
 
 class Jobs:
@@ -62,6 +63,21 @@ class Jobs:
         for name, every in self.schedule.items():
             if every > 0:
                 self._tasks.append(asyncio.ensure_future(self._loop(name, every)))
+        self._tasks.append(asyncio.ensure_future(self._space_loop()))
+
+    async def _space_loop(self) -> None:
+        """Writes resume by themselves after a full block device (``Database.resume_writes``)."""
+        while True:
+            await asyncio.sleep(SPACE_EVERY_S)
+            try:
+                out = await self.db.resume_writes()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - logged; tried again in a second
+                log.warning("event=resume_writes_failed error=%r", e)
+                continue
+            if out.get("revived") or out.get("stepped_down"):
+                log.warning("event=writes_resumed %s", " ".join(f"{k}={v}" for k, v in out.items()))
 
     async def stop(self) -> None:
         await cancel_all(self._tasks)

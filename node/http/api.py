@@ -140,7 +140,11 @@ class Api:
             await asyncio.wait_for(self.node.catalog.revision(), 5)  # the catalog answers
         except (CatalogError, asyncio.TimeoutError) as e:
             return error(503, "not_ready", f"the catalog does not answer: {one_line(e)}")
-        return web.json_response({"status": "ready"})
+        space = self.node.db.space()
+        if not space["writable"] and request.query.get("for") == "writes":
+            return error(503, "not_ready", f"the block device is full ({space['partitions_full']} partitions "
+                         "stopped); reads are served, writes resume once space is freed")
+        return web.json_response({"status": "ready", "writes": space["writable"]})
 
     async def metrics(self, request):
         body, ctype = await self.node.render_metrics()

@@ -16,7 +16,7 @@ from node.errors import ApiError
 from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, InvalidKeyError, QueryError,
                              RowstoreError, RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
                              UnavailableError)
-from terrafs.errors import ClosedError, MirrorError, TerrafsError, TransientStorageError
+from terrafs.errors import ClosedError, MirrorError, TerrafsError, TransientStorageError, no_space
 
 log = logging.getLogger("terrascale.node")
 
@@ -51,6 +51,11 @@ def one_line(e: BaseException) -> str:
 
 def answer(request: web.Request, exc: Exception) -> web.Response:
     """The error answer for ``exc`` raised while serving ``request`` (a redirect re-raised)."""
+    full = no_space(exc)
+    if full is not None:  # the block device is full: nothing of the request was acknowledged
+        log.warning("event=no_space path=%s error=%r", request.path, full)
+        return error(507, "insufficient_storage", f"{one_line(full)}; writes resume by themselves once space is "
+                     "freed (offload, GC) or added; reads go on")
     try:
         raise exc
     except ApiError as e:  # a handler's answer, or another node's (RemoteError) as it gave it

@@ -17,6 +17,7 @@ the one object the node holds; the work is done by its parts, each in its own mo
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -39,9 +40,11 @@ from rowstore.schema import SchemaVersion
 from rowstore.segments.store import SegmentRecord, SegmentStore
 from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.timeline import Timeline
+from terrafs.errors import NoSpaceError
 from terrafs.fs import TerrascaleFS
 
 __all__ = ["Database", "TablesConfig", "WriteResult"]
+log = logging.getLogger("rowstore.database")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class TablesConfig:
     retention_ms: int = 7 * 86_400_000
     closed_wait_s: float = 2.0
     purge_lag_ms: int = PURGE_LAG_MS  # how far purges trail the retention horizon (reads.py)
+    resume_free_bytes: int = 64 << 20  # free space on the block device before writes resume
     gc: GcConfig = GcConfig()
 
 
@@ -249,6 +253,45 @@ class Database:
 
     def memtable_bytes(self) -> int:
         return self.maintenance.memtable_bytes()
+
+    # -- a full block device -----------------------------------------------------------------------
+
+    def space(self) -> dict:
+        """Whether writes are taken: not while a partition's current segment stopped at a
+        full block device (they answer ``insufficient_storage``); reads go on regardless."""
+        full = self.store.failed_for_space()
+        return {"writable": not full, "partitions_full": len(full), "free_bytes": self.fs.block.free_bytes()}
+
+    def can_write(self) -> bool:
+        """Whether this node could take writes now: no file stopped at a full device, and the
+        device (when it tells) has ``resume_free_bytes`` free. An election prefers such a node."""
+        free = self.fs.block.free_bytes()
+        return not self.store.failed_for_space() and (free is None or free >= self.cfg.resume_free_bytes)
+
+    async def resume_writes(self) -> dict:
+        """After a write failed at the disk: a replicated partition led here steps down at once
+        (a disk error or a full device: its other replicas take writes; this one follows again
+        later); the others, stopped at a full device, take writes again once
+        ``resume_free_bytes`` are free (offload and GC free space, or the device grew). Run
+        every second by the node; does nothing while no file failed."""
+        failed = self.store.failed()
+        if not failed:
+            return {}
+        led = [k for k in failed if k in self.store.shippers]
+        for table_id, pid in led:
+            log.warning("event=leader_disk_failed table=%s partition=%d error=%r", table_id, pid, failed[table_id, pid])
+            await self.leadership.demote(table_id, pid)
+        full = [k for k, e in failed.items() if isinstance(e, NoSpaceError) and k not in led]
+        if not full:
+            return {"stepped_down": len(led)}
+        free = self.fs.block.free_bytes()
+        if free is not None and free < self.cfg.resume_free_bytes:
+            return {"stepped_down": len(led), "waiting_for_bytes": self.cfg.resume_free_bytes - free}
+        revived = 0
+        for part in self.tables.partitions():
+            if (part.table_id, part.pid) in full:
+                revived += await part.revive()
+        return {"stepped_down": len(led), "revived": revived}
 
     def flush_stats(self) -> list[dict]:
         return self.store.flush_stats()

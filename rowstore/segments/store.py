@@ -27,7 +27,7 @@ from rowstore.schema import SchemaVersion
 from rowstore.segments.records import PENDING_PREFIX, SEG_PREFIX, SegmentRecord, SegState
 from rowstore.segments.sealed import SealedSegment, sealed_bytes
 from terrafs.catalog_ops import commit
-from terrafs.errors import CatalogConflictError, TerrafsError
+from terrafs.errors import CatalogConflictError, MirrorError, NoSpaceError, TerrafsError
 from terrafs.fs import TerrascaleFS
 from terrafs.ranges import RangeAllocator
 from terrafs.records import FileRecord
@@ -63,6 +63,7 @@ class SegmentStore:
 
         ``decide(txn)`` answers for a segment ending in a prepared batch (RFC 0003)."""
         await self.segids.init()
+        self._decide = decide
         pending = []
         for rec in await self.list(owner=self.node):
             if rec.epoch > 0 and rec.inode in self.lost:
@@ -166,12 +167,39 @@ class SegmentStore:
                     seg = self._current[(table, partition)] = await self.create(table, partition)
         return seg
 
+    def failed_for_space(self) -> list[tuple[str, int]]:
+        """The partitions whose current segment stopped at a full block device."""
+        return [k for k, seg in self._current.items() if isinstance(seg.file.failure, NoSpaceError)]
+
+    def failed(self) -> dict[tuple[str, int], BaseException]:
+        """The partitions whose current segment's file failed (a full device, a disk error),
+        and why; not those fenced as leaders (they step down already)."""
+        return {k: seg.file.failure for k, seg in self._current.items()
+                if seg.file.failure is not None and not isinstance(seg.file.failure, MirrorError)}
+
+    async def revive(self, table: str, partition: int) -> bool:
+        """Take writes again on a partition whose current segment stopped at a full device (the
+        caller saw space come back, and holds the partition's writer lock with nothing in
+        flight): the file is cut back to its last durable group and recovered from the device,
+        so its localids are the file's again (the failed batches' are handed out anew)."""
+        seg = self._current.get((table, partition))
+        if seg is None or not isinstance(seg.file.failure, NoSpaceError):
+            return False
+        rec, _ = await self.record(seg.segid)
+        await self.fs.close_active(rec.inode)
+        new = await ActiveSegment.recover(seg.segid, await self.fs.open_active(rec.inode), self._decide)
+        new.seq = seg.seq
+        self.active[seg.segid] = self._current[(table, partition)] = new
+        log.warning("event=segment_revived segid=%d rows=%d bytes=%d", seg.segid, new.durable_rows, new.nbytes)
+        return True
+
     async def roll(self, table: str, partition: int, empty: bool = False) -> ActiveSegment | None:
         """Seal the partition's current segment now (if it holds rows, or ``empty`` too); a new
         one takes over at the next append. Returns the sealed segment."""
         seg = self._current.get((table, partition))
         if seg is None or (seg.durable_rows == 0 and not empty):
             return None
+        _refuse_failed(seg)
         async with self._rolling.setdefault((table, partition), asyncio.Lock()):
             if self._current.get((table, partition)) is not seg:
                 return None
@@ -181,6 +209,7 @@ class SegmentStore:
         return seg
 
     async def _roll(self, table: str, partition: int, full: ActiveSegment) -> None:
+        _refuse_failed(full)
         async with self._rolling.setdefault((table, partition), asyncio.Lock()):
             if self._current.get((table, partition)) is not full:
                 return  # another appender rolled it already
@@ -491,3 +520,11 @@ class SegmentStore:
         if segid in self.active:
             return await self.active[segid].get(locs, schemas, target)
         return await (await self.sealed(segid)).get(locs, schemas, target)
+
+
+def _refuse_failed(seg: ActiveSegment) -> None:
+    """A segment that stopped at a full device is not sealed (sealing writes, and its tail is
+    cut when it is revived): it stays the partition's current one until then."""
+    f = seg.file.failure
+    if isinstance(f, NoSpaceError):
+        raise NoSpaceError(f"segment {seg.segid}: {f}")

@@ -137,6 +137,13 @@ class Partition:
         async with self.lock:
             await self._drained.wait()
 
+    async def revive(self) -> bool:
+        """Writes again after a full device (``SegmentStore.revive``), under the writer lock
+        with nothing in flight."""
+        async with self.lock:
+            await self._drained.wait()
+            return await self.store.revive(self.table_id, self.pid)
+
     def full(self) -> bool:
         """Whether the current segment reached the seal size (then ``roll(if_full=True)``)."""
         seg = self.store.current_or_none(self.table_id, self.pid)

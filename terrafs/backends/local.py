@@ -126,6 +126,10 @@ class LocalBlockDevice(BlockDevice):
     def _path(self, name: str) -> str:
         return os.path.join(self.root, check_name(name))
 
+    def free_bytes(self) -> int | None:
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize
+
     def _sync_dir(self, path: str) -> None:
         if self.durable:
             fsync_dir(os.path.dirname(path))

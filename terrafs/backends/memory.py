@@ -6,6 +6,7 @@ the last ``sync()`` — a real crash, not a mock of one.
 """
 from __future__ import annotations
 
+import errno
 import random
 
 from terrafs.abc import BlockDevice, DeviceFile, ObjectInfo, ObjectStore, check_name
@@ -42,6 +43,10 @@ class MemoryDeviceFile(DeviceFile):
     async def append(self, data) -> int:
         d = self._check()
         off = len(d.buf)
+        room = self._dev.free_bytes() if self._dev is not None else None
+        if room is not None and len(data) > room:
+            d.buf += bytes(memoryview(data)[:room])  # a short write, as a full disk gives
+            raise OSError(errno.ENOSPC, "No space left on device")
         d.buf += data
         return off
 
@@ -65,9 +70,10 @@ class MemoryDeviceFile(DeviceFile):
 
 
 class MemoryBlockDevice(BlockDevice):
-    def __init__(self, uri: str = "memory://block", durable: bool = True):
+    def __init__(self, uri: str = "memory://block", durable: bool = True, capacity: int | None = None):
         self.uri = uri
         self.durable = durable
+        self.capacity = capacity  # bytes; a write past it stores what fits and fails with ENOSPC
         self._files: dict[str, _MemData] = {}
         self.generation = 0  # bumped by crash(): handles from before it are dead
 
@@ -100,6 +106,11 @@ class MemoryBlockDevice(BlockDevice):
 
     async def exists(self, name: str) -> bool:
         return name in self._files
+
+    def free_bytes(self) -> int | None:
+        if self.capacity is None:
+            return None
+        return max(self.capacity - sum(len(d.buf) for d in self._files.values()), 0)
 
     def crash(self, tear_seed: int | None = None) -> None:
         """Lose every unsynced byte, as power loss would.

@@ -63,7 +63,7 @@ async def fence(api, request):
         out = await api.db.leadership.fence(doc["table"], doc["pid"], doc["epoch"], doc.get("force", False))
     except FencedError as e:
         return _fenced(e)
-    return web.json_response(out)
+    return web.json_response({**out, "writable": api.db.can_write()})
 
 
 async def promote(api, request):
