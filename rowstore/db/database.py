@@ -18,6 +18,7 @@ the one object the node holds; the work is done by its parts, each in its own mo
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -64,9 +65,10 @@ def _schema_of_segment_rows(version: int) -> SchemaVersion:
 
 
 class Database:
-    def __init__(self, fs: TerrascaleFS, cfg: TablesConfig = TablesConfig(), now_ms=None):
+    def __init__(self, fs: TerrascaleFS, cfg: TablesConfig = TablesConfig(), now_ms=None, monotonic=None):
         """``now_ms``: the wall clock in ms (default the system's); every horizon, closed
-        timestamp and commit timestamp of this database reads it."""
+        timestamp and commit timestamp of this database reads it. ``monotonic``: the clock of
+        replication leases (default ``time.monotonic``; a simulation gives virtual time)."""
         self.fs, self.catalog, self.cfg = fs, fs.catalog, cfg
         self.clock = HybridClock(self.catalog, fs.cfg.node_id, now_ms)
         self.timeline = Timeline(self.clock)
@@ -84,10 +86,10 @@ class Database:
                                        self.tasks)
         self.leases = Leases(self.catalog)
         self.external = ExternalReads(fs, self.store, self.reader, self.leases)
-        self.replicas = ReplicaStore(fs)
+        self.replicas = ReplicaStore(fs, monotonic=monotonic or time.monotonic)
         self.leadership = Leadership(self.store, self.replicas, self.tables,
                                      lambda txn: self.committer.decide_at_recovery(txn, keep=True),
-                                     self.clock.observe, self.clock.present)
+                                     self.clock.observe, self.clock.present, monotonic or time.monotonic)
         self.handoffs = Handoffs(self.store, self.tables, self.clock.observe)
         self.reader.leases_of = self.leadership.check_lease
         self.committer.stalled = lambda t, p: self.tasks.spawn(self.leadership.demote(t, p))

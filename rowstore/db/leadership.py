@@ -25,8 +25,10 @@ log = logging.getLogger("rowstore.db.leadership")
 
 
 class Leadership:
-    def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables, decide, observe=None, present=None):
+    def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables, decide, observe=None, present=None,
+                 monotonic=time.monotonic):
         self.store, self.replicas, self.tables, self.decide = store, replicas, tables, decide
+        self.monotonic = monotonic  # leases (a simulation runs it on virtual time)
         self.observe = observe  # the clock's observe(ts): a new leader commits above the log it took
         self.present = present or (lambda: 0)  # the clock's present: sent to followers, answered to fences
         self.fenced_at: dict[tuple[str, int], float] = {}  # monotonic time a fence made this node step down
@@ -80,7 +82,8 @@ class Leadership:
             wm = await read_watermark(self.store.catalog, d.table_id, pid)
             floor = next((e.floor for e in await self.replicas.history(d.table_id, pid) if e.epoch == epoch), 0)
             self.observe(max([s.max_ts or 0 for s in segs] + [wm.ts if wm else 0, floor]))
-        sh = Shipper(d.table_id, pid, epoch, base, start, followers, transport, lease_s, on_fenced, self.present)
+        sh = Shipper(d.table_id, pid, epoch, base, start, followers, transport, lease_s, on_fenced, self.present,
+                     self.monotonic)
         for seg in segs:
             sh.register(seg.seq, seg)
         self.store.shippers[key] = sh
@@ -131,7 +134,7 @@ class Leadership:
         after answering for a newer one: its answer may be part of that election's majority)."""
         async with self._lock(table_id, pid):
             await self._yield_to(table_id, pid, epoch)
-            self.fenced_at[(table_id, pid)] = time.monotonic()  # an election is under way elsewhere
+            self.fenced_at[(table_id, pid)] = self.monotonic()  # an election is under way elsewhere
             self.fenced_epoch[(table_id, pid)] = max(self.fenced_epoch.get((table_id, pid), 0), epoch)
             own = await self.store.own_log(table_id, pid)
             if own is None:

@@ -46,7 +46,7 @@ class _Replica:
     # Monotonic time of the last append from the current epoch's leader. Loaded counts as just
     # heard: this replica may have acknowledged a leader just before a restart, and that
     # leader's lease may still run on it (a promise waits it out).
-    contact: float = field(default_factory=time.monotonic)
+    contact: float = 0.0
     leader: str = ""
     leader_clock: int = 0  # the highest clock a leader sent this replica (its present then)
     # The epoch whose leader this process has been receiving from since its log was known to
@@ -64,9 +64,10 @@ class _Replica:
 class ReplicaStore:
     """This node's follower side: appends, fences, promotion hand-over, clean-up."""
 
-    def __init__(self, fs: TerrascaleFS, lease_s: float = 1.0):
+    def __init__(self, fs: TerrascaleFS, lease_s: float = 1.0, monotonic=time.monotonic):
         self.fs, self.catalog, self.node = fs, fs.catalog, fs.cfg.node_id
         self.lease_s = lease_s
+        self.monotonic = monotonic  # leases and contact ages (a simulation runs it on virtual time)
         self._reps: dict[tuple[str, int], _Replica] = {}
         self._loading: dict[tuple[str, int], asyncio.Lock] = {}
         self.lost: set[int] = set()  # inodes whose local files were found missing at start
@@ -86,8 +87,8 @@ class ReplicaStore:
         key = rep_key(table_id, pid, self.node)
         e = await self.catalog.get(key)
         if e is None:
-            return _Replica(key, ReplicaRecord(), 0)
-        r = _Replica(key, ReplicaRecord.from_bytes(e.value, key), e.version)
+            return _Replica(key, ReplicaRecord(), 0, contact=self.monotonic())
+        r = _Replica(key, ReplicaRecord.from_bytes(e.value, key), e.version, contact=self.monotonic())
         if r.rec.rewriting:  # a cut copy whose switch a crash prevented: the old copy stands
             await self._drop_rewrites(r)
         if any(inode in self.lost for _, inode in r.rec.segs.values()):
@@ -127,7 +128,7 @@ class ReplicaStore:
             r.following = epoch  # from here on its log is a prefix of this leader's
             if epoch > r.rec.promised:
                 await self._save(r, promised=epoch)
-            r.contact, r.leader = time.monotonic(), leader
+            r.contact, r.leader = self.monotonic(), leader
             r.leader_clock = max(r.leader_clock, clock)
             gap = False
             for p in pieces:
@@ -177,12 +178,12 @@ class ReplicaStore:
         async with r.lock:
             if epoch <= r.rec.promised:
                 raise FencedError(f"epoch {epoch} is not above the promised {r.rec.promised}", r.rec.promised)
-            if not force and time.monotonic() - r.contact < self.lease_s:
-                raise LeaderAliveError(f"heard from leader {r.leader} {time.monotonic() - r.contact:.2f} s ago")
+            if not force and self.monotonic() - r.contact < self.lease_s:
+                raise LeaderAliveError(f"heard from leader {r.leader} {self.monotonic() - r.contact:.2f} s ago")
             await self._save(r, promised=epoch)
             # how long ago the old leader last reached this replica: its lease may run until
             # lease_s after that (a forced election waits it out, RFC 0010 §5 "Leases")
-            age = time.monotonic() - r.contact
+            age = self.monotonic() - r.contact
             return {"last": r.rec.last, "pos": r.position().json(), "contact_age_s": age, "clock": r.leader_clock}
 
     def status(self, table_id: str, pid: int) -> dict | None:
@@ -190,7 +191,7 @@ class ReplicaStore:
         if r is None:
             return None
         return {"promised": r.rec.promised, "last": r.rec.last, "pos": r.position().json(),
-                "contact_s": round(time.monotonic() - r.contact, 3)}
+                "contact_s": round(self.monotonic() - r.contact, 3)}
 
     # -- promotion and clean-up -----------------------------------------------------------------
 

@@ -58,9 +58,10 @@ class Shipper:
     """Replication of one partition, led by this node in ``epoch``."""
 
     def __init__(self, table_id: str, pid: int, epoch: int, base: int, start: Position, followers: list[str],
-                 transport: Transport, lease_s: float = 1.0, on_fenced=None, clock=None):
+                 transport: Transport, lease_s: float = 1.0, on_fenced=None, clock=None, monotonic=time.monotonic):
         self.table_id, self.pid, self.epoch, self.base, self.start = table_id, pid, epoch, base, start
         self.clock = clock or (lambda: 0)  # this node's HLC present: sent with every round
+        self.monotonic = monotonic  # the lease's time (a simulation runs it on virtual time)
         self.followers = list(followers)
         self.transport, self.lease_s, self.on_fenced = transport, lease_s, on_fenced
         self.needed = (len(self.followers) + 1) // 2  # followers that must hold a group (+ this node)
@@ -148,11 +149,11 @@ class Shipper:
         """Whether a majority answered within the lease (this node counts as one)."""
         if self.fenced is not None or self.closed:
             return False
-        floor = time.monotonic() - self.lease_s
+        floor = self.monotonic() - self.lease_s
         return sum(1 for link in self._links.values() if link.acked_at >= floor) >= self.needed
 
     def status(self) -> dict:
-        now = time.monotonic()
+        now = self.monotonic()
         return {"epoch": self.epoch, "lease": self.lease_ok(), "fenced": self.fenced, "end": list(self.end()),
                 "followers": {n: {"pos": None if link.pos is None else list(link.pos),
                                   "lag_bytes": link.lag_bytes(), "sent_bytes": link.sent_bytes,
@@ -206,14 +207,14 @@ class _Link:
         while not self.sh.closed and self.sh.fenced is None:
             try:
                 header, data = await self._collect() if self.pos is not None else (self._header([]), [])
-                if not data and self.pos is not None and time.monotonic() - self.acked_at < beat:
+                if not data and self.pos is not None and self.sh.monotonic() - self.acked_at < beat:
                     self.wake.clear()
                     try:
                         await asyncio.wait_for(self.wake.wait(), beat)
                     except asyncio.TimeoutError:
                         pass
                     continue
-                t0 = time.monotonic()
+                t0 = self.sh.monotonic()
                 got = await self.sh.transport.append(self.node, header, data)
                 self.pos = Position.of(got["pos"])
                 self.acked_at = t0

@@ -1,0 +1,93 @@
+"""A deterministic event loop on virtual time (FoundationDB's simulator, TigerBeetle's VOPR):
+no real I/O, no threads — a timer that is due runs when nothing else is ready, and time jumps
+to it — so a run is a function of its seed alone, and seconds of cluster time take
+milliseconds. Work the code hands to threads (``asyncio.to_thread``) runs inline."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import selectors
+
+
+class Stalled(Exception):
+    """Nothing is ready and no timer is due: every task waits for something that never comes."""
+
+
+class _VirtualSelector(selectors.BaseSelector):
+    """Registers what the loop asks (its self-pipe) and never reports an event: waiting for
+    ``timeout`` seconds is advancing the clock by that much."""
+
+    def __init__(self, loop: "SimLoop"):
+        self._loop, self._map = loop, {}
+
+    def register(self, fileobj, events, data=None):
+        key = selectors.SelectorKey(fileobj, fileobj if isinstance(fileobj, int) else fileobj.fileno(), events, data)
+        self._map[key.fd] = key
+        return key
+
+    def unregister(self, fileobj):
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        return self._map.pop(fd)
+
+    def select(self, timeout=None):
+        if timeout is None:
+            raise Stalled("no task is ready and no timer is due")
+        self._loop.now += max(timeout, 0.0)
+        return []
+
+    def get_map(self):
+        return self._map
+
+    def close(self):
+        self._map.clear()
+
+
+class _Inline(concurrent.futures.ThreadPoolExecutor):  # the type the loop insists on; no thread runs
+    def submit(self, fn, /, *args, **kwargs):
+        f = concurrent.futures.Future()
+        try:
+            f.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+            f.set_exception(e)
+        return f
+
+
+# The simulated process a piece of code runs in: every task inherits it from the code that
+# created it, so a crash cancels exactly that node's tasks.
+PROCESS: contextvars.ContextVar[str] = contextvars.ContextVar("sim_process", default="")
+
+
+class SimLoop(asyncio.SelectorEventLoop):
+    def __init__(self):
+        self.now = 0.0
+        super().__init__(_VirtualSelector(self))
+        self._default_executor = _Inline(max_workers=1)
+        self.tasks: dict[str, set[asyncio.Task]] = {}
+        self.set_task_factory(self._task)
+
+    def time(self) -> float:
+        return self.now
+
+    def _task(self, loop, coro, context=None):
+        t = asyncio.Task(coro, loop=loop, context=context)
+        owner = (context or contextvars.copy_context()).get(PROCESS)
+        if owner:
+            group = self.tasks.setdefault(owner, set())
+            group.add(t)
+            t.add_done_callback(group.discard)
+        return t
+
+    def kill(self, process: str) -> int:
+        """Cancel every task of ``process`` (kill -9: nothing of it runs any more)."""
+        group = self.tasks.pop(process, set())
+        for t in group:
+            t.cancel()
+        return len(group)
+
+
+def in_process(name: str, coro) -> asyncio.Task:
+    """Run ``coro`` as a task of simulated process ``name``."""
+    ctx = contextvars.copy_context()
+    ctx.run(PROCESS.set, name)
+    return asyncio.get_running_loop().create_task(coro, context=ctx)
