@@ -1,4 +1,4 @@
-"""Run the seeded fault simulation: ``python -m tests.sim --seeds 0-99 [--seconds 12]
+"""Run the seeded fault simulation: ``python -m tests.sim --seeds 0-99 [--seconds 30]
 [--revert s1] [--trace]``. Each seed is one run on virtual time (tests/sim/world.py); a failing
 seed prints its violation, the end of its trace and the command that replays it exactly (run
 with ``PYTHONHASHSEED=0``, as ``make test`` does). Exit status 1 when any seed failed."""
@@ -73,18 +73,19 @@ def run_seed(seed: int, seconds: float, show_trace: bool, faults: Faults) -> tup
         print(f"seed {seed}: VIOLATION {why}")
         print("\n".join(w.trace[-60:] if not show_trace else w.trace))
         print(f"replay: PYTHONHASHSEED=0 python -m tests.sim --seeds {seed} --seconds {seconds} "
-              f"--crash {faults.crash} --slow {faults.slow} --trace")
+              f"--crash {faults.crash} --slow {faults.slow} --slow-node {faults.slow_node} --trace")
     return ok, stats
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.sim")
     ap.add_argument("--seeds", default="0-19", help="a seed, or a range a-b (inclusive)")
-    ap.add_argument("--seconds", type=float, default=12.0, help="virtual seconds of faults per seed")
+    ap.add_argument("--seconds", type=float, default=30.0, help="virtual seconds of faults per seed")
     ap.add_argument("--revert", action="append", default=[], help="put a fixed bug back (s1)")
     ap.add_argument("--trace", action="store_true", help="print the whole trace of a failing seed")
     ap.add_argument("--crash", type=float, default=Faults.crash, help="kills per virtual second")
     ap.add_argument("--slow", type=float, default=Faults.slow, help="slow links per virtual second")
+    ap.add_argument("--slow-node", type=float, default=Faults.slow_node, help="slow nodes per virtual second")
     ap.add_argument("--stop", action="store_true", help="stop at the first failing seed")
     a = ap.parse_args(argv)
     lo, _, hi = a.seeds.partition("-")
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
         revert(name)
     failed, t0, acked, elections = [], time.perf_counter(), 0, 0
     for seed in seeds:
-        ok, st = run_seed(seed, a.seconds, a.trace, Faults(crash=a.crash, slow=a.slow))
+        ok, st = run_seed(seed, a.seconds, a.trace, Faults(crash=a.crash, slow=a.slow, slow_node=a.slow_node))
         acked += st["acked"]
         elections += st["elections"]
         if not ok:

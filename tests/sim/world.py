@@ -55,7 +55,7 @@ class Faults:
     partition: float = 0.2  # per second: a link is cut (one way or both) for a while
     clock_jump: float = 0.05  # per second: a node's wall clock jumps
     slow: float = 0.3  # per second: a link turns slow (each message 30-300 ms late) for a while
-    slow_node: float = 0.1  # per second: a node turns slow (a slow disk: every message to it late) for long
+    slow_node: float = 0.3  # per second: a node turns slow (a slow disk: every message to it late) for long
     drop: float = 0.01  # per message (either leg)
     duplicate: float = 0.01  # per message
     delay_ms: tuple[int, int] = (0, 15)
@@ -181,7 +181,7 @@ class Ledger:
 
 
 class World:
-    def __init__(self, seed: int, loop, faults: Faults | None = None, seconds: float = 12.0, writers: int = 3):
+    def __init__(self, seed: int, loop, faults: Faults | None = None, seconds: float = 30.0, writers: int = 3):
         self.seed, self.loop, self.rng = seed, loop, random.Random(seed)
         self.faults, self.seconds, self.writers = faults or Faults(), seconds, writers
         self.catalog, self.objects = MemoryCatalog(), MemoryObjectStore()
@@ -264,8 +264,8 @@ class World:
             return False
         epoch = p.epoch + 1
         for _ in range(3):
-            got = await asyncio.gather(*[self.net.call("driver", n, lambda n=n: self.nodes[n].db.leadership.fence(
-                tid, 0, epoch)) for n in voters], return_exceptions=True)
+            got = await asyncio.gather(*[self.net.call("driver", n, lambda n=n, e=epoch: self.nodes[
+                n].db.leadership.fence(tid, 0, e)) for n in voters], return_exceptions=True)
             ok = {n: g for n, g in zip(voters, got) if isinstance(g, dict)}
             if len(ok) >= need:
                 break
@@ -316,7 +316,8 @@ class World:
             rows = pa.table({"id": keys, "b": np.full(ROWS, b, np.int64)})
             self.ledger.maybe.add(b)  # until it is answered: a write in flight may land
             try:
-                res = await self.net.call(f"client{i}", leader, lambda n=leader: self.nodes[n].db.upsert("t", rows))
+                res = await self.net.call(f"client{i}", leader, lambda n=leader, rows=rows: self.nodes[n].db.upsert(
+                    "t", rows))
                 self.ledger.acked[b] = res.commit_ts
                 self.ledger.maybe.discard(b)
             except (ConnectionError, RowstoreError, TerrafsError):
