@@ -27,6 +27,18 @@ _KILL_AT = os.environ.get("TERRASCALE_FAILPOINT_KILL")
 CLOCK_SKEW_MS = int(os.environ.get("TERRASCALE_FAILPOINT_CLOCK_SKEW_MS", "0"))
 
 
+# Network cuts of a test's child process: a file named after a node (or ``all``) in this
+# folder makes this node's requests to it fail as if the network dropped them (one-way
+# partitions, set and lifted while the node runs; unset in production).
+CUT_DIR = os.environ.get("TERRASCALE_FAILPOINT_CUT_DIR")
+
+
+def cut_to(node: str) -> bool:
+    """Whether a test cut this node's requests to ``node``."""
+    return CUT_DIR is not None and (os.path.exists(os.path.join(CUT_DIR, "all"))
+                                    or os.path.exists(os.path.join(CUT_DIR, node)))
+
+
 def skewed_wall_clock():
     """The node's wall clock in ms when a test skews it, else None (the system's)."""
     if not CLOCK_SKEW_MS:

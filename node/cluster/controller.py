@@ -29,6 +29,7 @@ from node.cluster.handoff import call_hand_off, hand_off, reconcile as take_plac
 from node.tasks import cancel_all
 from node.cluster.placement import PLACE, PartitionPlace, Placement
 from node.cluster.rebalance import Rebalancer
+from node.cluster import suspicion
 from node.cluster.transport import PROMISED, HttpTransport
 from rowstore.errors import FencedError, RowstoreError, TableNotFoundError
 from rowstore.replication.epochs import Epoch, History, epochs_key
@@ -76,6 +77,7 @@ class NodeReplication:
         self.dead: set[str] = set()
         self.known: dict[str, int] = {}  # table id -> partitions (replication messages are checked against it)
         self.rebalancer = Rebalancer(self)
+        self.suspected: list | None = None  # what this node last wrote under node/suspect/ (suspicion.py)
 
     @property
     def enabled(self) -> bool:
@@ -141,6 +143,10 @@ class NodeReplication:
             for pid, p in enumerate(pl.partitions):
                 if p.leader in self.dead:
                     failed_over |= await self.elect(d, pid, exclude=self.dead)
+        for d, pid in await suspicion.unreachable(self, replicated, self.dead):
+            leader = (await self.cluster.placement(d.name, d.partitions, fresh=True)).leader(pid)
+            log.warning("event=leader_unreachable table=%s partition=%d leader=%s", d.name, pid, leader)
+            failed_over |= await self.elect(d, pid, exclude={leader} | self.dead)
         if not failed_over and not await self.rebalancer.step(replicated):
             await self._move_single(self.dead, placed)
 
@@ -201,6 +207,7 @@ class NodeReplication:
                     await self.db.leadership.demote(d.table_id, pid)
         for key in set(self.db.leadership.led()) - seen:
             await self.db.leadership.demote(*key)
+        await suspicion.publish(self, tables, self.silent())
         if time.monotonic() - self._pruned > PRUNE_EVERY_S:
             self._pruned = time.monotonic()
             await self._prune(tables)

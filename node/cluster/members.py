@@ -33,6 +33,7 @@ from catalog.errors import CatalogError
 from node.cluster.placement import PLACE, Placement, counts, plan
 from node.errors import ApiError
 from rowstore.errors import ConflictError, SchemaError, TableExistsError
+from terrafs.failpoints import cut_to
 from terrafs.catalog_ops import commit
 
 log = logging.getLogger("terrascale.node")
@@ -200,6 +201,8 @@ class Cluster:
         """One internal request to ``node`` (with this node's token when it has one): (status,
         headers, body). A node that does not answer is a ConnectionError (503 to callers)."""
         url = await self.address(node) + path
+        if cut_to(node):
+            raise ConnectionError(f"node {node} ({url}) does not answer: cut by a test")
         h = dict(headers or {})
         h[FORWARDED] = self.node_id
         h[INCARNATION] = self.incarnation

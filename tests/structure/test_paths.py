@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOP = ("catalog", "terrafs", "rowstore", "node", "spark_bridge", "tests", "bench", "ops", "docs", ".ci")
 PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w./@-]*[\w/])" % "|".join(re.escape(t) for t in TOP))
 # catalog keys that look like paths (docs/format/placement.md, replication.md), not files
-CATALOG_KEY = re.compile(r"^node/(place|member|owner|leaving|alive)/")
+CATALOG_KEY = re.compile(r"^node/(place|member|owner|leaving|alive|suspect)/")
 SUFFIXES = {".py", ".md", ".yaml", ".toml", ".java", ".sh", ".service", ".json", ""}
 SKIP_DIRS = {".venv", ".git", "build", "__pycache__", ".hypothesis", "results"}
 
