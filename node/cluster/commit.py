@@ -32,7 +32,7 @@ from catalog.abc import Check, Delete, Put
 from node.cluster.members import raise_remote
 from node.wire import ARROW_STREAM, write_arrow_stream
 from rowstore.db.committer import COMMITTED, txn_key
-from rowstore.errors import ConflictError, UnavailableError
+from rowstore.errors import UnavailableError
 from rowstore.hlc import ts_from_ms
 from rowstore.segments.wal import DECIDED, SPANS_NODES
 from terrafs.catalog_ops import commit
@@ -86,7 +86,8 @@ async def _decide_and_commit(node, d, got, txn: int, ts: int) -> Outcome:
         e = await node.catalog.get(key)
         if e is None or e.value != COMMITTED:  # a participant gave up on us and aborted
             await _abort_all(node, [w for w, _ in got], txn)
-            raise ConflictError(f"table {d.name!r}: the batch was aborted by a participant that timed out; retry")
+            raise UnavailableError(f"table {d.name!r}: the batch was aborted by a participant that timed out; "
+                                   "retry")
     node.db.clock.observe(ts)
     answers = await asyncio.gather(*(_commit(node, who, txn) for who, _ in got), return_exceptions=True)
     failed = [(who, a) for (who, _), a in zip(got, answers) if isinstance(a, BaseException)]

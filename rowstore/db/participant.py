@@ -28,7 +28,7 @@ from catalog.abc import Catalog, Check, Put
 from rowstore.db.committer import ABORTED, COMMITTED, Committer, txn_key
 from rowstore.db.registry import Table
 from rowstore.db.tasks import BackgroundTasks
-from rowstore.errors import ConflictError
+from rowstore.errors import ConflictError, UnavailableError
 from rowstore.segments.active import split_rowids
 from rowstore.segments.wal import DECIDED
 from rowstore.tables.conform import conform, stamp
@@ -124,7 +124,7 @@ class Participant:
         participant reserved) in every partition, durable on return; the locks stay held."""
         p = self._held.get(txn)
         if p is None:
-            raise ConflictError(f"transaction {txn_key(txn)} is not reserved here (it timed out)")
+            raise UnavailableError(f"transaction {txn_key(txn)} is not reserved here (it timed out); retry")
         if ts != p.ts:
             self.timeline.move(p.ts, ts)
             p.ts = ts
@@ -140,7 +140,8 @@ class Participant:
             p.appending = False
         if p.aborted:  # aborted while the appends were in flight: their localids go back now
             await self._roll_back(p)
-            raise ConflictError(f"transaction {txn_key(txn)} was aborted here while it was being prepared")
+            raise UnavailableError(f"transaction {txn_key(txn)} was aborted here while it was being prepared "
+                                   "(its coordinator timed out); retry")
         failed = next((g for g in p.got if isinstance(g, BaseException)), None)
         if failed is not None:
             await self.abort(txn)
@@ -154,7 +155,8 @@ class Participant:
             e = await self.catalog.get(txn_key(txn))
             if e is not None and e.value == COMMITTED:
                 return 0
-            raise ConflictError(f"transaction {txn_key(txn)} was aborted here (its coordinator was too slow)")
+            raise UnavailableError(f"transaction {txn_key(txn)} was aborted here (its coordinator was too slow); "
+                                   "retry")
         if p.expiry is not None and p.expiry is not asyncio.current_task():
             p.expiry.cancel()
         commits = [asyncio.ensure_future(seg.commit_prepared(txn)) for seg in p.segs]

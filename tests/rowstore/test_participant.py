@@ -9,7 +9,7 @@ import secrets
 import pyarrow as pa
 import pytest
 
-from rowstore.errors import ConflictError
+from rowstore.errors import UnavailableError
 from rowstore.segments.wal import DECIDED, SPANS_NODES
 from tests.rowstore.tables_world import SCHEMA, TablesWorld, rows
 
@@ -33,7 +33,7 @@ async def test_an_abort_during_an_inflight_prepare_rolls_back_when_the_append_la
     await asyncio.sleep(0.01)  # BATCH X enqueued, waiting for the disk
     await db.participant.abort(txn)  # the coordinator's timeout: aborted here
     held.set()
-    with pytest.raises(ConflictError):
+    with pytest.raises(UnavailableError):  # 503 at the edge: a timeout, retry (RFC 0010 §3)
         await prep
     seg.append_encoded = real
     await db.upsert("m", rows(range(20, 25), v=7.0))  # numbered right after the 10 committed rows
