@@ -17,6 +17,7 @@ import json
 import logging
 
 from catalog.abc import Check, Put
+from catalog.errors import CatalogError
 from node.cluster.members import LEAVING, RemoteError
 from node.errors import ApiError
 from node.cluster.placement import PLACE, PartitionPlace, Placement, counts
@@ -64,7 +65,8 @@ async def _switch(node, name: str, pid: int, was: PartitionPlace, new: Partition
         return False
     res = await commit(node.catalog, [Check(key, e.version), Check(LEAVING + to, 0)],
                        [Put(key, cur.with_partition(pid, new).to_bytes())])
-    await node.cluster.placement(name, len(cur.partitions), fresh=True)
+    with contextlib.suppress(CatalogError, ConnectionError, asyncio.TimeoutError):  # done either way
+        await node.cluster.placement(name, len(cur.partitions), fresh=True)
     return res.committed
 
 

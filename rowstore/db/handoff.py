@@ -95,12 +95,15 @@ class Handoffs:
             if pid not in table.owned:
                 return False
             part = table.parts[pid]
+            failed = None
             async with part.index.publish_lock:
                 try:
                     moved = await switch()
-                except BaseException:
-                    part.retired = False
-                    raise
+                except BaseException as e:  # noqa: BLE001 - re-raised below
+                    # The compare-and-set may have committed: taking writes again could make
+                    # two owners. Stop serving; the reconcile takes the partition back if the
+                    # placement still names this node.
+                    moved, failed = True, e
                 if not moved:
                     part.retired = False
                     return False
@@ -108,6 +111,9 @@ class Handoffs:
                 table.unserve(pid)
             for inode in self.store.release_local(d.table_id, pid):
                 await self.store.fs.close_active(inode)
+            if failed is not None:
+                log.warning("event=handoff_outcome_unknown table=%s partition=%d error=%r", d.name, pid, failed)
+                raise failed
             log.info("event=partition_handed_off table=%s partition=%d", d.name, pid)
             return True
 

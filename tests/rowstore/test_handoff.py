@@ -139,3 +139,25 @@ async def test_after_a_restart_the_new_node_still_commits_above_the_old_nodes_co
     assert await n2.get("m", 5) is None
     await n1.close()
     await n2.close()
+
+
+async def test_a_switch_that_fails_after_its_compare_and_set_leaves_one_owner():
+    """The placement's compare-and-set committed, then the call raised (its answer lost, the
+    cache refresh failed): the old node must not take writes again — the new one serves the
+    partition now. It stops serving; were the switch not done, its reconcile takes it back."""
+    w = Two()
+    n1, n2 = await w.start("n1"), await w.start("n2")
+    d = await n1.create_table("m", SCHEMA)
+    await n2.tables.table(d)
+    await n1.upsert("m", rows(range(50)))
+    await n1.handoffs.release(d, 0)
+
+    async def switch():
+        w.owner, w.epoch = "n2", 2  # committed ...
+        raise ConnectionError("the catalog's answer was lost")  # ... but the caller cannot tell
+    with pytest.raises(ConnectionError):
+        await n1.handoffs.switch(d, 0, switch)
+    with pytest.raises(UnavailableError):  # not two owners: n1 takes no writes
+        await n1.upsert("m", rows([7000]))
+    assert await n2.handoffs.take(d, 0, 2)
+    assert (await n2.upsert("m", rows([7000]))).count == 1
