@@ -68,7 +68,7 @@ def make_points(c, name, indexes=("loc", "name", "v")):
 
 def test_health_ready_metrics(node, c):
     assert c.healthz() == {"status": "ok"}
-    assert c.readyz() == {"status": "ready"}
+    assert c.readyz() == {"status": "ready", "writes": True}
     text = c.metrics()
     for name in ("terrascale_http_requests_total", "terrascale_http_request_seconds_bucket", "terrascale_segments",
                  "terrascale_block_cache_hit_ratio", "terrascale_job_seconds", "terrascale_flushes",
@@ -236,7 +236,7 @@ def test_unknown_route_and_method(c):
 def test_async_client_mirrors_the_api(node):
     async def go():
         async with AsyncClient(node.base, TOKEN) as ac:
-            assert (await ac.readyz()) == {"status": "ready"}
+            assert (await ac.readyz()) == {"status": "ready", "writes": True}
             await ac.create_table("asy", [("id", "int64"), ("name", "string")], "id", indexes=["name"])
             results = await asyncio.gather(*[ac.upsert("asy", [{"id": i, "name": f"n{i % 3}"}]) for i in range(50)])
             assert len({r["commit_ts"] for r in results}) == 50
@@ -292,7 +292,7 @@ def test_tls(tmp_path):
         while True:
             try:
                 with Client(node.base, TOKEN, verify=cert) as c:
-                    assert c.readyz() == {"status": "ready"}
+                    assert c.readyz() == {"status": "ready", "writes": True}
                 break
             except (ConnectionError, ApiError):
                 assert time.monotonic() < deadline and node.proc.poll() is None, node.log()

@@ -102,7 +102,7 @@ def test_sd_notify_ready_only_once_ready_then_watchdog_and_stopping(tmp_path):
         msg = sock.recv(4096).decode()
         assert msg.startswith("READY=1\n") and node.base in msg
         with node.client() as c:
-            assert c.readyz() == {"status": "ready"}  # READY=1 came only once /readyz says 200
+            assert c.readyz() == {"status": "ready", "writes": True}  # READY=1 came only once /readyz says 200
         assert sock.recv(4096) == b"WATCHDOG=1"
         node.proc.send_signal(signal.SIGTERM)
         seen = set()
