@@ -68,6 +68,7 @@ class NodeConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     retention_s: float = 7 * 86400
+    purge_lag_s: float = 5.0
     partitions: int = 8
     replicas: int = 1
     memtable_bytes: int = 64 << 20
@@ -174,7 +175,7 @@ _SCHEMA = {
     "security": {"token": ("token", lambda k, v: _str(k, v)), "token_file": ("token", _read_token),
                  "encryption_key_file": ("encryption_key_file", lambda k, v: _str(k, v)),
                  "tls_cert": ("tls_cert", _readable), "tls_key": ("tls_key", _readable)},
-    "history": {"retention": ("retention_s", parse_duration)},
+    "history": {"retention": ("retention_s", parse_duration), "purge_lag": ("purge_lag_s", parse_duration)},
     "tables": {"partitions": ("partitions", _partitions), "replicas": ("replicas", _replicas),
                "memtable_bytes": ("memtable_bytes", parse_size)},
     "jobs": {"checkpoint_every": ("checkpoint_every_s", parse_duration),

@@ -112,6 +112,7 @@ class Node:
         self.db = Database(self.fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes,
                                                  memtable_bytes=c.memtable_bytes,
                                                  retention_ms=int(c.retention_s * 1000),
+                                                 purge_lag_ms=int(c.purge_lag_s * 1000),
                                                  gc=GcConfig(c.gc_min_garbage, c.gc_grace_s, c.gc_max_bytes_per_run)),
                            now_ms=skewed_wall_clock())
         self.cluster.on_change = self.db.forget_cached_definitions

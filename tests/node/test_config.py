@@ -78,9 +78,9 @@ def test_bad_values_name_the_key(doc, key):
 
 def test_gc_section_and_retention_down_to_zero():
     c = from_dict({"gc": {"interval": "0s", "min_garbage": 0.25, "grace": "0s", "max_bytes_per_run": "64MiB"},
-                   "history": {"retention": "0s"}})
+                   "history": {"retention": "0s", "purge_lag": "0s"}})
     assert (c.gc_interval_s, c.gc_min_garbage, c.gc_grace_s, c.gc_max_bytes_per_run) == (0, 0.25, 0, 64 << 20)
-    assert c.retention_s == 0
+    assert c.retention_s == 0 and c.purge_lag_s == 0 and defaults().purge_lag_s == 5
     d = defaults()
     assert (d.gc_interval_s, d.gc_min_garbage, d.gc_grace_s, d.gc_max_bytes_per_run) == (60, 0.5, 300, 1 << 30)
 

@@ -15,6 +15,7 @@ POINTS = ["gc.after_copy", "gc.after_publish", "gc.after_index_checkpoint", "gc.
 EXTRA = """
 [history]
 retention = "0s"
+purge_lag = "0s"
 [gc]
 interval = "0s"
 grace = "0s"
