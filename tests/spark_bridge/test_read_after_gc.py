@@ -12,8 +12,9 @@ from tests.node.proc import NodeProc
 from tests.spark_bridge.conftest import api_rows, spark_rows
 from tests.spark_bridge.test_read import COLUMNS, make_rows
 
-# 5 s of history: a Spark read pins a snapshot a little in the past (0 s would refuse it)
-EXTRA = '[tables]\npartitions = 2\n[history]\nretention = "5s"\n[gc]\ninterval = "0s"\ngrace = "0s"\n' \
+# 5 s of history: a Spark read pins a snapshot a little in the past (0 s would refuse it); no
+# purge lag beyond it: the test waits for the horizon to pass every superseding version
+EXTRA = '[tables]\npartitions = 2\n[history]\nretention = "5s"\npurge_lag = "0s"\n[gc]\ninterval = "0s"\ngrace = "0s"\n' \
         '[segments]\nseal_bytes = "256KiB"\n'
 
 
