@@ -69,8 +69,9 @@ class Writers:
     i % len), each retrying a batch until it is acknowledged — on another node after a
     connection error or a 503/421. Records each acknowledgement's time."""
 
-    def __init__(self, nodes, n: int = 8, table: str = "t", make=batch, timeout: float = 20):
+    def __init__(self, nodes, n: int = 8, table: str = "t", make=batch, timeout: float = 20, retry=RETRY):
         self.nodes, self.n, self.table, self.make, self.timeout = list(nodes), n, table, make, timeout
+        self.retry = retry
         self.acked: dict[int, float] = {}
         self.tried: set[int] = set()
         self.errors: dict[str, int] = {}
@@ -132,7 +133,7 @@ class Writers:
                     try:
                         clients[node.node_id].upsert(self.table, self.make(bid))
                     except ApiError as e:
-                        if e.status not in RETRY:
+                        if e.status not in self.retry:
                             with self.lock:
                                 self.bad.append(f"{node.node_id}: {e.status} {e.code} {e}"[:300])
                         self._note(f"{e.status} {e.code}")

@@ -14,8 +14,8 @@ from tests.spark_bridge.test_read import COLUMNS, make_rows
 
 # 5 s of history: a Spark read pins a snapshot a little in the past (0 s would refuse it); no
 # purge lag beyond it: the test waits for the horizon to pass every superseding version
-EXTRA = '[tables]\npartitions = 2\n[history]\nretention = "5s"\npurge_lag = "0s"\n[gc]\ninterval = "0s"\ngrace = "0s"\n' \
-        '[segments]\nseal_bytes = "256KiB"\n'
+EXTRA = '[tables]\npartitions = 2\n[history]\nretention = "5s"\npurge_lag = "0s"\n' \
+        '[gc]\ninterval = "0s"\ngrace = "0s"\n[segments]\nseal_bytes = "256KiB"\n'
 
 
 @pytest.fixture(scope="module")
