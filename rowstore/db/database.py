@@ -140,10 +140,12 @@ class Database:
     async def drop_table(self, name: str) -> TableDef:
         return await self.catalog_tables.drop(name)
 
-    async def describe(self, name: str, as_of: int | None = None) -> TableDef:
+    async def describe(self, name: str, as_of: int | None = None, trusted: bool = False) -> TableDef:
+        """The table's definition (as of T). ``trusted``: T is a read timestamp another node
+        chose (it may run ahead of this node's wall clock: waited for, never refused)."""
         if as_of is None:
             return await self.catalog_tables.describe(name)
-        return await self.catalog_tables.describe(name, await self.snapshot(as_of))
+        return await self.catalog_tables.describe(name, await self.reader.snapshot(as_of, trusted))
 
     async def list_tables(self, as_of: int | None = None) -> list[TableDef]:
         return await self.catalog_tables.list(None if as_of is None else await self.snapshot(as_of))

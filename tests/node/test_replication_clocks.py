@@ -37,3 +37,28 @@ def test_a_new_leader_whose_clock_trails_commits_above_every_T_the_old_one_hande
     finally:
         for n in nodes:
             n.ensure_stopped()
+
+
+@pytest.mark.slow
+def test_a_read_across_nodes_with_one_clock_ahead_is_answered_through_every_node(tmp_path):
+    """A read of the present across nodes takes the largest closed timestamp — the fast
+    clock's; the other nodes must read (and look the schema up) at that T, never answer
+    409 future_timestamp because their own wall clock has not got there yet."""
+    nodes = raft_cluster(tmp_path, 3, extra=FAST_CLUSTER)
+    try:
+        nodes[0].start(wait=False, env={"TERRASCALE_FAILPOINT_CLOCK_SKEW_MS": "3000"})
+        for n in nodes[1:]:
+            n.start(wait=False)
+        for n in nodes:
+            n.wait_ready(90)
+        c0 = nodes[0].client(timeout=60)
+        c0.create_table("t", [("id", "int64"), ("b", "int64")], "id", partitions=3)  # spread over the nodes
+        assert len({p["leader"] for p in c0.describe("t")["placement"]}) == 3
+        eventually(lambda: c0.upsert("t", rows(1)))
+        for n in nodes:
+            with n.client(timeout=60) as c:
+                assert c.query("t", columns=["b"], limit=1000).num_rows == 40
+                assert c._call("GET", "/v1/tables/t/snapshot")["table"] == "t"
+    finally:
+        for n in nodes:
+            n.ensure_stopped()
