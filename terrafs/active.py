@@ -105,9 +105,20 @@ class ActiveFile:
         cipher = params.cipher(kek, where)
         f = await dev.create(name)
         head = encode_active_header(params)
-        await f.append(head)
-        await f.sync()
-        return cls(f, params, cipher, len(head), cfg, where)
+        af = cls(f, params, cipher, len(head), cfg, where)
+        try:
+            await f.append(head)
+            await f.sync()
+        except BaseException as e:
+            full = no_space(e)
+            if full is None:
+                await f.close()
+                raise
+            # A full device: the file exists without its header. It fails like after a group
+            # that hit the full device, and is born again when it is revived (open_active
+            # recreates a file whose header never became durable).
+            af._failed, af._physical_end = full, 0
+        return af
 
     @classmethod
     async def recover(cls, dev: BlockDevice, name: str, kek: KeyEncryptionKey | None,
@@ -411,7 +422,7 @@ class ActiveFile:
             if self._failed is None and not self._sealed:
                 await self.flush()
             elif isinstance(self._failed, NoSpaceError):
-                await self._f.truncate(self._physical_end)
+                await self._f.truncate(self._physical_end)  # 0: the header never became durable
                 await self._f.sync()
         finally:
             self._closed = True

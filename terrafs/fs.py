@@ -20,11 +20,13 @@ from typing import AsyncIterable, AsyncIterator, Callable, Sequence
 from catalog.abc import Catalog, Check, Delete, Op, Put
 from terrafs.abc import BlockDevice, DeviceFile, ObjectStore
 from terrafs.active import ActiveConfig, ActiveFile
+from terrafs.active_layout import encode_active_header
 from terrafs.blocks import Codec
 from terrafs.cache import BlockCache
 from terrafs.catalog_ops import commit
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.errors import (
+    CorruptionError,
     CatalogConflictError,
     FileNotFoundInDeviceError,
     FileStateError,
@@ -164,12 +166,34 @@ class TerrascaleFS:
         rec = await self.stat(inode)
         if rec.tier != FileTier.BLOCK or rec.owner != self.cfg.node_id:
             raise FileStateError(f"inode {inode} is not a local file of node {self.cfg.node_id}")
-        af = await ActiveFile.recover(self.block, rec.location, self.kek, self.cfg.flush)
+        try:
+            af = await ActiveFile.recover(self.block, rec.location, self.kek, self.cfg.flush)
+        except CorruptionError:
+            if rec.state != FileState.ACTIVE or not await self._header_unwritten(rec):
+                raise
+            # Its header never became durable (a crash or a full device right after the file
+            # was created): nothing was ever appended to it, so a new empty file is exact.
+            log.warning("event=active_header_unwritten inode=%d location=%s", inode, rec.location)
+            await self.block.delete(rec.location)
+            self._active[inode] = af = await self._create_local(rec)
+            af.cache = self.cache
+            return af
         af.cache = self.cache
         if rec.state == FileState.SEALED:
             await af.seal()
         self._active[inode] = af
         return af
+
+    async def _header_unwritten(self, rec: FileRecord) -> bool:
+        """Whether ``rec``'s local file is shorter than its header (appends come after it)."""
+        f = await self.block.open(rec.location)
+        try:
+            size = f.size()
+        finally:
+            await f.close()
+        params = new_params(rec.inode, rec.gen, codec=rec.codec, block_size=self.cfg.active_block_size,
+                            page_size=self.cfg.page_size, kek=self.kek)
+        return size < len(encode_active_header(params))
 
     async def close_active(self, inode: int) -> None:
         """Close a local file's open handle (its bytes stay); the next ``open_active`` recovers

@@ -99,6 +99,9 @@ class Reader:
             raise FutureTimestampError(f"as_of {as_of} is in the future (closed timestamp {self.timeline.closed})")
         self.clock.observe(as_of)  # later commits get larger timestamps; wait for the older ones
         if not await self.timeline.wait_closed(as_of, self.closed_wait_s):
+            if trusted:  # a T the cluster chose (a read of the present): not the caller's doing
+                raise UnavailableError(f"a write in flight here holds the read timestamp {as_of} back (closed "
+                                       f"timestamp {self.timeline.closed}); retry")
             raise FutureTimestampError(f"as_of {as_of} is not closed yet (closed timestamp {self.timeline.closed})")
         return as_of
 
