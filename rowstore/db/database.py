@@ -84,7 +84,8 @@ class Database:
         self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks)
         self.participant = Participant(self.catalog, self.catalog_tables, self.committer, self.timeline,
                                        self.tasks)
-        self.leases = Leases(self.catalog)
+        self.leases = Leases(self.catalog, self.clock.now_ms)
+        self.maintenance.monotonic = monotonic or time.monotonic
         self.external = ExternalReads(fs, self.store, self.reader, self.leases)
         self.replicas = ReplicaStore(fs, monotonic=monotonic or time.monotonic)
         self.leadership = Leadership(self.store, self.replicas, self.tables,

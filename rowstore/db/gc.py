@@ -273,7 +273,7 @@ class GarbageCollector:
                            new: list[SegmentRecord]) -> tuple[list, list]:
         """The segments' part of the publishing transaction: copies in (pending rows out),
         victims RETIRED, live counts of the others."""
-        now_ms = int(time.time() * 1000)
+        now_ms = self.timeline.clock.now_ms()
         gone = {r.segid for r in victims}
         checks, ops = [], []
         for segid in counted:
@@ -318,7 +318,7 @@ class GarbageCollector:
         delete its index runs (nothing can read them: reads below the horizon are refused).
         Every node retires its own local segments; one node — the one holding the table's
         reclaim row — retires the offloaded ones and deletes the indexes."""
-        now_ms = time.time() * 1000
+        now_ms = self.timeline.clock.now_ms()
         self._reclaiming = set()
         for table_id, ts in dropped.items():
             if (tid is not None and table_id != tid) or ts > H or now_ms - ms_of(ts) < self.cfg.grace_s * 1000:
@@ -396,7 +396,7 @@ class GarbageCollector:
         Only this node's: those of partitions it serves, and of a dropped table the objects it
         reclaims and its own local files."""
         served = {(t.table_id, p.pid) for t in self.tables.opened() for p in t.served()}
-        now_ms = time.time() * 1000
+        now_ms = self.timeline.clock.now_ms()
         due = [r for r in await self.store.list() if r.state == SegState.RETIRED
                and (tid is None or r.table == tid) and now_ms - r.retired_ms >= self.cfg.grace_s * 1000
                and ((r.table, r.partition) in served or (r.table in dropped and (

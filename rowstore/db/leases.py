@@ -14,12 +14,13 @@ LEASE_PREFIX = "lease/"
 
 
 class Leases:
-    def __init__(self, catalog: Catalog):
+    def __init__(self, catalog: Catalog, now_ms=None):
         self.catalog = catalog
+        self.now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)  # the wall clock (injectable)
 
     async def acquire(self, segids: list[int], ttl_s: float) -> str:
         lease = secrets.token_hex(8)
-        body = json.dumps({"expires_ms": int(time.time() * 1000 + ttl_s * 1000), "segids": segids}).encode()
+        body = json.dumps({"expires_ms": int(self.now_ms() + ttl_s * 1000), "segids": segids}).encode()
         key = LEASE_PREFIX + lease
         await commit(self.catalog, [Check(key, 0)], [Put(key, body)])
         return lease
@@ -33,7 +34,7 @@ class Leases:
             if e is None:
                 raise ConflictError(f"lease {lease} expired or released")
             d = json.loads(e.value)
-            now_ms = time.time() * 1000
+            now_ms = self.now_ms()
             if d["expires_ms"] <= now_ms:
                 raise ConflictError(f"lease {lease} expired")
             d["expires_ms"] = max(d["expires_ms"], int(now_ms + ttl_s * 1000))
@@ -47,7 +48,7 @@ class Leases:
 
     async def leased_segments(self) -> set[int]:
         """Segments an unexpired lease protects (for the garbage collector)."""
-        now, out = time.time() * 1000, set()
+        now, out = self.now_ms(), set()
         for e in await self.catalog.scan(LEASE_PREFIX):
             d = json.loads(e.value)
             if d["expires_ms"] > now:

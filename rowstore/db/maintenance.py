@@ -24,6 +24,7 @@ class Maintenance:
         self.store, self.definitions, self.tables, self.timeline = store, definitions, tables, timeline
         self.memtable_budget, self.horizon = memtable_budget, horizon
         self._marked: dict[tuple[str, int], float] = {}  # (table id, pid) -> when its watermark last moved
+        self.monotonic = time.monotonic  # injectable (Database)
 
     def memtable_bytes(self) -> int:
         return sum(p.mem_bytes for p in self.tables.partitions())
@@ -78,7 +79,7 @@ class Maintenance:
         whose watermark has not moved for ``WATERMARK_EVERY_S``: it follows the closed timestamp
         (one catalog write each), so an idle partition stays readable without its leader up to
         a recent time."""
-        now = time.monotonic()
+        now = self.monotonic()
         due = set()
         for p in self.tables.partitions():
             k = (p.table_id, p.pid)
@@ -94,7 +95,7 @@ class Maintenance:
         leader, RFC 0010 §6): one closed timestamp, then one listing of the segment rows."""
         if not due:
             return
-        now = time.monotonic()
+        now = self.monotonic()
         closed = self.timeline.closed  # before the listing (offloaded_reads.advance_from)
         listed = await self.store.list()
         for k in sorted(due):

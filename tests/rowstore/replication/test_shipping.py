@@ -51,6 +51,22 @@ class LocalTransport(Transport):
                                               Position(*header["start"]), pieces, "n1", header["clock"])
 
 
+class Tick:
+    """The replication's monotonic clock, moved by the test (leases run out when it says)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, s: float) -> None:
+        self.now += s
+
+
+TICK = Tick()
+
+
 async def world(n=3):
     cat, objects = MemoryCatalog(), MemoryObjectStore()
     fss = {}
@@ -59,12 +75,12 @@ async def world(n=3):
                           config=FsConfig(node_id=f"n{i}", flush=ActiveConfig(flush_ms=0.5)))
         await fs.open()
         fss[f"n{i}"] = fs
-    stores = {n: ReplicaStore(fs, lease_s=0.3) for n, fs in fss.items() if n != "n1"}
+    stores = {n: ReplicaStore(fs, lease_s=0.3, monotonic=TICK) for n, fs in fss.items() if n != "n1"}
     return fss, stores, LocalTransport(stores)
 
 
 async def leader(fss, transport, epoch=1, base=0, start=NOTHING, segid=7, seq=1):
-    sh = Shipper("T", 0, epoch, base, start, ["n2", "n3"], transport, lease_s=0.3)
+    sh = Shipper("T", 0, epoch, base, start, ["n2", "n3"], transport, lease_s=0.3, monotonic=TICK)
     af = await fss["n1"].create()
     seg = ActiveSegment(segid, af, af.where)
     seg.seq = seq
@@ -133,7 +149,7 @@ async def test_a_follower_refuses_a_fence_while_the_leader_is_within_its_lease()
     with pytest.raises(Exception, match="heard from leader"):
         await stores["n2"].fence("T", 0, 2)
     await sh.close()
-    await asyncio.sleep(0.35)  # the lease ran out
+    TICK.advance(0.35)  # the lease ran out
     got = await stores["n2"].fence("T", 0, 2)
     assert got["last"] == 1 and got["pos"] == [1, seg.file.durable_size]
 
@@ -151,7 +167,7 @@ async def test_a_forced_election_names_a_leader_only_after_the_old_lease_ran_out
     assert sh.lease_ok() and sh.fenced is None  # the old leader would still serve reads
     wait = lease_wait(answers, 0.3)
     assert 0 < wait <= 0.3 * LEASE_DRIFT
-    await asyncio.sleep(wait)
+    TICK.advance(wait)
     assert not sh.lease_ok()
     assert lease_wait([{"last": 1, "pos": [1, 0]}], 0.3) == 0.3 * LEASE_DRIFT  # an answer without the age
     await sh.close()
@@ -163,7 +179,7 @@ async def test_a_promise_answers_the_old_leaders_clock_and_the_new_leader_starts
     rounds gave it — however far its clock ran ahead of the new leader's."""
     fss, stores, tr = await world()
     ahead = (1 << 62)  # a leader whose clock is far ahead of everyone's
-    sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=0.3, clock=lambda: ahead)
+    sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=0.3, clock=lambda: ahead, monotonic=TICK)
     af = await fss["n1"].create()
     seg = ActiveSegment(7, af, af.where)
     seg.seq = 1
@@ -184,10 +200,10 @@ async def test_a_replica_loaded_after_a_restart_counts_as_just_reached():
     sh, seg = await leader(fss, tr)
     await seg.append(batch(0, 10), S1, 5)
     await sh.close()
-    fresh = ReplicaStore(fss["n2"], lease_s=0.3)  # n2's process restarted
+    fresh = ReplicaStore(fss["n2"], lease_s=0.3, monotonic=TICK)  # n2's process restarted
     with pytest.raises(Exception, match="heard from leader"):
         await fresh.fence("T", 0, 2)
-    await asyncio.sleep(0.35)
+    TICK.advance(0.35)
     assert (await fresh.fence("T", 0, 2))["last"] == 1
 
 
