@@ -25,6 +25,9 @@ default ``[cluster]`` timings (heartbeat 500 ms, failure_timeout 2 s, ack_timeou
    all and by kind. Peer: the same writer against etcd (3 members, its default heartbeat
    100 ms / election 1 s) after kill -9 of its leader, put through a surviving member.
    Target p50 < 3 s.
+5. **A returning leader**: kill -9 of a node leading partitions mid-write, writes through the
+   new leaders, its restart: MB shipped to it until caught up, against the bytes written while
+   it was down (only the suffix it lacks is shipped; the table's unoffloaded log in ``extra``).
 4. **Catch-up**: kill -9 of a node that does not lead the catalog, write
    ``CLUSTER_BENCH_CATCHUP_BATCHES`` (60) 10k-row batches to an R=3 table (every partition
    has it as a replica), restart it and time until every leader reports its position equal
@@ -368,6 +371,57 @@ async def catch_up(cl: Cluster) -> list[Result]:
                     "rate_from_first_position_mb_s": round(mb / max(t_done - t_contact, 1e-3), 1)})]
 
 
+# -- 5. a returning leader ---------------------------------------------------------------------------
+
+async def returning_leader(cl: Cluster) -> list[Result]:
+    """kill -9 of a node leading partitions while 4 batches are in flight (its log may end past
+    the new leaders' starts), more batches through the new leaders, then its restart: the bytes
+    shipped to it until every follower is caught up, against the bytes written to the table
+    since the kill (the suffix it lacks). A whole re-copy of its log (the old rule) would ship
+    the table's whole unoffloaded log instead: ``extra``."""
+    leaders = await cl.create("rl", 3)
+    await cl.caught_up()
+    st = await cl.get(leaders[0], "/v1/admin/status")
+    victim = next(n for n in cl.nodes if n.node_id != st["catalog_leader"] and n.node_id in leaders)
+    first = [batch((1 << 31) + i * BATCH_ROWS) for i in range(CATCHUP_BATCHES)]
+    early = await asyncio.to_thread(split_by_leader, first, leaders)
+    total = sum(len(body) for bp in early for _, body in bp)
+    await send_batches(cl, "rl", early, 4, retry_s=0.05)
+    more = [batch((1 << 31) + (CATCHUP_BATCHES + i) * BATCH_ROWS) for i in range(CATCHUP_BATCHES // 2)]
+    mid = await asyncio.to_thread(split_by_leader, more, leaders)
+    total += sum(len(body) for bp in mid for _, body in bp)
+    inflight = asyncio.ensure_future(send_batches(cl, "rl", mid, 4, retry_s=0.05))
+    await asyncio.sleep(0.3)
+    victim.kill()  # mid-write: its own log may run past what the new leaders start from
+    await inflight
+    deadline = time.monotonic() + 60
+    while victim.node_id in (leaders := await cl.leaders("rl")):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the killed node's partitions never failed over")
+        await asyncio.sleep(0.1)
+    after = [batch((1 << 31) + (2 * CATCHUP_BATCHES + i) * BATCH_ROWS) for i in range(CATCHUP_BATCHES // 2)]
+    pieces = await asyncio.to_thread(split_by_leader, after, leaders)
+    written = sum(len(body) for batch_pieces in pieces for _, body in batch_pieces)
+
+    def shipped(shippers: dict) -> int:
+        return sum(sh["followers"].get(victim.node_id, {}).get("sent_bytes", 0) for sh in shippers.values())
+    await send_batches(cl, "rl", pieces, 4, retry_s=0.05)
+    before = shipped(await cl.shippers())
+    victim.start(wait=False)
+    await cl.wait_ready(victim)
+    sh = await cl.caught_up(timeout=180)
+    mb = (shipped(sh) - before) / 1e6
+    whole = (total + written) / 1e6  # nothing is offloaded within the bench's minute: its whole log
+    print(f"  returning leader: {mb:.1f} MB shipped to {victim.node_id}; {written / 1e6:.1f} MB of Arrow bodies "
+          f"written after its kill; {whole:.1f} MB written to the table in all", flush=True)
+    await cl.drop("rl")
+    return [Result("bytes shipped to a leader returning after kill -9 mid-write and a failover (R=3, 8 "
+                   "partitions, until every follower is caught up)", mb,
+                   "the Arrow bodies written to the table while it was down", written / 1e6, "MB",
+                   "report (≈ 1x: only the suffix it lacks; a whole re-copy ships the unoffloaded log)",
+                   {"table_written_mb": round(whole, 1)})]
+
+
 # -- the run -----------------------------------------------------------------------------------------
 
 async def run(root: str) -> list[Result]:
@@ -386,6 +440,8 @@ async def run(root: str) -> list[Result]:
         results += await latency(cl, etcd)
         print("cluster bench: catch-up of a restarted node", flush=True)
         results += await catch_up(cl)
+        print("cluster bench: a returning leader", flush=True)
+        results += await returning_leader(cl)
         print("cluster bench: failover, ours", flush=True)
         ours = await failover_ours(cl)
         print("cluster bench: failover, etcd", flush=True)
