@@ -389,7 +389,8 @@ async def returning_leader(cl: Cluster) -> list[Result]:
     await send_batches(cl, "rl", early, 4, retry_s=0.05)
     more = [batch((1 << 31) + (CATCHUP_BATCHES + i) * BATCH_ROWS) for i in range(CATCHUP_BATCHES // 2)]
     mid = await asyncio.to_thread(split_by_leader, more, leaders)
-    total += sum(len(body) for bp in mid for _, body in bp)
+    mid_bytes = sum(len(body) for bp in mid for _, body in bp)
+    total += mid_bytes
     inflight = asyncio.ensure_future(send_batches(cl, "rl", mid, 4, retry_s=0.05))
     await asyncio.sleep(0.3)
     victim.kill()  # mid-write: its own log may run past what the new leaders start from
@@ -401,7 +402,7 @@ async def returning_leader(cl: Cluster) -> list[Result]:
         await asyncio.sleep(0.1)
     after = [batch((1 << 31) + (2 * CATCHUP_BATCHES + i) * BATCH_ROWS) for i in range(CATCHUP_BATCHES // 2)]
     pieces = await asyncio.to_thread(split_by_leader, after, leaders)
-    written = sum(len(body) for batch_pieces in pieces for _, body in batch_pieces)
+    written = mid_bytes + sum(len(body) for batch_pieces in pieces for _, body in batch_pieces)  # from the kill on
 
     def shipped(shippers: dict) -> int:
         return sum(sh["followers"].get(victim.node_id, {}).get("sent_bytes", 0) for sh in shippers.values())
@@ -413,11 +414,12 @@ async def returning_leader(cl: Cluster) -> list[Result]:
     mb = (shipped(sh) - before) / 1e6
     whole = (total + written) / 1e6  # nothing is offloaded within the bench's minute: its whole log
     print(f"  returning leader: {mb:.1f} MB shipped to {victim.node_id}; {written / 1e6:.1f} MB of Arrow bodies "
-          f"written after its kill; {whole:.1f} MB written to the table in all", flush=True)
+          f"written from just before its kill on; {whole:.1f} MB written to the table in all", flush=True)
     await cl.drop("rl")
     return [Result("bytes shipped to a leader returning after kill -9 mid-write and a failover (R=3, 8 "
                    "partitions, until every follower is caught up)", mb,
-                   "the Arrow bodies written to the table while it was down", written / 1e6, "MB",
+                   "the Arrow bodies written from just before its kill on (at most the suffix it lacks)",
+                   written / 1e6, "MB",
                    "report (≈ 1x: only the suffix it lacks; a whole re-copy ships the unoffloaded log)",
                    {"table_written_mb": round(whole, 1)})]
 
