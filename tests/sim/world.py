@@ -14,7 +14,6 @@ every acknowledged write exactly once."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from dataclasses import dataclass, field
 
@@ -465,7 +464,3 @@ class World:
 
 def _rows(t: pa.Table) -> frozenset:
     return frozenset(zip(t.column("id").to_pylist(), t.column("b").to_pylist()))
-
-
-def dumps(trace: list[str]) -> str:
-    return json.dumps(trace, indent=0)
