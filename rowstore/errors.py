@@ -49,6 +49,11 @@ class ConflictError(RowstoreError):
     """Raised when a concurrent change won a race (retry the operation)."""
 
 
+class LeaseExpiredError(ConflictError):
+    """Raised when a read lease expired or was released: the collector may have taken its
+    segments, so the snapshot cannot be read on; take a new one (not a retry)."""
+
+
 class QueryError(RowValidationError):
     """Raised when a query's predicates, columns or limits are invalid."""
 

@@ -27,7 +27,7 @@ def renew(remote: Remote, lease: str, ttl_s: float) -> None:
             cause = e.__cause__
             if not isinstance(cause, ApiError) or cause.status != 409:
                 raise
-            if "expired" in cause.message or "released" in cause.message:
+            if cause.code == "lease_expired":
                 raise LeaseExpiredError(
                     f"the read lease {lease} expired (or was released) before this task renewed it, so the "
                     f"segments of the snapshot may have been garbage-collected; load the DataFrame again "

@@ -13,7 +13,8 @@ from catalog.errors import (CatalogError, CatalogTimeoutError, CatalogUnavailabl
                             InvalidTransactionError)
 from node.cluster.router import Misdirected
 from node.errors import ApiError
-from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, InvalidKeyError, QueryError,
+from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, InvalidKeyError,
+                             LeaseExpiredError, QueryError,
                              RowstoreError, RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
                              UnavailableError)
 from terrafs.errors import ClosedError, MirrorError, TerrafsError, TransientStorageError, no_space
@@ -26,7 +27,8 @@ _ERRORS = [
     (RowValidationError, 400, "invalid_rows"),
     (SchemaError, 400, "invalid_schema"), (InvalidTransactionError, 400, "invalid_request"),
     (TableNotFoundError, 404, "table_not_found"), (TableExistsError, 409, "table_exists"),
-    (ConflictError, 409, "conflict"), (FutureTimestampError, 409, "future_timestamp"),
+    (LeaseExpiredError, 409, "lease_expired"), (ConflictError, 409, "conflict"),
+    (FutureTimestampError, 409, "future_timestamp"),
     (HistoryPurgedError, 410, "history_purged"), (UnavailableError, 503, "unavailable"),
     (CatalogTimeoutError, 503, "unavailable"), (CatalogUnavailableError, 503, "unavailable"),
 ]

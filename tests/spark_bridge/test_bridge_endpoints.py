@@ -97,7 +97,7 @@ def test_leases_renewed_by_many_tasks_at_once_and_refused_once_expired(node):
     time.sleep(0.7)
     with pytest.raises(ApiError) as e:
         post(c, f"/v1/leases/{short}/renew", {"ttl_s": 30})
-    assert e.value.status == 409 and "expired" in e.value.message
+    assert (e.value.status, e.value.code) == (409, "lease_expired") and "expired" in e.value.message
     with pytest.raises(LeaseExpiredError):
         with LeaseKeeper(Options.parse({"endpoint": node.base, "table": "l"}), short):
             pass

@@ -115,7 +115,7 @@ async def changes(api, request):
 async def renew(api, request):
     doc = await json_object(request, {"ttl_s"})
     ttl = _seconds(doc.get("ttl_s", 600))
-    await api.db.renew_lease(request.match_info["lease"], ttl)  # an expired lease is refused (409)
+    await api.db.renew_lease(request.match_info["lease"], ttl)  # an expired lease: 409 lease_expired
     return web.json_response({"lease": request.match_info["lease"], "renewed": True})
 
 

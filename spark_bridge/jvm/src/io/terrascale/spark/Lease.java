@@ -29,7 +29,7 @@ final class Lease implements AutoCloseable {
                 return;
             } catch (NodeClient.ApiError e) {
                 if (e.status != 409) throw e;
-                if (e.detail.contains("expired") || e.detail.contains("released")) {
+                if ("lease_expired".equals(e.code)) {
                     throw new BridgeException("LeaseExpiredError: the read lease " + id + " expired (or was released) "
                             + "before this task renewed it, so the segments of the snapshot may have been "
                             + "garbage-collected; load the DataFrame again (option lease_s sets how long the lease "
