@@ -88,6 +88,7 @@ class Database:
         self.maintenance.monotonic = monotonic or time.monotonic
         self.external = ExternalReads(fs, self.store, self.reader, self.leases)
         self.replicas = ReplicaStore(fs, monotonic=monotonic or time.monotonic)
+        self.replicas.resume_free_bytes = cfg.resume_free_bytes
         self.leadership = Leadership(self.store, self.replicas, self.tables,
                                      lambda txn: self.committer.decide_at_recovery(txn, keep=True),
                                      self.clock.observe, self.clock.present, monotonic or time.monotonic)

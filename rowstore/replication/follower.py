@@ -18,7 +18,7 @@ from rowstore.replication.epochs import History, cut_point, epochs_key
 from rowstore.replication.position import NOTHING, Position, ReplicaRecord, keeps_log, rep_key
 from terrafs.active import ActiveFile
 from terrafs.catalog_ops import commit
-from terrafs.errors import CatalogConflictError, TerrafsError
+from terrafs.errors import CatalogConflictError, NoSpaceError, TerrafsError
 from terrafs.failpoints import failpoint
 from terrafs.fs import TerrascaleFS
 
@@ -68,6 +68,7 @@ class ReplicaStore:
         self.fs, self.catalog, self.node = fs, fs.catalog, fs.cfg.node_id
         self.lease_s = lease_s
         self.monotonic = monotonic  # leases and contact ages (a simulation runs it on virtual time)
+        self.resume_free_bytes = 64 << 20  # free space before a copy that hit a full device takes writes
         self._reps: dict[tuple[str, int], _Replica] = {}
         self._loading: dict[tuple[str, int], asyncio.Lock] = {}
         self.lost: set[int] = set()  # inodes whose local files were found missing at start
@@ -142,6 +143,8 @@ class ReplicaStore:
 
     async def _put(self, r: _Replica, table_id: str, pid: int, p: Piece) -> bool:
         f = r.files.get(p.segid)
+        if f is not None and isinstance(f.failure, NoSpaceError):
+            f = r.files[p.segid] = await self._revive(f)
         if f is None:
             if p.offset != 0:
                 return False
@@ -153,6 +156,17 @@ class ReplicaStore:
         if skip < len(p.data):
             await f.append(bytes(memoryview(p.data)[skip:]))
         return True
+
+    async def _revive(self, f: ActiveFile) -> ActiveFile:
+        """A copy whose last write hit a full device takes writes again once the device has
+        ``resume_free_bytes`` free: cut back to its last durable group and recovered (its
+        position is then what it really holds; the leader resends the rest). Until then the
+        append is refused at once."""
+        free = self.fs.block.free_bytes()
+        if free is not None and free < self.resume_free_bytes:
+            raise NoSpaceError(f"{f.where}: the block device is still full ({free} bytes free)")
+        await self.fs.close_active(f.inode)
+        return await self.fs.open_active(f.inode)
 
     async def _create(self, r: _Replica, table_id: str, pid: int, segid: int, seq: int) -> ActiveFile:
         for _ in range(20):

@@ -307,3 +307,28 @@ async def test_a_replica_that_missed_a_whole_epoch_is_cut_where_the_lineages_par
     await f2.append("T", 1, 1, 0, NOTHING, [Piece(9, 1, 0, body)])
     got = await f2.append("T", 1, 3, 2, Position(1, 120), [])
     assert got["pos"] == [0, 0], got
+
+
+async def test_a_follower_whose_device_filled_catches_up_once_space_is_back():
+    """Its copy's write hit a full device: appends to it are refused (the other follower makes
+    the majority); once space is back the copy is cut to what it durably holds and the leader
+    sends the rest — it does not stay behind for ever."""
+    fss, stores, tr = await world()
+    sh, seg = await leader(fss, tr)
+    await seg.append(batch(0, 10), S1, 5)
+    dev = fss["n2"].block
+    dev.capacity = sum(len(d.buf) for d in dev._files.values()) + 100  # n2 fills on the next group
+    for i in range(1, 6):
+        await asyncio.wait_for(seg.append(batch(i * 10, i * 10 + 10), S1, 5 + i), 5)  # n1 + n3 acknowledge
+    assert sh.status()["followers"]["n2"]["lag_bytes"] in (None, *range(1, 1 << 20))
+    stores["n2"].resume_free_bytes = 0
+    dev.capacity = None
+    for _ in range(300):
+        if sh.status()["followers"]["n2"]["lag_bytes"] == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert sh.status()["followers"]["n2"]["lag_bytes"] == 0
+    rec, _, files = await stores["n2"].take("T", 0)
+    copy = await ActiveSegment.recover(7, files[7])
+    assert copy.durable_rows == seg.durable_rows == 60
+    await sh.close()
