@@ -110,6 +110,7 @@ def test_a_running_job_protects_its_segments_and_an_expired_lease_reads_nothing(
     (s1,) = [s["segid"] for s in c.segments("g")["segments"] if s["state"] == "offloaded"]
     warm_up(spark, node, c, direct)
     node.db.reader.retention_ms = RETENTION_S * 1000  # after the warm-up, whose first task may start late
+    node.db.reader.purge_lag_ms = 0  # the lease alone protects s1 as soon as the retention lets go of it
     c.upsert("warm", [{"id": 2}])  # a commit: load() pins a recent T (the plan must come within 4 s of it)
     old = read(spark, node, slow_objects, lease_s=LEASE_S)  # pins the snapshot now: the v1 rows, in s1
     c.upsert("g", rows(2))  # supersedes every row of s1
