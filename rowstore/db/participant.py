@@ -55,6 +55,7 @@ class _Prepared:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     appending: bool = False  # BATCH X enqueued, its appends not all back yet
     aborted: bool = False  # aborted meanwhile: the prepare rolls back once they are
+    preparing: asyncio.Future | None = None  # the one prepare's outcome (a repeated prepare waits for it)
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,20 @@ class Participant:
         p = self._held.get(txn)
         if p is None:
             raise UnavailableError(f"transaction {txn_key(txn)} is not reserved here (it timed out); retry")
+        if p.preparing is not None:  # sent twice (a retry, a duplicate): BATCH X is appended once
+            if ts != p.ts:
+                raise ConflictError(f"transaction {txn_key(txn)} is prepared at {p.ts}, not {ts}")
+            return await asyncio.shield(p.preparing)
+        p.preparing = asyncio.get_running_loop().create_future()
+        p.preparing.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no noise
+        try:
+            await self._prepare(p, txn, ts)
+        except BaseException as e:
+            p.preparing.set_exception(e)
+            raise
+        p.preparing.set_result(None)
+
+    async def _prepare(self, p: _Prepared, txn: int, ts: int) -> None:
         if ts != p.ts:
             self.timeline.move(p.ts, ts)
             p.ts = ts

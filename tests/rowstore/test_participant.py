@@ -9,8 +9,11 @@ import secrets
 import pyarrow as pa
 import pytest
 
+from catalog.abc import Check, Put
+from rowstore.db.committer import COMMITTED, txn_key
 from rowstore.errors import UnavailableError
 from rowstore.segments.wal import DECIDED, SPANS_NODES
+from terrafs.catalog_ops import commit
 from tests.rowstore.tables_world import SCHEMA, TablesWorld, rows
 
 
@@ -48,3 +51,30 @@ async def test_an_abort_during_an_inflight_prepare_rolls_back_when_the_append_la
     got, _ = await db.scan("m")
     assert got.column("id").to_pylist() == list(range(10)) + list(range(20, 25))
     assert pa.compute.all(pa.compute.equal(got.column("v").slice(10), 7.0)).as_py()
+
+
+async def test_a_prepare_sent_twice_appends_its_batch_once():
+    """The network may deliver a prepare twice (a retry, a duplicate): the second waits for the
+    first's outcome instead of appending BATCH X again. Appended twice, replay dropped the
+    first copy and numbered every later row one batch lower than the index did — the index
+    then named rows past the segment's end (found by the seeded simulation)."""
+    w = TablesWorld(1)
+    db = await w.start()
+    d = await db.create_table("m", SCHEMA)
+    await db.upsert("m", rows(range(10)))
+    txn = DECIDED | SPANS_NODES | secrets.randbits(60)
+    r = await db.participant.reserve("m", d.table_id, d.schema.version, rows(range(100, 105)), 0, txn)
+    await asyncio.gather(db.participant.prepare(txn, r.ts), db.participant.prepare(txn, r.ts))
+    await db.participant.prepare(txn, r.ts)  # and once more after it is prepared
+    await commit(db.catalog, [Check(txn_key(txn), 0)], [Put(txn_key(txn), COMMITTED)])  # the decision
+    await db.participant.commit(txn)
+    await db.upsert("m", rows(range(20, 25), v=7.0))
+    seg = await (await db.tables.table(d)).parts[0].current()
+    assert seg.durable_rows == 20
+    await db.seal()  # the sealed object is built by replaying the log
+    for k in [*range(10), *range(100, 105), *range(20, 25)]:
+        assert (await db.get("m", k))["id"] == k
+    w.crash()
+    db = await w.start()
+    got, _ = await db.scan("m")
+    assert got.column("id").to_pylist() == [*range(10), *range(20, 25), *range(100, 105)]

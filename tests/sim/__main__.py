@@ -46,6 +46,17 @@ def revert(name: str) -> None:
     if name == "s1":  # a follower that diverged discards its whole log instead of cutting it
         import rowstore.replication.follower as follower
         follower.cut_point = lambda *a, **k: None
+    elif name == "s2":  # an abort while the prepare's append is in flight rolls back nothing
+        from rowstore.db.participant import Participant
+
+        async def abort(self, txn: int) -> None:
+            p = self._held.pop(txn, None)
+            if p is None:
+                return
+            if p.expiry is not None and p.expiry is not asyncio.current_task():
+                p.expiry.cancel()
+            await self._roll_back(p)  # p.got is empty while the appends are in flight
+        Participant.abort = abort
     else:
         raise SystemExit(f"nothing to revert called {name!r}")
 
@@ -81,7 +92,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.sim")
     ap.add_argument("--seeds", default="0-19", help="a seed, or a range a-b (inclusive)")
     ap.add_argument("--seconds", type=float, default=30.0, help="virtual seconds of faults per seed")
-    ap.add_argument("--revert", action="append", default=[], help="put a fixed bug back (s1)")
+    ap.add_argument("--revert", action="append", default=[], help="put a fixed bug back (s1, s2)")
     ap.add_argument("--trace", action="store_true", help="print the whole trace of a failing seed")
     ap.add_argument("--crash", type=float, default=Faults.crash, help="kills per virtual second")
     ap.add_argument("--slow", type=float, default=Faults.slow, help="slow links per virtual second")

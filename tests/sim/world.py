@@ -23,12 +23,14 @@ import pyarrow as pa
 from catalog.abc import Check, Put
 from catalog.memory import MemoryCatalog
 from node.cluster.controller import choose_leader
+from rowstore.db.committer import COMMITTED, txn_key
 from rowstore.db.database import Database, TablesConfig
 from rowstore.errors import FencedError, RowstoreError
 from rowstore.replication.epochs import Epoch, History, epochs_key
 from rowstore.replication.follower import Piece
 from rowstore.replication.leader import Transport, clock_floor
 from rowstore.replication.position import NOTHING, Position
+from rowstore.segments.wal import DECIDED, SPANS_NODES
 from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.catalog_ops import commit
@@ -140,6 +142,7 @@ class Node:
         await in_process(self.process, self._open())
         self.up = True
         in_process(self.process, self._reconcile())
+        in_process(self.process, self._maintain(random.Random(self.w.rng.randrange(1 << 30))))
 
     async def _open(self) -> None:
         fs = TerrascaleFS(self.w.catalog, self.block, self.volatile, self.w.objects,
@@ -148,6 +151,7 @@ class Node:
         db = Database(fs, TablesConfig(partitions=1), now_ms=self.now_ms, monotonic=self.w.loop.time)
         db.replicas.lease_s = LEASE_S
         db.committer.ack_timeout_s = 2.0
+        db.participant.timeout_s = 2.0  # a coordinator silent this long: decided from the catalog
 
         async def owns(d):
             return {}  # replicated: served only once promoted
@@ -161,6 +165,21 @@ class Node:
         self.block.crash(tear_seed=tear)
         self.volatile.crash()
         self.db = None
+
+    async def _maintain(self, rng: random.Random) -> None:
+        """The node's background jobs: checkpoints (with the merges they start) often, seal,
+        offload and a GC pass now and then — on every node, leader or not, as the daemon runs
+        them."""
+        while True:
+            await asyncio.sleep(rng.uniform(0.2, 1.0))
+            jobs = [self.db.checkpoint]
+            if rng.random() < 0.3:
+                jobs += [self.db.seal, self.db.offload, self.db.collect_garbage]
+            for job in jobs:
+                try:
+                    await job()
+                except (RowstoreError, TerrafsError, ConnectionError) as e:
+                    self.w.log("job_failed", node=self.name, job=job.__name__, error=repr(e)[:100])
 
     async def _reconcile(self) -> None:
         """Stop leading what the placement gives to another epoch (the node's reconcile)."""
@@ -206,6 +225,7 @@ class World:
         jobs = [in_process("driver", self._driver(stop)), in_process("nemesis", self._nemesis(stop)),
                 in_process("lease-watch", self._watch_leases(stop))]
         jobs += [in_process(f"client{i}", self._writer(i, stop)) for i in range(self.writers)]
+        jobs += [in_process("coordinator", self._coordinator(stop))]
         await asyncio.sleep(self.seconds)
         stop.set()
         await self._heal()
@@ -324,6 +344,47 @@ class World:
             if rng.random() < 0.05:
                 await self._read()
             await asyncio.sleep(rng.randint(1, 30) / 1000)
+
+    async def _coordinator(self, stop: asyncio.Event) -> None:
+        """Batches of a transaction coordinated elsewhere (RFC 0010 §3) with this partition's
+        leader as their one participant: reserve, prepare (given up after 0.4 s: then aborted,
+        often while the prepare's append still waits for a majority), decide in the catalog,
+        commit — the participant's path of a batch spanning nodes."""
+        rng = random.Random(self.rng.randrange(1 << 30))
+        while not stop.is_set():
+            await asyncio.sleep(rng.randint(5, 60) / 1000)
+            b = self.next_batch
+            self.next_batch += 1
+            self.ledger.maybe.add(b)
+            try:
+                ts = await self._transaction(b, DECIDED | SPANS_NODES | rng.getrandbits(60))
+            except (ConnectionError, RowstoreError, TerrafsError):
+                continue
+            if ts is not None:
+                self.ledger.acked[b] = ts
+                self.ledger.maybe.discard(b)
+
+    async def _transaction(self, b: int, txn: int) -> int | None:
+        """One batch through the participant's two phases; its timestamp, or None if aborted."""
+        leader, d = self.place.leader, self.table
+        node = self.nodes[leader]
+        if not node.up:
+            raise ConnectionError(f"{leader} is down")
+        part = node.db.participant
+        keys = np.arange(b * ROWS, (b + 1) * ROWS, dtype=np.int64)
+        rows = pa.table({"id": keys, "b": np.full(ROWS, b, np.int64)})
+        r = await self.net.call("coordinator", leader, lambda: part.reserve(
+            "t", d.table_id, d.schema.version, rows, 0, txn))
+        try:
+            await asyncio.wait_for(self.net.call("coordinator", leader, lambda: part.prepare(txn, r.ts)), 0.4)
+        except (asyncio.TimeoutError, ConnectionError, RowstoreError, TerrafsError):
+            await self.net.call("coordinator", leader, lambda: part.abort(txn))
+            return None
+        res = await commit(self.catalog, [Check(txn_key(txn), 0)], [Put(txn_key(txn), COMMITTED)])
+        if not res.committed:
+            return None  # the participant gave up on it and aborted first
+        await self.net.call("coordinator", leader, lambda: part.commit(txn))
+        return r.ts
 
     async def _read(self) -> None:
         leader = self.place.leader
