@@ -214,7 +214,10 @@ def split_by_leader(tables: list[pa.Table], leaders: list[str]) -> list[list[tup
 async def send_batches(cl: Cluster, name: str, pieces: list[list[tuple[str, bytes]]], inflight: int,
                        retry_s: float = 0.0) -> float:
     """Post every batch's pieces at once, ``inflight`` batches at a time; seconds taken.
-    With ``retry_s``, a refused piece is sent again (through any node) until it is acknowledged."""
+    With ``retry_s``, a refused piece is sent again (through any node) until it is acknowledged
+    (also when its node died under it: the connection drops)."""
+    import aiohttp
+
     nxt = iter(range(len(pieces)))
 
     async def piece(node: str, body: bytes):
@@ -225,7 +228,7 @@ async def send_batches(cl: Cluster, name: str, pieces: list[list[tuple[str, byte
             try:
                 await cl.post(target + url, body, ARROW)
                 return
-            except (RuntimeError, OSError, asyncio.TimeoutError):
+            except (RuntimeError, OSError, asyncio.TimeoutError, aiohttp.ClientError):
                 if not retry_s or time.monotonic() > deadline:
                     raise
                 live = cl.live()
