@@ -445,13 +445,13 @@ async def run(root: str) -> list[Result]:
         results += await latency(cl, etcd)
         print("cluster bench: catch-up of a restarted node", flush=True)
         results += await catch_up(cl)
-        print("cluster bench: a returning leader", flush=True)
-        results += await returning_leader(cl)
         print("cluster bench: failover, ours", flush=True)
         ours = await failover_ours(cl)
         print("cluster bench: failover, etcd", flush=True)
         theirs = await failover_etcd(etcd, cl.http)
         results += failover_results(ours, theirs)
+        print("cluster bench: a returning leader", flush=True)
+        results += await returning_leader(cl)
     finally:
         await cl.close()
         if etcd is not None:
