@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections import OrderedDict
 from typing import AsyncIterator
 
 import numpy as np
 
-from catalog.checksum import crc32c
 from terrafs.abc import BlockDevice, DeviceFile
 from terrafs.blocks import (
-    BLOCK_MAGIC,
     HEADER_LEN,
-    BlockHeader,
-    Flags,
     decode_payload,
     encode_block_parts,
     encode_pad,
@@ -30,10 +25,11 @@ from terrafs.blocks import (
 )
 from terrafs.crypto import DataCipher, KeyEncryptionKey
 from terrafs.gather import read_ranges
-from terrafs.errors import ClosedError, CorruptionError, FileStateError, MirrorError, NoSpaceError, no_space
+from terrafs.errors import ClosedError, FileStateError, MirrorError, NoSpaceError, no_space
 from terrafs.iopool import run_io
 from terrafs.params import FileParams
-from terrafs.active_layout import (SCAN_WINDOW, ActiveConfig, BlockIndex, ScanWindow, cut_blocks,
+from terrafs.active_recovery import GroupRecovery
+from terrafs.active_layout import (ActiveConfig, BlockIndex, cut_blocks,
                                    decode_active_header, encode_active_header)
 
 log = logging.getLogger("terrafs.active")
@@ -55,7 +51,7 @@ _ZEROS = memoryview(b"\0" * (2 * PREALLOC))
 LAZY_S = 0.05
 
 
-class ActiveFile:
+class ActiveFile(GroupRecovery):
     """An open active file. Create with :meth:`create`, reopen with :meth:`recover`."""
 
     def __init__(self, f: DeviceFile, params: FileParams, cipher: DataCipher | None,
@@ -429,97 +425,3 @@ class ActiveFile:
             if self._timer is not None:
                 self._timer.cancel()
             await self._f.close()
-
-    # -- recovery ----------------------------------------------------------------
-
-    async def _recover_groups(self) -> None:
-        """Scan every group from the header on (see docs/format/terrafs.md §2)."""
-        size = self._f.size()
-        reader = ScanWindow(self._f, size)
-        pos, logical, group = self._physical_end, 0, 0
-        while pos < size:
-            entries, nxt, nlogical, err = await self._read_group(reader, pos, logical, group + 1)
-            if err is not None:
-                if not await self._zeros_to_end(reader, pos, size):  # else: preallocated space
-                    await self._handle_bad_tail(reader, pos, group + 1, err)
-                break
-            for e in entries:
-                self.index.add(*e)
-            pos, logical, group = nxt, nlogical, group + 1
-        self._physical_end, self.durable_size, self._end, self._group = pos, logical, logical, group
-        self._alloc_end = self._f.size()
-
-    async def _zeros_to_end(self, reader: "ScanWindow", pos: int, size: int) -> bool:
-        """Whether every byte from ``pos`` to the end of the file is zero."""
-        while pos < size:
-            chunk = await reader.get(pos, min(SCAN_WINDOW, size - pos))
-            if not chunk or np.frombuffer(chunk, np.uint8).any():
-                return False
-            pos += len(chunk)
-        return True
-
-    async def _read_group(self, reader: "ScanWindow", pos: int, logical: int, group: int):
-        """Verify one group at ``pos``; return (entries, next pos, next logical, error)."""
-        entries = []
-        while True:
-            try:
-                h, head_pos = await self._verified_block(reader, pos)
-            except CorruptionError as e:
-                return None, pos, logical, e
-            if h.group != group or (h.logical_off != logical):
-                return None, pos, logical, CorruptionError(
-                    self.where, head_pos, f"block out of sequence (group {h.group}, expected {group})")
-            if not h.flags & Flags.PAD:
-                entries.append((logical, head_pos, h.raw_len))
-                logical += h.raw_len
-            pos += h.record_len
-            if h.flags & Flags.END:
-                return entries, pos, logical, None
-
-    async def _verified_block(self, reader: "ScanWindow", pos: int) -> tuple[BlockHeader, int]:
-        head = await reader.get(pos, HEADER_LEN)
-        h = parse_header(head, 0, self.where) if len(head) == HEADER_LEN else None
-        if h is None:
-            raise CorruptionError(self.where, pos, "truncated block header")
-        payload = await reader.get(pos + HEADER_LEN, h.stored_len)
-        if len(payload) != h.stored_len:
-            raise CorruptionError(self.where, pos, "block runs past end of file")
-        if crc32c(payload) != h.payload_crc:
-            raise CorruptionError(self.where, pos, "block payload checksum mismatch")
-        return h, pos
-
-    async def _handle_bad_tail(self, reader: "ScanWindow", pos: int, group: int,
-                               err: CorruptionError) -> None:
-        later = await self._find_later_group(reader, pos, group)
-        if later is not None:
-            raise CorruptionError(self.where, err.offset,
-                                  f"{err.reason}; group {later[1]} at offset {later[0]} follows it")
-        size = self._f.size()
-        self.torn_tail = (pos, size - pos)
-        if self._read_only:
-            self._sealed = True  # a read-only open never writes
-            return
-        log.warning("event=torn_tail file=%s offset=%d dropped_bytes=%d reason=%r",
-                    self.where, pos, size - pos, err.reason)
-        await self._f.truncate(pos)
-        await self._f.sync()
-
-    async def _find_later_group(self, reader: "ScanWindow", pos: int, group: int):
-        """First verifiable block after ``pos`` whose group is later than ``group``."""
-        magic = struct.pack("<I", BLOCK_MAGIC)
-        size = self._f.size()
-        start = pos + 1
-        while start < size:
-            chunk = await reader.get(start, SCAN_WINDOW + HEADER_LEN)
-            i = chunk.find(magic)
-            if i < 0:
-                start += SCAN_WINDOW
-                continue
-            try:
-                h, at = await self._verified_block(reader, start + i)
-                if h.group > group:
-                    return at, h.group
-            except CorruptionError:
-                pass
-            start += i + 1
-        return None

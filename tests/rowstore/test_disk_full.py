@@ -8,6 +8,18 @@ from terrafs.errors import NoSpaceError
 from tests.rowstore.tables_world import SCHEMA, TablesWorld, rows
 
 
+def used(dev) -> int:
+    """Bytes the files of an in-memory device hold."""
+    return sum(len(d.buf) for d in dev._files.values())
+
+
+async def table_world(partitions: int = 1, **cfg):
+    w = TablesWorld(partitions, **cfg)
+    db = await w.start()
+    await db.create_table("m", SCHEMA)
+    return w, db
+
+
 async def fill(db, start: int = 0, step: int = 200) -> tuple[dict[int, float], int]:
     """Write batches of ``step`` keys until the device refuses one; the acknowledged ones."""
     acked, i = {}, start
@@ -26,10 +38,8 @@ async def values(db) -> dict[int, float]:
 
 
 async def test_a_full_device_refuses_writes_serves_reads_and_resumes_once_space_is_back():
-    w = TablesWorld(1, resume_free_bytes=64 << 10)
-    db = await w.start()
-    await db.create_table("m", SCHEMA)
-    w.block.capacity = sum(len(d.buf) for d in w.block._files.values()) + (400 << 10)
+    w, db = await table_world(1, resume_free_bytes=64 << 10)
+    w.block.capacity = used(w.block) + (400 << 10)
     acked, refused = await fill(db)
     assert acked and db.space()["writable"] is False
     for _ in range(3):  # refused again at once, nothing written
@@ -53,10 +63,8 @@ async def test_a_full_device_refuses_writes_serves_reads_and_resumes_once_space_
 
 
 async def test_a_refused_group_never_becomes_visible_after_a_restart():
-    w = TablesWorld(1)
-    db = await w.start()
-    await db.create_table("m", SCHEMA)
-    w.block.capacity = sum(len(d.buf) for d in w.block._files.values()) + (200 << 10)
+    w, db = await table_world(1)
+    w.block.capacity = used(w.block) + (200 << 10)
     acked, _ = await fill(db)
     w.block.capacity = None  # space is back, but the node dies before it revives anything
     w.crash()
@@ -68,12 +76,10 @@ async def test_a_segment_born_on_a_full_device_takes_writes_once_space_is_back()
     """The device is full when a partition needs a new segment: its file exists, its header
     could not be written. Writes answer NoSpaceError; once space is back the file is born again
     (nothing was ever appended to it) and writes go on; a restart then finds it whole."""
-    w = TablesWorld(1, resume_free_bytes=1 << 10)
-    db = await w.start()
-    await db.create_table("m", SCHEMA)
+    w, db = await table_world(1, resume_free_bytes=1 << 10)
     await db.upsert("m", rows(range(100), v=1.0))
     await db.seal()  # the next write needs a new segment
-    w.block.capacity = sum(len(d.buf) for d in w.block._files.values())  # not one byte free
+    w.block.capacity = used(w.block)  # not one byte free
     with pytest.raises(NoSpaceError):
         await db.upsert("m", rows(range(100, 110), v=2.0))
     assert db.space()["writable"] is False
@@ -88,12 +94,10 @@ async def test_a_segment_born_on_a_full_device_takes_writes_once_space_is_back()
 
 
 async def test_a_file_whose_header_never_became_durable_is_recreated_at_restart():
-    w = TablesWorld(1)
-    db = await w.start()
-    await db.create_table("m", SCHEMA)
+    w, db = await table_world(1)
     await db.upsert("m", rows(range(10), v=1.0))
     await db.seal()
-    w.block.capacity = sum(len(d.buf) for d in w.block._files.values())
+    w.block.capacity = used(w.block)
     with pytest.raises(NoSpaceError):
         await db.upsert("m", rows(range(10, 20), v=2.0))
     w.block.capacity = None
