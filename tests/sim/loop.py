@@ -1,7 +1,7 @@
 """A deterministic event loop on virtual time (FoundationDB's simulator, TigerBeetle's VOPR):
 no real I/O, no threads — a timer that is due runs when nothing else is ready, and time jumps
 to it — so a run is a function of its seed alone, and seconds of cluster time take
-milliseconds. Work the code hands to threads (``asyncio.to_thread``) runs inline."""
+milliseconds. Work the code hands to threads (``asyncio.to_thread``, any executor) runs inline."""
 from __future__ import annotations
 
 import asyncio
@@ -53,6 +53,33 @@ class _Inline(concurrent.futures.ThreadPoolExecutor):  # the type the loop insis
         return f
 
 
+class _Task(asyncio.Task):
+    """Hashed by creation order, not by address: code that keeps tasks in a set (and cancels or
+    awaits them in its order) then runs the same way every time."""
+
+    _made = 0
+
+    def __init__(self, *a, **kw):
+        _Task._made += 1
+        self._n = _Task._made  # before the base registers it in a (weak) set
+        super().__init__(*a, **kw)
+
+    def __hash__(self) -> int:
+        return self._n
+
+
+class _Future(asyncio.Future):
+    _made = 0
+
+    def __init__(self, *a, **kw):
+        _Future._made += 1
+        self._n = _Future._made  # before the base registers it in a (weak) set
+        super().__init__(*a, **kw)
+
+    def __hash__(self) -> int:
+        return self._n
+
+
 # The simulated process a piece of code runs in: every task inherits it from the code that
 # created it, so a crash cancels exactly that node's tasks.
 PROCESS: contextvars.ContextVar[str] = contextvars.ContextVar("sim_process", default="")
@@ -64,13 +91,22 @@ class SimLoop(asyncio.SelectorEventLoop):
         super().__init__(_VirtualSelector(self))
         self._default_executor = _Inline(max_workers=1)
         self.tasks: dict[str, set[asyncio.Task]] = {}
+        _Task._made = _Future._made = 0
         self.set_task_factory(self._task)
 
     def time(self) -> float:
         return self.now
 
+    def create_future(self) -> asyncio.Future:
+        return _Future(loop=self)
+
+    def run_in_executor(self, executor, func, *args):
+        """Inline whatever executor the code names (``terrafs.iopool``'s threads too): a real
+        thread would finish at a real moment, and the run would depend on the machine."""
+        return super().run_in_executor(self._default_executor, func, *args)
+
     def _task(self, loop, coro, context=None):
-        t = asyncio.Task(coro, loop=loop, context=context)
+        t = _Task(coro, loop=loop, context=context)
         owner = (context or contextvars.copy_context()).get(PROCESS)
         if owner:
             group = self.tasks.setdefault(owner, set())
