@@ -25,7 +25,8 @@ from terrafs.blocks import (
 )
 from terrafs.crypto import DataCipher, KeyEncryptionKey
 from terrafs.gather import read_ranges
-from terrafs.errors import ClosedError, FileStateError, MirrorError, NoSpaceError, no_space
+from terrafs.errors import (ClosedError, FileStateError, MirrorError, NoSpaceError, StorageIOError, failed_error,
+                            no_space)
 from terrafs.iopool import run_io
 from terrafs.params import FileParams
 from terrafs.active_recovery import GroupRecovery
@@ -173,12 +174,12 @@ class ActiveFile(GroupRecovery):
         return off
 
     async def flush(self) -> None:
-        """Make every append so far durable now."""
+        """Make every append so far durable now (raises once a group failed)."""
         while True:
             if isinstance(self._failed, NoSpaceError):
                 raise NoSpaceError(f"{self.where}: {self._failed}")
             if self._failed is not None:
-                raise FileStateError(f"{self.where}: an earlier flush failed: {self._failed}")
+                raise failed_error(f"{self.where}: an earlier flush failed", self._failed)
             if self._pending:
                 self._kick()
             task = self._flush_task
@@ -200,7 +201,7 @@ class ActiveFile(GroupRecovery):
         if self._failed is not None:
             # After a failed fdatasync the page cache can no longer be trusted
             # (the "fsyncgate" lesson): refuse further writes; reopen recovers.
-            raise FileStateError(f"{self.where}: an earlier flush failed: {self._failed}")
+            raise failed_error(f"{self.where}: an earlier flush failed", self._failed)
 
     async def _kick_after(self, wait: float) -> None:
         """A flush ``wait`` seconds from now. A sleeping task rather than a loop timer: when
@@ -231,7 +232,7 @@ class ActiveFile(GroupRecovery):
                 for fu in futs + self._futs:
                     if not fu.done():
                         fu.set_exception(e if isinstance(e, (MirrorError, NoSpaceError)) else
-                                         FileStateError(f"{self.where}: flush failed: {e}"))
+                                         failed_error(f"{self.where}: flush failed", e))
                 self._pending, self._futs = [], []
                 return
             for fu in futs:
@@ -403,23 +404,34 @@ class ActiveFile(GroupRecovery):
         await self.flush()
         self._sealed = True
 
+    async def cut_back(self) -> None:
+        """Cut a file whose group failed at the device back to its last durable group (a
+        reopen then recovers exactly that); StorageIOError or NoSpaceError while the device
+        still fails."""
+        try:
+            await self._f.truncate(self._physical_end)  # 0: the header never became durable
+            await self._f.sync()
+        except OSError as e:
+            raise no_space(e) or StorageIOError(f"{self.where}: cannot cut back a failed file: {e}") from e
+
     @property
     def failure(self) -> BaseException | None:
         """Why the file takes no more appends after a failed group, or None."""
         return self._failed
 
     async def close(self) -> None:
-        """Flush what is pending, then close. A file whose group failed for space is first cut
-        back to the end of its last durable group: whoever opens it next finds exactly what
-        was acknowledged (a group written whole but not synced would otherwise look durable)."""
+        """Flush what is pending, then close. A file whose group failed at the device (full,
+        or a disk error) is first cut back to the end of its last durable group: whoever opens
+        it next finds exactly what was acknowledged (a group written whole but not synced
+        would otherwise look durable; after a failed fdatasync the page cache is not to be
+        trusted either). Raises StorageIOError when the device still fails the cut."""
         if self._closed:
             return
         try:
             if self._failed is None and not self._sealed:
                 await self.flush()
-            elif isinstance(self._failed, NoSpaceError):
-                await self._f.truncate(self._physical_end)  # 0: the header never became durable
-                await self._f.sync()
+            elif self._failed is not None and not isinstance(self._failed, MirrorError):
+                await self.cut_back()
         finally:
             self._closed = True
             if self._timer is not None:

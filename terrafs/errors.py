@@ -61,6 +61,20 @@ class FileStateError(TerrafsError):
     """Raised when an operation does not fit a file's state (append to sealed, etc.)."""
 
 
+class DeviceError(FileStateError):
+    """Raised when the block device failed a write or an fdatasync of a file (EIO): nothing in
+    the group was acknowledged; the file takes no appends until it is cut back to its last
+    durable group once the device works again (a replicated partition led there steps down at
+    once). Not our bug, and not the data's: the edge answers 503."""
+
+
+def failed_error(what: str, cause: BaseException) -> FileStateError:
+    """The error for an append or flush of a file whose group failed with ``cause``."""
+    if isinstance(cause, (OSError, DeviceError)):
+        return DeviceError(f"{what}: the block device failed: {cause}")
+    return FileStateError(f"{what}: {cause}")
+
+
 class ClosedError(TerrafsError):
     """Raised when using a file, device or store after close()."""
 
@@ -72,7 +86,7 @@ class CatalogConflictError(TerrafsError):
 class NoSpaceError(TerrafsError):
     """Raised when the block device is full (ENOSPC, EDQUOT). The write group that hit it is
     not durable and nothing in it was acknowledged; the file takes no appends until it is
-    cut back to its durable end (``ActiveFile.discard_failed``) once space returns."""
+    cut back to its durable end (``ActiveFile.close``, then reopened) once space returns."""
 
 
 def no_space(e: BaseException) -> "NoSpaceError | None":

@@ -17,7 +17,7 @@ from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedE
                              LeaseExpiredError, QueryError,
                              RowstoreError, RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
                              UnavailableError)
-from terrafs.errors import ClosedError, MirrorError, TerrafsError, TransientStorageError, no_space
+from terrafs.errors import ClosedError, DeviceError, MirrorError, TerrafsError, TransientStorageError, no_space
 
 log = logging.getLogger("terrascale.node")
 
@@ -76,6 +76,10 @@ def answer(request: web.Request, exc: Exception) -> web.Response:
         return error(500, "storage_error" if isinstance(e, RowstoreError) else "catalog_error", one_line(e))
     except (MirrorError, ClosedError) as e:  # this node stopped leading the partition (or shuts down) mid-request
         return error(503, "unavailable", one_line(e))
+    except DeviceError as e:  # the block device failed a write (EIO): nothing acknowledged; others lead soon
+        log.warning("event=device_failed path=%s error=%r", request.path, e)
+        return error(503, "unavailable", f"{one_line(e)}; nothing of the request was written; retry (a replicated "
+                     "partition's other replicas take over; this node writes again once its device works)")
     except TransientStorageError as e:  # a store that does not answer now (it names itself): retry later
         log.warning("event=store_unavailable path=%s error=%r", request.path, e)
         return error(503, "unavailable", f"a store does not answer now; retry later: {one_line(e)}")

@@ -41,7 +41,7 @@ from rowstore.schema import SchemaVersion
 from rowstore.segments.store import SegmentRecord, SegmentStore
 from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.timeline import Timeline
-from terrafs.errors import NoSpaceError
+from terrafs.errors import NoSpaceError, TerrafsError
 from terrafs.fs import TerrascaleFS
 
 __all__ = ["Database", "TablesConfig", "WriteResult"]
@@ -277,9 +277,10 @@ class Database:
     async def resume_writes(self) -> dict:
         """After a write failed at the disk: a replicated partition led here steps down at once
         (a disk error or a full device: its other replicas take writes; this one follows again
-        later); the others, stopped at a full device, take writes again once
-        ``resume_free_bytes`` are free (offload and GC free space, or the device grew). Run
-        every second by the node; does nothing while no file failed."""
+        later); the others take writes again once the device does (after a disk error: once
+        the failed file can be cut back; when full: once ``resume_free_bytes`` are free —
+        offload and GC free space, or the device grew). Run every second by the node; does
+        nothing while no file failed."""
         failed = self.store.failed()
         if not failed:
             return {}
@@ -287,17 +288,20 @@ class Database:
         for table_id, pid in led:
             log.warning("event=leader_disk_failed table=%s partition=%d error=%r", table_id, pid, failed[table_id, pid])
             await self.leadership.demote(table_id, pid)
-        full = [k for k, e in failed.items() if isinstance(e, NoSpaceError) and k not in led]
-        if not full:
-            return {"stepped_down": len(led)}
         free = self.fs.block.free_bytes()
-        if free is not None and free < self.cfg.resume_free_bytes:
-            return {"stepped_down": len(led), "waiting_for_bytes": self.cfg.resume_free_bytes - free}
-        revived = 0
+        short = free is not None and free < self.cfg.resume_free_bytes
+        due = {k for k, e in failed.items() if k not in led and not (short and isinstance(e, NoSpaceError))}
+        out = {"stepped_down": len(led), "revived": 0}
+        if short and any(isinstance(e, NoSpaceError) for e in failed.values()):
+            out["waiting_for_bytes"] = self.cfg.resume_free_bytes - free
         for part in self.tables.partitions():
-            if (part.table_id, part.pid) in full:
-                revived += await part.revive()
-        return {"stepped_down": len(led), "revived": revived}
+            if (part.table_id, part.pid) in due:
+                try:
+                    out["revived"] += await part.revive()
+                except TerrafsError as e:  # the device still fails: tried again next time
+                    out["still_failing"] = out.get("still_failing", 0) + 1
+                    log.warning("event=revive_failed table=%s partition=%d error=%r", part.table_id, part.pid, e)
+        return out
 
     def flush_stats(self) -> list[dict]:
         return self.store.flush_stats()

@@ -143,7 +143,7 @@ class ReplicaStore:
 
     async def _put(self, r: _Replica, table_id: str, pid: int, p: Piece) -> bool:
         f = r.files.get(p.segid)
-        if f is not None and isinstance(f.failure, NoSpaceError):
+        if f is not None and f.failure is not None:
             f = r.files[p.segid] = await self._revive(f)
         if f is None:
             if p.offset != 0:
@@ -158,13 +158,14 @@ class ReplicaStore:
         return True
 
     async def _revive(self, f: ActiveFile) -> ActiveFile:
-        """A copy whose last write hit a full device takes writes again once the device has
-        ``resume_free_bytes`` free: cut back to its last durable group and recovered (its
-        position is then what it really holds; the leader resends the rest). Until then the
-        append is refused at once."""
+        """A copy whose last write failed at the device (full, or a disk error) takes writes
+        again once the device does (a full one: once it has ``resume_free_bytes`` free): cut
+        back to its last durable group and recovered (its position is then what it really
+        holds; the leader resends the rest). Until then the append is refused at once."""
         free = self.fs.block.free_bytes()
-        if free is not None and free < self.resume_free_bytes:
+        if isinstance(f.failure, NoSpaceError) and free is not None and free < self.resume_free_bytes:
             raise NoSpaceError(f"{f.where}: the block device is still full ({free} bytes free)")
+        await f.cut_back()  # raises while the device still fails: the copy stays as it is
         await self.fs.close_active(f.inode)
         return await self.fs.open_active(f.inode)
 
@@ -215,6 +216,9 @@ class ReplicaStore:
         r = await self.replica(table_id, pid)
         await r.lock.acquire()
         try:
+            for segid, f in list(r.files.items()):  # a leader never starts from a failed file
+                if f.failure is not None:
+                    r.files[segid] = await self._revive(f)
             self._reps.pop((table_id, pid), None)
             return r.rec.copy(), r.version, dict(r.files)
         finally:

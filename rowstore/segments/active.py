@@ -150,8 +150,10 @@ class ActiveSegment:
         """Committed batches in file order (seal/offload, fsck, index rebuilds, change feeds).
 
         Flushes first: a ``COMMIT`` appended lazily (a commit group's) must be durable for
-        the reader, which only sees durable bytes, to count its batch as committed."""
-        await self.file.flush()
+        the reader, which only sees durable bytes, to count its batch as committed. A file
+        whose group failed at the device still reads what it made durable."""
+        if self.file.failure is None:
+            await self.file.flush()
         reader = WalReader(self.where)
         async for _, data in self.file.scan():
             for b in reader.feed(data):

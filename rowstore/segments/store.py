@@ -178,13 +178,15 @@ class SegmentStore(Handover):
                 if seg.file.failure is not None and not isinstance(seg.file.failure, MirrorError)}
 
     async def revive(self, table: str, partition: int) -> bool:
-        """Take writes again on a partition whose current segment stopped at a full device (the
-        caller saw space come back, and holds the partition's writer lock with nothing in
-        flight): the file is cut back to its last durable group and recovered from the device,
-        so its localids are the file's again (the failed batches' are handed out anew)."""
+        """Take writes again on a partition whose current segment stopped at the device (full,
+        or a disk error; the caller saw space come back, and holds the partition's writer lock
+        with nothing in flight): the file is cut back to its last durable group and recovered
+        from the device, so its localids are the file's again (the failed batches' are handed
+        out anew). Raises, the file left as it is, while the device still fails the cut."""
         seg = self._current.get((table, partition))
-        if seg is None or not isinstance(seg.file.failure, NoSpaceError):
+        if seg is None or seg.file.failure is None or isinstance(seg.file.failure, MirrorError):
             return False
+        await seg.file.cut_back()
         rec, _ = await self.record(seg.segid)
         await self.fs.close_active(rec.inode)
         new = await ActiveSegment.recover(seg.segid, await self.fs.open_active(rec.inode), self._decide)

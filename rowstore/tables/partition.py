@@ -138,8 +138,8 @@ class Partition:
             await self._drained.wait()
 
     async def revive(self) -> bool:
-        """Writes again after a full device (``SegmentStore.revive``), under the writer lock
-        with nothing in flight."""
+        """Writes again after a full device or a disk error (``SegmentStore.revive``), under
+        the writer lock with nothing in flight."""
         async with self.lock:
             await self._drained.wait()
             return await self.store.revive(self.table_id, self.pid)

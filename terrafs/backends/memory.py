@@ -2,7 +2,9 @@
 
 For unit tests and as the reference model. The block device remembers which
 bytes were synced, so ``crash()`` can drop (or tear) everything written after
-the last ``sync()`` — a real crash, not a mock of one.
+the last ``sync()`` — a real crash, not a mock of one — and can fail every write
+and sync with EIO (``broken``) or ENOSPC (``capacity``), as a failing or full disk
+does.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class MemoryDeviceFile(DeviceFile):
 
     async def append(self, data) -> int:
         d = self._check()
+        self._fail_if_broken()
         off = len(d.buf)
         room = self._dev.free_bytes() if self._dev is not None else None
         if room is not None and len(data) > room:
@@ -55,12 +58,18 @@ class MemoryDeviceFile(DeviceFile):
 
     async def truncate(self, size: int) -> None:
         d = self._check()
+        self._fail_if_broken()
         del d.buf[size:]
         d.synced = min(d.synced, size)
 
     async def sync(self) -> None:
         d = self._check()
+        self._fail_if_broken()
         d.synced = len(d.buf)
+
+    def _fail_if_broken(self) -> None:
+        if self._dev is not None and self._dev.broken:
+            raise OSError(errno.EIO, "Input/output error")
 
     def size(self) -> int:
         return len(self._d.buf)
@@ -74,11 +83,14 @@ class MemoryBlockDevice(BlockDevice):
         self.uri = uri
         self.durable = durable
         self.capacity = capacity  # bytes; a write past it stores what fits and fails with ENOSPC
+        self.broken = False  # while set, every write and sync fails with EIO (a failing disk)
         self._files: dict[str, _MemData] = {}
         self.generation = 0  # bumped by crash(): handles from before it are dead
 
     async def create(self, name: str) -> DeviceFile:
         check_name(name)
+        if self.broken:
+            raise OSError(errno.EIO, "Input/output error")
         if name in self._files:
             raise AlreadyExistsError(f"{self.uri}/{name} exists")
         self._files[name] = _MemData()
@@ -107,10 +119,13 @@ class MemoryBlockDevice(BlockDevice):
     async def exists(self, name: str) -> bool:
         return name in self._files
 
+    def used(self) -> int:
+        return sum(len(d.buf) for d in self._files.values())
+
     def free_bytes(self) -> int | None:
         if self.capacity is None:
             return None
-        return max(self.capacity - sum(len(d.buf) for d in self._files.values()), 0)
+        return max(self.capacity - self.used(), 0)
 
     def crash(self, tear_seed: int | None = None) -> None:
         """Lose every unsynced byte, as power loss would.

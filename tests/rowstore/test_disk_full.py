@@ -48,7 +48,8 @@ async def test_a_full_device_refuses_writes_serves_reads_and_resumes_once_space_
     assert await values(db) == acked  # reads go on
     with pytest.raises(NoSpaceError):
         await db.seal()  # sealing writes too: refused, the segment stays current
-    assert await db.resume_writes() == {"stepped_down": 0, "waiting_for_bytes": (64 << 10) - db.space()["free_bytes"]}
+    assert await db.resume_writes() == {"stepped_down": 0, "revived": 0,
+                                        "waiting_for_bytes": (64 << 10) - db.space()["free_bytes"]}
     w.block.capacity += 1 << 20  # the device grew (or offload freed space)
     assert (await db.resume_writes())["revived"] == 1
     assert db.space()["writable"] is True

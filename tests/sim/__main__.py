@@ -115,7 +115,7 @@ def main(argv=None) -> int:
             if a.stop:
                 break
     took = time.perf_counter() - t0
-    n = len(seeds)
+    n = len(seeds) if not failed or not a.stop else seeds.index(failed[-1]) + 1  # the seeds run
     print(f"{n} seeds in {took:.1f} s ({n / took:.2f} seeds/s): {len(failed)} failed {failed[:20]}; "
           f"{acked} batches acknowledged, {elections} elections")
     return 1 if failed else 0

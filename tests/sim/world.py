@@ -6,11 +6,12 @@ process, over a simulated network and simulated disks, driven by one seeded RNG 
 node's reconcile — is modelled here in a few lines with the same rules.
 
 Faults: kill -9 (unsynced bytes lost, optionally a torn tail), restarts, network partitions
-(both ways or one way), dropped, duplicated and delayed messages (so reordered), wall-clock
-jumps. Invariants (``World.check_*``): no acknowledged write lost, no row that was never
-written, replicas equal to the leader's log once caught up, at most one leader holding a read
-lease at any moment, an ``as_of`` read repeated gives the same rows, the change feed holds
-every acknowledged write exactly once."""
+(both ways or one way), dropped, duplicated and delayed messages (so reordered), slow links and
+slow nodes, wall-clock jumps, a disk failing every write and sync (EIO) for a while, a disk
+filling up (ENOSPC) until space comes back. Invariants (``World.check_*``): no acknowledged
+write lost, no row that was never written, replicas equal to the leader's log once caught up,
+at most one leader holding a read lease at any moment, an ``as_of`` read repeated gives the same
+rows, the change feed holds every acknowledged write exactly once."""
 from __future__ import annotations
 
 import asyncio
@@ -61,6 +62,8 @@ class Faults:
     duplicate: float = 0.01  # per message
     delay_ms: tuple[int, int] = (0, 15)
     tear: float = 0.5  # a crash keeps a torn unsynced tail
+    disk_error: float = 0.03  # per second: a node's disk fails every write and sync (EIO) for a while
+    disk_full: float = 0.05  # per second: a node's disk fills (ENOSPC) until seal, offload and GC free it
 
 
 @dataclass
@@ -167,12 +170,12 @@ class Node:
         self.db = None
 
     async def _maintain(self, rng: random.Random) -> None:
-        """The node's background jobs: checkpoints (with the merges they start) often, seal,
-        offload and a GC pass now and then — on every node, leader or not, as the daemon runs
-        them."""
+        """The node's background jobs: after a disk error, stepping down or taking writes again
+        (``resume_writes``); checkpoints (with the merges they start) often; seal, offload and
+        a GC pass now and then — on every node, leader or not, as the daemon runs them."""
         while True:
             await asyncio.sleep(rng.uniform(0.2, 1.0))
-            jobs = [self.db.checkpoint]
+            jobs = [self.db.resume_writes, self.db.checkpoint]
             if rng.random() < 0.3:
                 jobs += [self.db.seal, self.db.offload, self.db.collect_garbage]
             for job in jobs:
@@ -239,6 +242,8 @@ class World:
         self.net.cut.clear()
         self.net.slow.clear()
         self.net.slow_node.clear()
+        for n in self.nodes.values():
+            n.block.broken, n.block.capacity = False, None
         self.faults.drop = self.faults.duplicate = 0.0
         for n in self.nodes.values():
             if not n.up:
@@ -431,6 +436,17 @@ class World:
                 self.net.slow_node[n] = self.rng.randint(50, 400)
                 self.log("slow_node", node=n, ms=self.net.slow_node[n])
                 in_process("nemesis", self._node_speed_up_later(n, self.rng.uniform(3.0, 12.0)))
+            if r() < f.disk_error * step:
+                n = self.rng.choice(sorted(self.nodes))
+                self.nodes[n].block.broken = True
+                self.log("disk_error", node=n)
+                in_process("nemesis", self._disk_later(n, self.rng.uniform(0.1, 3.0), "broken", False))
+            if r() < f.disk_full * step:
+                n = self.rng.choice(sorted(self.nodes))
+                blk = self.nodes[n].block
+                blk.capacity = blk.used() + self.rng.randint(0, 64 << 10)
+                self.log("disk_full", node=n, capacity=blk.capacity)
+                in_process("nemesis", self._disk_later(n, self.rng.uniform(0.5, 5.0), "capacity", None))
             if r() < f.clock_jump * step:
                 n = self.rng.choice(sorted(self.nodes))
                 jump = self.rng.choice([-1, 1]) * self.rng.randint(1, 5000)
@@ -442,6 +458,11 @@ class World:
         if not n.up:
             await n.start()
             self.log("restart", node=n.name, inc=n.inc)
+
+    async def _disk_later(self, n: str, after: float, what: str, value) -> None:
+        await asyncio.sleep(after)
+        setattr(self.nodes[n].block, what, value)
+        self.log("disk_ok", node=n)
 
     async def _node_speed_up_later(self, n: str, after: float) -> None:
         await asyncio.sleep(after)

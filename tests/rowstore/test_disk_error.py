@@ -1,0 +1,73 @@
+"""A disk error (EIO on a write or an fdatasync): the failed write answers an error and changes
+nothing, reads go on (queries and the change feed), and once the device works again writing
+resumes by itself — the failed file cut back to its last durable group, never trusting what
+the failed group left in the page cache ("fsyncgate") — and a restart finds every acknowledged
+row and none of the refused ones. (Replicated partitions step down instead: tests/sim.)"""
+import errno
+
+import pytest
+
+from rowstore.errors import RowstoreError
+from terrafs.backends.memory import MemoryDeviceFile
+from terrafs.errors import TerrafsError
+from tests.rowstore.tables_world import SCHEMA, TablesWorld, rows
+
+
+async def values(db) -> dict[int, float]:
+    t, _ = await db.query("m", columns=["id", "v"], limit=None)
+    return dict(zip(t.column("id").to_pylist(), t.column("v").to_pylist()))
+
+
+async def feed(db) -> set[int]:
+    t, _ = await db.changes("m", 0)
+    return set(t.column("id").to_pylist())
+
+
+async def test_a_disk_error_refuses_writes_serves_reads_and_resumes_once_the_disk_works():
+    w = TablesWorld(1)
+    db = await w.start()
+    await db.create_table("m", SCHEMA)
+    await db.upsert("m", rows(range(100), v=1.0))
+    acked = {k: 1.0 for k in range(100)}
+    w.block.broken = True
+    for _ in range(2):
+        with pytest.raises((RowstoreError, TerrafsError)):
+            await db.upsert("m", rows(range(100, 110), v=-1.0))
+    assert await values(db) == acked  # reads go on
+    assert await feed(db) == set(acked)  # the change feed too (it flushed the failed file: 500)
+    out = await db.resume_writes()
+    assert out["revived"] == 0 and out["still_failing"] == 1  # the device still fails the cut
+    with pytest.raises((RowstoreError, TerrafsError)):
+        await db.upsert("m", rows(range(100, 110), v=-1.0))
+    w.block.broken = False
+    assert (await db.resume_writes())["revived"] == 1
+    await db.upsert("m", rows(range(200, 300), v=2.0))
+    acked.update({k: 2.0 for k in range(200, 300)})
+    assert await values(db) == acked and await feed(db) == set(acked)
+    w.crash()  # power loss: nothing acknowledged lost, nothing refused appears
+    db = await w.start()
+    assert await values(db) == acked
+
+
+async def test_a_group_whose_fdatasync_failed_is_cut_away_before_writing_resumes(monkeypatch):
+    """The group's bytes reached the device, its fdatasync failed: they must not count (the
+    write was refused), even though reading the file back would find them whole."""
+    w = TablesWorld(1)
+    db = await w.start()
+    await db.create_table("m", SCHEMA)
+    await db.upsert("m", rows(range(50), v=1.0))
+
+    async def failing_sync(self):
+        raise OSError(errno.EIO, "Input/output error")
+    with monkeypatch.context() as m:
+        m.setattr(MemoryDeviceFile, "sync", failing_sync)  # writes land, fdatasync fails
+        with pytest.raises((RowstoreError, TerrafsError)):
+            await db.upsert("m", rows(range(50, 60), v=-1.0))
+    assert (await db.resume_writes())["revived"] == 1
+    assert await values(db) == {k: 1.0 for k in range(50)}
+    await db.upsert("m", rows(range(60, 70), v=2.0))
+    want = {**{k: 1.0 for k in range(50)}, **{k: 2.0 for k in range(60, 70)}}
+    assert await values(db) == want
+    w.crash()
+    db = await w.start()
+    assert await values(db) == want
