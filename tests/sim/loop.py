@@ -100,7 +100,7 @@ class SimLoop(asyncio.SelectorEventLoop):
     def create_future(self) -> asyncio.Future:
         return _Future(loop=self)
 
-    def run_in_executor(self, executor, func, *args):
+    def run_in_executor(self, _executor, func, *args):
         """Inline whatever executor the code names (``terrafs.iopool``'s threads too): a real
         thread would finish at a real moment, and the run would depend on the machine."""
         return super().run_in_executor(self._default_executor, func, *args)
