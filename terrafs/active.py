@@ -415,6 +415,11 @@ class ActiveFile(GroupRecovery):
             raise no_space(e) or StorageIOError(f"{self.where}: cannot cut back a failed file: {e}") from e
 
     @property
+    def unflushed(self) -> int:
+        """Bytes appended and not (yet, or after a failed group: ever) durable."""
+        return self._end - self.durable_size
+
+    @property
     def failure(self) -> BaseException | None:
         """Why the file takes no more appends after a failed group, or None."""
         return self._failed

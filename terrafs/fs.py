@@ -31,6 +31,7 @@ from terrafs.errors import (
     FileNotFoundInDeviceError,
     FileStateError,
     InodeNotFoundError,
+    MirrorError,
     TerrafsError,
 )
 from terrafs.failpoints import failpoint
@@ -194,6 +195,20 @@ class TerrascaleFS:
         params = new_params(rec.inode, rec.gen, codec=rec.codec, block_size=self.cfg.active_block_size,
                             page_size=self.cfg.page_size, kek=self.kek)
         return size < len(encode_active_header(params))
+
+    async def reopen_failed(self, af: ActiveFile) -> ActiveFile:
+        """A file whose write group failed (at the device, or refused by its mirror), cut back
+        to its last durable group and recovered from the device: what it holds is then exactly
+        what was acknowledged, and it takes appends again. Raises, the file left as it is,
+        while the device still fails."""
+        await af.cut_back()
+        await self.close_active(af.inode)
+        return await self.open_active(af.inode)
+
+    def failing(self) -> list[int]:
+        """Inodes of open files whose last write failed at the device (full, or a disk error)."""
+        return [i for i, af in self._active.items()
+                if af.failure is not None and not isinstance(af.failure, MirrorError)]
 
     async def close_active(self, inode: int) -> None:
         """Close a local file's open handle (its bytes stay); the next ``open_active`` recovers

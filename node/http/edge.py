@@ -78,8 +78,9 @@ def answer(request: web.Request, exc: Exception) -> web.Response:
         return error(503, "unavailable", one_line(e))
     except DeviceError as e:  # the block device failed a write (EIO): nothing acknowledged; others lead soon
         log.warning("event=device_failed path=%s error=%r", request.path, e)
-        return error(503, "unavailable", f"{one_line(e)}; nothing of the request was written; retry (a replicated "
-                     "partition's other replicas take over; this node writes again once its device works)")
+        return error(503, "unavailable", f"{one_line(e)}; the write was not acknowledged and may or may not be "
+                     "applied (upserts are safe to retry); a replicated partition's other replicas take over, and "
+                     "this node writes again by itself once its device works")
     except TransientStorageError as e:  # a store that does not answer now (it names itself): retry later
         log.warning("event=store_unavailable path=%s error=%r", request.path, e)
         return error(503, "unavailable", f"a store does not answer now; retry later: {one_line(e)}")

@@ -269,10 +269,11 @@ class Database:
         return {"writable": not full, "partitions_full": len(full), "free_bytes": self.fs.block.free_bytes()}
 
     def can_write(self) -> bool:
-        """Whether this node could take writes now: no file stopped at a full device, and the
-        device (when it tells) has ``resume_free_bytes`` free. An election prefers such a node."""
+        """Whether this node could take writes now: no open file stopped at the device (full, or
+        a disk error), and the device (when it tells) has ``resume_free_bytes`` free. An
+        election prefers such a node."""
         free = self.fs.block.free_bytes()
-        return not self.store.failed_for_space() and (free is None or free >= self.cfg.resume_free_bytes)
+        return not self.fs.failing() and (free is None or free >= self.cfg.resume_free_bytes)
 
     async def resume_writes(self) -> dict:
         """After a write failed at the disk: a replicated partition led here steps down at once

@@ -165,27 +165,23 @@ class ReplicaStore:
         free = self.fs.block.free_bytes()
         if isinstance(f.failure, NoSpaceError) and free is not None and free < self.resume_free_bytes:
             raise NoSpaceError(f"{f.where}: the block device is still full ({free} bytes free)")
-        await f.cut_back()  # raises while the device still fails: the copy stays as it is
-        await self.fs.close_active(f.inode)
-        return await self.fs.open_active(f.inode)
+        return await self.fs.reopen_failed(f)  # raises while the device still fails
 
     async def _create(self, r: _Replica, table_id: str, pid: int, segid: int, seq: int) -> ActiveFile:
-        for _ in range(20):
-            rec = r.rec.copy()
+        rec = r.rec.copy()
 
-            def extra(f, rec=rec, version=r.version):
-                rec.segs[segid] = (seq, f.inode)
-                return [Check(r.key, version)], [Put(r.key, rec.to_bytes())]
+        def extra(f, rec=rec, version=r.version):
+            rec.segs[segid] = (seq, f.inode)
+            return [Check(r.key, version)], [Put(r.key, rec.to_bytes())]
 
-            try:
-                af = await self.fs.create(extra=extra)
-            except CatalogConflictError:
-                await self._reload(r)
-                continue
-            r.rec, r.version = rec, await self._version(r.key)
-            r.files[segid] = af
-            return af
-        raise ConflictError(f"could not record the copy of segment {segid}")
+        try:
+            af = await self.fs.create(extra=extra)
+        except CatalogConflictError:
+            await self._reload(r)
+            raise ConflictError(f"{r.key} changed under this replica; retry") from None
+        r.rec, r.version = rec, await self._version(r.key)
+        r.files[segid] = af
+        return af
 
     async def fence(self, table_id: str, pid: int, epoch: int, force: bool = False) -> dict:
         """Promise ``epoch``: refuse older appends from now on; answer the log's epoch and end."""
@@ -336,8 +332,14 @@ class ReplicaStore:
         r.rec, r.version = rec, res.revision
 
     async def _reload(self, r: _Replica) -> None:
-        e = await self.catalog.get(r.key)
-        r.rec, r.version = (ReplicaRecord.from_bytes(e.value, r.key), e.version) if e else (ReplicaRecord(), 0)
+        """The record changed under this replica — another node's promotion wrote it (this
+        node's files of segments it led go into it as copies), or a promotion here took it:
+        forget the cached state, so that the next message loads the record and opens its
+        files afresh, and checks the log against its leader's again (a copy recorded meanwhile
+        may be of another lineage: it is cut then). The caller raises ConflictError."""
+        for k, v in list(self._reps.items()):
+            if v is r:
+                del self._reps[k]
 
     async def _version(self, key: str) -> int:
         e = await self.catalog.get(key)

@@ -150,9 +150,11 @@ class ActiveSegment:
         """Committed batches in file order (seal/offload, fsck, index rebuilds, change feeds).
 
         Flushes first: a ``COMMIT`` appended lazily (a commit group's) must be durable for
-        the reader, which only sees durable bytes, to count its batch as committed. A file
-        whose group failed at the device still reads what it made durable."""
-        if self.file.failure is None:
+        the reader, which only sees durable bytes, to count its batch as committed. So a file
+        whose group failed at the device with such a record unwritten raises (DeviceError: the
+        feed answers 503 until the file is revived or another replica leads) rather than
+        leave a committed batch out; with nothing unwritten it reads what it made durable."""
+        if self.file.failure is None or self.file.unflushed:
             await self.file.flush()
         reader = WalReader(self.where)
         async for _, data in self.file.scan():

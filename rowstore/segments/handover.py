@@ -96,8 +96,10 @@ class Handover:
             seg = self.active.get(rec.segid)
             if seg is None:
                 inode = copies[rec.segid][1] if rec.segid in copies else rec.inode
-                seg = await ActiveSegment.recover(rec.segid, files.get(rec.segid) or await self.fs.open_active(inode),
-                                                  decide)
+                f = files.get(rec.segid) or await self.fs.open_active(inode)
+                if f.failure is not None:  # its last group failed (a disk error): what is durable counts
+                    f = await self.fs.reopen_failed(f)
+                seg = await ActiveSegment.recover(rec.segid, f, decide)
                 seg.seq = rec.seq
                 self.active[rec.segid] = seg
             self._parts[rec.segid] = (table, partition)

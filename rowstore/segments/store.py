@@ -27,7 +27,7 @@ from rowstore.segments.handover import Handover
 from rowstore.segments.records import PENDING_PREFIX, SEG_PREFIX, SegmentRecord, SegState
 from rowstore.segments.sealed import SealedSegment, sealed_bytes
 from terrafs.catalog_ops import commit
-from terrafs.errors import CatalogConflictError, MirrorError, NoSpaceError
+from terrafs.errors import CatalogConflictError, MirrorError, NoSpaceError, failed_error
 from terrafs.fs import TerrascaleFS
 from terrafs.ranges import RangeAllocator
 from terrafs.records import FileRecord
@@ -172,28 +172,39 @@ class SegmentStore(Handover):
         return [k for k, seg in self._current.items() if isinstance(seg.file.failure, NoSpaceError)]
 
     def failed(self) -> dict[tuple[str, int], BaseException]:
-        """The partitions whose current segment's file failed (a full device, a disk error),
+        """The partitions with an open segment whose file failed at the device (full, or a disk
+        error) — the current one, or one whose seal failed after it stopped being current —
         and why; not those fenced as leaders (they step down already)."""
-        return {k: seg.file.failure for k, seg in self._current.items()
-                if seg.file.failure is not None and not isinstance(seg.file.failure, MirrorError)}
+        out: dict[tuple[str, int], BaseException] = {}
+        for seg in self._failed_segments():
+            out.setdefault(self._parts[seg.segid], seg.file.failure)
+        return out
+
+    def _failed_segments(self, key: tuple[str, int] | None = None) -> list[ActiveSegment]:
+        return [seg for segid, seg in self.active.items() if segid in self._parts
+                and (key is None or self._parts[segid] == key)
+                and seg.file.failure is not None and not isinstance(seg.file.failure, MirrorError)]
 
     async def revive(self, table: str, partition: int) -> bool:
-        """Take writes again on a partition whose current segment stopped at the device (full,
-        or a disk error; the caller saw space come back, and holds the partition's writer lock
-        with nothing in flight): the file is cut back to its last durable group and recovered
-        from the device, so its localids are the file's again (the failed batches' are handed
-        out anew). Raises, the file left as it is, while the device still fails the cut."""
-        seg = self._current.get((table, partition))
-        if seg is None or seg.file.failure is None or isinstance(seg.file.failure, MirrorError):
-            return False
-        await seg.file.cut_back()
-        rec, _ = await self.record(seg.segid)
-        await self.fs.close_active(rec.inode)
-        new = await ActiveSegment.recover(seg.segid, await self.fs.open_active(rec.inode), self._decide)
-        new.seq = seg.seq
-        self.active[seg.segid] = self._current[(table, partition)] = new
-        log.warning("event=segment_revived segid=%d rows=%d bytes=%d", seg.segid, new.durable_rows, new.nbytes)
-        return True
+        """Take writes again on a partition whose segments stopped at the device (full, or a
+        disk error; the caller saw space come back, and holds the partition's writer lock
+        with nothing in flight): each failed file is cut back to its last durable group and
+        recovered from the device, so its localids are the file's again (the failed batches'
+        are handed out anew; prepared tails are decided), and one that is no longer current
+        is sealed, as it would have been. Raises, the file left as it is, while the device
+        still fails the cut."""
+        key = (table, partition)
+        failed = self._failed_segments(key)
+        for seg in failed:
+            new = await ActiveSegment.recover(seg.segid, await self.fs.reopen_failed(seg.file), self._decide)
+            new.seq = seg.seq
+            self.active[seg.segid] = new
+            if self._current.get(key) is seg:
+                self._current[key] = new
+            else:
+                await self.seal(seg.segid)
+            log.warning("event=segment_revived segid=%d rows=%d bytes=%d", seg.segid, new.durable_rows, new.nbytes)
+        return bool(failed)
 
     async def roll(self, table: str, partition: int, empty: bool = False) -> ActiveSegment | None:
         """Seal the partition's current segment now (if it holds rows, or ``empty`` too); a new
@@ -414,8 +425,11 @@ class SegmentStore(Handover):
 
 
 def _refuse_failed(seg: ActiveSegment) -> None:
-    """A segment that stopped at a full device is not sealed (sealing writes, and its tail is
-    cut when it is revived): it stays the partition's current one until then."""
+    """A segment that stopped at the device (full, or a disk error) is not sealed (sealing
+    writes, and its tail is cut when it is revived): it stays the partition's current one
+    until then."""
     f = seg.file.failure
     if isinstance(f, NoSpaceError):
         raise NoSpaceError(f"segment {seg.segid}: {f}")
+    if f is not None and not isinstance(f, MirrorError):
+        raise failed_error(f"segment {seg.segid}", f)

@@ -1,17 +1,22 @@
 """A simulated cluster for the seeded fault simulation: the real leader (``Shipper``), follower
-(``ReplicaStore``), promotion and demotion (``Leadership``), commit path (``Database``) and
-election rules (``choose_leader``, ``clock_floor``, the epoch history) of three nodes in one
-process, over a simulated network and simulated disks, driven by one seeded RNG on virtual time
+(``ReplicaStore``), promotion and demotion (``Leadership``), commit paths (``Database``'s own
+and a cross-node batch's ``Participant``) and election rules (``choose_leader``,
+``clock_floor``, the epoch history) of three nodes in one process, over a simulated network
+and simulated disks (tests/sim/nodes.py), driven by one seeded RNG on virtual time
 (``tests/sim/loop.py``). What the node layer adds over HTTP — the driver's elections, each
-node's reconcile — is modelled here in a few lines with the same rules.
+node's reconcile, the coordinator of a batch spanning nodes, routing a batch to its
+partitions' leaders — is modelled here in a few lines with the same rules. The table has two
+partitions, each with its own leader, epochs and elections; a batch's rows fall in both.
 
 Faults: kill -9 (unsynced bytes lost, optionally a torn tail), restarts, network partitions
 (both ways or one way), dropped, duplicated and delayed messages (so reordered), slow links and
 slow nodes, wall-clock jumps, a disk failing every write and sync (EIO) for a while, a disk
-filling up (ENOSPC) until space comes back. Invariants (``World.check_*``): no acknowledged
-write lost, no row that was never written, replicas equal to the leader's log once caught up,
-at most one leader holding a read lease at any moment, an ``as_of`` read repeated gives the same
-rows, the change feed holds every acknowledged write exactly once."""
+filling up (ENOSPC) until space comes back, a coordinator that vanishes before or after its
+decision. Invariants (``World.check_*``): no acknowledged write lost, no row that was never
+written, no batch half applied (in one partition and not the other), replicas equal to the
+leader's log once caught up, at most one leader per partition holding a read lease at any
+moment, an ``as_of`` read repeated gives the same rows, the change feed holds every
+acknowledged write exactly once."""
 from __future__ import annotations
 
 import asyncio
@@ -21,184 +26,33 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from catalog.abc import Check, Put
+from catalog.abc import Check, Delete, Put
 from catalog.memory import MemoryCatalog
 from node.cluster.controller import choose_leader
 from rowstore.db.committer import COMMITTED, txn_key
-from rowstore.db.database import Database, TablesConfig
+from rowstore.db.database import Database
 from rowstore.errors import FencedError, RowstoreError
+from rowstore.index.key_memtable import encode_keys
 from rowstore.replication.epochs import Epoch, History, epochs_key
-from rowstore.replication.follower import Piece
-from rowstore.replication.leader import Transport, clock_floor
+from rowstore.replication.leader import clock_floor
 from rowstore.replication.position import NOTHING, Position
 from rowstore.segments.wal import DECIDED, SPANS_NODES
-from terrafs.active import ActiveConfig
-from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
+from rowstore.tables.keys import partition_of
+from terrafs.backends.memory import MemoryObjectStore
 from terrafs.catalog_ops import commit
 from terrafs.errors import TerrafsError
-from terrafs.fs import FsConfig, TerrascaleFS
 from tests.sim.loop import in_process
+from tests.sim.nodes import (LEASE_S, PARTS, ROWS, SCHEMA, FAILURE_S, Faults, Net, Node, Place, SimTransport,
+                             Violation)
 
-SCHEMA = "id int64 primary key, b int64"
-ROWS = 8  # rows per batch: keys b * ROWS .. b * ROWS + ROWS - 1, column b = the batch id
-LEASE_S = 0.5
-FAILURE_S = 1.0  # a node down this long is dead to the driver
-TIMEOUT_S = 1.0  # a message or answer lost: the sender learns it this late
-WALL0_MS = 1_700_000_000_000
-
-
-class Violation(AssertionError):
-    """An invariant of the replicated log does not hold."""
-
-
-@dataclass
-class Faults:
-    crash: float = 0.25  # per second of virtual time: a node is killed
-    partition: float = 0.2  # per second: a link is cut (one way or both) for a while
-    clock_jump: float = 0.05  # per second: a node's wall clock jumps
-    slow: float = 0.3  # per second: a link turns slow (each message 30-300 ms late) for a while
-    slow_node: float = 0.3  # per second: a node turns slow (a slow disk: every message to it late) for long
-    drop: float = 0.01  # per message (either leg)
-    duplicate: float = 0.01  # per message
-    delay_ms: tuple[int, int] = (0, 15)
-    tear: float = 0.5  # a crash keeps a torn unsynced tail
-    disk_error: float = 0.03  # per second: a node's disk fails every write and sync (EIO) for a while
-    disk_full: float = 0.05  # per second: a node's disk fills (ENOSPC) until seal, offload and GC free it
-
-
-@dataclass
-class Place:
-    leader: str
-    replicas: list[str]
-    epoch: int
-    base: int
-    start: Position
-    inc: int  # the leader's incarnation when elected
-
-
-class Net:
-    def __init__(self, world: "World"):
-        self.w, self.cut = world, set()  # (from, to): messages from -> to are lost
-        self.slow: dict[tuple[str, str], int] = {}  # (from, to) -> ms every message takes more
-        self.slow_node: dict[str, int] = {}  # node -> ms every message to it takes more
-
-    def _lost(self, a: str, b: str) -> bool:
-        return (a, b) in self.cut or self.w.rng.random() < self.w.faults.drop
-
-    async def _delay(self, a: str, b: str) -> None:
-        lo, hi = self.w.faults.delay_ms
-        extra = self.slow.get((a, b), 0) + self.slow_node.get(b, 0)
-        await asyncio.sleep((self.w.rng.randint(lo, hi) + extra) / 1000)
-
-    async def call(self, src: str, dst: str, handler):
-        """``await handler()`` run as a task of ``dst``'s process; its answer back to ``src``."""
-        node = self.w.nodes.get(dst)
-        if node is None or not node.up or self._lost(src, dst):
-            await asyncio.sleep(TIMEOUT_S)
-            raise ConnectionError(f"{src} -> {dst}: no answer")
-        await self._delay(src, dst)
-        if not node.up:
-            raise ConnectionError(f"{dst} is down")
-        task = in_process(node.process, handler())
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # the sender may be gone
-        if self.w.rng.random() < self.w.faults.duplicate:
-            dup = in_process(node.process, handler())
-            dup.add_done_callback(lambda t: t.cancelled() or t.exception())
-        await asyncio.wait([task])
-        if task.cancelled():
-            raise ConnectionError(f"{dst} died during the request")
-        if self._lost(dst, src):
-            task.exception()  # retrieved: the effect happened, the answer is lost
-            await asyncio.sleep(TIMEOUT_S)
-            raise ConnectionError(f"{dst} -> {src}: answer lost")
-        await self._delay(dst, src)
-        return task.result()
-
-
-class SimTransport(Transport):
-    def __init__(self, world: "World", me: str):
-        self.w, self.me = world, me
-
-    async def append(self, node: str, header: dict, data: list[bytes]) -> dict:
-        pieces = [Piece(s, q, o, bytes(d)) for (s, q, o, _), d in zip(header["pieces"], data)]
-        h = dict(header)
-        return await self.w.net.call(self.me, node, lambda: self.w.nodes[node].db.leadership.append(
-            h["table"], h["pid"], h["epoch"], h["base"], Position(*h["start"]), pieces, self.me, h["clock"]))
-
-
-class Node:
-    def __init__(self, world: "World", name: str):
-        self.w, self.name = world, name
-        self.block, self.volatile = MemoryBlockDevice(), MemoryBlockDevice(durable=False)
-        self.inc, self.up, self.down_at, self.skew_ms = 0, False, 0.0, 0
-        self.db: Database | None = None
-
-    @property
-    def process(self) -> str:
-        return f"{self.name}#{self.inc}"
-
-    def now_ms(self) -> int:
-        return WALL0_MS + int(self.w.loop.time() * 1000) + self.skew_ms
-
-    async def start(self) -> None:
-        self.inc += 1
-        await in_process(self.process, self._open())
-        self.up = True
-        in_process(self.process, self._reconcile())
-        in_process(self.process, self._maintain(random.Random(self.w.rng.randrange(1 << 30))))
-
-    async def _open(self) -> None:
-        fs = TerrascaleFS(self.w.catalog, self.block, self.volatile, self.w.objects,
-                          config=FsConfig(node_id=self.name, flush=ActiveConfig(flush_ms=0.5), page_size=0))
-        await fs.open()
-        db = Database(fs, TablesConfig(partitions=1), now_ms=self.now_ms, monotonic=self.w.loop.time)
-        db.replicas.lease_s = LEASE_S
-        db.committer.ack_timeout_s = 2.0
-        db.participant.timeout_s = 2.0  # a coordinator silent this long: decided from the catalog
-
-        async def owns(d):
-            return {}  # replicated: served only once promoted
-        await db.open(owns)
-        self.db = db
-
-    def crash(self) -> None:
-        self.up, self.down_at = False, self.w.loop.time()
-        self.w.loop.kill(self.process)
-        tear = self.w.rng.randrange(1 << 30) if self.w.rng.random() < self.w.faults.tear else None
-        self.block.crash(tear_seed=tear)
-        self.volatile.crash()
-        self.db = None
-
-    async def _maintain(self, rng: random.Random) -> None:
-        """The node's background jobs: after a disk error, stepping down or taking writes again
-        (``resume_writes``); checkpoints (with the merges they start) often; seal, offload and
-        a GC pass now and then — on every node, leader or not, as the daemon runs them."""
-        while True:
-            await asyncio.sleep(rng.uniform(0.2, 1.0))
-            jobs = [self.db.resume_writes, self.db.checkpoint]
-            if rng.random() < 0.3:
-                jobs += [self.db.seal, self.db.offload, self.db.collect_garbage]
-            for job in jobs:
-                try:
-                    await job()
-                except (RowstoreError, TerrafsError, ConnectionError) as e:
-                    self.w.log("job_failed", node=self.name, job=job.__name__, error=repr(e)[:100])
-
-    async def _reconcile(self) -> None:
-        """Stop leading what the placement gives to another epoch (the node's reconcile)."""
-        while True:
-            await asyncio.sleep(0.2)
-            p, d = self.w.place, self.w.table
-            sh = self.db.leadership.shipper(d.table_id, 0)
-            if sh is not None and (p.leader != self.name or p.epoch != sh.epoch):
-                await self.db.leadership.demote(d.table_id, 0)
+CLIENT_ERRORS = (ConnectionError, RowstoreError, TerrafsError)
 
 
 @dataclass
 class Ledger:
     acked: dict[int, int] = field(default_factory=dict)  # batch -> commit_ts
     maybe: set[int] = field(default_factory=set)  # answered with an error: may or may not be there
-    reads: list[tuple[int, frozenset]] = field(default_factory=list)  # (T, rows seen at T)
+    reads: list[tuple[int, int, frozenset]] = field(default_factory=list)  # (partition, T, rows seen at T)
 
 
 class World:
@@ -208,7 +62,8 @@ class World:
         self.catalog, self.objects = MemoryCatalog(), MemoryObjectStore()
         self.nodes = {n: Node(self, n) for n in ("n1", "n2", "n3")}
         self.net, self.ledger, self.trace = Net(self), Ledger(), []
-        self.place: Place | None = None
+        self.place: dict[int, Place] = {}
+        self.settled_at: dict[int, Position] = {}
         self.table = None
         self.next_batch = 0
         self.elections = 0
@@ -221,9 +76,12 @@ class World:
     async def run(self) -> None:
         for n in self.nodes.values():
             await n.start()
-        self.table = await self.nodes["n1"].db.create_table("t", SCHEMA, partitions=1)
-        self.place = Place("n1", ["n1", "n2", "n3"], 0, 0, NOTHING, 0)
-        await self.elect(exclude=set(), first=True)
+        self.table = await self.nodes["n1"].db.create_table("t", SCHEMA, partitions=PARTS)
+        names = sorted(self.nodes)
+        for pid in range(PARTS):
+            first = names[pid % len(names)]
+            self.place[pid] = Place(first, [first, *[n for n in names if n != first]], 0, 0, NOTHING, 0)
+            await self.elect(pid, exclude=set())
         stop = asyncio.Event()
         jobs = [in_process("driver", self._driver(stop)), in_process("nemesis", self._nemesis(stop)),
                 in_process("lease-watch", self._watch_leases(stop))]
@@ -251,22 +109,32 @@ class World:
                 self.log("restart", node=n.name, inc=n.inc)
 
     async def _settle(self) -> None:
-        """Until a leader leads with every follower caught up (every fault healed)."""
+        """Until every partition's leader leads with every follower caught up, and no participant
+        holds a prepared batch any more (each resolves one its coordinator left in doubt from
+        the catalog after its timeout) — every fault healed."""
         for _ in range(600):
             await self._drive_once(set())
-            sh = self._shipper()
-            if sh is not None and sh.lease_ok() and all(  # lag 0 is not enough: a follower may
-                    # hold all of an offloaded segment and not yet the next one's first group
-                    (p := sh.status()["followers"][f]["pos"]) is not None and Position(*p) >= sh.end()
-                    for f in sh.followers):
-                self.settled_at = sh.end()
+            if all(self._caught_up(pid) for pid in range(PARTS)) and not any(
+                    n.db.participant.held for n in self.nodes.values()):  # in-doubt batches resolved
+                self.settled_at = {pid: _held_end(self._shipper(pid)) for pid in range(PARTS)}
                 return
             await asyncio.sleep(0.1)
-        raise Violation(f"no leader with caught-up followers 60 s after healing (place {self.place})")
+        raise Violation(f"no leaders with caught-up followers 60 s after healing (placement {self.place}; "
+                        f"caught up {[self._caught_up(pid) for pid in range(PARTS)]}; prepared batches held "
+                        f"{ {n.name: n.db.participant.held for n in self.nodes.values()} }; "
+                        f"{[(s.status() if (s := self._shipper(pid)) else None) for pid in range(PARTS)]})")
 
-    def _shipper(self):
-        n = self.nodes[self.place.leader]
-        return n.db.leadership.shipper(self.table.table_id, 0) if n.up and n.db else None
+    def _caught_up(self, pid: int) -> bool:
+        """Every follower holds all the leader made durable (lag 0 alone is not enough: a follower
+        may hold all of an offloaded segment and not yet the next one's first group)."""
+        sh = self._shipper(pid)
+        return sh is not None and sh.lease_ok() and all(
+            (p := sh.status()["followers"][f]["pos"]) is not None and Position(*p) >= _held_end(sh)
+            for f in sh.followers)
+
+    def _shipper(self, pid: int):
+        n = self.nodes[self.place[pid].leader]
+        return n.db.leadership.shipper(self.table.table_id, pid) if n.up and n.db else None
 
     # -- the driver: elections (node/cluster/controller.py's rules) -----------------------------
 
@@ -277,21 +145,23 @@ class World:
             await self._drive_once(dead)
 
     async def _drive_once(self, dead: set[str]) -> None:
-        p, leader = self.place, self.nodes[self.place.leader]
-        if p.leader in dead:
-            await self.elect(exclude=dead)
-        elif leader.up and (leader.inc != p.inc or self._shipper() is None or self._shipper().fenced is not None):
-            await self.elect(exclude=dead)  # restarted, or stepped down: it takes it through an election
+        for pid in range(PARTS):
+            p, leader = self.place[pid], self.nodes[self.place[pid].leader]
+            sh = self._shipper(pid)
+            if p.leader in dead:
+                await self.elect(pid, exclude=dead)
+            elif leader.up and (leader.inc != p.inc or sh is None or sh.fenced is not None):
+                await self.elect(pid, exclude=dead)  # restarted, or stepped down: it takes it through an election
 
-    async def elect(self, exclude: set[str], first: bool = False) -> bool:
-        p, tid = self.place, self.table.table_id
+    async def elect(self, pid: int, exclude: set[str]) -> bool:
+        p, tid = self.place[pid], self.table.table_id
         voters, need = [n for n in p.replicas if n not in exclude], 2
         if len(voters) < need:
             return False
         epoch = p.epoch + 1
         for _ in range(3):
-            got = await asyncio.gather(*[self.net.call("driver", n, lambda n=n, e=epoch: self.nodes[
-                n].db.leadership.fence(tid, 0, e)) for n in voters], return_exceptions=True)
+            got = await asyncio.gather(*[self.net.call("driver", n, lambda n=n, e=epoch: _fence(
+                self.nodes[n].db, tid, pid, e)) for n in voters], return_exceptions=True)
             ok = {n: g for n, g in zip(voters, got) if isinstance(g, dict)}
             if len(ok) >= need:
                 break
@@ -303,27 +173,28 @@ class World:
             return False
         chosen = choose_leader(ok, need, None, p.leader)
         base, start = int(ok[chosen]["last"]), Position.of(ok[chosen]["pos"])
-        if not await self._record(epoch, base, start, clock_floor(ok.values(), LEASE_S)):
+        if not await self._record(pid, epoch, base, start, clock_floor(ok.values(), LEASE_S)):
             return False
         node = self.nodes[chosen]
-        self.place = Place(chosen, [chosen, *[n for n in p.replicas if n != chosen]], epoch, base, start, node.inc)
+        self.place[pid] = Place(chosen, [chosen, *[n for n in p.replicas if n != chosen]], epoch, base, start,
+                                node.inc)
         self.elections += 1
-        self.log("elected", leader=chosen, epoch=epoch, base=base, start=list(start),
+        self.log("elected", pid=pid, leader=chosen, epoch=epoch, base=base, start=list(start),
                  answers={n: (a["last"], a["pos"]) for n, a in ok.items()})
-        followers = self.place.replicas[1:]
+        followers = self.place[pid].replicas[1:]
 
         def fenced(sh, node=node):
             asyncio.ensure_future(node.db.leadership.demote(sh.table_id, sh.pid))
         try:
             await self.net.call("driver", chosen, lambda: node.db.leadership.promote(
-                self.table, 0, epoch, base, start, followers, SimTransport(self, chosen), LEASE_S, on_fenced=fenced))
-        except (ConnectionError, RowstoreError, TerrafsError) as e:
-            self.log("promote_failed", node=chosen, error=repr(e)[:120])
+                self.table, pid, epoch, base, start, followers, SimTransport(self, chosen), LEASE_S, on_fenced=fenced))
+        except CLIENT_ERRORS as e:
+            self.log("promote_failed", pid=pid, node=chosen, error=repr(e)[:120])
         return True
 
-    async def _record(self, epoch: int, base: int, start: Position, floor: int) -> bool:
+    async def _record(self, pid: int, epoch: int, base: int, start: Position, floor: int) -> bool:
         """The epoch history, as the election writes it with the placement."""
-        key = epochs_key(self.table.table_id, 0)
+        key = epochs_key(self.table.table_id, pid)
         e = await self.catalog.get(key)
         h = History.from_bytes(e.value, key) if e is not None else History([])
         res = await commit(self.catalog, [Check(key, e.version if e else 0)],
@@ -332,75 +203,123 @@ class World:
 
     # -- clients --------------------------------------------------------------------------------
 
+    def _batch(self, b: int) -> tuple[pa.Table, np.ndarray]:
+        """Batch ``b``'s rows and the partition of each."""
+        keys = np.arange(b * ROWS, (b + 1) * ROWS, dtype=np.int64)
+        rows = pa.table({"id": keys, "b": np.full(ROWS, b, np.int64)})
+        return rows, partition_of(encode_keys(rows.column("id"), "int64"), PARTS)
+
     async def _writer(self, i: int, stop: asyncio.Event) -> None:
+        """A client writing batches through the node layer's routing: to the one node leading
+        every partition they touch (its own atomic commit), else as a batch spanning nodes."""
         rng = random.Random(self.rng.randrange(1 << 30))
         while not stop.is_set():
             b = self.next_batch
             self.next_batch += 1
-            leader = self.place.leader
-            keys = np.arange(b * ROWS, (b + 1) * ROWS, dtype=np.int64)
-            rows = pa.table({"id": keys, "b": np.full(ROWS, b, np.int64)})
+            rows, pids = self._batch(b)
+            leaders = {self.place[int(p)].leader for p in np.unique(pids)}
             self.ledger.maybe.add(b)  # until it is answered: a write in flight may land
             try:
-                res = await self.net.call(f"client{i}", leader, lambda n=leader, rows=rows: self.nodes[n].db.upsert(
-                    "t", rows))
-                self.ledger.acked[b] = res.commit_ts
-                self.ledger.maybe.discard(b)
-            except (ConnectionError, RowstoreError, TerrafsError):
+                if len(leaders) == 1:
+                    (leader,) = leaders
+                    res = await self.net.call(f"client{i}", leader, lambda n=leader, rows=rows: self.nodes[
+                        n].db.upsert("t", rows))
+                    ts = res.commit_ts
+                else:
+                    ts = await self._transaction(f"client{i}", b, rows, pids, rng)
+                if ts is not None:
+                    self.ledger.acked[b] = ts
+                    self.ledger.maybe.discard(b)
+            except CLIENT_ERRORS:
                 pass
             if rng.random() < 0.05:
                 await self._read()
             await asyncio.sleep(rng.randint(1, 30) / 1000)
 
     async def _coordinator(self, stop: asyncio.Event) -> None:
-        """Batches of a transaction coordinated elsewhere (RFC 0010 §3) with this partition's
-        leader as their one participant: reserve, prepare (given up after 0.4 s: then aborted,
-        often while the prepare's append still waits for a majority), decide in the catalog,
-        commit — the participant's path of a batch spanning nodes."""
+        """Batches spanning nodes always (RFC 0010 §3), even when one node leads both partitions
+        (then it is the one participant): reserve, prepare (given up after 0.4 s: then aborted,
+        often while a prepare's append still waits for a majority), decide in the catalog,
+        commit — and now and then the coordinator vanishes before or after its decision."""
         rng = random.Random(self.rng.randrange(1 << 30))
         while not stop.is_set():
             await asyncio.sleep(rng.randint(5, 60) / 1000)
             b = self.next_batch
             self.next_batch += 1
+            rows, pids = self._batch(b)
             self.ledger.maybe.add(b)
             try:
-                ts = await self._transaction(b, DECIDED | SPANS_NODES | rng.getrandbits(60))
-            except (ConnectionError, RowstoreError, TerrafsError):
+                ts = await self._transaction("coordinator", b, rows, pids, rng)
+            except CLIENT_ERRORS:
                 continue
             if ts is not None:
                 self.ledger.acked[b] = ts
                 self.ledger.maybe.discard(b)
 
-    async def _transaction(self, b: int, txn: int) -> int | None:
-        """One batch through the participant's two phases; its timestamp, or None if aborted."""
-        leader, d = self.place.leader, self.table
-        node = self.nodes[leader]
-        if not node.up:
-            raise ConnectionError(f"{leader} is down")
-        part = node.db.participant
-        keys = np.arange(b * ROWS, (b + 1) * ROWS, dtype=np.int64)
-        rows = pa.table({"id": keys, "b": np.full(ROWS, b, np.int64)})
-        r = await self.net.call("coordinator", leader, lambda: part.reserve(
-            "t", d.table_id, d.schema.version, rows, 0, txn))
+    async def _transaction(self, src: str, b: int, rows: pa.Table, pids: np.ndarray, rng: random.Random) -> int | None:
+        """One batch through the participants' two phases (node/cluster/commit.py's steps): its
+        timestamp once every participant committed it, else None (aborted, or its outcome left
+        to the participants: the client got an error)."""
+        d = self.table
+        txn = DECIDED | SPANS_NODES | rng.getrandbits(60)
+        mine: dict[str, list[int]] = {}
+        for pid in np.unique(pids).tolist():
+            mine.setdefault(self.place[pid].leader, []).append(pid)
+        shares = {who: rows.filter(pa.array(np.isin(pids, ps))) for who, ps in mine.items()}
+
+        def part(who: str):
+            return self.nodes[who].db.participant  # called on arrival: the node's present incarnation
+        got: list[str] = []
+        floor = 0
         try:
-            await asyncio.wait_for(self.net.call("coordinator", leader, lambda: part.prepare(txn, r.ts)), 0.4)
-        except (asyncio.TimeoutError, ConnectionError, RowstoreError, TerrafsError):
-            await self.net.call("coordinator", leader, lambda: part.abort(txn))
+            for who in sorted(shares):  # one node at a time: locks in one global order
+                r = await self.net.call(src, who, lambda who=who, floor=floor: part(who).reserve(
+                    "t", d.table_id, d.schema.version, shares[who], floor, txn))
+                got.append(who)
+                floor = max(floor, r.ts)
+            ts = floor
+            await asyncio.wait_for(asyncio.gather(*[self.net.call(src, who, lambda who=who: part(who).prepare(
+                txn, ts)) for who in got]), 0.4)
+        except (asyncio.TimeoutError, *CLIENT_ERRORS) as e:
+            self.log("txn_aborted", batch=b, error=repr(e)[:150])
+            await self._abort_all(src, got, txn)
             return None
-        res = await commit(self.catalog, [Check(txn_key(txn), 0)], [Put(txn_key(txn), COMMITTED)])
+        if rng.random() < 0.03:
+            self.log("coordinator_vanished", batch=b, txn=txn, decided=False, shares={w: mine[w] for w in got})
+            return None  # the participants time out and decide from the catalog: aborted
+        key = txn_key(txn)
+        res = await commit(self.catalog, [Check(key, 0)], [Put(key, COMMITTED)])
         if not res.committed:
-            return None  # the participant gave up on it and aborted first
-        await self.net.call("coordinator", leader, lambda: part.commit(txn))
-        return r.ts
+            e = await self.catalog.get(key)
+            if e is None or e.value != COMMITTED:  # a participant gave up on it and aborted first
+                await self._abort_all(src, got, txn)
+                return None
+        if rng.random() < 0.03:
+            self.log("coordinator_vanished", batch=b, txn=txn, decided=True, shares={w: mine[w] for w in got})
+            return None  # decided: the participants find it committed
+        answers = await asyncio.gather(*[self.net.call(src, who, lambda who=who: part(who).commit(txn))
+                                         for who in got], return_exceptions=True)
+        if any(isinstance(a, BaseException) for a in answers):
+            self.log("txn_unconfirmed", batch=b, answers=[repr(a)[:80] for a in answers])
+            return None  # committed, but a participant did not confirm: the client got 503
+        if all(answers):  # every share has its COMMIT X: the decision row goes
+            await commit(self.catalog, [], [Delete(key)])
+        return ts
+
+    async def _abort_all(self, src: str, whos: list[str], txn: int) -> None:
+        """Best effort: a participant that misses it aborts by itself after its timeout."""
+        await asyncio.gather(*[self.net.call(src, who, lambda who=who: self.nodes[who].db.participant.abort(txn))
+                               for who in whos], return_exceptions=True)
 
     async def _read(self) -> None:
-        leader = self.place.leader
+        pid = self.rng.randrange(PARTS)
+        leader = self.place[pid].leader
         try:
             t, T = await self.net.call("reader", leader, lambda: self.nodes[leader].db.query(
-                "t", limit=None, partitions=[0]))
-        except (ConnectionError, RowstoreError, TerrafsError):
+                "t", limit=None, partitions=[pid]))
+        except CLIENT_ERRORS:
             return
-        self.ledger.reads.append((T, _rows(t)))
+        self.ledger.reads.append((pid, T, _rows(t)))
 
     # -- faults ---------------------------------------------------------------------------------
 
@@ -412,7 +331,7 @@ class World:
             if r() < f.crash * step:
                 up = [n for n in self.nodes.values() if n.up]
                 if len(up) >= 2:
-                    lead = self.nodes[self.place.leader]
+                    lead = self.nodes[self.place[self.rng.randrange(PARTS)].leader]
                     n = lead if lead.up and r() < 0.6 else self.rng.choice(up)  # leaders die more often
                     n.crash()
                     self.log("crash", node=n.name)
@@ -426,7 +345,7 @@ class World:
             if r() < f.slow * step:
                 a, b = self.rng.sample(sorted(self.nodes), 2)
                 if r() < 0.6:  # mostly the leader's link to one follower: a follower that lags
-                    a = self.place.leader
+                    a = self.place[self.rng.randrange(PARTS)].leader
                     b = self.rng.choice([n for n in sorted(self.nodes) if n != a])
                 self.net.slow[(a, b)] = self.rng.randint(30, 300)
                 self.log("slow", link=(a, b), ms=self.net.slow[(a, b)])
@@ -485,17 +404,22 @@ class World:
             self.check_leases()
 
     def check_leases(self) -> None:
-        """At most one node serves reads of the partition at any moment."""
-        holders = [n.name for n in self.nodes.values() if n.up and n.db is not None
-                   and (sh := n.db.leadership.shipper(self.table.table_id, 0)) is not None and sh.lease_ok()]
-        if len(holders) > 1:
-            raise Violation(f"two leases at once: {holders}")
+        """At most one node serves reads of a partition at any moment."""
+        for pid in range(PARTS):
+            holders = [n.name for n in self.nodes.values() if n.up and n.db is not None and (
+                sh := n.db.leadership.shipper(self.table.table_id, pid)) is not None and sh.lease_ok()]
+            if len(holders) > 1:
+                raise Violation(f"two leases of partition {pid} at once: {holders}")
+
+    def _leader(self, pid: int) -> Database:
+        return self.nodes[self.place[pid].leader].db
 
     async def check_all(self) -> None:
-        leader = self.nodes[self.place.leader].db
-        t, _ = await leader.query("t", limit=None, partitions=[0])
-        got = _rows(t)
-        batches = {}
+        got: set = set()
+        for pid in range(PARTS):
+            t, _ = await self._leader(pid).query("t", limit=None, partitions=[pid])
+            got |= _rows(t)
+        batches: dict[int, int] = {}
         for k, b in got:
             if k // ROWS != b:
                 raise Violation(f"row {k} carries batch {b}: never written")
@@ -504,37 +428,46 @@ class World:
         if lost:
             raise Violation(f"{len(lost)} acknowledged batches lost or torn: {lost[:10]}")
         phantom = sorted(b for b in batches if b not in self.ledger.acked and b not in self.ledger.maybe)
-        if phantom or any(n != ROWS for n in batches.values()):
-            raise Violation(f"batches never sent or half there: {phantom[:10]}")
-        for T, seen in self.ledger.reads:
-            again, _ = await leader.query("t", limit=None, as_of=T, partitions=[0])
+        if phantom:
+            raise Violation(f"batches never sent: {phantom[:10]}")
+        half = sorted(b for b, n in batches.items() if n != ROWS)
+        if half:
+            raise Violation(f"batches half applied: { {b: batches[b] for b in half[:10]} } of {ROWS} rows")
+        for pid, T, seen in self.ledger.reads:
+            again, _ = await self._leader(pid).query("t", limit=None, as_of=T, partitions=[pid])
             if _rows(again) != seen:
-                raise Violation(f"as_of {T} read {len(seen)} rows then, {len(_rows(again))} now")
-        await self.check_feed(leader)
-        await self.check_replicas()
+                raise Violation(f"as_of {T} of partition {pid} read {len(seen)} rows then, {len(_rows(again))} now")
+        await self.check_feed()
+        for pid in range(PARTS):
+            await self.check_replicas(pid)
 
-    async def check_feed(self, db: Database) -> None:
-        t, _ = await db.changes("t", 0)
-        ids, ts = t.column("id").to_numpy(), t.column("commit_ts").to_numpy()
-        pairs = list(zip(ids.tolist(), ts.tolist()))
+    async def check_feed(self) -> None:
+        pairs = []
+        for pid in range(PARTS):
+            t, _ = await self._leader(pid).changes("t", 0, partitions=[pid])
+            pairs += list(zip(t.column("id").to_pylist(), t.column("commit_ts").to_pylist()))
         if len(set(pairs)) != len(pairs):
             raise Violation("the change feed holds a write twice")
         have = set(pairs)
         for b, cts in self.ledger.acked.items():
-            if any((k, cts) not in have for k in range(b * ROWS, (b + 1) * ROWS)):
-                raise Violation(f"the change feed lacks acknowledged batch {b} at {cts}")
+            missing = [k for k in range(b * ROWS, (b + 1) * ROWS) if (k, cts) not in have]
+            if missing:
+                _, pids = self._batch(b)
+                seen = sorted((k, ts) for k, ts in pairs if b * ROWS <= k < (b + 1) * ROWS)
+                raise Violation(f"the change feed lacks acknowledged batch {b} at {cts}: keys {missing} (partitions "
+                                f"{sorted(set(pids[[k - b * ROWS for k in missing]].tolist()))}); it has {seen}")
 
-    async def check_replicas(self) -> None:
+    async def check_replicas(self, pid: int) -> None:
         """Every follower's copies agree with the leader's log, byte for byte, as far as both made
         them durable, and reach at least where the leader's log ended when every follower had
         caught up (the leader may append records of its own since)."""
-        sh = self._shipper()
-        tid, settled = self.table.table_id, self.settled_at
+        sh = self._shipper(pid)
+        tid, settled = self.table.table_id, self.settled_at[pid]
         for f in sh.followers:
-            r = await self.nodes[f].db.replicas.replica(tid, 0)
-            empty_top = settled.offset == 0 and r.position().seq == settled.seq - 1  # a segment just rolled
-            if r.position() < settled and not empty_top:
-                raise Violation(f"{f} holds {list(r.position())}, behind the caught-up end {list(settled)}")
+            r = await self.nodes[f].db.replicas.replica(tid, pid)
+            if r.position() < settled:
+                raise Violation(f"{f} holds {list(r.position())} of partition {pid}, behind the caught-up end "
+                                f"{list(settled)}")
             for segid, (seq, _) in r.rec.segs.items():
                 copy, seg = r.files.get(segid), sh.segs.get(seq)
                 if seg is None or copy is None:
@@ -549,6 +482,18 @@ class World:
                     at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
                     raise Violation(f"{f}'s copy of segment {segid} is not the leader's log: {n} bytes there, "
                                     f"{seg.file.durable_size} here, first difference at {at}")
+
+
+async def _fence(db: Database, tid: str, pid: int, epoch: int) -> dict:
+    """A promise, answered as the node's route answers it (whether it could take writes too)."""
+    return {**await db.leadership.fence(tid, pid, epoch), "writable": db.can_write()}
+
+
+def _held_end(sh) -> Position:
+    """The end of what the leader made durable: the last segment it holds with bytes in it (a
+    segment just begun holds none yet, and a follower has nothing of it to hold)."""
+    full = [q for q, seg in sh.segs.items() if seg.file.durable_size > 0]
+    return Position(max(full), sh.segs[max(full)].file.durable_size) if full else NOTHING
 
 
 def _rows(t: pa.Table) -> frozenset:

@@ -1,0 +1,180 @@
+"""The simulated parts of the seeded fault simulation (tests/sim/world.py runs them): a network
+between processes on virtual time (cut one way or both, slow, lossy, duplicating), and nodes
+— the real ``TerrascaleFS`` and ``Database`` on in-memory disks that lose what was not synced
+at a crash (torn, optionally), fail with EIO, or fill up."""
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rowstore.db.database import Database, TablesConfig
+from rowstore.errors import RowstoreError
+from rowstore.replication.follower import Piece
+from rowstore.replication.leader import Transport
+from rowstore.replication.position import Position
+from terrafs.active import ActiveConfig
+from terrafs.backends.memory import MemoryBlockDevice
+from terrafs.errors import TerrafsError
+from terrafs.fs import FsConfig, TerrascaleFS
+from tests.sim.loop import in_process
+
+if TYPE_CHECKING:
+    from tests.sim.world import World
+
+SCHEMA = "id int64 primary key, b int64"
+ROWS = 8  # rows per batch: keys b * ROWS .. b * ROWS + ROWS - 1, column b = the batch id
+PARTS = 2  # the table's partitions: a batch's rows fall in both, each led on its own
+LEASE_S = 0.5
+FAILURE_S = 1.0  # a node down this long is dead to the driver
+TIMEOUT_S = 1.0  # a message or answer lost: the sender learns it this late
+WALL0_MS = 1_700_000_000_000
+
+
+class Violation(AssertionError):
+    """An invariant of the replicated log does not hold."""
+
+
+@dataclass
+class Faults:
+    crash: float = 0.25  # per second of virtual time: a node is killed
+    partition: float = 0.2  # per second: a link is cut (one way or both) for a while
+    clock_jump: float = 0.05  # per second: a node's wall clock jumps
+    slow: float = 0.3  # per second: a link turns slow (each message 30-300 ms late) for a while
+    slow_node: float = 0.3  # per second: a node turns slow (a slow disk: every message to it late) for long
+    drop: float = 0.01  # per message (either leg)
+    duplicate: float = 0.01  # per message
+    delay_ms: tuple[int, int] = (0, 15)
+    tear: float = 0.5  # a crash keeps a torn unsynced tail
+    disk_error: float = 0.03  # per second: a node's disk fails every write and sync (EIO) for a while
+    disk_full: float = 0.05  # per second: a node's disk fills (ENOSPC) until seal, offload and GC free it
+
+
+@dataclass
+class Place:
+    leader: str
+    replicas: list[str]
+    epoch: int
+    base: int
+    start: Position
+    inc: int  # the leader's incarnation when elected
+
+
+class Net:
+    def __init__(self, world: "World"):
+        self.w, self.cut = world, set()  # (from, to): messages from -> to are lost
+        self.slow: dict[tuple[str, str], int] = {}  # (from, to) -> ms every message takes more
+        self.slow_node: dict[str, int] = {}  # node -> ms every message to it takes more
+
+    def _lost(self, a: str, b: str) -> bool:
+        return (a, b) in self.cut or self.w.rng.random() < self.w.faults.drop
+
+    async def _delay(self, a: str, b: str) -> None:
+        lo, hi = self.w.faults.delay_ms
+        extra = self.slow.get((a, b), 0) + self.slow_node.get(b, 0)
+        await asyncio.sleep((self.w.rng.randint(lo, hi) + extra) / 1000)
+
+    async def call(self, src: str, dst: str, handler):
+        """``await handler()`` run as a task of ``dst``'s process; its answer back to ``src``."""
+        node = self.w.nodes.get(dst)
+        if node is None or not node.up or self._lost(src, dst):
+            await asyncio.sleep(TIMEOUT_S)
+            raise ConnectionError(f"{src} -> {dst}: no answer")
+        await self._delay(src, dst)
+        if not node.up:
+            raise ConnectionError(f"{dst} is down")
+        task = in_process(node.process, handler())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # the sender may be gone
+        if self.w.rng.random() < self.w.faults.duplicate:
+            dup = in_process(node.process, handler())
+            dup.add_done_callback(lambda t: t.cancelled() or t.exception())
+        await asyncio.wait([task])
+        if task.cancelled():
+            raise ConnectionError(f"{dst} died during the request")
+        if self._lost(dst, src):
+            task.exception()  # retrieved: the effect happened, the answer is lost
+            await asyncio.sleep(TIMEOUT_S)
+            raise ConnectionError(f"{dst} -> {src}: answer lost")
+        await self._delay(dst, src)
+        return task.result()
+
+
+class SimTransport(Transport):
+    def __init__(self, world: "World", me: str):
+        self.w, self.me = world, me
+
+    async def append(self, node: str, header: dict, data: list[bytes]) -> dict:
+        pieces = [Piece(s, q, o, bytes(d)) for (s, q, o, _), d in zip(header["pieces"], data)]
+        h = dict(header)
+        return await self.w.net.call(self.me, node, lambda: self.w.nodes[node].db.leadership.append(
+            h["table"], h["pid"], h["epoch"], h["base"], Position(*h["start"]), pieces, self.me, h["clock"]))
+
+
+class Node:
+    def __init__(self, world: "World", name: str):
+        self.w, self.name = world, name
+        self.block, self.volatile = MemoryBlockDevice(), MemoryBlockDevice(durable=False)
+        self.inc, self.up, self.down_at, self.skew_ms = 0, False, 0.0, 0
+        self.db: Database | None = None
+
+    @property
+    def process(self) -> str:
+        return f"{self.name}#{self.inc}"
+
+    def now_ms(self) -> int:
+        return WALL0_MS + int(self.w.loop.time() * 1000) + self.skew_ms
+
+    async def start(self) -> None:
+        self.inc += 1
+        await in_process(self.process, self._open())
+        self.up = True
+        in_process(self.process, self._reconcile())
+        in_process(self.process, self._maintain(random.Random(self.w.rng.randrange(1 << 30))))
+
+    async def _open(self) -> None:
+        fs = TerrascaleFS(self.w.catalog, self.block, self.volatile, self.w.objects,
+                          config=FsConfig(node_id=self.name, flush=ActiveConfig(flush_ms=0.5), page_size=0))
+        await fs.open()
+        db = Database(fs, TablesConfig(partitions=PARTS), now_ms=self.now_ms, monotonic=self.w.loop.time)
+        db.replicas.lease_s = LEASE_S
+        db.committer.ack_timeout_s = 2.0
+        db.participant.timeout_s = 2.0  # a coordinator silent this long: decided from the catalog
+
+        async def owns(d):
+            return {}  # replicated: served only once promoted
+        await db.open(owns)
+        self.db = db
+
+    def crash(self) -> None:
+        self.up, self.down_at = False, self.w.loop.time()
+        self.w.loop.kill(self.process)
+        tear = self.w.rng.randrange(1 << 30) if self.w.rng.random() < self.w.faults.tear else None
+        self.block.crash(tear_seed=tear)
+        self.volatile.crash()
+        self.db = None
+
+    async def _maintain(self, rng: random.Random) -> None:
+        """The node's background jobs: after a disk error, stepping down or taking writes again
+        (``resume_writes``); checkpoints (with the merges they start) often; seal, offload and
+        a GC pass now and then — on every node, leader or not, as the daemon runs them."""
+        while True:
+            await asyncio.sleep(rng.uniform(0.2, 1.0))
+            jobs = [self.db.resume_writes, self.db.checkpoint]
+            if rng.random() < 0.3:
+                jobs += [self.db.seal, self.db.offload, self.db.collect_garbage]
+            for job in jobs:
+                try:
+                    await job()
+                except (RowstoreError, TerrafsError, ConnectionError) as e:
+                    self.w.log("job_failed", node=self.name, job=job.__name__, error=repr(e)[:100])
+
+    async def _reconcile(self) -> None:
+        """Stop leading what the placement gives to another epoch (the node's reconcile)."""
+        while True:
+            await asyncio.sleep(0.2)
+            d = self.w.table
+            for pid, p in self.w.place.items():
+                sh = self.db.leadership.shipper(d.table_id, pid)
+                if sh is not None and (p.leader != self.name or p.epoch != sh.epoch):
+                    await self.db.leadership.demote(d.table_id, pid)
