@@ -28,6 +28,9 @@ default ``[cluster]`` timings (heartbeat 500 ms, failure_timeout 2 s, ack_timeou
 5. **A returning leader**: kill -9 of a node leading partitions mid-write, writes through the
    new leaders, its restart: MB shipped to it until caught up, against the bytes written while
    it was down (only the suffix it lacks is shipped; the table's unoffloaded log in ``extra``).
+6. **The seeded simulation** (``python -m tests.sim``): seeds of 30 virtual seconds (three
+   nodes, two partitions, every fault) per wall second, one process, against the rate
+   ``make test``'s budget needs (60 seeds within two minutes: 0.5/s).
 4. **Catch-up**: kill -9 of a node that does not lead the catalog, write
    ``CLUSTER_BENCH_CATCHUP_BATCHES`` (60) 10k-row batches to an R=3 table (every partition
    has it as a replica), restart it and time until every leader reports its position equal
@@ -427,6 +430,26 @@ async def returning_leader(cl: Cluster) -> list[Result]:
                    {"table_written_mb": round(whole, 1)})]
 
 
+# -- 6. the seeded simulation ------------------------------------------------------------------------
+
+def simulation() -> list[Result]:
+    import re
+    import subprocess
+    import sys
+
+    seeds = "0-19" if QUICK else "0-59"
+    out = subprocess.run([sys.executable, "-m", "tests.sim", "--seeds", seeds], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONHASHSEED": "0"}, cwd=Path(__file__).resolve().parent.parent)
+    m = re.search(r"(\d+) seeds in ([\d.]+) s \(([\d.]+) seeds/s\): (\d+) failed", out.stdout)
+    if m is None or out.returncode != 0:
+        raise RuntimeError(f"the simulation failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+    rate = float(m.group(3))
+    print(f"  simulation: {m.group(1)} seeds in {m.group(2)} s ({rate:.2f} seeds/s)", flush=True)
+    return [Result("seeded simulation: seeds of 30 virtual s per wall second (3 nodes, 2 partitions, every fault, "
+                   "one process)", rate, "make test's budget: 60 seeds within 2 minutes", 0.5, "seeds/s",
+                   "≥ 1x", {"seeds": int(m.group(1)), "seconds": float(m.group(2))})]
+
+
 # -- the run -----------------------------------------------------------------------------------------
 
 async def run(root: str) -> list[Result]:
@@ -463,6 +486,8 @@ async def main() -> list[Result]:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cluster-bench-", dir=os.environ.get("BENCH_DIR")) as root:
         results = await run(root)
+    print("cluster bench: the seeded simulation", flush=True)
+    results += simulation()  # after the nodes are gone: it has the machine to itself
     print_table("Cluster: replicated partitions on 3 nodes (RFC 0010 §5)", results)
     print(f"\nJSON: {write_json('cluster', results)}  ({time.perf_counter() - t0:.0f} s)")
     return results
