@@ -32,7 +32,7 @@ from node.cluster.rebalance import Rebalancer
 from node.cluster import suspicion
 from node.cluster.transport import PROMISED, HttpTransport
 from rowstore.errors import FencedError, RowstoreError, TableNotFoundError
-from rowstore.replication.epochs import Epoch, History, epochs_key
+from rowstore.replication.epochs import Epoch, History, epochs_key, replica_lasts
 from rowstore.replication.position import NOTHING, REP_PREFIX, Position
 from rowstore.replication.leader import clock_floor, lease_wait
 from terrafs.catalog_ops import commit
@@ -411,7 +411,9 @@ class NodeReplication:
                 he = await self.node.catalog.get(hk)
                 h = History.from_bytes(he.value, hk) if he is not None else History([])
                 checks.append(Check(hk, he.version if he is not None else 0))
-                ops.append(Put(hk, h.with_epoch(Epoch(new.epoch, new.base, Position(*new.start), floor)).to_bytes()))
+                lasts = await replica_lasts(self.node.catalog, table_id, pid)
+                ops.append(Put(hk, h.with_epoch(Epoch(new.epoch, new.base, Position(*new.start), floor),
+                                                lasts).to_bytes()))
             res = await commit(self.node.catalog, checks, ops)
             if res.committed:
                 await self.cluster.placement(name, len(cur.partitions), fresh=True)

@@ -12,16 +12,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Iterable
 
 from catalog.errors import CorruptionError
-from rowstore.replication.position import Position
+from rowstore.replication.position import REP_PREFIX, Position, ReplicaRecord
 
 EPOCHS_PREFIX = "rs/epochs/"
-KEEP = 64  # epochs kept per partition; a replica whose last epoch is older is copied whole again
+KEEP = 64  # newest epochs kept per partition, beside those a replica still needs (``History.with_epoch``)
 
 
 def epochs_key(table_id: str, pid: int) -> str:
     return f"{EPOCHS_PREFIX}{table_id}/{pid:03d}"
+
+
+async def replica_lasts(catalog, table_id: str, pid: int) -> list[int]:
+    """The last epochs of the partition's replica rows: what the next history must still reach."""
+    return [ReplicaRecord.from_bytes(e.value, e.key).last
+            for e in await catalog.scan(f"{REP_PREFIX}{table_id}/{pid:03d}/")]
 
 
 @dataclass(frozen=True)
@@ -51,11 +58,36 @@ class History:
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptionError(key, 0, f"not an epoch history: {e}") from None
 
-    def with_epoch(self, e: Epoch) -> "History":
-        """This history and ``e`` (replacing a record of the same epoch), the newest ``KEEP``."""
-        kept = [x for x in self.epochs if x.epoch != e.epoch] + [e]
-        kept.sort(key=lambda x: x.epoch)
-        return History(kept[-KEEP:])
+    def with_epoch(self, e: Epoch, needed: Iterable[int] = ()) -> "History":
+        """This history and ``e`` (replacing a record of the same epoch): the newest ``KEEP``,
+        and every older record that a replica whose last epoch is in ``needed`` (the
+        partition's replica rows) still needs to find where its log parts from ``e``'s — so a
+        replica many elections behind is cut, never copied whole again, while it is known."""
+        rec = {x.epoch: x for x in self.epochs if x.epoch != e.epoch}
+        rec[e.epoch] = e
+        order = sorted(rec)
+        keep = set(order[-KEEP:])
+        for last in needed:
+            keep |= _read_by_cut(rec, e.epoch, last)
+        return History([rec[x] for x in order if x in keep])
+
+
+def _read_by_cut(rec: dict[int, Epoch], current: int, last: int) -> set[int]:
+    """The records ``cut_point`` reads for a replica at ``last`` against ``current``: both
+    lineages down to the first epoch they share (nothing when it cannot tell already)."""
+    mine, x = [], last
+    while True:
+        mine.append(x)
+        if x == 0 or x not in rec:
+            break
+        x = rec[x].base
+    ours, x = [], current
+    while x not in mine:
+        if x == 0 or x not in rec:
+            return set()
+        ours.append(x)
+        x = rec[x].base
+    return (set(ours) | set(mine[: mine.index(x) + 1])) & set(rec)
 
 
 def cut_point(last: int, pos: Position, epoch: int, base: int, start: Position,

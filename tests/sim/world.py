@@ -33,7 +33,7 @@ from rowstore.db.committer import COMMITTED, txn_key
 from rowstore.db.database import Database
 from rowstore.errors import FencedError, RowstoreError
 from rowstore.index.key_memtable import encode_keys
-from rowstore.replication.epochs import Epoch, History, epochs_key
+from rowstore.replication.epochs import Epoch, History, epochs_key, replica_lasts
 from rowstore.replication.leader import clock_floor
 from rowstore.replication.position import NOTHING, Position
 from rowstore.segments.wal import DECIDED, SPANS_NODES
@@ -198,7 +198,8 @@ class World:
         e = await self.catalog.get(key)
         h = History.from_bytes(e.value, key) if e is not None else History([])
         res = await commit(self.catalog, [Check(key, e.version if e else 0)],
-                           [Put(key, h.with_epoch(Epoch(epoch, base, start, floor)).to_bytes())])
+                           [Put(key, h.with_epoch(Epoch(epoch, base, start, floor), await replica_lasts(
+                               self.catalog, self.table.table_id, pid)).to_bytes())])
         return res.committed
 
     # -- clients --------------------------------------------------------------------------------

@@ -73,3 +73,26 @@ def test_an_epochs_clock_floor_round_trips_and_older_records_have_none():
     assert History.from_bytes(h.to_bytes(), "k") == h
     old = History.from_bytes(b'{"epochs":[[1,0,0,0],[2,1,3,40]]}', "k")  # written before floors
     assert [e.floor for e in old.epochs] == [0, 0]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(worlds(), st.integers(1, 4))
+def test_pruning_keeps_every_record_a_known_replica_needs(w, keep):
+    """However many epochs pass, a replica whose last epoch the pruning is told of gets the same
+    cut from the pruned history as from the whole one (KEEP made tiny to prune hard)."""
+    import rowstore.replication.epochs as epochs
+
+    logs, recs, last, held = w
+    full = History(list(recs))
+    old, epochs.KEEP = epochs.KEEP, keep
+    try:
+        pruned = History([])
+        # each election writes its epoch, told the replicas' last epochs: the replica's, and
+        # those of every replica a later election chooses (a later epoch's base was one)
+        for r in recs:
+            pruned = pruned.with_epoch(r, needed=[last, *(x.base for x in recs if x.base <= r.epoch)])
+    finally:
+        epochs.KEEP = old
+    cur = recs[-1]
+    want = cut_point(last, Position(1, held), cur.epoch, cur.base, cur.start, full.epochs)
+    assert cut_point(last, Position(1, held), cur.epoch, cur.base, cur.start, pruned.epochs) == want
