@@ -3,6 +3,21 @@
 Tests arm a point to raise at a chosen step (``arm("offload.after_upload")``),
 simulating a crash there; production never arms any, and an unarmed point
 costs one dict lookup.
+
+A test's child process may also be given, in its environment (never set in production):
+
+* ``TERRASCALE_FAILPOINT_KILL`` — a point's name: the process SIGKILLs itself there;
+* ``TERRASCALE_FAILPOINT_CLOCK_SKEW_MS`` — its wall clock runs that many ms ahead (or behind);
+* ``TERRASCALE_FAILPOINT_CUT_DIR`` — a folder of network faults on its requests to other
+  nodes (``node/cluster/members.py``, ``Cluster.call``), set and lifted while it runs:
+
+  - a file named after a node id (or ``all``): a **cut** — its requests to that node fail
+    as if the network dropped them (``cut_to``); its content is not read;
+  - a file ``slow-<node id>`` (or ``slow-all``) holding a number of milliseconds (``250``):
+    a **slow link** — each of its requests to that node waits that long before it is sent
+    (``slow_to``; the larger of the two when both are there). Write it whole (a temporary
+    name, then rename): content that is not a number (empty, half-written) delays nothing.
+    A cut wins over a slow link.
 """
 from __future__ import annotations
 
@@ -27,16 +42,34 @@ _KILL_AT = os.environ.get("TERRASCALE_FAILPOINT_KILL")
 CLOCK_SKEW_MS = int(os.environ.get("TERRASCALE_FAILPOINT_CLOCK_SKEW_MS", "0"))
 
 
-# Network cuts of a test's child process: a file named after a node (or ``all``) in this
-# folder makes this node's requests to it fail as if the network dropped them (one-way
-# partitions, set and lifted while the node runs; unset in production).
+# Network faults of a test's child process (the module docstring): cuts and slow links of its
+# requests to other nodes, set and lifted while the node runs; unset in production.
 CUT_DIR = os.environ.get("TERRASCALE_FAILPOINT_CUT_DIR")
+SLOW = "slow-"
 
 
 def cut_to(node: str) -> bool:
     """Whether a test cut this node's requests to ``node``."""
     return CUT_DIR is not None and (os.path.exists(os.path.join(CUT_DIR, "all"))
                                     or os.path.exists(os.path.join(CUT_DIR, node)))
+
+
+def slow_to(node: str) -> float:
+    """Seconds a test delays each of this node's requests to ``node`` by (0.0: none)."""
+    if CUT_DIR is None:
+        return 0.0
+    return max(_delay(os.path.join(CUT_DIR, SLOW + "all")), _delay(os.path.join(CUT_DIR, SLOW + node)))
+
+
+def _delay(path: str) -> float:
+    """The delay file ``path`` asks for, in seconds (a failed open when there is none; a
+    small read when there is: a test's process only)."""
+    try:
+        with open(path, "rb") as f:
+            ms = float(f.read(64).decode("ascii").strip())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return 0.0
+    return ms / 1000 if 0 < ms < float("inf") else 0.0
 
 
 def skewed_wall_clock():

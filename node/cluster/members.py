@@ -33,7 +33,7 @@ from catalog.errors import CatalogError
 from node.cluster.placement import PLACE, Placement, counts, plan
 from node.errors import ApiError
 from rowstore.errors import ConflictError, SchemaError, TableExistsError
-from terrafs.failpoints import cut_to
+from terrafs.failpoints import cut_to, slow_to
 from terrafs.catalog_ops import commit
 
 log = logging.getLogger("terrascale.node")
@@ -203,6 +203,9 @@ class Cluster:
         url = await self.address(node) + path
         if cut_to(node):
             raise ConnectionError(f"node {node} ({url}) does not answer: cut by a test")
+        delay = slow_to(node)
+        if delay:  # a slow link (a test's fault file)
+            await asyncio.sleep(delay)
         h = dict(headers or {})
         h[FORWARDED] = self.node_id
         h[INCARNATION] = self.incarnation

@@ -118,10 +118,10 @@ class Leadership:
             old.retired = True  # no new segment; and nothing more published for it (stale)
             old.index.moved = True
         await sh.close()
+        self.store.not_led.add((table_id, pid))  # first: a read in flight meets its files gone as 503
         for inode in self.store.release_local(table_id, pid):
             await self.store.fs.close_active(inode)
         self.store.epochs.pop((table_id, pid), None)
-        self.store.not_led.add((table_id, pid))
         self.replicas.forget(table_id, pid)
         log.warning("event=partition_demoted table=%s partition=%d epoch=%d", table_id, pid, sh.epoch)
         return True

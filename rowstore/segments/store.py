@@ -231,9 +231,11 @@ class SegmentStore(Handover):
         log.info("event=segment_sealed segid=%d bytes=%d rows=%d", full.segid, full.nbytes, full.durable_rows)
 
     async def pending_offload(self) -> list[int]:
-        """This node's sealed segments still on its block device."""
+        """This node's sealed segments still on its block device and open here (not those of a
+        replicated partition it stopped leading: its files were released, the next leader
+        offloads its own copy)."""
         return [r.segid for r in await self.list(owner=self.node)
-                if r.state == SegState.SEALED and r.inode not in self.lost]
+                if r.state == SegState.SEALED and r.inode not in self.lost and r.segid in self.active]
 
     async def seal(self, segid: int) -> SegmentRecord:
         rec, e = await self.record(segid)
@@ -374,6 +376,9 @@ class SegmentStore(Handover):
         if s is None:
             rec, _ = await self.record(segid)
             if rec.state not in (SegState.OFFLOADED, SegState.RETIRED):  # retired: readable until deleted
+                if (rec.table, rec.partition) in self.not_led:  # a read begun before it stopped leading
+                    raise UnavailableError(f"partition {rec.partition} is no longer led by this node (its "
+                                           f"{rec.state.value} segment {segid} was released during the read); retry")
                 raise RowstoreError(f"segment {segid} is {rec.state.value}, not offloaded")
             s = self._sealed[segid] = await SealedSegment.open(await self.fs.open_sealed(rec.inode))
         return s

@@ -114,20 +114,26 @@ def raft_cluster(root, n: int = 3, extra: str = "", raft_extra: str = "") -> lis
     of its own. ``raft_extra``: URI options, e.g. ``&timeout=30``."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "secret").write_text("0123456789abcdef0123456789abcdef\n")
-    raft = [free_port() for _ in range(n)]
-    members = ",".join(f"127.0.0.1:{p}" for p in raft)
-    nodes = []
-    for i in range(n):
-        (root / f"n{i + 1}").mkdir(exist_ok=True)
-        node = NodeProc(root / f"n{i + 1}", node_id=f"n{i + 1}", extra=extra)
-        node.raft_address = f"127.0.0.1:{raft[i]}"
-        node.config.write_text(node.config.read_text().replace(
-            f'uri = "trkv://{node.data}/catalog"',
-            f'uri = "raft://{members}?self={node.raft_address}{raft_extra}"\n'
-            f'secret_file = "{root / "secret"}"\ndir = "{node.data / "raft"}"').replace(
-            f'objects = "trfs://{node.data}/objects"', f'objects = "trfs://{root}/objects"'))
-        nodes.append(node)
-    return nodes
+    raft = [f"127.0.0.1:{free_port()}" for _ in range(n)]
+    return [_on_raft(root, f"n{i + 1}", extra, raft[i], raft, raft_extra) for i in range(n)]
+
+
+def joiner(root, nodes, extra: str, node_id: str = "n4") -> NodeProc:
+    """A new node (not started) configured with the current members ``nodes`` of a
+    ``raft_cluster`` (it joins with `admin cluster add` of its ``raft_address``)."""
+    return _on_raft(root, node_id, extra, f"127.0.0.1:{free_port()}", [n.raft_address for n in nodes])
+
+
+def _on_raft(root, node_id: str, extra: str, raft_address: str, members: list[str], raft_extra: str = "") -> NodeProc:
+    (root / node_id).mkdir(exist_ok=True)
+    node = NodeProc(root / node_id, node_id=node_id, extra=extra)
+    node.raft_address = raft_address
+    node.config.write_text(node.config.read_text().replace(
+        f'uri = "trkv://{node.data}/catalog"',
+        f'uri = "raft://{",".join(members)}?self={raft_address}{raft_extra}"\n'
+        f'secret_file = "{root / "secret"}"\ndir = "{node.data / "raft"}"').replace(
+        f'objects = "trfs://{node.data}/objects"', f'objects = "trfs://{root}/objects"'))
+    return node
 
 
 def start_all(nodes: list[NodeProc], timeout: float = 90) -> None:

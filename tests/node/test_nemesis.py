@@ -1,15 +1,22 @@
 """The nemesis suite: three real node processes, R = 3, writers batching across every partition
-through every node, seal, offload, checkpoint and GC running on every node throughout, one
-node's wall clock 2 s ahead — and seeded rounds of faults: kill -9 and restart, SIGSTOP and
-SIGCONT, node-to-node links cut one way or both (``TERRASCALE_FAILPOINT_CUT_DIR``), a node
-cut off over HTTP while its heartbeats go on, one node's block device filled to the last byte
-(a tmpfs, root only) and freed again.
+through every member, seal, offload, checkpoint and GC running on every node throughout, one
+node's wall clock 2 s ahead (while it is a member) — and seeded rounds of faults: kill -9 and
+restart (with the same fault files and clock), SIGSTOP and SIGCONT, node-to-node links cut one
+way or both or slowed by 100-400 ms one way or both (``TERRASCALE_FAILPOINT_CUT_DIR``, see
+terrafs/failpoints.py), a node cut off over HTTP while its heartbeats go on, one node's block
+device filled to the last byte (a tmpfs, root only) and freed again — and membership changes
+under them: with three members a fresh node joins (`admin cluster add`; the rounds go on while
+the driver moves replicas to it), with four one that is not the catalog's Raft leader (nor the
+small-disk node) leaves (`admin cluster remove`; writes still sent to it until no placement
+names it, then it is stopped). Every round picks among the current members; the writers
+follow them.
 
-One checker for all of it, once every fault is healed and every follower caught up: every
-acknowledged batch whole through every node and none half-applied or never written, every
-``as_of`` read taken during the faults answering the same rows again, the change feed holding
-every acknowledged batch's rows with no write twice — and once more after kill -9 of the node
-leading the most partitions (what its replicas hold is the truth then).
+One checker for all of it, once every fault is healed and every follower caught up, over the
+members at the end: every acknowledged batch whole through every member and none half-applied
+or never written, every read of the present taken during the faults answered or refused as a
+fault excuses (503, 421, no answer), its ``as_of`` read answering the same rows again, the
+change feed holding every acknowledged batch's rows with no write twice — and once more after
+kill -9 of the node leading the most partitions (what its replicas hold is the truth then).
 
 ``NEMESIS_ROUNDS`` (default 30) and ``NEMESIS_SEED`` (default: a fixed one; the seed is printed
 with the trace of rounds) for the long mode."""
@@ -23,8 +30,9 @@ import time
 import numpy as np
 import pytest
 
+from node.errors import ApiError
 from tests.fixtures.tmpfs import SmallDisk, can_mount
-from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster
+from tests.node.proc import FAST_CLUSTER, eventually, joiner, raft_cluster
 from tests.node.test_replication_faults import RETRY, Writers, caught_up, check_batches, counts
 
 ROUNDS = int(os.environ.get("NEMESIS_ROUNDS", "30"))
@@ -44,17 +52,36 @@ seal_bytes = "256KiB"
 
 
 class Nemesis:
-    def __init__(self, tmp_path, nodes, writers: Writers, rng: random.Random, disk: SmallDisk | None):
-        self.nodes, self.w, self.rng, self.disk = nodes, writers, rng, disk
-        self.cut_dirs = {n.node_id: tmp_path / f"cut-{n.node_id}" for n in nodes}
+    """The rounds of faults. ``nodes``: the current members — what the rounds pick from, the
+    writers write through and the checker reads (it changes with ``join`` and ``leave``)."""
+
+    def __init__(self, tmp_path, nodes, rng: random.Random, disk: SmallDisk | None, extra: str):
+        self.root, self.nodes, self.rng, self.disk, self.extra = tmp_path, list(nodes), rng, disk, extra
+        self.all = list(nodes)  # every node process ever started (all stopped at the end)
+        self.small = nodes[2] if disk else None  # its block device is the small one: it stays
+        self.w: Writers | None = None
+        self.cut_dirs: dict[str, object] = {}
+        self.env: dict[str, dict] = {}  # each node's environment, again at each restart
         self.trace: list[str] = []
         self.reads: list[tuple[int, dict[int, int]]] = []
+        self.bad_reads: list[str] = []  # answers no fault excuses (a 500, a 4xx other than 421)
 
     def log(self, what: str) -> None:
         self.trace.append(f"{time.monotonic():.2f} {what}")
 
+    def start(self, node, env: dict | None = None) -> None:
+        d = self.cut_dirs[node.node_id] = self.root / f"cut-{node.node_id}"
+        d.mkdir(exist_ok=True)
+        self.env[node.node_id] = {"TERRASCALE_FAILPOINT_CUT_DIR": str(d), **(env or {})}
+        node.start(wait=False, env=self.env[node.node_id])
+
     def cut(self, a: str, b: str) -> None:
         (self.cut_dirs[a] / b).touch()
+
+    def slow(self, a: str, b: str, ms: int) -> None:
+        tmp = self.cut_dirs[a] / f".tmp-{b}"  # written whole, then renamed (terrafs/failpoints.py)
+        tmp.write_text(str(ms))
+        os.replace(tmp, self.cut_dirs[a] / f"slow-{b}")
 
     def heal_links(self) -> None:
         for d in self.cut_dirs.values():
@@ -62,37 +89,54 @@ class Nemesis:
                 f.unlink()
 
     def round(self) -> None:
-        kinds = ["kill", "pause", "cut_one_way", "cut_both_ways", "isolate"] + (["fill_disk"] if self.disk else [])
+        kinds = ["kill", "pause", "cut_one_way", "cut_both_ways", "isolate", "slow_link"]
+        kinds += (["fill_disk"] if self.disk else []) + (["join"] if len(self.nodes) == 3 else ["leave"])
         kind = self.rng.choice(kinds)
         node = self.rng.choice(self.nodes)
         others = [n for n in self.nodes if n is not node]
+        peer = self.rng.choice(others)
         hold = self.rng.uniform(1.0, 2.5)
-        self.log(f"{kind} {node.node_id} for {hold:.1f} s")
-        if kind == "kill":
+        if kind == "join":
+            self.join()
+        elif kind == "leave":
+            self.leave(self.rng.sample(self.nodes, len(self.nodes)))
+        elif kind == "kill":
+            self.log(f"kill -9 {node.node_id} for {hold:.1f} s")
             node.kill()
             time.sleep(hold)
-            node.start(wait=False)
+            node.start(wait=False, env=self.env[node.node_id])
             node.wait_ready(90)
         elif kind == "pause":
+            self.log(f"pause {node.node_id} for {hold:.1f} s")
             self.w.paused.add(node.node_id)
             os.kill(node.proc.pid, signal.SIGSTOP)
             time.sleep(hold)
             os.kill(node.proc.pid, signal.SIGCONT)
             self.w.paused.discard(node.node_id)
         elif kind in ("cut_one_way", "cut_both_ways"):
-            peer = self.rng.choice(others)
+            self.log(f"{kind} {node.node_id} -> {peer.node_id} for {hold:.1f} s")
             self.cut(node.node_id, peer.node_id)
             if kind == "cut_both_ways":
                 self.cut(peer.node_id, node.node_id)
             time.sleep(hold)
             self.heal_links()
+        elif kind == "slow_link":
+            ms, both = self.rng.randint(100, 400), self.rng.random() < 0.5
+            self.log(f"slow_link {node.node_id} {'<->' if both else '->'} {peer.node_id} {ms} ms for {hold:.1f} s")
+            self.slow(node.node_id, peer.node_id, ms)
+            if both:
+                self.slow(peer.node_id, node.node_id, ms)
+            time.sleep(hold)
+            self.heal_links()
         elif kind == "isolate":  # its HTTP path to and from every node; its Raft port still works
+            self.log(f"isolate {node.node_id} for {hold + 2:.1f} s")
             for p in others:
                 self.cut(node.node_id, p.node_id)
                 self.cut(p.node_id, node.node_id)
             time.sleep(hold + 2)
             self.heal_links()
         elif kind == "fill_disk":
+            self.log(f"fill_disk {self.small.node_id} for {hold:.1f} s")
             ballast = os.path.join(self.disk.path, "ballast")
             try:
                 with open(ballast, "wb") as f:  # to the last byte (it may be full already)
@@ -107,14 +151,73 @@ class Nemesis:
         self.read_present()
         time.sleep(0.3)
 
+    def join(self) -> None:
+        """A new node joins (`admin cluster add`); the driver moves replicas to it while the
+        rounds go on (not waited for)."""
+        new = joiner(self.root, self.nodes, self.extra, f"n{len(self.all) + 1}")
+        self.log(f"join {new.node_id}")
+        self.all.append(new)
+        self.start(new)
+        via = self.rng.choice(self.nodes)
+
+        def add():
+            with via.client(timeout=60) as c:  # an add that timed out may have been made
+                if new.raft_address not in {m["raft_address"] for m in c.cluster()["members"]}:
+                    c.add_member(new.raft_address)
+        eventually(add, 60, 0.5)
+        new.wait_ready(90)
+        self.nodes.append(new)
+        self.w.add(new)
+
+    def leave(self, order: list) -> None:
+        """The first member in ``order`` that is not the catalog's Raft leader (it cannot
+        remove itself) nor the node with the small disk is removed (`admin cluster remove`,
+        through another member) while writes still go to it; once no placement names it, it
+        is stopped and no member any more."""
+        gone = None
+
+        def remove():
+            nonlocal gone
+            via = next(n for n in order if n is not gone)
+            with via.client(timeout=60) as c:
+                view = c.cluster()
+                if gone is None:
+                    gone = next(n for n in order if n.node_id != view["leader"] and n not in (self.small, via))
+                elif gone.raft_address not in {m["raft_address"] for m in view["members"]}:
+                    return via  # a remove that timed out was made
+                self.log(f"leave {gone.node_id}: removed through {via.node_id}")
+                try:
+                    c.remove_member(gone.raft_address)
+                except ApiError as e:
+                    if e.status == 409:  # refused, nothing removed (it leads the catalog now, ...)
+                        gone = None
+                    raise
+            return via
+        via = eventually(remove, 60, 0.5)
+
+        def unplaced():
+            with via.client(timeout=60) as c:
+                place = c.describe("t")["placement"]
+            assert all(gone.node_id not in p["replicas"] for p in place), place
+        eventually(unplaced, 120, 0.5)
+        self.w.remove(gone)
+        self.nodes.remove(gone)
+        self.log(f"{gone.node_id} placed nowhere: stopping it")
+        # SIGTERM: its jobs and requests wait out catalog timeouts (no longer in the Raft group),
+        # which may pass its shutdown timeout (status 1; RFC 0010, the nemesis suite: open)
+        rc, _ = gone.stop(90)
+        self.log(f"{gone.node_id} stopped: exit status {rc}")
+
     def read_present(self) -> None:
         """A read of the present through a live node, kept with its T: read again at the end."""
         n = self.rng.choice([n for n in self.nodes if n.proc is not None and n.node_id not in self.w.paused])
         try:
             with n.client(timeout=10) as c:
                 doc = c._call("POST", "/v1/tables/t/query", {"columns": ["b"], "limit": 10_000_000})
-        except Exception as e:  # noqa: BLE001 - a fault may refuse it (503): nothing to keep then
-            self.log(f"read refused: {e!r}"[:200])
+        except (ApiError, ConnectionError) as e:  # a fault may refuse it (503): nothing to keep then
+            self.log(f"read through {n.node_id} refused: {e!r}"[:200])
+            if not isinstance(e, ConnectionError) and e.status not in RETRY:
+                self.bad_reads.append(f"{n.node_id}: {e.status} {e.code} {e}"[:300])
             return
         b = np.array([r["b"] for r in doc["rows"]], np.int64)
         ids, n_ = np.unique(b, return_counts=True)
@@ -135,56 +238,54 @@ def test_nemesis_rounds_lose_nothing_and_agree(tmp_path):
     rng = random.Random(SEED)
     nodes = raft_cluster(tmp_path, 3, extra=FAST_CLUSTER + JOBS)
     disk = SmallDisk(nodes[2].data / "block", 256) if can_mount() else None
-    nem = w = None
+    nem = Nemesis(tmp_path, nodes, rng, disk, FAST_CLUSTER + JOBS)
+    w = None
     try:
-        for n in nodes:
-            (tmp_path / f"cut-{n.node_id}").mkdir()
-            env = {"TERRASCALE_FAILPOINT_CUT_DIR": str(tmp_path / f"cut-{n.node_id}")}
-            if n is nodes[1]:
-                env["TERRASCALE_FAILPOINT_CLOCK_SKEW_MS"] = "2000"  # its wall clock runs 2 s ahead
-            n.start(wait=False, env=env)
+        for n in nodes:  # its wall clock runs 2 s ahead
+            nem.start(n, {"TERRASCALE_FAILPOINT_CLOCK_SKEW_MS": "2000"} if n is nodes[1] else None)
         for n in nodes:
             n.wait_ready(90)
         with nodes[0].client(timeout=60) as c:
             c.create_table("t", [("id", "int64"), ("b", "int64")], "id", partitions=3, replicas=3)
-        w = Writers(nodes, n=4, retry=RETRY | {507}).start()
+        w = nem.w = Writers(nodes, n=4, retry=RETRY | {507}).start()
         w.wait_acks(8)
-        nem = Nemesis(tmp_path, nodes, w, rng, disk)
         for _ in range(ROUNDS):
             nem.round()
         nem.log("heal")
         w.stop()
         assert not w.bad, f"answers no fault excuses: {w.bad[:5]}"
+        assert not nem.bad_reads, f"reads answered what no fault excuses: {nem.bad_reads[:5]}"
         acked = w.acked_ids()
-        eventually(lambda: caught_up(nodes, 3), 90)
-        for n in nodes:
+        members = nem.nodes
+        eventually(lambda: caught_up(members, 3), 90)
+        for n in members:
             with n.client(timeout=60) as c:
                 got = eventually(lambda c=c: counts(c), 30)
                 check_batches(got, acked)
                 assert set(got) <= w.tried, f"batches never written: {sorted(set(got) - w.tried)[:5]}"
-        with nodes[0].client(timeout=60) as c:
+        with members[0].client(timeout=60) as c:
             for T, seen in nem.reads:
                 assert eventually(lambda T=T: counts(c, as_of=T), 30) == seen, f"as_of {T} changed"
-            feed_check(c, acked, 12)
+            eventually(lambda: feed_check(c, acked, 12), 30)  # 503 while a leadership moves
         # the replicas hold it all: kill -9 the node leading the most partitions, read again
-        led = caught_up(nodes, 3)
-        top = max(nodes, key=lambda n: sum(1 for who, _ in led.values() if who == n.node_id))
+        led = caught_up(members, 3)
+        top = max(members, key=lambda n: sum(1 for who, _ in led.values() if who == n.node_id))
         top.kill()
         nem.log(f"final kill -9 of {top.node_id}")
-        for n in nodes:
+        for n in members:
             if n is not top:
                 with n.client(timeout=60) as c:
                     check_batches(eventually(lambda c=c: counts(c), 60), acked)
         print(f"nemesis seed {SEED}: {ROUNDS} rounds, {len(acked)} batches acknowledged, "
-              f"{len(nem.reads)} as_of reads, errors {w.errors}")
+              f"{len(nem.reads)} as_of reads, members {[n.node_id for n in members]}, errors {w.errors}\n"
+              + "\n".join(nem.trace))
     except BaseException:
-        if nem is not None:
-            print(f"nemesis seed {SEED}, rounds:\n" + "\n".join(nem.trace))
+        print(f"nemesis seed {SEED}, rounds:\n" + "\n".join(nem.trace))
         raise
     finally:
         if w is not None:
             w.stop_ev.set()
-        for n in nodes:
+        for n in nem.all:
             if n.proc is not None:
                 try:
                     os.kill(n.proc.pid, signal.SIGCONT)

@@ -11,7 +11,7 @@ import pytest
 from node.errors import ApiError
 from rowstore.index.key_memtable import encode_keys
 from rowstore.tables.keys import partition_of
-from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
+from tests.node.proc import FAST_CLUSTER, eventually, joiner, raft_cluster, start_all
 
 FAST = FAST_CLUSTER
 
@@ -149,23 +149,6 @@ def test_removed_member_replicas_move_under_load_nothing_lost(tmp_path):
     finally:
         for n in nodes:
             n.ensure_stopped()
-
-
-def joiner(root, nodes, extra: str):
-    """A new node configured with the current members (it joins with `admin cluster add`)."""
-    from tests.fixtures.moto import free_port
-    from tests.node.proc import NodeProc
-
-    (root / "n4").mkdir()
-    n4 = NodeProc(root / "n4", node_id="n4", extra=extra)
-    n4.raft_address = f"127.0.0.1:{free_port()}"
-    members = ",".join(n.raft_address for n in nodes)
-    n4.config.write_text(n4.config.read_text().replace(
-        f'uri = "trkv://{n4.data}/catalog"',
-        f'uri = "raft://{members}?self={n4.raft_address}"\n'
-        f'secret_file = "{root / "secret"}"\ndir = "{n4.data / "raft"}"').replace(
-        f'objects = "trfs://{n4.data}/objects"', f'objects = "trfs://{root}/objects"'))
-    return n4
 
 
 @pytest.mark.slow

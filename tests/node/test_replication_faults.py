@@ -67,7 +67,8 @@ def check_batches(got: dict[int, int], acked: set[int], size: int = ROWS) -> Non
 class Writers:
     """``n`` threads upserting distinct batches through ``nodes`` (writer i starts at node
     i % len), each retrying a batch until it is acknowledged — on another node after a
-    connection error or a 503/421. Records each acknowledgement's time."""
+    connection error or a 503/421. Records each acknowledgement's time. ``add`` and
+    ``remove`` change the nodes written through while they run (membership changes)."""
 
     def __init__(self, nodes, n: int = 8, table: str = "t", make=batch, timeout: float = 20, retry=RETRY):
         self.nodes, self.n, self.table, self.make, self.timeout = list(nodes), n, table, make, timeout
@@ -93,6 +94,14 @@ class Writers:
         for t in self.threads:
             t.join(self.timeout + 10)
 
+    def add(self, node) -> None:
+        with self.lock:
+            self.nodes.append(node)
+
+    def remove(self, node) -> None:
+        with self.lock:
+            self.nodes.remove(node)
+
     def acked_ids(self) -> set[int]:
         with self.lock:
             return set(self.acked)
@@ -117,19 +126,22 @@ class Writers:
             self.errors[what] = self.errors.get(what, 0) + 1
 
     def _run(self, w: int) -> None:
-        clients = {n.node_id: n.client(timeout=self.timeout) for n in self.nodes}
-        at, k = w % len(self.nodes), 0
+        clients: dict[str, Client] = {}
+        at, k = w, 0
         try:
             while not self.stop_ev.is_set():
                 bid = w * 1_000_000 + k
                 with self.lock:
                     self.tried.add(bid)
                 while not self.stop_ev.is_set():
-                    node = self.nodes[at % len(self.nodes)]
+                    with self.lock:
+                        node = self.nodes[at % len(self.nodes)]
                     if node.node_id in self.paused or node.proc is None:
                         at += 1
                         time.sleep(0.01)
                         continue
+                    if node.node_id not in clients:
+                        clients[node.node_id] = node.client(timeout=self.timeout)
                     try:
                         clients[node.node_id].upsert(self.table, self.make(bid))
                     except ApiError as e:

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from node.errors import ApiError
-from tests.node.proc import eventually, raft_cluster, start_all
-from tests.node.test_replication import FAST, batches, joiner, rows
+from tests.node.proc import eventually, joiner, raft_cluster, start_all
+from tests.node.test_replication import FAST, batches, rows
 
 
 def leaders(c) -> dict[str, int]:
