@@ -68,10 +68,14 @@ class DeviceError(FileStateError):
     once). Not our bug, and not the data's: the edge answers 503."""
 
 
-def failed_error(what: str, cause: BaseException) -> FileStateError:
-    """The error for an append or flush of a file whose group failed with ``cause``."""
+def failed_error(what: str, cause: BaseException) -> TerrafsError:
+    """The error for an append or flush of a file whose group failed with ``cause``: of the
+    same kind (a disk error, a leader no longer leading: both 503 at the edge), else a
+    FileStateError."""
     if isinstance(cause, (OSError, DeviceError)):
         return DeviceError(f"{what}: the block device failed: {cause}")
+    if isinstance(cause, MirrorError):
+        return MirrorError(f"{what}: {cause}")
     return FileStateError(f"{what}: {cause}")
 
 

@@ -169,6 +169,15 @@ class TerrascaleFS:
             raise FileStateError(f"inode {inode} is not a local file of node {self.cfg.node_id}")
         try:
             af = await ActiveFile.recover(self.block, rec.location, self.kek, self.cfg.flush)
+        except FileNotFoundInDeviceError:
+            if rec.state != FileState.ACTIVE:
+                raise
+            # Its creation failed after the catalog row (a disk error, a full device): nothing
+            # was ever appended to it — exactly as a restart finds it (``_recover_one``).
+            log.warning("event=active_file_never_created inode=%d location=%s", inode, rec.location)
+            self._active[inode] = af = await self._create_local(rec)
+            af.cache = self.cache
+            return af
         except CorruptionError:
             if rec.state != FileState.ACTIVE or not await self._header_unwritten(rec):
                 raise

@@ -51,7 +51,6 @@ class Handover:
         are recovered as active segments (prepared tails decided by ``decide``)."""
         recs = sorted([r for r in await self.list(table=table) if r.partition == partition
                        and r.state in (SegState.ACTIVE, SegState.SEALED)], key=lambda r: r.seq)
-        top = max((q for q, _ in copies.values()), default=0)
         checks, ops, olds = [], [], {}
         for rec in recs:
             e = await self.catalog.get(rec.key)
@@ -65,8 +64,14 @@ class Handover:
                 mine = replace(rec, owner=self.node, inode=copies[rec.segid][1], epoch=epoch)
                 ops.append(Put(rec.key, mine.to_bytes()))
                 olds.setdefault(rec.owner, []).append(rec)
-            elif rec.state == SegState.ACTIVE and rec.seq > top:
-                ops.append(Delete(rec.key))  # begun by the old leader, nothing of it acknowledged
+            elif rec.state == SegState.ACTIVE:
+                # No copy here of an active segment: begun by an old leader past this log's end,
+                # or of another lineage where this log has a segment of its own, or one that
+                # never made a byte durable before a later one began (a seal that failed at the
+                # disk) — an acknowledged byte would be in the elected log (it holds every one),
+                # so nothing of it was acknowledged. Its owner keeps the file as a copy, cut
+                # when it follows. (A sealed segment without a copy here is refused below.)
+                ops.append(Delete(rec.key))
                 olds.setdefault(rec.owner, []).append(rec)
             else:
                 raise RowstoreError(f"segment {rec.segid} (seq {rec.seq}, {rec.state.value}) of {table}/{partition} "

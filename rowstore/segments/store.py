@@ -213,11 +213,17 @@ class SegmentStore(Handover):
         if seg is None or (seg.durable_rows == 0 and not empty):
             return None
         _refuse_failed(seg)
-        async with self._rolling.setdefault((table, partition), asyncio.Lock()):
-            if self._current.get((table, partition)) is not seg:
+        key = (table, partition)
+        async with self._rolling.setdefault(key, asyncio.Lock()):
+            if self._current.get(key) is not seg:
                 return None
-            del self._current[(table, partition)]
-        await self.seal(seg.segid)
+            del self._current[key]
+        try:
+            await self.seal(seg.segid)
+        except BaseException:
+            if key not in self._current:  # not sealed: it stays the current one (a failed file then
+                self._current[key] = seg  # refuses appends, and is revived or stepped down from)
+            raise
         log.info("event=segment_sealed segid=%d bytes=%d rows=%d", seg.segid, seg.nbytes, seg.durable_rows)
         return seg
 

@@ -8,12 +8,14 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from node.http.edge import answer
-from terrafs.errors import CorruptionError, DeviceError, NoSpaceError, TransientStorageError, failed_error
+from terrafs.errors import (CorruptionError, DeviceError, MirrorError, NoSpaceError, TransientStorageError,
+                            failed_error)
 
 
 @pytest.mark.parametrize("exc, status, code", [
     (failed_error("f.act: flush failed", OSError(errno.EIO, "Input/output error")), 503, "unavailable"),
     (DeviceError("f.act: an earlier flush failed"), 503, "unavailable"),
+    (failed_error("f.act: an earlier flush failed", MirrorError("no longer led here")), 503, "unavailable"),
     (NoSpaceError("the block device is full"), 507, "insufficient_storage"),
     (OSError(errno.ENOSPC, "No space left on device"), 507, "insufficient_storage"),
     (TransientStorageError("s3://b: does not answer"), 503, "unavailable"),

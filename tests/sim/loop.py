@@ -91,6 +91,7 @@ class SimLoop(asyncio.SelectorEventLoop):
         super().__init__(_VirtualSelector(self))
         self._default_executor = _Inline(max_workers=1)
         self.tasks: dict[str, set[asyncio.Task]] = {}
+        self.paused: dict[str, list[asyncio.Handle]] = {}  # process -> its steps held until resumed
         _Task._made = _Future._made = 0
         self.set_task_factory(self._task)
 
@@ -105,6 +106,25 @@ class SimLoop(asyncio.SelectorEventLoop):
         thread would finish at a real moment, and the run would depend on the machine."""
         return super().run_in_executor(self._default_executor, func, *args)
 
+    def call_soon(self, callback, *args, context=None):
+        """Every step of every task passes here: one of a paused process waits for its resume."""
+        owner = (context if context is not None else contextvars.copy_context()).get(PROCESS)
+        if owner in self.paused:
+            h = asyncio.Handle(callback, args, self, context)
+            self.paused[owner].append(h)
+            return h
+        return super().call_soon(callback, *args, context=context)
+
+    def pause(self, process: str) -> None:
+        """SIGSTOP: nothing of ``process`` runs until :meth:`resume` (its timers come due
+        meanwhile; what they wake runs after it)."""
+        self.paused.setdefault(process, [])
+
+    def resume(self, process: str) -> None:
+        for h in self.paused.pop(process, []):
+            if not h.cancelled():
+                self._ready.append(h)
+
     def _task(self, loop, coro, context=None):
         t = _Task(coro, loop=loop, context=context)
         owner = (context or contextvars.copy_context()).get(PROCESS)
@@ -116,6 +136,7 @@ class SimLoop(asyncio.SelectorEventLoop):
 
     def kill(self, process: str) -> int:
         """Cancel every task of ``process`` (kill -9: nothing of it runs any more)."""
+        self.resume(process)  # a stopped process is killed all the same
         group = self.tasks.pop(process, set())
         for t in group:
             t.cancel()

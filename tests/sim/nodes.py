@@ -29,6 +29,7 @@ PARTS = 2  # the table's partitions: a batch's rows fall in both, each led on it
 LEASE_S = 0.5
 FAILURE_S = 1.0  # a node down this long is dead to the driver
 TIMEOUT_S = 1.0  # a message or answer lost: the sender learns it this late
+ANSWER_S = 3.0  # a request not answered this long (its node stopped, say) is given up on
 WALL0_MS = 1_700_000_000_000
 
 
@@ -49,6 +50,7 @@ class Faults:
     tear: float = 0.5  # a crash keeps a torn unsynced tail
     disk_error: float = 0.03  # per second: a node's disk fails every write and sync (EIO) for a while
     disk_full: float = 0.05  # per second: a node's disk fills (ENOSPC) until seal, offload and GC free it
+    pause: float = 0.1  # per second: a node's process stops (SIGSTOP) for 0.1-3 s
 
 
 @dataclass
@@ -89,7 +91,9 @@ class Net:
         if self.w.rng.random() < self.w.faults.duplicate:
             dup = in_process(node.process, handler())
             dup.add_done_callback(lambda t: t.cancelled() or t.exception())
-        await asyncio.wait([task])
+        await asyncio.wait([task], timeout=ANSWER_S)
+        if not task.done():
+            raise ConnectionError(f"{src} -> {dst}: no answer within {ANSWER_S:g} s")  # it may still land
         if task.cancelled():
             raise ConnectionError(f"{dst} died during the request")
         if self._lost(dst, src):

@@ -183,6 +183,22 @@ async def test_crash_between_catalog_and_local_create(world):
     assert await af.append(b"hello") == 0
 
 
+async def test_a_file_whose_creation_failed_at_the_disk_opens_empty_without_a_restart(world):
+    """The catalog row is written, then creating the local file fails (EIO): opening it later in
+    the same process finds what a restart finds — an empty file (nothing was ever appended) —
+    instead of FileNotFound, which made a replica discard its whole log and a leader fail every
+    promotion (found by the simulation, seed 242)."""
+    fs = await world.start()
+    world.block.broken = True
+    with pytest.raises(OSError):
+        await fs.create()
+    world.block.broken = False
+    (rec,) = await fs.list()
+    af = await fs.open_active(rec.inode)
+    assert af.durable_size == 0
+    assert await af.append(b"hello") == 0
+
+
 async def test_crash_after_delete_catalog_leaves_an_orphan_only(world):
     fs = await world.start()
     af = await fs.create()
