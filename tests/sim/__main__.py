@@ -18,6 +18,7 @@ import traceback
 import uuid
 
 from tests.sim.loop import SimLoop
+from tests.sim.nodes import PARTS
 from tests.sim.world import Faults, Violation, World
 
 
@@ -61,10 +62,10 @@ def revert(name: str) -> None:
         raise SystemExit(f"nothing to revert called {name!r}")
 
 
-def run_seed(seed: int, seconds: float, show_trace: bool, faults: Faults) -> tuple[bool, dict]:
+def run_seed(seed: int, seconds: float, show_trace: bool, faults: Faults, parts: int = PARTS) -> tuple[bool, dict]:
     _determinism(seed)
     loop = SimLoop()
-    w = World(seed, loop, dataclasses.replace(faults), seconds)
+    w = World(seed, loop, dataclasses.replace(faults), seconds, parts=parts)
     ok, why = True, ""
     try:
         loop.run_until_complete(w.run())
@@ -83,7 +84,7 @@ def run_seed(seed: int, seconds: float, show_trace: bool, faults: Faults) -> tup
     if not ok:
         print(f"seed {seed}: VIOLATION {why}")
         print("\n".join(w.trace[-60:] if not show_trace else w.trace))
-        print(f"replay: PYTHONHASHSEED=0 python -m tests.sim --seeds {seed} --seconds {seconds} "
+        print(f"replay: PYTHONHASHSEED=0 python -m tests.sim --seeds {seed} --seconds {seconds} --parts {parts} "
               f"--crash {faults.crash} --slow {faults.slow} --slow-node {faults.slow_node} --trace")
     return ok, stats
 
@@ -98,6 +99,7 @@ def main(argv=None) -> int:
     ap.add_argument("--slow", type=float, default=Faults.slow, help="slow links per virtual second")
     ap.add_argument("--slow-node", type=float, default=Faults.slow_node, help="slow nodes per virtual second")
     ap.add_argument("--stop", action="store_true", help="stop at the first failing seed")
+    ap.add_argument("--parts", type=int, default=PARTS, help="the table's partitions (each led on its own)")
     a = ap.parse_args(argv)
     lo, _, hi = a.seeds.partition("-")
     seeds = range(int(lo), int(hi or lo) + 1)
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
         revert(name)
     failed, t0, acked, elections = [], time.perf_counter(), 0, 0
     for seed in seeds:
-        ok, st = run_seed(seed, a.seconds, a.trace, Faults(crash=a.crash, slow=a.slow, slow_node=a.slow_node))
+        ok, st = run_seed(seed, a.seconds, a.trace, Faults(crash=a.crash, slow=a.slow, slow_node=a.slow_node), a.parts)
         acked += st["acked"]
         elections += st["elections"]
         if not ok:

@@ -56,8 +56,10 @@ class Ledger:
 
 
 class World:
-    def __init__(self, seed: int, loop, faults: Faults | None = None, seconds: float = 30.0, writers: int = 3):
+    def __init__(self, seed: int, loop, faults: Faults | None = None, seconds: float = 30.0, writers: int = 3,
+                 parts: int = PARTS):
         self.seed, self.loop, self.rng = seed, loop, random.Random(seed)
+        self.parts = parts  # the table's partitions, each with its own leader
         self.faults, self.seconds, self.writers = faults or Faults(), seconds, writers
         self.catalog, self.objects = MemoryCatalog(), MemoryObjectStore()
         self.nodes = {n: Node(self, n) for n in ("n1", "n2", "n3")}
@@ -76,9 +78,9 @@ class World:
     async def run(self) -> None:
         for n in self.nodes.values():
             await n.start()
-        self.table = await self.nodes["n1"].db.create_table("t", SCHEMA, partitions=PARTS)
+        self.table = await self.nodes["n1"].db.create_table("t", SCHEMA, partitions=self.parts)
         names = sorted(self.nodes)
-        for pid in range(PARTS):
+        for pid in range(self.parts):
             first = names[pid % len(names)]
             self.place[pid] = Place(first, [first, *[n for n in names if n != first]], 0, 0, NOTHING, 0)
             await self.elect(pid, exclude=set())
@@ -122,15 +124,15 @@ class World:
         the catalog after its timeout) — every fault healed."""
         for _ in range(600):
             await self._drive_once(set())
-            if all(self._caught_up(pid) for pid in range(PARTS)) and not any(
+            if all(self._caught_up(pid) for pid in range(self.parts)) and not any(
                     n.db.participant.held for n in self.nodes.values()):  # in-doubt batches resolved
-                self.settled_at = {pid: _held_end(self._shipper(pid)) for pid in range(PARTS)}
+                self.settled_at = {pid: _held_end(self._shipper(pid)) for pid in range(self.parts)}
                 return
             await asyncio.sleep(0.1)
         raise Violation(f"no leaders with caught-up followers 60 s after healing (placement {self.place}; "
-                        f"caught up {[self._caught_up(pid) for pid in range(PARTS)]}; prepared batches held "
+                        f"caught up {[self._caught_up(pid) for pid in range(self.parts)]}; prepared batches held "
                         f"{ {n.name: n.db.participant.held for n in self.nodes.values()} }; "
-                        f"{[(s.status() if (s := self._shipper(pid)) else None) for pid in range(PARTS)]})")
+                        f"{[(s.status() if (s := self._shipper(pid)) else None) for pid in range(self.parts)]})")
 
     def _caught_up(self, pid: int) -> bool:
         """Every follower holds all the leader made durable (lag 0 alone is not enough: a follower
@@ -155,7 +157,7 @@ class World:
             await self._drive_once(dead)
 
     async def _drive_once(self, dead: set[str]) -> None:
-        for pid in range(PARTS):
+        for pid in range(self.parts):
             p, leader = self.place[pid], self.nodes[self.place[pid].leader]
             sh = self._shipper(pid)
             if p.leader in dead:
@@ -218,7 +220,7 @@ class World:
         """Batch ``b``'s rows and the partition of each."""
         keys = np.arange(b * ROWS, (b + 1) * ROWS, dtype=np.int64)
         rows = pa.table({"id": keys, "b": np.full(ROWS, b, np.int64)})
-        return rows, partition_of(encode_keys(rows.column("id"), "int64"), PARTS)
+        return rows, partition_of(encode_keys(rows.column("id"), "int64"), self.parts)
 
     async def _writer(self, i: int, stop: asyncio.Event) -> None:
         """A client writing batches through the node layer's routing: to the one node leading
@@ -323,7 +325,7 @@ class World:
                                for who in whos], return_exceptions=True)
 
     async def _read(self) -> None:
-        pid = self.rng.randrange(PARTS)
+        pid = self.rng.randrange(self.parts)
         leader = self.place[pid].leader
         try:
             t, T = await self.net.call("reader", leader, lambda: self.nodes[leader].db.query(
@@ -342,7 +344,7 @@ class World:
             if r() < f.crash * step:
                 up = [n for n in self.nodes.values() if n.up]
                 if len(up) >= 2:
-                    lead = self.nodes[self.place[self.rng.randrange(PARTS)].leader]
+                    lead = self.nodes[self.place[self.rng.randrange(self.parts)].leader]
                     n = lead if lead.up and r() < 0.6 else self.rng.choice(up)  # leaders die more often
                     n.crash()
                     self.log("crash", node=n.name)
@@ -356,7 +358,7 @@ class World:
             if r() < f.slow * step:
                 a, b = self.rng.sample(sorted(self.nodes), 2)
                 if r() < 0.6:  # mostly the leader's link to one follower: a follower that lags
-                    a = self.place[self.rng.randrange(PARTS)].leader
+                    a = self.place[self.rng.randrange(self.parts)].leader
                     b = self.rng.choice([n for n in sorted(self.nodes) if n != a])
                 self.net.slow[(a, b)] = self.rng.randint(30, 300)
                 self.log("slow", link=(a, b), ms=self.net.slow[(a, b)])
@@ -428,7 +430,7 @@ class World:
 
     def check_leases(self) -> None:
         """At most one node serves reads of a partition at any moment."""
-        for pid in range(PARTS):
+        for pid in range(self.parts):
             holders = [n.name for n in self.nodes.values() if n.up and n.db is not None and (
                 sh := n.db.leadership.shipper(self.table.table_id, pid)) is not None and sh.lease_ok()]
             if len(holders) > 1:
@@ -439,7 +441,7 @@ class World:
 
     async def check_all(self) -> None:
         got: set = set()
-        for pid in range(PARTS):
+        for pid in range(self.parts):
             t, _ = await self._leader(pid).query("t", limit=None, partitions=[pid])
             got |= _rows(t)
         batches: dict[int, int] = {}
@@ -461,12 +463,12 @@ class World:
             if _rows(again) != seen:
                 raise Violation(f"as_of {T} of partition {pid} read {len(seen)} rows then, {len(_rows(again))} now")
         await self.check_feed()
-        for pid in range(PARTS):
+        for pid in range(self.parts):
             await self.check_replicas(pid)
 
     async def check_feed(self) -> None:
         pairs = []
-        for pid in range(PARTS):
+        for pid in range(self.parts):
             t, _ = await self._leader(pid).changes("t", 0, partitions=[pid])
             pairs += list(zip(t.column("id").to_pylist(), t.column("commit_ts").to_pylist()))
         if len(set(pairs)) != len(pairs):
