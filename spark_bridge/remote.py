@@ -8,7 +8,8 @@ from urllib.parse import quote
 
 import pyarrow as pa
 
-from node.client.client import ARROW_STREAM, Client, _read_arrow
+from node.client.client import Client
+from node.client.endpoints import ARROW_STREAM, read_arrow
 from node.errors import ApiError
 from spark_bridge.errors import BridgeError
 from spark_bridge.options import Options
@@ -51,7 +52,7 @@ class Remote:
                 continue
             if status >= 400:
                 _raise_api(status, data, f"{method} {path}")
-            return (_read_arrow(data), headers) if arrow else json.loads(data)
+            return (read_arrow(data), headers) if arrow else json.loads(data)
         raise AssertionError("unreachable")
 
     def snapshot(self, as_of: int | None) -> dict:
