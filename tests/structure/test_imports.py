@@ -165,3 +165,8 @@ def test_the_documented_python_client_import_works():
     from node.client import ApiError, AsyncClient, Client
 
     assert Client.__module__ == "node.client.client" and ApiError.__module__ == "node.errors" and AsyncClient
+
+
+def test_the_retry_helper_imports_no_project_module():
+    """Every layer and the Python client retry through ``catalog.retry``: it stays at the bottom."""
+    assert _graph()["catalog.retry"] == set()
