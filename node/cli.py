@@ -236,13 +236,11 @@ def _query(c, args) -> int:
         json.dumps({k: v for k, v in (("where", where), ("bbox", bbox), ("as_of", args.as_of),
                                       ("columns", columns), ("limit", args.limit)) if v is not None}).encode(),
         "application/json", "application/vnd.apache.arrow.stream")
+    from node.client.endpoints import api_error, read_arrow
+
     if status >= 400:
-        from node.client.client import _raise
-
-        _raise(status, body)
-    from node.client.client import _read_arrow
-
-    emit_arrow_table(_read_arrow(body), args.output, int(headers.get("x-terrascale-as-of", 0)) or None)
+        raise api_error(status, body)
+    emit_arrow_table(read_arrow(body), args.output, int(headers.get("x-terrascale-as-of", 0)) or None)
     return 0
 
 

@@ -10,31 +10,10 @@ its lease runs out ``lease_s`` seconds after the last renewal.
 from __future__ import annotations
 
 import threading
-import time
 
-from node.errors import ApiError
 from spark_bridge.errors import BridgeError, LeaseExpiredError
 from spark_bridge.options import Options
 from spark_bridge.remote import Remote
-
-
-def renew(remote: Remote, lease: str, ttl_s: float) -> None:
-    for attempt in range(8):
-        try:
-            remote.renew(lease, ttl_s)
-            return
-        except BridgeError as e:
-            cause = e.__cause__
-            if not isinstance(cause, ApiError) or cause.status != 409:
-                raise
-            if cause.code == "lease_expired":
-                raise LeaseExpiredError(
-                    f"the read lease {lease} expired (or was released) before this task renewed it, so the "
-                    f"segments of the snapshot may have been garbage-collected; load the DataFrame again "
-                    f"(a DataFrame keeps its snapshot and lease; option lease_s sets how long the lease "
-                    f"outlives the last read)") from None
-            time.sleep(0.01 * (attempt + 1))  # another task of the job renewed it at the same moment
-    remote.renew(lease, ttl_s)
 
 
 class LeaseKeeper:
@@ -51,7 +30,7 @@ class LeaseKeeper:
 
     def __enter__(self) -> "LeaseKeeper":
         with Remote(self.opts) as r:
-            renew(r, self.lease, self.opts.lease_s)
+            r.renew(self.lease, self.opts.lease_s)
         self._thread = threading.Thread(target=self._run, name=f"terrascale-lease-{self.lease}", daemon=True)
         self._thread.start()
         return self
@@ -60,7 +39,7 @@ class LeaseKeeper:
         with Remote(self.opts) as r:
             while not self._stop.wait(self.every):
                 try:
-                    renew(r, self.lease, self.opts.lease_s)
+                    r.renew(self.lease, self.opts.lease_s)
                 except LeaseExpiredError as e:
                     self._failed = e
                     return

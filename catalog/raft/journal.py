@@ -19,6 +19,7 @@ from pysyncobj.journal import Journal
 from catalog.checksum import crc32c
 from catalog.errors import CatalogCorruptionError
 from catalog.fsutil import fsync_dir
+from catalog.retry import Retry, call
 
 log = logging.getLogger("catalog.raft")
 
@@ -36,7 +37,7 @@ D_VERSION = 1
 _JOURNAL = re.compile(r"^journal-([0-9a-f]{16})\.trj$")
 # Opening or creating a file failing with these is a passing shortage: retried, never fatal.
 TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EAGAIN, errno.EINTR}
-RETRY_MAX = 1.0  # seconds between retries at most
+WRITE_RETRY = Retry(attempts=None, base=0.01, cap=1.0)  # until it works or the replica stops; 1 s apart at most
 
 
 class JournalError(Exception):
@@ -153,6 +154,7 @@ class DurableJournal(Journal):
         self.retries = 0  # transient write errors retried (metrics)
         self.stopping = lambda: False  # the replica sets this: retries end when it stops
         self.on_retry = lambda: None  # the replica sets this: free descriptors it can spare
+        self._last_retry_log = float("-inf")
         self._open()
 
     # -- files --------------------------------------------------------------------------
@@ -278,25 +280,24 @@ class DurableJournal(Journal):
             raise JournalError(f"{self.path}: journal write failed: {e}") from e
 
     def retry(self, fn, *args):
-        """``fn(*args)``, retried with backoff while it fails with a TRANSIENT errno (too many
-        open files, say): a replica waits the shortage out instead of stopping for good. The
-        tick thread waits meanwhile; peers see a silent node (a new leader, if it led)."""
-        delay, last_log = 0.01, 0.0
-        while True:
-            try:
-                return fn(*args)
-            except OSError as e:
-                if e.errno not in TRANSIENT or self.stopping():
-                    raise
-                self.retries += 1
-                now = time.monotonic()
-                if now - last_log >= 1.0:
-                    last_log = now
-                    log.warning("event=raft_write_retry dir=%s errno=%s backoff_s=%.2f retries=%d",
-                                self.path, errno.errorcode.get(e.errno, e.errno), delay, self.retries)
-                self.on_retry()
-                time.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX)
+        """``fn(*args)``, retried with backoff (catalog.retry) while it fails with a TRANSIENT
+        errno (too many open files, say): a replica waits the shortage out instead of stopping
+        for good. No limit but the replica stopping. The tick thread waits meanwhile; peers
+        see a silent node (a new leader, if it led). Each call retried here writes a whole
+        file, cuts at a fixed offset, opens or reads: repeating it is safe."""
+        return call(lambda: fn(*args), self._transient, WRITE_RETRY, on_retry=self._retrying)
+
+    def _transient(self, e: Exception) -> bool:
+        return isinstance(e, OSError) and e.errno in TRANSIENT and not self.stopping()
+
+    def _retrying(self, _attempt: int, e: Exception, delay: float) -> None:
+        self.retries += 1
+        now = time.monotonic()
+        if now - self._last_retry_log >= 1.0:  # one line a second at most while it lasts
+            self._last_retry_log = now
+            log.warning("event=raft_write_retry dir=%s errno=%s backoff_s=%.2f retries=%d",
+                        self.path, errno.errorcode.get(e.errno, e.errno), delay, self.retries)
+        self.on_retry()
 
     def __getitem__(self, item):
         return self._entries[item]

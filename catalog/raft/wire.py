@@ -189,7 +189,9 @@ class _Server(TcpServer):
             self.unbind()
 
     def _pause(self, e: OSError) -> None:
-        """Stop polling the listener for a while (poll would report it ready at once, again)."""
+        """Stop polling the listener for a while (poll would report it ready at once, again).
+        Not catalog.retry: nothing is called again here and nothing may sleep — this runs on
+        the tick thread that serves every peer; the poller accepts again once resumed."""
         wait = self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
         self._on_accept_error(e, wait)

@@ -20,9 +20,9 @@ def emit(doc, fmt: str, rows_key: str | None = None) -> None:
     elif fmt == "arrow":
         import pyarrow as pa
 
-        from node.client.client import _arrow_body
+        from node.client.endpoints import arrow_body
 
-        sys.stdout.buffer.write(_arrow_body(pa.Table.from_pylist([_flat(r) for r in rows])))
+        sys.stdout.buffer.write(arrow_body(pa.Table.from_pylist([_flat(r) for r in rows])))
         sys.stdout.flush()
     elif fmt == "csv":
         print_csv(rows)
@@ -32,9 +32,9 @@ def emit(doc, fmt: str, rows_key: str | None = None) -> None:
 
 def emit_arrow_table(t, fmt: str, as_of=None) -> None:
     if fmt == "arrow":
-        from node.client.client import _arrow_body
+        from node.client.endpoints import arrow_body
 
-        sys.stdout.buffer.write(_arrow_body(t))
+        sys.stdout.buffer.write(arrow_body(t))
         sys.stdout.flush()
         return
     from node.wire import table_to_rows

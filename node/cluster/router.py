@@ -368,14 +368,16 @@ class Router:
         T = await self._T(by_node, as_of)
         return T, await self.db.changed_ts(d.table_id, T)
 
-    async def plan(self, table: str, as_of, where, bbox, sealed_only: bool, lease_s: float):
-        """A read plan: one node's, or every node's share at one T, merged, with one lease."""
+    async def plan(self, table: str, as_of, where, bbox, sealed_only: bool, lease_s: float,
+                   request_id: str | None = None):
+        """A read plan: one node's, or every node's share at one T, merged, with one lease (the
+        same lease for every plan of one client ``request_id``)."""
         d = await self.db.describe(table)
         by_node = await self._spread(d)
         if by_node is None:
             if self.multi and len(await self.cluster.owns(d)) < d.partitions:  # see _all
                 raise UnavailableError(f"table {table!r}: a partition is not taken over by its leader yet; retry")
-            return await self.db.read_plan(table, as_of, where, bbox, sealed_only, lease_s)
+            return await self.db.read_plan(table, as_of, where, bbox, sealed_only, lease_s, request_id=request_id)
         T = await self._T(by_node, as_of)
 
         async def local(pids):
@@ -396,7 +398,7 @@ class Router:
                         key=lambda s: s.segid)
         tail = () if sealed_only else tuple(sorted({t for p in plans for t in p.tail}))
         segids = sorted({r.segid for _, r in await self.db.segment_records(table) if r.table == d.table_id})
-        lease = await self.db.acquire_lease(segids, lease_s)
+        lease = await self.db.acquire_lease(segids, lease_s, request_id)
         return dataclasses.replace(plans[0], sealed=tuple(sealed), tail=tail, lease=lease)
 
     async def changes(self, table: str, after, upto):

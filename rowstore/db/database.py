@@ -200,8 +200,9 @@ class Database:
 
     async def read_plan(self, name: str, as_of: int | None = None, where=None, bbox=None,
                         sealed_only: bool = False, lease_s: float = 600.0, partitions=None,
-                        trusted: bool = False) -> ReadPlan:
-        return await self.external.read_plan(name, as_of, where, bbox, sealed_only, lease_s, partitions, trusted)
+                        trusted: bool = False, request_id: str | None = None) -> ReadPlan:
+        return await self.external.read_plan(name, as_of, where, bbox, sealed_only, lease_s, partitions, trusted,
+                                             request_id)
 
     async def plan_without_leader(self, name: str, T: int, pids: list[int]):
         return await self.external.plan_without_leader(name, T, pids)
@@ -224,8 +225,8 @@ class Database:
     async def changed_ts(self, table_id: str, T: int) -> int:
         return await self.external.changed_ts(table_id, T)
 
-    async def acquire_lease(self, segids: list[int], ttl_s: float) -> str:
-        return await self.leases.acquire(segids, ttl_s)
+    async def acquire_lease(self, segids: list[int], ttl_s: float, request_id: str | None = None) -> str:
+        return await self.leases.acquire(segids, ttl_s, request_id)
 
     async def renew_lease(self, lease: str, ttl_s: float) -> None:
         await self.leases.renew(lease, ttl_s)

@@ -29,14 +29,16 @@ class ExternalReads:
 
     async def read_plan(self, name: str, as_of: int | None = None, where=None, bbox=None,
                         sealed_only: bool = False, lease_s: float = 600.0, partitions=None,
-                        trusted: bool = False) -> ReadPlan:
+                        trusted: bool = False, request_id: str | None = None) -> ReadPlan:
         """A snapshot for readers that go to object storage themselves: per offloaded segment
         its object and a bitmap of the localids visible at T (narrowed by the column index when
         ``where``/``bbox`` can use it), and the partitions whose visible rows are still on this
         node (read with :meth:`tail`). A lease keeps the plan's segments from being collected.
 
         ``partitions``: only those, and no lease — this node's share of a plan across nodes
-        (RFC 0010), at the T the coordinating node chose (``trusted``); it takes the lease."""
+        (RFC 0010), at the T the coordinating node chose (``trusted``); it takes the lease.
+        ``request_id``: the client's id of this plan; plans of one id share one lease
+        (``Leases.acquire``), so a client may repeat a plan whose answer it lost."""
         c = await self.reader.context(name, as_of, trusted)
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
         preds = terms + ([box] if box is not None else [])
@@ -70,7 +72,7 @@ class ExternalReads:
                                            visible_bitmap(np.concatenate(parts))))
             else:
                 tail.add(rec.partition)
-        lease = await self.leases.acquire(sorted(recs), lease_s) if partitions is None else ""
+        lease = await self.leases.acquire(sorted(recs), lease_s, request_id) if partitions is None else ""
         # every version the table has had, not only those up to T: a segment may hold rows written
         # after T with a newer schema (invisible at T, but a reader still walks past them)
         latest = await self.reader.tables.latest_def(c.d)

@@ -2,6 +2,7 @@
 (``lease/<id>``: expiry in ms since the epoch and the segment ids)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import time
@@ -18,12 +19,33 @@ class Leases:
         self.catalog = catalog
         self.now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)  # the wall clock (injectable)
 
-    async def acquire(self, segids: list[int], ttl_s: float) -> str:
-        lease = secrets.token_hex(8)
-        body = json.dumps({"expires_ms": int(self.now_ms() + ttl_s * 1000), "segids": segids}).encode()
+    async def acquire(self, segids: list[int], ttl_s: float, request_id: str | None = None) -> str:
+        """A new lease on ``segids`` for ``ttl_s``. With a ``request_id`` (the client's, one per
+        read plan), every acquire of that id takes the same lease: a repeat — a client retrying
+        a plan whose answer it lost — extends it to ``ttl_s`` from now and adds its segments,
+        so a retried plan leaves no second lease behind."""
+        if request_id is None:
+            lease = secrets.token_hex(8)
+            key = LEASE_PREFIX + lease
+            await commit(self.catalog, [Check(key, 0)], [Put(key, self._body(segids, ttl_s))])
+            return lease
+        lease = hashlib.blake2b(request_id.encode(), digest_size=8, person=b"terrascale-lease").hexdigest()
         key = LEASE_PREFIX + lease
-        await commit(self.catalog, [Check(key, 0)], [Put(key, body)])
-        return lease
+        for _ in range(16):
+            e = await self.catalog.get(key)
+            if e is None:
+                check, body = Check(key, 0), self._body(segids, ttl_s)
+            else:
+                d = json.loads(e.value)
+                d["segids"] = sorted(set(d["segids"]) | set(segids))
+                d["expires_ms"] = max(d["expires_ms"], int(self.now_ms() + ttl_s * 1000))
+                check, body = Check(key, e.version), json.dumps(d).encode()
+            if (await commit(self.catalog, [check], [Put(key, body)])).committed:
+                return lease
+        raise ConflictError(f"lease {lease} changed concurrently")
+
+    def _body(self, segids: list[int], ttl_s: float) -> bytes:
+        return json.dumps({"expires_ms": int(self.now_ms() + ttl_s * 1000), "segids": segids}).encode()
 
     async def renew(self, lease: str, ttl_s: float) -> None:
         """Extend an unexpired lease to ``ttl_s`` from now. An expired one is refused: from

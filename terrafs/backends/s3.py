@@ -4,9 +4,9 @@
 &max_attempts=5&backoff_base=0.1&part_size=8388608&multipart_threshold=8388608``
 
 Transient failures (throttling, 5xx, timeouts, refused or dropped
-connections, bodies cut short) are retried with exponential backoff and full
-jitter on top of a single botocore attempt, so the policy is ours, bounded
-and visible; after the last attempt the caller gets ``TransientStorageError``.
+connections, bodies cut short) are retried by ``catalog.retry`` with exponential
+backoff and full jitter on top of a single botocore attempt, so the policy is ours,
+bounded and visible; after the last attempt the caller gets ``TransientStorageError``.
 Large objects go up as multipart uploads that are aborted on any failure, so
 a reader never sees part of an object. No botocore exception reaches a
 caller: each is mapped onto ``terrafs.errors`` and chained as the cause.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from typing import AsyncIterable
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -32,6 +31,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
+from catalog.retry import Retry, acall
 from terrafs.abc import ObjectInfo, ObjectStore, check_name
 from terrafs.errors import (
     ConfigurationError,
@@ -73,6 +73,7 @@ class S3ObjectStore(ObjectStore):
         self.endpoint_url, self.region = endpoint_url, region
         self._creds = (access_key_id, secret_access_key)
         self.max_attempts, self.backoff_base = max_attempts, backoff_base
+        self._policy = Retry(attempts=max_attempts, base=backoff_base, cap=BACKOFF_MAX)
         self.part_size, self.multipart_threshold = part_size, multipart_threshold
         self.uri = uri or f"trs3://{bucket}/{self.prefix}"
         self._label = f"trs3://{bucket}/{self.prefix} at {endpoint_url or 'AWS'}"  # for messages
@@ -145,29 +146,27 @@ class S3ObjectStore(ObjectStore):
     # -- retries and errors ----------------------------------------------------------
 
     async def _retry(self, what: str, call):
-        """Run ``call()``; back off and retry transient failures; map every botocore error."""
+        """Run ``call()``; back off and retry transient failures (catalog.retry); map every
+        botocore error. Every S3 call here may be repeated without harm: puts and parts of
+        whole bytes, reads, deletes; a repeated CreateMultipartUpload leaves at most an unused
+        upload (the bucket's AbortIncompleteMultipartUpload rule reclaims it), and a repeated
+        CompleteMultipartUpload whose first answer was lost fails (NoSuchUpload) although
+        the object is whole: a failed put of an object that exists, which a put again replaces."""
         where = f"{self._label}: {what}"
-        for attempt in range(1, self.max_attempts + 1):
+
+        async def once():
             try:
                 return await call()
             except ClientError as e:
-                err, cause = _classify(e, where), e
+                raise _classify(e, where) from e
             except _NETWORK_ERRORS as e:
-                err, cause = TransientStorageError(f"{where}: {type(e).__name__}: {e}"), e
+                raise TransientStorageError(f"{where}: {type(e).__name__}: {e}") from e
             except (NoCredentialsError, PartialCredentialsError) as e:
                 raise ConfigurationError(f"{where}: no usable AWS credentials: {e}") from e
             except BotoCoreError as e:
                 raise StorageIOError(f"{where}: {e}") from e
-            if not isinstance(err, TransientStorageError):
-                raise err from cause
-            if attempt == self.max_attempts:
-                raise TransientStorageError(f"{err} (gave up after {attempt} attempts)") from cause
-            await asyncio.sleep(self._backoff(attempt))
-        raise AssertionError("unreachable: max_attempts >= 1")
 
-    def _backoff(self, attempt: int) -> float:
-        """Full jitter: uniform in [0, min(cap, base * 2^(attempt-1))] (AWS's advice)."""
-        return random.uniform(0, min(BACKOFF_MAX, self.backoff_base * 2 ** (attempt - 1)))
+        return await acall(once, _transient, self._policy, give_up=_gave_up)
 
     # -- writes ----------------------------------------------------------------------
 
@@ -298,7 +297,7 @@ class _RangePastEnd(StorageIOError):
 
 
 def _classify(e: ClientError, where: str) -> Exception:
-    """Map an S3 error response onto terrafs.errors (not raised here: _retry decides)."""
+    """Map an S3 error response onto terrafs.errors (transient ones are retried by _retry)."""
     err = e.response.get("Error", {})
     code = str(err.get("Code", ""))
     status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
@@ -309,6 +308,14 @@ def _classify(e: ClientError, where: str) -> Exception:
     if code in _TRANSIENT_CODES or status == 429 or status >= 500:
         return TransientStorageError(f"{where}: {code or status}")
     return StorageIOError(f"{where}: {code or status}: {err.get('Message', '')}")
+
+
+def _transient(e: Exception) -> bool:
+    return isinstance(e, TransientStorageError)
+
+
+def _gave_up(e: Exception, attempts: int) -> Exception:
+    return TransientStorageError(f"{e} (gave up after {attempts} attempts)")
 
 
 def _check_config(bucket, access_key_id, secret_access_key, max_attempts, backoff_base,

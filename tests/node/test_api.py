@@ -310,3 +310,25 @@ def test_tls(tmp_path):
                 c.readyz()
     finally:
         node.ensure_stopped()
+
+
+def test_a_dropped_keep_alive_connection_is_reopened_only_for_requests_safe_to_repeat(node):
+    """The connection drops between two requests (a proxy cuts it): a GET is sent again on a
+    new connection; a POST is not — it may have reached the node — and raises ConnectionError."""
+    from tests.fixtures.proxy import Proxy
+
+    proxy = Proxy(node.port)
+    c = Client(f"http://127.0.0.1:{proxy.port}", TOKEN)
+    try:
+        assert c.readyz()["status"] == "ready"
+        proxy.cut()
+        proxy.restore()
+        assert c.readyz()["status"] == "ready"
+        proxy.cut()
+        proxy.restore()
+        with pytest.raises(ConnectionError):
+            c.create_table("keepalive", [("id", "int64")], "id")
+        assert c.create_table("keepalive", [("id", "int64")], "id")["name"] == "keepalive"  # a new connection
+    finally:
+        c.close()
+        proxy.close()

@@ -67,8 +67,23 @@ def test_plan_tail_changes_and_leases(node):
                       ("/v1/tables/s/tail", {"as_of": 1}), ("/v1/tables/s/tail", {"partition": 99, "as_of": 0}),
                       ("/v1/tables/s/changes", {"after": -1}), ("/v1/tables/zz/plan", {}),
                       ("/v1/tables/s/plan", {"where": [["v", "~", 1]]}),
+                      ("/v1/tables/s/plan", {"request_id": ""}), ("/v1/tables/s/plan", {"request_id": 7}),
+                      ("/v1/tables/s/plan", {"request_id": "a b"}), ("/v1/tables/s/plan", {"request_id": "x" * 65}),
                       (f"/v1/leases/{plan['lease']}/renew", {"ttl_s": 30})]:
         with pytest.raises(ApiError) as e:
             call(c, path, doc)
         assert 400 <= e.value.status < 500, (path, doc)
+    c.close()
+
+
+def test_plans_with_one_request_id_share_their_lease(node):
+    """A client repeating a plan (its answer lost) with the same request_id gets the same lease."""
+    c = node.client()
+    c.create_table("rid", [{"name": "id", "type": "int64"}], "id")
+    c.upsert("rid", [{"id": 1}])
+    a = call(c, "/v1/tables/rid/plan", {"request_id": "0f3c-retry.1", "lease_s": 30})
+    b = call(c, "/v1/tables/rid/plan", {"request_id": "0f3c-retry.1", "lease_s": 30, "as_of": a["as_of"]})
+    assert b["lease"] == a["lease"] and b["as_of"] == a["as_of"]
+    assert call(c, "/v1/tables/rid/plan", {"request_id": "another"})["lease"] != a["lease"]
+    assert call(c, "/v1/tables/rid/plan", {})["lease"] != a["lease"]
     c.close()

@@ -4,6 +4,7 @@ segment offloaded after planning is neither lost nor read twice); leases renewed
 tasks at once, and refused once expired."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -125,3 +126,69 @@ def test_the_feeds_offset_moves_with_commits_not_with_the_clock(node):
     ts2 = c.delete("idle", [1])["commit_ts"]
     assert feed.latestOffset(first) == {"ts": ts2}
     c.close()
+
+
+class LosesFirstPlanAnswer:
+    """An HTTP proxy before the node: every request reaches the node; the node's first answer
+    to a read plan is dropped with the connection, as a network failure after the node acted
+    would drop it. ``lost`` keeps that answer."""
+
+    def __init__(self, port: int):
+        import http.client
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        proxy = self
+        self.lost: list[dict] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def forward(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                conn.request(self.command, self.path, body or None,
+                             {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "accept")})
+                r = conn.getresponse()
+                data, ctype = r.read(), r.getheader("Content-Type", "application/json")
+                conn.close()
+                if self.path.endswith("/plan") and not proxy.lost:
+                    proxy.lost.append(json.loads(data))
+                    self.close_connection = True  # no answer: the client sees the connection drop
+                    return
+                self.send_response(r.status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = forward
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_plan_whose_answer_was_lost_is_repeated_with_the_same_lease(node):
+    """The bridge retries a plan when the connection drops, with the plan's request id: the
+    node made the first plan (and its lease), and the repeat gets that same lease back."""
+    from spark_bridge.remote import Remote
+
+    c = node.client()
+    c.create_table("lost", [{"name": "id", "type": "int64"}], "id")
+    c.upsert("lost", [{"id": 1}])
+    c.close()
+    proxy = LosesFirstPlanAnswer(node.port)
+    try:
+        with Remote(Options.parse({"endpoint": proxy.url, "table": "lost"})) as r:
+            T = r.snapshot(None)["as_of"]
+            plan = r.plan(T, None, None, False, 30)
+    finally:
+        proxy.close()
+    assert len(proxy.lost) == 1 and plan["lease"] == proxy.lost[0]["lease"] and plan["as_of"] == T

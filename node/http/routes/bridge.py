@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 
 from aiohttp import web
 
@@ -18,6 +19,9 @@ from node.wire import ARROW_STREAM, write_arrow_stream
 from rowstore.reads.predicates import parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
 from terrafs.sealed import SealedFile
+
+# A read plan's client request id: plans of one id share one lease, so the client may repeat one.
+REQUEST_ID = re.compile(r"[A-Za-z0-9._~-]{1,64}")
 
 
 def add_bridge_routes(api, router) -> None:
@@ -43,14 +47,18 @@ async def snapshot(api, request):
 
 
 async def plan(api, request):
-    doc = await json_object(request, {"as_of", "where", "bbox", "sealed_only", "lease_s", "typed", "presign", "keys"})
+    doc = await json_object(request, {"as_of", "where", "bbox", "sealed_only", "lease_s", "typed", "presign", "keys",
+                                      "request_id"})
     flags = {k: doc.get(k, False) for k in ("sealed_only", "typed", "presign", "keys")}
     for k, v in flags.items():
         if not isinstance(v, bool):
             raise ApiError(400, "bad_request", f'"{k}" is true or false')
     lease_s = _seconds(doc.get("lease_s", 600))
+    rid = doc.get("request_id")
+    if rid is not None and not (isinstance(rid, str) and REQUEST_ID.fullmatch(rid)):
+        raise ApiError(400, "bad_request", '"request_id" is 1 to 64 letters, digits and ._~-')
     out = await api.router.plan(request.match_info["table"], as_of_value(doc.get("as_of")),
-                                where_terms(doc, request), doc.get("bbox"), flags["sealed_only"], lease_s)
+                                where_terms(doc, request), doc.get("bbox"), flags["sealed_only"], lease_s, rid)
     body = out.to_json()  # rowstore.reads.plan.ReadPlan: "version" is the plan format's
     if flags["typed"]:
         body["predicates"] = typed_predicates(out.schema, doc.get("where"), doc.get("bbox"))

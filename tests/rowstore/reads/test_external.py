@@ -80,3 +80,26 @@ async def test_leases():
     assert await db.leased_segments() == set()  # expired: protects nothing
     with pytest.raises(ConflictError):
         await db.renew_lease(short, 10)  # the collector may already have acted on it
+
+
+async def test_plans_of_one_request_id_share_one_lease():
+    """A client that lost a plan's answer asks again with the same request id: the repeat gets
+    the first plan's lease — extended, covering both plans' segments — and no second lease."""
+    import json
+
+    w, db = await make(partitions=2)
+    await db.upsert("m", rows(range(10)))
+    first = await db.read_plan("m", lease_s=5, request_id="plan-1")
+    await db.seal()
+    await db.upsert("m", rows(range(10, 20)))  # new segments the repeat's plan names too
+    again = await db.read_plan("m", lease_s=60, request_id="plan-1")
+    assert again.lease == first.lease
+    (entry,) = await db.catalog.scan("lease/")
+    d = json.loads(entry.value)
+    assert set(d["segids"]) == {r.segid for _, r in await db.segment_records("m")}
+    assert d["expires_ms"] >= db.clock.now_ms() + 50_000  # extended to the repeat's lease_s
+    other = await db.read_plan("m", request_id="plan-2")
+    assert other.lease != first.lease and len(await db.catalog.scan("lease/")) == 2
+    await db.release_lease(first.lease)
+    taken = await db.read_plan("m", request_id="plan-1")  # released meanwhile: taken anew
+    assert taken.lease == first.lease and len(await db.catalog.scan("lease/")) == 2

@@ -1,0 +1,219 @@
+"""The HTTP API (docs/openapi.yaml) written once for both Python clients.
+
+Each endpoint is one method of :class:`Endpoints` that builds a :class:`Request` — method,
+path, body, and what its answer becomes — and hands it to the client's ``_send``:
+``Client`` sends it over a blocking ``http.client`` connection and returns the answer,
+``AsyncClient`` over an aiohttp session and returns a coroutine of it
+(node/client/client.py). So each method is written once and the two cannot drift apart.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from urllib.parse import quote, urlencode
+
+import pyarrow as pa
+
+from node.errors import ApiError
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+# RFC 9110 §9.2.2: repeating one of these changes nothing the first did not; the rule aiohttp
+# applies to AsyncClient's connections, and Client to its own.
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+
+
+def arrow_body(data) -> bytes:
+    """A pyarrow Table or RecordBatch as one Arrow IPC stream."""
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema) as w:
+        w.write_table(data)
+    return sink.getvalue().to_pybytes()
+
+
+def read_arrow(body: bytes) -> pa.Table:
+    with pa.ipc.open_stream(pa.BufferReader(body)) as r:
+        return r.read_all()
+
+
+def api_error(status: int, body: bytes) -> ApiError:
+    """The documented error answer ``{"error": {"code", "message"}}``, or ``http_error`` for
+    anything else (a proxy's page, say)."""
+    try:
+        e = json.loads(body)["error"]
+        return ApiError(status, e["code"], e["message"])
+    except (ValueError, KeyError, TypeError):
+        return ApiError(status, "http_error", body[:200].decode(errors="replace") or f"HTTP {status}")
+
+
+def headers(token, content_type, accept) -> dict:
+    h = {"Authorization": f"Bearer {token}"} if token else {}
+    if content_type:
+        h["Content-Type"] = content_type
+    if accept:
+        h["Accept"] = accept
+    return h
+
+
+@dataclass(frozen=True)
+class Request:
+    """One call: what to send, and what its answer becomes — ``answer`` "json" (the decoded
+    document), "arrow" (asks for an Arrow IPC stream: a pyarrow.Table) or "text"; an error
+    whose code is ``absent`` means "no such thing" and is answered as None."""
+
+    method: str
+    path: str
+    body: bytes | None = None
+    content_type: str | None = None
+    answer: str = "json"
+    absent: str | None = None
+
+    @classmethod
+    def of(cls, method: str, path: str, doc=None, body: bytes | None = None, content_type: str | None = None,
+           answer: str = "json", absent: str | None = None) -> Request:
+        """A request with a JSON ``doc`` as its body, or a raw ``body``."""
+        if doc is not None:
+            body, content_type = json.dumps(doc).encode(), "application/json"
+        return cls(method, path, body, content_type, answer, absent)
+
+    @property
+    def accept(self) -> str | None:
+        return ARROW_STREAM if self.answer == "arrow" else None
+
+    def result(self, status: int, body: bytes):
+        """What the endpoint's method returns for this answer; an error answer raises ApiError."""
+        if status >= 400:
+            err = api_error(status, body)
+            if err.code == self.absent:
+                return None
+            raise err
+        if self.answer == "arrow":
+            return read_arrow(body)
+        return body.decode() if self.answer == "text" else json.loads(body)
+
+
+def _rows(rows) -> tuple[bytes, str]:
+    """An Arrow table goes as an IPC stream; rows as dicts (or one dict: one row) go as JSON —
+    the node coalesces small JSON writes with their neighbours (docs/rfcs/0008-point-writes.md)."""
+    if isinstance(rows, (pa.Table, pa.RecordBatch)):
+        return arrow_body(rows), ARROW_STREAM
+    if isinstance(rows, dict):
+        rows = [rows]
+    return json.dumps({"rows": list(rows)}).encode(), "application/json"
+
+
+def _q(**params) -> str:
+    p = {k: v for k, v in params.items() if v is not None}
+    return "?" + urlencode(p) if p else ""
+
+
+def _seg(s) -> str:
+    return quote(str(s), safe="")
+
+
+def _query_doc(where, bbox, as_of, columns, limit) -> dict:
+    doc = {}
+    for k, v in (("where", where), ("bbox", bbox), ("as_of", as_of), ("columns", columns), ("limit", limit)):
+        if v is not None:
+            doc[k] = [list(t) for t in v] if k == "where" else (list(v) if k == "columns" else v)
+    return doc
+
+
+class Endpoints:
+    """One method per endpoint. Each returns what the client's ``_send`` makes of its request:
+    the answer (``Client``) or a coroutine of it (``AsyncClient``). Answers are dicts, a
+    ``pyarrow.Table`` for ``query``, text for ``metrics``; error answers raise ApiError."""
+
+    def _send(self, req: Request):
+        raise NotImplementedError
+
+    def _call(self, method, path, doc=None, body=None, content_type=None, arrow=False):
+        """One request by path: a JSON ``doc`` or a raw ``body``; a pyarrow.Table back with ``arrow``."""
+        return self._send(Request.of(method, path, doc, body, content_type, "arrow" if arrow else "json"))
+
+    # health
+    def healthz(self):
+        return self._call("GET", "/healthz")
+
+    def readyz(self):
+        return self._call("GET", "/readyz")
+
+    def metrics(self):
+        """The Prometheus text exposition."""
+        return self._send(Request("GET", "/metrics", answer="text"))
+
+    # tables
+    def create_table(self, name, columns, primary_key, indexes=(), partitions=None, cluster_by=None, replicas=None):
+        cols = [c if isinstance(c, dict) else {"name": c[0], "type": c[1]} for c in columns]
+        doc = {"name": name, "columns": cols, "primary_key": primary_key, "indexes": list(indexes)}
+        for k, v in (("partitions", partitions), ("cluster_by", cluster_by), ("replicas", replicas)):
+            if v is not None:
+                doc[k] = v
+        return self._call("POST", "/v1/tables", doc)
+
+    def list_tables(self, as_of=None):
+        return self._call("GET", "/v1/tables" + _q(as_of=as_of))
+
+    def describe(self, table, as_of=None):
+        return self._call("GET", f"/v1/tables/{_seg(table)}" + _q(as_of=as_of))
+
+    def drop_table(self, table):
+        return self._call("DELETE", f"/v1/tables/{_seg(table)}")
+
+    def add_column(self, table, name, type):
+        return self._call("POST", f"/v1/tables/{_seg(table)}/columns", {"name": name, "type": type})
+
+    def drop_column(self, table, column):
+        return self._call("DELETE", f"/v1/tables/{_seg(table)}/columns/{_seg(column)}")
+
+    def rename_column(self, table, column, new_name):
+        return self._call("PATCH", f"/v1/tables/{_seg(table)}/columns/{_seg(column)}", {"name": new_name})
+
+    # rows
+    def upsert(self, table, rows):
+        """Rows as a pyarrow Table / RecordBatch, a list of dicts, or one dict."""
+        body, ctype = _rows(rows)
+        return self._call("POST", f"/v1/tables/{_seg(table)}/rows", body=body, content_type=ctype)
+
+    def delete(self, table, keys):
+        return self._call("POST", f"/v1/tables/{_seg(table)}/delete", {"keys": list(keys)})
+
+    def get(self, table, key, as_of=None):
+        """The row as a dict (the JSON forms of the column types), or None if absent at T."""
+        path = f"/v1/tables/{_seg(table)}/rows/{_seg(key)}" + _q(as_of=as_of)
+        return self._send(Request("GET", path, absent="row_not_found"))
+
+    def query(self, table, where=None, bbox=None, as_of=None, columns=None, limit=None):
+        """The matching rows as a pyarrow.Table (Arrow IPC on the wire: types survive exactly)."""
+        doc = _query_doc(where, bbox, as_of, columns, limit)
+        return self._call("POST", f"/v1/tables/{_seg(table)}/query", doc, arrow=True)
+
+    def query_json(self, table, where=None, bbox=None, as_of=None, columns=None, limit=None):
+        return self._call("POST", f"/v1/tables/{_seg(table)}/query", _query_doc(where, bbox, as_of, columns, limit))
+
+    # admin
+    def status(self):
+        return self._call("GET", "/v1/admin/status")
+
+    def segments(self, table=None):
+        return self._call("GET", "/v1/admin/segments" + _q(table=table))
+
+    def admin(self, job: str):
+        """Run a background job now: ``seal``, ``offload``, ``checkpoint`` or ``gc``."""
+        return self._call("POST", f"/v1/admin/{job}")
+
+    def gc(self, table=None, dry_run=False):
+        """One garbage-collection pass now (or, ``dry_run``, its victims only)."""
+        doc = {"dry_run": bool(dry_run)} | ({"table": table} if table is not None else {})
+        return self._call("POST", "/v1/admin/gc", doc)
+
+    def cluster(self):
+        return self._call("GET", "/v1/admin/cluster")
+
+    def add_member(self, raft_address: str):
+        return self._call("POST", "/v1/admin/cluster/members", {"raft_address": raft_address})
+
+    def remove_member(self, raft_address: str, force: bool = False):
+        force_q = "?force=true" if force else ""
+        return self._call("DELETE", f"/v1/admin/cluster/members/{_seg(raft_address)}{force_q}")
