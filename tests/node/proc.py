@@ -148,13 +148,38 @@ def start_all(nodes: list[NodeProc], timeout: float = 90) -> None:
 FAST_CLUSTER = "[cluster]\nheartbeat = \"200ms\"\nfailure_timeout = \"1500ms\"\nack_timeout = \"3s\"\n"
 
 
-def eventually(fn, timeout: float = 30.0, every: float = 0.1):
-    """``fn()``'s result once it stops raising ApiError, ConnectionError or AssertionError."""
+def eventually(fn, timeout: float = 30.0, every: float = 0.1, proc=None):
+    """``fn()``'s result once it stops raising ApiError, OSError (ConnectionError among them)
+    or AssertionError — the one wait for a condition in these tests (never a fixed sleep).
+    ``proc``: a process (``subprocess.Popen``) whose exit ends the wait at once."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             return fn()
-        except (ApiError, ConnectionError, AssertionError):
+        except (ApiError, OSError, AssertionError):
             if time.monotonic() > deadline:
                 raise
+            if proc is not None and proc.poll() is not None:
+                raise AssertionError(f"the process exited ({proc.returncode}) while waiting") from None
             time.sleep(every)
+
+
+def metric(node, name: str, **labels) -> float:
+    """One sample of the node's ``/metrics`` (0.0 when absent): ``name`` with exactly ``labels``."""
+    with node.client() as c:
+        text = c.metrics()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        key = line.rsplit(" ", 1)[0]
+        got_name, _, got_labels = key.partition("{")
+        if got_name == name and got_labels.rstrip("}") == want:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def holds(value, what: str = "the condition"):
+    """``value`` when it is truthy, else AssertionError (for ``eventually(lambda: holds(...))``)."""
+    assert value, f"{what} does not hold yet"
+    return value

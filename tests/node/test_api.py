@@ -1,6 +1,5 @@
 """The whole HTTP API against a real `terrascale node run` process, through node.client."""
 import asyncio
-import time
 import base64
 import datetime as dt
 import json
@@ -12,7 +11,7 @@ import pytest
 
 from node.client.client import AsyncClient, Client
 from node.errors import ApiError
-from tests.node.proc import NodeProc
+from tests.node.proc import eventually, NodeProc
 
 TOKEN = "t0ken-for-tests"
 ALL_TYPES = [
@@ -288,15 +287,11 @@ def test_tls(tmp_path):
     node.base = node.base.replace("http://", "https://")
     try:
         node.start(wait=False)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with Client(node.base, TOKEN, verify=cert) as c:
-                    assert c.readyz() == {"status": "ready", "writes": True}
-                break
-            except (ConnectionError, ApiError):
-                assert time.monotonic() < deadline and node.proc.poll() is None, node.log()
-                time.sleep(0.1)
+
+        def ready():
+            with Client(node.base, TOKEN, verify=cert) as c:
+                assert c.readyz() == {"status": "ready", "writes": True}
+        eventually(ready, 60, proc=node.proc)
         with Client(node.base, TOKEN, verify=cert) as c:
             c.create_table("sec", [("id", "int64"), ("s", "string")], "id")
             assert c.upsert("sec", [{"id": 1, "s": "over tls"}])["committed"] == 1

@@ -1,14 +1,13 @@
 """kill -9 and SIGTERM while 8 clients ingest concurrently over HTTP: after a restart every
 acknowledged batch is there, whole, and no batch is there in part."""
 import threading
-import time
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from node.errors import ApiError
-from tests.node.proc import NodeProc, raft_cluster, start_all
+from tests.node.proc import eventually, holds, NodeProc, raft_cluster, start_all
 
 CLIENTS, BATCH = 8, 400
 
@@ -56,10 +55,8 @@ class Load:
         return self
 
     def wait_acked(self, n: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.acked) < n and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(self.acked) >= n, f"only {len(self.acked)} batches acknowledged"
+        eventually(lambda: holds(len(self.acked) >= n, f"{n} batches acknowledged (only {len(self.acked)})"),
+                   timeout, 0.01)
 
     def __exit__(self, *exc):
         self.stop.set()

@@ -4,13 +4,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
 from tests.fixtures.moto import free_port
+from tests.node.proc import eventually, holds
 
 TERRASCALE = os.path.join(os.path.dirname(sys.executable), "terrascale")
 
@@ -29,17 +29,11 @@ def _start(args, cwd):
 
 
 def _wait_ready(base, proc, token=None):
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"node exited: {proc.stderr.read()}")
-        try:
-            if _get(base + "/readyz", token)[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("node never became ready")
+    try:
+        eventually(lambda: holds(_get(base + "/readyz", token)[0] == 200, "ready"), 60, proc=proc)
+    except AssertionError as e:
+        raise AssertionError(f"node never became ready: {proc.stderr.read() if proc.poll() is not None else e}") \
+            from None
 
 
 def _stop(proc):

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from node.errors import ApiError
-from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
+from tests.node.proc import FAST_CLUSTER, eventually, holds, metric, raft_cluster, start_all
 
 KEYS = 1500
 JOBS = """
@@ -143,7 +143,10 @@ def run_workload(tmp_path, replicas: int, kill: bool, seconds: float = 20.0, see
             t.join(60)
         for n in nodes:
             n.wait_ready(90)
-        time.sleep(6)
+        # two more GC passes on every node over the settled data (gc.interval 2 s) before reading
+        runs = {n.node_id: metric(n, "terrascale_gc_runs_total") for n in nodes}
+        eventually(lambda: holds(all(metric(n, "terrascale_gc_runs_total") >= runs[n.node_id] + 2 for n in nodes),
+                                 "two GC passes on every node"), 60, 0.5)
         assert sum(ledger.acked > 0) > KEYS // 2, "too few writes were acknowledged to prove anything"
         for n in nodes:
             def right(n=n):

@@ -5,22 +5,10 @@ the node process) does not take it out of the cluster for good: once released, i
 import os
 import resource
 import socket
-import time
 
 import pytest
 
-from node.errors import ApiError
-from tests.node.proc import NodeProc, raft_cluster, start_all
-
-
-def metric(node, name: str, **labels) -> float:
-    with node.client() as c:
-        text = c.metrics()
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{") and line.split("}")[0].split("{")[1] == want:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+from tests.node.proc import NodeProc, eventually, holds, metric, raft_cluster, start_all
 
 
 def closed_by_peer(s: socket.socket, within: float) -> bool:
@@ -75,17 +63,7 @@ def _flood(port: int, n: int) -> list[socket.socket]:
 
 
 def _until(fn, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            r = fn()
-            if r:
-                return r
-        except (ApiError, ConnectionError, OSError) as e:
-            last = e
-        time.sleep(0.2)
-    raise AssertionError(f"{what} within {timeout} s (last: {last!r})")
+    return eventually(lambda: holds(fn(), what), timeout, 0.2)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from node.client.client import Client
 from node.errors import ApiError
 from node.config import from_dict
 from tests.fixtures.moto import free_port
-from tests.node.proc import TERRASCALE, NodeProc
+from tests.node.proc import TERRASCALE, eventually, holds, NodeProc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OPS = os.path.join(ROOT, "ops")
@@ -233,14 +233,7 @@ def test_not_ready_until_recovered_and_sigterm_while_recovering(tmp_path):
     try:
         node.start(wait=False)
         with node.client(timeout=10) as c:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    assert c.healthz() == {"status": "ok"}
-                    break
-                except ConnectionError:
-                    assert time.monotonic() < deadline and node.proc.poll() is None, node.log()
-                    time.sleep(0.05)
+            eventually(lambda: holds(c.healthz() == {"status": "ok"}, "healthy"), 60, 0.05, proc=node.proc)
             for method, path in (("GET", "/readyz"), ("GET", "/v1/tables"), ("POST", "/v1/tables/x/rows"),
                                  ("GET", "/v1/admin/status"), ("GET", "/v1/admin/cluster")):
                 status, body, _ = c.request(method, path, b"{}", "application/json")
@@ -276,14 +269,10 @@ def test_membership_add_and_remove_a_node_from_the_cli(tmp_path):
         cli = [TERRASCALE, "--endpoint", urls[0], "admin", "cluster"]
         add = subprocess.run(cli + ["add", raft4], capture_output=True, text=True, timeout=60)
         assert add.returncode == 0, add.stderr
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with Client(urls[3], timeout=2) as c4:
-                    c4.readyz()
-                    break
-            except (ApiError, ConnectionError):
-                time.sleep(0.2)
+        def ready4():
+            with Client(urls[3], timeout=2) as c4:
+                c4.readyz()
+        eventually(ready4, 60, 0.2, proc=n4)
         with Client(urls[3]) as c4:
             view = c4.cluster()
             assert sorted(m["raft_address"] for m in view["members"]) == sorted(members.split(",") + [raft4])

@@ -17,7 +17,7 @@ from pyroaring import BitMap
 from node.errors import ApiError
 from rowstore.index.key_memtable import encode_keys
 from rowstore.tables.keys import partition_of
-from tests.node.proc import TERRASCALE, raft_cluster, start_all
+from tests.node.proc import TERRASCALE, eventually, holds, raft_cluster, start_all
 
 N = 60  # rows per batch: with 6 partitions over 3 nodes every batch spans every node
 
@@ -89,10 +89,8 @@ class Writers:
         return self
 
     def wait(self, n: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.acked) < n and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(self.acked) >= n, (len(self.acked), self.failed[-3:])
+        eventually(lambda: holds(len(self.acked) >= n, f"{n} acknowledged ({len(self.acked)}, {self.failed[-3:]})"),
+                   timeout, 0.05)
 
     def __exit__(self, *exc):
         self.stop.set()
@@ -246,7 +244,7 @@ def test_kill_9_of_a_participant_and_of_the_coordinator_loses_nothing_acknowledg
         with Writers(nodes[:2], 1) as w:
             w.wait(10)
             nodes[2].kill()
-            time.sleep(1.0)
+            eventually(lambda: holds(w.failed, "a batch refused while a participant is dead"), 30, 0.05)
         acked.update(w.acked)
         assert w.failed  # its partitions were unavailable
         nodes[2].start()
