@@ -63,7 +63,7 @@ jdk17:
 	  S=$$([ "$$(id -u)" = 0 ] || echo sudo); $$S apt-get update -q && $$S apt-get install -y -q openjdk-17-jdk-headless || \
 	  { echo "error: could not install javac 17; install openjdk-17-jdk-headless (or set JAVA_HOME to a Java 17 JDK)"; exit 1; }; }
 
-# The durability test watches the node's syscalls (tests/node/test_ack_after_fsync.py).
+# The durability test watches the node's syscalls (tests/node/http/test_ack_after_fsync.py).
 strace:
 	@command -v strace >/dev/null 2>&1 || { \
 	  echo "the durability test needs strace and none was found: installing it with apt-get"; \

@@ -10,7 +10,7 @@ It accepts a *subset* of what the full path accepts — values whose JSON type i
 column's (an integer in range, a finite number, an ISO-8601 ``…Z`` timestamp, …) — and
 answers ``None`` for anything else, which then takes the full path: that path stays the
 reference for what is valid and for every error message. Where both accept a row, the bytes
-are identical (``tests/node/test_fast_encoder.py`` holds them equal, property-based).
+are identical (``tests/node/http/test_fast_encoder.py`` holds them equal, property-based).
 """
 from __future__ import annotations
 

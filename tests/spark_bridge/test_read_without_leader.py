@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
-from tests.node.test_replication import rows
+from tests.node.cluster.test_replication import rows
 from tests.spark_bridge.test_jvm_reader import read
 
 

@@ -1,5 +1,5 @@
 """Replication of active segments in one process (unit level; the multi-process tests are in
-tests/node/test_replication*.py): majority acks, catch-up, gaps, fencing, divergence, and a
+tests/node/cluster/test_replication*.py): majority acks, catch-up, gaps, fencing, divergence, and a
 follower's copy recovering as the same active segment."""
 import asyncio
 

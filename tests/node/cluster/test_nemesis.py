@@ -33,7 +33,7 @@ import pytest
 from node.errors import ApiError
 from tests.fixtures.tmpfs import SmallDisk, can_mount
 from tests.node.proc import FAST_CLUSTER, eventually, joiner, raft_cluster
-from tests.node.test_replication_faults import RETRY, Writers, caught_up, check_batches, counts
+from tests.node.cluster.test_replication_faults import RETRY, Writers, caught_up, check_batches, counts
 
 ROUNDS = int(os.environ.get("NEMESIS_ROUNDS", "30"))
 SEED = int(os.environ.get("NEMESIS_SEED", "23"))

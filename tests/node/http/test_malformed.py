@@ -9,7 +9,7 @@ import pytest
 
 from rowstore.hlc import ts_from_ms
 from tests.node.proc import NodeProc
-from tests.node.test_api import ALL_TYPES, ROW
+from tests.node.http.test_api import ALL_TYPES, ROW
 
 ARROW = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
@@ -181,7 +181,7 @@ CORPUS = [
     ("rename-to-existing", "PATCH", "/v1/tables/m/columns/s", q(name="f64"), JSON, 400, "invalid_schema"),
     ("rename-bad-name", "PATCH", "/v1/tables/m/columns/s", q(name="has space"), JSON, 400, "invalid_schema"),
     ("drop-unknown-table", "DELETE", "/v1/tables/nope", None, None, 404, "table_not_found"),
-    # found by the decoder property test (tests/node/test_hostile_bodies.py) and the depth/terms limits:
+    # found by the decoder property test (tests/node/http/test_hostile_bodies.py) and the depth/terms limits:
     # each answered 500 before
     ("deeply-nested-query", "POST", Q, b"[" * 100_000 + b"]" * 100_000, JSON, 400, "invalid_json"),
     ("deeply-nested-where-value", "POST", Q, b'{"where": [["s", "=", ' + b"[" * 5000 + b"]" * 5000 + b"]]}", JSON,

@@ -21,7 +21,7 @@ from node.config import from_dict
 from tests.fixtures.moto import free_port
 from tests.node.proc import TERRASCALE, eventually, holds, NodeProc
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 OPS = os.path.join(ROOT, "ops")
 UNIT = os.path.join(OPS, "terrascale-node@.service")
 

@@ -23,7 +23,7 @@ from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
 from rowstore.schema import parse_schema
 from rowstore.tables.conform import conform
 from tests.node.proc import NodeProc
-from tests.node.test_api import ALL_TYPES, ROW
+from tests.node.http.test_api import ALL_TYPES, ROW
 from tests.rowstore.tables_world import TablesWorld
 
 SCHEMA = parse_schema(", ".join(f"{n} {t}" + (" primary key" if n == "id" else "") for n, t in ALL_TYPES))

@@ -7,7 +7,7 @@ two with every acknowledged batch kept; once the cut is lifted the old leader fo
 import pytest
 
 from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster
-from tests.node.test_replication import batches, upsert_retrying
+from tests.node.cluster.test_replication import batches, upsert_retrying
 
 
 @pytest.mark.slow

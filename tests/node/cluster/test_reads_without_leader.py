@@ -7,8 +7,8 @@ import pytest
 
 from node.errors import ApiError
 from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
-from tests.node.test_bridge_api import call, plan_rows
-from tests.node.test_replication import counts, rows
+from tests.node.http.test_bridge_api import call, plan_rows
+from tests.node.cluster.test_replication import counts, rows
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ codes, content types, bodies). Bounded: a fixed seed (derandomized), at most
 a real table of every type (generated table names almost never exist).
 
 Every input this found answering a 5xx or the wrong thing is now a case in
-tests/node/test_malformed.py (the corpus keeps them fixed even if generation changes)."""
+tests/node/http/test_malformed.py (the corpus keeps them fixed even if generation changes)."""
 from __future__ import annotations
 
 import json
@@ -22,9 +22,9 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, respons
 
 from tests.fixtures.moto import free_port
 from tests.node.proc import NodeProc
-from tests.node.test_api import ALL_TYPES, ROW
+from tests.node.http.test_api import ALL_TYPES, ROW
 
-DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "openapi.yaml")
+DOC = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "openapi.yaml")
 TOKEN = "fuzz-token"
 EXAMPLES = int(os.environ.get("TERRASCALE_FUZZ_EXAMPLES", "100"))  # ~75 s on a shared 2-core machine
 TABLE = "fz"  # the real table cases are aimed at
@@ -34,7 +34,7 @@ DESTRUCTIVE = {("DELETE", "/v1/tables/{table}"), ("DELETE", "/v1/tables/{table}/
 
 load_all_checks()
 # Arrow IPC bodies are generated as bytes (the document says format: binary): garbage, truncated or
-# empty streams reach the Arrow decoder; tests/node/test_hostile_bodies.py damages real streams.
+# empty streams reach the Arrow decoder; tests/node/http/test_hostile_bodies.py damages real streams.
 schemathesis.serializer.alias("application/vnd.apache.arrow.stream", "application/octet-stream")
 
 

@@ -8,7 +8,7 @@ from openapi_spec_validator import validate
 from node.http.app import make_app
 from node.config import NodeConfig
 
-DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "openapi.yaml")
+DOC = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "openapi.yaml")
 
 
 def load():

@@ -8,7 +8,7 @@ import pytest
 
 from node.errors import ApiError
 from tests.node.proc import eventually, joiner, raft_cluster, start_all
-from tests.node.test_replication import FAST, batches, rows
+from tests.node.cluster.test_replication import FAST, batches, rows
 
 
 def leaders(c) -> dict[str, int]:
