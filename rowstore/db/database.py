@@ -4,15 +4,15 @@ Design: docs/rfcs/0001 (key index), 0002 (column index), 0003 (time travel). Thi
 the one object the node holds; the work is done by its parts, each in its own module:
 
 * :mod:`rowstore.db.registry` — the open tables and their schema histories;
-* :mod:`rowstore.db.committer` — group commit, two-phase commit of multi-partition batches;
-* :mod:`rowstore.db.participant` — this node's share of a batch coordinated elsewhere;
-* :mod:`rowstore.db.reads` — snapshots, point gets, key ranges, queries;
-* :mod:`rowstore.db.external_reads` — read plans, tails and the change feed for the bridge;
-* :mod:`rowstore.db.leases` — read leases that hold segments back from collection;
-* :mod:`rowstore.db.maintenance` — checkpoint, merge, seal, offload;
-* :mod:`rowstore.db.gc` — copy-forward garbage collection, clustered rewrites (RFC 0009);
-* :mod:`rowstore.db.leadership` — leading and following replicated partitions (RFC 0010);
-* :mod:`rowstore.db.handoff` — moving a one-copy partition to another node through objects;
+* :mod:`rowstore.db.write.committer` — group commit, two-phase commit of multi-partition batches;
+* :mod:`rowstore.db.write.participant` — this node's share of a batch coordinated elsewhere;
+* :mod:`rowstore.db.read.reader` — snapshots, point gets, key ranges, queries;
+* :mod:`rowstore.db.read.bridge` — read plans, tails and the change feed for the bridge;
+* :mod:`rowstore.db.read.leases` — read leases that hold segments back from collection;
+* :mod:`rowstore.db.background.maintenance` — checkpoint, merge, seal, offload;
+* :mod:`rowstore.db.background.gc` — copy-forward garbage collection, clustered rewrites (RFC 0009);
+* :mod:`rowstore.db.serving.leadership` — leading and following replicated partitions (RFC 0010);
+* :mod:`rowstore.db.serving.handoff` — moving a one-copy partition to another node through objects;
 * :mod:`rowstore.db.tasks` — the one home of background tasks.
 """
 from __future__ import annotations
@@ -23,15 +23,15 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from rowstore.db.committer import Committer, WriteResult
-from rowstore.db.external_reads import ExternalReads
-from rowstore.db.gc import GarbageCollector, GcConfig
-from rowstore.db.handoff import Handoffs
-from rowstore.db.leadership import Leadership
-from rowstore.db.leases import Leases
-from rowstore.db.maintenance import Maintenance
-from rowstore.db.participant import Participant
-from rowstore.db.reads import PURGE_LAG_MS, Reader
+from rowstore.db.write.committer import Committer, WriteResult
+from rowstore.db.read.bridge import ExternalReads
+from rowstore.db.background.gc import GarbageCollector, GcConfig
+from rowstore.db.serving.handoff import Handoffs
+from rowstore.db.serving.leadership import Leadership
+from rowstore.db.read.leases import Leases
+from rowstore.db.background.maintenance import Maintenance
+from rowstore.db.write.participant import Participant
+from rowstore.db.read.reader import PURGE_LAG_MS, Reader
 from rowstore.db.registry import TableRegistry
 from rowstore.db.tasks import BackgroundTasks
 from rowstore.hlc import HybridClock
@@ -156,7 +156,7 @@ class Database:
         """Another node may have changed a table: read its definition from the catalog again."""
         self.catalog_tables.forget(name)
 
-    # -- writes (rowstore.db.committer) ---------------------------------------------------------
+    # -- writes (rowstore.db.write.committer) ---------------------------------------------------
 
     async def upsert(self, name: str, data: pa.RecordBatch | pa.Table) -> WriteResult:
         """Insert or replace rows by primary key, atomically; returns once durable and visible."""
@@ -174,7 +174,7 @@ class Database:
         """Whether each encoded key of partition ``pid`` has a live row now."""
         return await self.committer.existing(d, pid, keys)
 
-    # -- reads (rowstore.db.reads) ----------------------------------------------------------------
+    # -- reads (rowstore.db.read.reader) --------------------------------------------------------
 
     def horizon(self) -> int:
         return self.reader.horizon()
@@ -196,7 +196,7 @@ class Database:
                     as_of: int | None = None, partitions=None, trusted: bool = False) -> tuple[pa.Table, int]:
         return await self.reader.query(name, where, bbox, columns, limit, as_of, partitions, trusted)
 
-    # -- external readers (rowstore.db.external_reads, rowstore.db.leases) -----------------------
+    # -- external readers (rowstore.db.read.bridge, rowstore.db.read.leases) --------------------
 
     async def read_plan(self, name: str, as_of: int | None = None, where=None, bbox=None,
                         sealed_only: bool = False, lease_s: float = 600.0, partitions=None,
@@ -237,7 +237,7 @@ class Database:
     async def leased_segments(self) -> set[int]:
         return await self.leases.leased_segments()
 
-    # -- background jobs (rowstore.db.maintenance) ------------------------------------------------
+    # -- background jobs (rowstore.db.background.maintenance) -----------------------------------
 
     async def maintain(self) -> dict:
         return await self.maintenance.maintain()

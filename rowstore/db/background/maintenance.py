@@ -8,7 +8,7 @@ import logging
 import time
 from typing import Callable
 
-from rowstore.db.offloaded_reads import advance_from
+from rowstore.db.read.leaderless import advance_from
 from rowstore.segments.store import SegmentRecord, SegmentStore
 from rowstore.tables.definitions import TableCatalog
 from rowstore.timeline import Timeline

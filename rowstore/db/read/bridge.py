@@ -11,9 +11,9 @@ from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
 from rowstore.segments.active import split_rowids
 from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegmentStore, SegState
-from rowstore.db.leases import Leases
-from rowstore.db.offloaded_reads import plan_offloaded, query_offloaded, read_watermarks
-from rowstore.db.reads import Reader, candidates, finish
+from rowstore.db.read.leases import Leases
+from rowstore.db.read.leaderless import plan_offloaded, query_offloaded, read_watermarks
+from rowstore.db.read.reader import Reader, candidates, finish
 from terrafs.fs import TerrascaleFS
 
 
