@@ -37,7 +37,6 @@ from rowstore.db.tasks import BackgroundTasks
 from rowstore.hlc import HybridClock
 from rowstore.reads.plan import ReadPlan
 from rowstore.replication.follower import ReplicaStore
-from rowstore.schema import SchemaVersion
 from rowstore.segments.store import SegmentRecord, SegmentStore
 from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.timeline import Timeline
@@ -60,10 +59,6 @@ class TablesConfig:
     gc: GcConfig = GcConfig()
 
 
-def _schema_of_segment_rows(version: int) -> SchemaVersion:
-    raise RuntimeError("segment rows are decoded with their table's schema lookup")
-
-
 class Database:
     def __init__(self, fs: TerrascaleFS, cfg: TablesConfig = TablesConfig(), now_ms=None, monotonic=None):
         """``now_ms``: the wall clock in ms (default the system's); every horizon, closed
@@ -74,7 +69,7 @@ class Database:
         self.timeline = Timeline(self.clock)
         self.tasks = BackgroundTasks()
         self.catalog_tables = TableCatalog(self.catalog, self.clock)
-        self.store = SegmentStore(fs, _schema_of_segment_rows, cfg.seal_bytes)
+        self.store = SegmentStore(fs, seal_bytes=cfg.seal_bytes)  # each read passes its table's schemas
         self.tables = TableRegistry(self.catalog_tables, self.store)
         self.tables.observe = self.clock.observe
         self.reader = Reader(self.store, self.catalog_tables, self.tables, self.clock, self.timeline, self.tasks,
