@@ -20,10 +20,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import pyarrow as pa
 
-from rowstore.db.write.committer import Committer, WriteResult
+from rowstore.db.write.committer import Committer, WriteResult, decided
 from rowstore.db.read.bridge import ExternalReads
 from rowstore.db.background.gc import GarbageCollector, GcConfig
 from rowstore.db.serving.handoff import Handoffs
@@ -63,51 +64,54 @@ class Database:
     def __init__(self, fs: TerrascaleFS, cfg: TablesConfig = TablesConfig(), now_ms=None, monotonic=None):
         """``now_ms``: the wall clock in ms (default the system's); every horizon, closed
         timestamp and commit timestamp of this database reads it. ``monotonic``: the clock of
-        replication leases (default ``time.monotonic``; a simulation gives virtual time)."""
+        replication leases (default ``time.monotonic``; a simulation gives virtual time).
+
+        The one place the parts are made: in dependency order, each given everything it uses
+        when it is made, none wired to another afterwards. Serving comes first of the parts
+        that act: a write that misses its ack timeout steps its partition's leader down, and a
+        read of a led partition checks the leader's lease, while leadership needs neither (a
+        new leader asks the catalog, not the committer, how a prepared batch was decided)."""
+        monotonic = monotonic or time.monotonic
         self.fs, self.catalog, self.cfg = fs, fs.catalog, cfg
+        # shared by every part
         self.clock = HybridClock(self.catalog, fs.cfg.node_id, now_ms)
         self.timeline = Timeline(self.clock)
         self.tasks = BackgroundTasks()
         self.catalog_tables = TableCatalog(self.catalog, self.clock)
         self.store = SegmentStore(fs, seal_bytes=cfg.seal_bytes)  # each read passes its table's schemas
-        self.tables = TableRegistry(self.catalog_tables, self.store)
-        self.tables.observe = self.clock.observe
-        self.reader = Reader(self.store, self.catalog_tables, self.tables, self.clock, self.timeline, self.tasks,
-                             cfg.retention_ms, cfg.closed_wait_s, cfg.purge_lag_ms)
-        self.maintenance = Maintenance(self.store, self.catalog_tables, self.tables, self.timeline,
-                                       cfg.memtable_bytes, self.reader.purge_horizon)
-        self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks)
+        self.tables = TableRegistry(self.catalog_tables, self.store, self.clock.observe)
+        # serving/
+        self.replicas = ReplicaStore(fs, monotonic=monotonic, resume_free_bytes=cfg.resume_free_bytes)
+        self.leadership = Leadership(self.store, self.replicas, self.tables, partial(decided, self.catalog),
+                                     self.clock.observe, self.clock.present, monotonic)
+        self.handoffs = Handoffs(self.store, self.tables, self.clock.observe)
+        # write/
+        self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks,
+                                   self.leadership.demote)
         self.participant = Participant(self.catalog, self.catalog_tables, self.committer, self.timeline,
                                        self.tasks)
+        # read/
+        self.reader = Reader(self.store, self.catalog_tables, self.tables, self.clock, self.timeline, self.tasks,
+                             self.leadership.check_lease, cfg.retention_ms, cfg.closed_wait_s, cfg.purge_lag_ms)
         self.leases = Leases(self.catalog, self.clock.now_ms)
-        self.maintenance.monotonic = monotonic or time.monotonic
-        self.external = ExternalReads(fs, self.store, self.reader, self.leases)
-        self.replicas = ReplicaStore(fs, monotonic=monotonic or time.monotonic)
-        self.replicas.resume_free_bytes = cfg.resume_free_bytes
-        self.leadership = Leadership(self.store, self.replicas, self.tables,
-                                     lambda txn: self.committer.decide_at_recovery(txn, keep=True),
-                                     self.clock.observe, self.clock.present, monotonic or time.monotonic)
-        self.handoffs = Handoffs(self.store, self.tables, self.clock.observe)
-        self.reader.leases_of = self.leadership.check_lease
-        self.committer.stalled = lambda t, p: self.tasks.spawn(self.leadership.demote(t, p))
+        self.external = ExternalReads(fs, self.store, self.tables, self.reader, self.leases)
+        # background/
+        self.maintenance = Maintenance(self.store, self.catalog_tables, self.tables, self.timeline,
+                                       cfg.memtable_bytes, self.reader.purge_horizon, monotonic)
         self.gc = GarbageCollector(self.store, self.catalog_tables, self.tables, self.timeline, self.leases,
                                    self.reader.purge_horizon, self.maintenance.offload, cfg.gc)
 
     # -- life cycle -------------------------------------------------------------------------
 
     async def open(self, owns=None) -> None:
-        """Clock, segments (deciding prepared batches), then every table's indexes. In a
-        cluster ``await owns(table_def)`` names the partitions this node serves (RFC 0010):
-        only those are opened and replayed — the others' write-ahead lives on other nodes'
-        block devices — now and whenever the table is opened later."""
-        self.tables.owns = owns
+        """Clock, segments (deciding prepared batches), then every table's indexes — in a
+        cluster only the partitions ``await owns(table_def)`` names, now and later
+        (``TableRegistry.open``, RFC 0010). Nothing uses the database before this returns."""
         await self.clock.open()
         await self.store.open(self.committer.decide_at_recovery)
         await self.committer.forget_recovered()
         await self.gc.recover()
-        for d in await self.catalog_tables.list():
-            if owns is None or await owns(d):
-                await self.tables.table(d)
+        await self.tables.open(owns)
 
     async def close(self) -> None:
         for t, p in list(self.leadership.led()):
