@@ -34,7 +34,7 @@ from bench.common import Result, Timer, print_table, write_json
 from catalog.memory import MemoryCatalog
 from rowstore.codec.rows import encode_rows
 from rowstore.db.database import Database, TablesConfig
-from rowstore.db.gc import GcConfig
+from rowstore.db.background.gc import GcConfig
 from terrafs.backends.local import LocalBlockDevice, LocalObjectStore
 from terrafs.fs import FsConfig, TerrascaleFS
 

@@ -33,7 +33,7 @@ STAGES = [
     ("conform / keys / partition", ("rowstore/tables/conform.py", "rowstore/tables/key_check.py",
                                     "rowstore/tables/keys.py", "key_memtable.py:encode_keys")),
     ("encode + split (rowcodec)", ("rowstore/codec/rows.py", "rowstore/codec/kernels.py")),
-    ("commit: timeline, locks, append", ("rowstore/db/committer.py", "rowstore/db/database.py",
+    ("commit: timeline, locks, append", ("rowstore/db/write/committer.py", "rowstore/db/database.py",
                                          "rowstore/timeline.py", "rowstore/hlc.py",
                                          "rowstore/tables/partition.py:append", "rowstore/segments/active.py",
                                          "rowstore/segments/wal.py",

@@ -31,7 +31,7 @@ import pyarrow as pa
 from catalog.abc import Check, Delete, Put
 from node.cluster.members import raise_remote
 from node.wire import ARROW_STREAM, write_arrow_stream
-from rowstore.db.committer import COMMITTED, txn_key
+from rowstore.db.write.committer import COMMITTED, txn_key
 from rowstore.errors import UnavailableError
 from rowstore.hlc import ts_from_ms
 from rowstore.segments.wal import DECIDED, SPANS_NODES

@@ -1,5 +1,5 @@
 """Moving one-copy partitions between nodes (RFC 0010 §7): the node layer of
-:mod:`rowstore.db.handoff`.
+:mod:`rowstore.db.serving.handoff`.
 
 ``POST /v1/internal/handoff {"table", "pid", "to"}`` (:mod:`node.http.routes.handoff`) goes to
 the partition's node: it releases the partition (every row into objects, writes refused

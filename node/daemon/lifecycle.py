@@ -41,7 +41,7 @@ from node.http.limits import ConnectionGuard, GuardedSite, install_accept_handle
 from node.daemon.jobs import Jobs
 from node.daemon.metrics import Metrics
 from rowstore.db.database import Database, TablesConfig
-from rowstore.db.gc import GcConfig
+from rowstore.db.background.gc import GcConfig
 from rowstore.tables.partition import segment_states
 from rowstore.replication.position import REP_PREFIX, ReplicaRecord
 from terrafs.active import ActiveConfig

@@ -26,7 +26,7 @@ from node.http.params import (CONFIG, THREAD_BYTES, THREAD_ROWS, as_of_param, as
                               json_object, parse_json, rows_of, schema_from_json, where_terms)
 from node.errors import ApiError
 from node.cluster.router import Router
-from rowstore.db.reads import MAX_LIMIT
+from rowstore.db.read.reader import MAX_LIMIT
 from rowstore.errors import (TableNotFoundError)
 from rowstore.tables.key_check import show
 from rowstore.schema import _check_name

@@ -33,7 +33,7 @@ import pyarrow as pa
 from node.wire import column_from_json
 from node.http.fast_encoder import NotFast, encoder, index_key
 from rowstore.codec.rows import Encoded
-from rowstore.db.committer import WriteResult
+from rowstore.db.write.committer import WriteResult
 from rowstore.errors import InvalidKeyError
 from rowstore.tables.conform import Piece
 from rowstore.tables.definitions import TableDef

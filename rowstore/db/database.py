@@ -4,15 +4,15 @@ Design: docs/rfcs/0001 (key index), 0002 (column index), 0003 (time travel). Thi
 the one object the node holds; the work is done by its parts, each in its own module:
 
 * :mod:`rowstore.db.registry` — the open tables and their schema histories;
-* :mod:`rowstore.db.committer` — group commit, two-phase commit of multi-partition batches;
-* :mod:`rowstore.db.participant` — this node's share of a batch coordinated elsewhere;
-* :mod:`rowstore.db.reads` — snapshots, point gets, key ranges, queries;
-* :mod:`rowstore.db.external_reads` — read plans, tails and the change feed for the bridge;
-* :mod:`rowstore.db.leases` — read leases that hold segments back from collection;
-* :mod:`rowstore.db.maintenance` — checkpoint, merge, seal, offload;
-* :mod:`rowstore.db.gc` — copy-forward garbage collection, clustered rewrites (RFC 0009);
-* :mod:`rowstore.db.leadership` — leading and following replicated partitions (RFC 0010);
-* :mod:`rowstore.db.handoff` — moving a one-copy partition to another node through objects;
+* :mod:`rowstore.db.write.committer` — group commit, two-phase commit of multi-partition batches;
+* :mod:`rowstore.db.write.participant` — this node's share of a batch coordinated elsewhere;
+* :mod:`rowstore.db.read.reader` — snapshots, point gets, key ranges, queries;
+* :mod:`rowstore.db.read.bridge` — read plans, tails and the change feed for the bridge;
+* :mod:`rowstore.db.read.leases` — read leases that hold segments back from collection;
+* :mod:`rowstore.db.background.maintenance` — checkpoint, merge, seal, offload;
+* :mod:`rowstore.db.background.gc` — copy-forward garbage collection, clustered rewrites (RFC 0009);
+* :mod:`rowstore.db.serving.leadership` — leading and following replicated partitions (RFC 0010);
+* :mod:`rowstore.db.serving.handoff` — moving a one-copy partition to another node through objects;
 * :mod:`rowstore.db.tasks` — the one home of background tasks.
 """
 from __future__ import annotations
@@ -20,24 +20,24 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import pyarrow as pa
 
-from rowstore.db.committer import Committer, WriteResult
-from rowstore.db.external_reads import ExternalReads
-from rowstore.db.gc import GarbageCollector, GcConfig
-from rowstore.db.handoff import Handoffs
-from rowstore.db.leadership import Leadership
-from rowstore.db.leases import Leases
-from rowstore.db.maintenance import Maintenance
-from rowstore.db.participant import Participant
-from rowstore.db.reads import PURGE_LAG_MS, Reader
+from rowstore.db.write.committer import Committer, WriteResult, decided
+from rowstore.db.read.bridge import ExternalReads
+from rowstore.db.background.gc import GarbageCollector, GcConfig
+from rowstore.db.serving.handoff import Handoffs
+from rowstore.db.serving.leadership import Leadership
+from rowstore.db.read.leases import Leases
+from rowstore.db.background.maintenance import Maintenance
+from rowstore.db.write.participant import Participant
+from rowstore.db.read.reader import PURGE_LAG_MS, Reader
 from rowstore.db.registry import TableRegistry
 from rowstore.db.tasks import BackgroundTasks
 from rowstore.hlc import HybridClock
 from rowstore.reads.plan import ReadPlan
 from rowstore.replication.follower import ReplicaStore
-from rowstore.schema import SchemaVersion
 from rowstore.segments.store import SegmentRecord, SegmentStore
 from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.timeline import Timeline
@@ -60,59 +60,58 @@ class TablesConfig:
     gc: GcConfig = GcConfig()
 
 
-def _schema_of_segment_rows(version: int) -> SchemaVersion:
-    raise RuntimeError("segment rows are decoded with their table's schema lookup")
-
-
 class Database:
     def __init__(self, fs: TerrascaleFS, cfg: TablesConfig = TablesConfig(), now_ms=None, monotonic=None):
         """``now_ms``: the wall clock in ms (default the system's); every horizon, closed
         timestamp and commit timestamp of this database reads it. ``monotonic``: the clock of
-        replication leases (default ``time.monotonic``; a simulation gives virtual time)."""
+        replication leases (default ``time.monotonic``; a simulation gives virtual time).
+
+        The one place the parts are made: in dependency order, each given everything it uses
+        when it is made, none wired to another afterwards. Serving comes first of the parts
+        that act: a write that misses its ack timeout steps its partition's leader down, and a
+        read of a led partition checks the leader's lease, while leadership needs neither (a
+        new leader asks the catalog, not the committer, how a prepared batch was decided)."""
+        monotonic = monotonic or time.monotonic
         self.fs, self.catalog, self.cfg = fs, fs.catalog, cfg
+        # shared by every part
         self.clock = HybridClock(self.catalog, fs.cfg.node_id, now_ms)
         self.timeline = Timeline(self.clock)
         self.tasks = BackgroundTasks()
         self.catalog_tables = TableCatalog(self.catalog, self.clock)
-        self.store = SegmentStore(fs, _schema_of_segment_rows, cfg.seal_bytes)
-        self.tables = TableRegistry(self.catalog_tables, self.store)
-        self.tables.observe = self.clock.observe
-        self.reader = Reader(self.store, self.catalog_tables, self.tables, self.clock, self.timeline, self.tasks,
-                             cfg.retention_ms, cfg.closed_wait_s, cfg.purge_lag_ms)
-        self.maintenance = Maintenance(self.store, self.catalog_tables, self.tables, self.timeline,
-                                       cfg.memtable_bytes, self.reader.purge_horizon)
-        self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks)
+        self.store = SegmentStore(fs, seal_bytes=cfg.seal_bytes)  # each read passes its table's schemas
+        self.tables = TableRegistry(self.catalog_tables, self.store, self.clock.observe)
+        # serving/
+        self.replicas = ReplicaStore(fs, monotonic=monotonic, resume_free_bytes=cfg.resume_free_bytes)
+        self.leadership = Leadership(self.store, self.replicas, self.tables, partial(decided, self.catalog),
+                                     self.clock.observe, self.clock.present, monotonic)
+        self.handoffs = Handoffs(self.store, self.tables, self.clock.observe)
+        # write/
+        self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks,
+                                   self.leadership.demote)
         self.participant = Participant(self.catalog, self.catalog_tables, self.committer, self.timeline,
                                        self.tasks)
+        # read/
+        self.reader = Reader(self.store, self.catalog_tables, self.tables, self.clock, self.timeline, self.tasks,
+                             self.leadership.check_lease, cfg.retention_ms, cfg.closed_wait_s, cfg.purge_lag_ms)
         self.leases = Leases(self.catalog, self.clock.now_ms)
-        self.maintenance.monotonic = monotonic or time.monotonic
-        self.external = ExternalReads(fs, self.store, self.reader, self.leases)
-        self.replicas = ReplicaStore(fs, monotonic=monotonic or time.monotonic)
-        self.replicas.resume_free_bytes = cfg.resume_free_bytes
-        self.leadership = Leadership(self.store, self.replicas, self.tables,
-                                     lambda txn: self.committer.decide_at_recovery(txn, keep=True),
-                                     self.clock.observe, self.clock.present, monotonic or time.monotonic)
-        self.handoffs = Handoffs(self.store, self.tables, self.clock.observe)
-        self.reader.leases_of = self.leadership.check_lease
-        self.committer.stalled = lambda t, p: self.tasks.spawn(self.leadership.demote(t, p))
+        self.external = ExternalReads(fs, self.store, self.tables, self.reader, self.leases)
+        # background/
+        self.maintenance = Maintenance(self.store, self.catalog_tables, self.tables, self.timeline,
+                                       cfg.memtable_bytes, self.reader.purge_horizon, monotonic)
         self.gc = GarbageCollector(self.store, self.catalog_tables, self.tables, self.timeline, self.leases,
                                    self.reader.purge_horizon, self.maintenance.offload, cfg.gc)
 
     # -- life cycle -------------------------------------------------------------------------
 
     async def open(self, owns=None) -> None:
-        """Clock, segments (deciding prepared batches), then every table's indexes. In a
-        cluster ``await owns(table_def)`` names the partitions this node serves (RFC 0010):
-        only those are opened and replayed — the others' write-ahead lives on other nodes'
-        block devices — now and whenever the table is opened later."""
-        self.tables.owns = owns
+        """Clock, segments (deciding prepared batches), then every table's indexes — in a
+        cluster only the partitions ``await owns(table_def)`` names, now and later
+        (``TableRegistry.open``, RFC 0010). Nothing uses the database before this returns."""
         await self.clock.open()
         await self.store.open(self.committer.decide_at_recovery)
         await self.committer.forget_recovered()
         await self.gc.recover()
-        for d in await self.catalog_tables.list():
-            if owns is None or await owns(d):
-                await self.tables.table(d)
+        await self.tables.open(owns)
 
     async def close(self) -> None:
         for t, p in list(self.leadership.led()):
@@ -156,7 +155,7 @@ class Database:
         """Another node may have changed a table: read its definition from the catalog again."""
         self.catalog_tables.forget(name)
 
-    # -- writes (rowstore.db.committer) ---------------------------------------------------------
+    # -- writes (rowstore.db.write.committer) ---------------------------------------------------
 
     async def upsert(self, name: str, data: pa.RecordBatch | pa.Table) -> WriteResult:
         """Insert or replace rows by primary key, atomically; returns once durable and visible."""
@@ -174,7 +173,7 @@ class Database:
         """Whether each encoded key of partition ``pid`` has a live row now."""
         return await self.committer.existing(d, pid, keys)
 
-    # -- reads (rowstore.db.reads) ----------------------------------------------------------------
+    # -- reads (rowstore.db.read.reader) --------------------------------------------------------
 
     def horizon(self) -> int:
         return self.reader.horizon()
@@ -196,7 +195,7 @@ class Database:
                     as_of: int | None = None, partitions=None, trusted: bool = False) -> tuple[pa.Table, int]:
         return await self.reader.query(name, where, bbox, columns, limit, as_of, partitions, trusted)
 
-    # -- external readers (rowstore.db.external_reads, rowstore.db.leases) -----------------------
+    # -- external readers (rowstore.db.read.bridge, rowstore.db.read.leases) --------------------
 
     async def read_plan(self, name: str, as_of: int | None = None, where=None, bbox=None,
                         sealed_only: bool = False, lease_s: float = 600.0, partitions=None,
@@ -237,7 +236,7 @@ class Database:
     async def leased_segments(self) -> set[int]:
         return await self.leases.leased_segments()
 
-    # -- background jobs (rowstore.db.maintenance) ------------------------------------------------
+    # -- background jobs (rowstore.db.background.maintenance) -----------------------------------
 
     async def maintain(self) -> dict:
         return await self.maintenance.maintain()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Callable
 
 from rowstore.errors import FencedError
 from rowstore.index.key_index import Claim
@@ -53,14 +54,24 @@ class Table:
 
 
 class TableRegistry:
-    def __init__(self, definitions: TableCatalog, store: SegmentStore):
-        self.definitions, self.store = definitions, store
-        self.owns = None  # async (TableDef) -> {pid: epoch} of the partitions this node serves (None: all, epoch 0)
-        self.observe = None  # the clock's observe(ts): this node commits above every partition it opens
+    def __init__(self, definitions: TableCatalog, store: SegmentStore, observe: Callable[[int], None]):
+        """``observe``: the clock's observe(ts): this node commits above every partition it opens."""
+        self.definitions, self.store, self.observe = definitions, store, observe
+        self._owns = None  # async (TableDef) -> {pid: epoch} of the partitions served here (None: all, epoch 0)
         self._tables: dict[str, Table] = {}
         self._opening: dict[str, asyncio.Lock] = {}
         self._defs: dict[str, TableDef] = {}  # table id -> newest definition with a schema
         self._schemas: dict[str, tuple] = {}  # table id -> (history, version lookup)
+
+    async def open(self, owns=None) -> None:
+        """Open (replay) every table the catalog lists. In a cluster ``await owns(table_def)``
+        names the partitions this node serves (RFC 0010): only those are opened and replayed —
+        the others' write-ahead lives on other nodes' block devices — now and whenever a table
+        is opened later."""
+        self._owns = owns
+        for d in await self.definitions.list():
+            if owns is None or await owns(d):
+                await self.table(d)
 
     def opened(self) -> list[Table]:
         return list(self._tables.values())
@@ -87,7 +98,7 @@ class TableRegistry:
             t = self._tables.get(d.table_id)
             if t is None:
                 latest = await self.latest_def(d)
-                t = Table(self.store, latest, None if self.owns is None else await self.owns(latest))
+                t = Table(self.store, latest, None if self._owns is None else await self._owns(latest))
                 schemas = await self.schemas_of(latest)
                 for p in t.served():
                     try:
@@ -96,8 +107,7 @@ class TableRegistry:
                         log.warning("event=partition_not_served table=%s partition=%d reason=%r", d.name, p.pid, e)
                         t.unserve(p.pid)
                         continue
-                    if self.observe is not None:
-                        self.observe(p.newest_ts)
+                    self.observe(p.newest_ts)
                     if n:
                         log.info("event=partition_replayed table=%s partition=%d rows=%d", d.name, p.pid, n)
                 self._tables[d.table_id] = t

@@ -64,11 +64,12 @@ class _Replica:
 class ReplicaStore:
     """This node's follower side: appends, fences, promotion hand-over, clean-up."""
 
-    def __init__(self, fs: TerrascaleFS, lease_s: float = 1.0, monotonic=time.monotonic):
+    def __init__(self, fs: TerrascaleFS, lease_s: float = 1.0, monotonic=time.monotonic,
+                 resume_free_bytes: int = 64 << 20):
         self.fs, self.catalog, self.node = fs, fs.catalog, fs.cfg.node_id
         self.lease_s = lease_s
         self.monotonic = monotonic  # leases and contact ages (a simulation runs it on virtual time)
-        self.resume_free_bytes = 64 << 20  # free space before a copy that hit a full device takes writes
+        self.resume_free_bytes = resume_free_bytes  # free space before a copy that hit a full device takes writes
         self._reps: dict[tuple[str, int], _Replica] = {}
         self._loading: dict[tuple[str, int], asyncio.Lock] = {}
         self.lost: set[int] = set()  # inodes whose local files were found missing at start

@@ -38,8 +38,10 @@ log = logging.getLogger("rowstore.segments.store")
 class SegmentStore(Handover):
     """One node's view of the row store: its active segments and every sealed one."""
 
-    def __init__(self, fs: TerrascaleFS, schemas: Callable[[int], SchemaVersion],
+    def __init__(self, fs: TerrascaleFS, schemas: Callable[[int], SchemaVersion] | None = None,
                  seal_bytes: int = 256 << 20):
+        """``schemas``: version id -> SchemaVersion, for reads that pass none. A node's store has
+        none: its tables each have their own history, and every read passes that table's."""
         self.fs, self.catalog = fs, fs.catalog
         self.schemas = schemas
         self.seal_bytes = seal_bytes
@@ -270,7 +272,7 @@ class SegmentStore(Handover):
                           deletions=stats.get("deletions", 0), deletions_max_ts=stats.get("deletions_max_ts", 0))
             return [Check(e.key, e.version)], [Put(e.key, new.to_bytes())]
 
-        await self.fs.offload(rec.inode, sealed_bytes(segid, seg.batches(), schemas or self.schemas, key_schema, stats),
+        await self.fs.offload(rec.inode, sealed_bytes(segid, seg.batches(), self._schemas(schemas), key_schema, stats),
                               extra=extra)
         self.active.pop(segid, None)
         sh = self.shippers.get((rec.table, rec.partition))
@@ -369,13 +371,19 @@ class SegmentStore(Handover):
 
     async def scan(self, segid: int, target: SchemaVersion, schemas=None):
         """Every row of a segment in localid order, as decoded Arrow batches."""
-        schemas = schemas or self.schemas
+        schemas = self._schemas(schemas)
         if segid in self.active:
             async for b in self.active[segid].batches():
                 yield decode_rows(b.rows, b.starts, schemas, target, self.active[segid].where)
         else:
             async for d in (await self.sealed(segid)).scan(schemas, target):
                 yield d
+
+    def _schemas(self, given):
+        """The lookup rows are decoded with: the caller's, else the store's own."""
+        if given is None and self.schemas is None:
+            raise RowstoreError("this segment store decodes rows with their table's schema lookup only; pass it")
+        return given or self.schemas
 
     async def sealed(self, segid: int) -> SealedSegment:
         s = self._sealed.get(segid)
@@ -425,7 +433,7 @@ class SegmentStore(Handover):
 
     async def get(self, ids, target: SchemaVersion, schemas=None) -> Decoded:
         """Rows by rowid (all in one segment), from its active file or its object."""
-        schemas = schemas or self.schemas
+        schemas = self._schemas(schemas)
         segs, locs = split_rowids(np.atleast_1d(ids))
         if len(set(segs.tolist())) != 1:
             raise RowstoreError("get() takes rowids of one segment")

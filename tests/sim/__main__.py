@@ -48,7 +48,7 @@ def revert(name: str) -> None:
         import rowstore.replication.follower as follower
         follower.cut_point = lambda *a, **k: None
     elif name == "s2":  # an abort while the prepare's append is in flight rolls back nothing
-        from rowstore.db.participant import Participant
+        from rowstore.db.write.participant import Participant
 
         async def abort(self, txn: int) -> None:
             p = self._held.pop(txn, None)

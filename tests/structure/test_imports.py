@@ -130,28 +130,58 @@ NODE_PARTS = {
 }
 
 
-def _part(m: str) -> str | None:
-    parts = m.split(".")
-    for n in (2, 1):
-        if ".".join(parts[:n]) in NODE_PARTS or (n == 1 and parts[0] == "node" and len(parts) == 1):
-            return ".".join(parts[:n])
+# Inside ``rowstore/db/`` (docs/ARCHITECTURE.md, "rowstore"): the registry and the home of
+# background tasks are shared by every part; reads, writes, background work and serving import
+# those, and the last two ``read/``'s watermarks and leases; only ``database.py`` assembles.
+DB_PARTS = {
+    "rowstore.db.registry": set(),
+    "rowstore.db.tasks": set(),
+    "rowstore.db.write": {"rowstore.db.registry", "rowstore.db.tasks"},
+    "rowstore.db.read": {"rowstore.db.registry", "rowstore.db.tasks"},
+    "rowstore.db.background": {"rowstore.db.registry", "rowstore.db.tasks", "rowstore.db.read"},
+    "rowstore.db.serving": {"rowstore.db.registry", "rowstore.db.tasks", "rowstore.db.read"},
+    "rowstore.db.database": {"rowstore.db.registry", "rowstore.db.tasks", "rowstore.db.write", "rowstore.db.read",
+                             "rowstore.db.background", "rowstore.db.serving"},
+}
+
+
+def _part(m: str, parts: dict, package: str) -> str | None:
+    """The part of ``parts`` module ``m`` belongs to (the package itself is a part of its own)."""
+    if m == package:
+        return m
+    names = m.split(".")
+    for n in range(len(names), 0, -1):
+        if ".".join(names[:n]) in parts:
+            return ".".join(names[:n])
     return None
 
 
-def test_node_parts_import_only_what_they_may():
-    mods = _modules()
-    unplaced = sorted(m for m in mods if m.startswith("node.") and _part(m) is None)
-    assert not unplaced, f"modules of node/ in no part of NODE_PARTS: {unplaced}"
+def _across_parts(package: str, parts: dict) -> tuple[list[str], list[str]]:
+    """(modules of ``package`` in no part, imports from one part to another it may not import)."""
+    inside = [m for m in _modules() if m == package or m.startswith(package + ".")]
+    unplaced = sorted(m for m in inside if _part(m, parts, package) is None)
     bad = []
     for m, deps in _graph().items():
-        if not m.startswith("node."):
+        mine = _part(m, parts, package) if m in inside else None
+        if mine is None or mine == package:
             continue
-        mine = _part(m)
         for d in deps:
-            theirs = _part(d) if d.startswith("node.") else None
-            if theirs is not None and theirs != mine and theirs not in NODE_PARTS[mine]:
+            theirs = _part(d, parts, package) if d == package or d.startswith(package + ".") else None
+            if theirs is not None and theirs != mine and theirs not in parts[mine]:
                 bad.append(f"{m} imports {d}")
-    assert not bad, "imports across node/'s parts against NODE_PARTS:\n" + "\n".join(sorted(bad))
+    return unplaced, sorted(bad)
+
+
+def test_node_parts_import_only_what_they_may():
+    unplaced, bad = _across_parts("node", NODE_PARTS)
+    assert not unplaced, f"modules of node/ in no part of NODE_PARTS: {unplaced}"
+    assert not bad, "imports across node/'s parts against NODE_PARTS:\n" + "\n".join(bad)
+
+
+def test_db_parts_import_only_what_they_may():
+    unplaced, bad = _across_parts("rowstore.db", DB_PARTS)
+    assert not unplaced, f"modules of rowstore/db/ in no part of DB_PARTS: {unplaced}"
+    assert not bad, "imports across rowstore/db/'s parts against DB_PARTS:\n" + "\n".join(bad)
 
 
 def test_no_node_module_over_450_lines():

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from node.wire import rows_to_table
 from node.http.fast_encoder import NotFast, encoder, index_key
 from rowstore.codec.rows import encode_rows
-from rowstore.db.committer import _filler
+from rowstore.db.write.committer import _filler
 from rowstore.errors import RowValidationError
 from rowstore.schema import parse_schema
 from rowstore.tables.conform import TS_RANGE_US, conform

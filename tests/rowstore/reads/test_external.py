@@ -8,7 +8,7 @@ from rowstore.reads.external import read_segment, schemas_lookup
 from rowstore.reads.plan import ReadPlan
 from rowstore.reads.predicates import parse_bbox, parse_where
 from tests.rowstore.tables_world import rows
-from tests.rowstore.test_database import make
+from tests.rowstore.db.test_database import make
 
 
 async def plan_rows(db, plan: ReadPlan, where=None, bbox=None) -> pa.Table:

@@ -11,15 +11,16 @@ from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
 from rowstore.segments.active import split_rowids
 from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegmentStore, SegState
-from rowstore.db.leases import Leases
-from rowstore.db.offloaded_reads import plan_offloaded, query_offloaded, read_watermarks
-from rowstore.db.reads import Reader, candidates, finish
+from rowstore.db.read.leases import Leases
+from rowstore.db.registry import TableRegistry
+from rowstore.db.read.leaderless import plan_offloaded, query_offloaded, read_watermarks
+from rowstore.db.read.reader import Reader, candidates, finish
 from terrafs.fs import TerrascaleFS
 
 
 class ExternalReads:
-    def __init__(self, fs: TerrascaleFS, store: SegmentStore, reader: Reader, leases: Leases):
-        self.fs, self.store, self.reader, self.leases = fs, store, reader, leases
+    def __init__(self, fs: TerrascaleFS, store: SegmentStore, tables: TableRegistry, reader: Reader, leases: Leases):
+        self.fs, self.store, self.tables, self.reader, self.leases = fs, store, tables, reader, leases
 
     async def changed_ts(self, table_id: str, T: int) -> int:
         """min(T, the newest commit_ts of the table's segments): every commit of the table at or
@@ -75,7 +76,7 @@ class ExternalReads:
         lease = await self.leases.acquire(sorted(recs), lease_s, request_id) if partitions is None else ""
         # every version the table has had, not only those up to T: a segment may hold rows written
         # after T with a newer schema (invisible at T, but a reader still walks past them)
-        latest = await self.reader.tables.latest_def(c.d)
+        latest = await self.tables.latest_def(c.d)
         versions = tuple(c.schemas(v) for v in latest.history if _has(c.schemas, v))
         return ReadPlan(c.T, c.d.name, c.d.table_id, c.d.schema, versions, self.fs.objects.uri,
                         self.fs.kek is not None, tuple(sealed), () if sealed_only else tuple(sorted(tail)), lease)

@@ -12,7 +12,7 @@ import logging
 import time
 
 from rowstore.errors import FencedError, UnavailableError
-from rowstore.db.offloaded_reads import read_watermark
+from rowstore.db.read.leaderless import read_watermark
 from rowstore.replication.follower import ReplicaStore
 from rowstore.replication.leader import Shipper, Transport
 from rowstore.replication.position import NOTHING, Position, rep_key

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from catalog.abc import Check, Delete, Put
-from rowstore.db.leases import Leases
+from rowstore.db.read.leases import Leases
 from rowstore.db.registry import TableRegistry
 from rowstore.errors import ConflictError, UnavailableError
 from rowstore.hlc import ms_of
@@ -27,7 +27,7 @@ from rowstore.index.key_index import Manifest
 from rowstore.index.key_memtable import TOMBSTONE
 from rowstore.segments.active import rowids as make_rowids
 from rowstore.segments.relocate import ClusterSpec, mark_live, piece_stream, plan_copy, read_live
-from rowstore.db.offloaded_reads import WATERMARK_PREFIX
+from rowstore.db.read.leaderless import WATERMARK_PREFIX
 from rowstore.replication.epochs import EPOCHS_PREFIX
 from rowstore.segments.store import PENDING_PREFIX, SegmentRecord, SegmentStore, SegState
 from rowstore.tables.definitions import TableCatalog, TableDef

@@ -6,6 +6,7 @@ vectorized, the column index narrowing candidates that are then re-checked exact
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -60,13 +61,14 @@ class _PointTable:
 
 class Reader:
     def __init__(self, store: SegmentStore, definitions: TableCatalog, tables: TableRegistry, clock: HybridClock,
-                 timeline: Timeline, tasks: BackgroundTasks, retention_ms: int, closed_wait_s: float,
-                 purge_lag_ms: int = PURGE_LAG_MS):
+                 timeline: Timeline, tasks: BackgroundTasks, leases_of: Callable[[str, Iterable[int]], None],
+                 retention_ms: int, closed_wait_s: float, purge_lag_ms: int = PURGE_LAG_MS):
+        """``leases_of(table id, pids)`` raises when a replicated partition among ``pids`` is
+        led here without a current lease (the leader's reads need a majority, RFC 0010 §5)."""
         self.store, self.definitions, self.tables = store, definitions, tables
-        self.clock, self.timeline, self.tasks = clock, timeline, tasks
+        self.clock, self.timeline, self.tasks, self.leases_of = clock, timeline, tasks, leases_of
         self.retention_ms, self.closed_wait_s, self.purge_lag_ms = retention_ms, closed_wait_s, purge_lag_ms
         self._points: dict[str, _PointTable] = {}  # name -> what a point read at the present needs
-        self.leases_of = lambda table_id, pids: None  # raises for a replicated partition without a lease
 
     def horizon(self) -> int:
         """The retention horizon: a caller's ``as_of`` below it is refused (410)."""

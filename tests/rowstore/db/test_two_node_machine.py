@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from catalog.memory import MemoryCatalog
 from rowstore.db.database import Database, TablesConfig
-from rowstore.db.gc import GcConfig
+from rowstore.db.background.gc import GcConfig
 from rowstore.hlc import ms_of, ts_from_ms
 from rowstore.index.key_memtable import encode_keys
 from rowstore.tables.keys import partition_of
@@ -170,7 +170,7 @@ class TwoNodeMachine(RuleBasedStateMachine):
     @rule(pid=st.integers(0, PARTS - 1))
     def move(self, pid):
         """The partition's node releases it, the placement switches (epoch + 1), the other
-        node takes it (rowstore.db.handoff)."""
+        node takes it (rowstore.db.serving.handoff)."""
         src, epoch = self.world.place[pid]
         dst = NODES[1 - NODES.index(src)]
         self.run(self.db(src).handoffs.release(self.d, pid))

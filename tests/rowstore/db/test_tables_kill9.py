@@ -26,7 +26,7 @@ CHILD = textwrap.dedent("""
     import asyncio, sys, time
     import terrafs.fs
     from rowstore.index.key_index import PartitionIndex
-    from tests.rowstore.test_tables_kill9 import open_db, batch_of
+    from tests.rowstore.db.test_tables_kill9 import open_db, batch_of
 
     real_fp, real_collect = terrafs.fs.failpoint, PartitionIndex._collect
 

@@ -1,4 +1,4 @@
-"""This node's share of a batch coordinated elsewhere (rowstore.db.participant, RFC 0010 §3):
+"""This node's share of a batch coordinated elsewhere (rowstore.db.write.participant, RFC 0010 §3):
 an abort that arrives while the prepare's append is still in flight (the coordinator went
 silent, the timeout fired) must roll the localids back once the append lands — otherwise the
 log's next rows are numbered from a base replay will not use, and the key index points rows
@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from catalog.abc import Check, Put
-from rowstore.db.committer import COMMITTED, txn_key
+from rowstore.db.write.committer import COMMITTED, txn_key
 from rowstore.errors import UnavailableError
 from rowstore.segments.wal import DECIDED, SPANS_NODES
 from terrafs.catalog_ops import commit

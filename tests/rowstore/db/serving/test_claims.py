@@ -11,7 +11,7 @@ import pytest
 from rowstore.errors import ConflictError, FencedError
 from rowstore.index.key_index import Claim, Manifest
 from rowstore.tables.partition import manifest_key
-from tests.rowstore.test_handoff import Two, ids_and_v
+from tests.rowstore.db.serving.test_handoff import Two, ids_and_v
 from tests.rowstore.tables_world import SCHEMA, rows
 
 
@@ -91,7 +91,7 @@ async def test_a_collector_leaves_partitions_it_does_not_serve_alone():
 async def test_a_dropped_table_is_reclaimed_once_by_one_node():
     """Both nodes run passes after a drop: one takes the reclaim row and deletes the objects
     and indexes; the other deletes only its own local segments; nothing fails, nothing is left."""
-    from rowstore.db.gc import RECLAIM_PREFIX
+    from rowstore.db.background.gc import RECLAIM_PREFIX
 
     w = Two()
     n1, n2 = await w.start("n1"), await w.start("n2")

@@ -17,7 +17,7 @@ import pyarrow as pa
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from rowstore.db.gc import GcConfig
+from rowstore.db.background.gc import GcConfig
 from rowstore.errors import HistoryPurgedError
 from rowstore.hlc import ms_of, ts_from_ms
 from rowstore.index import key_run

@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rowstore.db.gc import GcConfig
+from rowstore.db.background.gc import GcConfig
 from rowstore.segments.store import SegState
 from terrafs.failpoints import FailPointCrash, armed
 from tests.rowstore.tables_world import SCHEMA, TablesWorld, rows

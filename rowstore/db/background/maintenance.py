@@ -8,7 +8,7 @@ import logging
 import time
 from typing import Callable
 
-from rowstore.db.offloaded_reads import advance_from
+from rowstore.db.read.leaderless import advance_from
 from rowstore.segments.store import SegmentRecord, SegmentStore
 from rowstore.tables.definitions import TableCatalog
 from rowstore.timeline import Timeline
@@ -20,11 +20,12 @@ WATERMARK_EVERY_S = 10.0
 
 class Maintenance:
     def __init__(self, store: SegmentStore, definitions: TableCatalog, tables: TableRegistry, timeline: Timeline,
-                 memtable_budget: int, horizon: Callable[[], int]):
+                 memtable_budget: int, horizon: Callable[[], int], monotonic: Callable[[], float] = time.monotonic):
+        """``horizon()``: what merges may purge below; ``monotonic``: the time idle partitions'
+        watermarks are paced by (a simulation runs it on virtual time)."""
         self.store, self.definitions, self.tables, self.timeline = store, definitions, tables, timeline
-        self.memtable_budget, self.horizon = memtable_budget, horizon
+        self.memtable_budget, self.horizon, self.monotonic = memtable_budget, horizon, monotonic
         self._marked: dict[tuple[str, int], float] = {}  # (table id, pid) -> when its watermark last moved
-        self.monotonic = time.monotonic  # injectable (Database)
 
     def memtable_bytes(self) -> int:
         return sum(p.mem_bytes for p in self.tables.partitions())

@@ -1,4 +1,4 @@
-"""A one-copy partition moved between two nodes through the object store (rowstore.db.handoff):
+"""A one-copy partition moved between two nodes through the object store (rowstore.db.serving.handoff):
 every acknowledged row and every past version readable on the new node, writes refused on the
 old one from the release on, the new node's commits above the old ones, and a restart of
 either side keeping it where the placement says."""

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from pyroaring import BitMap
 
-from rowstore.db.gc import GcConfig
-from rowstore.db.offloaded_reads import read_watermark
+from rowstore.db.background.gc import GcConfig
+from rowstore.db.read.leaderless import read_watermark
 from rowstore.errors import UnavailableError
 from tests.rowstore.tables_world import SCHEMA, TablesWorld, rows
 
@@ -109,7 +109,7 @@ async def test_the_watermark_stops_below_a_sealed_segment_not_offloaded():
     await db.seal()
     first = min((r for r in await db.store.list(table=d.table_id)), key=lambda r: r.seq)
     await db.store.offload(first.segid, d.schema, await db.tables.schemas_of(d))
-    from rowstore.db.offloaded_reads import advance_watermark
+    from rowstore.db.read.leaderless import advance_watermark
     wm = await advance_watermark(db.store, db.timeline, d.table_id, 0)
     assert wm is not None and t1 <= wm.ts < t2, (t1, wm, t2)
     await same_as_index_one(db, t1)

@@ -21,7 +21,7 @@ import logging
 import time
 
 from catalog.errors import CatalogError
-from rowstore.db.offloaded_reads import read_watermark
+from rowstore.db.read.leaderless import read_watermark
 from rowstore.errors import RowstoreError, UnavailableError
 from rowstore.segments.store import SegmentStore, SegState
 from rowstore.tables.definitions import TableDef

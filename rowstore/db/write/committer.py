@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import secrets
 from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +51,22 @@ def txn_key(txn: int) -> str:
     return f"{TXN_PREFIX}{txn:016x}"
 
 
+async def decided(catalog: Catalog, txn: int) -> bool:
+    """Whether prepared batch ``txn`` committed: as the catalog says; an undecided one is
+    aborted there (by compare-and-set: a late coordinator cannot commit it). What recovery,
+    and a new leader adopting a replicated partition's log, ask of a segment ending in a
+    prepared batch."""
+    key = txn_key(txn)
+    for _ in range(10):
+        e = await catalog.get(key)
+        if e is not None:
+            return e.value == COMMITTED
+        res = await commit(catalog, [Check(key, 0)], [Put(key, ABORTED)])
+        if res.committed:
+            return False
+    raise ConflictError(f"cannot decide transaction {key}")
+
+
 @dataclass
 class _Member:
     """A multi-partition batch waiting in its table's commit queue."""
@@ -80,9 +97,11 @@ class _Prepared:
 
 class Committer:
     def __init__(self, catalog: Catalog, definitions: TableCatalog, tables: TableRegistry, timeline: Timeline,
-                 tasks: BackgroundTasks):
+                 tasks: BackgroundTasks, step_down: Callable[[str, int], Awaitable]):
+        """``step_down(table id, pid)``: the leader of a replicated partition whose write missed
+        its ack timeout steps down (started in the background, :meth:`_bounded`)."""
         self.catalog, self.definitions, self.tables = catalog, definitions, tables
-        self.timeline, self.tasks = timeline, tasks
+        self.timeline, self.tasks, self.step_down = timeline, tasks, step_down
         self._decided: list[str] = []  # txn keys decided committed at recovery
         self._groups: dict[str, list] = {}  # table id -> multi-partition batches waiting to commit
         self._leading: set[str] = set()  # table ids whose group committer is running
@@ -90,7 +109,6 @@ class Committer:
         # A write to a replicated partition waits this long for a majority of its replicas, then
         # answers "unavailable" (the batch may still become durable and visible later).
         self.ack_timeout_s = 10.0
-        self.stalled = None  # (table id, pid) -> None: a replicated partition missed its ack timeout
 
     # -- recovery -----------------------------------------------------------------------------
 
@@ -101,17 +119,10 @@ class Committer:
         ``keep``: the decision must stay in the catalog — the segment is one copy of a
         replicated partition's log (RFC 0010 §5), and the copy that leads it next may hold the
         prepared batch without this COMMIT and decide again."""
-        key = txn_key(txn)
-        for _ in range(10):
-            e = await self.catalog.get(key)
-            if e is not None:
-                if e.value == COMMITTED and not txn & SPANS_NODES and not keep:
-                    self._decided.append(key)  # every share of it is on this node
-                return e.value == COMMITTED
-            res = await commit(self.catalog, [Check(key, 0)], [Put(key, ABORTED)])
-            if res.committed:
-                return False
-        raise ConflictError(f"cannot decide transaction {key}")
+        committed = await decided(self.catalog, txn)
+        if committed and not txn & SPANS_NODES and not keep:
+            self._decided.append(txn_key(txn))  # every share of it is on this node
+        return committed
 
     async def forget_recovered(self) -> None:
         """After recovery every participant is local and has its COMMIT: drop the decisions."""
@@ -349,7 +360,7 @@ class Committer:
 
     async def _bounded(self, fut: asyncio.Future, parts: list[Partition]):
         """``fut``'s result, or UnavailableError after the ack timeout. Then the partitions'
-        leader steps down (``stalled``): its writes in flight fail and its timestamps end, so
+        leader steps down (``step_down``): its writes in flight fail and its timestamps end, so
         the node's closed timestamp — and every other partition's writes — go on; the
         partition is unavailable until an election with a majority of its replicas."""
         try:
@@ -357,8 +368,8 @@ class Committer:
         except asyncio.TimeoutError:
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no "never retrieved" noise
             for part in parts:
-                if self.stalled is not None and (part.table_id, part.pid) in part.store.shippers:
-                    self.stalled(part.table_id, part.pid)
+                if (part.table_id, part.pid) in part.store.shippers:
+                    self.tasks.spawn(self.step_down(part.table_id, part.pid))
             raise UnavailableError(f"no majority of the partition's replicas acknowledged the write within "
                                    f"{self.ack_timeout_s:g} s; it may still be applied (upserts are safe to retry)"
                                    ) from None
