@@ -61,8 +61,7 @@ class NodeReplication:
         self.node, self.cfg = node, node.cfg
         self.db, self.cluster = node.db, node.cluster
         self.me = self.cfg.node_id
-        self.lease_s = self.cfg.failure_timeout_s / 2
-        self.db.replicas.lease_s = self.lease_s
+        self.lease_s = self.db.replicas.lease_s  # failure_timeout / 2, given the database (node/daemon/lifecycle.py)
         self.transport = HttpTransport(self.cluster, max(self.cfg.failure_timeout_s, 1.0))
         self.counter = int(time.time() * 1000)  # grows across restarts too
         self._seen: dict[str, tuple[bytes, float]] = {}  # node -> (counter, monotonic when it moved)

@@ -113,14 +113,13 @@ class Node:
                                                  memtable_bytes=c.memtable_bytes,
                                                  retention_ms=int(c.retention_s * 1000),
                                                  purge_lag_ms=int(c.purge_lag_s * 1000),
-                                                 gc=GcConfig(c.gc_min_garbage, c.gc_grace_s, c.gc_max_bytes_per_run)),
-                           now_ms=skewed_wall_clock())
+                                                 gc=GcConfig(c.gc_min_garbage, c.gc_grace_s, c.gc_max_bytes_per_run),
+                                                 ack_timeout_s=c.ack_timeout_s,
+                                                 replica_lease_s=c.failure_timeout_s / 2),
+                           now_ms=skewed_wall_clock(), coordinator_gone=self.cluster.gone,
+                           lost=frozenset(report.recreated) | frozenset(report.missing))
         self.cluster.on_change = self.db.forget_cached_definitions
         self.cluster.leading = lambda tid, pid: self.db.leadership.shipper(tid, pid) is not None
-        self.db.participant.gone = self.cluster.gone
-        self.db.committer.ack_timeout_s = c.ack_timeout_s
-        lost = set(report.recreated) | set(report.missing)
-        self.db.replicas.lost = self.db.store.lost = lost
         await self._check_missing(set(report.missing))
         await self._open_db()
         self._stack.push_async_callback(self._close_db)

@@ -57,14 +57,23 @@ class TablesConfig:
     closed_wait_s: float = 2.0
     purge_lag_ms: int = PURGE_LAG_MS  # how far purges trail the retention horizon (reads.py)
     resume_free_bytes: int = 64 << 20  # free space on the block device before writes resume
+    ack_timeout_s: float = 10.0  # a replicated write waits this long for a majority (then 503)
+    prepare_timeout_s: float = 10.0  # a prepared batch whose coordinator is silent: decided from the catalog
+    replica_lease_s: float = 1.0  # a follower refuses another leader this long after hearing one
     gc: GcConfig = GcConfig()
 
 
 class Database:
-    def __init__(self, fs: TerrascaleFS, cfg: TablesConfig = TablesConfig(), now_ms=None, monotonic=None):
+    def __init__(self, fs: TerrascaleFS, cfg: TablesConfig = TablesConfig(), now_ms=None, monotonic=None,
+                 coordinator_gone=None, lost: frozenset[int] = frozenset()):
         """``now_ms``: the wall clock in ms (default the system's); every horizon, closed
         timestamp and commit timestamp of this database reads it. ``monotonic``: the clock of
         replication leases (default ``time.monotonic``; a simulation gives virtual time).
+        ``coordinator_gone``: ``async (coordinator) -> bool``, whether a cross-node batch's
+        coordinator is gone (the node's cluster view): its prepared batch is then decided at
+        once instead of after ``cfg.prepare_timeout_s``. ``lost``: inodes whose local files the
+        file system's recovery found gone or recreated empty (a lost block device): a
+        replicated partition's copies among them hold nothing.
 
         The one place the parts are made: in dependency order, each given everything it uses
         when it is made, none wired to another afterwards. Serving comes first of the parts
@@ -78,18 +87,18 @@ class Database:
         self.timeline = Timeline(self.clock)
         self.tasks = BackgroundTasks()
         self.catalog_tables = TableCatalog(self.catalog, self.clock)
-        self.store = SegmentStore(fs, seal_bytes=cfg.seal_bytes)  # each read passes its table's schemas
+        self.store = SegmentStore(fs, seal_bytes=cfg.seal_bytes, lost=lost)  # each read passes its table's schemas
         self.tables = TableRegistry(self.catalog_tables, self.store, self.clock.observe)
         # serving/
-        self.replicas = ReplicaStore(fs, monotonic=monotonic, resume_free_bytes=cfg.resume_free_bytes)
+        self.replicas = ReplicaStore(fs, cfg.replica_lease_s, monotonic, cfg.resume_free_bytes, lost)
         self.leadership = Leadership(self.store, self.replicas, self.tables, partial(decided, self.catalog),
                                      self.clock.observe, self.clock.present, monotonic)
         self.handoffs = Handoffs(self.store, self.tables, self.clock.observe)
         # write/
         self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks,
-                                   self.leadership.demote)
+                                   self.leadership.demote, cfg.ack_timeout_s)
         self.participant = Participant(self.catalog, self.catalog_tables, self.committer, self.timeline,
-                                       self.tasks)
+                                       self.tasks, cfg.prepare_timeout_s, coordinator_gone)
         # read/
         self.reader = Reader(self.store, self.catalog_tables, self.tables, self.clock, self.timeline, self.tasks,
                              self.leadership.check_lease, cfg.retention_ms, cfg.closed_wait_s, cfg.purge_lag_ms)

@@ -65,14 +65,14 @@ class ReplicaStore:
     """This node's follower side: appends, fences, promotion hand-over, clean-up."""
 
     def __init__(self, fs: TerrascaleFS, lease_s: float = 1.0, monotonic=time.monotonic,
-                 resume_free_bytes: int = 64 << 20):
+                 resume_free_bytes: int = 64 << 20, lost: frozenset[int] = frozenset()):
         self.fs, self.catalog, self.node = fs, fs.catalog, fs.cfg.node_id
         self.lease_s = lease_s
         self.monotonic = monotonic  # leases and contact ages (a simulation runs it on virtual time)
         self.resume_free_bytes = resume_free_bytes  # free space before a copy that hit a full device takes writes
         self._reps: dict[tuple[str, int], _Replica] = {}
         self._loading: dict[tuple[str, int], asyncio.Lock] = {}
-        self.lost: set[int] = set()  # inodes whose local files were found missing at start
+        self.lost: set[int] = set(lost)  # inodes whose local files were found missing at start
 
     async def replica(self, table_id: str, pid: int) -> _Replica:
         r = self._reps.get((table_id, pid))

@@ -39,9 +39,10 @@ class SegmentStore(Handover):
     """One node's view of the row store: its active segments and every sealed one."""
 
     def __init__(self, fs: TerrascaleFS, schemas: Callable[[int], SchemaVersion] | None = None,
-                 seal_bytes: int = 256 << 20):
+                 seal_bytes: int = 256 << 20, lost: frozenset[int] = frozenset()):
         """``schemas``: version id -> SchemaVersion, for reads that pass none. A node's store has
-        none: its tables each have their own history, and every read passes that table's."""
+        none: its tables each have their own history, and every read passes that table's.
+        ``lost``: inodes the file system's recovery found gone or recreated empty."""
         self.fs, self.catalog = fs, fs.catalog
         self.schemas = schemas
         self.seal_bytes = seal_bytes
@@ -56,7 +57,7 @@ class SegmentStore(Handover):
         self._parts: dict[int, tuple[str, int]] = {}  # segid -> (table, partition) of open segments
 
         self.epochs: dict[tuple[str, int], int] = {}  # their epochs (new segment rows carry it)
-        self.lost: set[int] = set()  # inodes whose local files were gone at start (a lost block device)
+        self.lost: set[int] = set(lost)  # inodes whose local files were gone at start (a lost block device)
         self.not_led: set[tuple[str, int]] = set()  # replicated partitions this node stopped leading
 
     async def open(self, decide=None) -> list[int]:

@@ -140,10 +140,9 @@ class Node:
         fs = TerrascaleFS(self.w.catalog, self.block, self.volatile, self.w.objects,
                           config=FsConfig(node_id=self.name, flush=ActiveConfig(flush_ms=0.5), page_size=0))
         await fs.open()
-        db = Database(fs, TablesConfig(partitions=PARTS), now_ms=self.now_ms, monotonic=self.w.loop.time)
-        db.replicas.lease_s = LEASE_S
-        db.committer.ack_timeout_s = 2.0
-        db.participant.timeout_s = 2.0  # a coordinator silent this long: decided from the catalog
+        cfg = TablesConfig(partitions=PARTS, ack_timeout_s=2.0, replica_lease_s=LEASE_S,
+                           prepare_timeout_s=2.0)  # a coordinator silent this long: decided from the catalog
+        db = Database(fs, cfg, now_ms=self.now_ms, monotonic=self.w.loop.time)
 
         async def owns(d):
             return {}  # replicated: served only once promoted

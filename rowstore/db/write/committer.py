@@ -97,7 +97,7 @@ class _Prepared:
 
 class Committer:
     def __init__(self, catalog: Catalog, definitions: TableCatalog, tables: TableRegistry, timeline: Timeline,
-                 tasks: BackgroundTasks, step_down: Callable[[str, int], Awaitable]):
+                 tasks: BackgroundTasks, step_down: Callable[[str, int], Awaitable], ack_timeout_s: float = 10.0):
         """``step_down(table id, pid)``: the leader of a replicated partition whose write missed
         its ack timeout steps down (started in the background, :meth:`_bounded`)."""
         self.catalog, self.definitions, self.tables = catalog, definitions, tables
@@ -108,7 +108,7 @@ class Committer:
         self._applying: dict[str, asyncio.Task] = {}  # table id -> its last decided group's finish
         # A write to a replicated partition waits this long for a majority of its replicas, then
         # answers "unavailable" (the batch may still become durable and visible later).
-        self.ack_timeout_s = 10.0
+        self.ack_timeout_s = ack_timeout_s
 
     # -- recovery -----------------------------------------------------------------------------
 

@@ -70,13 +70,13 @@ class Reserved:
 
 class Participant:
     def __init__(self, catalog: Catalog, definitions: TableCatalog, committer: Committer, timeline: Timeline,
-                 tasks: BackgroundTasks, timeout_s: float = 10.0):
+                 tasks: BackgroundTasks, timeout_s: float = 10.0, gone=None):
         self.catalog, self.definitions, self.committer = catalog, definitions, committer
         self.timeline, self.tasks, self.timeout_s = timeline, tasks, timeout_s
         self._held: dict[int, _Prepared] = {}
         # async (coordinator) -> True when it is gone (unreachable or restarted since): then a
-        # held batch is resolved at once instead of after ``timeout_s`` (set by the node)
-        self.gone = None
+        # held batch is resolved at once instead of after ``timeout_s`` (the node's cluster view)
+        self.gone = gone
 
     @property
     def held(self) -> int:
