@@ -16,7 +16,7 @@ int64 key, two float64, a timestamp, a ~95-byte string) are upserted into a real
 The Python reader gets no column pruning from pyspark 4.3 (it decodes every column); the JVM
 reader and Parquet prune by themselves. Where the JVM reader's time goes (fetching object
 bytes, verifying checksums, decrypting, decompressing, decoding rows) is summed over its tasks
-(``io.terrascale.spark.Timings``; local mode runs them in the driver's JVM).
+(``io.terrascale.spark.source.Timings``; local mode runs them in the driver's JVM).
 
 Steady state: the session is started once and each DataFrame is created (and planned) by a
 warm-up run; the median of three timed runs counts. Peak memory is the largest sum of resident
@@ -207,7 +207,7 @@ def measure(df, fn, exclude: set[int]) -> tuple[float, int, float]:
 
 
 def _timings(spark) -> dict:
-    text = spark._jvm.io.terrascale.spark.Timings.snapshot()
+    text = spark._jvm.io.terrascale.spark.source.Timings.snapshot()
     return {k: int(v) for k, v in (kv.split("=") for kv in text.split())}
 
 
@@ -240,7 +240,7 @@ async def main() -> list[Result]:
         exclude = {node.proc.pid}
         results, breakdown = [], []
         for name, fn in WORKLOADS:
-            spark._jvm.io.terrascale.spark.Timings.reset()
+            spark._jvm.io.terrascale.spark.source.Timings.reset()
             t_jvm, m_jvm, first_jvm = measure(sides["jvm"], fn, exclude)
             steps = _timings(spark)  # warm-up + timed runs
             t_py, m_py, first_py = measure(sides["python"], fn, exclude)

@@ -19,7 +19,7 @@ __all__ = ["register", "jvm_jar", "jvm_reader", "TerrascaleDataSource"]
 import os
 
 _JAR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jvm", "build", "terrascale-spark.jar")
-JVM_PROVIDER = "io.terrascale.spark.TerrascaleProvider"
+JVM_PROVIDER = "io.terrascale.spark.source.TerrascaleProvider"
 
 
 def jvm_jar() -> str | None:

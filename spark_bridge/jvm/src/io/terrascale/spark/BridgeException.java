@@ -1,19 +1,18 @@
 package io.terrascale.spark;
 
-/** The one error type of the JVM reader: options, the node's answers, objects that fail checks. */
-class BridgeException extends RuntimeException {
-    BridgeException(String message) {
+/**
+ * The JVM reader's error (as spark_bridge/errors.py is the Python side's): bad options, the
+ * node's refusals, objects that fail a check. Every layer throws it or a subclass, with one line
+ * that says what to do.
+ */
+public class BridgeException extends RuntimeException {
+    private static final long serialVersionUID = 1L;
+
+    public BridgeException(String message) {
         super(message);
     }
 
-    BridgeException(String message, Throwable cause) {
+    public BridgeException(String message, Throwable cause) {
         super(message, cause);
-    }
-}
-
-/** An object (or a block of it) that fails a check of docs/format/: names the object and offset. */
-class CorruptObjectException extends BridgeException {
-    CorruptObjectException(String where, long offset, String what) {
-        super("corrupt object " + where + " at offset " + offset + ": " + what);
     }
 }

@@ -1,19 +1,13 @@
-package io.terrascale.spark;
+package io.terrascale.spark.format;
 
 import com.github.luben.zstd.ZstdDecompressCtx;
+import io.terrascale.spark.BridgeException;
+import io.terrascale.spark.CorruptObjectException;
 import java.io.IOException;
-import java.io.InputStream;
-import java.io.RandomAccessFile;
-import java.net.URI;
-import java.net.http.HttpClient;
-import java.net.http.HttpRequest;
-import java.net.http.HttpResponse;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.security.GeneralSecurityException;
-import java.security.MessageDigest;
-import java.time.Duration;
 import java.util.Arrays;
 import java.util.zip.CRC32C;
 import javax.crypto.Cipher;
@@ -24,9 +18,9 @@ import javax.crypto.spec.SecretKeySpec;
  * A TerrascaleFS sealed file read straight from its object: docs/format/terrafs.md §1 (block
  * records) and §3 (sealed file: blocks, key section, block map, 96-byte footer). Every block's
  * header and payload checksum is verified, then it is decrypted (AES-256-GCM) and decompressed
- * (zstd). Every constant below is part of the file format.
+ * (zstd). Every constant below is part of the file format. One thread reads an object.
  */
-final class SealedObject implements AutoCloseable {
+public final class SealedObject implements AutoCloseable {
     static final byte[] SEAL_MAGIC = "TRFSSEAL".getBytes(StandardCharsets.US_ASCII);
     static final int FOOTER_LEN = 96;
     static final int MAP_ENTRY = 24;
@@ -35,103 +29,31 @@ final class SealedObject implements AutoCloseable {
     static final int AAD_LEN = 28;
     static final int F_ZSTD = 0x01, F_AESGCM = 0x02, F_PAD = 0x08;
     static final int MAX_BLOCK_SIZE = 1 << 20;
-    static final byte[] WRAP_AAD = "TRFS-DEK".getBytes(StandardCharsets.US_ASCII);
 
-    /** Where the object's bytes come from: a local file or an HTTP(S) URL (an S3 presigned GET). */
-    interface Source extends AutoCloseable {
-        byte[] read(long offset, int length) throws IOException;
-
-        @Override
-        void close() throws IOException;
-    }
-
-    static final class FileSource implements Source {
-        private final RandomAccessFile f;
-
-        FileSource(String path) throws IOException {
-            f = new RandomAccessFile(path, "r");
-        }
-
-        @Override
-        public byte[] read(long offset, int length) throws IOException {
-            byte[] out = new byte[length];
-            f.seek(offset);
-            f.readFully(out);
-            return out;
-        }
-
-        @Override
-        public void close() throws IOException {
-            f.close();
-        }
-    }
-
-    static final class UrlSource implements Source {
-        private final URI url;
-        private final HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(30)).build();
-
-        UrlSource(String url) {
-            this.url = URI.create(url);
-        }
-
-        @Override
-        public byte[] read(long offset, int length) throws IOException {
-            HttpRequest req = HttpRequest.newBuilder(url).header("Range", "bytes=" + offset + "-" + (offset + length - 1))
-                    .GET().build();
-            for (int attempt = 0; ; attempt++) {
-                try {
-                    HttpResponse<InputStream> r = http.send(req, HttpResponse.BodyHandlers.ofInputStream());
-                    try (InputStream in = r.body()) {
-                        if (r.statusCode() >= 500 && attempt < 3) {
-                            in.readAllBytes();
-                            Thread.sleep(200L << attempt);
-                            continue;
-                        }
-                        if (r.statusCode() != 206 && r.statusCode() != 200) {
-                            String text = new String(in.readNBytes(300), StandardCharsets.UTF_8);
-                            throw new IOException("GET " + url.getPath() + " bytes " + offset + "+" + length + ": HTTP "
-                                    + r.statusCode() + " " + text);
-                        }
-                        byte[] out = in.readAllBytes();
-                        if (out.length != length) {
-                            throw new IOException("short ranged read of " + url.getPath() + ": " + out.length
-                                    + " of " + length + " bytes");
-                        }
-                        return out;
-                    }
-                } catch (InterruptedException e) {
-                    Thread.currentThread().interrupt();
-                    throw new IOException("interrupted", e);
-                }
-            }
-        }
-
-        @Override
-        public void close() {}
-    }
-
-    final String where;
-    private final Source src;
-    final long objectSize;
-    final int inode;
-    final long logicalSize;
+    private final String where;
+    private final ByteSource src;
+    private final int inode;
+    private final long logicalSize;
     private final long[] logical;
     private final long[] physical;
     private final int[] recLen;
     private final int[] rawLen;
     private final SecretKeySpec dataKey;
     private final ZstdDecompressCtx zstd = new ZstdDecompressCtx(); // one context per object, not per block
-    /** Nanoseconds spent per step, for the benchmark's breakdown: fetch, verify, decrypt, decompress. */
-    final long[] nanos = new long[4];
+    private final StepNanos nanos = new StepNanos();
 
-    SealedObject(String where, Source src, long objectSize, byte[] kek, byte[] dataKey) throws IOException {
+    /**
+     * Opens the object {@code where} (for messages) of {@code objectSize} bytes: its footer, key
+     * section and block map. An encrypted object's data key is {@code dataKey} when the plan gave it,
+     * else unwrapped with {@code kek}.
+     */
+    public SealedObject(String where, ByteSource src, long objectSize, Kek kek, byte[] dataKey) throws IOException {
         this.where = where;
         this.src = src;
-        this.objectSize = objectSize;
         if (objectSize < FOOTER_LEN) throw corrupt(0, "object too short for a sealed-file footer");
         long at = objectSize - FOOTER_LEN;
         ByteBuffer f = le(src.read(at, FOOTER_LEN));
-        if (!Arrays.equals(Arrays.copyOfRange(f.array(), 0, 8), SEAL_MAGIC)) throw corrupt(at, "bad sealed-file magic");
+        if (!Arrays.equals(f.array(), 0, 8, SEAL_MAGIC, 0, 8)) throw corrupt(at, "bad sealed-file magic");
         if (crc(f.array(), 0, 92) != f.getInt(92)) throw corrupt(at, "footer checksum mismatch");
         if (f.getShort(8) != 1 || f.getShort(10) != FOOTER_LEN) throw corrupt(at, "unsupported sealed-file version");
         inode = f.getInt(12);
@@ -148,87 +70,75 @@ final class SealedObject implements AutoCloseable {
         long lo = keyLen != 0 ? keyOff : mapOff;
         byte[] tail = src.read(lo, (int) (at - lo));
         if (crc(tail, keyLen, tail.length - keyLen) != mapCrc) throw corrupt(mapOff, "block map checksum mismatch");
-        ByteBuffer m = le(tail);
         logical = new long[count];
         physical = new long[count];
         recLen = new int[count];
         rawLen = new int[count];
+        readMap(le(tail), keyLen, mapOff, lo);
+        if (keyLen == 0) {
+            this.dataKey = null;
+        } else if (enc != 1) {
+            throw corrupt(at, "key section on an object not marked encrypted");
+        } else {
+            this.dataKey = dataKey != null ? new SecretKeySpec(dataKey, "AES") : unwrap(tail, keyLen, keyOff, kek);
+        }
+    }
+
+    /** The block map: entries of {@code logical u64 | physical u64 | record_len u32 | raw_len u32}. */
+    private void readMap(ByteBuffer m, int base, long mapOff, long blocksEnd) {
         long expect = 0;
-        for (int i = 0; i < count; i++) {
-            int p = keyLen + i * MAP_ENTRY;
+        for (int i = 0; i < logical.length; i++) {
+            int p = base + i * MAP_ENTRY;
             logical[i] = m.getLong(p);
             physical[i] = m.getLong(p + 8);
             recLen[i] = m.getInt(p + 16);
             rawLen[i] = m.getInt(p + 20);
-            if (logical[i] != expect || physical[i] < 0 || recLen[i] < HEADER_LEN || physical[i] + recLen[i] > lo) {
+            if (logical[i] != expect || physical[i] < 0 || recLen[i] < HEADER_LEN || physical[i] + recLen[i] > blocksEnd) {
                 throw corrupt(mapOff + (long) i * MAP_ENTRY, "block map entry " + i + " is inconsistent");
             }
             expect += rawLen[i];
         }
-        if (expect != logicalSize) throw corrupt(at, "block map does not add up to the logical size");
-        if (keyLen != 0) {
-            if (enc != 1) throw corrupt(at, "key section on an object not marked encrypted");
-            this.dataKey = dataKey != null ? new SecretKeySpec(dataKey, "AES") : unwrap(tail, keyLen, kek);
-        } else {
-            this.dataKey = null;
-        }
+        if (expect != logicalSize) throw corrupt(mapOff, "block map does not add up to the logical size");
     }
 
-    /** The key section (``key_id_len u16 | key_id | wrapped_len u16 | wrapped | crc32c``) unwrapped with the KEK. */
-    private SecretKeySpec unwrap(byte[] sec, int len, byte[] kek) {
-        if (len < 8 || crc(sec, 0, len - 4) != le(sec).getInt(len - 4)) {
-            throw corrupt(objectSize, "key section checksum mismatch");
-        }
+    /** The key section ({@code key_id_len u16 | key_id | wrapped_len u16 | wrapped | crc32c}) unwrapped with the KEK. */
+    private SecretKeySpec unwrap(byte[] sec, int len, long keyOff, Kek kek) {
+        if (len < 8 || crc(sec, 0, len - 4) != le(sec).getInt(len - 4)) throw corrupt(keyOff, "key section checksum mismatch");
         ByteBuffer b = le(sec);
         int klen = b.getShort(0) & 0xffff;
+        int wlen = 4 + klen <= len ? b.getShort(2 + klen) & 0xffff : -1;
+        if (wlen < 0 || 4 + klen + wlen > len - 4) throw corrupt(keyOff, "key section lengths are inconsistent");
         String keyId = new String(sec, 2, klen, StandardCharsets.US_ASCII);
-        int wlen = b.getShort(2 + klen) & 0xffff;
-        byte[] wrapped = Arrays.copyOfRange(sec, 4 + klen, 4 + klen + wlen);
         if (kek == null) {
             throw new BridgeException(where + " is encrypted (key id " + keyId + "): give option key_file (the node's "
                     + "security.encryption_key_file, readable on every executor)");
         }
-        String have = keyId(kek);
-        if (!have.equals(keyId)) {
-            throw new BridgeException(where + " is encrypted with key id " + keyId + "; option key_file holds key " + have);
-        }
-        try {
-            Cipher c = Cipher.getInstance("AES/GCM/NoPadding");
-            c.init(Cipher.DECRYPT_MODE, new SecretKeySpec(kek, "AES"), new GCMParameterSpec(128, wrapped, 0, 12));
-            c.updateAAD(WRAP_AAD);
-            c.updateAAD(le(new byte[4]).putInt(0, inode).array());
-            return new SecretKeySpec(c.doFinal(wrapped, 12, wrapped.length - 12), "AES");
-        } catch (GeneralSecurityException e) {
-            throw new BridgeException(where + ": data key does not unwrap with key " + keyId, e);
-        }
+        return kek.unwrap(Arrays.copyOfRange(sec, 4 + klen, 4 + klen + wlen), keyId, inode, where);
     }
 
-    /** The KEK's id: the first 16 hex digits of sha256("terrascale-kek" + key) (terrafs/crypto.py). */
-    static String keyId(byte[] kek) {
-        try {
-            MessageDigest d = MessageDigest.getInstance("SHA-256");
-            d.update("terrascale-kek".getBytes(StandardCharsets.US_ASCII));
-            byte[] h = d.digest(kek);
-            StringBuilder s = new StringBuilder();
-            for (int i = 0; i < 8; i++) s.append(String.format("%02x", h[i]));
-            return s.toString();
-        } catch (GeneralSecurityException e) {
-            throw new IllegalStateException(e);
-        }
+    public String where() {
+        return where;
     }
 
-    /** Logical bytes ``[lo, hi)``: one ranged read of the blocks they touch, each verified and decoded. */
-    byte[] read(long lo, long hi) throws IOException {
+    public long logicalSize() {
+        return logicalSize;
+    }
+
+    public StepNanos nanos() {
+        return nanos;
+    }
+
+    /** Logical bytes {@code [lo, hi)}: one ranged read of the blocks they touch, each verified and decoded. */
+    public byte[] read(long lo, long hi) throws IOException {
         if (lo < 0 || hi > logicalSize || lo > hi) throw corrupt(lo, "read past the logical end " + logicalSize);
         byte[] out = new byte[(int) (hi - lo)];
         if (hi == lo) return out;
         int first = block(lo);
         int last = block(hi - 1);
         long start = physical[first];
-        long stop = physical[last] + recLen[last];
         long t0 = System.nanoTime();
-        byte[] raw = src.read(start, (int) (stop - start));
-        nanos[0] += System.nanoTime() - t0;
+        byte[] raw = src.read(start, (int) (physical[last] + recLen[last] - start));
+        nanos.fetch += System.nanoTime() - t0;
         for (int i = first; i <= last; i++) {
             long bLo = logical[i];
             if (bLo >= lo && bLo + rawLen[i] <= hi) { // a whole block: decoded straight into place
@@ -250,8 +160,8 @@ final class SealedObject implements AutoCloseable {
         return i;
     }
 
-    /** One block record (docs/format/terrafs.md §1) at ``raw[pos:]``, checked against map entry ``i``: its
-     * logical bytes, or (with ``dst``) written to ``dst[dstOff:]`` and null. */
+    /** One block record at {@code raw[pos:]}, checked against map entry {@code i}: its logical bytes, or
+     * (with {@code dst}) written to {@code dst[dstOff:]} and null. */
     private byte[] decode(byte[] raw, int pos, int i, byte[] dst, int dstOff) {
         long phys = physical[i];
         long t0 = System.nanoTime();
@@ -262,7 +172,6 @@ final class SealedObject implements AutoCloseable {
         if (h.get(4) != 1) throw corrupt(phys, "unsupported block version " + h.get(4));
         int flags = h.get(5) & 0xff;
         if ((flags & ~0x0F) != 0) throw corrupt(phys, String.format("unknown block flags %#04x", flags));
-        long loff = h.getLong(8);
         int slen = h.getInt(20);
         int rlen = h.getInt(24);
         if (rlen < 0 || rlen > MAX_BLOCK_SIZE || slen < 0 || slen > MAX_BLOCK_SIZE + 1024) {
@@ -271,22 +180,20 @@ final class SealedObject implements AutoCloseable {
         if (HEADER_LEN + slen != recLen[i] || pos + recLen[i] > raw.length) throw corrupt(phys, "truncated block payload");
         int p0 = pos + HEADER_LEN;
         if (crc(raw, p0, slen) != h.getInt(28)) throw corrupt(phys, "block payload checksum mismatch");
-        if (loff != logical[i] || rlen != rawLen[i]) throw corrupt(phys, "block does not match the block map");
+        if (h.getLong(8) != logical[i] || rlen != rawLen[i]) throw corrupt(phys, "block does not match the block map");
         long t1 = System.nanoTime();
-        nanos[1] += t1 - t0;
+        nanos.verify += t1 - t0;
         if ((flags & F_PAD) != 0) return dst != null ? null : new byte[0];
-        byte[] data;
+        byte[] data = raw;
         int off = p0;
         int len = slen;
         if ((flags & F_AESGCM) != 0) {
             data = decrypt(raw, pos, slen, phys);
             off = 0;
             len = data.length;
-        } else {
-            data = raw;
         }
         long t2 = System.nanoTime();
-        nanos[2] += t2 - t1;
+        nanos.decrypt += t2 - t1;
         if ((flags & F_ZSTD) != 0) {
             byte[] out = dst != null ? dst : new byte[rlen];
             long n;
@@ -296,7 +203,7 @@ final class SealedObject implements AutoCloseable {
                 throw corrupt(phys, "zstd: " + e.getMessage());
             }
             if (n != rlen) throw corrupt(phys, "block holds " + n + " bytes, header says " + rlen);
-            nanos[3] += System.nanoTime() - t2;
+            nanos.decompress += System.nanoTime() - t2;
             return dst != null ? null : out;
         }
         if (len != rlen) throw corrupt(phys, "block holds " + len + " bytes, header says " + rlen);
@@ -315,10 +222,10 @@ final class SealedObject implements AutoCloseable {
         try {
             Cipher c = Cipher.getInstance("AES/GCM/NoPadding");
             int p0 = pos + HEADER_LEN;
-            c.init(Cipher.DECRYPT_MODE, dataKey, new GCMParameterSpec(128, raw, p0, 12));
+            c.init(Cipher.DECRYPT_MODE, dataKey, new GCMParameterSpec(128, raw, p0, Kek.NONCE_LEN));
             c.updateAAD(raw, pos, AAD_LEN);
             c.updateAAD(le(new byte[4]).putInt(0, inode).array());
-            return c.doFinal(raw, p0 + 12, slen - 12);
+            return c.doFinal(raw, p0 + Kek.NONCE_LEN, slen - Kek.NONCE_LEN);
         } catch (GeneralSecurityException e) {
             throw new BridgeException(where + ": block at offset " + phys + " does not decrypt (wrong key or block moved)", e);
         }
@@ -328,7 +235,7 @@ final class SealedObject implements AutoCloseable {
         return new CorruptObjectException(where, offset, what);
     }
 
-    static ByteBuffer le(byte[] b) {
+    public static ByteBuffer le(byte[] b) {
         return ByteBuffer.wrap(b).order(ByteOrder.LITTLE_ENDIAN);
     }
 

@@ -1,8 +1,12 @@
-package io.terrascale.spark;
+package io.terrascale.spark.source;
 
+import io.terrascale.spark.BridgeException;
+import io.terrascale.spark.format.Op;
+import io.terrascale.spark.node.BBoxTerm;
+import io.terrascale.spark.node.Endpoint;
+import io.terrascale.spark.node.WhereTerm;
 import java.io.Serializable;
 import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Locale;
@@ -12,34 +16,26 @@ import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
 /**
- * The data source's options (docs/spark.md), parsed once with one-line errors: the same names,
- * defaults and messages as spark_bridge/options.py, so both readers take the same options.
+ * The data source's options (docs/spark.md "Options"), parsed once with one-line errors: the same
+ * names, defaults and messages as spark_bridge/options.py, so both readers take the same options.
+ * {@code columns} and {@code bbox} are null when not given.
  */
-final class Opts implements Serializable {
-    static final List<String> KNOWN = Arrays.asList("endpoint", "table", "token", "as_of", "sealed_only", "columns",
-            "where", "bbox", "key_file", "objects", "lease_s", "timeout_s", "batch_rows", "change_feed", "after",
-            "starting_ts", "reader", "split_mib", "path");
+public record Options(String endpoint, String table, String token, Long asOf, boolean sealedOnly, List<String> columns,
+                      List<WhereTerm> where, BBoxTerm bbox, String keyFile, String objects, double leaseS, double timeoutS,
+                      boolean changeFeed, String reader, long splitBytes) implements Serializable {
+    static final List<String> KNOWN = List.of("endpoint", "table", "token", "as_of", "sealed_only", "columns", "where",
+            "bbox", "key_file", "objects", "lease_s", "timeout_s", "batch_rows", "change_feed", "after", "starting_ts",
+            "reader", "split_mib", "path");
+    private static final List<String> READERS = List.of("auto", "jvm", "python");
     private static final Pattern TERM = Pattern.compile("^\\s*([A-Za-z_][A-Za-z0-9_]*)\\s*(!=|<=|>=|=|<|>)\\s*(.*?)\\s*$");
     private static final Pattern AND = Pattern.compile("\\s+and(?:\\s+|$)", Pattern.CASE_INSENSITIVE);
 
-    String endpoint;
-    String table;
-    String token;
-    Long asOf;
-    boolean sealedOnly;
-    List<String> columns; // null: every column
-    List<Object[]> where = new ArrayList<>(); // [col, op, value] as the HTTP API takes them
-    double[] bbox; // xmin, ymin, xmax, ymax
-    String bboxColumn;
-    String keyFile;
-    String objects;
-    double leaseS = 600;
-    double timeoutS = 300;
-    boolean changeFeed;
-    String reader = "auto";
-    long splitBytes = 64L << 20;
+    public Options {
+        columns = columns == null ? null : List.copyOf(columns);
+        where = List.copyOf(where);
+    }
 
-    static Opts parse(Map<String, String> raw) {
+    public static Options parse(Map<String, String> raw) {
         Map<String, String> o = new HashMap<>();
         for (Map.Entry<String, String> e : raw.entrySet()) o.put(e.getKey().toLowerCase(Locale.ROOT), e.getValue());
         TreeSet<String> unknown = new TreeSet<>(o.keySet());
@@ -50,40 +46,43 @@ final class Opts implements Serializable {
             throw new BridgeException("option error: unknown option(s) " + String.join(", ", unknown)
                     + "; the options are: " + String.join(", ", names));
         }
-        Opts p = new Opts();
         String endpoint = nonEmpty(o.get("endpoint"), System.getenv("TERRASCALE_ENDPOINT"));
         if (endpoint == null || !endpoint.matches("^https?://[^/\\s]+/?$")) {
             throw new BridgeException("option endpoint: expected http(s)://HOST:PORT of a Terrascale node, not '"
                     + endpoint + "'");
         }
-        p.endpoint = endpoint.replaceAll("/+$", "");
-        p.table = nonEmpty(o.get("table"), o.get("path"));
-        if (p.table == null) {
-            throw new BridgeException("option table: name the table to read or write (.option('table', NAME))");
-        }
-        p.token = nonEmpty(o.get("token"), System.getenv("TERRASCALE_TOKEN"));
-        p.asOf = integer(o, "as_of");
-        p.sealedOnly = bool(o, "sealed_only");
-        p.changeFeed = bool(o, "change_feed");
-        p.columns = columns(o.get("columns"));
-        if (nonEmpty(o.get("where"), null) != null) p.where = parseWhere(o.get("where"));
-        if (nonEmpty(o.get("bbox"), null) != null) p.parseBbox(o.get("bbox"));
-        p.keyFile = nonEmpty(o.get("key_file"), null);
-        p.objects = nonEmpty(o.get("objects"), null);
-        p.leaseS = number(o, "lease_s", 600, 86_400, "seconds");
-        p.timeoutS = number(o, "timeout_s", 300, 86_400, "seconds");
+        String table = nonEmpty(o.get("table"), o.get("path"));
+        if (table == null) throw new BridgeException("option table: name the table to read or write (.option('table', NAME))");
+        String token = nonEmpty(o.get("token"), System.getenv("TERRASCALE_TOKEN"));
+        Long asOf = integer(o, "as_of");
+        boolean sealedOnly = bool(o, "sealed_only");
+        boolean changeFeed = bool(o, "change_feed");
+        List<String> columns = columns(o.get("columns"));
+        List<WhereTerm> where = nonEmpty(o.get("where"), null) == null ? List.of() : parseWhere(o.get("where"));
+        BBoxTerm bbox = nonEmpty(o.get("bbox"), null) == null ? null : parseBbox(o.get("bbox"));
+        double leaseS = number(o, "lease_s", 600, 86_400, "seconds");
+        double timeoutS = number(o, "timeout_s", 300, 86_400, "seconds");
         String reader = nonEmpty(o.get("reader"), "auto").toLowerCase(Locale.ROOT);
-        if (!Arrays.asList("auto", "jvm", "python").contains(reader)) {
-            throw new BridgeException("option reader: auto, jvm or python, not '" + o.get("reader") + "'");
-        }
-        p.reader = reader;
-        p.splitBytes = Math.max(1, (long) (number(o, "split_mib", 64, 1 << 20, "MiB") * (1 << 20)));
-        return p;
+        if (!READERS.contains(reader)) throw new BridgeException("option reader: auto, jvm or python, not '" + o.get("reader") + "'");
+        long splitBytes = Math.max(1, (long) (number(o, "split_mib", 64, 1 << 20, "MiB") * (1 << 20)));
+        return new Options(endpoint.replaceAll("/+$", ""), table, token, asOf, sealedOnly, columns, where, bbox,
+                nonEmpty(o.get("key_file"), null), nonEmpty(o.get("objects"), null), leaseS, timeoutS, changeFeed, reader,
+                splitBytes);
     }
 
-    /** The option's where text -> [[col, op, value], ...] (values stay text: the node types them). */
-    static List<Object[]> parseWhere(String text) {
-        List<Object[]> out = new ArrayList<>();
+    /** The node this read talks to. */
+    public Endpoint node() {
+        return new Endpoint(endpoint, token, timeoutS);
+    }
+
+    @Override
+    public String toString() {
+        return "Options[table=" + table + ", endpoint=" + endpoint + "]"; // never the token
+    }
+
+    /** The option's where text as terms (values stay text: the node types them). */
+    static List<WhereTerm> parseWhere(String text) {
+        List<WhereTerm> out = new ArrayList<>();
         for (String part : splitAnd(text)) {
             Matcher m = TERM.matcher(part);
             if (!m.matches() || m.group(3).isEmpty()) {
@@ -94,20 +93,21 @@ final class Opts implements Serializable {
             if (v.length() >= 2 && v.charAt(0) == v.charAt(v.length() - 1) && (v.charAt(0) == '\'' || v.charAt(0) == '"')) {
                 v = v.substring(1, v.length() - 1);
             }
-            out.add(new Object[] {m.group(1), m.group(2), v});
+            out.add(WhereTerm.text(m.group(1), Op.of(m.group(2)), v));
         }
         return out;
     }
 
+    /** Splits on {@code and} outside quoted values (a value may contain " and "). */
     private static List<String> splitAnd(String text) {
         List<String> parts = new ArrayList<>();
         StringBuilder cur = new StringBuilder();
-        Character quote = null;
+        char quote = 0;
         int i = 0;
         while (i < text.length()) {
             char ch = text.charAt(i);
-            if (quote != null) {
-                if (ch == quote) quote = null;
+            if (quote != 0) {
+                if (ch == quote) quote = 0;
             } else if ((ch == '\'' || ch == '"') && (cur.length() == 0 || endsWithOp(cur))) {
                 quote = ch;
             } else {
@@ -128,33 +128,27 @@ final class Opts implements Serializable {
     }
 
     private static boolean endsWithOp(StringBuilder cur) {
-        String s = cur.toString().replaceAll("\\s+$", "");
+        String s = cur.toString().stripTrailing();
         return s.isEmpty() || "=<>!".indexOf(s.charAt(s.length() - 1)) >= 0;
     }
 
-    private void parseBbox(String text) {
+    private static BBoxTerm parseBbox(String text) {
         int colon = text.indexOf(':');
-        double[] nums = null;
-        if (colon > 0) {
-            String[] xs = text.substring(colon + 1).split(",", -1);
-            if (xs.length == 4) {
-                try {
-                    nums = new double[4];
-                    for (int i = 0; i < 4; i++) {
-                        nums[i] = Double.parseDouble(xs[i].trim());
-                        if (!Double.isFinite(nums[i])) nums = null;
-                        if (nums == null) break;
-                    }
-                } catch (NumberFormatException e) {
-                    nums = null;
+        String[] xs = colon > 0 ? text.substring(colon + 1).split(",", -1) : new String[0];
+        if (xs.length == 4 && !text.substring(0, colon).trim().isEmpty()) {
+            try {
+                double[] v = new double[4];
+                boolean finite = true;
+                for (int i = 0; i < 4; i++) {
+                    v[i] = Double.parseDouble(xs[i].trim());
+                    finite &= Double.isFinite(v[i]);
                 }
+                if (finite) return new BBoxTerm(text.substring(0, colon).trim(), v[0], v[1], v[2], v[3]);
+            } catch (NumberFormatException e) {
+                // below
             }
         }
-        if (nums == null || text.substring(0, colon).trim().isEmpty()) {
-            throw new BridgeException("option bbox: expected COL:XMIN,YMIN,XMAX,YMAX, not '" + text + "'");
-        }
-        bboxColumn = text.substring(0, colon).trim();
-        bbox = nums;
+        throw new BridgeException("option bbox: expected COL:XMIN,YMIN,XMAX,YMAX, not '" + text + "'");
     }
 
     private static String nonEmpty(String v, String dflt) {
@@ -179,8 +173,7 @@ final class Opts implements Serializable {
         } catch (NumberFormatException e) {
             // below
         }
-        throw new BridgeException("option " + key + ": expected a commit timestamp (a non-negative integer), not '"
-                + v + "'");
+        throw new BridgeException("option " + key + ": expected a commit timestamp (a non-negative integer), not '" + v + "'");
     }
 
     private static double number(Map<String, String> o, String key, double dflt, double most, String unit) {

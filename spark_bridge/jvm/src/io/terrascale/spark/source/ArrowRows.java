@@ -1,9 +1,13 @@
-package io.terrascale.spark;
+package io.terrascale.spark.source;
 
+import io.terrascale.spark.BridgeException;
+import io.terrascale.spark.format.Column;
+import io.terrascale.spark.format.Kind;
 import java.io.ByteArrayInputStream;
 import java.io.IOException;
 import java.math.BigInteger;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
@@ -36,14 +40,14 @@ import org.apache.spark.sql.vectorized.ColumnVector;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 
 /**
- * A tail (``POST /v1/tables/{t}/tail``: an Arrow IPC stream in the engine's Arrow types) as Spark
- * column batches of the read's Spark types. Tails are the small, unsealed part of a snapshot;
- * values are copied one by one.
+ * A tail ({@code POST /v1/tables/{t}/tail}: an Arrow IPC stream in the engine's Arrow types) as
+ * Spark column batches of the read's Spark types. Tails are the small, unsealed part of a
+ * snapshot; values are copied one by one.
  */
 final class ArrowRows {
     private ArrowRows() {}
 
-    static List<ColumnarBatch> read(byte[] stream, List<Types.Col> cols, StructType schema) throws IOException {
+    static List<ColumnarBatch> read(byte[] stream, List<Column> cols, StructType schema) throws IOException {
         List<ColumnarBatch> out = new ArrayList<>();
         try (BufferAllocator alloc = new RootAllocator(Long.MAX_VALUE);
              ArrowStreamReader r = new ArrowStreamReader(new ByteArrayInputStream(stream), alloc)) {
@@ -53,11 +57,11 @@ final class ArrowRows {
                 if (n == 0) continue;
                 OnHeapColumnVector[] vs = OnHeapColumnVector.allocateColumns(n, schema);
                 for (int j = 0; j < cols.size(); j++) {
-                    FieldVector src = root.getVector(cols.get(j).name);
-                    if (src == null) throw new BridgeException("the node's tail has no column " + cols.get(j).name);
+                    FieldVector src = root.getVector(cols.get(j).name());
+                    if (src == null) throw new BridgeException("the node's tail has no column " + cols.get(j).name());
                     for (int i = 0; i < n; i++) copy(src, cols.get(j), vs[j], i);
                 }
-                out.add(new ColumnarBatch((ColumnVector[]) vs, n));
+                out.add(new ColumnarBatch(Arrays.copyOf(vs, vs.length, ColumnVector[].class), n));
             }
         }
         return out;
@@ -73,7 +77,7 @@ final class ArrowRows {
         return n;
     }
 
-    private static void copy(FieldVector src, Types.Col c, WritableColumnVector v, int i) {
+    private static void copy(FieldVector src, Column c, WritableColumnVector v, int i) {
         if (src.isNull(i)) {
             v.putNull(i);
             if (src instanceof StructVector) {
@@ -81,7 +85,7 @@ final class ArrowRows {
             }
             return;
         }
-        switch (c.kind) {
+        switch (c.kind()) {
             case INT8: v.putByte(i, ((TinyIntVector) src).get(i)); break;
             case INT16: v.putShort(i, ((SmallIntVector) src).get(i)); break;
             case INT32: v.putInt(i, ((IntVector) src).get(i)); break;
@@ -89,13 +93,7 @@ final class ArrowRows {
             case UINT8: v.putShort(i, (short) (((UInt1Vector) src).get(i) & 0xff)); break;
             case UINT16: v.putInt(i, ((UInt2Vector) src).get(i)); break;
             case UINT32: v.putLong(i, ((UInt4Vector) src).get(i) & 0xffffffffL); break;
-            case UINT64: {
-                long u = ((UInt8Vector) src).get(i);
-                BigInteger bi = BigInteger.valueOf(u);
-                if (u < 0) bi = bi.add(BigInteger.ONE.shiftLeft(64));
-                v.putByteArray(i, bi.toByteArray());
-                break;
-            }
+            case UINT64: v.putByteArray(i, VectorWriter.unsignedDecimal(((UInt8Vector) src).get(i))); break;
             case FLOAT32: v.putFloat(i, ((Float4Vector) src).get(i)); break;
             case FLOAT64: v.putDouble(i, ((Float8Vector) src).get(i)); break;
             case BOOL: v.putBoolean(i, ((BitVector) src).get(i) != 0); break;
@@ -128,8 +126,8 @@ final class ArrowRows {
                     FieldVector e = (FieldVector) s.getChildByOrdinal(k);
                     WritableColumnVector d = v.getChild(k);
                     if (e.isNull(i)) d.putNull(i);
-                    else if (c.elem == Types.Kind.FLOAT64) d.putDouble(i, ((Float8Vector) e).get(i));
-                    else if (c.elem == Types.Kind.TIMESTAMP) d.putLong(i, ((TimeStampVector) e).get(i));
+                    else if (c.elem() == Kind.FLOAT64) d.putDouble(i, ((Float8Vector) e).get(i));
+                    else if (c.elem() == Kind.TIMESTAMP) d.putLong(i, ((TimeStampVector) e).get(i));
                     else d.putLong(i, ((BigIntVector) e).get(i));
                 }
                 for (int k = 2; k < 4; k++) {
@@ -138,7 +136,7 @@ final class ArrowRows {
                 }
                 break;
             }
-            default: throw new IllegalStateException(c.kind.toString());
+            default: throw new IllegalStateException(c.kind().toString());
         }
     }
 

@@ -1,0 +1,89 @@
+package io.terrascale.spark.source;
+
+import io.terrascale.spark.format.Column;
+import io.terrascale.spark.node.ReadPlan;
+import io.terrascale.spark.node.Snapshot;
+import io.terrascale.spark.node.WhereTerm;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import org.apache.spark.sql.connector.expressions.aggregate.Aggregation;
+import org.apache.spark.sql.connector.expressions.aggregate.CountStar;
+import org.apache.spark.sql.connector.read.Scan;
+import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.read.SupportsPushDownAggregates;
+import org.apache.spark.sql.connector.read.SupportsPushDownFilters;
+import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
+import org.apache.spark.sql.sources.Filter;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+
+/** One query's pushdown (filters, columns, {@code count()}) on the driver; Spark uses a builder from one thread. */
+final class TerrascaleScanBuilder implements ScanBuilder, SupportsPushDownFilters, SupportsPushDownRequiredColumns,
+        SupportsPushDownAggregates {
+    private final Options opts;
+    private final Snapshot snap;
+    private final Map<TerrascaleScan.PlanKey, ReadPlan> plans;
+    private final List<WhereTerm> pushedTerms = new ArrayList<>();
+    private List<Column> output;
+    private Filter[] pushed = new Filter[0];
+    private boolean countOnly;
+
+    TerrascaleScanBuilder(Options opts, Snapshot snap, List<Column> output, Map<TerrascaleScan.PlanKey, ReadPlan> plans) {
+        this.opts = opts;
+        this.snap = snap;
+        this.output = output;
+        this.plans = plans;
+    }
+
+    /** Filters with a where term (FilterTerms) narrow the node's plan and are applied exactly by the reader;
+     * every filter is also returned to Spark, which evaluates it again after the scan. */
+    @Override
+    public Filter[] pushFilters(Filter[] filters) {
+        List<Filter> took = new ArrayList<>();
+        for (Filter f : filters) {
+            WhereTerm term = FilterTerms.of(f, snap.schema());
+            if (term != null) {
+                pushedTerms.add(term);
+                took.add(f);
+            }
+        }
+        pushed = took.toArray(new Filter[0]);
+        return filters;
+    }
+
+    @Override
+    public Filter[] pushedFilters() {
+        return pushed;
+    }
+
+    @Override
+    public void pruneColumns(StructType required) {
+        List<Column> keep = new ArrayList<>();
+        for (StructField f : required.fields()) {
+            for (Column c : output) if (c.name().equals(f.name())) keep.add(c);
+        }
+        output = keep;
+    }
+
+    /** {@code count()} without predicates is answered from the plan: a segment's visible bitmap holds exactly its
+     * live rows at T (the key index drops deleted keys), so its count is the bitmap's cardinality; tails are
+     * counted from the node's rows. Spark sums the partial counts. */
+    @Override
+    public boolean pushAggregation(Aggregation a) {
+        if (a.groupByExpressions().length != 0 || a.aggregateExpressions().length != 1
+                || !(a.aggregateExpressions()[0] instanceof CountStar)) {
+            return false;
+        }
+        if (!opts.where().isEmpty() || opts.bbox() != null || !pushedTerms.isEmpty()) return false;
+        countOnly = true;
+        return true;
+    }
+
+    @Override
+    public Scan build() {
+        List<WhereTerm> where = new ArrayList<>(opts.where());
+        where.addAll(pushedTerms);
+        return new TerrascaleScan(opts, snap, output, where, countOnly, plans);
+    }
+}
