@@ -1,6 +1,7 @@
-"""The node's HTTP application: the data API's endpoints (``node/http/api.py``), the Spark
-bridge's (``node/http/routes/bridge.py``) and the ones nodes call on each other
-(``node/http/routes/internal.py``, ``node/http/routes/replication.py``), which share the same error edge."""
+"""The node's HTTP application: the data API's endpoints (``node/http/routes/``: tables, rows,
+admin, added by ``Api.app``), the Spark bridge's (``routes/bridge.py``) and the ones nodes call
+on each other (``routes/internal.py``, ``routes/replication.py``, ...) — one handler style,
+``async (api, request)``, and one error edge (``node/http/api.py``)."""
 from __future__ import annotations
 
 from aiohttp import web

@@ -1,0 +1,123 @@
+"""Rows (docs/REFERENCE.md §3): upsert and delete — small JSON writes coalesced with their
+neighbours (node/http/coalesce.py), everything routed to the partitions' leaders (RFC 0010)
+— a row by key, and queries, answered as JSON or an Arrow stream. Large bodies are parsed
+and encoded in a worker thread, so one big request never stalls the others."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+
+from aiohttp import web
+
+from node.errors import ApiError
+from node.http.params import (THREAD_BYTES, THREAD_ROWS, as_of_param, as_of_value, bound, json_body, json_object,
+                              off_loop_if_big, parse_json, rows_of, where_terms)
+from node.wire import ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table, table_to_rows, write_arrow_stream
+from rowstore.db.read.reader import MAX_LIMIT
+from rowstore.tables.key_check import show
+
+
+def add_row_routes(api, router) -> None:
+    router.add_post("/v1/tables/{table}/rows", bound(api, upsert))
+    router.add_post("/v1/tables/{table}/delete", bound(api, delete_rows))
+    router.add_get("/v1/tables/{table}/rows/{key:[^/]+}", bound(api, get_row))  # braces too: "[^{}/]+" is the default
+    router.add_post("/v1/tables/{table}/query", bound(api, query))
+
+
+async def upsert(api, request):
+    table = request.match_info["table"]
+    db = api.db
+    body = await request.read()
+    small = None
+    if request.content_type == ARROW_STREAM:
+        data = await off_loop_if_big(len(body), read_arrow_stream, body)
+    elif request.content_type in ("application/json", "application/octet-stream", ""):
+        d = await db.describe(table)
+        if len(body) <= THREAD_BYTES:  # small: on the loop, and coalesced with its neighbours
+            rows = rows_of(api.parsed(body))
+            if not api.router.multi:  # in a cluster the router first finds where they go
+                res = await api.writes.upsert(d, rows)
+                if res is not None:
+                    api.node.metrics.rows_written.labels("upsert").inc(res.count)
+                    return web.json_response({"committed": res.count, "commit_ts": res.commit_ts})
+            small = functools.partial(api.writes.upsert, d, rows)
+            data = rows_to_table(rows, d.schema)
+        else:
+            depth = api.node.cfg.max_json_depth
+            data = await asyncio.to_thread(lambda: rows_to_table(rows_of(parse_json(body, depth)), d.schema))
+    else:
+        raise ApiError(415, "unsupported_media_type",
+                       f"rows come as application/json or {ARROW_STREAM}, not {request.content_type}")
+    t0 = time.perf_counter()
+    forwarded, res = await api.router.upsert(request, table, data, small)
+    if forwarded is not None:
+        return forwarded
+    count, ts = res
+    m = api.node.metrics
+    m.write_wait.observe(time.perf_counter() - t0)
+    m.batch_rows.observe(data.num_rows)
+    m.rows_written.labels("upsert").inc(count)
+    return web.json_response({"committed": count, "commit_ts": ts})
+
+
+async def delete_rows(api, request):
+    doc = await json_object(request, {"keys"}, required=("keys",))
+    if not isinstance(doc["keys"], list):
+        raise ApiError(400, "invalid_rows", '"keys" must be a list')
+    table, db = request.match_info["table"], api.db
+    d = await db.describe(table)
+    forwarded, res = await api.router.delete(request, table, doc["keys"],
+                                              small=lambda: api.writes.delete(d, doc["keys"]))
+    if forwarded is not None:
+        return forwarded
+    api.node.metrics.rows_written.labels("delete").inc(len(doc["keys"]))
+    return web.json_response({"deleted": res[0], "commit_ts": res[1]})
+
+
+async def get_row(api, request):
+    table, raw = request.match_info["table"], request.match_info["key"]
+    as_of = as_of_param(request)
+    db = api.db
+    d = await db.describe(table)
+    forwarded = await api.router.get(request, d, raw)  # to the node serving the key's partition
+    if forwarded is not None:
+        return forwarded
+    row = await db.get(table, raw, as_of)  # the key's text, checked against its type there
+    if row is None:
+        raise ApiError(404, "row_not_found", f"no row with key {show(raw)} in {table!r}"
+                       + (f" as of {as_of}" if as_of is not None else ""))
+    schema = d.schema
+    if as_of is not None or set(row) != {c.name for c in schema.columns}:
+        schema = (await db.describe(table, as_of)).schema
+    return web.json_response(row_to_json(row, schema))
+
+
+async def query(api, request):
+    table = request.match_info["table"]
+    body = await request.read()
+    doc = await json_body(request) if body and not body.isspace() else {}  # no body: every row
+    if not isinstance(doc, dict):
+        raise ApiError(400, "invalid_query", "the query is a JSON object")
+    extra = set(doc) - {"where", "bbox", "as_of", "columns", "limit"}
+    if extra:
+        raise ApiError(400, "invalid_query", f"unknown field(s): {', '.join(sorted(extra))}")
+    as_of = as_of_value(doc.get("as_of"))
+    limit = doc.get("limit", 10_000)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ApiError(400, "invalid_query", f'"limit" must be a non-negative integer, not {limit!r}')
+    api.db  # noqa: B018 - 503 before ready
+    forwarded, res = await api.router.query(request, table, where_terms(doc, request), doc.get("bbox"),
+                                             doc.get("columns"), limit if limit <= MAX_LIMIT else None, as_of)
+    if forwarded is not None:
+        return forwarded
+    t, T = res
+    if t.num_rows > limit:
+        t = t.slice(0, limit)
+    if ARROW_STREAM in request.headers.get("Accept", ""):
+        payload = await off_loop_if_big(t.nbytes, write_arrow_stream, t)
+        return web.Response(body=payload, content_type=ARROW_STREAM, headers={"X-Terrascale-As-Of": str(T)})
+    text = await off_loop_if_big(t.num_rows * (THREAD_BYTES // THREAD_ROWS),
+                      lambda: json.dumps({"rows": table_to_rows(t), "as_of": T}, allow_nan=False))
+    return web.Response(text=text, content_type="application/json", headers={"X-Terrascale-As-Of": str(T)})

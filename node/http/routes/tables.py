@@ -1,0 +1,148 @@
+"""Tables (docs/REFERENCE.md §3): create — placed across the members first in a cluster (RFC
+0010) — list, describe (with each partition's placement and watermark), drop, and schema
+changes, announced to the other members so none keeps a stale definition."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from node.config import MAX_REPLICAS
+from node.errors import ApiError
+from node.http.params import as_of_param, bound, json_object, schema_from_json
+from node.wire import schema_to_json
+from rowstore.errors import TableNotFoundError
+from rowstore.schema import _check_name
+
+log = logging.getLogger("terrascale.node")
+
+
+def add_table_routes(api, router) -> None:
+    router.add_post("/v1/tables", bound(api, create_table))
+    router.add_get("/v1/tables", bound(api, list_tables))
+    router.add_get("/v1/tables/{table}", bound(api, describe))
+    router.add_delete("/v1/tables/{table}", bound(api, drop_table))
+    router.add_post("/v1/tables/{table}/columns", bound(api, add_column))
+    router.add_delete("/v1/tables/{table}/columns/{column}", bound(api, drop_column))
+    router.add_patch("/v1/tables/{table}/columns/{column}", bound(api, rename_column))
+
+
+async def create_table(api, request):
+    doc = await json_object(request, {"name", "columns", "primary_key", "indexes", "partitions", "replicas",
+                                       "cluster_by"},
+                             required=("name", "columns", "primary_key"))
+    name = doc["name"]
+    if not isinstance(name, str):
+        raise ApiError(400, "invalid_schema", '"name" must be a string')
+    _check_name(name)
+    schema = schema_from_json(doc["columns"], doc["primary_key"])
+    indexes = doc.get("indexes") or []
+    if not isinstance(indexes, list) or not all(isinstance(i, str) for i in indexes):
+        raise ApiError(400, "invalid_schema", '"indexes" must be a list of column names')
+    partitions = doc.get("partitions")
+    if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)):
+        raise ApiError(400, "invalid_schema", '"partitions" must be an integer')
+    replicas = doc.get("replicas", api.node.cfg.replicas)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
+        raise ApiError(400, "invalid_schema", f'"replicas" must be an integer 1..{MAX_REPLICAS}')
+    multi = api.node.cluster is not None and api.node.cluster.multi
+    if replicas > 1 and not multi:
+        raise ApiError(400, "invalid_schema", f'"replicas": {replicas} copies need a cluster of at least '
+                                              f'{replicas} nodes (this node runs alone, catalog trkv://)')
+    cluster_by = doc.get("cluster_by")
+    if cluster_by is not None and not isinstance(cluster_by, str):
+        raise ApiError(400, "invalid_schema", '"cluster_by" must be a column name')
+    db = api.db
+    if api.node.cluster is not None and api.node.cluster.multi:
+        db.forget_cached_definitions(name)
+        await api.node.cluster.place(name, partitions or db.cfg.partitions, lambda: _exists(db, name), replicas)
+    d = await db.create_table(name, schema, indexes=indexes, partitions=partitions, cluster_by=cluster_by)
+    if replicas > 1:
+        await api.node.replication.started(d)  # each leader takes its partitions at epoch 1
+    log.info("event=table_created table=%s partitions=%d", name, d.partitions)
+    return web.json_response(_table_json(d), status=201)
+
+
+async def list_tables(api, request):
+    as_of = as_of_param(request)
+    db = api.db
+    if api.node.cluster is not None and api.node.cluster.multi:
+        db.forget_cached_definitions()  # other nodes change the catalog too
+    return web.json_response({"tables": [_table_json(d) for d in await db.list_tables(as_of)]})
+
+
+async def describe(api, request):
+    d = await api.db.describe(request.match_info["table"], as_of_param(request))
+    out = _table_json(d)
+    if api.node.cluster is not None:  # each partition's leader and replicas (RFC 0010)
+        out["placement"] = (await api.node.cluster.placement(d.name, d.partitions)).json()
+        marks = await api.db.watermarks(d.table_id)
+        for p in out["placement"]:  # reads as of T <= it are served without the leader (RFC 0010 §6)
+            p["watermark"] = marks.get(p["partition"])
+    return web.json_response(out)
+
+
+async def drop_table(api, request):
+    d = await api.db.drop_table(request.match_info["table"])
+    await _announce(api, d.name)
+    log.info("event=table_dropped table=%s", d.name)
+    return web.json_response({"dropped": d.name, "commit_ts": d.ts})
+
+
+async def add_column(api, request):
+    doc = await json_object(request, {"name", "type", "nullable"}, required=("name", "type"))
+    name, type_text = doc["name"], doc["type"]
+    if not isinstance(name, str) or not isinstance(type_text, str):
+        raise ApiError(400, "invalid_schema", '"name" and "type" must be strings')
+    if doc.get("nullable", True) is not True:
+        raise ApiError(400, "invalid_schema", "an added column is nullable (existing rows have no value)")
+    d = await api.db.alter_table(request.match_info["table"], lambda s: s.add_column(name, type_text))
+    await _announce(api, d.name)
+    return web.json_response(_table_json(d))
+
+
+async def drop_column(api, request):
+    col = request.match_info["column"]
+    d = await api.db.alter_table(request.match_info["table"], lambda s: s.drop_column(col))
+    await _announce(api, d.name)
+    return web.json_response(_table_json(d))
+
+
+async def rename_column(api, request):
+    doc = await json_object(request, {"name"}, required=("name",))
+    new, old = doc["name"], request.match_info["column"]
+    if not isinstance(new, str):
+        raise ApiError(400, "invalid_schema", '"name" must be a string')
+    d = await api.db.alter_table(request.match_info["table"], lambda s: s.rename_column(old, new))
+    await _announce(api, d.name)
+    return web.json_response(_table_json(d))
+
+
+async def _announce(api, name: str) -> None:
+    """A table's definition changed: every other member drops its cached one (best effort —
+    a member that misses it reads the catalog again when its placement row is re-read)."""
+    cluster = api.node.cluster
+    if cluster is None or not cluster.multi:
+        return
+    others = [n for n in await cluster.members() if n != cluster.node_id]
+    got = await asyncio.gather(*(cluster.call(n, "POST", "/v1/internal/forget", doc={"table": name})
+                                 for n in others), return_exceptions=True)
+    for n, g in zip(others, got):
+        if isinstance(g, BaseException) or g[0] != 200:
+            log.warning("event=forget_unsent table=%s node=%s error=%r", name, n, g)
+
+
+async def _exists(db, name: str) -> bool:
+    try:
+        await db.describe(name)
+        return True
+    except TableNotFoundError:
+        return False
+
+
+def _table_json(d) -> dict:
+    return {"name": d.name, "table_id": d.table_id, "columns": schema_to_json(d.schema),
+            "primary_key": d.schema.key.name, "indexes": d.index_names(), "partitions": d.partitions,
+            "cluster_by": d.cluster_column.name if d.cluster_column is not None else d.schema.key.name,
+            "schema_version": d.schema.version, "ts": d.ts}
