@@ -4,11 +4,9 @@ readers from the object store, equal the node's query API; a bbox read skips the
 whose cluster range it misses and still equals the API."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from tests.node.proc import NodeProc
+from tests.node.proc import NodeProc, eventually, holds
 from tests.spark_bridge.conftest import api_rows, spark_rows
 from tests.spark_bridge.test_read import COLUMNS, make_rows
 
@@ -32,7 +30,8 @@ def node(tmp_path_factory):
     c.upsert("all", [{"id": 5000}])  # a newer segment: the last one is collected too
     c.admin("seal")
     c.admin("offload")
-    time.sleep(6)  # the horizon passes every superseding version
+    # until the horizon passes every superseding version (5 s of history): a dry run says so
+    eventually(lambda: holds(len(c.gc(dry_run=True)["victims"]) >= 2, "two segments to collect"), 30, 0.5)
     res = c.gc()
     assert res["segments_collected"] >= 2 and res["rows_copied"] > 0 and res["deleted"]
     c.close()
