@@ -66,6 +66,16 @@ class _Attempts:
         self.made = 0
         self.exhausted = False  # gave up on a retryable failure (out of attempts or time)
 
+    def after(self, exc: Exception, give_up: GiveUp | None) -> float:
+        """The wait before the next attempt, or ``exc`` raised (as ``give_up`` makes it, once
+        the policy is used up)."""
+        delay = self.wait(exc)
+        if delay is None:
+            if give_up is None or not self.exhausted:
+                raise exc
+            raise give_up(exc, self.made) from exc
+        return delay
+
     def wait(self, exc: Exception) -> float | None:
         """After a failed attempt: the wait before the next one, or None to give up."""
         self.made += 1
@@ -95,12 +105,8 @@ def call(fn: Callable[[], T], retryable: Retryable, policy: Retry, *, on_retry: 
     while True:
         try:
             return fn()
-        except Exception as e:  # retryable() decides; whatever it refuses is raised unchanged
-            delay = tries.wait(e)
-            if delay is None:
-                if give_up is None or not tries.exhausted:
-                    raise
-                raise give_up(e, tries.made) from e
+        except Exception as e:  # noqa: BLE001 - retryable() decides; after() re-raises what it refuses
+            delay = tries.after(e, give_up)
         if delay > 0:
             sleep(delay)
 
@@ -115,11 +121,7 @@ async def acall(fn: Callable[[], Awaitable[T]], retryable: Retryable, policy: Re
     while True:
         try:
             return await fn()
-        except Exception as e:  # retryable() decides; whatever it refuses is raised unchanged
-            delay = tries.wait(e)
-            if delay is None:
-                if give_up is None or not tries.exhausted:
-                    raise
-                raise give_up(e, tries.made) from e
+        except Exception as e:  # noqa: BLE001 - retryable() decides; after() re-raises what it refuses
+            delay = tries.after(e, give_up)
         if delay > 0:
             await sleep(delay)

@@ -8,6 +8,8 @@ path, body, and what its answer becomes — and hands it to the client's ``_send
 """
 from __future__ import annotations
 
+import abc
+
 import json
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode
@@ -120,13 +122,14 @@ def _query_doc(where, bbox, as_of, columns, limit) -> dict:
     return doc
 
 
-class Endpoints:
+class Endpoints(abc.ABC):
     """One method per endpoint. Each returns what the client's ``_send`` makes of its request:
     the answer (``Client``) or a coroutine of it (``AsyncClient``). Answers are dicts, a
     ``pyarrow.Table`` for ``query``, text for ``metrics``; error answers raise ApiError."""
 
+    @abc.abstractmethod
     def _send(self, req: Request):
-        raise NotImplementedError
+        """The transport: ``Client`` sends over http.client, ``AsyncClient`` over aiohttp."""
 
     def _call(self, method, path, doc=None, body=None, content_type=None, arrow=False):
         """One request by path: a JSON ``doc`` or a raw ``body``; a pyarrow.Table back with ``arrow``."""
