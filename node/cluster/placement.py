@@ -91,7 +91,8 @@ class Placement:
         return cls(tuple(PartitionPlace((node,)) for _ in range(partitions)))
 
     def json(self) -> list[dict]:
-        return [{"partition": i, "leader": p.leader, "replicas": list(p.replicas), "epoch": p.epoch}
+        return [{"partition": i, "leader": p.leader, "replicas": list(p.replicas), "epoch": p.epoch,
+                 **({"leaving": p.leaving} if p.leaving else {})}
                 for i, p in enumerate(self.partitions)]
 
     @property

@@ -13,6 +13,11 @@ placement row, so a crash anywhere leaves a row the next driver continues from:
    replica leader;
 4. **drop**: the leaving replica leaves the set; its node drops its copies at its next pass.
 
+A move whose newcomer or third replica leaves the membership meanwhile, or whose leaving
+replica leaves it and dies, or whose leader left and cannot be replaced with four replicas, is
+**given up**: one follower of
+the four leaves the set, and the steps above start a new move if one is still needed.
+
 Writes and reads go on throughout: a leader change is answered 421 / 503 once and retried.
 """
 from __future__ import annotations
@@ -29,7 +34,7 @@ log = logging.getLogger("terrascale.node.rebalance")
 class Rebalancer:
     def __init__(self, repl):
         self.repl = repl
-        self.moves = {"started": 0, "handed_over": 0, "finished": 0, "leaders_moved": 0}
+        self.moves = {"started": 0, "handed_over": 0, "finished": 0, "given_up": 0, "leaders_moved": 0}
 
     async def step(self, tables) -> bool:
         """At most one step of one move over ``tables`` (the replicated ones with their
@@ -43,14 +48,17 @@ class Rebalancer:
                 for r in p.replicas:
                     if r in held:
                         held[r] += 1
-        for d, pl in tables:  # moves in progress first
+        for d, pl in tables:  # a leader that left the membership cannot serve: elect another
+            for pid, p in enumerate(pl.partitions):  # (first: a move waits on its leader's word)
+                if p.leader not in members:
+                    if await repl.elect(d, pid, exclude={p.leader}, force=True):
+                        return True
+                    if p.leaving:  # four replicas, one gone, too few of the rest answer
+                        return await self._give_up(d, pid, p, self._spare(p, live))
+        for d, pl in tables:  # moves in progress
             for pid, p in enumerate(pl.partitions):
                 if p.leaving:
-                    return await self._advance(d, pid, p)
-        for d, pl in tables:  # a leader that left the membership: it cannot serve; elect another
-            for pid, p in enumerate(pl.partitions):
-                if p.leader not in members:
-                    return await repl.elect(d, pid, exclude={p.leader}, force=True)
+                    return await self._advance(d, pid, p, members)
         for d, pl in tables:  # replicas on nodes that left
             for pid, p in enumerate(pl.partitions):
                 gone = [r for r in p.replicas if r not in members]
@@ -103,8 +111,13 @@ class Rebalancer:
         log.warning("event=replica_move_started table=%s partition=%d from=%s to=%s", d.name, pid, leaving, target)
         return True
 
-    async def _advance(self, d, pid: int, p: PartitionPlace) -> bool:
+    async def _advance(self, d, pid: int, p: PartitionPlace, members: set[str]) -> bool:
         repl = self.repl
+        # The newcomer or a third replica left while the move ran; the leaving one stays until
+        # its successor caught up (a copy more meanwhile), unless it is dead too.
+        gone = [r for r in p.replicas[1:] if r not in members and (r != p.leaving or r in repl.dead)]
+        if gone:
+            return await self._give_up(d, pid, p, gone[-1])
         newcomer = p.replicas[-1]
         if not await self._caught_up(d, pid, p.leader, [newcomer]):
             return False
@@ -121,6 +134,25 @@ class Rebalancer:
         log.warning("event=replica_move_finished table=%s partition=%d from=%s to=%s", d.name, pid, p.leaving,
                     newcomer)
         return True
+
+    async def _give_up(self, d, pid: int, p: PartitionPlace, drop: str) -> bool:
+        """End a move that cannot finish as planned (a replica left the membership, or the
+        leader left and the others cannot elect with four): ``drop`` (a follower) leaves the
+        set and ``leaving`` is cleared. Safe from any of the four (RFC 0010 §7): an acknowledged
+        write is on three of them, so on two of the three that stay — a majority of the set
+        that elects from now on. The next steps start a move again if the placement needs one."""
+        new = PartitionPlace(tuple(r for r in p.replicas if r != drop), p.epoch, p.base, p.start)
+        if drop == p.leader or not await self.repl._write_place(d.name, pid, p, new):
+            return False
+        self.moves["given_up"] += 1
+        log.warning("event=replica_move_given_up table=%s partition=%d leaving=%s dropped=%s", d.name, pid,
+                    p.leaving, drop)
+        return True
+
+    @staticmethod
+    def _spare(p: PartitionPlace, live: set[str]) -> str:
+        """The follower a move given up drops: one that is not live, else the newest."""
+        return next((r for r in reversed(p.replicas[1:]) if r not in live), p.replicas[-1])
 
     async def _caught_up(self, d, pid: int, leader: str, followers: list[str]) -> bool:
         """Whether the leader reports every one of ``followers`` at its own log end."""
