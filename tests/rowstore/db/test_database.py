@@ -6,6 +6,7 @@ from rowstore.errors import (FutureTimestampError, HistoryPurgedError, QueryErro
                              TableNotFoundError)
 from rowstore.hlc import ts_from_ms
 from terrafs.failpoints import FailPointCrash, armed
+from tests.fixtures.waits import eventually_async
 from tests.rowstore.tables_world import SCHEMA, TablesWorld, rows
 
 
@@ -218,10 +219,11 @@ async def test_rollover_at_seal_bytes_and_background_jobs():
     w, db = await make(partitions=2, seal_bytes=16 << 10)
     for i in range(10):
         await db.upsert("m", rows(range(i * 100, i * 100 + 100), seed=i))
-    import asyncio
-    await asyncio.sleep(0.05)
-    states = [r.state.value for _, r in await db.segment_records("m")]
-    assert states.count("sealed") >= 2
+
+    async def sealed():  # rolled over in the background
+        states = [r.state.value for _, r in await db.segment_records("m")]
+        assert states.count("sealed") >= 2, states
+    await eventually_async(sealed)
     assert (await db.offload())["offloaded"]
     assert await ids_at(db) == list(range(1000))
 
