@@ -1,0 +1,500 @@
+"""The log device: a node's active files as extent chains of one preallocated file, so that one
+``fdatasync`` makes every group written before it durable, whatever its file (RFC 0011).
+
+Format, invariants and the reasoning behind each write's order: docs/format/logdev.md. Every
+constant marked "format" is part of it; never change one, add a version.
+
+Blocking work runs in the I/O threads (``terrafs.iopool``); the device's structures (chains,
+the free list, the header counter) are guarded by one lock, and flushes are a group commit
+at the device: a thread needing its writes durable waits for the flush in flight when that
+one started after them, or starts the next.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import struct
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+from catalog.checksum import crc32c
+from catalog.fsutil import fsync_dir
+from terrafs.abc import BlockDevice, DeviceFile, check_name
+from terrafs.errors import (AlreadyExistsError, ClosedError, CorruptionError, FileNotFoundInDeviceError,
+                            StorageIOError, no_space)
+from terrafs.iopool import run_io
+
+SUPER_MAGIC, HEAD_MAGIC = b"TRFSLOGD", b"TRLDEXT1"  # format
+VERSION = 1  # format
+PAGE = 4096  # format: the superblock, and each extent's header area
+_SUPER = struct.Struct("<8sHHI16s")  # format: 32 bytes, then crc
+_HEAD = struct.Struct("<8sHHIQQII")  # format: 40 bytes, then the name, then crc
+MAX_NAME = 400
+EXTENT_SIZE = 1 << 20  # a new device's extent size (each device records its own)
+GROW = 16  # extents added at a time
+_ZERO = memoryview(b"\0" * (1 << 20))
+
+
+@dataclass
+class _Chain:
+    """One file: its extents in index order."""
+
+    name: str
+    file_id: int
+    extents: list[int] = field(default_factory=list)  # extent numbers
+    used: int = 0  # payload bytes in the last extent
+    seq: int = 0  # of its index-0 header (a rename conflict: the greater wins)
+    reserved: int = 0  # end of the appends handed an offset (they may still be writing)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # extents, used, headers
+
+    def size(self, payload: int) -> int:
+        return max(len(self.extents) - 1, 0) * payload + self.used
+
+
+class LogDevice(BlockDevice):
+    """A durable ``BlockDevice`` whose files live in ``path`` (one preallocated file)."""
+
+    durable = True
+
+    def __init__(self, path: str, uri: str | None = None, extent_size: int = EXTENT_SIZE):
+        if extent_size % PAGE or extent_size < 64 << 10:
+            raise ValueError("extent_size must be a multiple of 4096 and at least 64 KiB")
+        self.path = os.path.abspath(path)
+        self.uri = uri or f"logdev://{self.path}"
+        self._new_extent_size = extent_size
+        self._fd = -1
+        self.extent_size = self.payload = 0
+        self._lock = threading.Lock()
+        self._chains: dict[str, _Chain] = {}
+        self._free: list[int] = []  # zero on the disk: handed out in order
+        self._count = 0  # extents in the file
+        self._seq = 0
+        self._opening: asyncio.Future | None = None
+        # group commit at the device: writes completed / covered by a finished flush
+        self._cv = threading.Condition()
+        self._written = self._synced = 0
+        self._syncing = False
+        self._failed: BaseException | None = None
+        self.flushes = 0  # fdatasyncs of the device (tests and metrics count them)
+
+    # -- opening -------------------------------------------------------------------
+
+    async def _ready(self) -> None:
+        if self._fd >= 0:
+            return
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(run_io(self._open_sync))
+        await asyncio.shield(self._opening)
+
+    def _open_sync(self) -> None:
+        if not os.path.exists(self.path):
+            self._create_sync()
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            self._load(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def _create_sync(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        tmp = self.path + ".new"
+        head = _SUPER.pack(SUPER_MAGIC, VERSION, 0, self._new_extent_size, uuid.uuid4().bytes)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o640)
+        try:
+            os.pwrite(fd, head + struct.pack("<I", crc32c(head)) + bytes(PAGE - len(head) - 4), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, self.path)
+        fsync_dir(os.path.dirname(self.path))
+
+    def _load(self, fd: int) -> None:
+        sb = os.pread(fd, PAGE, 0)
+        if len(sb) < _SUPER.size + 4:
+            raise CorruptionError(self.path, 0, "truncated log-device superblock")
+        magic, ver, _r, esize, _dev = _SUPER.unpack_from(sb, 0)
+        (crc,) = struct.unpack_from("<I", sb, _SUPER.size)
+        if magic != SUPER_MAGIC or crc32c(sb[: _SUPER.size]) != crc:
+            raise CorruptionError(self.path, 0, "bad log-device superblock (magic or checksum)")
+        if ver != VERSION:
+            raise CorruptionError(self.path, 0, f"unsupported log-device version {ver}")
+        self.extent_size, self.payload = esize, esize - PAGE
+        self._count = (os.fstat(fd).st_size - PAGE) // esize
+        pieces: dict[int, dict[int, tuple[int, int, int, str]]] = {}  # file_id -> index -> (extent, seq, used, name)
+        for e in range(self._count):
+            raw = os.pread(fd, 512, PAGE + e * esize)
+            got = self._parse(raw, PAGE + e * esize)
+            if got is None:
+                self._free.append(e)
+                continue
+            index, file_id, seq, used, name = got
+            self._seq = max(self._seq, seq)
+            if index in pieces.setdefault(file_id, {}):
+                raise CorruptionError(self.path, PAGE + e * esize, f"file {file_id:x} has two extents {index}")
+            pieces[file_id][index] = (e, seq, used, name)
+        stray: list[int] = []
+        for file_id, by_index in pieces.items():
+            chain = self._chain_of(file_id, by_index, stray)
+            if chain is None:
+                continue
+            other = self._chains.get(chain.name)
+            if other is not None:  # a rename that replaced a file, cut by a crash
+                loser = other if other.seq < chain.seq else chain
+                stray.extend(loser.extents)
+                if loser is other:
+                    self._chains[chain.name] = chain
+            else:
+                self._chains[chain.name] = chain
+        if stray:
+            self._zero_sync(fd, stray)
+            os.fdatasync(fd)
+            self._free.extend(stray)
+        self._free.sort()
+
+    def _parse(self, raw: bytes, at: int):
+        """(index, file_id, seq, used, name) of an extent header, None when free (zero)."""
+        if not any(raw):
+            return None
+        magic, ver, nlen, index, file_id, seq, used, _r = _HEAD.unpack_from(raw, 0)
+        end = _HEAD.size + nlen
+        if magic != HEAD_MAGIC or nlen > MAX_NAME or crc32c(raw[:end]) != struct.unpack_from("<I", raw, end)[0]:
+            raise CorruptionError(self.path, at, "extent header does not verify (magic or checksum)")
+        if ver != VERSION:
+            raise CorruptionError(self.path, at, f"unsupported extent-header version {ver}")
+        if used > self.payload:
+            raise CorruptionError(self.path, at, f"extent claims {used} bytes of a {self.payload}-byte payload")
+        return index, file_id, seq, used, raw[_HEAD.size:end].decode("ascii")
+
+    def _chain_of(self, file_id: int, by_index: dict, stray: list[int]) -> _Chain | None:
+        """The chain of indexes 0, 1, ... up to the first missing one (L3); the rest is stray."""
+        if 0 not in by_index:
+            stray.extend(e for e, *_ in by_index.values())
+            return None
+        e0, seq, used, name = by_index[0]
+        chain = _Chain(name, file_id, [e0], used, seq)
+        k = 1
+        while k in by_index:
+            if chain.used != self.payload:
+                raise CorruptionError(self.path, PAGE + chain.extents[-1] * self.extent_size,
+                                      "an extent before the last of its file is not full")
+            e, _s, used, _n = by_index[k]
+            chain.extents.append(e)
+            chain.used = used
+            k += 1
+        stray.extend(e for i, (e, *_) in by_index.items() if i >= k)
+        return chain
+
+    # -- extents -------------------------------------------------------------------
+
+    def _offset(self, extent: int) -> int:
+        return PAGE + extent * self.extent_size
+
+    def _write_header(self, chain: _Chain, k: int) -> None:
+        """Write extent ``k``'s header of ``chain`` as the chain is now (caller holds
+        ``chain.lock``, so two writes of one file never put their headers down out of order)."""
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        name = chain.name.encode("ascii") if k == 0 else b""
+        used = self.payload if k < len(chain.extents) - 1 else chain.used
+        head = _HEAD.pack(HEAD_MAGIC, VERSION, len(name), k, chain.file_id, seq, used, 0) + name
+        if k == 0:
+            chain.seq = seq
+        self._pwrite(head + struct.pack("<I", crc32c(head)), self._offset(chain.extents[k]))
+
+    def _take(self) -> int:
+        """A free extent (zero on the disk), growing the file when none is left."""
+        with self._lock:
+            if not self._free:
+                self._grow()
+            return self._free.pop(0)
+
+    def _grow(self) -> None:
+        """Up to GROW more extents (fewer when the host file system is short of room), written
+        as zeros and made durable with the file's new size: rare. ENOSPC when not one fits;
+        a grow cut short by ENOSPC is cut back, so the file stays whole extents."""
+        st = os.statvfs(os.path.dirname(self.path))
+        n = min(GROW, st.f_bavail * st.f_frsize // self.extent_size)
+        if n < 1:
+            raise OSError(errno.ENOSPC, "no room for another extent of the log device", self.path)
+        start = self._offset(self._count)
+        try:
+            _write_zeros(self._fd, start, n * self.extent_size)
+            os.fsync(self._fd)
+        except OSError:
+            os.ftruncate(self._fd, start)
+            raise
+        self._free.extend(range(self._count, self._count + n))
+        self._count += n
+
+    def _zero_sync(self, fd: int, extents: list[int]) -> None:
+        for e in extents:  # the header last would leave a named extent of zeros: harmless either way
+            _write_zeros(fd, self._offset(e), self.extent_size)
+
+    def _release(self, extents: list[int]) -> None:
+        """Free ``extents``: zero them and flush before they are handed out again (L2)."""
+        if not extents:
+            return
+        self._zero_sync(self._fd, extents)
+        self._note_written()
+        self.flush_sync()
+        with self._lock:
+            self._free.extend(extents)
+            self._free.sort()
+
+    # -- writes and the device flush ---------------------------------------------
+
+    def _pwrite(self, data, offset: int) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            n = os.pwrite(self._fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def _note_written(self) -> None:
+        with self._cv:
+            self._written += 1
+
+    def write_sync(self, chain: _Chain, parts, offset: int) -> int:
+        """Write ``parts`` at file ``offset``: the extents it reaches first are taken, and every
+        header whose ``used`` changes is written before the data (a crash between leaves zeros
+        or a torn write past the old end: never acknowledged). Not durable until a flush."""
+        views = [memoryview(p).cast("B") for p in parts if len(p)]
+        total = sum(len(v) for v in views)
+        end = offset + total
+        with chain.lock:
+            old_n, old_size = len(chain.extents), chain.size(self.payload)
+            while len(chain.extents) * self.payload < end or not chain.extents:
+                chain.extents.append(self._take())
+            grew = end > old_size or len(chain.extents) > old_n
+            if end > old_size:
+                chain.used = end - (len(chain.extents) - 1) * self.payload
+            elif len(chain.extents) > old_n:
+                chain.used = 0
+            if grew:
+                for k in range(max(old_n - 1, 0), len(chain.extents)):
+                    self._write_header(chain, k)
+            places = []
+            pos = offset
+            for v in views:
+                while v:
+                    k, within = divmod(pos, self.payload)
+                    n = min(len(v), self.payload - within)
+                    places.append((v[:n], self._offset(chain.extents[k]) + PAGE + within))
+                    v, pos = v[n:], pos + n
+        for data, at in places:
+            self._pwrite(data, at)
+        self._note_written()
+        return total
+
+    def flush_sync(self) -> None:
+        """Make every write completed before this call durable: one ``fdatasync`` of the
+        device, shared with every thread that waits meanwhile. After a failed one the device
+        refuses every later flush (its page cache can no longer be trusted: the "fsyncgate"
+        lesson); a restart reopens it from what the disk holds."""
+        with self._cv:
+            target = self._written
+            while self._synced < target:
+                if self._failed is not None:
+                    raise StorageIOError(f"{self.path}: an earlier flush of the log device failed: {self._failed}")
+                if self._syncing:
+                    self._cv.wait()
+                    continue
+                self._syncing, start = True, self._written
+                self._cv.release()
+                err = None
+                try:
+                    os.fdatasync(self._fd)
+                except OSError as e:
+                    err = e
+                self._cv.acquire()
+                self._syncing = False
+                if err is None:
+                    self._synced = max(self._synced, start)
+                    self.flushes += 1
+                else:
+                    self._failed = err
+                self._cv.notify_all()
+                if err is not None:
+                    raise err
+
+    # -- the BlockDevice interface -----------------------------------------------
+
+    async def create(self, name: str) -> DeviceFile:
+        check_name(name)
+        if len(name) > MAX_NAME:
+            raise StorageIOError(f"name {name!r} is longer than {MAX_NAME} bytes")
+        await self._ready()
+        with self._lock:
+            if name in self._chains:
+                raise AlreadyExistsError(f"{self.uri}/{name} exists")
+            chain = self._chains[name] = _Chain(name, int.from_bytes(os.urandom(8), "little"))
+
+        def run() -> None:
+            self.write_sync(chain, [], 0)
+            self.flush_sync()
+
+        try:
+            await run_io(run)
+        except BaseException as e:
+            with self._lock:
+                self._chains.pop(name, None)
+            if chain.extents:
+                await run_io(self._release, list(chain.extents))
+            full = no_space(e)
+            if full is not None:
+                raise full from e
+            raise
+        return _LogFile(self, name, chain)
+
+    async def open(self, name: str) -> DeviceFile:
+        await self._ready()
+        chain = self._chains.get(check_name(name))
+        if chain is None:
+            raise FileNotFoundInDeviceError(f"{self.uri}/{name} not found")
+        return _LogFile(self, name, chain)
+
+    async def delete(self, name: str) -> None:
+        await self._ready()
+        with self._lock:
+            chain = self._chains.pop(check_name(name), None)
+        if chain is None:
+            raise FileNotFoundInDeviceError(f"{self.uri}/{name} not found")
+        await run_io(self._release, list(chain.extents))  # index 0 first: the name goes first
+
+    async def rename(self, src: str, dst: str) -> None:
+        await self._ready()
+        check_name(dst)
+        with self._lock:
+            chain = self._chains.get(check_name(src))
+            if chain is None:
+                raise FileNotFoundInDeviceError(f"{self.uri}/{src} not found")
+            old = self._chains.get(dst)
+
+        def run() -> None:
+            with chain.lock:
+                chain.name = dst
+                self._write_header(chain, 0)  # the greater seq names dst after a crash
+            self._note_written()
+            self.flush_sync()
+            with self._lock:
+                self._chains.pop(src, None)
+                self._chains[dst] = chain
+            if old is not None and old is not chain:
+                self._release(list(old.extents))
+
+        await run_io(run)
+
+    async def list(self, prefix: str = "") -> list[str]:
+        await self._ready()
+        with self._lock:
+            return sorted(n for n in self._chains if n.startswith(prefix))
+
+    async def exists(self, name: str) -> bool:
+        await self._ready()
+        return check_name(name) in self._chains
+
+    def free_bytes(self) -> int | None:
+        st = os.statvfs(os.path.dirname(self.path))
+        return st.f_bavail * st.f_frsize + len(self._free) * self.payload
+
+    async def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
+class _LogFile(DeviceFile):
+    """An open file of a log device (one writer; reads may be concurrent)."""
+
+    preallocated = True  # bytes past the end read as zero already: no zeros written ahead
+
+    def __init__(self, dev: LogDevice, name: str, chain: _Chain):
+        self.dev, self.name, self._chain = dev, name, chain
+        self._closed = False
+
+    def _check(self) -> None:
+        if self._closed or self.dev._fd < 0:
+            raise ClosedError(f"{self.dev.uri}/{self.name} is closed")
+
+    async def append(self, data) -> int:
+        self._check()
+        chain = self._chain
+        off = max(chain.reserved, self.size())
+        chain.reserved = off + len(data)  # before the thread runs: appends never overlap
+        await run_io(self.dev.write_sync, chain, [data], off)
+        return off
+
+    async def pread(self, offset: int, length: int) -> bytes:
+        self._check()
+        dev, chain = self.dev, self._chain
+        end = min(offset + length, chain.size(dev.payload))
+        out, pos = [], offset
+
+        def run() -> bytes:
+            nonlocal pos
+            while pos < end:
+                k, within = divmod(pos, dev.payload)
+                n = min(end - pos, dev.payload - within)
+                out.append(os.pread(dev._fd, n, dev._offset(chain.extents[k]) + PAGE + within))
+                pos += n
+            return b"".join(out)
+
+        return await asyncio.to_thread(run) if end > offset else b""
+
+    async def truncate(self, size: int) -> None:
+        self._check()
+        await run_io(self._truncate_sync, size)
+
+    def _truncate_sync(self, size: int) -> None:
+        dev, chain = self.dev, self._chain
+        with chain.lock:
+            if size >= chain.size(dev.payload):
+                return
+            keep = max(-(-size // dev.payload), 1)
+            cut, chain.extents = chain.extents[keep:], chain.extents[:keep]
+            chain.used = size - (keep - 1) * dev.payload
+            chain.reserved = size
+            last = chain.extents[-1]
+            _write_zeros(dev._fd, dev._offset(last) + PAGE + chain.used, dev.payload - chain.used)  # L2
+            dev._write_header(chain, keep - 1)
+        dev._note_written()
+        dev._release(cut)
+
+    async def sync(self) -> None:
+        self._check()
+        await run_io(self.dev.flush_sync)
+
+    def writev_sync(self, parts, offset: int) -> int:
+        self._check()
+        return self.dev.write_sync(self._chain, parts, offset)
+
+    def fdatasync_sync(self) -> None:
+        self._check()
+        self.dev.flush_sync()
+
+    async def append_durable(self, build) -> tuple[int, int]:
+        self._check()
+
+        def run() -> tuple[int, int]:
+            off = self.size()
+            n = self.dev.write_sync(self._chain, build(off), off)
+            self.dev.flush_sync()
+            return off, n
+
+        return await run_io(run)
+
+    def size(self) -> int:
+        return self._chain.size(self.dev.payload)
+
+    async def close(self) -> None:
+        self._closed = True
+
+
+def _write_zeros(fd: int, offset: int, length: int) -> None:
+    while length > 0:
+        n = os.pwrite(fd, _ZERO[: min(length, len(_ZERO))], offset)
+        offset, length = offset + n, length - n
