@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from terrafs.active import ActiveConfig, ActiveFile
+from terrafs.active import ActiveFile
 from terrafs.backends.logdev import PAGE, LogDevice
 from terrafs.blocks import Codec
 from terrafs.errors import CorruptionError, FileNotFoundInDeviceError
