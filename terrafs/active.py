@@ -276,7 +276,7 @@ class ActiveFile(GroupRecovery):
         parts = self._encode_group(batch, group, phys, logical, entries)
         n = sum(len(p) for p in parts)
         end, alloc = phys + n, self._alloc_end
-        if end > alloc and n < PREALLOC_BELOW:
+        if end > alloc and n < PREALLOC_BELOW and not getattr(self._f, "preallocated", False):
             alloc = -(-(end + PREALLOC) // PREALLOC) * PREALLOC
             parts.append(_ZEROS[: alloc - end])
         self._f.writev_sync(parts, phys)
