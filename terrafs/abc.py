@@ -98,6 +98,11 @@ class BlockDevice(abc.ABC):
         """Bytes an unprivileged writer can still use on the device; None when unknown."""
         return None
 
+    def fdatasyncs(self) -> int | None:
+        """How many fdatasyncs made this device's files durable so far; None when it does not
+        count them (one per flush of each file: the active files' flush counters say it)."""
+        return None
+
     async def write_file(self, name: str, data: bytes) -> None:
         """Atomically replace ``name`` with ``data``: temp file, sync, rename."""
         tmp = name + ".tmp"

@@ -75,7 +75,12 @@ def open_block_device(uri: str, durable: bool = True) -> BlockDevice:
         return MemoryBlockDevice(uri, durable)
     from terrafs.backends.local import LocalBlockDevice
 
-    return LocalBlockDevice(local_path(uri), durable, uri=uri)
+    plain = LocalBlockDevice(local_path(uri), durable, uri=uri)
+    if not durable:
+        return plain
+    from terrafs.backends.logged import LoggedBlockDevice
+
+    return LoggedBlockDevice(plain)  # active files on the log device (RFC 0011)
 
 
 def open_object_store(uri: str) -> ObjectStore:

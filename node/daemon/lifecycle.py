@@ -201,6 +201,8 @@ class Node:
             m.flush_appends.set(sum(s["appends"] for s in stats))
             m.flush_seconds.set(sum(s.get("flush_s", 0.0) for s in stats))
             m.flush_wait_seconds.set(sum(s.get("wait_s", 0.0) for s in stats))
+            if self.fs.block.fdatasyncs() is not None:
+                m.device_syncs.set(self.fs.block.fdatasyncs())
             m.memtable_bytes.set(self.db.memtable_bytes())
             m.closed_ts.set(self.db.closed_ts)
             m.txn_held.set(self.db.participant.held)

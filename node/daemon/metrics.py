@@ -42,6 +42,9 @@ class Metrics:
                                    registry=r)
         self.flush_seconds = Gauge("terrascale_flush_seconds", "Time spent writing and fdatasyncing flush "
                                    "groups (open active files)", registry=r)
+        self.device_syncs = Gauge("terrascale_device_fdatasyncs", "fdatasyncs of the durable block device's "
+                                  "log device, each making every active file's writes before it durable "
+                                  "(RFC 0011)", registry=r)
         self.flush_wait_seconds = Gauge("terrascale_flush_wait_seconds", "Appenders' total wait for their "
                                         "group commit (open active files)", registry=r)
         self.segments = Gauge("terrascale_segments", "Segments by state", ["state"], registry=r)

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from catalog.checksum import crc32c
 from catalog.fsutil import fsync_dir
 from terrafs.abc import BlockDevice, DeviceFile, check_name
-from terrafs.errors import (AlreadyExistsError, ClosedError, CorruptionError, FileNotFoundInDeviceError,
-                            StorageIOError, no_space)
+from terrafs.errors import (AlreadyExistsError, ClosedError, CorruptionError, DeviceError,
+                            FileNotFoundInDeviceError, StorageIOError, no_space)
 from terrafs.iopool import run_io
 
 SUPER_MAGIC, HEAD_MAGIC = b"TRFSLOGD", b"TRLDEXT1"  # format
@@ -47,6 +47,7 @@ class _Chain:
     used: int = 0  # payload bytes in the last extent
     seq: int = 0  # of its index-0 header (a rename conflict: the greater wins)
     reserved: int = 0  # end of the appends handed an offset (they may still be writing)
+    last_write: int = 0  # the device's write counter after this file's last write (its flush waits for it)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # extents, used, headers
 
     def size(self, payload: int) -> int:
@@ -76,7 +77,8 @@ class LogDevice(BlockDevice):
         self._cv = threading.Condition()
         self._written = self._synced = 0
         self._syncing = False
-        self._failed: BaseException | None = None
+        self._failed: BaseException | None = None  # the last failed flush's error
+        self._suspect = 0  # writes up to this one were covered by a failed flush (see flush_sync)
         self.flushes = 0  # fdatasyncs of the device (tests and metrics count them)
 
     # -- opening -------------------------------------------------------------------
@@ -240,8 +242,7 @@ class LogDevice(BlockDevice):
         if not extents:
             return
         self._zero_sync(self._fd, extents)
-        self._note_written()
-        self.flush_sync()
+        self.flush_sync(self._note_written())
         with self._lock:
             self._free.extend(extents)
             self._free.sort()
@@ -254,9 +255,13 @@ class LogDevice(BlockDevice):
             n = os.pwrite(self._fd, view, offset)
             view, offset = view[n:], offset + n
 
-    def _note_written(self) -> None:
+    def _note_written(self, chain: _Chain | None = None) -> int:
+        """Count a completed write (of ``chain``'s file); its number, for ``flush_sync``."""
         with self._cv:
             self._written += 1
+            if chain is not None:
+                chain.last_write = self._written
+            return self._written
 
     def write_sync(self, chain: _Chain, parts, offset: int) -> int:
         """Write ``parts`` at file ``offset``: the extents it reaches first are taken, and every
@@ -287,19 +292,25 @@ class LogDevice(BlockDevice):
                     v, pos = v[n:], pos + n
         for data, at in places:
             self._pwrite(data, at)
-        self._note_written()
+        self._note_written(chain)
         return total
 
-    def flush_sync(self) -> None:
-        """Make every write completed before this call durable: one ``fdatasync`` of the
-        device, shared with every thread that waits meanwhile. After a failed one the device
-        refuses every later flush (its page cache can no longer be trusted: the "fsyncgate"
-        lesson); a restart reopens it from what the disk holds."""
+    def flush_sync(self, upto: int | None = None) -> None:
+        """Make durable every write up to number ``upto`` (default: every write completed
+        before this call): one ``fdatasync`` of the device, shared with every thread that waits
+        meanwhile. A write that a failed flush may have covered is never reported durable
+        (after a failed fdatasync the kernel may have dropped its pages and a later one
+        succeeds: the "fsyncgate" lesson): its file fails, is cut back to its last durable
+        group and recovered from the disk (``TerrascaleFS.reopen_failed``); writes made after
+        the failure flush normally."""
         with self._cv:
-            target = self._written
-            while self._synced < target:
-                if self._failed is not None:
-                    raise StorageIOError(f"{self.path}: an earlier flush of the log device failed: {self._failed}")
+            target = self._written if upto is None else upto
+            while True:
+                if target <= self._suspect:
+                    raise DeviceError(f"{self.path}: a flush of the log device covering this write failed: "
+                                      f"{self._failed}")
+                if self._synced >= target:
+                    return
                 if self._syncing:
                     self._cv.wait()
                     continue
@@ -316,9 +327,9 @@ class LogDevice(BlockDevice):
                     self._synced = max(self._synced, start)
                     self.flushes += 1
                 else:
-                    self._failed = err
+                    self._failed, self._suspect = err, self._written
                 self._cv.notify_all()
-                if err is not None:
+                if err is not None and target <= self._suspect:
                     raise err
 
     # -- the BlockDevice interface -----------------------------------------------
@@ -335,7 +346,7 @@ class LogDevice(BlockDevice):
 
         def run() -> None:
             self.write_sync(chain, [], 0)
-            self.flush_sync()
+            self.flush_sync(chain.last_write)
 
         try:
             await run_io(run)
@@ -378,8 +389,7 @@ class LogDevice(BlockDevice):
             with chain.lock:
                 chain.name = dst
                 self._write_header(chain, 0)  # the greater seq names dst after a crash
-            self._note_written()
-            self.flush_sync()
+            self.flush_sync(self._note_written(chain))
             with self._lock:
                 self._chains.pop(src, None)
                 self._chains[dst] = chain
@@ -461,12 +471,12 @@ class _LogFile(DeviceFile):
             last = chain.extents[-1]
             _write_zeros(dev._fd, dev._offset(last) + PAGE + chain.used, dev.payload - chain.used)  # L2
             dev._write_header(chain, keep - 1)
-        dev._note_written()
+        dev._note_written(chain)
         dev._release(cut)
 
     async def sync(self) -> None:
         self._check()
-        await run_io(self.dev.flush_sync)
+        await run_io(self.dev.flush_sync, self._chain.last_write)
 
     def writev_sync(self, parts, offset: int) -> int:
         self._check()
@@ -474,7 +484,7 @@ class _LogFile(DeviceFile):
 
     def fdatasync_sync(self) -> None:
         self._check()
-        self.dev.flush_sync()
+        self.dev.flush_sync(self._chain.last_write)
 
     async def append_durable(self, build) -> tuple[int, int]:
         self._check()
@@ -482,7 +492,7 @@ class _LogFile(DeviceFile):
         def run() -> tuple[int, int]:
             off = self.size()
             n = self.dev.write_sync(self._chain, build(off), off)
-            self.dev.flush_sync()
+            self.dev.flush_sync(self._chain.last_write)
             return off, n
 
         return await run_io(run)

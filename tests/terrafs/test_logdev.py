@@ -203,6 +203,56 @@ async def test_an_active_file_on_the_log_device_recovers_and_cuts_a_torn_group(t
     await again.close()
 
 
+async def test_a_failed_flush_fails_the_writes_it_covered_and_only_those(tmp_path, monkeypatch):
+    """fdatasync answers EIO once (fsyncgate: the kernel may have dropped those pages, and the
+    next one succeeds): every write it may have covered is refused as durable, writes made
+    after it flush normally, and an active file caught by it is cut back to its last durable
+    group and takes appends again."""
+    import errno
+
+    import terrafs.backends.logdev as ld
+    from terrafs.errors import DeviceError
+
+    dev = LogDevice(str(tmp_path / "logdev"), extent_size=SMALL)
+    a, b = await dev.create("a"), await dev.create("b")
+    p = new_params(9, 1, codec=Codec.NONE, block_size=16384, page_size=4096)
+    af = await ActiveFile.create(dev, "files/9.act", p, None)
+    kept = await af.append(b"acknowledged")
+    real, fail = os.fdatasync, [True]
+
+    def failing(fd):
+        if fail and fail.pop():
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(ld.os, "fdatasync", failing)
+    a.writev_sync([b"before the failure"], 0)
+    with pytest.raises(OSError):
+        b.writev_sync([b"also before"], 0)
+        b.fdatasync_sync()  # this flush fails ...
+    with pytest.raises(DeviceError):
+        a.fdatasync_sync()  # ... and it covered a's write: never reported durable
+    a.writev_sync([b"after"], 100)
+    a.fdatasync_sync()  # a write after the failure: a flush that works makes it durable
+    fail.append(True)
+    with pytest.raises(DeviceError):
+        await af.append(b"its flush fails")
+    with pytest.raises(DeviceError):
+        await af.append(b"the file takes nothing more")
+    af = await dev_reopen_failed(dev, af)
+    assert await af.read(kept, 12) == b"acknowledged" and af.durable_size == 12
+    more = await af.append(b"again")
+    assert await af.read(more, 5) == b"again"
+    await af.close()
+
+
+async def dev_reopen_failed(dev, af):
+    """What TerrascaleFS.reopen_failed does: cut back to the last durable group, recover."""
+    await af.cut_back()
+    await af.close()
+    return await ActiveFile.recover(dev, "files/9.act", None)
+
+
 CHILD = textwrap.dedent("""
     import asyncio, hashlib, sys
     from terrafs.active import ActiveConfig, ActiveFile

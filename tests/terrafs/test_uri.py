@@ -6,6 +6,7 @@ from terrafs.backends.local import LocalBlockDevice, LocalObjectStore
 from terrafs.backends.s3 import S3ObjectStore
 from terrafs.errors import ConfigurationError, UnsupportedSchemeError
 from terrafs.backends.s3 import query_options
+from terrafs.backends.logged import LoggedBlockDevice
 from terrafs.uri import local_path, open_block_device, open_catalog, open_object_store
 
 
@@ -18,7 +19,9 @@ def test_local_paths():
 
 
 def test_table(tmp_path):
-    assert isinstance(open_block_device(f"trfs://{tmp_path}/b"), LocalBlockDevice)
+    durable = open_block_device(f"trfs://{tmp_path}/b")
+    assert isinstance(durable, LoggedBlockDevice) and isinstance(durable.plain, LocalBlockDevice)
+    assert isinstance(open_block_device(f"trfs://{tmp_path}/v", durable=False), LocalBlockDevice)
     assert isinstance(open_object_store(f"trfs://{tmp_path}/o"), LocalObjectStore)
     assert isinstance(open_catalog(f"trkv://{tmp_path}/c"), LocalCatalog)
     s = open_object_store("trs3://bucket/pre?endpoint_url=http://127.0.0.1:1&region=us-east-1")
