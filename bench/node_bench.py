@@ -313,7 +313,21 @@ async def _write_load(http, clients: int, seconds: float, send) -> dict:
     await asyncio.gather(*[worker() for _ in range(clients)])
     took = time.perf_counter() - t0
     lat.sort()
-    return {"req_s": len(lat) / took, "p50_us": lat[len(lat) // 2] / 1000, "p99_us": lat[int(len(lat) * 0.99)] / 1000}
+    return {"req_s": len(lat) / took, "p50_us": lat[len(lat) // 2] / 1000, "p99_us": lat[int(len(lat) * 0.99)] / 1000,
+            "requests": len(lat)}
+
+
+async def fsyncs(http, url: str, name: str) -> float:
+    """The sum of the samples of metric ``name`` at ``url``/metrics (0.0 when absent)."""
+    async with http.get(url + "/metrics") as r:
+        text = await r.text()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.split("{")[0].split(" ")[0] == name)
+
+
+# fdatasyncs by side: the node's log device (RFC 0011) and the open active files' own flushes on
+# a device without one; etcd's WAL fsyncs
+SYNC_METRIC = {"ours": "terrascale_device_fdatasyncs", "etcd": "etcd_disk_wal_fsync_duration_seconds_count"}
 
 
 async def _ok(resp) -> None:
@@ -384,11 +398,14 @@ async def point_writes(root: str) -> list[Result]:
             theirs = {"upsert": peers.put(f"c{n}/"), "delete": peers.delete_range(f"c{n - 1}/"),
                       "batch10": peers.put(f"c{n}/", PW_BATCH)}[kind]
             for who, send in (("ours", ours), ("etcd", theirs)):
+                url = server.url if who == "ours" else etcd.url
+                before = await fsyncs(http, url, SYNC_METRIC[who])
                 st = await _write_load(http, clients, PW_SECONDS, send)
                 st["rows_s"] = st["req_s"] * (PW_BATCH if kind == "batch10" else 1)
+                st["syncs_per_req"] = (await fsyncs(http, url, SYNC_METRIC[who]) - before) / max(st["requests"], 1)
                 got[(case, who)] = st
                 print(f"  {case:>12} {who}: {st['rows_s']:>9,.0f} rows/s  p50 {st['p50_us']:>8,.0f} us  "
-                      f"p99 {st['p99_us']:>8,.0f} us", flush=True)
+                      f"p99 {st['p99_us']:>8,.0f} us  {st['syncs_per_req']:.2f} fdatasyncs/request", flush=True)
     finally:
         await http.close()
         server.close()
@@ -402,8 +419,10 @@ async def point_writes(root: str) -> list[Result]:
                 "batch10": f"10-row JSON upserts, {clients} clients"}[kind]
         o, e = got[(case, "ours")], got[(case, "etcd")]
         target = ">= 2.0x" if kind == "upsert" and clients >= 64 else "report"
-        out.append(Result(what, o["rows_s"], peer + (" (txn of 10 puts)" if kind == "batch10" else ""),
-                          e["rows_s"], "rows/s", target))
+        out.append(Result(f"{what} (fdatasyncs per request: ours {o['syncs_per_req']:.2f}, "
+                          f"etcd {e['syncs_per_req']:.2f})", o["rows_s"],
+                          peer + (" (txn of 10 puts)" if kind == "batch10" else ""), e["rows_s"], "rows/s", target,
+                          extra={"syncs_per_req": o["syncs_per_req"], "peer_syncs_per_req": e["syncs_per_req"]}))
         tgt50 = "<= 1 ms" if kind == "upsert" and clients == 1 else "report"
         out.append(Result(f"  p50, {what}", o["p50_us"], peer, e["p50_us"], "us", tgt50))
         out.append(Result(f"  p99, {what}", o["p99_us"], peer, e["p99_us"], "us",

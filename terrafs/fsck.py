@@ -80,7 +80,10 @@ async def check_fs(catalog: Catalog, block: BlockDevice, objects: ObjectStore,
     problems: list[Problem] = []
     recs = [FileRecord.from_bytes(e.value) for e in await catalog.scan(FILE_PREFIX)]
     named = {(r.inode, r.gen) for r in recs} | set(also_named)
-    local = await block.list("files/")
+    try:
+        local = await block.list("files/")
+    except CorruptionError as e:  # the log device's own structure (docs/format/logdev.md)
+        return problems + [Problem(e.where, e.offset, f"the block device cannot be read: {e}")]
     for name in local:
         ident = parse_name(name)
         if ident is None:

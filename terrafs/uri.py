@@ -67,7 +67,9 @@ def _scheme(uri: str, kind: Kind) -> str:
     return scheme
 
 
-def open_block_device(uri: str, durable: bool = True) -> BlockDevice:
+def open_block_device(uri: str, durable: bool = True, read_only: bool = False) -> BlockDevice:
+    """The device at ``uri``; ``read_only``: for a checker beside a running node (the log
+    device is opened without creating, freeing or writing anything)."""
     scheme = _scheme(uri, Kind.BLOCK)
     if scheme == "memory":
         from terrafs.backends.memory import MemoryBlockDevice
@@ -80,7 +82,7 @@ def open_block_device(uri: str, durable: bool = True) -> BlockDevice:
         return plain
     from terrafs.backends.logged import LoggedBlockDevice
 
-    return LoggedBlockDevice(plain)  # active files on the log device (RFC 0011)
+    return LoggedBlockDevice(plain, read_only=read_only)  # active files on the log device (RFC 0011)
 
 
 def open_object_store(uri: str) -> ObjectStore:

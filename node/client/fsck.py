@@ -88,7 +88,7 @@ async def _check_all(cfg: NodeConfig, catalog, kek) -> list[Problem]:
     objects = open_object_store(cfg.objects)
     try:
         await objects.open_store()
-        block = open_block_device(cfg.block)
+        block = open_block_device(cfg.block, read_only=True)
         problems += await check_fs(catalog, block, objects, kek, node_id=node_id, also_named=also_named)
         fs = TerrascaleFS(catalog, block, MemoryBlockDevice(durable=False), objects, kek=kek,
                           config=FsConfig(node_id=cfg.node_id))  # read-only use: no open()

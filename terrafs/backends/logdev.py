@@ -59,12 +59,13 @@ class LogDevice(BlockDevice):
 
     durable = True
 
-    def __init__(self, path: str, uri: str | None = None, extent_size: int = EXTENT_SIZE):
+    def __init__(self, path: str, uri: str | None = None, extent_size: int = EXTENT_SIZE, read_only: bool = False):
         if extent_size % PAGE or extent_size < 64 << 10:
             raise ValueError("extent_size must be a multiple of 4096 and at least 64 KiB")
         self.path = os.path.abspath(path)
         self.uri = uri or f"logdev://{self.path}"
         self._new_extent_size = extent_size
+        self.read_only = read_only  # fsck beside a running node: nothing created, freed or written
         self._fd = -1
         self.extent_size = self.payload = 0
         self._lock = threading.Lock()
@@ -92,8 +93,12 @@ class LogDevice(BlockDevice):
 
     def _open_sync(self) -> None:
         if not os.path.exists(self.path):
+            if self.read_only:  # no device yet: no files (nothing is made by a reader)
+                self.extent_size, self.payload = self._new_extent_size, self._new_extent_size - PAGE
+                self._fd = os.open(os.devnull, os.O_RDONLY)
+                return
             self._create_sync()
-        fd = os.open(self.path, os.O_RDWR)
+        fd = os.open(self.path, os.O_RDONLY if self.read_only else os.O_RDWR)
         try:
             self._load(fd)
         except BaseException:
@@ -151,7 +156,7 @@ class LogDevice(BlockDevice):
                     self._chains[chain.name] = chain
             else:
                 self._chains[chain.name] = chain
-        if stray:
+        if stray and not self.read_only:
             self._zero_sync(fd, stray)
             os.fdatasync(fd)
             self._free.extend(stray)
@@ -263,10 +268,15 @@ class LogDevice(BlockDevice):
                 chain.last_write = self._written
             return self._written
 
+    def _writable(self) -> None:
+        if self.read_only:
+            raise StorageIOError(f"{self.path} is open read-only")
+
     def write_sync(self, chain: _Chain, parts, offset: int) -> int:
         """Write ``parts`` at file ``offset``: the extents it reaches first are taken, and every
         header whose ``used`` changes is written before the data (a crash between leaves zeros
         or a torn write past the old end: never acknowledged). Not durable until a flush."""
+        self._writable()
         views = [memoryview(p).cast("B") for p in parts if len(p)]
         total = sum(len(v) for v in views)
         end = offset + total
@@ -339,6 +349,7 @@ class LogDevice(BlockDevice):
         if len(name) > MAX_NAME:
             raise StorageIOError(f"name {name!r} is longer than {MAX_NAME} bytes")
         await self._ready()
+        self._writable()
         with self._lock:
             if name in self._chains:
                 raise AlreadyExistsError(f"{self.uri}/{name} exists")
@@ -370,6 +381,7 @@ class LogDevice(BlockDevice):
 
     async def delete(self, name: str) -> None:
         await self._ready()
+        self._writable()
         with self._lock:
             chain = self._chains.pop(check_name(name), None)
         if chain is None:
@@ -378,6 +390,7 @@ class LogDevice(BlockDevice):
 
     async def rename(self, src: str, dst: str) -> None:
         await self._ready()
+        self._writable()
         check_name(dst)
         with self._lock:
             chain = self._chains.get(check_name(src))
@@ -461,6 +474,7 @@ class _LogFile(DeviceFile):
 
     def _truncate_sync(self, size: int) -> None:
         dev, chain = self.dev, self._chain
+        dev._writable()
         with chain.lock:
             if size >= chain.size(dev.payload):
                 return

@@ -20,9 +20,9 @@ def on_log(name: str) -> bool:
 class LoggedBlockDevice(BlockDevice):
     durable = True
 
-    def __init__(self, plain: LocalBlockDevice, log: LogDevice | None = None):
+    def __init__(self, plain: LocalBlockDevice, log: LogDevice | None = None, read_only: bool = False):
         self.plain = plain
-        self.log = log or LogDevice(f"{plain.root}/{LOG_NAME}")
+        self.log = log or LogDevice(f"{plain.root}/{LOG_NAME}", read_only=read_only)
         self.uri = plain.uri
 
     async def create(self, name: str) -> DeviceFile:

@@ -194,3 +194,41 @@ def test_fsck_finds_index_entries_naming_no_row(tmp_path):
     assert f"(segment {gone}, localid" in r.stdout
     assert "names 40 rowids of no row (past the segment's end)" in r.stdout, r.stdout  # localids 10..49
     assert f"(segment {short}, localid 10, segment rows 10)" in r.stdout
+
+
+def test_fsck_reads_active_files_on_the_log_device_and_names_a_flipped_byte_in_it(tmp_path):
+    """A node's data folder as `terrascale node run` makes it (active files in the log device,
+    docs/format/logdev.md): fsck passes it and changes nothing; a flipped byte inside an
+    active file's first group, or in an extent header, is damage named with its offset."""
+    from terrafs.backends.logdev import PAGE
+    from terrafs.uri import open_block_device
+
+    d = tmp_path / "data"
+
+    async def make():
+        cat = LocalCatalog(str(d / "catalog"))
+        await cat.open()
+        block = open_block_device(f"trfs://{d / 'block'}")
+        fs = TerrascaleFS(cat, block, LocalBlockDevice(str(d / "cache"), durable=False),
+                          LocalObjectStore(str(d / "objects")), config=FsConfig(sealed_block_size=4096))
+        await fs.open()
+        active = await fs.create()
+        for i in range(5):
+            await active.append(b"row-%d;" % i * 2000)
+        await fs.close()
+        await cat.close()
+        return block.log.extent_size, block.log._chains[(await block.list("files/"))[0]].extents[0]
+
+    esize, ext = asyncio.run(make())
+    dev = d / "block" / "logdev"
+    before = dev.read_bytes()
+    r = _fsck(d)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert dev.read_bytes() == before  # fsck never writes
+    for at, what in ((PAGE + ext * esize + PAGE + 200, "files/"), (PAGE + ext * esize + 20, "extent header")):
+        raw = bytearray(before)
+        raw[at] ^= 0x01
+        dev.write_bytes(raw)
+        r = _fsck(d)
+        assert r.returncode == 1 and what in r.stdout, r.stdout + r.stderr
+        assert dev.read_bytes() == bytes(raw)
