@@ -23,6 +23,7 @@ from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.errors import MirrorError
 from terrafs.fs import FsConfig, TerrascaleFS
+from tests.fixtures.waits import eventually_async
 
 S1 = parse_schema("id int64 primary key, v string")
 
@@ -67,6 +68,11 @@ class Tick:
 TICK = Tick()
 
 
+
+async def caught_up(sh, node: str) -> None:
+    """AssertionError until the leader reports ``node`` at its log end."""
+    assert sh.status()["followers"][node]["lag_bytes"] == 0, sh.status()["followers"][node]
+
 async def world(n=3):
     cat, objects = MemoryCatalog(), MemoryObjectStore()
     fss = {}
@@ -97,11 +103,7 @@ async def test_groups_are_acknowledged_once_a_majority_holds_them_and_copies_are
     assert sum(len(i) for i in ids) == 1000
     assert sh.lease_ok() and sh.status()["followers"]["n2"]["lag_bytes"] == 0
     tr.down.clear()  # n3 returns and catches up from the leader's file
-    for _ in range(200):
-        if sh.status()["followers"]["n3"]["lag_bytes"] == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert sh.status()["followers"]["n3"]["lag_bytes"] == 0
+    await eventually_async(lambda: caught_up(sh, "n3"))
     for n in ("n2", "n3"):
         rec, _, files = await stores[n].take("T", 0)
         assert rec.last == 1 and rec.promised == 1 and list(rec.segs) == [7]
@@ -323,11 +325,7 @@ async def test_a_follower_whose_device_filled_catches_up_once_space_is_back():
     assert sh.status()["followers"]["n2"]["lag_bytes"] in (None, *range(1, 1 << 20))
     stores["n2"].resume_free_bytes = 0
     dev.capacity = None
-    for _ in range(300):
-        if sh.status()["followers"]["n2"]["lag_bytes"] == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert sh.status()["followers"]["n2"]["lag_bytes"] == 0
+    await eventually_async(lambda: caught_up(sh, "n2"))
     rec, _, files = await stores["n2"].take("T", 0)
     copy = await ActiveSegment.recover(7, files[7])
     assert copy.durable_rows == seg.durable_rows == 60
