@@ -61,7 +61,8 @@ import numpy as np
 import pyarrow as pa
 
 from bench.common import Result, print_table, write_json
-from bench.node_bench import ARROW, BATCH_ROWS, SCHEMA, _PointPeers, _sensor_row, _write_load, batch
+from bench.node_bench import (ARROW, BATCH_ROWS, SCHEMA, SYNC_METRIC, _PointPeers, _sensor_row, _write_load, batch,
+                              fsyncs)
 from bench.raft_bench import Etcd
 from node.wire import write_arrow_stream
 from rowstore.index.key_memtable import encode_keys
@@ -297,10 +298,15 @@ async def latency(cl: Cluster, etcd: Etcd) -> list[Result]:
             base = (rnd * 2 + (clients > 1)) * span
             sides = {"r3": ours(3, base), "r1": ours(1, base), "etcd": peers.put(f"r{rnd}c{clients}/")}
             for who, send in sides.items():
+                urls = etcd.client if who == "etcd" else [cl.url(n.node_id) for n in cl.live()]
+                before = await _syncs(cl.http, urls, SYNC_METRIC["etcd" if who == "etcd" else "ours"])
                 st = await _write_load(cl.http, clients, LAT_SECONDS, send)
+                st["syncs_per_req"] = (await _syncs(cl.http, urls, SYNC_METRIC["etcd" if who == "etcd" else "ours"])
+                                       - before) / max(st["requests"], 1)
                 got[(who, clients)].append(st)
                 print(f"  round {rnd} {who:>4} {clients:>2} clients: {st['req_s']:>7,.0f} req/s  p50 "
-                      f"{st['p50_us']:>7,.0f} us  p99 {st['p99_us']:>8,.0f} us", flush=True)
+                      f"{st['p50_us']:>7,.0f} us  p99 {st['p99_us']:>8,.0f} us  "
+                      f"{st['syncs_per_req']:.2f} fdatasyncs/request (all members)", flush=True)
     await cl.drop("lat_r3")
     await cl.drop("lat_r1")
 
@@ -317,10 +323,23 @@ async def latency(cl: Cluster, etcd: Etcd) -> list[Result]:
                               {"r1": round(med("r1", clients, k)),
                                "rounds_r3": [round(x[k]) for x in got[("r3", clients)]],
                                "rounds_etcd": [round(x[k]) for x in got[("etcd", clients)]]}))
-        out.append(Result(f"single-row JSON upsert, R=3, {what}: writes/s", med("r3", clients, "req_s"), ETCD3,
+        o_s, e_s = med("r3", clients, "syncs_per_req"), med("etcd", clients, "syncs_per_req")
+        out.append(Result(f"single-row JSON upsert, R=3, {what}: writes/s (fdatasyncs per request, all members: "
+                          f"ours {o_s:.2f}, etcd {e_s:.2f})", med("r3", clients, "req_s"), ETCD3,
                           med("etcd", clients, "req_s"), "req/s", "report",
-                          {"r1": round(med("r1", clients, "req_s"))}))
+                          {"r1": round(med("r1", clients, "req_s")), "syncs_per_req": o_s, "peer_syncs_per_req": e_s}))
     return out
+
+
+async def _syncs(http, urls: list[str], name: str) -> float:
+    """fdatasyncs so far summed over the members at ``urls`` (a member that does not answer: 0)."""
+    total = 0.0
+    for u in urls:
+        try:
+            total += await fsyncs(http, u, name)
+        except OSError:
+            pass
+    return total
 
 
 # -- 4. catch-up -------------------------------------------------------------------------------------
