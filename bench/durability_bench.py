@@ -13,7 +13,8 @@ to the moment every group is durable; the median and p99 over ``BENCH_SYNC_ROUND
   go into one preallocated node-wide journal file with one ``pwrite`` and one ``fdatasync``;
 * **device**: every log is a set of extents of one preallocated node-wide device file; the
   ``N`` groups are ``pwrite``s into their logs' extents and one ``fdatasync`` of the device
-  makes them all durable (no second copy);
+  makes them all durable (no second copy); **device+header** also rewrites each log's extent
+  header (its ``used``) with the group, as the log device does today (a second page per log);
 * **syncfs**: the ``N`` groups are written into their files, then one ``syncfs`` of the
   filesystem (flushes every dirty page of it, other processes' too: a device of its own only).
 
@@ -64,10 +65,12 @@ def _round(way: str, fds: list[int], journal: int, pool: ThreadPoolExecutor, i: 
             os.pwrite(fd, data, off)
         os.pwrite(journal, data * n, joff)
         os.fdatasync(journal)
-    elif way == "device":
+    elif way in ("device", "device+header"):
         region = PREALLOC // n  # one region of the device file per log: its extents
         for k in range(n):
-            os.pwrite(journal, data, k * region + off % (region - size))
+            if way == "device+header":  # the extent header's ``used`` rewritten with each group
+                os.pwrite(journal, data[:44], k * region)
+            os.pwrite(journal, data, k * region + 4096 + off % (region - size - 4096))
         os.fdatasync(journal)
     else:
         for fd in fds:
@@ -104,7 +107,7 @@ async def main() -> None:
     for n in (1, 8, 24):
         base = measure(n, "per-file", rounds, size, where)
         b50 = statistics.median(base) * 1000
-        for way in ("per-file", "journal", "device", "syncfs"):
+        for way in ("per-file", "journal", "device", "device+header", "syncfs"):
             got = base if way == "per-file" else measure(n, way, rounds, size, where)
             m50, m99 = statistics.median(got) * 1000, _p(got, 0.99) * 1000
             # ratio: rounds per second, ours (this way) over the per-file way's

@@ -195,15 +195,17 @@ class TerrascaleFS:
         return af
 
     async def _header_unwritten(self, rec: FileRecord) -> bool:
-        """Whether ``rec``'s local file is shorter than its header (appends come after it)."""
-        f = await self.block.open(rec.location)
-        try:
-            size = f.size()
-        finally:
-            await f.close()
+        """Whether ``rec``'s local file holds no header (appends come after it): shorter than
+        one, or zeros where it goes (a log-device file is whole zeroed extents after a reopen)."""
         params = new_params(rec.inode, rec.gen, codec=rec.codec, block_size=self.cfg.active_block_size,
                             page_size=self.cfg.page_size, kek=self.kek)
-        return size < len(encode_active_header(params))
+        need = len(encode_active_header(params))
+        f = await self.block.open(rec.location)
+        try:
+            got = await f.pread(0, need)
+        finally:
+            await f.close()
+        return len(got) < need or not any(got)
 
     async def reopen_failed(self, af: ActiveFile) -> ActiveFile:
         """A file whose write group failed (at the device, or refused by its mirror), cut back

@@ -28,6 +28,7 @@ from terrafs.iopool import run_io
 
 SUPER_MAGIC, HEAD_MAGIC = b"TRFSLOGD", b"TRLDEXT1"  # format
 VERSION = 1  # format
+ZERO_ENDED = 0x1  # format: superblock flag — files are whole extents after a reopen
 PAGE = 4096  # format: the superblock, and each extent's header area
 _SUPER = struct.Struct("<8sHHI16s")  # format: 32 bytes, then crc
 _HEAD = struct.Struct("<8sHHIQQII")  # format: 40 bytes, then the name, then crc
@@ -59,13 +60,19 @@ class LogDevice(BlockDevice):
 
     durable = True
 
-    def __init__(self, path: str, uri: str | None = None, extent_size: int = EXTENT_SIZE, read_only: bool = False):
+    def __init__(self, path: str, uri: str | None = None, extent_size: int = EXTENT_SIZE, read_only: bool = False,
+                 exact_sizes: bool = True):
         if extent_size % PAGE or extent_size < 64 << 10:
             raise ValueError("extent_size must be a multiple of 4096 and at least 64 KiB")
         self.path = os.path.abspath(path)
         self.uri = uri or f"logdev://{self.path}"
         self._new_extent_size = extent_size
         self.read_only = read_only  # fsck beside a running node: nothing created, freed or written
+        # A new device's mode (an existing one keeps its own, from its superblock): with exact
+        # sizes each write that grows a file rewrites its last extent's ``used``; without, a
+        # reopened file is whole extents, zero past what was written (active files find their
+        # own end), and a group costs no header page.
+        self.zero_ended = not exact_sizes
         self._fd = -1
         self.extent_size = self.payload = 0
         self._lock = threading.Lock()
@@ -109,7 +116,8 @@ class LogDevice(BlockDevice):
     def _create_sync(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         tmp = self.path + ".new"
-        head = _SUPER.pack(SUPER_MAGIC, VERSION, 0, self._new_extent_size, uuid.uuid4().bytes)
+        head = _SUPER.pack(SUPER_MAGIC, VERSION, ZERO_ENDED if self.zero_ended else 0, self._new_extent_size,
+                           uuid.uuid4().bytes)
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o640)
         try:
             os.pwrite(fd, head + struct.pack("<I", crc32c(head)) + bytes(PAGE - len(head) - 4), 0)
@@ -123,12 +131,15 @@ class LogDevice(BlockDevice):
         sb = os.pread(fd, PAGE, 0)
         if len(sb) < _SUPER.size + 4:
             raise CorruptionError(self.path, 0, "truncated log-device superblock")
-        magic, ver, _r, esize, _dev = _SUPER.unpack_from(sb, 0)
+        magic, ver, flags, esize, _dev = _SUPER.unpack_from(sb, 0)
         (crc,) = struct.unpack_from("<I", sb, _SUPER.size)
         if magic != SUPER_MAGIC or crc32c(sb[: _SUPER.size]) != crc:
             raise CorruptionError(self.path, 0, "bad log-device superblock (magic or checksum)")
         if ver != VERSION:
             raise CorruptionError(self.path, 0, f"unsupported log-device version {ver}")
+        if flags & ~ZERO_ENDED:
+            raise CorruptionError(self.path, 10, f"unknown log-device flags {flags:#x}")
+        self.zero_ended = bool(flags & ZERO_ENDED)
         self.extent_size, self.payload = esize, esize - PAGE
         self._count = (os.fstat(fd).st_size - PAGE) // esize
         pieces: dict[int, dict[int, tuple[int, int, int, str]]] = {}  # file_id -> index -> (extent, seq, used, name)
@@ -207,7 +218,7 @@ class LogDevice(BlockDevice):
             self._seq += 1
             seq = self._seq
         name = chain.name.encode("ascii") if k == 0 else b""
-        used = self.payload if k < len(chain.extents) - 1 else chain.used
+        used = self.payload if k < len(chain.extents) - 1 or self.zero_ended else chain.used
         head = _HEAD.pack(HEAD_MAGIC, VERSION, len(name), k, chain.file_id, seq, used, 0) + name
         if k == 0:
             chain.seq = seq
@@ -289,8 +300,8 @@ class LogDevice(BlockDevice):
                 chain.used = end - (len(chain.extents) - 1) * self.payload
             elif len(chain.extents) > old_n:
                 chain.used = 0
-            if grew:
-                for k in range(max(old_n - 1, 0), len(chain.extents)):
+            if grew:  # zero-ended: only the extents taken now (their header never changes)
+                for k in range(old_n if self.zero_ended else max(old_n - 1, 0), len(chain.extents)):
                     self._write_header(chain, k)
             places = []
             pos = offset
@@ -484,7 +495,8 @@ class _LogFile(DeviceFile):
             chain.reserved = size
             last = chain.extents[-1]
             _write_zeros(dev._fd, dev._offset(last) + PAGE + chain.used, dev.payload - chain.used)  # L2
-            dev._write_header(chain, keep - 1)
+            if not dev.zero_ended:
+                dev._write_header(chain, keep - 1)
         dev._note_written(chain)
         dev._release(cut)
 

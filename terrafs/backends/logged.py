@@ -22,7 +22,8 @@ class LoggedBlockDevice(BlockDevice):
 
     def __init__(self, plain: LocalBlockDevice, log: LogDevice | None = None, read_only: bool = False):
         self.plain = plain
-        self.log = log or LogDevice(f"{plain.root}/{LOG_NAME}", read_only=read_only)
+        # active files find their own end (zeros past their last group): no size kept per group
+        self.log = log or LogDevice(f"{plain.root}/{LOG_NAME}", read_only=read_only, exact_sizes=False)
         self.uri = plain.uri
 
     async def create(self, name: str) -> DeviceFile:

@@ -251,3 +251,32 @@ async def test_kill_after_acknowledged_appends_then_offload(world):
     assert world.report.reopened == [af.inode]
     for i, off in enumerate(offs):
         assert await fs2.read(af.inode, off, 4) == b"%04d" % i
+
+
+async def test_an_active_file_whose_header_never_reached_the_log_device_opens_empty(tmp_path):
+    """On the log device a file is whole zeroed extents after a reopen: a crash after the file's
+    extent was taken but before its header became durable leaves zeros, not a short file. The
+    restart finds it header-less and starts it empty (as a short local file is), instead of
+    refusing it as corrupt."""
+    from terrafs.backends.local import LocalBlockDevice
+    from terrafs.backends.logged import LoggedBlockDevice
+
+    catalog = MemoryCatalog()
+
+    def start():
+        return TerrascaleFS(catalog, LoggedBlockDevice(LocalBlockDevice(str(tmp_path / "block"))),
+                            MemoryBlockDevice(durable=False), MemoryObjectStore(), config=CFG)
+
+    fs = start()
+    await fs.open()
+    af = await fs.create()
+    rec = await fs.stat(af.inode)
+    raw = await fs.block.open(rec.location)
+    raw.writev_sync([bytes(4096)], 0)  # the header's bytes as a crash before its flush leaves them
+    raw.fdatasync_sync()
+    fs2 = start()  # a restart: the device reopened from the disk
+    await fs2.open()
+    again = await fs2.open_active(af.inode)
+    assert again.durable_size == 0
+    assert await again.append(b"hello") == 0
+    await fs2.close()

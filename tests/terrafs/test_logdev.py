@@ -32,6 +32,14 @@ class TestLogDevice(BlockDeviceSuite):
         return LogDevice(str(tmp_path / "logdev"), extent_size=SMALL)
 
 
+class TestLogDeviceZeroEnded(BlockDeviceSuite):
+    """The mode a node's active files use: the same behaviour while open."""
+
+    @pytest.fixture
+    def make(self, tmp_path):
+        return LogDevice(str(tmp_path / "logdev"), extent_size=SMALL, exact_sizes=False)
+
+
 def reopen(dev: LogDevice) -> LogDevice:
     return LogDevice(dev.path)
 
@@ -62,14 +70,15 @@ ops = st.lists(st.tuples(st.sampled_from(["create", "append", "truncate", "renam
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=ops)
-def test_a_reopened_device_holds_exactly_what_was_synced(tmp_path_factory, ops):
+@given(ops=ops, exact=st.booleans())
+def test_a_reopened_device_holds_exactly_what_was_synced(tmp_path_factory, ops, exact):
     """A model (name -> bytes) against the device; after the last op a sync and a reopen:
-    the reopened device lists the same files with the same bytes, and free extents are zero."""
+    the reopened device lists the same files with the same bytes (zero-ended: then zeros up
+    to whole extents), and free extents are zero."""
     path = str(tmp_path_factory.mktemp("ld") / "logdev")
 
     async def run():
-        dev, model, handles = LogDevice(path, extent_size=SMALL), {}, {}
+        dev, model, handles = LogDevice(path, extent_size=SMALL, exact_sizes=exact), {}, {}
         for op, i, n in ops:
             name = f"f{i}"
             if op == "create" and name not in model:
@@ -95,7 +104,13 @@ def test_a_reopened_device_holds_exactly_what_was_synced(tmp_path_factory, ops):
         if handles:
             await next(iter(handles.values())).sync()
         again = reopen(dev)
-        assert await contents(again) == model
+        got = await contents(again)
+        if not exact:  # whole extents: the model's bytes, then zeros
+            payload = SMALL - PAGE
+            got = {n: b[: len(model.get(n, b""))] if not any(b[len(model.get(n, b"")):]) else b
+                   for n, b in got.items()}
+            assert all(len(b) % payload == 0 for b in (await contents(again)).values())
+        assert got == model
         for e in again._free:
             with open(path, "rb") as f:
                 f.seek(PAGE + e * SMALL)
@@ -116,6 +131,20 @@ async def test_one_fdatasync_makes_many_files_durable(tmp_path):
     [t.join() for t in threads]
     assert dev.flushes - before == 1
     assert {n: len(b) for n, b in (await contents(reopen(dev))).items()} == {f"f{i}": 100 + i for i in range(8)}
+
+
+@pytest.mark.parametrize("exact", [True, False])
+async def test_a_group_rewrites_its_extent_header_only_with_exact_sizes(tmp_path, monkeypatch, exact):
+    """100 small appends inside one extent: with exact sizes each rewrites the header's
+    ``used`` (a second page per flush); zero-ended, the header is written once, when taken."""
+    dev = LogDevice(str(tmp_path / "logdev"), extent_size=SMALL, exact_sizes=exact)
+    f = await dev.create("a")
+    writes = []
+    real = dev._write_header
+    monkeypatch.setattr(dev, "_write_header", lambda chain, k: (writes.append(k), real(chain, k)))
+    for i in range(100):
+        f.writev_sync([b"%05d" % i], i * 5)
+    assert len(writes) == (100 if exact else 0)
 
 
 async def test_a_missing_extent_header_cuts_the_chain_there(tmp_path):
