@@ -1,6 +1,7 @@
 """Replicated partitions on 3 real node processes (RFC 0010 §5): writes acknowledged once a
 majority holds them, kill -9 of a leader fails its partitions over to a follower holding every
 acknowledged batch, a returning node catches up, two replicas down answer 503."""
+import contextlib
 import json
 import time
 
@@ -205,60 +206,16 @@ def test_a_joining_member_takes_replicas_and_leaderships_under_load(tmp_path):
             n.ensure_stopped()
 
 
-@pytest.mark.slow
-def test_a_member_removed_while_a_move_onto_it_runs_is_placed_nowhere(tmp_path):
-    """`admin cluster add` of a 4th node, then `admin cluster remove` of it while the driver is
-    moving a replica onto it (the nemesis suite's seed 6; here the move is held in flight by
-    cutting the others' requests to the newcomer, ``TERRASCALE_FAILPOINT_CUT_DIR``): the move is
-    given up, the placement stops naming the removed node and every partition is back to 3
-    replicas, with nothing acknowledged lost and writes going on."""
+@contextlib.contextmanager
+def moving_onto_a_cut_off_joiner(tmp_path):
+    """Three nodes whose requests to a 4th, n4, are cut (``TERRASCALE_FAILPOINT_CUT_DIR``, one
+    folder per node in ``cuts``), a table "t" (4 partitions, R = 3) holding batches 1..10, and n4
+    added: yields once the driver is moving a replica onto n4 — a move the cut holds in flight.
+    Yields (nodes, cuts, client of the first node, acknowledged batches, n4, the moving
+    partition's placement); every node is stopped afterwards."""
     nodes = raft_cluster(tmp_path, 3, extra=FAST)
-    n4 = None
-    try:
-        for n in nodes:
-            (tmp_path / f"cut-{n.node_id}").mkdir()
-            (tmp_path / f"cut-{n.node_id}" / "n4").touch()
-            n.start(wait=False, env={"TERRASCALE_FAILPOINT_CUT_DIR": str(tmp_path / f"cut-{n.node_id}")})
-        for n in nodes:
-            n.wait_ready(90)
-        c1 = nodes[0].client(timeout=60)
-        c1.create_table("t", [("id", "int64"), ("b", "int64")], "id", partitions=4, replicas=3)
-        acked = {bid: upsert_retrying(c1, bid) for bid in range(1, 11)}
-        n4 = joiner(tmp_path, nodes, FAST).start(wait=False)
-        c1._call("POST", "/v1/admin/cluster/members", {"raft_address": n4.raft_address})
-
-        def moving():
-            place = c1.describe("t")["placement"]
-            assert any("n4" in p["replicas"] and p.get("leaving") for p in place), place
-        eventually(moving, 90, 0.2)
-        eventually(lambda: c1.remove_member(n4.raft_address), 60, 0.5)
-        for bid in range(11, 21):
-            acked[bid] = upsert_retrying(c1, bid)
-
-        def unplaced():
-            place = c1.describe("t")["placement"]
-            assert all("n4" not in p["replicas"] and len(p["replicas"]) == 3 and not p.get("leaving")
-                       for p in place), place
-        eventually(unplaced, 60, 0.5)
-        for n in nodes:
-            with n.client(timeout=60) as c:
-                got = eventually(lambda c=c: batches(c))
-                assert got == {b: 40 for b in acked}, sorted(set(acked) ^ set(got))[:5]
-    finally:
-        for n in [*nodes, *([n4] if n4 else [])]:
-            n.ensure_stopped()
-
-
-@pytest.mark.slow
-def test_a_dead_member_removed_while_a_move_of_its_partition_runs_is_placed_nowhere(tmp_path):
-    """The nemesis suite's seed 5: a 4th node joins, the driver begins moving a replica onto it
-    (held in flight by a cut), the moving partition's leader is killed (-9) and removed. With
-    four replicas, one dead and the newcomer unreachable, no election can win: the move is given
-    up, a leader is elected among the two left, and once the cut is lifted every partition is
-    back to 3 replicas on the live members with every acknowledged batch."""
-    nodes = raft_cluster(tmp_path, 3, extra=FAST)
-    n4 = None
     cuts = {n.node_id: tmp_path / f"cut-{n.node_id}" for n in nodes}
+    n4 = None
     try:
         for n in nodes:
             cuts[n.node_id].mkdir()
@@ -277,10 +234,45 @@ def test_a_dead_member_removed_while_a_move_of_its_partition_runs_is_placed_nowh
             got = next((p for p in place if "n4" in p["replicas"] and p.get("leaving")), None)
             assert got is not None, place
             return got
-        p = eventually(moving, 90, 0.2)
+        yield nodes, cuts, c1, acked, n4, eventually(moving, 90, 0.2)
+    finally:
+        for n in [*nodes, *([n4] if n4 else [])]:
+            n.ensure_stopped()
+
+
+def settled(c, gone: str) -> None:
+    """AssertionError until every partition has 3 replicas, none of them ``gone``, no move running."""
+    place = c.describe("t")["placement"]
+    assert all(gone not in p["replicas"] and len(p["replicas"]) == 3 and not p.get("leaving") for p in place), place
+
+
+@pytest.mark.slow
+def test_a_member_removed_while_a_move_onto_it_runs_is_placed_nowhere(tmp_path):
+    """`admin cluster add` of a 4th node, then `admin cluster remove` of it while the driver is
+    moving a replica onto it (the nemesis suite's seed 6; here the move is held in flight by a
+    cut): the move is given up, the placement stops naming the removed node and every partition
+    is back to 3 replicas, with nothing acknowledged lost and writes going on."""
+    with moving_onto_a_cut_off_joiner(tmp_path) as (nodes, _cuts, c1, acked, n4, _p):
+        eventually(lambda: c1.remove_member(n4.raft_address), 60, 0.5)
+        for bid in range(11, 21):
+            acked[bid] = upsert_retrying(c1, bid)
+        eventually(lambda: settled(c1, "n4"), 60, 0.5)
+        for n in nodes:
+            with n.client(timeout=60) as c:
+                got = eventually(lambda c=c: batches(c))
+                assert got == {b: 40 for b in acked}, sorted(set(acked) ^ set(got))[:5]
+
+
+@pytest.mark.slow
+def test_a_dead_member_removed_while_a_move_of_its_partition_runs_is_placed_nowhere(tmp_path):
+    """The nemesis suite's seed 5: a 4th node joins, the driver begins moving a replica onto it
+    (held in flight by a cut), the moving partition's leader is killed (-9) and removed. With
+    four replicas, one dead and the newcomer unreachable, no election can win: the move is given
+    up, a leader is elected among the two left, and once the cut is lifted every partition is
+    back to 3 replicas on the live members with every acknowledged batch."""
+    with moving_onto_a_cut_off_joiner(tmp_path) as (nodes, cuts, _c1, acked, n4, p):
         gone = next(n for n in nodes if n.node_id == p["leader"])  # the driver too, maybe: another takes over
-        via = next(n for n in nodes if n is not gone)
-        cv = via.client(timeout=60)
+        cv = next(n for n in nodes if n is not gone).client(timeout=60)
         gone.kill()
         eventually(lambda: cv.remove_member(gone.raft_address), 60, 0.5)
         for bid in range(11, 21):
@@ -293,12 +285,7 @@ def test_a_dead_member_removed_while_a_move_of_its_partition_runs_is_placed_nowh
         for n in nodes:
             if n is not gone:
                 (cuts[n.node_id] / "n4").unlink()
-
-        def settled():
-            place = cv.describe("t")["placement"]
-            assert all(gone.node_id not in p["replicas"] and len(p["replicas"]) == 3 and not p.get("leaving")
-                       for p in place), place
-        eventually(settled, 90, 0.5)
+        eventually(lambda: settled(cv, gone.node_id), 90, 0.5)
         for n in [*nodes, n4]:
             if n is gone:
                 continue
@@ -306,9 +293,6 @@ def test_a_dead_member_removed_while_a_move_of_its_partition_runs_is_placed_nowh
                 got = eventually(lambda c=c: batches(c))
                 assert got == {b: 40 for b in acked}, sorted(set(acked) ^ set(got))[:5]
         print("moves", cv.status()["replication"].get("moves"), "killed", gone.node_id, "partition", p)
-    finally:
-        for n in [*nodes, *([n4] if n4 else [])]:
-            n.ensure_stopped()
 
 
 @pytest.mark.slow
