@@ -421,7 +421,8 @@ class NodeReplication:
 
     def status(self) -> dict:
         return {"driving": self._driving, "dead": sorted(self.dead), "elections": dict(self.elections),
-                "moves": dict(self.rebalancer.moves), "led": self.db.leadership.status()}
+                "moves": dict(self.rebalancer.moves), "led": self.db.leadership.status(),
+                "transport": {"requests": self.transport.requests, "messages": self.transport.messages}}
 
 
 __all__ = ["NodeReplication", "NOTHING"]

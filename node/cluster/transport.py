@@ -1,6 +1,7 @@
 """The replication messages' wire form (docs/format/replication.md) and the leader's HTTP
-transport: a leader's appends sent to a follower's ``/v1/internal/repl/append``. The follower's
-endpoints are :mod:`node.http.routes.replication`."""
+transport: a leader's appends sent to a follower's ``/v1/internal/repl/append`` — several at a
+time, of different partitions, to ``/v1/internal/repl/append_many`` (RFC 0011, step 2). The
+follower's endpoints are :mod:`node.http.routes.replication`."""
 from __future__ import annotations
 
 import asyncio
@@ -59,23 +60,127 @@ def decode(body: bytes) -> tuple[dict, list[Piece]]:
     return h, pieces
 
 
+def encode_many(bodies: list[bytes]) -> bytes:
+    """Several messages in one body: their count, then each one's length and bytes."""
+    return b"".join([_LEN.pack(len(bodies)), *(_LEN.pack(len(b)) + b for b in bodies)])
+
+
+def decode_many(body: bytes) -> list[memoryview]:
+    """The messages of a batch body, checked against it (400 on any mismatch: none applied)."""
+    view = memoryview(body)
+    if len(view) < 4:
+        raise ApiError(400, "bad_request", "a batch of replication messages starts with their count")
+    (n,) = _LEN.unpack_from(view)
+    if not 1 <= n <= MAX_BATCH:
+        raise ApiError(400, "bad_request", f"a batch holds 1..{MAX_BATCH} messages, not {n}")
+    out, at = [], 4
+    for _ in range(n):
+        if at + 4 > len(view):
+            raise ApiError(400, "bad_request", "a message length runs past the body")
+        (ln,) = _LEN.unpack_from(view, at)
+        if at + 4 + ln > len(view):
+            raise ApiError(400, "bad_request", "a message runs past the body")
+        out.append(view[at + 4 : at + 4 + ln])
+        at += 4 + ln
+    if at != len(view):
+        raise ApiError(400, "bad_request", "bytes after the last message")
+    return out
+
+
+MAX_BATCH = 256  # messages per batch request
+APPEND, APPEND_MANY = "/v1/internal/repl/append", "/v1/internal/repl/append_many"
+
+
 class HttpTransport(Transport):
-    """A leader's appends over the internal HTTP endpoint, with a per-call deadline."""
+    """A leader's appends over the internal HTTP endpoints, with a per-call deadline — one
+    stream per follower node (RFC 0011, step 2): the appends of every partition this node
+    leads for that follower that arrive while a request to it is in flight leave together, in
+    the next request (``append_many``), and each caller gets its own message's answer. The
+    protocol stays per partition (each link keeps one message in flight); a follower runs a
+    batch's partitions concurrently, so their groups share its device flushes."""
 
     def __init__(self, cluster: Cluster, timeout_s: float):
         self.cluster, self.timeout_s = cluster, timeout_s
+        self._queued: dict[str, list[tuple[bytes, asyncio.Future]]] = {}
+        self._sending: set[str] = set()
+        self._single_only: set[str] = set()  # nodes without append_many (an older version)
+        self.requests = self.messages = 0  # append requests sent, and the messages they carried
 
     async def append(self, node: str, header: dict, data: list[bytes]) -> dict:
-        body = encode(header, data)
-        status, headers, payload = await asyncio.wait_for(
-            self.cluster.call(node, "POST", "/v1/internal/repl/append", body=body,
-                              headers={"Content-Type": "application/octet-stream"}), self.timeout_s)
+        fut = asyncio.get_running_loop().create_future()
+        self._queued.setdefault(node, []).append((encode(header, data), fut))
+        if node not in self._sending:
+            self._sending.add(node)
+            asyncio.ensure_future(self._stream(node))
+        status, headers, payload = await asyncio.wait_for(fut, self.timeout_s)
+        return _answer(node, status, headers, payload)
+
+    async def _stream(self, node: str) -> None:
+        """Send what is queued for ``node``, one request at a time, until nothing is."""
         try:
-            doc = json.loads(payload)
-        except ValueError:
-            doc = {}
-        if status == 409 and doc.get("error", {}).get("code") == "fenced":
-            raise FencedError(doc["error"]["message"], int(headers.get(PROMISED, "0") or 0))
-        if status != 200:
-            raise ConnectionError(f"node {node} answered {status} to an append: {payload[:200]!r}")
-        return doc
+            while True:
+                queue = self._queued.get(node, [])
+                batch = [(b, f) for b, f in queue[:MAX_BATCH] if not f.done()]  # a caller gave up: skip
+                self._queued[node] = queue[MAX_BATCH:]
+                if not batch:
+                    if not self._queued[node]:
+                        return
+                    continue
+                await self._send(node, batch)
+        finally:
+            self._sending.discard(node)
+
+    async def _send(self, node: str, batch: list[tuple[bytes, asyncio.Future]]) -> None:
+        try:
+            if len(batch) == 1 or node in self._single_only:
+                for body, fut in batch:
+                    got = await self._call(node, APPEND, body)
+                    if not fut.done():
+                        fut.set_result(got)
+                return
+            status, headers, payload = await self._call(node, APPEND_MANY, encode_many([b for b, _ in batch]))
+            if status in (404, 405):  # a follower of an older version: one message per request
+                self._single_only.add(node)
+                await self._send(node, batch)
+                return
+            answers = _answers(node, status, payload, len(batch))
+            for (_, fut), a in zip(batch, answers):
+                if not fut.done():
+                    fut.set_result((a["status"], {PROMISED: str(a.get("promised", 0))},
+                                    json.dumps(a.get("body", {})).encode()))
+        except Exception as e:  # noqa: BLE001 - the request failed: every message in it did
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(e)
+
+    async def _call(self, node: str, path: str, body: bytes) -> tuple[int, dict, bytes]:
+        self.requests += 1
+        self.messages += _LEN.unpack_from(body)[0] if path == APPEND_MANY else 1
+        return await asyncio.wait_for(self.cluster.call(node, "POST", path, body=body, headers={
+            "Content-Type": "application/octet-stream"}), self.timeout_s)
+
+
+def _answers(node: str, status: int, payload: bytes, n: int) -> list[dict]:
+    """The per-message answers of a batch, or ConnectionError for the whole request."""
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        doc = {}
+    answers = doc.get("answers") if isinstance(doc, dict) else None
+    if status != 200 or not isinstance(answers, list) or len(answers) != n or \
+            not all(isinstance(a, dict) and isinstance(a.get("status"), int) for a in answers):
+        raise ConnectionError(f"node {node} answered {status} to a batch of appends: {payload[:200]!r}")
+    return answers
+
+
+def _answer(node: str, status: int, headers: dict, payload: bytes) -> dict:
+    """One append's answer: the follower's document, FencedError, or ConnectionError."""
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        doc = {}
+    if status == 409 and isinstance(doc, dict) and doc.get("error", {}).get("code") == "fenced":
+        raise FencedError(doc["error"]["message"], int(headers.get(PROMISED, "0") or 0))
+    if status != 200:
+        raise ConnectionError(f"node {node} answered {status} to an append: {payload[:200]!r}")
+    return doc

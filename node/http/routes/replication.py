@@ -1,18 +1,25 @@
 """Replication messages between nodes (docs/format/replication.md): the follower's endpoints
-(append, fence, promote). Authenticated and marked like every internal call; the leader's
-side is :mod:`node.cluster.transport`."""
+(append — one message, or several of different partitions in one request — fence, promote).
+Authenticated and marked like every internal call; the leader's side is
+:mod:`node.cluster.transport`."""
 from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
 
 from aiohttp import web
 
-from node.cluster.transport import PROMISED, decode
+from node.cluster.transport import PROMISED, decode, decode_many
 from node.errors import ApiError
+from node.http.edge import answer
 from node.http.params import bound, json_object
 from rowstore.errors import FencedError
 
 
 def add_replication_routes(api, router) -> None:
     router.add_post("/v1/internal/repl/append", bound(api, append))
+    router.add_post("/v1/internal/repl/append_many", bound(api, append_many))
     router.add_post("/v1/internal/repl/fence", bound(api, fence))
     router.add_post("/v1/internal/repl/promote", bound(api, promote))
 
@@ -49,6 +56,39 @@ async def append(api, request):
     except FencedError as e:
         return _fenced(e)
     return web.json_response(out)
+
+
+async def append_many(api, request):
+    """Several leaders' messages (of this node's partitions) in one request: each made durable
+    here as ``append`` would, the partitions concurrently (their groups meet in one device
+    flush) and each partition's messages in order; a list of each message's own answer — the
+    status and document a single ``append`` would have answered. A malformed body is 400 and
+    applies nothing."""
+    msgs = [decode(bytes(m)) for m in decode_many(await request.read())]
+    by_partition: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for i, (h, _) in enumerate(msgs):
+        by_partition[(h["table"], h["pid"])].append(i)
+    answers: list[dict] = [{}] * len(msgs)
+    via = request.headers.get("X-Terrascale-Forwarded-By", "")
+
+    async def one(i: int) -> dict:
+        h, pieces = msgs[i]
+        try:
+            await _partition(api, h["table"], h["pid"])
+            return {"status": 200, "body": await api.db.leadership.append(
+                h["table"], h["pid"], h["epoch"], h["base"], h["start"], pieces, via, h["clock"])}
+        except FencedError as e:
+            return {"status": 409, "body": {"error": {"code": "fenced", "message": str(e)}}, "promised": e.promised}
+        except Exception as e:  # noqa: BLE001 - translated as the edge answers a single append
+            resp = answer(request, e)
+            return {"status": resp.status, "body": json.loads(resp.body)}
+
+    async def in_order(indexes: list[int]) -> None:
+        for i in indexes:
+            answers[i] = await one(i)
+
+    await asyncio.gather(*(in_order(ix) for ix in by_partition.values()))
+    return web.json_response({"answers": answers})
 
 
 async def fence(api, request):
