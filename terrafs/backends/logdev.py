@@ -14,45 +14,19 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import struct
 import threading
-import uuid
-from dataclasses import dataclass, field
 
-from catalog.checksum import crc32c
 from catalog.fsutil import fsync_dir
 from terrafs.abc import BlockDevice, DeviceFile, check_name
-from terrafs.errors import (AlreadyExistsError, ClosedError, CorruptionError, DeviceError,
-                            FileNotFoundInDeviceError, StorageIOError, no_space)
+from terrafs.backends.logdev_format import (PAGE, MAX_NAME, ZERO_ENDED, Chain, chains_from, decode_superblock,
+                                            encode_header, encode_superblock, parse_header)
+from terrafs.errors import (AlreadyExistsError, ClosedError, CorruptionError, DeviceError, FileNotFoundInDeviceError,
+                            StorageIOError, no_space)
 from terrafs.iopool import run_io
 
-SUPER_MAGIC, HEAD_MAGIC = b"TRFSLOGD", b"TRLDEXT1"  # format
-VERSION = 1  # format
-ZERO_ENDED = 0x1  # format: superblock flag — files are whole extents after a reopen
-PAGE = 4096  # format: the superblock, and each extent's header area
-_SUPER = struct.Struct("<8sHHI16s")  # format: 32 bytes, then crc
-_HEAD = struct.Struct("<8sHHIQQII")  # format: 40 bytes, then the name, then crc
-MAX_NAME = 400
 EXTENT_SIZE = 1 << 20  # a new device's extent size (each device records its own)
 GROW = 16  # extents added at a time
 _ZERO = memoryview(b"\0" * (1 << 20))
-
-
-@dataclass
-class _Chain:
-    """One file: its extents in index order."""
-
-    name: str
-    file_id: int
-    extents: list[int] = field(default_factory=list)  # extent numbers
-    used: int = 0  # payload bytes in the last extent
-    seq: int = 0  # of its index-0 header (a rename conflict: the greater wins)
-    reserved: int = 0  # end of the appends handed an offset (they may still be writing)
-    last_write: int = 0  # the device's write counter after this file's last write (its flush waits for it)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # extents, used, headers
-
-    def size(self, payload: int) -> int:
-        return max(len(self.extents) - 1, 0) * payload + self.used
 
 
 class LogDevice(BlockDevice):
@@ -76,7 +50,7 @@ class LogDevice(BlockDevice):
         self._fd = -1
         self.extent_size = self.payload = 0
         self._lock = threading.Lock()
-        self._chains: dict[str, _Chain] = {}
+        self._chains: dict[str, Chain] = {}
         self._free: list[int] = []  # zero on the disk: handed out in order
         self._count = 0  # extents in the file
         self._seq = 0
@@ -116,11 +90,9 @@ class LogDevice(BlockDevice):
     def _create_sync(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         tmp = self.path + ".new"
-        head = _SUPER.pack(SUPER_MAGIC, VERSION, ZERO_ENDED if self.zero_ended else 0, self._new_extent_size,
-                           uuid.uuid4().bytes)
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o640)
         try:
-            os.pwrite(fd, head + struct.pack("<I", crc32c(head)) + bytes(PAGE - len(head) - 4), 0)
+            os.pwrite(fd, encode_superblock(ZERO_ENDED if self.zero_ended else 0, self._new_extent_size), 0)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -128,101 +100,43 @@ class LogDevice(BlockDevice):
         fsync_dir(os.path.dirname(self.path))
 
     def _load(self, fd: int) -> None:
-        sb = os.pread(fd, PAGE, 0)
-        if len(sb) < _SUPER.size + 4:
-            raise CorruptionError(self.path, 0, "truncated log-device superblock")
-        magic, ver, flags, esize, _dev = _SUPER.unpack_from(sb, 0)
-        (crc,) = struct.unpack_from("<I", sb, _SUPER.size)
-        if magic != SUPER_MAGIC or crc32c(sb[: _SUPER.size]) != crc:
-            raise CorruptionError(self.path, 0, "bad log-device superblock (magic or checksum)")
-        if ver != VERSION:
-            raise CorruptionError(self.path, 0, f"unsupported log-device version {ver}")
-        if flags & ~ZERO_ENDED:
-            raise CorruptionError(self.path, 10, f"unknown log-device flags {flags:#x}")
+        flags, esize = decode_superblock(os.pread(fd, PAGE, 0), self.path)
         self.zero_ended = bool(flags & ZERO_ENDED)
         self.extent_size, self.payload = esize, esize - PAGE
         self._count = (os.fstat(fd).st_size - PAGE) // esize
         pieces: dict[int, dict[int, tuple[int, int, int, str]]] = {}  # file_id -> index -> (extent, seq, used, name)
         for e in range(self._count):
-            raw = os.pread(fd, 512, PAGE + e * esize)
-            got = self._parse(raw, PAGE + e * esize)
+            got = parse_header(os.pread(fd, 512, self._offset(e)), self._offset(e), self.payload, self.path)
             if got is None:
                 self._free.append(e)
                 continue
             index, file_id, seq, used, name = got
             self._seq = max(self._seq, seq)
             if index in pieces.setdefault(file_id, {}):
-                raise CorruptionError(self.path, PAGE + e * esize, f"file {file_id:x} has two extents {index}")
+                raise CorruptionError(self.path, self._offset(e), f"file {file_id:x} has two extents {index}")
             pieces[file_id][index] = (e, seq, used, name)
-        stray: list[int] = []
-        for file_id, by_index in pieces.items():
-            chain = self._chain_of(file_id, by_index, stray)
-            if chain is None:
-                continue
-            other = self._chains.get(chain.name)
-            if other is not None:  # a rename that replaced a file, cut by a crash
-                loser = other if other.seq < chain.seq else chain
-                stray.extend(loser.extents)
-                if loser is other:
-                    self._chains[chain.name] = chain
-            else:
-                self._chains[chain.name] = chain
+        self._chains, stray = chains_from(pieces, self.payload, esize, self.path)
         if stray and not self.read_only:
             self._zero_sync(fd, stray)
             os.fdatasync(fd)
             self._free.extend(stray)
         self._free.sort()
 
-    def _parse(self, raw: bytes, at: int):
-        """(index, file_id, seq, used, name) of an extent header, None when free (zero)."""
-        if not any(raw):
-            return None
-        magic, ver, nlen, index, file_id, seq, used, _r = _HEAD.unpack_from(raw, 0)
-        end = _HEAD.size + nlen
-        if magic != HEAD_MAGIC or nlen > MAX_NAME or crc32c(raw[:end]) != struct.unpack_from("<I", raw, end)[0]:
-            raise CorruptionError(self.path, at, "extent header does not verify (magic or checksum)")
-        if ver != VERSION:
-            raise CorruptionError(self.path, at, f"unsupported extent-header version {ver}")
-        if used > self.payload:
-            raise CorruptionError(self.path, at, f"extent claims {used} bytes of a {self.payload}-byte payload")
-        return index, file_id, seq, used, raw[_HEAD.size:end].decode("ascii")
-
-    def _chain_of(self, file_id: int, by_index: dict, stray: list[int]) -> _Chain | None:
-        """The chain of indexes 0, 1, ... up to the first missing one (L3); the rest is stray."""
-        if 0 not in by_index:
-            stray.extend(e for e, *_ in by_index.values())
-            return None
-        e0, seq, used, name = by_index[0]
-        chain = _Chain(name, file_id, [e0], used, seq)
-        k = 1
-        while k in by_index:
-            if chain.used != self.payload:
-                raise CorruptionError(self.path, PAGE + chain.extents[-1] * self.extent_size,
-                                      "an extent before the last of its file is not full")
-            e, _s, used, _n = by_index[k]
-            chain.extents.append(e)
-            chain.used = used
-            k += 1
-        stray.extend(e for i, (e, *_) in by_index.items() if i >= k)
-        return chain
-
     # -- extents -------------------------------------------------------------------
 
     def _offset(self, extent: int) -> int:
         return PAGE + extent * self.extent_size
 
-    def _write_header(self, chain: _Chain, k: int) -> None:
+    def _write_header(self, chain: Chain, k: int) -> None:
         """Write extent ``k``'s header of ``chain`` as the chain is now (caller holds
         ``chain.lock``, so two writes of one file never put their headers down out of order)."""
         with self._lock:
             self._seq += 1
             seq = self._seq
-        name = chain.name.encode("ascii") if k == 0 else b""
         used = self.payload if k < len(chain.extents) - 1 or self.zero_ended else chain.used
-        head = _HEAD.pack(HEAD_MAGIC, VERSION, len(name), k, chain.file_id, seq, used, 0) + name
         if k == 0:
             chain.seq = seq
-        self._pwrite(head + struct.pack("<I", crc32c(head)), self._offset(chain.extents[k]))
+        self._pwrite(encode_header(chain, k, seq, used), self._offset(chain.extents[k]))
 
     def _take(self) -> int:
         """A free extent (zero on the disk), growing the file when none is left."""
@@ -271,7 +185,7 @@ class LogDevice(BlockDevice):
             n = os.pwrite(self._fd, view, offset)
             view, offset = view[n:], offset + n
 
-    def _note_written(self, chain: _Chain | None = None) -> int:
+    def _note_written(self, chain: Chain | None = None) -> int:
         """Count a completed write (of ``chain``'s file); its number, for ``flush_sync``."""
         with self._cv:
             self._written += 1
@@ -283,7 +197,7 @@ class LogDevice(BlockDevice):
         if self.read_only:
             raise StorageIOError(f"{self.path} is open read-only")
 
-    def write_sync(self, chain: _Chain, parts, offset: int) -> int:
+    def write_sync(self, chain: Chain, parts, offset: int) -> int:
         """Write ``parts`` at file ``offset``: the extents it reaches first are taken, and every
         header whose ``used`` changes is written before the data (a crash between leaves zeros
         or a torn write past the old end: never acknowledged). Not durable until a flush."""
@@ -364,7 +278,7 @@ class LogDevice(BlockDevice):
         with self._lock:
             if name in self._chains:
                 raise AlreadyExistsError(f"{self.uri}/{name} exists")
-            chain = self._chains[name] = _Chain(name, int.from_bytes(os.urandom(8), "little"))
+            chain = self._chains[name] = Chain(name, int.from_bytes(os.urandom(8), "little"))
 
         def run() -> None:
             self.write_sync(chain, [], 0)
@@ -446,7 +360,7 @@ class _LogFile(DeviceFile):
 
     preallocated = True  # bytes past the end read as zero already: no zeros written ahead
 
-    def __init__(self, dev: LogDevice, name: str, chain: _Chain):
+    def __init__(self, dev: LogDevice, name: str, chain: Chain):
         self.dev, self.name, self._chain = dev, name, chain
         self._closed = False
 

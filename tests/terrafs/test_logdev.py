@@ -341,6 +341,6 @@ async def test_kill9_of_8_active_files_on_one_device_loses_nothing_acknowledged(
 
 
 def test_header_layout_is_the_documented_one():
-    from terrafs.backends.logdev import _HEAD, _SUPER
+    from terrafs.backends.logdev_format import HEAD as _HEAD, SUPER as _SUPER
     assert (_SUPER.size, _HEAD.size) == (32, 40)
     assert struct.calcsize("<8sHHIQQII") == 40
