@@ -8,6 +8,7 @@ and one fdatasync. Appends return only after that fdatasync.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -250,7 +251,12 @@ class ActiveFile(GroupRecovery):
             # Encode, write and fdatasync in one worker-thread hop.
             if self._in_place:
                 phys = self._physical_end
-                n, self._alloc_end = await run_io(self._write_in_place, batch, group, phys, logical, entries)
+                args = (batch, group, phys, logical, entries)
+                if hasattr(self._f, "in_round"):  # the log device: every file's group in one hop
+                    n, self._alloc_end = await self._f.in_round(functools.partial(self._write_in_place, *args,
+                                                                                   sync=False))
+                else:
+                    n, self._alloc_end = await run_io(self._write_in_place, *args)
             else:
                 phys, n = await self._f.append_durable(
                     lambda phys: self._encode_group(batch, group, phys, logical, entries))
@@ -270,9 +276,10 @@ class ActiveFile(GroupRecovery):
         self.stats["flush_s"] += time.perf_counter() - t0
 
     def _write_in_place(self, batch: list[bytes], group: int, phys: int, logical: int,
-                        entries: list) -> tuple[int, int]:
+                        entries: list, sync: bool = True) -> tuple[int, int]:
         """Worker thread: write the group at ``phys`` (with zeros ahead when it grows the file)
-        and fdatasync; returns (group bytes, new end of the file)."""
+        and fdatasync (unless the device's round flushes it); returns (group bytes, new end of
+        the file)."""
         parts = self._encode_group(batch, group, phys, logical, entries)
         n = sum(len(p) for p in parts)
         end, alloc = phys + n, self._alloc_end
@@ -280,7 +287,8 @@ class ActiveFile(GroupRecovery):
             alloc = -(-(end + PREALLOC) // PREALLOC) * PREALLOC
             parts.append(_ZEROS[: alloc - end])
         self._f.writev_sync(parts, phys)
-        self._f.fdatasync_sync()
+        if sync:
+            self._f.fdatasync_sync()
         return n, max(alloc, end)
 
     def _encode_group(self, batch: list[bytes], group: int, phys: int, logical: int,

@@ -23,6 +23,7 @@ from terrafs.backends.logdev_format import (PAGE, MAX_NAME, ZERO_ENDED, Chain, c
 from terrafs.errors import (AlreadyExistsError, ClosedError, CorruptionError, DeviceError, FileNotFoundInDeviceError,
                             StorageIOError, no_space)
 from terrafs.iopool import run_io
+from terrafs.rounds import DeviceRounds
 
 EXTENT_SIZE = 1 << 20  # a new device's extent size (each device records its own)
 GROW = 16  # extents added at a time
@@ -62,6 +63,8 @@ class LogDevice(BlockDevice):
         self._failed: BaseException | None = None  # the last failed flush's error
         self._suspect = 0  # writes up to this one were covered by a failed flush (see flush_sync)
         self.flushes = 0  # fdatasyncs of the device (tests and metrics count them)
+        # every active file's group of a round written and flushed in one thread hop (RFC 0011)
+        self.rounds = DeviceRounds(self.flush_sync)
 
     # -- opening -------------------------------------------------------------------
 
@@ -425,6 +428,12 @@ class _LogFile(DeviceFile):
     def fdatasync_sync(self) -> None:
         self._check()
         self.dev.flush_sync(self._chain.last_write)
+
+    async def in_round(self, work):
+        """``work()`` (which writes through ``writev_sync``) in the device's next round; its
+        result once the round's one flush covered the write (``terrafs/rounds.py``)."""
+        self._check()
+        return await self.dev.rounds.run(work)
 
     async def append_durable(self, build) -> tuple[int, int]:
         self._check()
