@@ -53,8 +53,7 @@ class _Prepared:
     coordinator: object = None  # who to ask whether it is still there (None: this node)
     expiry: asyncio.Task | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
-    appending: bool = False  # BATCH X enqueued, its appends not all back yet
-    aborted: bool = False  # aborted meanwhile: the prepare rolls back once they are
+    aborted: bool = False  # aborted while the prepare ran: the prepare rolls back at its next step
     preparing: asyncio.Future | None = None  # the one prepare's outcome (a repeated prepare waits for it)
 
 
@@ -145,22 +144,24 @@ class Participant:
             p.ts = ts
             await self.timeline.clock.observe_durably(ts)
         p.segs = [await part.current() for part in p.parts]
+        await self._unless_aborted(p)  # before BATCH X: an abort meanwhile released nothing yet
         for pc in p.pieces:
             stamp(pc.enc, ts)
-        p.appending = True
-        try:
-            tasks = [await part.append(seg, pc.enc, ts, txn) for part, seg, pc in zip(p.parts, p.segs, p.pieces)]
-            p.got = await asyncio.gather(*tasks, return_exceptions=True)
-        finally:
-            p.appending = False
-        if p.aborted:  # aborted while the appends were in flight: their localids go back now
-            await self._roll_back(p)
-            raise UnavailableError(f"transaction {txn_key(txn)} was aborted here while it was being prepared "
-                                   "(its coordinator timed out); retry")
+        tasks = [await part.append(seg, pc.enc, ts, txn) for part, seg, pc in zip(p.parts, p.segs, p.pieces)]
+        p.got = await asyncio.gather(*tasks, return_exceptions=True)
+        await self._unless_aborted(p)  # aborted while the appends were in flight: their localids go back now
         failed = next((g for g in p.got if isinstance(g, BaseException)), None)
         if failed is not None:
-            await self.abort(txn)
+            self._forget(p)
+            await self._roll_back(p)
             raise failed
+
+    async def _unless_aborted(self, p: _Prepared) -> None:
+        """Raise if ``p`` was aborted while its prepare ran, after rolling back what it appended."""
+        if p.aborted:
+            await self._roll_back(p)
+            raise UnavailableError(f"transaction {txn_key(p.txn)} was aborted here while it was being prepared "
+                                   "(its coordinator timed out); retry")
 
     async def commit(self, txn: int) -> int:
         """Second phase, decided committed: ``COMMIT X``, apply, answer once closed. A txn no
@@ -194,19 +195,24 @@ class Participant:
         return p.ts
 
     async def abort(self, txn: int) -> None:
-        """Second phase, aborted (or never decided): the prepared rows are forgotten. While
-        the prepare's appends are in flight their localids are not known yet: the prepare rolls
-        them back when they are (and keeps the locks until then, so nothing is appended after
-        them meanwhile)."""
-        p = self._held.pop(txn, None)
+        """Second phase, aborted (or never decided): the prepared rows are forgotten. While a
+        prepare runs — waiting for its segment or the clock, or with its appends in flight, whose
+        localids are not known yet — the prepare itself rolls back at its next step (and keeps
+        the locks until then, so nothing is appended after BATCH X meanwhile, and BATCH X is
+        never appended once the locks are gone)."""
+        p = self._held.get(txn)
         if p is None:
             return
-        if p.expiry is not None and p.expiry is not asyncio.current_task():
-            p.expiry.cancel()
-        if p.appending:
+        self._forget(p)
+        if p.preparing is not None and not p.preparing.done():
             p.aborted = True
             return
         await self._roll_back(p)
+
+    def _forget(self, p: _Prepared) -> None:
+        self._held.pop(p.txn, None)
+        if p.expiry is not None and p.expiry is not asyncio.current_task():
+            p.expiry.cancel()
 
     async def _roll_back(self, p: _Prepared) -> None:
         for seg, g in zip(p.segs, p.got):

@@ -78,3 +78,58 @@ async def test_a_prepare_sent_twice_appends_its_batch_once():
     db = await w.start()
     got, _ = await db.scan("m")
     assert got.column("id").to_pylist() == [*range(10), *range(20, 25), *range(100, 105)]
+
+
+@pytest.mark.parametrize("where", ["current", "clock"])
+async def test_an_abort_before_the_prepare_appends_keeps_its_batch_out_of_the_log(where):
+    """The same abort, earlier: while the prepare still waits for its segment (a full one being
+    sealed) or for the clock to record a higher commit timestamp. The abort released the locks
+    and the prepare then appended BATCH X anyway and answered 200: nothing rolled it back, the
+    next batch was numbered after it, replay dropped it, and the index named rows past the
+    segment's end (found by the nemesis suite, seed 1: an offloaded segment of 6 rows whose
+    index named localid 9)."""
+    w = TablesWorld(partitions=1)
+    db = await w.start()
+    d = await db.create_table("m", SCHEMA)
+    await db.upsert("m", rows(range(10)))
+    part = (await db.tables.table(d)).parts[0]
+    seg = await part.current()
+    held = asyncio.Event()
+    txn = DECIDED | SPANS_NODES | secrets.randbits(60)
+    r = await db.participant.reserve("m", d.table_id, d.schema.version, rows(range(100, 105)), 0, txn)
+    if where == "current":
+        real = part.current
+
+        async def slow_current():  # the full segment is being sealed
+            await held.wait()
+            return await real()
+        part.current = slow_current
+        ts = r.ts
+    else:
+        clock, real = db.timeline.clock, db.timeline.clock.observe_durably
+
+        async def slow_observe(t):  # the clock's new high-water mark goes to the disk
+            await held.wait()
+            return await real(t)
+        clock.observe_durably = slow_observe
+        ts = r.ts + 1000  # another participant reserved higher: this one moves its timestamp
+    prep = asyncio.ensure_future(db.participant.prepare(txn, ts))
+    await asyncio.sleep(0.01)
+    await db.participant.abort(txn)  # the coordinator is gone: aborted here
+    held.set()
+    with pytest.raises(UnavailableError):
+        await prep
+    if where == "current":
+        part.current = real
+    else:
+        clock.observe_durably = real
+    await db.upsert("m", rows(range(20, 25), v=7.0))
+    assert seg.durable_rows == 15
+    await db.seal()  # the sealed object is built by replaying the log
+    for k in range(20, 25):
+        assert (await db.get("m", k))["v"] == 7.0, k
+    assert await db.get("m", 100) is None
+    w.crash()
+    db = await w.start()
+    got, _ = await db.scan("m")
+    assert got.column("id").to_pylist() == list(range(10)) + list(range(20, 25))
