@@ -326,6 +326,14 @@ async def fsyncs(http, url: str, name: str) -> float:
 
 
 # fdatasyncs by side: the node's log device (RFC 0011) and the open active files' own flushes on
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process used so far (every thread), from /proc: what a request
+    costs the server, which this shared machine's load moves far less than requests/s."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # a device without one; etcd's WAL fsyncs
 SYNC_METRIC = {"ours": "terrascale_device_fdatasyncs", "etcd": "etcd_disk_wal_fsync_duration_seconds_count"}
 
@@ -399,13 +407,16 @@ async def point_writes(root: str) -> list[Result]:
                       "batch10": peers.put(f"c{n}/", PW_BATCH)}[kind]
             for who, send in (("ours", ours), ("etcd", theirs)):
                 url = server.url if who == "ours" else etcd.url
-                before = await fsyncs(http, url, SYNC_METRIC[who])
+                pid = (server if who == "ours" else etcd).proc.pid
+                before, cpu0 = await fsyncs(http, url, SYNC_METRIC[who]), cpu_seconds(pid)
                 st = await _write_load(http, clients, PW_SECONDS, send)
                 st["rows_s"] = st["req_s"] * (PW_BATCH if kind == "batch10" else 1)
+                st["cpu_us"] = (cpu_seconds(pid) - cpu0) * 1e6 / max(st["requests"], 1)
                 st["syncs_per_req"] = (await fsyncs(http, url, SYNC_METRIC[who]) - before) / max(st["requests"], 1)
                 got[(case, who)] = st
                 print(f"  {case:>12} {who}: {st['rows_s']:>9,.0f} rows/s  p50 {st['p50_us']:>8,.0f} us  "
-                      f"p99 {st['p99_us']:>8,.0f} us  {st['syncs_per_req']:.2f} fdatasyncs/request", flush=True)
+                      f"p99 {st['p99_us']:>8,.0f} us  {st['syncs_per_req']:.2f} fdatasyncs/request  "
+                      f"{st['cpu_us']:,.0f} us CPU/request", flush=True)
     finally:
         await http.close()
         server.close()
@@ -420,9 +431,11 @@ async def point_writes(root: str) -> list[Result]:
         o, e = got[(case, "ours")], got[(case, "etcd")]
         target = ">= 2.0x" if kind == "upsert" and clients >= 64 else "report"
         out.append(Result(f"{what} (fdatasyncs per request: ours {o['syncs_per_req']:.2f}, "
-                          f"etcd {e['syncs_per_req']:.2f})", o["rows_s"],
+                          f"etcd {e['syncs_per_req']:.2f}; server CPU per request: ours {o['cpu_us']:,.0f} us, "
+                          f"etcd {e['cpu_us']:,.0f} us)", o["rows_s"],
                           peer + (" (txn of 10 puts)" if kind == "batch10" else ""), e["rows_s"], "rows/s", target,
-                          extra={"syncs_per_req": o["syncs_per_req"], "peer_syncs_per_req": e["syncs_per_req"]}))
+                          extra={"syncs_per_req": o["syncs_per_req"], "peer_syncs_per_req": e["syncs_per_req"],
+                                 "cpu_us_per_req": o["cpu_us"], "peer_cpu_us_per_req": e["cpu_us"]}))
         tgt50 = "<= 1 ms" if kind == "upsert" and clients == 1 else "report"
         out.append(Result(f"  p50, {what}", o["p50_us"], peer, e["p50_us"], "us", tgt50))
         out.append(Result(f"  p99, {what}", o["p99_us"], peer, e["p99_us"], "us",
