@@ -314,9 +314,16 @@ async def test_5_a_timed_out_txn_is_found_by_its_id(tmp_path):
     c = await single(tmp_path)
     try:
         await c.txn(ops=[Put("warm", b"")])  # a leader is known
-        c.timeout, c.attempt_timeout = 0.0005, 0.0002
-        with pytest.raises(CatalogTimeoutError) as ei:
-            await c.txn(ops=[Put("t", b"1")], request_id="maybe")
+        # the replica's thread is held, so the submission waits in its queue past the deadline
+        # however fast or loaded the machine (a bare short timeout raced the commit)
+        gate = threading.Event()
+        c.replica().post(lambda: gate.wait(60))
+        c.timeout, c.attempt_timeout = 0.2, 0.05
+        try:
+            with pytest.raises(CatalogTimeoutError) as ei:
+                await c.txn(ops=[Put("t", b"1")], request_id="maybe")
+        finally:
+            gate.set()
         assert ei.value.request_id == "maybe"
         c.timeout, c.attempt_timeout = 10.0, 2.0
         first = await c.outcome("maybe")

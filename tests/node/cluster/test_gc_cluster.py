@@ -146,7 +146,7 @@ def run_workload(tmp_path, replicas: int, kill: bool, seconds: float = 20.0, see
         # two more GC passes on every node over the settled data (gc.interval 2 s) before reading
         runs = {n.node_id: metric(n, "terrascale_gc_runs_total") for n in nodes}
         eventually(lambda: holds(all(metric(n, "terrascale_gc_runs_total") >= runs[n.node_id] + 2 for n in nodes),
-                                 "two GC passes on every node"), 60, 0.5)
+                                 "two GC passes on every node"), 180, 0.5)  # a bound: a loaded CI machine is slow
         assert sum(ledger.acked > 0) > KEYS // 2, "too few writes were acknowledged to prove anything"
         for n in nodes:
             def right(n=n):
