@@ -360,16 +360,18 @@ class TerrascaleFS:
 
     # -- delete and recovery -----------------------------------------------------
 
-    async def delete(self, inode: int, checks: Sequence[Check] = (), ops: Sequence[Op] = ()) -> None:
+    async def delete(self, inode: int, checks: Sequence[Check] = (), ops: Sequence[Op] = ()) -> int:
         """Remove the row and recycle the inode in one transaction (with the caller's
-        checks/ops), then the bytes."""
+        checks/ops; CatalogConflictError when one of those fails), then the bytes. Returns the
+        transaction's revision (the version of whatever the caller's ops wrote)."""
         async with self._locks[inode]:
             e = await self._entry(inode)
             rec = FileRecord.from_bytes(e.value)
-            await self.inodes.free(inode, [Check(e.key, e.version), *checks], [Delete(e.key), *ops])
+            revision = await self.inodes.free(inode, [Check(e.key, e.version), *checks], [Delete(e.key), *ops])
             failpoint("delete.after_catalog")
             await self._remove_bytes(rec)
         self._locks.pop(inode, None)
+        return revision
 
     async def _remove_bytes(self, rec: FileRecord) -> None:
         if rec.tier == FileTier.BLOCK:

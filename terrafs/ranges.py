@@ -104,13 +104,14 @@ class RangeAllocator:
         nxt = await self.catalog.get(self._key(ident + 1))
         return self._merge(ident, prev_l[0] if prev_l else None, nxt)
 
-    async def free(self, ident: int, checks: Sequence[Check] = (), ops: Sequence[Op] = ()) -> None:
-        """Return ``ident`` to the table, merged with its neighbours, with the caller's ops."""
+    async def free(self, ident: int, checks: Sequence[Check] = (), ops: Sequence[Op] = ()) -> int:
+        """Return ``ident`` to the table, merged with its neighbours, with the caller's ops;
+        the revision that committed them."""
         for attempt in range(_MAX_ATTEMPTS):
             c, o = await self.release(ident)
             res = await commit(self.catalog, c + list(checks), o + list(ops))
             if res.committed:
-                return
+                return res.revision
             mine = {ch.key for ch in c}
             if any(k not in mine for k in res.conflicts):
                 raise CatalogConflictError(f"free of {self.prefix} id {ident}: caller's checks "

@@ -21,7 +21,7 @@ from rowstore.errors import ConflictError, FencedError
 from rowstore.index.key_run import IndexRun, run_bytes
 from rowstore.index.key_memtable import TOMBSTONE, MemTable, Run, merge_runs, visible
 from terrafs.catalog_ops import commit
-from terrafs.errors import CatalogConflictError
+from terrafs.errors import CatalogConflictError, InodeNotFoundError
 from terrafs.fs import TerrascaleFS
 
 log = logging.getLogger("rowstore.index.key_index")
@@ -139,7 +139,7 @@ class PartitionIndex:
         for e in await self.fs.catalog.scan(f"{self.key}/pending/"):
             inode = int(e.key.rsplit("/", 1)[1], 16)
             try:
-                await self.fs.delete(inode, [], [Delete(e.key)])
+                await self.fs.delete(inode, [Check(e.key, e.version)], [Delete(e.key)])
             except Exception as err:  # noqa: BLE001 - the file is gone already: drop the row
                 log.info("event=index_pending_skip inode=%d reason=%r", inode, err)
                 await commit(self.fs.catalog, [], [Delete(e.key)])
@@ -463,19 +463,25 @@ class PartitionIndex:
         return rec
 
     async def _collect(self) -> None:
-        """Delete replaced runs named in ``garbage``, then clear the list."""
-        if not self.manifest.garbage:
-            return
-        for inode in self.manifest.garbage:
+        """Delete the replaced runs named in ``garbage``, each in ONE transaction with the
+        manifest's version check and its removal from the list. A server whose manifest is
+        stale (another claimed it, collected the same runs, and their inodes went back to the
+        free ranges, where a new run can take one) deletes nothing: its check fails first."""
+        while self.manifest.garbage:
+            inode, rest = self.manifest.garbage[0], self.manifest.garbage[1:]
+            new = replace(self.manifest, garbage=rest)
+            checks, ops = [Check(self.key, self._version)], [Put(self.key, new.to_bytes())]
             try:
-                await self.fs.delete(inode)
-            except Exception as e:  # noqa: BLE001 - already gone (a crash between delete and clear)
+                revision = await self.fs.delete(inode, checks, ops)
+            except InodeNotFoundError as e:  # gone already: a crash between its delete and the list's clear
                 log.info("event=index_garbage_skip inode=%d reason=%r", inode, e)
-        new = replace(self.manifest, garbage=[])
-        res = await commit(self.fs.catalog, [Check(self.key, self._version)], [Put(self.key, new.to_bytes())])
-        if not res.committed:
-            raise ConflictError(f"{self.key} changed under this partition's writer")
-        self.manifest, self._version = new, res.revision
+                res = await commit(self.fs.catalog, checks, ops)
+                revision = res.revision if res.committed else None
+            except CatalogConflictError:
+                revision = None
+            if revision is None:
+                raise ConflictError(f"{self.key} changed under this partition's writer")
+            self.manifest, self._version = new, revision
 
 
 def _prepend(older: MemTable, newer: MemTable, kind: str) -> MemTable:

@@ -34,6 +34,7 @@ from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.tables.partition import Partition
 from rowstore.timeline import Timeline
 from terrafs.catalog_ops import commit
+from terrafs.errors import InodeNotFoundError
 from terrafs.failpoints import failpoint
 
 log = logging.getLogger("rowstore.db.gc")
@@ -372,23 +373,44 @@ class GarbageCollector:
         fs = self.store.fs
         for e in await self.store.catalog.scan(f"idx/{table_id}/"):
             if "/pending/" in e.key:
-                inodes = [int(e.key.rsplit("/", 1)[1], 16)]
-            elif e.key.endswith("/manifest"):
-                m = Manifest.from_bytes(e.value)
-                inodes = [r["inode"] for r in m.runs] + [i for r in m.runs for i in r.get("cols", {}).values()] \
-                    + list(m.garbage)
-            else:
+                await self._drop_run(int(e.key.rsplit("/", 1)[1], 16), e, [Delete(e.key)])
                 continue
-            for inode in inodes:
-                try:
-                    await fs.delete(inode)
-                except Exception as err:  # noqa: BLE001 - gone already (a crash after its delete)
-                    log.info("event=gc_index_skip inode=%d reason=%r", inode, err)
-            await commit(self.store.catalog, [], [Delete(e.key)])
+            if not e.key.endswith("/manifest"):
+                continue
+            # each run deleted with the manifest minus it: a pass cut short and run again never
+            # deletes an inode it freed before, which a new file may have taken since
+            m = Manifest.from_bytes(e.value)
+            while m.runs or m.garbage:
+                if m.runs and m.runs[0].get("cols"):
+                    cid, inode = next(iter(m.runs[0]["cols"].items()))
+                    cols = {c: i for c, i in m.runs[0]["cols"].items() if c != cid}
+                    left = replace(m, runs=[{**m.runs[0], "cols": cols}, *m.runs[1:]])
+                elif m.runs:
+                    inode, left = m.runs[0]["inode"], replace(m, runs=m.runs[1:])
+                else:
+                    inode, left = m.garbage[0], replace(m, garbage=m.garbage[1:])
+                e = await self._drop_run(inode, e, [Put(e.key, left.to_bytes())])
+                m = left
+            await commit(fs.catalog, [Check(e.key, e.version)], [Delete(e.key)])
         for prefix in (WATERMARK_PREFIX, EPOCHS_PREFIX):  # what its partitions had offloaded, their epochs
             keys = [e.key for e in await self.store.catalog.scan(f"{prefix}{table_id}/")]
             if keys:
                 await commit(self.store.catalog, [], [Delete(k) for k in keys])
+
+    async def _drop_run(self, inode: int, e, ops: list):
+        """Delete run ``inode`` with ``ops`` (which rewrite the row ``e`` that names it) in one
+        transaction checked on ``e``; the row as it is after."""
+        checks = [Check(e.key, e.version)]
+        try:
+            revision = await self.store.fs.delete(inode, checks, ops)
+        except InodeNotFoundError as err:  # gone already: only the row still named it
+            log.info("event=gc_index_skip inode=%d reason=%r", inode, err)
+            res = await commit(self.store.catalog, checks, ops)
+            if not res.committed:
+                raise ConflictError(f"{e.key} changed while its table's runs were deleted") from err
+            revision = res.revision
+        put = next((op for op in ops if isinstance(op, Put)), None)
+        return e if put is None else replace(e, value=put.value, version=revision)
 
     async def _delete_retired(self, dropped: dict[str, int], tid: str | None, res: _Pass) -> None:
         """Delete retired segments past ``grace`` that no unexpired read lease names (the leases

@@ -198,3 +198,60 @@ async def test_range_scans_read_only_overlapping_pages_and_match_the_model():
         got = await idx.scan(enc([lo])[0], enc([hi])[0], t)
         want = [(k, m.at(k, t)) for k in range(lo, hi) if m.at(k, t)]
         assert list(zip(decode_keys(got.keys, "int64"), got.rowids.tolist())) == want, (lo, hi, t)
+
+
+async def test_a_stale_server_collects_nothing_once_another_claimed_the_manifest(monkeypatch):
+    """A demoted leader's garbage list is stale: the new leader collected those runs already
+    and their inodes went back to the free ranges, where a new run can take one. Deleting by
+    the stale list deleted that live run, and every later promotion failed on it (the nemesis
+    suite, seed 9: a manifest naming a run whose file was gone, a partition led by nobody for
+    a minute). A run is deleted only in one transaction with its manifest's version and its
+    removal from the garbage list."""
+    from rowstore.errors import ConflictError, FencedError
+    from rowstore.index.key_index import Claim
+
+    fs, rng, model = await world(), random.Random(5), Model()
+    key = "idx/t/9/manifest"
+    old = PartitionIndex(fs, key, "int64")
+    await old.open(Claim("n2", 3))
+    ts = 1000
+    for i in range(2):
+        ts = await fill(old, model, rng, 3, ts)
+        await old.checkpoint((1, i))
+    real_collect = old._collect
+
+    async def demoted_before_collecting():  # the claim below comes between merge and collect
+        old._collect = real_collect
+    old._collect = demoted_before_collecting
+    await old.merge(0, horizon=0)
+    stale = list(old.manifest.garbage)
+    assert len(stale) == 2
+    new = PartitionIndex(fs, key, "int64")
+    await new.open(Claim("n3", 4))  # claims the manifest and collects the garbage: the inodes are free
+    assert new.manifest.garbage == []
+    monkeypatch.setattr(fs.inodes, "reserve", lambda: _exactly(fs.inodes, stale[0]))
+    ts = await fill(new, model, rng, 3, ts)
+    await new.checkpoint((1, 2))  # the new leader's next run takes a freed inode
+    monkeypatch.undo()
+    assert stale[0] in [r["inode"] for r in new.manifest.runs]
+    with pytest.raises((ConflictError, FencedError)):
+        await old.collect()  # the stale server's collection pass
+    await fs.stat(stale[0])  # the live run is still there
+    again = PartitionIndex(fs, key, "int64")
+    await again.open(Claim("n1", 5))  # the next promotion opens every run
+    again.mem = new.mem
+    await check(again, model, [ts])
+
+
+async def _exactly(ranges, ident: int):
+    """``RangeAllocator.reserve`` handing out ``ident`` itself (a free id, which a random pick
+    reaches when it starts a free range of its own)."""
+    from catalog.abc import Check, Delete, Put
+
+    row = next(e for e in await ranges.catalog.scan(f"{ranges.prefix}/free/")
+               if ranges._range(e)[0] <= ident < ranges._range(e)[1])
+    lo, hi = ranges._range(row)
+    ops = [Put(row.key, ranges._val(lo, ident)) if lo < ident else Delete(row.key)]
+    if ident + 1 < hi:
+        ops.append(Put(ranges._key(ident + 1), ranges._val(ident + 1, hi)))
+    return ident, [Check(row.key, row.version)], ops

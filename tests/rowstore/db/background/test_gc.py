@@ -192,6 +192,7 @@ async def test_dropped_table_is_reclaimed():
     assert not [r for r in await db.store.list() if r.table == tid]
     assert not await db.catalog.scan(f"idx/{tid}/")
     assert not await db.catalog.scan(f"rs/wm/{tid}/")  # nor what its partitions had offloaded
+    await no_leaks(db)  # its runs' files deleted with the manifests that named them
 
 
 @pytest.mark.parametrize("point", ["gc.after_copy", "gc.after_publish", "gc.after_index_checkpoint",
