@@ -58,6 +58,37 @@ def revert(name: str) -> None:
                 p.expiry.cancel()
             await self._roll_back(p)  # p.got is empty while the appends are in flight
         Participant.abort = abort
+    elif name == "s2-early":  # an abort before the prepare's appends releases the locks, and the
+        from rowstore.db.write.participant import Participant  # prepare appends BATCH X anyway
+
+        async def abort_now_unless_appending(self, txn: int) -> None:
+            p = self._held.get(txn)
+            if p is None:
+                return
+            self._forget(p)
+            if getattr(p, "appending", False):
+                p.aborted = True
+                return
+            await self._roll_back(p)
+
+        real_prepare = Participant._prepare
+
+        async def prepare_marking_appends(self, p, txn: int, ts: int) -> None:
+            real_current = [part.current for part in p.parts]
+            for part, cur in zip(p.parts, real_current):
+                async def current(cur=cur):  # the appends follow at once: from here on "appending"
+                    seg = await cur()
+                    p.appending = True
+                    return seg
+                part.current = current
+            try:
+                await real_prepare(self, p, txn, ts)
+            finally:
+                for part in p.parts:
+                    del part.current
+                p.appending = False
+        Participant.abort = abort_now_unless_appending
+        Participant._prepare = prepare_marking_appends
     else:
         raise SystemExit(f"nothing to revert called {name!r}")
 
@@ -85,7 +116,8 @@ def run_seed(seed: int, seconds: float, show_trace: bool, faults: Faults, parts:
         print(f"seed {seed}: VIOLATION {why}")
         print("\n".join(w.trace[-60:] if not show_trace else w.trace))
         print(f"replay: PYTHONHASHSEED=0 python -m tests.sim --seeds {seed} --seconds {seconds} --parts {parts} "
-              f"--crash {faults.crash} --slow {faults.slow} --slow-node {faults.slow_node} --trace")
+              f"--crash {faults.crash} --slow {faults.slow} --slow-node {faults.slow_node} "
+              f"--catalog-stall {faults.catalog_stall} --trace")
     return ok, stats
 
 
@@ -93,11 +125,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.sim")
     ap.add_argument("--seeds", default="0-19", help="a seed, or a range a-b (inclusive)")
     ap.add_argument("--seconds", type=float, default=30.0, help="virtual seconds of faults per seed")
-    ap.add_argument("--revert", action="append", default=[], help="put a fixed bug back (s1, s2)")
+    ap.add_argument("--revert", action="append", default=[], help="put a fixed bug back (s1, s2, s2-early)")
     ap.add_argument("--trace", action="store_true", help="print the whole trace of a failing seed")
     ap.add_argument("--crash", type=float, default=Faults.crash, help="kills per virtual second")
     ap.add_argument("--slow", type=float, default=Faults.slow, help="slow links per virtual second")
     ap.add_argument("--slow-node", type=float, default=Faults.slow_node, help="slow nodes per virtual second")
+    ap.add_argument("--catalog-stall", type=float, default=Faults.catalog_stall,
+                    help="catalog stalls (0.2-1.5 s, a Raft election) per virtual second")
     ap.add_argument("--stop", action="store_true", help="stop at the first failing seed")
     ap.add_argument("--parts", type=int, default=PARTS, help="the table's partitions (each led on its own)")
     a = ap.parse_args(argv)
@@ -109,7 +143,8 @@ def main(argv=None) -> int:
         revert(name)
     failed, t0, acked, elections = [], time.perf_counter(), 0, 0
     for seed in seeds:
-        ok, st = run_seed(seed, a.seconds, a.trace, Faults(crash=a.crash, slow=a.slow, slow_node=a.slow_node), a.parts)
+        ok, st = run_seed(seed, a.seconds, a.trace, Faults(crash=a.crash, slow=a.slow, slow_node=a.slow_node,
+                                                           catalog_stall=a.catalog_stall), a.parts)
         acked += st["acked"]
         elections += st["elections"]
         if not ok:

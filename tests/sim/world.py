@@ -56,13 +56,47 @@ class Ledger:
     reads: list[tuple[int, int, frozenset]] = field(default_factory=list)  # (partition, T, rows seen at T)
 
 
+class StallingCatalog(MemoryCatalog):
+    """The in-memory catalog, answering nothing while stalled (until ``stalled_until`` on the
+    loop's virtual clock): what every caller sees of a Raft catalog during an election."""
+
+    def __init__(self, loop):
+        super().__init__()
+        self._loop, self.stalled_until = loop, 0.0
+
+    async def _through(self) -> None:
+        while self._loop.time() < self.stalled_until:
+            await asyncio.sleep(self.stalled_until - self._loop.time())
+
+    async def get(self, key):
+        await self._through()
+        return await super().get(key)
+
+    async def get_many(self, keys):
+        await self._through()
+        return await super().get_many(keys)
+
+    async def scan(self, prefix="", **kw):
+        await self._through()
+        return await super().scan(prefix, **kw)
+
+    async def outcome(self, request_id):
+        await self._through()
+        return await super().outcome(request_id)
+
+    async def txn(self, checks=(), ops=(), *, request_id=None):
+        await self._through()
+        return await super().txn(checks, ops, request_id=request_id)
+
+
 class World(Checks):
     def __init__(self, seed: int, loop, faults: Faults | None = None, seconds: float = 30.0, writers: int = 3,
                  parts: int = PARTS):
         self.seed, self.loop, self.rng = seed, loop, random.Random(seed)
         self.parts = parts  # the table's partitions, each with its own leader
         self.faults, self.seconds, self.writers = faults or Faults(), seconds, writers
-        self.catalog, self.objects = MemoryCatalog(), MemoryObjectStore()
+        self.catalog, self.objects = StallingCatalog(loop), MemoryObjectStore()
+        self.stall_rng = random.Random(seed ^ 0xCA7A106)  # catalog stalls: apart from the other faults' draws
         self.nodes = {n: Node(self, n) for n in ("n1", "n2", "n3")}
         self.net, self.ledger, self.trace = Net(self), Ledger(), []
         self.place: dict[int, Place] = {}
@@ -111,6 +145,7 @@ class World(Checks):
         self.net.cut.clear()
         self.net.slow.clear()
         self.net.slow_node.clear()
+        self.catalog.stalled_until = 0.0
         for n in self.nodes.values():
             n.block.broken, n.block.capacity = False, None
         self.faults.drop = self.faults.duplicate = 0.0
@@ -391,6 +426,10 @@ class World(Checks):
                 jump = self.rng.choice([-1, 1]) * self.rng.randint(1, 5000)
                 self.nodes[n].skew_ms += jump
                 self.log("clock_jump", node=n, ms=jump)
+            if f.catalog_stall and self.stall_rng.random() < f.catalog_stall * step:
+                until = self.loop.time() + self.stall_rng.uniform(0.2, 1.5)
+                self.catalog.stalled_until = max(self.catalog.stalled_until, until)
+                self.log("catalog_stall", until=f"{until:.3f}")
 
     async def _restart_later(self, n: Node, after: float) -> None:
         await asyncio.sleep(after)
