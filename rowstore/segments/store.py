@@ -224,8 +224,8 @@ class SegmentStore(Handover):
         try:
             await self.seal(seg.segid)
         except BaseException:
-            if key not in self._current:  # not sealed: it stays the current one (a failed file then
-                self._current[key] = seg  # refuses appends, and is revived or stepped down from)
+            if key not in self._current and seg.segid in self.active:  # not sealed: it stays the current one
+                self._current[key] = seg  # (a failed file then refuses appends; revived or stepped down from)
             raise
         log.info("event=segment_sealed segid=%d bytes=%d rows=%d", seg.segid, seg.nbytes, seg.durable_rows)
         return seg
@@ -250,13 +250,21 @@ class SegmentStore(Handover):
         rec, e = await self.record(segid)
         if rec.state != SegState.ACTIVE:
             return rec
-        seg = self.active[segid]
+        seg = self._open_here(segid)
         await seg.file.flush()  # a lazy record (a COMMIT, a PROGRESS) still buffered counts too
         new = replace(rec, state=SegState.SEALED, rows=seg.durable_rows, bytes=seg.nbytes,
                       min_ts=seg.min_ts or 0, max_ts=seg.max_ts or 0, live_rows=seg.durable_rows,
                       live_bytes=seg.nbytes)
         await self.fs.seal(rec.inode, extra=lambda _f: ([Check(e.key, e.version)], [Put(e.key, new.to_bytes())]))
         return new
+
+    def _open_here(self, segid: int) -> ActiveSegment:
+        """The open segment ``segid``; unavailable once this node released it meanwhile (its
+        partition moved to another leader while a seal or an offload of it was on its way)."""
+        seg = self.active.get(segid)
+        if seg is None:
+            raise UnavailableError(f"segment {segid} is no longer open here (its partition moved); retry")
+        return seg
 
     async def offload(self, segid: int, key_schema: SchemaVersion, schemas=None) -> SegmentRecord:
         """Rewrite the sealed segment as an object (rows + B+ tree + footer), switch, drop local."""
@@ -265,7 +273,7 @@ class SegmentStore(Handover):
             return rec
         if rec.state != SegState.SEALED:
             raise RowstoreError(f"segment {segid} is {rec.state.value}; seal it first")
-        seg = self.active[segid]
+        seg = self._open_here(segid)
         stats: dict = {}
 
         def extra(f: FileRecord):

@@ -179,3 +179,26 @@ async def test_segments_on_s3_through_moto(s3_bucket_uri):
     assert got.batch.column("id").to_pylist() == [0, 2500, 4999]
     assert pa_ids([d async for d in other.scan(seg.segid, S1)]) == list(range(5000))
     await store.close()
+
+
+@pytest.mark.parametrize("job", ["seal", "offload"])
+async def test_a_seal_or_offload_of_a_segment_released_on_its_way_is_unavailable(job):
+    """The partition moved to another leader while the job read the segment's row: this node
+    released the segment, and the job answers 503 (retry elsewhere), not a KeyError (a 500 that
+    the nemesis suite's logs showed as ``job_failed job=seal error=KeyError``)."""
+    from rowstore.errors import UnavailableError
+
+    st = await World().start()
+    seg = await st.create("t", 0)
+    await seg.append(batch(0, 10), S1, 10)
+    if job == "offload":
+        await st.seal(seg.segid)
+    real = st.record
+
+    async def released_meanwhile(segid):
+        got = await real(segid)
+        st.release_local("t", 0)  # the demotion lands while the row is being read
+        return got
+    st.record = released_meanwhile
+    with pytest.raises(UnavailableError, match="no longer open here"):
+        await (st.seal(seg.segid) if job == "seal" else st.offload(seg.segid, KEYS))
