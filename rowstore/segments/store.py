@@ -27,7 +27,7 @@ from rowstore.segments.handover import Handover
 from rowstore.segments.records import PENDING_PREFIX, SEG_PREFIX, SegmentRecord, SegState
 from rowstore.segments.sealed import SealedSegment, sealed_bytes
 from terrafs.catalog_ops import commit
-from terrafs.errors import CatalogConflictError, MirrorError, NoSpaceError, failed_error
+from terrafs.errors import CatalogConflictError, ClosedError, MirrorError, NoSpaceError, failed_error
 from terrafs.fs import TerrascaleFS
 from terrafs.ranges import RangeAllocator
 from terrafs.records import FileRecord
@@ -381,9 +381,14 @@ class SegmentStore(Handover):
     async def scan(self, segid: int, target: SchemaVersion, schemas=None):
         """Every row of a segment in localid order, as decoded Arrow batches."""
         schemas = self._schemas(schemas)
-        if segid in self.active:
-            async for b in self.active[segid].batches():
-                yield decode_rows(b.rows, b.starts, schemas, target, self.active[segid].where)
+        seg = self.active.get(segid)
+        if seg is not None:
+            try:
+                async for b in seg.batches():
+                    yield decode_rows(b.rows, b.starts, schemas, target, seg.where)
+            except ClosedError as e:  # released meanwhile: its partition moved to another leader
+                raise UnavailableError(f"segment {segid} is no longer open here (its partition moved); "
+                                       "retry") from e
         else:
             async for d in (await self.sealed(segid)).scan(schemas, target):
                 yield d
@@ -447,8 +452,9 @@ class SegmentStore(Handover):
         if len(set(segs.tolist())) != 1:
             raise RowstoreError("get() takes rowids of one segment")
         segid = int(segs[0])
-        if segid in self.active:
-            return await self.active[segid].get(locs, schemas, target)
+        seg = self.active.get(segid)
+        if seg is not None:
+            return await seg.get(locs, schemas, target)
         return await (await self.sealed(segid)).get(locs, schemas, target)
 
 

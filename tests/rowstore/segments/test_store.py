@@ -202,3 +202,20 @@ async def test_a_seal_or_offload_of_a_segment_released_on_its_way_is_unavailable
     st.record = released_meanwhile
     with pytest.raises(UnavailableError, match="no longer open here"):
         await (st.seal(seg.segid) if job == "seal" else st.offload(seg.segid, KEYS))
+
+
+async def test_a_scan_of_a_segment_released_and_closed_midway_is_unavailable():
+    from rowstore.errors import UnavailableError
+
+    st = await World().start()
+    seg = await st.create("t", 0)
+    for i in range(3):
+        await seg.append(batch(i * 10, 10), S1, 10 + i)
+    rows = st.scan(seg.segid, S1)
+    first = await rows.__anext__()  # the first batch read; then the partition moves
+    assert first.batch.num_rows == 10
+    st.release_local("t", 0)
+    await seg.file.close()
+    with pytest.raises(UnavailableError, match="no longer open here"):
+        async for _ in rows:
+            pass
