@@ -103,6 +103,11 @@ class BlockDevice(abc.ABC):
         count them (one per flush of each file: the active files' flush counters say it)."""
         return None
 
+    def rounds(self) -> tuple[int, int] | None:
+        """(device rounds run, write groups they carried) when the device batches its files'
+        groups into rounds (``terrafs/rounds.py``); None when each file flushes alone."""
+        return None
+
     async def write_file(self, name: str, data: bytes) -> None:
         """Atomically replace ``name`` with ``data``: temp file, sync, rename."""
         tmp = name + ".tmp"

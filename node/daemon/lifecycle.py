@@ -203,6 +203,10 @@ class Node:
             m.flush_wait_seconds.set(sum(s.get("wait_s", 0.0) for s in stats))
             if self.fs.block.fdatasyncs() is not None:
                 m.device_syncs.set(self.fs.block.fdatasyncs())
+            if self.fs.block.rounds() is not None:
+                hops, groups = self.fs.block.rounds()
+                m.device_rounds.set(hops)
+                m.device_round_groups.set(groups)
             m.memtable_bytes.set(self.db.memtable_bytes())
             m.closed_ts.set(self.db.closed_ts)
             m.txn_held.set(self.db.participant.held)

@@ -45,6 +45,11 @@ class Metrics:
         self.device_syncs = Gauge("terrascale_device_fdatasyncs", "fdatasyncs of the durable block device's "
                                   "log device, each making every active file's writes before it durable "
                                   "(RFC 0011)", registry=r)
+        self.device_rounds = Gauge("terrascale_device_rounds", "Device rounds: the write groups of every active "
+                                   "file that arrived together, written and flushed in one I/O-thread hop "
+                                   "(RFC 0011)", registry=r)
+        self.device_round_groups = Gauge("terrascale_device_round_groups", "Write groups those device rounds "
+                                         "carried", registry=r)
         self.flush_wait_seconds = Gauge("terrascale_flush_wait_seconds", "Appenders' total wait for their "
                                         "group commit (open active files)", registry=r)
         self.segments = Gauge("terrascale_segments", "Segments by state", ["state"], registry=r)

@@ -67,3 +67,6 @@ class LoggedBlockDevice(BlockDevice):
 
     def fdatasyncs(self) -> int | None:
         return self.log.flushes
+
+    def rounds(self) -> tuple[int, int] | None:
+        return self.log.rounds.hops, self.log.rounds.works
