@@ -1,0 +1,67 @@
+"""The admin console (docs/console.md): its files at ``GET /ui/`` on every node, from the
+package's own ``node/ui/static/`` — public, since they hold no data; every data call the
+console makes goes to the API with the bearer token. Each answer carries a strict
+Content-Security-Policy: scripts and styles from this node only, no inline code, no eval,
+no other host — so a value that looks like markup can never run."""
+from __future__ import annotations
+
+import hashlib
+import mimetypes
+from pathlib import Path
+
+from aiohttp import web
+
+from node.errors import ApiError
+from node.http.params import bound
+
+STATIC = Path(__file__).resolve().parents[2] / "ui" / "static"
+PREFIX = "/ui/"
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+           "X-Frame-Options": "DENY", "Cross-Origin-Opener-Policy": "same-origin",
+           # revalidated on every load (an ETag answers 304): a node upgraded serves its new files at once
+           "Cache-Control": "no-cache"}
+TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".json": "application/json",
+         ".svg": "image/svg+xml", ".png": "image/png", ".txt": "text/plain"}
+
+
+def add_console_routes(api, router) -> None:
+    files = load(STATIC)
+    router.add_get("/ui", bound(api, lambda api, request: _to_index()))
+    router.add_get("/ui/", bound(api, lambda api, request: serve(files, "index.html", request)))
+    router.add_get("/ui/{path:.+}", bound(api, lambda api, request: serve(files, request.match_info["path"],
+                                                                           request)))
+
+
+def public(path: str) -> bool:
+    """The console's files need no token (the edge asks none for them): they hold no data."""
+    return path == "/ui" or path.startswith(PREFIX)
+
+
+def load(root: Path) -> dict[str, tuple[bytes, str, str]]:
+    """Every file under ``root`` read once at start: relative path -> (body, type, ETag). Only
+    these names are served, so no request path reaches the file system."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.name.startswith("."):
+            body = p.read_bytes()
+            ctype = TYPES.get(p.suffix) or mimetypes.guess_type(p.name)[0] or "application/octet-stream"
+            out[p.relative_to(root).as_posix()] = (body, ctype, '"%s"' % hashlib.sha256(body).hexdigest()[:32])
+    return out
+
+
+async def _to_index():
+    raise web.HTTPPermanentRedirect(PREFIX)
+
+
+async def serve(files: dict, name: str, request: web.Request) -> web.Response:
+    got = files.get(name)
+    if got is None:
+        raise ApiError(404, "not_found", f"the console has no file {name!r}")
+    body, ctype, etag = got
+    headers = {**HEADERS, "ETag": etag}
+    if etag in request.headers.get("If-None-Match", ""):
+        return web.Response(status=304, headers=headers)
+    charset = "utf-8" if ctype.startswith("text/") or ctype.endswith(("json", "javascript", "svg+xml")) else None
+    return web.Response(body=body, content_type=ctype, charset=charset, headers=headers)
