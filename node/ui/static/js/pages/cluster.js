@@ -43,7 +43,7 @@ export function mount(el, ctx) {
     const byId = Object.fromEntries(nodes.nodes.map((n) => [n.id, n]));
     const up = (id) => byId[id] && byId[id].alive && byId[id].status !== null;
     const upCount = nodes.nodes.filter((n) => up(n.id)).length;
-    fill(head, card("catalog leader", view.leader ?? "none", "leader"), card("Raft term", view.term, "term"),
+    fill(head, card("catalog leader", view.leader ?? "none", "catalog-leader"), card("Raft term", view.term, "term"),
       card("members up", `${upCount} / ${view.members.length}`, "up"), card("catalog", view.catalog));
     fill(members, memberTable(view, byId, up, (m) => { pending = { op: "remove", address: m.raft_address }; again(); }));
     fill(parts, partitionTable(view.placement, byId, up));
