@@ -109,7 +109,7 @@ test: $(STAMP) java17 strace chromium jvm jvm-test
 	$(VENV)/bin/vulture
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP) chromium
 	$(PY) -m bench
 
 clean:

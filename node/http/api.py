@@ -87,7 +87,7 @@ class Api:
 
     async def _guarded(self, request: web.Request, handler) -> web.StreamResponse:
         try:
-            if request.path != "/healthz" and not public(request.path) and not self._authorized(request):
+            if request.path != "/healthz" and not public(request) and not self._authorized(request):
                 return error(401, "unauthorized", "missing or wrong bearer token")
             table = request.match_info.get("table")
             if table is not None and request.match_info.route.resource.canonical in _WHOLE_TABLE:

@@ -34,9 +34,14 @@ def add_console_routes(api, router) -> None:
                                                                            request)))
 
 
-def public(path: str) -> bool:
-    """The console's files need no token (the edge asks none for them): they hold no data."""
-    return path == "/ui" or path.startswith(PREFIX)
+ROUTES = {"/ui", PREFIX, PREFIX + "{path}"}
+
+
+def public(request: web.Request) -> bool:
+    """The console's files need no token (the edge asks none for them): they hold no data. Known
+    by the route the request matched, not by its path's text."""
+    resource = request.match_info.route.resource
+    return resource is not None and resource.canonical in ROUTES
 
 
 def load(root: Path) -> dict[str, tuple[bytes, str, str]]:

@@ -75,6 +75,10 @@ def test_ui_redirects_to_the_page(node):
 
 
 def test_data_calls_still_need_the_token(node):
+    for path in ("/v1/admin/status", "/ui/../v1/admin/status", "/ui/%2e%2e/v1/admin/status",
+                 "/ui/..%2fv1/admin/status"):
+        status, _, body = fetch(node, path)
+        assert status in (401, 404) and json.loads(body)["error"]["code"] in ("unauthorized", "not_found"), path
     status, _, body = fetch(node, "/v1/admin/status")
     assert status == 401 and json.loads(body)["error"]["code"] == "unauthorized"
     status, _, body = fetch(node, "/v1/admin/nodes", {"Authorization": f"Bearer {TOKEN}"})
