@@ -39,7 +39,7 @@ def cluster(tmp_path_factory):
             rows = [{"id": i, "loc": {"x": rng.uniform(-170, 170), "y": rng.uniform(-60, 70)}, "name": f"p{i}"}
                     for i in range(600)]
             rows += [{"id": 1000 + i, "loc": {"x": 10.0 * i, "y": 5.0}, "name": s} for i, s in enumerate(XSS)]
-            eventually(lambda: c.upsert("pts", rows))
+            nodes[0].first_commit = eventually(lambda: c.upsert("pts", rows))["commit_ts"]
             c.admin("seal")
         yield nodes
     finally:
@@ -63,14 +63,17 @@ def page(browser, cluster):
     """A new tab on node n1's console, signed in; every dialog (alert ...) it opens is recorded."""
     ctx = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = ctx.new_page()
-    pg.dialogs = []
+    pg.dialogs, pg.errors = [], []
     pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))  # an uncaught exception in the console's code
+    pg.on("console", lambda m: "Content Security Policy" in m.text and pg.errors.append(m.text))
     pg.goto(cluster[0].base + "/ui/")
     pg.fill("#token", TOKEN)
     pg.click("#login button[type=submit]")
     expect(pg.locator("#node-info")).to_contain_text("node n1", timeout=WAIT)
     yield pg
     assert pg.dialogs == [], "a value from the API ran as script"
+    assert pg.errors == [], "the page raised or broke its own policy"
     assert pg.evaluate("window.__xss") is None
     ctx.close()
 
@@ -131,10 +134,28 @@ def test_cluster_page_shows_the_members_leaders_and_epochs(page, cluster):
     shot(page, "cluster")
 
 
+def test_membership_changes_wait_for_a_confirmation(page, cluster):
+    open_page(page, "cluster")
+    with cluster[0].client() as c:
+        before = c.cluster()["members"]
+    page.locator('tr[data-node="n3"] button').click()
+    expect(page.locator("#confirm")).to_contain_text(f"Remove the member at {cluster[2].raft_address}?")
+    page.locator("#confirm button", has_text="Cancel").click()
+    expect(page.locator("#confirm")).to_have_count(0)
+    with cluster[0].client() as c:
+        assert [m["id"] for m in c.cluster()["members"]] == [m["id"] for m in before]
+
+
 def test_tables_page_shows_the_description_and_segments(page, cluster):
+    with cluster[0].client() as c:
+        if "extra" not in {col["name"] for col in c.describe("pts")["columns"]}:
+            c.add_column("pts", "extra", "float64")
     open_page(page, "tables")
     with cluster[0].client() as c:
         def same():
+            history = page.locator("#schema-history tbody tr")
+            assert history.count() == 2 and "extra float64" in history.nth(0).inner_text()
+            assert "extra" not in history.nth(1).inner_text()
             d, segs = c.describe("pts"), c.segments("pts")["segments"]
             assert text(page, "#table-summary [data-k=partitions]") == str(d["partitions"])
             assert text(page, "#table-summary [data-k=replicas]") == "3"
@@ -154,6 +175,11 @@ def test_explorer_rows_and_markup_stay_text(page, cluster):
     with cluster[0].client() as c:
         total = len(c.query_json("pts", limit=100_000)["rows"])
     expect(page.locator("#row-count")).to_have_text(str(total), timeout=WAIT)
+    pages = -(-total // 50)
+    expect(page.locator("#explorer-result")).to_contain_text(f"page 1 of {pages}")
+    page.click("#page-next")
+    expect(page.locator("#explorer-result")).to_contain_text(f"page 2 of {pages}")
+    assert page.locator("#rows tbody tr").count() == min(50, total - 50)
     expect(page.locator("#explorer-commands")).to_contain_text("terrascale --endpoint")
     cells = page.locator("#rows td")
     page.fill("#q-columns", "id,name")
@@ -173,6 +199,24 @@ def test_explorer_rows_and_markup_stay_text(page, cluster):
     page.click("#q-run")
     expect(page.locator("#error")).to_contain_text(f"no column '{XSS[1]}'", timeout=WAIT)
     assert page.locator("#error img").count() == 0
+
+
+def test_explorer_reads_as_of_the_time_on_its_slider(page, cluster):
+    with cluster[0].client() as c:
+        eventually(lambda: c.upsert("pts", [{"id": 5000 + i, "name": "later"} for i in range(5)]))
+        latest = len(c.query_json("pts", limit=100_000)["rows"])
+    open_page(page, "explorer")
+    expect(page.locator("#q-asof")).to_be_visible(timeout=WAIT)
+    page.locator("#q-asof").fill(str(cluster[0].first_commit >> 16))  # the first batch's millisecond
+    page.click("#q-run")
+    expect(page.locator("#result-asof")).not_to_have_text("", timeout=WAIT)
+    as_of = int(text(page, "#result-asof"))
+    assert as_of >> 16 == cluster[0].first_commit >> 16
+    with cluster[0].client() as c:
+        want = len(c.query_json("pts", as_of=as_of, limit=100_000)["rows"])
+    assert want < latest
+    expect(page.locator("#row-count")).to_have_text(str(want))
+    expect(page.locator("#explorer-commands")).to_contain_text(f"--as-of {as_of}")
 
 
 def test_a_box_drawn_on_the_map_gives_the_rows_of_that_bbox(page, cluster):
@@ -197,6 +241,29 @@ def test_a_box_drawn_on_the_map_gives_the_rows_of_that_bbox(page, cluster):
     page.click("#map-open-explorer")
     expect(page.locator("#row-count")).to_have_text(str(want), timeout=WAIT)
     assert float(page.input_value("#q-bbox-xmin")) == b["xmin"]
+
+
+def test_map_pan_and_zoom_read_the_points_of_the_view(page, cluster):
+    open_page(page, "map")
+    note = page.locator("#map-note")
+    expect(note).to_have_attribute("data-points", "603", timeout=WAIT)  # the whole world: every row with a point
+    box = page.locator("#map-canvas").bounding_box()
+    page.mouse.move(box["x"] + 500, box["y"] + 250)
+    for _ in range(3):
+        page.mouse.wheel(0, -100)  # zoom in at the centre
+    page.mouse.move(box["x"] + 600, box["y"] + 300)
+    page.mouse.down()
+    page.mouse.move(box["x"] + 500, box["y"] + 250, steps=4)  # pan: the view moves east and south
+    page.mouse.up()
+
+    def same():
+        v = {k: float(note.get_attribute(f"data-{k}")) for k in ("xmin", "ymin", "xmax", "ymax")}
+        assert v["xmax"] - v["xmin"] < 200 and v["xmin"] > -180
+        with cluster[0].client() as c:
+            want = len(c.query_json("pts", bbox={"column": "loc", **v}, limit=100_000)["rows"])
+        assert note.get_attribute("data-points") == str(want) and 0 < want < 603
+    eventually(same, 30)
+    shot(page, "map-zoomed")
 
 
 def test_map_density_layer_without_a_histogram_endpoint_draws_sampled_points(page, cluster):

@@ -146,7 +146,8 @@ function drawResult(out, ctx) {
   const shown = r.rows.slice(r.page * PAGE, (r.page + 1) * PAGE);
   const turn = (d) => () => { r.page = Math.min(Math.max(0, r.page + d), pages - 1); drawResult(out, ctx); };
   fill(out, h("h3", {}, "Rows"),
-    h("p", {}, h("span", { id: "row-count" }, String(r.rows.length)), ` rows from ${r.table} as of `, String(r.as_of),
+    h("p", {}, h("span", { id: "row-count" }, String(r.rows.length)), ` rows from ${r.table} as of `,
+      h("span", { id: "result-asof" }, String(r.as_of)),
       r.rows.length >= r.body.limit ? " (the limit: there may be more)" : ""),
     h("div", {}, h("button", { id: "page-prev", type: "button", onclick: turn(-1), disabled: r.page === 0 }, "‹ prev"),
       ` page ${r.page + 1} of ${pages} `,

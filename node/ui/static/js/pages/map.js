@@ -25,7 +25,7 @@ export function mount(el, ctx) {
   fill(el, h("h2", {}, "Map"), controls, canvas, info);
   const view = { cx: 0, cy: 0, k: canvas.width / 360 };
   const st = { tables: [], table: null, column: null, layer: "points", boxMode: false, drag: null, box: null,
-    points: [], cells: null, histogram: true, note: "" };
+    points: [], cells: null, histogram: true, note: "", view: null };
   const g = canvas.getContext("2d");
   const toScreen = (x, y) => [(x - view.cx) * view.k + canvas.width / 2, (view.cy - y) * view.k + canvas.height / 2];
   const toWorld = (px, py) => [(px - canvas.width / 2) / view.k + view.cx, view.cy - (py - canvas.height / 2) / view.k];
@@ -59,6 +59,7 @@ export function mount(el, ctx) {
         st.cells = { bbox: e, counts: r.counts };
         st.note = "density: counts per cell from the histogram endpoint";
         draw();
+        drawInfo();
         return;
       } catch (err) {
         if (!(err instanceof ApiError && err.status === 404 && err.code === "not_found")) throw err;
@@ -67,6 +68,7 @@ export function mount(el, ctx) {
     }
     st.cells = null;
     const r = await post(`/v1/tables/${enc(st.table)}/query`, { bbox: { column: st.column, ...e }, columns: [st.column], limit: SAMPLE });
+    st.view = e; // the extent these points were read for
     st.points = r.rows.map((row) => row[st.column]).filter(Boolean);
     st.note = `${st.points.length}${st.points.length >= SAMPLE ? " (a sample)" : ""} points in view` +
       (st.layer === "density" ? " — this node serves no histogram endpoint, so the density layer shows sampled points" : "");
@@ -76,7 +78,9 @@ export function mount(el, ctx) {
 
   function drawInfo() {
     const r = ctx.state.result;
-    fill(info, h("p", { id: "map-note" }, st.note),
+    const v = st.view;
+    fill(info, h("p", { id: "map-note", "data-xmin": v && v.xmin, "data-ymin": v && v.ymin, "data-xmax": v && v.xmax,
+      "data-ymax": v && v.ymax, "data-points": st.points.length }, st.note),
       st.box ? h("p", {}, "Box ", h("span", { id: "map-bbox", "data-xmin": st.box.xmin, "data-ymin": st.box.ymin,
         "data-xmax": st.box.xmax, "data-ymax": st.box.ymax },
       `${st.box.xmin.toFixed(3)}, ${st.box.ymin.toFixed(3)} — ${st.box.xmax.toFixed(3)}, ${st.box.ymax.toFixed(3)}`),
