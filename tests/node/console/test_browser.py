@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
+from node.client.client import Client
+from tests.node.http.test_api import _self_signed
+from tests.node.proc import FAST_CLUSTER, NodeProc, eventually, raft_cluster, start_all
 
 TOKEN = "console-test-token"
 SHOTS = Path(__file__).resolve().parents[3] / "test-artifacts" / "console"
@@ -326,3 +328,28 @@ def test_zz_a_killed_node_shows_down_and_its_partitions_new_leaders(page, cluste
         eventually(moved, 60)
     expect(page.locator(f'tr[data-node="{victim.node_id}"]')).to_have_class("down")
     shot(page, "cluster-node-down")
+
+
+def test_over_tls_as_the_api(browser, tmp_path):
+    """A node serving HTTPS serves its console over HTTPS: the page and its data calls."""
+    cert, key = _self_signed(tmp_path)
+    node = NodeProc(tmp_path, token=TOKEN)
+    node.config.write_text(node.config.read_text() + f'tls_cert = "{cert}"\ntls_key = "{key}"\n')
+    node.base = node.base.replace("http://", "https://")
+    ctx = browser.new_context(ignore_https_errors=True)  # the test's self-signed certificate
+    try:
+        node.start(wait=False)
+
+        def ready():
+            with Client(node.base, TOKEN, verify=cert) as c:
+                c.readyz()
+        eventually(ready, 60, proc=node.proc)
+        pg = ctx.new_page()
+        pg.goto(node.base + "/ui/")
+        pg.fill("#token", TOKEN)
+        pg.click("#login button[type=submit]")
+        expect(pg.locator('tr[data-node="n1"] [data-k="state"]')).to_have_text("up", timeout=WAIT)
+        assert pg.url.startswith("https://")
+    finally:
+        ctx.close()
+        node.ensure_stopped()
