@@ -5,7 +5,8 @@ A node with ``BENCH_CONSOLE_TABLES`` tables (default 100) of 8 partitions, writt
 in rounds until it holds ``BENCH_CONSOLE_SEGMENTS`` segments (default 10,000). Then, for each
 page, a full reload of the signed-in tab until the page's main table is drawn (median of
 ``RUNS``) — vs the peer: the API calls that page makes, timed from Python (so the difference
-is the browser's part: parsing, building the DOM, layout)."""
+is the browser's part: parsing, building the DOM, layout). Filling the node is most of the run
+(about 25 minutes on 2 shared cores); docs/console.md has the numbers measured."""
 from __future__ import annotations
 
 import asyncio

@@ -59,8 +59,10 @@ export function bytes(n) {
 export const card = (label, value, k) => h("div", { class: "card" },
   h("div", { class: "muted" }, label), h("div", { class: "v", "data-k": k }, value));
 
-/** A select of options (text), the one equal to `current` selected. */
+/** A select of options (a value, or [value, label]), the one equal to `current` selected. */
 export function select(id, options, current, onchange) {
-  return h("select", { id, onchange },
-    options.map((o) => h("option", { value: o, selected: o === current }, o)));
+  return h("select", { id, onchange }, options.map((o) => {
+    const [value, label] = Array.isArray(o) ? o : [o, o];
+    return h("option", { value, selected: value === current }, label);
+  }));
 }

@@ -26,8 +26,9 @@ export function mount(el, ctx) {
   };
 
   function draw() {
-    fill(buttons, ["seal", "offload", "checkpoint"].map((n) => h("button", { id: `job-${n}`, type: "button", onclick: job(n) }, n)),
-      h("span", {}, "  GC of ", select("gc-table", ["", ...tables], table, (e) => { table = e.target.value; dry = null; draw(); }),
+    fill(buttons, h("span", {}, "Run now on this node: "),
+      ["seal", "offload", "checkpoint"].map((n) => h("button", { id: `job-${n}`, type: "button", onclick: job(n) }, n)),
+      h("span", {}, "  GC of ", select("gc-table", [["", "every table"], ...tables], table, (e) => { table = e.target.value; dry = null; draw(); }),
         " ", h("button", { id: "gc-dry", type: "button", onclick: gc(true) }, "Dry run"), " ",
         h("button", { id: "gc-run", type: "button", disabled: dry !== table, onclick: gc(false),
           title: "after a dry run of the same choice" }, "Run GC")));
