@@ -304,6 +304,16 @@ def test_metrics_charts_follow_the_nodes_counters(page, cluster):
     open_page(page, "metrics")
     for k in ("rows-per-s", "fsync-per-s", "queries-per-s", "lag-bytes"):
         expect(page.locator(f'[data-k="{k}"]')).to_contain_text("now", timeout=WAIT)
+    key = iter(range(20_000, 30_000, 50))
+
+    def moving():  # rows written and queries through this node show as rates above 0
+        with cluster[0].client() as c:
+            k = next(key)
+            c.upsert("pts", [{"id": k + i, "name": "m"} for i in range(50)])
+            c.query_json("pts", where=[["id", "=", k]])
+        for chart in ("rows-per-s", "queries-per-s"):
+            assert text(page, f'[data-k="{chart}"]') not in ("now 0", ""), chart
+    eventually(moving, 60, every=0.5)
     shot(page, "metrics")
 
 

@@ -9,7 +9,8 @@ export function chart(id, title, points, unit = "") {
   g.strokeStyle = "#d8dde6"; g.strokeRect(L, 6, W - L - 6, H - B - 6);
   g.fillStyle = "#667085"; g.font = "11px system-ui, sans-serif";
   const last = points.length ? points[points.length - 1][1] : null;
-  if (points.length < 2) {
+  if (points.length === 1) points = [points[0], points[0]]; // one sample so far: a flat line
+  if (!points.length) {
     g.fillText("collecting samples…", L + 10, H / 2);
   } else {
     const t0 = points[0][0], t1 = points[points.length - 1][0];

@@ -16,7 +16,7 @@ export function mount(el) {
       chart("flush-ms", "Flush latency (ms per flush)", rate((m) => 1000 * total(m, "terrascale_flush_seconds"),
         (m) => total(m, "terrascale_flushes")), " ms"),
       chart("fsync-per-s", "fdatasyncs / s", rate((m) => total(m, "terrascale_device_fdatasyncs"))),
-      chart("queries-per-s", "Queries / s", rate((m) => total(m, "terrascale_http_requests_total", QUERY))),
+      chart("queries-per-s", "Queries / s", rate((m) => total(m, "terrascale_http_requests_total", QUERY) ?? 0)), // none yet: 0
       chart("lag-bytes", "Largest replica lag (bytes)", series((m) => max(m, "terrascale_partition_replica_lag_bytes")), " B"));
   }
   return { refresh, every: 2000 };
