@@ -28,10 +28,16 @@ TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".j
 
 def add_console_routes(api, router) -> None:
     files = load(STATIC)
-    router.add_get("/ui", bound(api, lambda api, request: _to_index()))
-    router.add_get("/ui/", bound(api, lambda api, request: serve(files, "index.html", request)))
-    router.add_get("/ui/{path:.+}", bound(api, lambda api, request: serve(files, request.match_info["path"],
-                                                                           request)))
+
+    async def index(api, request):
+        return serve(files, "index.html", request)
+
+    async def file(api, request):
+        return serve(files, request.match_info["path"], request)
+
+    router.add_get("/ui", bound(api, to_index))
+    router.add_get("/ui/", bound(api, index))
+    router.add_get("/ui/{path:.+}", bound(api, file))
 
 
 ROUTES = {"/ui", PREFIX, PREFIX + "{path}"}
@@ -56,11 +62,11 @@ def load(root: Path) -> dict[str, tuple[bytes, str, str]]:
     return out
 
 
-async def _to_index():
+async def to_index(api, request):
     raise web.HTTPPermanentRedirect(PREFIX)
 
 
-async def serve(files: dict, name: str, request: web.Request) -> web.Response:
+def serve(files: dict, name: str, request: web.Request) -> web.Response:
     got = files.get(name)
     if got is None:
         raise ApiError(404, "not_found", f"the console has no file {name!r}")
