@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test bench venv clean java17 jdk17 jvm jvm-test junit5 strace
+.PHONY: run demo test bench venv clean java17 jdk17 jvm jvm-test junit5 strace chromium
 
 venv: $(STAMP)
 
@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	@echo "Terrascale node: http://127.0.0.1:7400  (data in ./data; Ctrl-C stops it cleanly)"
+	@echo "  the admin console: http://127.0.0.1:7400/ui/  (docs/console.md)"
 	@echo "  try, in another terminal:"
 	@echo "    curl -s http://127.0.0.1:7400/readyz"
 	@echo "    .venv/bin/terrascale table create demo --schema 'id int64 primary key, ts timestamp, loc point, name string' --index loc"
@@ -95,12 +96,20 @@ strace:
 	  S=$$([ "$$(id -u)" = 0 ] || echo sudo); $$S apt-get update -q && $$S apt-get install -y -q strace || \
 	  { echo "error: could not install strace"; exit 1; }; }
 
-test: $(STAMP) java17 strace jvm jvm-test
+# The admin console's browser tests (tests/node/console/) drive Debian's headless Chromium through
+# Playwright's Python package (test extra), which never downloads a browser of its own.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "the console's browser tests need Chromium and none was found: installing chromium with apt-get"; \
+	  S=$$([ "$$(id -u)" = 0 ] || echo sudo); $$S apt-get update -q && $$S apt-get install -y -q chromium || \
+	  { echo "error: could not install Chromium; install the chromium package"; exit 1; }; }
+
+test: $(STAMP) java17 strace chromium jvm jvm-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/vulture
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP) chromium
 	$(PY) -m bench
 
 clean:

@@ -65,6 +65,8 @@ def main() -> int:
     t_start = time.perf_counter()
     step("start a 3-node cluster on loopback (Raft catalog, shared object store)")
     run("bash", os.path.join(ROOT, "ops", "local-cluster.sh"), "up", "3", env=env)
+    print(f"    the admin console, while the tour runs: {urls[0]}/ui/ (any node's /ui/; docs/console.md)", flush=True)
+    report["admin console (while it ran)"] = f"{urls[0]}/ui/"
     try:
         tour(d, urls, report)
     finally:

@@ -24,6 +24,7 @@ import logging
 import signal
 import ssl
 import time
+from importlib.metadata import version
 
 from aiohttp import web
 from prometheus_client import generate_latest
@@ -272,9 +273,11 @@ class Node:
         cs = await self._catalog_status()
         return {
             "node_id": self.cfg.node_id, "address": self.http_url, "ready": self.ready,
+            "version": version("terrascale"),
             "uptime_s": round(time.time() - self.started, 3), "role": cs["role"],
             "partitions_owned": owned, "tables": len(tables), "segments": segment_states(recs),
             "closed_ts": self.db.closed_ts if self.db else None,
+            "history_horizon": self.db.horizon() if self.db else None,
             "catalog_leader": cs["leader"], "catalog_revision": await self.catalog.revision(),
             "memtable_bytes": self.db.memtable_bytes() if self.db else 0,
             "jobs": {name: {"every_s": every, "last": (self.jobs.last.get(name) if self.jobs else None)}

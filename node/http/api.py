@@ -18,6 +18,7 @@ from node.http.coalesce import Coalescer
 from node.http.edge import answer, error
 from node.http.params import CONFIG, parse_json
 from node.http.routes.admin import add_admin_routes
+from node.http.routes.console import public
 from node.http.routes.rows import add_row_routes
 from node.http.routes.tables import add_table_routes
 
@@ -86,7 +87,7 @@ class Api:
 
     async def _guarded(self, request: web.Request, handler) -> web.StreamResponse:
         try:
-            if request.path != "/healthz" and not self._authorized(request):
+            if request.path != "/healthz" and not public(request) and not self._authorized(request):
                 return error(401, "unauthorized", "missing or wrong bearer token")
             table = request.match_info.get("table")
             if table is not None and request.match_info.route.resource.canonical in _WHOLE_TABLE:

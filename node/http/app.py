@@ -8,6 +8,7 @@ from aiohttp import web
 
 from node.http.api import Api
 from node.http.routes.bridge import add_bridge_routes
+from node.http.routes.console import add_console_routes
 from node.http.routes.internal import add_internal_routes
 from node.http.routes.membership import add_membership_routes
 from node.http.routes.handoff import add_handoff_routes
@@ -22,4 +23,5 @@ def make_app(node) -> web.Application:
     add_internal_routes(api, app.router)  # node to node: cross-node batches and reads
     add_replication_routes(api, app.router)  # leader to follower, driver to replicas (RFC 0010 §5)
     add_handoff_routes(api, app.router)  # one-copy partitions moved between nodes (RFC 0010 §7)
+    add_console_routes(api, app.router)  # the admin console's files (docs/console.md)
     return app

@@ -4,6 +4,7 @@ the node holds the only copy of (RFC 0010 §7, ``node/cluster/handoff.py``)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 from aiohttp import web
@@ -21,6 +22,7 @@ log = logging.getLogger("terrascale.node")
 
 def add_membership_routes(api, router) -> None:
     router.add_get("/v1/admin/cluster", bound(api, cluster))
+    router.add_get("/v1/admin/nodes", bound(api, nodes))
     router.add_post("/v1/admin/cluster/members", bound(api, add_member))
     router.add_delete("/v1/admin/cluster/members/{address}", bound(api, remove_member))
 
@@ -28,6 +30,28 @@ def add_membership_routes(api, router) -> None:
 async def cluster(api, request):
     api.db  # noqa: B018 - 503 before ready
     return web.json_response(await api.node.cluster_view())
+
+
+async def nodes(api, request):
+    """Every member's own ``/v1/admin/status`` (version, health, the partitions it leads and
+    their followers' lag), asked by this node: a browser may call only the node that served
+    the console. A member that does not answer within 3 s is listed with ``"status": null``."""
+    api.db  # noqa: B018 - 503 before ready
+    view = await api.node.cluster_view()
+    return web.json_response({"nodes": await asyncio.gather(*(_node_status(api, m) for m in view["members"]))})
+
+
+async def _node_status(api, member: dict) -> dict:
+    out = {"id": member["id"], "address": member.get("address"), "alive": member["alive"]}
+    try:
+        if member["id"] == api.node.cfg.node_id:
+            return {**out, "status": await api.node.status(), "error": None}
+        code, _, body = await asyncio.wait_for(api.node.cluster.call(member["id"], "GET", "/v1/admin/status"), 3)
+        if code != 200:
+            return {**out, "status": None, "error": f"HTTP {code}: {body[:200].decode(errors='replace')}"}
+        return {**out, "status": json.loads(body), "error": None}
+    except (ApiError, CatalogError, ConnectionError, OSError, asyncio.TimeoutError, ValueError) as e:
+        return {**out, "status": None, "error": one_line(e) or type(e).__name__}
 
 
 async def add_member(api, request):

@@ -212,12 +212,13 @@ ENDPOINTS = [
     ("POST", "/v1/tables/x/delete"), ("GET", "/v1/tables/x/rows/1"), ("POST", "/v1/tables/x/query"),
     ("GET", "/v1/admin/status"), ("GET", "/v1/admin/segments"), ("POST", "/v1/admin/seal"),
     ("POST", "/v1/admin/offload"), ("POST", "/v1/admin/gc"), ("POST", "/v1/admin/checkpoint"),
-    ("GET", "/v1/admin/cluster"),
+    ("GET", "/v1/admin/cluster"), ("GET", "/v1/admin/nodes"),
 ]
 
 
 @pytest.mark.parametrize("token", [None, "wrong", TOKEN + "x"])
 def test_every_endpoint_but_healthz_needs_the_token(node, token):
+    """Every data endpoint; the console's files need none (tests/node/console/test_serving.py)."""
     with Client(node.base, token) as anon:
         assert anon.healthz() == {"status": "ok"}
         for method, path in ENDPOINTS:
