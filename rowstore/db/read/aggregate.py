@@ -1,0 +1,126 @@
+"""Aggregates and grid histograms of one node's partitions at one snapshot
+(docs/rfcs/0012-aggregates.md).
+
+The rows that count are found exactly as a query finds them: the visible rowids at T from
+the key index, narrowed by the column index's candidates for ``where`` and ``bbox``
+(:func:`rowstore.db.read.reader.candidates`), then re-checked exactly with the query's own
+masks. The values of the filtered rows come from the column index's side tables where a
+column is indexed (:mod:`rowstore.index.column_values`), and from decoding only those rows'
+needed columns otherwise. Each partition yields a partial; this node merges its own.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+
+from rowstore.errors import UnavailableError
+from rowstore.index.column_values import gather, gatherable, sources
+from rowstore.reads.aggregates import AggSpec, Grid, cell_counts, cname, merge, parse_grid, parse_spec, partial
+from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
+from rowstore.schema import Column
+from rowstore.segments.fetch import fetch
+from rowstore.db.read.reader import ReadContext, Reader, candidates
+
+
+class Aggregator:
+    """Partial aggregates and histograms of the partitions served here."""
+
+    def __init__(self, reader: Reader):
+        self.reader = reader
+
+    async def aggregate(self, name: str, group_by, aggregates, where=None, bbox=None, as_of=None,
+                        partitions=None, trusted: bool = False) -> tuple[pa.Table, int, dict]:
+        """(this node's merged partial, T, stats); the spec is checked against the schema at T."""
+        c = await self.reader.context(name, as_of, trusted)
+        spec = parse_spec(c.d.schema, group_by, aggregates)
+        terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
+        parts, stats = [], _stats()
+        for part in self._parts(c, partitions):
+            rows, st = await self._rows(c, part, terms, box, spec.columns())
+            parts.append(await asyncio.to_thread(partial, rows, spec))
+            add_stats(stats, st)
+        out = await asyncio.to_thread(merge, parts, spec) if parts else _no_partial(spec)
+        return out, c.T, stats
+
+    async def histogram(self, name: str, column, bbox, cells, where=None, as_of=None, partitions=None,
+                        trusted: bool = False) -> tuple[np.ndarray, int, dict]:
+        """(counts per cell, ny rows of nx, T, stats)."""
+        c = await self.reader.context(name, as_of, trusted)
+        grid = parse_grid(c.d.schema, column, bbox, cells)
+        terms = parse_where(c.d.schema, where)
+        counts, stats = np.zeros((grid.ny, grid.nx), np.int64), _stats()
+        for part in self._parts(c, partitions):
+            rows, st = await self._rows(c, part, terms, grid.box, [grid.box.column])
+            counts += await asyncio.to_thread(_cells, rows, grid)
+            add_stats(stats, st)
+        return counts, c.T, stats
+
+    def _parts(self, c: ReadContext, partitions) -> list:
+        parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
+        if any(p.pid not in c.table.owned for p in parts):
+            raise UnavailableError(f"table {c.d.name!r}: partitions {sorted(set(partitions) - c.table.owned)} "
+                                   "are not served by this node")
+        return parts
+
+    async def _rows(self, c: ReadContext, part, terms, box, need: list[Column]) -> tuple[pa.Table, dict]:
+        """The filtered visible rows' ``need`` columns (named by ``cname``) and how they were read."""
+        ids = np.sort((await part.index.scan(None, None, c.T)).rowids)
+        preds = terms + ([box] if box is not None else [])
+        cands, _ = candidates(part, preds)
+        if cands is not None:
+            ids = np.intersect1d(ids, cands)
+        cols = {x.id: x for x in [*need, *(t.column for t in terms), *([box.column] if box else [])]}
+        indexed = [x for x in cols.values() if gatherable(part.columns, x)]
+        decode = [x for x in cols.values() if x.id not in {i.id for i in indexed}]
+        srcs = {x.id: sources(part.columns, x) for x in indexed}  # taken at one instant, on the loop
+        decoded = None
+        if decode and len(ids):
+            keep = {d.id for d in decode} | {c.d.schema.primary_key}
+            target = replace(c.d.schema, columns=tuple(x for x in c.d.schema.columns if x.id in keep))
+            decoded = (await fetch(self.reader.store, ids, c.schemas, target, f"table {c.d.name!r} "
+                                   f"partition {part.pid}")).batch
+
+        def work() -> pa.Table:
+            arrays = {x.id: gather(srcs[x.id], x, ids) for x in indexed}
+            for x in decode:
+                arrays[x.id] = decoded.column(x.name) if decoded is not None else pa.nulls(0, x.type.arrow())
+            named = pa.RecordBatch.from_arrays([_whole(arrays[x.id]) for x in cols.values()],
+                                               names=[x.name for x in cols.values()])
+            rows = pa.table({"_row": pa.nulls(len(ids), pa.int8()), **{cname(x): arrays[x.id] for x in need}})
+            if preds:
+                rows = rows.filter(pa.array(batch_mask(named, terms, box)))
+            return rows
+        rows = await asyncio.to_thread(work)
+        return rows, {"path": "decode" if decode else "index", "decoded_columns": sorted(x.name for x in decode),
+                      "rows": rows.num_rows, "rows_decoded": len(ids) if decode else 0}
+
+
+def _whole(a) -> pa.Array:
+    return a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
+
+
+def _cells(rows: pa.Table, grid: Grid) -> np.ndarray:
+    return cell_counts(rows.column(cname(grid.box.column)), grid)
+
+
+def _stats() -> dict:
+    return {"path": "index", "decoded_columns": [], "rows": 0, "rows_decoded": 0, "partitions": 0}
+
+
+def add_stats(into: dict, st: dict) -> None:
+    """One partition's stats added to a node's (or a node's to the answer's)."""
+    if st["path"] == "decode":
+        into["path"] = "decode"
+    into["decoded_columns"] = sorted(set(into["decoded_columns"]) | set(st["decoded_columns"]))
+    into["rows"] += st["rows"]
+    into["rows_decoded"] += st["rows_decoded"]
+    into["partitions"] += st.get("partitions", 1)
+
+
+def _no_partial(spec: AggSpec) -> pa.Table:
+    """The partial of no partition (a node serving none of the asked ones)."""
+    empty = pa.table({cname(x): pa.array([], x.type.arrow()) for x in spec.columns()})
+    return partial(empty, spec)
