@@ -67,11 +67,11 @@ class Aggregator:
 
     async def _rows(self, c: ReadContext, part, terms, box, need: list[Column]) -> tuple[pa.Table, dict]:
         """The filtered visible rows' ``need`` columns (named by ``cname``) and how they were read."""
-        ids = np.sort((await part.index.scan(None, None, c.T)).rowids)
+        ids = await part.index.visible_rowids(c.T)
         preds = terms + ([box] if box is not None else [])
         cands, _ = candidates(part, preds)
-        if cands is not None:
-            ids = np.intersect1d(ids, cands)
+        if cands is not None and len(ids):
+            ids = ids[_members(ids, cands)]
         cols = {x.id: x for x in [*need, *(t.column for t in terms), *([box.column] if box else [])]}
         indexed = [x for x in cols.values() if gatherable(part.columns, x)]
         decode = [x for x in cols.values() if x.id not in {i.id for i in indexed}]
@@ -96,6 +96,15 @@ class Aggregator:
         rows = await asyncio.to_thread(work)
         return rows, {"path": "decode" if decode else "index", "decoded_columns": sorted(x.name for x in decode),
                       "rows": rows.num_rows, "rows_decoded": len(ids) if decode else 0}
+
+
+def _members(ids: np.ndarray, cands: np.ndarray) -> np.ndarray:
+    """Which of the sorted ``ids`` are among the sorted ``cands`` (a merge by binary search:
+    no hashing, duplicates in ``cands`` harmless)."""
+    if len(cands) == 0:
+        return np.zeros(len(ids), bool)
+    pos = np.minimum(np.searchsorted(cands, ids), len(cands) - 1)
+    return cands[pos] == ids
 
 
 def _whole(a) -> pa.Array:
