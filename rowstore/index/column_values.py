@@ -33,51 +33,56 @@ def sources(cols: PartitionColumns, col: Column) -> list:
 
 def gather(srcs: list, col: Column, rowids: np.ndarray) -> pa.Array:
     """``col``'s values for the sorted ``rowids`` (null where no source has the row: the
-    index leaves nulls out)."""
+    index leaves nulls out). Only the matched values are taken from each source."""
     typ = col.type.arrow()
-    pieces, hits = [], np.full(len(rowids), -1, np.int64)
-    base = 0
+    pieces, hits, base = [], np.full(len(rowids), -1, np.int64), 0
     for src in srcs:
-        ids, vals = _side_table(src, col)
+        ids, take = _side_table(src, col)
         if len(ids) == 0:
             continue
         pos = np.searchsorted(ids, rowids)
         ok = pos < len(ids)
         ok[ok] = ids[pos[ok]] == rowids[ok]
         ok &= hits < 0  # the first source wins (a row is in one source, or the same in two)
-        hits[ok] = base + pos[ok]
+        if not ok.any():
+            continue
+        vals = take(pos[ok])
         pieces.append(vals.cast(typ) if vals.type != typ else vals)
-        base += len(ids)
+        hits[ok] = base + np.arange(len(vals))
+        base += len(vals)
     if not pieces:
         return pa.nulls(len(rowids), typ)
-    allv = pa.concat_arrays(pieces)
+    allv = pa.concat_arrays(pieces) if len(pieces) > 1 else pieces[0]
+    if base == len(rowids) and (hits == np.arange(len(rowids))).all():
+        return allv  # one source held every row, in order
     return allv.take(pa.array(np.where(hits < 0, 0, hits), mask=hits < 0))
 
 
-def _side_table(src, col: Column) -> tuple[np.ndarray, pa.Array]:
-    """(rowids sorted, values) of one run or memtable piece."""
+def _side_table(src, col: Column):
+    """(rowids sorted, take(positions) -> values) of one run or memtable piece."""
     if isinstance(src, tuple):  # a memtable piece: exact values
         ids, v = src
         arr = _values(v)
         if isinstance(arr, pa.ChunkedArray):
             arr = arr.combine_chunks()
         order = np.argsort(ids, kind="stable")
-        return np.asarray(ids, np.uint64)[order], arr.take(pa.array(order))
+        return np.asarray(ids, np.uint64)[order], lambda pos: arr.take(pa.array(order[pos]))
     if src.kind == "value":
         vi = src.values
-        return vi.rowids, _decoded_values(vi, col)
+        d = vi.dictionary.cast(pa.binary(16)) if col.type.kind == Kind.UUID else vi.dictionary
+        return vi.rowids, lambda pos: d.take(pa.array(vi.codes[pos]))
     if src.kind == "grid":
         g = src.grid
         o = g.by_rowid()
-        return g.rowids[o], pa.StructArray.from_arrays([pa.array(g.x[o]), pa.array(g.y[o])], ["x", "y"])
+        return g.rowids[o], lambda pos: pa.StructArray.from_arrays(
+            [pa.array(g.x[o[pos]]), pa.array(g.y[o[pos]])], ["x", "y"])
     ax = src.axis  # a number or time: the side table holds the value itself (lo == hi)
-    ids, vals = ax.rowids, _numbers(ax.lo, col)
-    if len(ax.nan_rowids):
-        ids = np.concatenate([ids, ax.nan_rowids])
-        order = np.argsort(ids, kind="stable")
-        vals = pa.concat_arrays([vals, pa.array(np.full(len(ax.nan_rowids), np.nan), col.type.arrow())])
-        ids, vals = ids[order], vals.take(pa.array(order))
-    return ids, vals
+    if not len(ax.nan_rowids):
+        return ax.rowids, lambda pos: _numbers(ax.lo[pos], col)
+    ids = np.concatenate([ax.rowids, ax.nan_rowids])
+    order = np.argsort(ids, kind="stable")
+    vals = np.concatenate([ax.lo.astype(np.float64), np.full(len(ax.nan_rowids), np.nan)])[order]
+    return ids[order], lambda pos: _numbers(vals[pos], col)
 
 
 def _numbers(v: np.ndarray, col: Column) -> pa.Array:
@@ -87,10 +92,3 @@ def _numbers(v: np.ndarray, col: Column) -> pa.Array:
     if k == Kind.DATE:
         return pa.array(v.astype(np.int32), pa.int32()).cast(col.type.arrow())
     return pa.array(v).cast(col.type.arrow())
-
-
-def _decoded_values(vi, col: Column) -> pa.Array:
-    d = vi.dictionary
-    if col.type.kind == Kind.UUID:
-        d = d.cast(pa.binary(16))
-    return d.take(pa.array(vi.codes))

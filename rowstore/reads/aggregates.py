@@ -265,10 +265,17 @@ def cell_counts(values: pa.Array, g: Grid) -> np.ndarray:
         x, y = (f["xmin"] + f["xmax"]) / 2, (f["ymin"] + f["ymax"]) / 2
     with np.errstate(invalid="ignore"):
         ok &= (x >= b.xmin) & (x <= b.xmax) & (y >= b.ymin) & (y <= b.ymax)
-    ix = np.searchsorted(_inner_edges(b.xmin, b.xmax, g.nx), x[ok], "right")
-    iy = np.searchsorted(_inner_edges(b.ymin, b.ymax, g.ny), y[ok], "right")
+    ix, iy = _cells_of(x[ok], b.xmin, b.xmax, g.nx), _cells_of(y[ok], b.ymin, b.ymax, g.ny)
     return np.bincount(iy * g.nx + ix, minlength=g.nx * g.ny).astype(np.int64).reshape(g.ny, g.nx)
 
 
-def _inner_edges(lo: float, hi: float, n: int) -> np.ndarray:
-    return lo + (hi - lo) * (np.arange(1, n, dtype=np.float64) / n)
+def _cells_of(v: np.ndarray, lo: float, hi: float, n: int) -> np.ndarray:
+    """The cell of each value: the number of inner edges ``lo + (hi-lo)·i/n`` at or below it
+    (a guess by division, corrected by one where rounding put it across its edge)."""
+    edges = lo + (hi - lo) * (np.arange(0, n + 1, dtype=np.float64) / n)
+    edges[0], edges[-1] = -np.inf, np.inf  # the first and last cells are closed by the bbox
+    guess = np.floor((v - lo) * (n / (hi - lo))) if hi > lo else np.full(len(v), n - 1.0)
+    c = np.clip(np.nan_to_num(guess, nan=0.0), 0, n - 1).astype(np.int64)
+    c -= v < edges[c]
+    c += v >= edges[c + 1]
+    return c

@@ -70,8 +70,8 @@ class Aggregator:
         ids = await part.index.visible_rowids(c.T)
         preds = terms + ([box] if box is not None else [])
         cands, _ = candidates(part, preds)
-        if cands is not None and len(ids):
-            ids = ids[_members(ids, cands)]
+        if cands is not None:
+            ids = _among(ids, cands)
         cols = {x.id: x for x in [*need, *(t.column for t in terms), *([box.column] if box else [])]}
         indexed = [x for x in cols.values() if gatherable(part.columns, x)]
         decode = [x for x in cols.values() if x.id not in {i.id for i in indexed}]
@@ -98,13 +98,15 @@ class Aggregator:
                       "rows": rows.num_rows, "rows_decoded": len(ids) if decode else 0}
 
 
-def _members(ids: np.ndarray, cands: np.ndarray) -> np.ndarray:
-    """Which of the sorted ``ids`` are among the sorted ``cands`` (a merge by binary search:
-    no hashing, duplicates in ``cands`` harmless)."""
-    if len(cands) == 0:
-        return np.zeros(len(ids), bool)
-    pos = np.minimum(np.searchsorted(cands, ids), len(cands) - 1)
-    return cands[pos] == ids
+def _among(ids: np.ndarray, cands: np.ndarray) -> np.ndarray:
+    """The sorted ``ids`` that are among the sorted ``cands`` (usually far fewer): each
+    candidate looked up by binary search; no hashing; duplicates in ``cands`` harmless."""
+    if len(cands) == 0 or len(ids) == 0:
+        return ids[:0]
+    if len(cands) > 1:
+        cands = cands[np.r_[True, cands[1:] != cands[:-1]]]
+    pos = np.minimum(np.searchsorted(ids, cands), len(ids) - 1)
+    return ids[pos[ids[pos] == cands]]
 
 
 def _whole(a) -> pa.Array:
