@@ -170,3 +170,19 @@ def test_unknown_table_is_404(c):
     with pytest.raises(ApiError) as e:
         c.aggregate("nope", [{"fn": "count"}])
     assert e.value.status == 404
+
+
+def test_non_finite_values_answer_in_their_json_form(c):
+    c.create_table("nf", [("id", "int64"), ("g", "string"), ("v", "float64")], "id", indexes=["g", "v"])
+    c.upsert("nf", pa.table({"id": [1, 2, 3, 4], "g": ["a", "a", "b", "b"],
+                             "v": [1.0, float("nan"), float("inf"), 2.0]}))
+    got = c.aggregate("nf", [{"fn": "sum", "column": "v"}, {"fn": "count", "column": "v"}], group_by=["g"])
+    assert {r["g"]: (r["sum_v"], r["count_v"]) for r in got["rows"]} == {"a": ("NaN", 2), "b": ("Infinity", 2)}
+
+
+def test_a_grid_of_4096_cells_on_an_axis_is_answered(c):
+    bbox = {"xmin": 0, "ymin": 0, "xmax": 99, "ymax": 99}
+    got = c.histogram("m", "loc", bbox, [4096, 3])
+    assert len(got["counts"]) == 3 and {len(r) for r in got["counts"]} == {4096}
+    small = c.histogram("m", "loc", bbox, [1, 1], as_of=got["as_of"])
+    assert sum(map(sum, got["counts"])) == small["counts"][0][0] > 0
