@@ -94,6 +94,34 @@ def _same_groups(ours: list[dict], duck) -> None:
         assert c == want[s][0] and abs(m - want[s][1]) <= 1e-9 * max(1.0, abs(m)), (s, got[s], want[s])
 
 
+def _spark(url: str, parquet: str, expect: list[dict]) -> list[tuple[float, float]]:
+    """The same group-by from Spark: the JVM reader pushing it down to the node (at the
+    DataFrame's T) against Spark's own aggregation of the Parquet file; [] without the jar."""
+    import spark_bridge
+    from pyspark.sql import functions as F
+    from spark_bridge.session import local_session
+
+    spark = local_session(cores=2, conf={"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "8"})
+    try:
+        if not spark_bridge.jvm_reader(spark):
+            print("  spark: the JVM reader is not on the classpath (make jvm): skipped", flush=True)
+            return []
+        ours = (spark.read.format("terrascale").option("endpoint", url).option("table", "r")
+                .option("where", "kind = k3 and v > 0").load().groupBy("sensor")
+                .agg(F.count("*").alias("count"), F.avg("v").alias("mean_v")))
+        peer = (spark.read.parquet(parquet).where("kind = 'k3' AND v > 0").groupBy("sensor")
+                .agg(F.count("*").alias("count"), F.avg("v").alias("mean_v")))
+        assert "aggregate=" in ours._jdf.queryExecution().executedPlan().toString(), "not pushed down"
+        got, ours_s = _median(lambda: [tuple(r) for r in ours.collect()])
+        want, peer_s = _median(lambda: [tuple(r) for r in peer.collect()])
+        _same_groups([{"sensor": s, "count": c, "mean_v": m} for s, c, m in got], want)
+        _same_groups(expect, want)
+        print(f"  spark: pushed {ours_s * 1e3:.0f} ms, read.parquet {peer_s * 1e3:.0f} ms", flush=True)
+        return [(ours_s, peer_s)]
+    finally:
+        spark.stop()
+
+
 def _grid_sql(src: str) -> str:
     b = BOX
     return (f"SELECT least(floor((loc.x - {b['xmin']}) * {CELLS} / ({b['xmax']} - {b['xmin']})), {CELLS - 1}) AS ix, "
@@ -153,6 +181,8 @@ async def run(root: str) -> list[Result]:
             assert diff == 0, f"histograms differ in {diff} counts"
         print(f"  histogram: ours {1 / h_s:.1f} req/s, DuckDB Parquet {1 / hp_s:.1f} /s, "
               f"DuckDB Arrow {1 / hm_s:.1f} /s", flush=True)
+        spark = _spark(server.url, path, ours["rows"]) if os.environ.get("TERRASCALE_BENCH_AGG_SPARK", "1") == "1" \
+            else []
     finally:
         await http.close()
         server.close()
@@ -168,7 +198,9 @@ async def run(root: str) -> list[Result]:
                {"rows": ROWS, "points_in_box": int(mine.sum())}),
         Result(f"histogram over HTTP, {n}, same grid", 1 / h_s, "DuckDB GROUP BY floor(...), in-memory Arrow",
                1 / hm_s, "requests/s", "report", {"rows": ROWS}),
-    ]
+    ] + [Result(f"Spark groupBy(indexed string).agg(count, avg), where kind = k3 and v > 0, {n}: JVM reader, pushed "
+                f"down", 1 / pushed_s, "Spark read.parquet (zstd), same query", 1 / parquet_s, "queries/s", ">= 5x")
+         for pushed_s, parquet_s in spark]
 
 
 async def main() -> None:
