@@ -34,7 +34,7 @@ async def aggregate(api, request):
     args, as_of = await _request(request, _AGG)
     parts, T, stats = await _gathered(api, table, "aggregate", args, as_of)
     spec = parse_spec((await api.db.describe(table, T, trusted=True)).schema, args["group_by"], args["aggregates"])
-    t = await asyncio.to_thread(lambda: finish(merge(parts, spec), spec))
+    t = await off_loop_if_big(sum(p.num_rows for p in parts) * 64, lambda: finish(merge(parts, spec), spec))
     if ARROW_STREAM in request.headers.get("Accept", ""):
         return _arrow(t, T, stats)
     text = await off_loop_if_big(t.num_rows * 64, lambda: json.dumps(

@@ -37,13 +37,13 @@ class Aggregator:
         c = await self.reader.context(name, as_of, trusted)
         spec = parse_spec(c.d.schema, group_by, aggregates)
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
-        parts, stats = [], _stats()
-        for part in self._parts(c, partitions):
-            rows, st = await self._rows(c, part, terms, box, spec.columns())
-            parts.append(await asyncio.to_thread(partial, rows, spec))
-            add_stats(stats, st)
-        out = await asyncio.to_thread(merge, parts, spec) if parts else _no_partial(spec)
-        return out, c.T, stats
+        works = [await self._prepare(c, part, terms, box, spec.columns()) for part in self._parts(c, partitions)]
+
+        def run():  # every partition in one hop to a worker thread
+            rows = [w() for w, _ in works]
+            return merge([partial(r, spec) for r in rows], spec) if rows else _no_partial(spec), rows
+        out, rows = await asyncio.to_thread(run)
+        return out, c.T, _stats_of(works, rows)
 
     async def histogram(self, name: str, column, bbox, cells, where=None, as_of=None, partitions=None,
                         trusted: bool = False) -> tuple[np.ndarray, int, dict]:
@@ -51,12 +51,17 @@ class Aggregator:
         c = await self.reader.context(name, as_of, trusted)
         grid = parse_grid(c.d.schema, column, bbox, cells)
         terms = parse_where(c.d.schema, where)
-        counts, stats = np.zeros((grid.ny, grid.nx), np.int64), _stats()
-        for part in self._parts(c, partitions):
-            rows, st = await self._rows(c, part, terms, grid.box, [grid.box.column])
-            counts += await asyncio.to_thread(_cells, rows, grid)
-            add_stats(stats, st)
-        return counts, c.T, stats
+        works = [await self._prepare(c, part, terms, grid.box, [grid.box.column])
+                 for part in self._parts(c, partitions)]
+
+        def run():
+            rows = [w() for w, _ in works]
+            counts = np.zeros((grid.ny, grid.nx), np.int64)
+            for r in rows:
+                counts += _cells(r, grid)
+            return counts, rows
+        counts, rows = await asyncio.to_thread(run)
+        return counts, c.T, _stats_of(works, rows)
 
     def _parts(self, c: ReadContext, partitions) -> list:
         parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
@@ -65,37 +70,39 @@ class Aggregator:
                                    "are not served by this node")
         return parts
 
-    async def _rows(self, c: ReadContext, part, terms, box, need: list[Column]) -> tuple[pa.Table, dict]:
-        """The filtered visible rows' ``need`` columns (named by ``cname``) and how they were read."""
+    async def _prepare(self, c: ReadContext, part, terms, box, need: list[Column]) -> tuple:
+        """(work, stats): what a worker thread runs to get the filtered visible rows' ``need``
+        columns (named by ``cname``), with everything it reads taken here, on the loop, at
+        one instant; and how they are read."""
         ids = await part.index.visible_rowids(c.T)
         preds = terms + ([box] if box is not None else [])
         cands, _ = candidates(part, preds)
-        if cands is not None:
-            ids = _among(ids, cands)
         cols = {x.id: x for x in [*need, *(t.column for t in terms), *([box.column] if box else [])]}
         indexed = [x for x in cols.values() if gatherable(part.columns, x)]
         decode = [x for x in cols.values() if x.id not in {i.id for i in indexed}]
-        srcs = {x.id: sources(part.columns, x) for x in indexed}  # taken at one instant, on the loop
+        srcs = {x.id: sources(part.columns, x) for x in indexed}
         decoded = None
-        if decode and len(ids):
+        if decode:
+            ids, cands = (ids if cands is None else _among(ids, cands)), None
             keep = {d.id for d in decode} | {c.d.schema.primary_key}
             target = replace(c.d.schema, columns=tuple(x for x in c.d.schema.columns if x.id in keep))
-            decoded = (await fetch(self.reader.store, ids, c.schemas, target, f"table {c.d.name!r} "
-                                   f"partition {part.pid}")).batch
+            if len(ids):
+                decoded = (await fetch(self.reader.store, ids, c.schemas, target, f"table {c.d.name!r} "
+                                       f"partition {part.pid}")).batch
 
         def work() -> pa.Table:
-            arrays = {x.id: gather(srcs[x.id], x, ids) for x in indexed}
+            rowids = ids if cands is None else _among(ids, cands)
+            arrays = {x.id: gather(srcs[x.id], x, rowids) for x in indexed}
             for x in decode:
                 arrays[x.id] = decoded.column(x.name) if decoded is not None else pa.nulls(0, x.type.arrow())
-            named = pa.RecordBatch.from_arrays([_whole(arrays[x.id]) for x in cols.values()],
-                                               names=[x.name for x in cols.values()])
-            rows = pa.table({"_row": pa.nulls(len(ids), pa.int8()), **{cname(x): arrays[x.id] for x in need}})
+            rows = pa.table({"_row": pa.nulls(len(rowids), pa.int8()), **{cname(x): arrays[x.id] for x in need}})
             if preds:
+                named = pa.RecordBatch.from_arrays([_whole(arrays[x.id]) for x in cols.values()],
+                                                   names=[x.name for x in cols.values()])
                 rows = rows.filter(pa.array(batch_mask(named, terms, box)))
             return rows
-        rows = await asyncio.to_thread(work)
-        return rows, {"path": "decode" if decode else "index", "decoded_columns": sorted(x.name for x in decode),
-                      "rows": rows.num_rows, "rows_decoded": len(ids) if decode else 0}
+        return work, {"path": "decode" if decode else "index", "decoded_columns": sorted(x.name for x in decode),
+                      "rows": 0, "rows_decoded": len(ids) if decode else 0}
 
 
 def _among(ids: np.ndarray, cands: np.ndarray) -> np.ndarray:
@@ -117,8 +124,12 @@ def _cells(rows: pa.Table, grid: Grid) -> np.ndarray:
     return cell_counts(rows.column(cname(grid.box.column)), grid)
 
 
-def _stats() -> dict:
-    return {"path": "index", "decoded_columns": [], "rows": 0, "rows_decoded": 0, "partitions": 0}
+def _stats_of(works: list, rows: list) -> dict:
+    """A node's stats: its partitions' added up."""
+    out = {"path": "index", "decoded_columns": [], "rows": 0, "rows_decoded": 0, "partitions": 0}
+    for (_, st), r in zip(works, rows):
+        add_stats(out, dict(st, rows=r.num_rows))
+    return out
 
 
 def add_stats(into: dict, st: dict) -> None:
