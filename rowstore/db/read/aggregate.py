@@ -1,10 +1,10 @@
 """Aggregates and grid histograms of one node's partitions at one snapshot
 (docs/rfcs/0012-aggregates.md).
 
-The rows that count are found exactly as a query finds them: the visible rowids at T from
-the key index, narrowed by the column index's candidates for ``where`` and ``bbox``
-(:func:`rowstore.db.read.reader.candidates`), then re-checked exactly with the query's own
-masks. The values of the filtered rows come from the column index's side tables where a
+The rows that count are found as a query finds them: the visible rowids at T from the key
+index, narrowed by what the column index allows for ``where`` and ``bbox`` (the structures
+queries ask, as roaring bitmaps intersected without sorting), then re-checked exactly with
+the query's own masks. The values of the filtered rows come from the column index's side tables where a
 column is indexed (:mod:`rowstore.index.column_values`), and from decoding only those rows'
 needed columns otherwise. Each partition yields a partial; this node merges its own.
 """
@@ -15,14 +15,16 @@ from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
+from pyroaring import BitMap64
 
 from rowstore.errors import UnavailableError
+from rowstore.index.column_structures import bitmap, ids_of
 from rowstore.index.column_values import gather, gatherable, sources
 from rowstore.reads.aggregates import AggSpec, Grid, cell_counts, cname, merge, parse_grid, parse_spec, partial
-from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
+from rowstore.reads.predicates import batch_mask, fold_ranges, parse_bbox, parse_where
 from rowstore.schema import Column
 from rowstore.segments.fetch import fetch
-from rowstore.db.read.reader import ReadContext, Reader, candidates
+from rowstore.db.read.reader import ReadContext, Reader
 
 
 class Aggregator:
@@ -30,6 +32,7 @@ class Aggregator:
 
     def __init__(self, reader: Reader):
         self.reader = reader
+        self._visible: dict = {}  # id(partition index) -> (visible rowids, their bitmap)
 
     async def aggregate(self, name: str, group_by, aggregates, where=None, bbox=None, as_of=None,
                         partitions=None, trusted: bool = False) -> tuple[pa.Table, int, dict]:
@@ -63,6 +66,30 @@ class Aggregator:
         counts, rows = await asyncio.to_thread(run)
         return counts, c.T, _stats_of(works, rows)
 
+    @staticmethod
+    def _candidates(part, preds) -> BitMap64 | None:
+        """What the column index allows for every predicate it can answer, intersected as
+        bitmaps (the candidates a query takes, reader.candidates, without their sources);
+        None when no index applies."""
+        out = None
+        for pred in fold_ranges(preds):
+            got = part.columns.bitmap_of(pred)
+            if got is not None:
+                out = got if out is None else out & got
+        return out
+
+    def _narrowed(self, part, ids: np.ndarray, cands: BitMap64) -> np.ndarray:
+        """The visible ``ids`` among ``cands``: one bitmap AND (the visible set's bitmap is kept
+        with the array it was made from)."""
+        key = id(part.index)
+        kept = self._visible.get(key)
+        if kept is None or kept[0] is not ids:
+            if len(self._visible) >= 1024:  # indexes of partitions long gone
+                self._visible.clear()
+            kept = (ids, bitmap(ids))
+            self._visible[key] = kept
+        return ids_of(kept[1] & cands)
+
     def _parts(self, c: ReadContext, partitions) -> list:
         parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
         if any(p.pid not in c.table.owned for p in parts):
@@ -76,14 +103,14 @@ class Aggregator:
         one instant; and how they are read."""
         ids = await part.index.visible_rowids(c.T)
         preds = terms + ([box] if box is not None else [])
-        cands, _ = candidates(part, preds)
+        cands = self._candidates(part, preds)
         cols = {x.id: x for x in [*need, *(t.column for t in terms), *([box.column] if box else [])]}
         indexed = [x for x in cols.values() if gatherable(part.columns, x)]
         decode = [x for x in cols.values() if x.id not in {i.id for i in indexed}]
         srcs = {x.id: sources(part.columns, x) for x in indexed}
         decoded = None
         if decode:
-            ids, cands = (ids if cands is None else _among(ids, cands)), None
+            ids, cands = (ids if cands is None else self._narrowed(part, ids, cands)), None
             keep = {d.id for d in decode} | {c.d.schema.primary_key}
             target = replace(c.d.schema, columns=tuple(x for x in c.d.schema.columns if x.id in keep))
             if len(ids):
@@ -91,7 +118,7 @@ class Aggregator:
                                        f"partition {part.pid}")).batch
 
         def work() -> pa.Table:
-            rowids = ids if cands is None else _among(ids, cands)
+            rowids = ids if cands is None else self._narrowed(part, ids, cands)
             arrays = {x.id: gather(srcs[x.id], x, rowids) for x in indexed}
             for x in decode:
                 arrays[x.id] = decoded.column(x.name) if decoded is not None else pa.nulls(0, x.type.arrow())
@@ -103,17 +130,6 @@ class Aggregator:
             return rows
         return work, {"path": "decode" if decode else "index", "decoded_columns": sorted(x.name for x in decode),
                       "rows": 0, "rows_decoded": len(ids) if decode else 0}
-
-
-def _among(ids: np.ndarray, cands: np.ndarray) -> np.ndarray:
-    """The sorted ``ids`` that are among the sorted ``cands`` (usually far fewer): each
-    candidate looked up by binary search; no hashing; duplicates in ``cands`` harmless."""
-    if len(cands) == 0 or len(ids) == 0:
-        return ids[:0]
-    if len(cands) > 1:
-        cands = cands[np.r_[True, cands[1:] != cands[:-1]]]
-    pos = np.minimum(np.searchsorted(ids, cands), len(ids) - 1)
-    return ids[pos[ids[pos] == cands]]
 
 
 def _whole(a) -> pa.Array:
