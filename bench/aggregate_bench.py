@@ -77,6 +77,20 @@ async def _ask(http, url: str, doc: dict) -> tuple[dict, float]:
     return json.loads(body), time.perf_counter() - t0
 
 
+async def _steady(http, reqs: list, most_s: float = 60.0) -> list[float]:
+    """The first answer's time of each request, then requests until the node is steady: the
+    load leaves checkpoints and index merges running, and each merge makes new runs whose
+    visible set and rowid orders the next aggregate builds once."""
+    first = [(await _ask(http, u, d))[1] for u, d in reqs]
+    t0, last = time.perf_counter(), None
+    while time.perf_counter() - t0 < most_s:
+        now = [min([(await _ask(http, u, d))[1] for _ in range(3)]) for u, d in reqs]
+        if last is not None and all(abs(a - b) <= 0.2 * b for a, b in zip(now, last)):
+            break
+        last = now
+    return first
+
+
 def _median(fn) -> tuple[object, float]:
     out, times = None, []
     for _ in range(REPEAT):
@@ -153,7 +167,11 @@ async def run(root: str) -> list[Result]:
         con = duckdb.connect()
         con.register("mem", data)
         agg_url = f"{server.url}/v1/tables/r/aggregate"
-        await _ask(http, agg_url, REQ_AGG)  # warm: the grid's and value index's rowid orders
+        hreq = {"column": "loc", "bbox": BOX, "cells": [CELLS, CELLS]}
+        hist_url = f"{server.url}/v1/tables/r/histogram"
+        first = await _steady(http, [(agg_url, REQ_AGG), (hist_url, hreq)])
+        print(f"  first requests (cold: visible sets, rowid orders; background merges after the load): "
+              f"{first[0] * 1e3:.0f} ms aggregate, {first[1] * 1e3:.0f} ms histogram", flush=True)
         times = []
         for _ in range(REPEAT):
             ours, s = await _ask(http, agg_url, REQ_AGG)
@@ -165,9 +183,6 @@ async def run(root: str) -> list[Result]:
         _same_groups(ours["rows"], mem_rows)
         print(f"  aggregate: ours {ours_s * 1e3:.1f} ms ({ours['stats']['path']}), DuckDB Parquet "
               f"{pq_s * 1e3:.1f} ms, DuckDB Arrow {mem_s * 1e3:.1f} ms", flush=True)
-        hist_url = f"{server.url}/v1/tables/r/histogram"
-        hreq = {"column": "loc", "bbox": BOX, "cells": [CELLS, CELLS]}
-        await _ask(http, hist_url, hreq)
         times = []
         for _ in range(REPEAT):
             h, s = await _ask(http, hist_url, hreq)
@@ -187,7 +202,8 @@ async def run(root: str) -> list[Result]:
         await http.close()
         server.close()
     n = f"{ROWS / 1e6:g}M rows"
-    extra = {"rows": ROWS, "path": ours["stats"]["path"], "groups": len(ours["rows"])}
+    extra = {"rows": ROWS, "path": ours["stats"]["path"], "groups": len(ours["rows"]),
+             "first_request_ms": round(first[0] * 1e3)}
     return [
         Result(f"aggregate over HTTP, {n}: group by indexed string, count + mean, 2 indexed filters",
                1 / ours_s, "DuckDB, zstd Parquet", 1 / pq_s, "queries/s", ">= 1x", extra),
@@ -195,7 +211,7 @@ async def run(root: str) -> list[Result]:
                "queries/s", "report", extra),
         Result(f"histogram over HTTP, {n}, {CELLS}x{CELLS} cells over 10% of the extent", 1 / h_s,
                "DuckDB GROUP BY floor(...), zstd Parquet", 1 / hp_s, "requests/s", ">= 20 req/s",
-               {"rows": ROWS, "points_in_box": int(mine.sum())}),
+               {"rows": ROWS, "points_in_box": int(mine.sum()), "first_request_ms": round(first[1] * 1e3)}),
         Result(f"histogram over HTTP, {n}, same grid", 1 / h_s, "DuckDB GROUP BY floor(...), in-memory Arrow",
                1 / hm_s, "requests/s", "report", {"rows": ROWS}),
     ] + [Result(f"Spark groupBy(indexed string).agg(count, avg), where kind = k3 and v > 0, {n}: JVM reader, pushed "

@@ -16,7 +16,7 @@ from node.http.params import as_of_value, bound, json_body, json_object, off_loo
 from node.http.routes.internal import _int, _name, _ts
 from node.wire import ARROW_STREAM, read_arrow_stream, table_to_rows, write_arrow_stream
 from rowstore.db.read.aggregate import add_stats
-from rowstore.reads.aggregates import finish, merge, parse_spec
+from rowstore.reads.aggregates import cell_counts, cname, finish, merge, parse_grid, parse_spec, partial
 
 _AGG = ("group_by", "aggregates", "where", "bbox")
 _HIST = ("column", "bbox", "cells", "where")
@@ -77,14 +77,36 @@ async def _gathered(api, table: str, kind: str, args: dict, as_of) -> tuple[list
 
     async def local(pids, T):
         return await run(table, **args, as_of=T, partitions=pids, trusted=True)
+    async def without(pids, T):  # their leader does not answer: their rows at T from their objects
+        return await _from_objects(db, table, kind, args, pids, T)
     d = await db.describe(table)
-    T, answers = await api.router.partials(d, as_of, local, INTERNAL, {"table": table, "kind": kind, "args": args})
+    T, answers = await api.router.partials(d, as_of, local, INTERNAL, {"table": table, "kind": kind, "args": args},
+                                           without)
     parts, stats = [], {"path": "index", "decoded_columns": [], "rows": 0, "rows_decoded": 0, "partitions": 0}
     for _, a in answers:
         part, st = (a[0], a[2]) if isinstance(a, tuple) else await asyncio.to_thread(_decode, a, kind)
         parts.append(part)
         add_stats(stats, st)
     return parts, T, stats
+
+
+async def _from_objects(db, table: str, kind: str, args: dict, pids: list[int], T: int) -> tuple:
+    """The partial of partitions read without their leader (an ``as_of`` inside what their
+    objects hold, RFC 0010 §6): their rows decoded, then aggregated like any others."""
+    schema = (await db.describe(table, T, trusted=True)).schema
+    if kind == "aggregate":
+        spec = parse_spec(schema, args["group_by"], args["aggregates"])
+        rows = await db.query_without_leader(table, T, pids, args["where"], args["bbox"])
+        named = {"_row": pa.nulls(rows.num_rows, pa.int8()), **{cname(x): rows.column(x.name) for x in spec.columns()}}
+        got = await asyncio.to_thread(partial, pa.table(named), spec)
+        used = [x.name for x in spec.columns()]
+    else:
+        grid = parse_grid(schema, args["column"], args["bbox"], args["cells"])
+        rows = await db.query_without_leader(table, T, pids, args["where"], {"column": args["column"], **args["bbox"]})
+        got = await asyncio.to_thread(cell_counts, rows.column(args["column"]), grid)
+        used = [args["column"]]
+    return got, T, {"path": "decode", "decoded_columns": used, "rows": rows.num_rows, "rows_decoded": rows.num_rows,
+                    "partitions": len(pids)}
 
 
 async def share(api, request):

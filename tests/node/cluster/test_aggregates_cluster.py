@@ -73,3 +73,39 @@ def test_aggregates_across_nodes_equal_a_model(tmp_path, replicas):
         for n in nodes:
             if n.proc is not None:
                 n.stop()
+
+
+def test_a_dead_nodes_partitions_are_aggregated_from_their_objects(tmp_path):
+    """As of a T their objects hold, the partitions of a node killed -9 are aggregated from
+    their objects (decoded: stats.path "decode"); the present is refused, never short."""
+    nodes = raft_cluster(tmp_path, 3, extra=FAST_CLUSTER)
+    try:
+        start_all(nodes)
+        c1 = nodes[0].client(timeout=60)
+        c1.create_table("t", COLUMNS, "id", indexes=["g", "v", "p"], partitions=3)
+        eventually(lambda: c1.upsert("t", rows(range(900), seed=4)))
+        T = c1.delete("t", list(range(0, 900, 10)))["commit_ts"]
+        before = c1.query("t", as_of=T, limit=10**6)
+        for n in nodes:
+            with n.client(timeout=60) as c:
+                c.admin("seal")
+                c.admin("offload")
+        victim = next(n for n in nodes if n.node_id == c1.describe("t")["placement"][0]["leader"])
+        victim.kill()
+        c = next(n for n in nodes if n is not victim).client(timeout=60)
+        aggs = [{"fn": "count"}, {"fn": "sum", "column": "v"}, {"fn": "count_distinct", "column": "k"}]
+        got = eventually(lambda: c.aggregate("t", aggs, group_by=["g"], as_of=T))
+        assert same(got["rows"], grouped(before.to_pylist(), ["g"], aggs))
+        assert got["stats"]["path"] == "decode" and got["stats"]["partitions"] == 3
+        h = eventually(lambda: c.histogram("t", "p", {"xmin": 0, "ymin": 0, "xmax": 49, "ymax": 49}, [5, 4],
+                                           as_of=T))
+        assert sum(map(sum, h["counts"])) == before.num_rows
+        with pytest.raises(ApiError) as e:
+            c.aggregate("t", aggs)  # the present: the dead node's latest rows are only on its disk
+        assert e.value.status == 503
+        c.close()
+        c1.close()
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.stop()
