@@ -174,10 +174,12 @@ class GridIndex:
         self.offsets = np.searchsorted(cell[order], np.arange(max(len(self.bx), 1) * self.ny + 1))
         self._by_rowid = None
 
-    def by_rowid(self) -> np.ndarray:
-        """Positions of the points in rowid order (built on the first aggregate that needs them)."""
+    def by_rowid(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rowids sorted, the points' positions in that order): built on the first aggregate
+        that needs them."""
         if self._by_rowid is None:
-            self._by_rowid = np.argsort(self.rowids, kind="stable")
+            o = np.argsort(self.rowids, kind="stable")
+            self._by_rowid = (self.rowids[o], o)
         return self._by_rowid
 
     def query(self, xmin: float, ymin: float, xmax: float, ymax: float) -> np.ndarray:

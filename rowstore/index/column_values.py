@@ -40,13 +40,17 @@ def gather(srcs: list, col: Column, rowids: np.ndarray) -> pa.Array:
         ids, take = _side_table(src, col)
         if len(ids) == 0:
             continue
-        pos = np.searchsorted(ids, rowids)
-        ok = pos < len(ids)
-        ok[ok] = ids[pos[ok]] == rowids[ok]
+        # only the wanted rowids inside this source's range are searched (runs hold ranges)
+        a, b = np.searchsorted(rowids, ids[0], "left"), np.searchsorted(rowids, ids[-1], "right")
+        if a == b:
+            continue
+        pos = np.searchsorted(ids, rowids[a:b])
+        ok = np.zeros(len(rowids), bool)
+        ok[a:b] = ids[np.minimum(pos, len(ids) - 1)] == rowids[a:b]
         ok &= hits < 0  # the first source wins (a row is in one source, or the same in two)
         if not ok.any():
             continue
-        vals = take(pos[ok])
+        vals = take(pos[ok[a:b]])
         pieces.append(vals.cast(typ) if vals.type != typ else vals)
         hits[ok] = base + np.arange(len(vals))
         base += len(vals)
@@ -73,8 +77,8 @@ def _side_table(src, col: Column):
         return vi.rowids, lambda pos: d.take(pa.array(vi.codes[pos]))
     if src.kind == "grid":
         g = src.grid
-        o = g.by_rowid()
-        return g.rowids[o], lambda pos: pa.StructArray.from_arrays(
+        ids, o = g.by_rowid()
+        return ids, lambda pos: pa.StructArray.from_arrays(
             [pa.array(g.x[o[pos]]), pa.array(g.y[o[pos]])], ["x", "y"])
     ax = src.axis  # a number or time: the side table holds the value itself (lo == hi)
     if not len(ax.nan_rowids):
