@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 
@@ -200,7 +201,7 @@ async def run(root: str) -> list[Result]:
             else []
     finally:
         await http.close()
-        server.close()
+        _stop(server)
     n = f"{ROWS / 1e6:g}M rows"
     extra = {"rows": ROWS, "path": ours["stats"]["path"], "groups": len(ours["rows"]),
              "first_request_ms": round(first[0] * 1e3)}
@@ -217,6 +218,18 @@ async def run(root: str) -> list[Result]:
     ] + [Result(f"Spark groupBy(indexed string).agg(count, avg), where kind = k3 and v > 0, {n}: JVM reader, pushed "
                 f"down", 1 / pushed_s, "Spark read.parquet (zstd), same query", 1 / parquet_s, "queries/s", ">= 5x")
          for pushed_s, parquet_s in spark]
+
+
+def _stop(server: NodeProcess) -> None:
+    """SIGTERM, and the time a node with millions of rows in memtables needs to checkpoint them
+    on the way out; then SIGKILL (its data directory goes with the run)."""
+    server.proc.terminate()
+    try:
+        server.proc.wait(600)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
+    server.log.close()
 
 
 async def main() -> None:
