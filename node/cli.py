@@ -83,6 +83,21 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--columns", help="a,b,c")
     q.add_argument("--limit", type=int)
 
+    ag = sub.add_parser("aggregate", parents=[out], help="grouped count/sum/min/max/mean/count_distinct")
+    ag.add_argument("name")
+    ag.add_argument("--agg", action="append", default=[], help="count | FN:COLUMN (repeat); FN one of "
+                    "count sum min max mean count_distinct")
+    ag.add_argument("--group-by", help="a,b")
+    hi = sub.add_parser("histogram", parents=[out], help="counts per cell of a grid over a bounding box")
+    hi.add_argument("name")
+    hi.add_argument("column", help="a point or box column")
+    hi.add_argument("--bbox", required=True, help="XMIN,YMIN,XMAX,YMAX")
+    hi.add_argument("--cells", required=True, help="NX,NY")
+    for sp in (ag, hi):
+        sp.add_argument("--where", action="append", default=[], help="'col op value', op in = != < <= > >=")
+        sp.add_argument("--as-of", type=int)
+    ag.add_argument("--bbox", help="COL:XMIN,YMIN,XMAX,YMAX")
+
     adm = sub.add_parser("admin", help="operator actions").add_subparsers(dest="admin_cmd", required=True)
     for name in ("status", "seal", "offload", "checkpoint"):
         adm.add_parser(name, parents=[out])
@@ -244,6 +259,18 @@ def _query(c, args) -> int:
     return 0
 
 
+def _analysis(c, args) -> int:
+    from node.client import analysis
+
+    where = [t for w in args.where for t in _parse_where(w)] or None
+    try:
+        if args.cmd == "histogram":
+            return analysis.histogram(c, args, where)
+        return analysis.aggregate(c, args, where, _parse_bbox(args.bbox) if args.bbox else None)
+    except analysis.ArgumentError as e:
+        raise UsageError(str(e)) from None
+
+
 def _q(s: str) -> str:
     from urllib.parse import quote
 
@@ -322,6 +349,8 @@ def _online(args) -> int:
             return _get(c, args)
         if args.cmd == "query":
             return _query(c, args)
+        if args.cmd in ("aggregate", "histogram"):
+            return _analysis(c, args)
         if args.cmd == "admin":
             return _admin(c, args)
         if args.cmd == "ingest":

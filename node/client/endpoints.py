@@ -195,6 +195,16 @@ class Endpoints(abc.ABC):
     def query_json(self, table, where=None, bbox=None, as_of=None, columns=None, limit=None):
         return self._call("POST", f"/v1/tables/{_seg(table)}/query", _query_doc(where, bbox, as_of, columns, limit))
 
+    def aggregate(self, table, aggregates, group_by=None, where=None, bbox=None, as_of=None, arrow=False):
+        """Grouped aggregates (``{"as_of", "rows", "stats"}``; ``arrow``: a pyarrow.Table)."""
+        doc = {"aggregates": aggregates} | _present(group_by=group_by, where=where, bbox=bbox, as_of=as_of)
+        return self._call("POST", f"/v1/tables/{_seg(table)}/aggregate", doc, arrow=arrow)
+
+    def histogram(self, table, column, bbox, cells, where=None, as_of=None):
+        """Counts per cell of a grid over ``bbox`` (``{"as_of", "counts", "stats"}``)."""
+        doc = {"column": column, "bbox": bbox, "cells": list(cells)} | _present(where=where, as_of=as_of)
+        return self._call("POST", f"/v1/tables/{_seg(table)}/histogram", doc)
+
     # admin
     def status(self):
         return self._call("GET", "/v1/admin/status")
@@ -220,3 +230,7 @@ class Endpoints(abc.ABC):
     def remove_member(self, raft_address: str, force: bool = False):
         force_q = "?force=true" if force else ""
         return self._call("DELETE", f"/v1/admin/cluster/members/{_seg(raft_address)}{force_q}")
+
+
+def _present(**fields) -> dict:
+    return {k: v for k, v in fields.items() if v is not None}

@@ -358,6 +358,14 @@ class Router:
         items = sorted(by_node.items())
         return list(zip([n for n, _ in items], await asyncio.gather(*(one(n, p) for n, p in items))))
 
+    async def partials(self, d, as_of, local, path: str, doc: dict, without=None) -> tuple[int, list]:
+        """Every node's share at one T (RFC 0012): (T, [(node, answer)]); ``local(pids, T)`` here,
+        ``without(pids, T)`` for partitions whose leader does not answer (an ``as_of`` read)."""
+        by_node = (await self._placement(d, fresh=True)).by_node()
+        T = await self._T(by_node, as_of)
+        other = None if without is None or as_of is None else (lambda pids: without(pids, T))
+        return T, await self._each(by_node, lambda pids: local(pids, T), path, {**doc, "as_of": T}, other)
+
     async def snapshot(self, table: str, as_of):
         """(T, changed_ts) of the bridge's snapshot: every node's share when spread."""
         d = await self.db.describe(table)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from node.http.api import Api
+from node.http.routes.aggregates import add_aggregate_routes
 from node.http.routes.bridge import add_bridge_routes
 from node.http.routes.console import add_console_routes
 from node.http.routes.internal import add_internal_routes
@@ -18,6 +19,7 @@ from node.http.routes.replication import add_replication_routes
 def make_app(node) -> web.Application:
     api = Api(node)
     app = api.app()
+    add_aggregate_routes(api, app.router)  # aggregates and histograms, merged across nodes (RFC 0012)
     add_membership_routes(api, app.router)  # the cluster view and membership changes
     add_bridge_routes(api, app.router)  # read plans, tails, change feed, leases
     add_internal_routes(api, app.router)  # node to node: cross-node batches and reads

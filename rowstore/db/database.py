@@ -25,6 +25,7 @@ from functools import partial
 import pyarrow as pa
 
 from rowstore.db.write.committer import Committer, WriteResult, decided
+from rowstore.db.read.aggregate import Aggregator
 from rowstore.db.read.bridge import ExternalReads
 from rowstore.db.background.gc import GarbageCollector, GcConfig
 from rowstore.db.serving.handoff import Handoffs
@@ -103,6 +104,7 @@ class Database:
         self.reader = Reader(self.store, self.catalog_tables, self.tables, self.clock, self.timeline, self.tasks,
                              self.leadership.check_lease, cfg.retention_ms, cfg.closed_wait_s, cfg.purge_lag_ms)
         self.leases = Leases(self.catalog, self.clock.now_ms)
+        self.aggregator = Aggregator(self.reader)
         self.external = ExternalReads(fs, self.store, self.tables, self.reader, self.leases)
         # background/
         self.maintenance = Maintenance(self.store, self.catalog_tables, self.tables, self.timeline,
@@ -203,6 +205,15 @@ class Database:
     async def query(self, name: str, where=None, bbox=None, columns=None, limit: int | None = 10_000,
                     as_of: int | None = None, partitions=None, trusted: bool = False) -> tuple[pa.Table, int]:
         return await self.reader.query(name, where, bbox, columns, limit, as_of, partitions, trusted)
+
+    async def aggregate(self, name: str, group_by, aggregates, where=None, bbox=None, as_of: int | None = None,
+                        partitions=None, trusted: bool = False) -> tuple[pa.Table, int, dict]:
+        """This node's partial aggregate (rowstore.reads.aggregates.finish makes the answer)."""
+        return await self.aggregator.aggregate(name, group_by, aggregates, where, bbox, as_of, partitions, trusted)
+
+    async def histogram(self, name: str, column, bbox, cells, where=None, as_of: int | None = None,
+                        partitions=None, trusted: bool = False):
+        return await self.aggregator.histogram(name, column, bbox, cells, where, as_of, partitions, trusted)
 
     # -- external readers (rowstore.db.read.bridge, rowstore.db.read.leases) --------------------
 

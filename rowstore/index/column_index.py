@@ -16,9 +16,10 @@ import logging
 
 import numpy as np
 import pyarrow as pa
+from pyroaring import BitMap64
 
 from catalog.abc import Put
-from rowstore.index.column_structures import AxisIndex, GridIndex, Interval, ValueIndex, ids_of
+from rowstore.index.column_structures import AxisIndex, GridIndex, Interval, ValueIndex, bitmap, ids_of
 from rowstore.errors import RowCorruptionError, SchemaError
 from rowstore.reads.predicates import BBox, Term, bbox_mask, numeric_values, term_mask, NUMERIC
 from rowstore.schema import Column
@@ -76,20 +77,28 @@ class ColumnRun:
 
     def candidates(self, pred: Pred) -> np.ndarray | None:
         """Sorted rowids whose value may satisfy ``pred``; None if this index cannot answer."""
+        got = self._answer(pred)
+        return got if got is None or isinstance(got, np.ndarray) else ids_of(got)
+
+    def bitmap_of(self, pred: Pred) -> BitMap64 | None:
+        """The same rowids as a roaring bitmap (aggregates intersect them without sorting)."""
+        got = self._answer(pred)
+        return bitmap(got) if isinstance(got, np.ndarray) else got
+
+    def _answer(self, pred: Pred) -> BitMap64 | np.ndarray | None:
         if isinstance(pred, BBox):
             if self.kind == "grid":
                 return self.grid.query(pred.xmin, pred.ymin, pred.xmax, pred.ymax)
             if self.kind == "box":
-                return ids_of(self.ax.query(Interval(pred.xmin, pred.xmax)) &
-                              self.ay.query(Interval(pred.ymin, pred.ymax)))
+                return self.ax.query(Interval(pred.xmin, pred.xmax)) & self.ay.query(Interval(pred.ymin, pred.ymax))
             return None
         if self.kind == "value":
             key = _value_key(pred.value, self.col.type.kind)
             if pred.op == "=":
-                return ids_of(self.values.eq(key))
-            return ids_of(self.values.ne(key)) if pred.op == "!=" else None
+                return self.values.eq(key)
+            return self.values.ne(key) if pred.op == "!=" else None
         if self.kind in ("axis", "range") and pred.op != "!=":
-            return ids_of(self.axis.query(pred.interval()))
+            return self.axis.query(pred.interval())
         return None
 
 
@@ -211,6 +220,27 @@ class PartitionColumns:
         ids, src = np.concatenate(parts), np.concatenate(srcs)
         order = np.argsort(ids, kind="stable")
         return ids[order], src[order]
+
+    def bitmap_of(self, pred: Pred) -> BitMap64 | None:
+        """Like :meth:`candidates`, as one roaring bitmap without sources: for aggregates,
+        which take visibility from the visible set instead of checking each source."""
+        cid = pred.column.id
+        if cid not in self.columns:
+            return None
+        parts = []
+        for run_cols in self.runs.values():
+            run = run_cols.get(cid)
+            if run is None:
+                continue
+            got = run.bitmap_of(pred)
+            if got is None:
+                return None
+            parts.append(got)
+        for rowids, vals in [*self.mem, *(p for tok in self.frozen for p in tok)]:
+            arr = _values(vals.get(cid))
+            if arr is not None:
+                parts.append(bitmap(rowids[exact(self.columns[cid], arr, pred)]))
+        return BitMap64.union(*parts) if parts else BitMap64()
 
     @property
     def mem_bytes(self) -> int:

@@ -58,6 +58,7 @@ class Interval:
 class AxisIndex:
     def __init__(self, lo: np.ndarray, hi: np.ndarray, rowids: np.ndarray, buckets: int = MAX_BUCKETS):
         valid = ~(np.isnan(lo) | np.isnan(hi)) if lo.dtype.kind == "f" else np.ones(len(lo), bool)
+        self.nan_rowids = np.sort(np.asarray(rowids, np.uint64)[~valid])  # kept for aggregates: NaN is a value
         lo, hi, rowids = lo[valid], hi[valid], np.asarray(rowids, np.uint64)[valid]
         order = np.argsort(rowids, kind="stable")
         self.rowids, self.lo, self.hi = rowids[order], lo[order], hi[order]  # side table, by rowid
@@ -131,8 +132,12 @@ class ValueIndex:
             if isinstance(enc, pa.ChunkedArray):
                 enc = enc.combine_chunks()
             keys, inv = enc.dictionary.to_pylist(), enc.indices.to_numpy(zero_copy_only=False)
+            self.dictionary = enc.dictionary
         else:
             keys, inv = np.unique(values, return_inverse=True)
+            self.dictionary = pa.array(keys)
+        by_rowid = np.argsort(rowids, kind="stable")  # the side table aggregates gather values from
+        self.rowids, self.codes = rowids[by_rowid], np.asarray(inv, np.int32)[by_rowid]
         order = np.argsort(inv, kind="stable")
         cuts = np.searchsorted(inv[order], np.arange(len(keys) + 1))
         self.bitmaps = {k.item() if hasattr(k, "item") else k: bitmap(rowids[order[cuts[i] : cuts[i + 1]]])
@@ -167,6 +172,15 @@ class GridIndex:
         order = np.argsort(cell, kind="stable")
         self.rowids, self.x, self.y = rowids[order], x[order], y[order]
         self.offsets = np.searchsorted(cell[order], np.arange(max(len(self.bx), 1) * self.ny + 1))
+        self._by_rowid = None
+
+    def by_rowid(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rowids sorted, the points' positions in that order): built on the first aggregate
+        that needs them."""
+        if self._by_rowid is None:
+            o = np.argsort(self.rowids, kind="stable")
+            self._by_rowid = (self.rowids[o], o)
+        return self._by_rowid
 
     def query(self, xmin: float, ymin: float, xmax: float, ymax: float) -> np.ndarray:
         """Rowids of the points inside the box, edges inclusive (exact), as a sorted array."""

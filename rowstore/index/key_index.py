@@ -91,6 +91,7 @@ class PartitionIndex:
         self.columns = columns  # rowstore.index.column_index.PartitionColumns: runs published with ours
         self.mem = MemTable(kind)
         self._frozen: list[MemTable] = []  # being checkpointed; still read
+        self._visible = None  # the last visible_rowids answer and what it depended on
         self._merging = False  # a memtable merge is running in a worker thread
         self.runs: list[tuple[int, IndexRun]] = []  # (level, run), newest first
         self.manifest = Manifest()
@@ -249,6 +250,23 @@ class PartitionIndex:
                 _, found = await run.lookup(keys[idx], as_of)
                 out[idx] |= found > t[idx]
         return out
+
+    async def visible_rowids(self, as_of: int) -> np.ndarray:
+        """Sorted rowids of every row visible at ``as_of`` (aggregates, RFC 0012). The last
+        answer is reused while the index is the same (same memtables, runs and entry count)
+        and ``as_of`` is its T or later with nothing newer than its T in the index then —
+        repeated reads of the present skip the scan; any write, checkpoint, merge or GC
+        publish changes what is compared."""
+        state = (self.mem, *self._frozen, *(r for _, r in self.runs))
+        c = self._visible
+        if c is not None and c[4] == self.mem.entries and len(c[0]) == len(state) \
+                and all(a is b for a, b in zip(c[0], state)) and (as_of == c[1] or c[2] <= c[1] <= as_of):
+            return c[3]
+        ids = np.sort((await self.scan(None, None, as_of)).rowids)
+        newest = max([r.max_ts for _, r in self.runs]
+                     + [int(mt.consolidated().ts.max()) for mt in [self.mem, *self._frozen] if mt.entries] + [0])
+        self._visible = (state, as_of, newest, ids, self.mem.entries)
+        return ids
 
     async def scan(self, lo, hi, as_of: int) -> Run:
         """Visible (key, ts, rowid) with ``lo <= key < hi`` (None: unbounded), in key order."""

@@ -28,6 +28,7 @@ import java.util.function.Predicate;
  */
 public final class NodeClient {
     static final List<Integer> UNAVAILABLE = List.of(502, 503, 504); // down, starting or failing over
+    static final String ARROW = "application/vnd.apache.arrow.stream";
     static final Retry.Policy READ = new Retry.Policy(4, 200, 5_000);
     static final Retry.Policy RENEW = new Retry.Policy(9, 20, 1_000); // tasks of one job renew at the same moments
 
@@ -66,6 +67,13 @@ public final class NodeClient {
                 NodeClient::unavailable);
     }
 
+    /** Aggregates at T answered by the node (docs/rfcs/0012-aggregates.md): an Arrow IPC stream, a row per group. */
+    public byte[] aggregate(long asOf, List<WhereTerm> where, BBoxTerm bbox, List<String> groupBy,
+                            List<String[]> aggregates) {
+        return call("POST", "/v1/tables/" + t + "/aggregate", Wire.aggregate(asOf, where, bbox, groupBy, aggregates),
+                READ, NodeClient::unavailable, ARROW);
+    }
+
     /** Extends the lease to {@code ttlS} from now, or throws LeaseExpiredException when the node refuses for good. */
     public void renew(String lease, double ttlS) {
         try {
@@ -85,8 +93,14 @@ public final class NodeClient {
     }
 
     private byte[] call(String method, String path, ObjectNode body, Retry.Policy policy, Predicate<Exception> retryable) {
+        return call(method, path, body, policy, retryable, null);
+    }
+
+    private byte[] call(String method, String path, ObjectNode body, Retry.Policy policy, Predicate<Exception> retryable,
+                        String accept) {
         HttpRequest.Builder b = HttpRequest.newBuilder(URI.create(node.url() + path))
                 .timeout(Duration.ofMillis((long) (node.timeoutS() * 1000)));
+        if (accept != null) b.header("Accept", accept);
         if (node.token() != null) b.header("Authorization", "Bearer " + node.token());
         if (body != null) {
             b.header("Content-Type", "application/json").method(method, HttpRequest.BodyPublishers.ofString(body.toString()));

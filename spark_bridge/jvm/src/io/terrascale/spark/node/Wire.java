@@ -62,6 +62,22 @@ public final class Wire {
         return d;
     }
 
+    /** An aggregate (docs/rfcs/0012-aggregates.md): {@code aggregates} are {fn, column or null}. */
+    static ObjectNode aggregate(long asOf, List<WhereTerm> where, BBoxTerm bbox, List<String> groupBy,
+                                List<String[]> aggregates) {
+        ObjectNode d = JSON.createObjectNode();
+        d.put("as_of", asOf);
+        ArrayNode g = d.putArray("group_by");
+        for (String c : groupBy) g.add(c);
+        ArrayNode a = d.putArray("aggregates");
+        for (String[] f : aggregates) {
+            ObjectNode o = a.addObject().put("fn", f[0]);
+            if (f[1] != null) o.put("column", f[1]);
+        }
+        predicates(d, where, bbox);
+        return d;
+    }
+
     static ObjectNode renew(double ttlS) {
         return JSON.createObjectNode().put("ttl_s", ttlS);
     }

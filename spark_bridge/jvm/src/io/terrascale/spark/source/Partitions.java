@@ -18,6 +18,9 @@ final class Partitions {
     /** {@code count()}: the visible rows of one offloaded segment, known from the plan. */
     record Count(long rows) implements InputPartition {}
 
+    /** An aggregate the node answered whole at T (an Arrow IPC stream, fetched on the driver). */
+    record Answer(byte[] stream) implements InputPartition {}
+
     /** One table partition's unsealed tail, fetched from the node; -1: an empty plan (Spark still runs one task). */
     record Tail(int partition) implements InputPartition {}
 }

@@ -15,7 +15,7 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
 /**
  * The executors' side of a JVM read (docs/spark.md, "Readers"), shipped by Spark with each task:
  * a reader of one offloaded segment (straight from its object), of a tail (the node's Arrow
- * stream), or of a count known from the plan.
+ * stream), of a count known from the plan, or of an aggregate the node answered.
  */
 final class ReaderFactory implements PartitionReaderFactory {
     private static final long serialVersionUID = 1L;
@@ -39,6 +39,13 @@ final class ReaderFactory implements PartitionReaderFactory {
     @Override
     public PartitionReader<ColumnarBatch> createColumnarReader(InputPartition partition) {
         if (partition instanceof Partitions.Count c) return new BatchList(List.of(countBatch(c.rows())));
+        if (partition instanceof Partitions.Answer a) {
+            try {
+                return new BatchList(ArrowRows.read(a.stream(), spec.output(), SparkTypes.sparkSchema(spec.output())));
+            } catch (IOException e) {
+                throw new BridgeException("the node's aggregate answer is not an Arrow stream: " + e, e);
+            }
+        }
         if (partition instanceof Partitions.Segment s) {
             try {
                 return new SegmentReader(spec, s);

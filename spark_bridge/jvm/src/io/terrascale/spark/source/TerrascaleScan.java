@@ -41,20 +41,22 @@ final class TerrascaleScan implements Scan, Batch {
     private final List<Column> output;
     private final List<WhereTerm> where;
     private final boolean countOnly;
+    private final AggregatePushdown.Query aggregate; // answered whole by the node, or null
     private final Map<PlanKey, ReadPlan> plans;
     private final StructType readSchema;
     private ReaderFactory factory; // both set by plan(), under this object's lock
     private InputPartition[] parts;
 
     TerrascaleScan(Options opts, Snapshot snap, List<Column> output, List<WhereTerm> where, boolean countOnly,
-                   Map<PlanKey, ReadPlan> plans) {
+                   AggregatePushdown.Query aggregate, Map<PlanKey, ReadPlan> plans) {
         this.opts = opts;
         this.snap = snap;
         this.output = List.copyOf(output);
         this.where = List.copyOf(where);
         this.countOnly = countOnly;
+        this.aggregate = aggregate;
         this.plans = plans;
-        this.readSchema = countOnly ? COUNT_SCHEMA : SparkTypes.sparkSchema(output);
+        this.readSchema = countOnly ? COUNT_SCHEMA : SparkTypes.sparkSchema(aggregate != null ? aggregate.output() : output);
     }
 
     @Override
@@ -64,7 +66,8 @@ final class TerrascaleScan implements Scan, Batch {
 
     @Override
     public String description() {
-        return "terrascale table=" + opts.table() + " as_of=" + snap.asOf() + " where=" + where.size() + " terms";
+        return "terrascale table=" + opts.table() + " as_of=" + snap.asOf() + " where=" + where.size() + " terms"
+                + (aggregate != null ? " aggregate=" + aggregate.output().size() + " columns (node)" : "");
     }
 
     @Override
@@ -115,6 +118,10 @@ final class TerrascaleScan implements Scan, Batch {
 
     private synchronized void plan() {
         if (parts != null) return;
+        if (aggregate != null) {
+            planAggregate();
+            return;
+        }
         ReadPlan p = nodePlan();
         if (p.schema().version() != snap.schema().version()) {
             throw new BridgeException("table '" + opts.table() + "': the plan's schema at " + snap.asOf() + " is not the one load() saw");
@@ -141,6 +148,15 @@ final class TerrascaleScan implements Scan, Batch {
         factory = new ReaderFactory(new ReadSpec(opts, snap.asOf(), p.lease(), objects, p.versions(), snap.schema(), output,
                 p.predicates().orElse(Predicates.NONE), where, segids, countOnly));
         parts = out.toArray(new InputPartition[0]);
+    }
+
+    /** The node's answer at T, fetched here once: one small partition that only converts it. */
+    private void planAggregate() {
+        byte[] answer = new NodeClient(opts.node(), opts.table()).aggregate(snap.asOf(), where, opts.bbox(),
+                aggregate.groupBy(), aggregate.aggregates());
+        factory = new ReaderFactory(new ReadSpec(opts, snap.asOf(), null, null, List.of(), snap.schema(),
+                aggregate.output(), Predicates.NONE, where, new long[0], false));
+        parts = new InputPartition[] {new Partitions.Answer(answer)};
     }
 
     /** A large segment is read by several tasks, each a range of its rows (about split_mib of object each). */

@@ -18,7 +18,7 @@ import org.apache.spark.sql.sources.Filter;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
-/** One query's pushdown (filters, columns, {@code count()}) on the driver; Spark uses a builder from one thread. */
+/** One query's pushdown (filters, columns, aggregates) on the driver; Spark uses a builder from one thread. */
 final class TerrascaleScanBuilder implements ScanBuilder, SupportsPushDownFilters, SupportsPushDownRequiredColumns,
         SupportsPushDownAggregates {
     private final Options opts;
@@ -28,6 +28,7 @@ final class TerrascaleScanBuilder implements ScanBuilder, SupportsPushDownFilter
     private List<Column> output;
     private Filter[] pushed = new Filter[0];
     private boolean countOnly;
+    private AggregatePushdown.Query aggregate;
 
     TerrascaleScanBuilder(Options opts, Snapshot snap, List<Column> output, Map<TerrascaleScan.PlanKey, ReadPlan> plans) {
         this.opts = opts;
@@ -68,22 +69,39 @@ final class TerrascaleScanBuilder implements ScanBuilder, SupportsPushDownFilter
 
     /** {@code count()} without predicates is answered from the plan: a segment's visible bitmap holds exactly its
      * live rows at T (the key index drops deleted keys), so its count is the bitmap's cardinality; tails are
-     * counted from the node's rows. Spark sums the partial counts. */
+     * counted from the node's rows. Spark sums the partial counts. Other aggregations the node answers whole
+     * ({@link AggregatePushdown}) are one answer from {@code /aggregate} at T. */
     @Override
     public boolean pushAggregation(Aggregation a) {
-        if (a.groupByExpressions().length != 0 || a.aggregateExpressions().length != 1
-                || !(a.aggregateExpressions()[0] instanceof CountStar)) {
-            return false;
+        if (countFromPlan(a)) {
+            countOnly = true;
+            return true;
         }
-        if (!opts.where().isEmpty() || opts.bbox() != null || !pushedTerms.isEmpty()) return false;
-        countOnly = true;
-        return true;
+        aggregate = whole(a);
+        return aggregate != null;
+    }
+
+    @Override
+    public boolean supportCompletePushDown(Aggregation a) {
+        return !countFromPlan(a) && whole(a) != null;
+    }
+
+    private boolean countFromPlan(Aggregation a) {
+        return a.groupByExpressions().length == 0 && a.aggregateExpressions().length == 1
+                && a.aggregateExpressions()[0] instanceof CountStar
+                && opts.where().isEmpty() && opts.bbox() == null && pushedTerms.isEmpty();
+    }
+
+    /** The node's whole answer, or null; Spark's own filters stay Spark's (it checks them again after the scan,
+     * and an aggregate above such a filter is not pushed). */
+    private AggregatePushdown.Query whole(Aggregation a) {
+        return pushedTerms.isEmpty() ? AggregatePushdown.of(a, snap.schema()) : null;
     }
 
     @Override
     public Scan build() {
         List<WhereTerm> where = new ArrayList<>(opts.where());
         where.addAll(pushedTerms);
-        return new TerrascaleScan(opts, snap, output, where, countOnly, plans);
+        return new TerrascaleScan(opts, snap, output, where, countOnly, aggregate, plans);
     }
 }

@@ -1,0 +1,98 @@
+"""An indexed column's values for given rowids, read from the column index instead of the
+rows (docs/rfcs/0012-aggregates.md): each run's side table (the values its structures keep
+sorted by rowid for exact refines) and the memtable's exact values. Aggregates use it so
+that a filtered group-by decodes no row block.
+
+:func:`sources` takes the sources at one instant on the event loop (runs are immutable once
+built; a merge or checkpoint swaps whole objects), :func:`gather` does the vectorized work
+and may run in a thread.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from rowstore.index.column_index import PartitionColumns, _values, index_kind
+from rowstore.schema import Column
+from rowstore.types import Kind
+
+_GATHERED = {"axis", "value", "grid"}  # kinds whose structures keep every value exactly
+
+
+def gatherable(cols: PartitionColumns, col: Column) -> bool:
+    """Whether the partition's index can give ``col``'s values exactly."""
+    return col.id in cols.columns and index_kind(col) in _GATHERED
+
+
+def sources(cols: PartitionColumns, col: Column) -> list:
+    """The runs and memtable pieces holding ``col``, as they are now."""
+    runs = [r[col.id] for r in list(cols.runs.values()) if col.id in r]
+    mem = [(ids, v.get(col.id)) for ids, v in [*cols.mem, *(p for tok in cols.frozen for p in tok)]]
+    return runs + [(ids, v) for ids, v in mem if v is not None]
+
+
+def gather(srcs: list, col: Column, rowids: np.ndarray) -> pa.Array:
+    """``col``'s values for the sorted ``rowids`` (null where no source has the row: the
+    index leaves nulls out). Only the matched values are taken from each source."""
+    typ = col.type.arrow()
+    pieces, hits, base = [], np.full(len(rowids), -1, np.int64), 0
+    for src in srcs:
+        ids, take = _side_table(src, col)
+        if len(ids) == 0:
+            continue
+        # only the wanted rowids inside this source's range are searched (runs hold ranges)
+        a, b = np.searchsorted(rowids, ids[0], "left"), np.searchsorted(rowids, ids[-1], "right")
+        if a == b:
+            continue
+        pos = np.searchsorted(ids, rowids[a:b])
+        ok = np.zeros(len(rowids), bool)
+        ok[a:b] = ids[np.minimum(pos, len(ids) - 1)] == rowids[a:b]
+        ok &= hits < 0  # the first source wins (a row is in one source, or the same in two)
+        if not ok.any():
+            continue
+        vals = take(pos[ok[a:b]])
+        pieces.append(vals.cast(typ) if vals.type != typ else vals)
+        hits[ok] = base + np.arange(len(vals))
+        base += len(vals)
+    if not pieces:
+        return pa.nulls(len(rowids), typ)
+    allv = pa.concat_arrays(pieces) if len(pieces) > 1 else pieces[0]
+    if base == len(rowids) and (hits == np.arange(len(rowids))).all():
+        return allv  # one source held every row, in order
+    return allv.take(pa.array(np.where(hits < 0, 0, hits), mask=hits < 0))
+
+
+def _side_table(src, col: Column):
+    """(rowids sorted, take(positions) -> values) of one run or memtable piece."""
+    if isinstance(src, tuple):  # a memtable piece: exact values
+        ids, v = src
+        arr = _values(v)
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        order = np.argsort(ids, kind="stable")
+        return np.asarray(ids, np.uint64)[order], lambda pos: arr.take(pa.array(order[pos]))
+    if src.kind == "value":
+        vi = src.values
+        d = vi.dictionary.cast(pa.binary(16)) if col.type.kind == Kind.UUID else vi.dictionary
+        return vi.rowids, lambda pos: d.take(pa.array(vi.codes[pos]))
+    if src.kind == "grid":
+        g = src.grid
+        ids, o = g.by_rowid()
+        return ids, lambda pos: pa.StructArray.from_arrays(
+            [pa.array(g.x[o[pos]]), pa.array(g.y[o[pos]])], ["x", "y"])
+    ax = src.axis  # a number or time: the side table holds the value itself (lo == hi)
+    if not len(ax.nan_rowids):
+        return ax.rowids, lambda pos: _numbers(ax.lo[pos], col)
+    ids = np.concatenate([ax.rowids, ax.nan_rowids])
+    order = np.argsort(ids, kind="stable")
+    vals = np.concatenate([ax.lo.astype(np.float64), np.full(len(ax.nan_rowids), np.nan)])[order]
+    return ids[order], lambda pos: _numbers(vals[pos], col)
+
+
+def _numbers(v: np.ndarray, col: Column) -> pa.Array:
+    k = col.type.kind
+    if k == Kind.TIMESTAMP:
+        return pa.array(v.astype(np.int64), pa.int64()).cast(col.type.arrow())
+    if k == Kind.DATE:
+        return pa.array(v.astype(np.int32), pa.int32()).cast(col.type.arrow())
+    return pa.array(v).cast(col.type.arrow())

@@ -1,0 +1,281 @@
+"""Aggregates and grid histograms as pure, vectorized functions (docs/rfcs/0012-aggregates.md):
+the request checked against a schema, per-partition partials, partials merged (across
+partitions and nodes alike), the final answer; and the cells of a histogram grid.
+
+A partial is an Arrow table: group keys ``g0..``, then per aggregate ``p<i>`` (and ``q<i>``,
+the count behind a mean); a count-distinct keeps its distinct values as a list, so that
+merging partials from many places stays exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rowstore.errors import QueryError
+from rowstore.reads.predicates import BBox, NUMERIC, parse_bbox
+from rowstore.schema import Column, SchemaVersion
+from rowstore.types import Kind
+
+FNS = ("count", "sum", "min", "max", "mean", "count_distinct")
+MAX_CELLS = 4096  # per axis
+_FLOATS = {Kind.FLOAT32, Kind.FLOAT64}
+_SUMMABLE = NUMERIC - {Kind.TIMESTAMP, Kind.DATE}
+_ORDERED = NUMERIC | {Kind.STRING, Kind.BOOL}
+_KEYS = NUMERIC | {Kind.STRING, Kind.BINARY, Kind.UUID, Kind.BOOL}
+_MERGE = {"count": "sum", "sum": "sum", "min": "min", "max": "max", "mean": "sum"}
+
+
+@dataclass(frozen=True)
+class Agg:
+    fn: str
+    column: Column | None  # None: count(*)
+
+    @property
+    def name(self) -> str:
+        return self.fn if self.column is None else f"{self.fn}_{self.column.name}"
+
+
+@dataclass(frozen=True)
+class AggSpec:
+    group_by: tuple[Column, ...]
+    aggs: tuple[Agg, ...]
+
+    def columns(self) -> list[Column]:
+        """Every column whose values the aggregate needs (group keys first)."""
+        out = {c.id: c for c in self.group_by}
+        out.update({a.column.id: a.column for a in self.aggs if a.column is not None})
+        return list(out.values())
+
+
+def cname(col: Column) -> str:
+    """A column's name in the rows an engine hands to :func:`partial` (by id: stable)."""
+    return f"c{col.id}"
+
+
+def parse_spec(schema: SchemaVersion, group_by, aggregates) -> AggSpec:
+    """The request's ``group_by`` and ``aggregates``, checked (QueryError: 400, nothing changed)."""
+    group_by = [] if group_by is None else group_by
+    if not isinstance(group_by, list) or not all(isinstance(g, str) for g in group_by):
+        raise QueryError('"group_by" must be a list of column names')
+    keys = tuple(_column(schema, g, "group_by") for g in group_by)
+    for c in keys:
+        if c.type.kind not in _KEYS:
+            raise QueryError(f"group_by: column {c.name!r} is {c.type}: it cannot be a group key")
+    if len(set(group_by)) != len(group_by):
+        raise QueryError("group_by names a column twice")
+    if not isinstance(aggregates, list) or not aggregates:
+        raise QueryError('"aggregates" must be a non-empty list of {"fn", "column"} objects')
+    aggs = tuple(_agg(schema, a) for a in aggregates)
+    names = [c.name for c in keys] + [a.name for a in aggs]
+    if len(set(names)) != len(names):
+        raise QueryError(f"two answer columns would have one name: {names}")
+    return AggSpec(keys, aggs)
+
+
+def _column(schema: SchemaVersion, name, what: str) -> Column:
+    col = schema.by_name(name) if isinstance(name, str) else None
+    if col is None:
+        raise QueryError(f"{what}: no column {name!r}")
+    return col
+
+
+def _agg(schema: SchemaVersion, a) -> Agg:
+    if not isinstance(a, dict) or set(a) - {"fn", "column"} or a.get("fn") not in FNS:
+        raise QueryError(f"aggregate {a!r}: expected {{\"fn\": one of {', '.join(FNS)}, \"column\": name}}")
+    fn = a["fn"]
+    if "column" not in a:
+        if fn != "count":
+            raise QueryError(f"aggregate {fn} needs a column")
+        return Agg(fn, None)
+    col = _column(schema, a["column"], f"aggregate {fn}")
+    k = col.type.kind
+    if fn in ("sum", "mean") and k not in _SUMMABLE:
+        raise QueryError(f"{fn} of column {col.name!r}: it is {col.type}, not a number")
+    if fn in ("min", "max") and k not in _ORDERED:
+        raise QueryError(f"{fn} of column {col.name!r}: {col.type} values have no order")
+    if fn == "count_distinct" and k not in _KEYS:
+        raise QueryError(f"count_distinct of column {col.name!r}: {col.type} values cannot be compared")
+    return Agg(fn, col)
+
+
+# -- partials ------------------------------------------------------------------------------
+
+
+def partial(rows: pa.Table, spec: AggSpec) -> pa.Table:
+    """One place's partial aggregate of ``rows`` (columns named by :func:`cname`)."""
+    cols = {f"g{j}": rows.column(cname(c)) for j, c in enumerate(spec.group_by)}
+    cols["_k"] = pa.array(np.zeros(rows.num_rows, np.int8))  # one group when there are no keys
+    ops, names = [], {}
+    for i, a in enumerate(spec.aggs):
+        if a.column is None:
+            ops.append(([], "count_all"))
+            names[f"p{i}"] = "count_all"
+            continue
+        cols[f"v{i}"] = rows.column(cname(a.column))
+        fns = {"mean": ["sum", "count"], "count_distinct": ["distinct"]}.get(a.fn, [a.fn])
+        ops += [(f"v{i}", f) for f in fns]
+        names[f"p{i}"] = f"v{i}_{fns[0]}"
+        if a.fn == "mean":
+            names[f"q{i}"] = f"v{i}_count"
+    ops = list({(tuple(c) if isinstance(c, list) else c, f): (c, f) for c, f in ops}.values())
+    keys = [f"g{j}" for j in range(len(spec.group_by))]
+    got = pa.table(cols).group_by(keys or ["_k"], use_threads=False).aggregate(ops)
+    return pa.table({**{k: got.column(k) for k in keys}, **{n: got.column(src) for n, src in names.items()}})
+
+
+def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
+    """Partials of one aggregate (from partitions or nodes) as one partial."""
+    parts = [p for p in parts if p.num_rows] or parts[:1]
+    if not parts:
+        raise ValueError("nothing to merge")
+    P = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    keys = [f"g{j}" for j in range(len(spec.group_by))]
+    gid, groups = _group_ids(P, keys)
+    n = groups.num_rows
+    P = P.append_column("_gid", pa.array(gid, pa.int64()))
+    ops = [(f"p{i}", _MERGE[a.fn]) for i, a in enumerate(spec.aggs) if a.fn != "count_distinct"]
+    ops += [(f"q{i}", "sum") for i, a in enumerate(spec.aggs) if a.fn == "mean"]
+    m = P.group_by(["_gid"], use_threads=False).aggregate(ops).sort_by("_gid") if ops else None
+    out = {k: groups.column(k) for k in keys}
+    for i, a in enumerate(spec.aggs):
+        if a.fn == "count_distinct":
+            out[f"p{i}"] = _merge_distinct(P.column(f"p{i}"), gid, n)
+        else:
+            out[f"p{i}"] = m.column(f"p{i}_{_MERGE[a.fn]}")
+            if a.fn == "mean":
+                out[f"q{i}"] = m.column(f"q{i}_sum")
+    return pa.table(out)
+
+
+def _group_ids(P: pa.Table, keys: list[str]) -> tuple[np.ndarray, pa.Table]:
+    """Each partial row's group number, and the groups' keys in that numbering."""
+    if not keys:
+        return np.zeros(P.num_rows, np.int64), pa.table({"_": pa.nulls(1 if P.num_rows else 0, pa.int8())})
+    g = P.select(keys).append_column("_i", pa.array(np.arange(P.num_rows), pa.int64()))
+    g = g.group_by(keys, use_threads=False).aggregate([("_i", "list")])
+    lists = g.column("_i_list").combine_chunks()
+    gid = np.empty(P.num_rows, np.int64)
+    gid[pc.list_flatten(lists).to_numpy()] = pc.list_parent_indices(lists).to_numpy()
+    return gid, g.select(keys)
+
+
+def _merge_distinct(lists, gid: np.ndarray, n: int) -> pa.Array:
+    lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+    vals = pc.list_flatten(lists)
+    owner = gid[pc.list_parent_indices(lists).to_numpy()]
+    t = pa.table({"_gid": pa.array(owner, pa.int64()), "v": vals})
+    d = t.group_by(["_gid"], use_threads=False).aggregate([("v", "distinct")])
+    where = np.full(n, -1, np.int64)
+    where[d.column("_gid").to_numpy()] = np.arange(d.num_rows)
+    return d.column("v_distinct").combine_chunks().take(pa.array(np.where(where < 0, 0, where), mask=where < 0)) \
+        if d.num_rows else pa.nulls(n, lists.type)
+
+
+def finish(P: pa.Table, spec: AggSpec) -> pa.Table:
+    """The answer: one row per group (one row without ``group_by``), aggregates named ``fn``
+    (count(*)) or ``fn_column``; group keys and min/max keep their column's type."""
+    if not spec.group_by and P.num_rows == 0:
+        P = _empty_row(spec)
+    out, fields = [], []
+    for j, c in enumerate(spec.group_by):
+        out.append(P.column(f"g{j}"))
+        fields.append(c.field())
+    for i, a in enumerate(spec.aggs):
+        arr, f = _final(P, i, a)
+        out.append(arr)
+        fields.append(f)
+    return pa.Table.from_arrays(out, schema=pa.schema(fields))
+
+
+def _final(P: pa.Table, i: int, a: Agg) -> tuple[pa.Array, pa.Field]:
+    p = P.column(f"p{i}").combine_chunks()
+    if a.fn == "count":
+        return p.fill_null(0).cast(pa.int64()), pa.field(a.name, pa.int64())
+    if a.fn == "count_distinct":
+        vals = pc.list_flatten(p)
+        valid = vals.is_valid().to_numpy(zero_copy_only=False)
+        n = np.bincount(pc.list_parent_indices(p).to_numpy()[valid], minlength=len(p))
+        return pa.array(n, pa.int64()), pa.field(a.name, pa.int64())
+    if a.fn == "mean":
+        s = p.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        q = P.column(f"q{i}").combine_chunks().fill_null(0).to_numpy(zero_copy_only=False)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            m = s / np.where(q == 0, 1, q)
+        return pa.array(m, pa.float64(), mask=q == 0), pa.field(a.name, pa.float64())
+    if a.fn == "sum":
+        typ = pa.float64() if a.column.type.kind in _FLOATS else p.type
+        return p.cast(typ), pa.field(a.name, typ)
+    f = a.column.field()
+    return p.cast(f.type), pa.field(a.name, f.type, metadata=f.metadata)
+
+
+def _empty_row(spec: AggSpec) -> pa.Table:
+    cols = {}
+    for i, a in enumerate(spec.aggs):
+        if a.fn == "count":
+            cols[f"p{i}"] = pa.array([0], pa.int64())
+        elif a.fn == "count_distinct":
+            cols[f"p{i}"] = pa.array([[]], pa.list_(a.column.type.arrow()))
+        else:
+            cols[f"p{i}"] = pa.nulls(1, a.column.type.arrow() if a.fn in ("min", "max") else pa.float64())
+            if a.fn == "mean":
+                cols[f"q{i}"] = pa.array([0], pa.int64())
+    return pa.table(cols)
+
+
+# -- grid histograms -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grid:
+    box: BBox
+    nx: int
+    ny: int
+
+
+def parse_grid(schema: SchemaVersion, column, bbox, cells) -> Grid:
+    """The histogram's column, bounding box and cell counts, checked."""
+    if not isinstance(bbox, dict) or set(bbox) != {"xmin", "ymin", "xmax", "ymax"}:
+        raise QueryError('"bbox" must be an object {xmin, ymin, xmax, ymax}')
+    if not isinstance(column, str):
+        raise QueryError('"column" must name a point or box column')
+    box = parse_bbox(schema, {"column": column, **bbox})
+    if not isinstance(cells, list) or len(cells) != 2 or not all(
+            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_CELLS for n in cells):
+        raise QueryError(f'"cells" must be [nx, ny], each 1..{MAX_CELLS}, not {str(cells)[:60]}')
+    return Grid(box, cells[0], cells[1])
+
+
+def cell_counts(values: pa.Array, g: Grid) -> np.ndarray:
+    """Counts per cell (``ny`` rows of ``nx``; row 0 at ``ymin``) of the points (a box: its
+    centre) inside the box, edges inclusive; a point on an inner edge goes to the higher
+    cell, one on ``xmax``/``ymax`` to the last."""
+    b = g.box
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    ok = values.is_valid().to_numpy(zero_copy_only=False)
+    names = [values.type.field(i).name for i in range(values.type.num_fields)]
+    f = {n: values.field(n).to_numpy(zero_copy_only=False) for n in names}
+    if b.column.type.kind == Kind.POINT:
+        x, y = f["x"], f["y"]
+    else:
+        x, y = (f["xmin"] + f["xmax"]) / 2, (f["ymin"] + f["ymax"]) / 2
+    with np.errstate(invalid="ignore"):
+        ok &= (x >= b.xmin) & (x <= b.xmax) & (y >= b.ymin) & (y <= b.ymax)
+    ix, iy = _cells_of(x[ok], b.xmin, b.xmax, g.nx), _cells_of(y[ok], b.ymin, b.ymax, g.ny)
+    return np.bincount(iy * g.nx + ix, minlength=g.nx * g.ny).astype(np.int64).reshape(g.ny, g.nx)
+
+
+def _cells_of(v: np.ndarray, lo: float, hi: float, n: int) -> np.ndarray:
+    """The cell of each value: the number of inner edges ``lo + (hi-lo)·i/n`` at or below it
+    (a guess by division, corrected by one where rounding put it across its edge)."""
+    edges = lo + (hi - lo) * (np.arange(0, n + 1, dtype=np.float64) / n)
+    edges[0], edges[-1] = -np.inf, np.inf  # the first and last cells are closed by the bbox
+    guess = np.floor((v - lo) * (n / (hi - lo))) if hi > lo else np.full(len(v), n - 1.0)
+    c = np.clip(np.nan_to_num(guess, nan=0.0), 0, n - 1).astype(np.int64)
+    c -= v < edges[c]
+    c += v >= edges[c + 1]
+    return c
