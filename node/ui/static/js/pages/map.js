@@ -57,7 +57,10 @@ export function mount(el, ctx) {
       try {
         const r = await post(`/v1/tables/${enc(st.table)}/histogram`, { column: st.column, bbox: e, cells: CELLS });
         st.cells = { bbox: e, counts: r.counts };
-        st.note = "density: counts per cell from the histogram endpoint";
+        st.view = e; // the extent these counts are for
+        const total = r.counts.reduce((a, row) => a + row.reduce((b, n) => b + n, 0), 0);
+        st.cells.total = total;
+        st.note = `density: ${total} points in view, counted per cell by the histogram endpoint`;
         draw();
         drawInfo();
         return;
@@ -80,7 +83,8 @@ export function mount(el, ctx) {
     const r = ctx.state.result;
     const v = st.view;
     fill(info, h("p", { id: "map-note", "data-xmin": v && v.xmin, "data-ymin": v && v.ymin, "data-xmax": v && v.xmax,
-      "data-ymax": v && v.ymax, "data-points": st.points.length }, st.note),
+      "data-ymax": v && v.ymax, "data-points": st.points.length,
+      "data-cells": st.cells ? st.cells.total : null }, st.note),
       st.box ? h("p", {}, "Box ", h("span", { id: "map-bbox", "data-xmin": st.box.xmin, "data-ymin": st.box.ymin,
         "data-xmax": st.box.xmax, "data-ymax": st.box.ymax },
       `${st.box.xmin.toFixed(3)}, ${st.box.ymin.toFixed(3)} — ${st.box.xmax.toFixed(3)}, ${st.box.ymax.toFixed(3)}`),
