@@ -20,7 +20,8 @@ import pytest
 from rowstore.index.key_memtable import encode_keys
 from rowstore.tables.keys import partition_of
 from tests.node.http.test_ack_after_fsync import FD_PATH, _syscalls
-from tests.node.proc import FAST_CLUSTER, raft_cluster
+from tests.node.cluster.test_replication_faults import caught_up
+from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster
 
 CLIENTS, PER_CLIENT, PARTITIONS = 6, 10, 2
 STRACE = ("strace", "-f", "-qq", "-ttt", "-T", "-yy", "-s", "65536", "-e", "signal=none",
@@ -110,6 +111,7 @@ def test_no_acknowledgement_before_the_leader_and_a_follower_fdatasync(tmp_path)
         with nodes[0].client(timeout=120) as c:
             c.create_table("st", [("id", "int64"), ("name", "string")], "id", partitions=PARTITIONS, replicas=3)
             place = {p["partition"]: p["leader"] for p in c.describe("st")["placement"]}
+        eventually(lambda: caught_up(nodes, PARTITIONS), 120)  # every partition promoted and served (slow under strace)
         entry = nodes[0]  # answers every write: its own partitions' and, forwarded, the others'
         keys = asyncio.run(_clients(entry.base))
     finally:
