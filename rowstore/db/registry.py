@@ -7,7 +7,7 @@ import logging
 from typing import Callable
 
 from rowstore.errors import FencedError
-from rowstore.index.key_index import Claim
+from rowstore.index.key_manifest import Claim
 from rowstore.schema import SchemaVersion
 from rowstore.segments.store import SegmentStore
 from rowstore.tables.definitions import TableCatalog, TableDef

@@ -25,7 +25,7 @@ from rowstore.db.read.leaderless import read_watermark
 from rowstore.errors import RowstoreError, UnavailableError
 from rowstore.segments.store import SegmentStore, SegState
 from rowstore.tables.definitions import TableDef
-from rowstore.index.key_index import Claim
+from rowstore.index.key_manifest import Claim
 from rowstore.tables.partition import Partition
 
 log = logging.getLogger("rowstore.db.handoff")

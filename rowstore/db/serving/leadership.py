@@ -18,7 +18,7 @@ from rowstore.replication.leader import Shipper, Transport
 from rowstore.replication.position import NOTHING, Position, rep_key
 from rowstore.segments.store import SegmentStore, SegState
 from rowstore.tables.definitions import TableDef
-from rowstore.index.key_index import Claim
+from rowstore.index.key_manifest import Claim
 from rowstore.tables.partition import Partition
 
 log = logging.getLogger("rowstore.db.leadership")

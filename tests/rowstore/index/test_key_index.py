@@ -208,7 +208,7 @@ async def test_a_stale_server_collects_nothing_once_another_claimed_the_manifest
     a minute). A run is deleted only in one transaction with its manifest's version and its
     removal from the garbage list."""
     from rowstore.errors import ConflictError, FencedError
-    from rowstore.index.key_index import Claim
+    from rowstore.index.key_manifest import Claim
 
     fs, rng, model = await world(), random.Random(5), Model()
     key = "idx/t/9/manifest"

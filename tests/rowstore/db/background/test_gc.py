@@ -218,7 +218,7 @@ async def no_leaks(db):
         named.add(r.inode)
     for e in await db.catalog.scan("idx/"):
         if e.key.endswith("/manifest"):
-            from rowstore.index.key_index import Manifest
+            from rowstore.index.key_manifest import Manifest
 
             m = Manifest.from_bytes(e.value)
             named |= {r["inode"] for r in m.runs} | {i for r in m.runs for i in r.get("cols", {}).values()}
