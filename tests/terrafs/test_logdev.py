@@ -237,9 +237,7 @@ async def test_a_failed_flush_fails_the_writes_it_covered_and_only_those(tmp_pat
     next one succeeds): every write it may have covered is refused as durable, writes made
     after it flush normally, and an active file caught by it is cut back to its last durable
     group and takes appends again."""
-    import errno
 
-    import terrafs.backends.logdev as ld
     from terrafs.errors import DeviceError
 
     dev = LogDevice(str(tmp_path / "logdev"), extent_size=SMALL)
@@ -247,14 +245,7 @@ async def test_a_failed_flush_fails_the_writes_it_covered_and_only_those(tmp_pat
     p = new_params(9, 1, codec=Codec.NONE, block_size=16384, page_size=4096)
     af = await ActiveFile.create(dev, "files/9.act", p, None)
     kept = await af.append(b"acknowledged")
-    real, fail = os.fdatasync, [True]
-
-    def failing(fd):
-        if fail and fail.pop():
-            raise OSError(errno.EIO, "Input/output error")
-        real(fd)
-
-    monkeypatch.setattr(ld.os, "fdatasync", failing)
+    fail = failing_fdatasync(monkeypatch)
     a.writev_sync([b"before the failure"], 0)
     with pytest.raises(OSError):
         b.writev_sync([b"also before"], 0)
@@ -273,6 +264,24 @@ async def test_a_failed_flush_fails_the_writes_it_covered_and_only_those(tmp_pat
     more = await af.append(b"again")
     assert await af.read(more, 5) == b"again"
     await af.close()
+
+
+def failing_fdatasync(monkeypatch) -> list:
+    """The log device's next fdatasync fails with EIO (fsyncgate: the next one succeeds);
+    append True to the list returned to fail one more."""
+    import errno
+
+    import terrafs.backends.logdev as ld
+
+    real, fail = os.fdatasync, [True]
+
+    def failing(fd):
+        if fail and fail.pop():
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(ld.os, "fdatasync", failing)
+    return fail
 
 
 async def dev_reopen_failed(dev, af):

@@ -3,7 +3,6 @@ log device that a commit hands over in one tick go in one thread hop with one fd
 group whose write fails fails alone; a failed flush fails every group it covered."""
 import asyncio
 import errno
-import os
 import threading
 
 import pytest
@@ -14,6 +13,7 @@ from terrafs.blocks import Codec
 from terrafs.errors import FileStateError
 from terrafs.params import new_params
 from terrafs.rounds import DeviceRounds
+from tests.terrafs.test_logdev import failing_fdatasync
 
 SMALL = 64 << 10
 
@@ -72,19 +72,10 @@ async def test_a_write_that_fails_fails_its_file_alone():
 
 
 async def test_a_failed_flush_fails_every_group_of_its_round(tmp_path, monkeypatch):
-    import terrafs.backends.logdev as ld
-
     dev = LogDevice(str(tmp_path / "logdev"), extent_size=SMALL)
     files = await _files(dev, 3)
     kept = [await af.append(b"acknowledged") for af in files]
-    real, fail = os.fdatasync, [True]
-
-    def failing(fd):
-        if fail and fail.pop():
-            raise OSError(errno.EIO, "Input/output error")
-        real(fd)
-
-    monkeypatch.setattr(ld.os, "fdatasync", failing)
+    failing_fdatasync(monkeypatch)
     got = await asyncio.gather(*(af.append(b"covered by the failed flush") for af in files), return_exceptions=True)
     assert all(isinstance(e, (OSError, FileStateError)) for e in got), got
     for i, af in enumerate(files):

@@ -9,41 +9,21 @@ one machine clock. Every acknowledged key (a marker string in its row) is matche
 leader's device write of the row and an fdatasync of that file that started after the write
 returned and ended before the acknowledgement, and to the same pair on at least one follower."""
 import asyncio
-import json
 import re
 import shutil
 
-import aiohttp
 import pyarrow as pa
 import pytest
 
 from rowstore.index.key_memtable import encode_keys
 from rowstore.tables.keys import partition_of
-from tests.node.http.test_ack_after_fsync import FD_PATH, _syscalls
+from tests.node.http.test_ack_after_fsync import FD_PATH, _syscalls, post_rows
 from tests.node.cluster.test_replication_faults import caught_up
 from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster
 
 CLIENTS, PER_CLIENT, PARTITIONS = 6, 10, 2
 STRACE = ("strace", "-f", "-qq", "-ttt", "-T", "-yy", "-s", "65536", "-e", "signal=none",
           "-e", "trace=fdatasync,pwritev,pwritev2,pwrite64,write,writev,sendto,sendmsg,read,recvfrom")
-
-
-async def _clients(base: str) -> list[int]:
-    async def one(k: int, http) -> list[int]:
-        done = []
-        for s in range(PER_CLIENT):
-            key = k * 1000 + s
-            doc = {"rows": [{"id": key, "name": f"mk{key:08d}zz"}]}
-            async with http.post(f"{base}/v1/tables/st/rows", data=json.dumps(doc),
-                                 headers={"Content-Type": "application/json"}) as r:
-                assert r.status == 200, await r.text()
-                await r.read()
-            done.append(key)
-        return done
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        got = await asyncio.gather(*[one(k, http) for k in range(CLIENTS)])
-    return [k for g in got for k in g]
 
 
 def _durable_at(calls: list[dict]) -> dict[int, list[tuple[float, float]]]:
@@ -113,7 +93,8 @@ def test_no_acknowledgement_before_the_leader_and_a_follower_fdatasync(tmp_path)
             place = {p["partition"]: p["leader"] for p in c.describe("st")["placement"]}
         eventually(lambda: caught_up(nodes, PARTITIONS), 120)  # every partition promoted and served (slow under strace)
         entry = nodes[0]  # answers every write: its own partitions' and, forwarded, the others'
-        keys = asyncio.run(_clients(entry.base))
+        keys = asyncio.run(post_rows(entry.base, CLIENTS, PER_CLIENT,
+                                   lambda key, i: {"id": key, "name": f"mk{key:08d}zz"}))
     finally:
         for n in nodes:
             n.ensure_stopped()

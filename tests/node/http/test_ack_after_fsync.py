@@ -49,12 +49,16 @@ def _syscalls(text: str) -> list[dict]:
     return calls
 
 
-async def _clients(base: str) -> list[int]:
+async def post_rows(base: str, clients: int = CLIENTS, per_client: int = PER_CLIENT, row=None) -> list[int]:
+    """``clients`` concurrent keep-alive clients, each writing ``per_client`` single-row requests
+    to table ``st`` (``row(key, i)`` the row; its name holds the key's marker); the keys written."""
+    row = row or (lambda key, i: {"id": key, "name": f"mk{key:08d}zz", "v": float(i)})
+
     async def one(k: int, http) -> list[int]:
         done = []
-        for s in range(PER_CLIENT):
+        for s in range(per_client):
             key = k * 1000 + s
-            doc = {"rows": [{"id": key, "name": f"mk{key:08d}zz", "v": float(s)}]}
+            doc = {"rows": [row(key, s)]}
             async with http.post(f"{base}/v1/tables/st/rows", data=json.dumps(doc),
                                  headers={"Content-Type": "application/json"}) as r:
                 assert r.status == 200, await r.text()
@@ -63,7 +67,7 @@ async def _clients(base: str) -> list[int]:
         return done
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        got = await asyncio.gather(*[one(k, http) for k in range(CLIENTS)])
+        got = await asyncio.gather(*[one(k, http) for k in range(clients)])
     return [k for g in got for k in g]
 
 
@@ -79,7 +83,7 @@ def test_no_acknowledgement_before_its_fdatasync(tmp_path):
         node.start(wrap=strace, timeout=120)
         with node.client() as c:
             c.create_table("st", [("id", "int64"), ("name", "string"), ("v", "float64")], "id")
-        keys = asyncio.run(_clients(node.base))
+        keys = asyncio.run(post_rows(node.base))
     finally:
         node.ensure_stopped()
     calls = _syscalls(trace.read_text(errors="replace"))
