@@ -254,16 +254,18 @@ class _Taken:
     """Rows ``pos`` of ``arr``, taken on first use: ingest keeps the caller's array (one
     array serves every partition of a batch) instead of copying its values per partition."""
 
-    __slots__ = ("arr", "pos", "nbytes")
+    __slots__ = ("state", "nbytes")
 
     def __init__(self, arr: pa.Array, pos: np.ndarray):
-        self.arr, self.pos = arr, pos
+        self.state = (arr, pos)  # one attribute: a reader in another thread sees both or neither change
         self.nbytes = pos.nbytes + arr.nbytes * len(pos) // max(len(arr), 1)  # this piece's share
 
     def values(self) -> pa.Array:
-        if self.pos is not None:  # taken once; the caller's array is let go
-            self.arr, self.pos = self.arr.take(pa.array(self.pos)), None
-        return self.arr
+        arr, pos = self.state
+        if pos is not None:  # taken once; the caller's array is let go
+            arr = arr.take(pa.array(pos))
+            self.state = (arr, None)
+        return arr
 
 
 def _values(v):

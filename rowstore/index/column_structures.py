@@ -204,6 +204,18 @@ class GridIndex:
         out = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
         return np.sort(out)
 
+    def column_spans(self, xmin: float, ymin: float, xmax: float, ymax: float) -> np.ndarray:
+        """[a, b) slices of the points (in cell order) of the cells the box touches, one per
+        cell column: every point inside the box is in one of them (histograms refine them)."""
+        if len(self.rowids) == 0 or xmin > xmax or ymin > ymax:
+            return np.zeros((0, 2), np.int64)
+        x0, x1 = self._span(self.bx, xmin, xmax)
+        y0, y1 = self._span(self.by, ymin, ymax)
+        if x0 > x1 or y0 > y1:
+            return np.zeros((0, 2), np.int64)
+        cols = np.arange(x0, x1 + 1, dtype=np.int64) * self.ny
+        return np.stack([self.offsets[cols + y0], self.offsets[cols + y1 + 1]], axis=1).astype(np.int64)
+
     def _refine(self, a: int, b: int, xmin, ymin, xmax, ymax) -> np.ndarray:
         x, y = self.x[a:b], self.y[a:b]
         return self.rowids[a:b][(x >= xmin) & (x <= xmax) & (y >= ymin) & (y <= ymax)]

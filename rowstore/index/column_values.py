@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from rowstore.index.column_index import PartitionColumns, _values, index_kind
+from rowstore.index.rowid_kernels import match_sorted
 from rowstore.schema import Column
 from rowstore.types import Kind
 
@@ -27,7 +28,7 @@ def gatherable(cols: PartitionColumns, col: Column) -> bool:
 def sources(cols: PartitionColumns, col: Column) -> list:
     """The runs and memtable pieces holding ``col``, as they are now."""
     runs = [r[col.id] for r in list(cols.runs.values()) if col.id in r]
-    mem = [(ids, v.get(col.id)) for ids, v in [*cols.mem, *(p for tok in cols.frozen for p in tok)]]
+    mem = [(ids, _values(v.get(col.id))) for ids, v in [*cols.mem, *(p for tok in cols.frozen for p in tok)]]
     return runs + [(ids, v) for ids, v in mem if v is not None]
 
 
@@ -35,6 +36,7 @@ def gather(srcs: list, col: Column, rowids: np.ndarray) -> pa.Array:
     """``col``'s values for the sorted ``rowids`` (null where no source has the row: the
     index leaves nulls out). Only the matched values are taken from each source."""
     typ = col.type.arrow()
+    rowids = np.asarray(rowids, np.uint64)
     pieces, hits, base = [], np.full(len(rowids), -1, np.int64), 0
     for src in srcs:
         ids, take = _side_table(src, col)
@@ -44,9 +46,9 @@ def gather(srcs: list, col: Column, rowids: np.ndarray) -> pa.Array:
         a, b = np.searchsorted(rowids, ids[0], "left"), np.searchsorted(rowids, ids[-1], "right")
         if a == b:
             continue
-        pos = np.searchsorted(ids, rowids[a:b])
+        pos = match_sorted(ids, rowids[a:b])
         ok = np.zeros(len(rowids), bool)
-        ok[a:b] = ids[np.minimum(pos, len(ids) - 1)] == rowids[a:b]
+        ok[a:b] = pos >= 0
         ok &= hits < 0  # the first source wins (a row is in one source, or the same in two)
         if not ok.any():
             continue

@@ -269,11 +269,18 @@ def cell_counts(values: pa.Array, g: Grid) -> np.ndarray:
     return np.bincount(iy * g.nx + ix, minlength=g.nx * g.ny).astype(np.int64).reshape(g.ny, g.nx)
 
 
+def cell_edges(lo: float, hi: float, n: int) -> np.ndarray:
+    """The ``n + 1`` edges of one axis's cells; the first and last cells are closed by the
+    bbox, so their outer edges are -inf and inf."""
+    edges = lo + (hi - lo) * (np.arange(0, n + 1, dtype=np.float64) / n)
+    edges[0], edges[-1] = -np.inf, np.inf
+    return edges
+
+
 def _cells_of(v: np.ndarray, lo: float, hi: float, n: int) -> np.ndarray:
     """The cell of each value: the number of inner edges ``lo + (hi-lo)·i/n`` at or below it
     (a guess by division, corrected by one where rounding put it across its edge)."""
-    edges = lo + (hi - lo) * (np.arange(0, n + 1, dtype=np.float64) / n)
-    edges[0], edges[-1] = -np.inf, np.inf  # the first and last cells are closed by the bbox
+    edges = cell_edges(lo, hi, n)
     guess = np.floor((v - lo) * (n / (hi - lo))) if hi > lo else np.full(len(v), n - 1.0)
     c = np.clip(np.nan_to_num(guess, nan=0.0), 0, n - 1).astype(np.int64)
     c -= v < edges[c]

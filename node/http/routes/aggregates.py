@@ -12,6 +12,7 @@ import pyarrow as pa
 from aiohttp import web
 
 from node.errors import ApiError
+from node.http.grid_json import counts_json
 from node.http.params import as_of_value, bound, json_body, json_object, off_loop_if_big, where_terms
 from node.http.routes.internal import _int, _name, _ts
 from node.wire import ARROW_STREAM, read_arrow_stream, table_to_rows, write_arrow_stream
@@ -132,10 +133,9 @@ async def share(api, request):
 
 
 def _counts_json(counts: np.ndarray, T: int, stats: dict) -> str:
-    """The answer's JSON a grid row at a time (4096 × 4096 cells as Python ints at once would
-    take gigabytes)."""
-    grid = ",".join("[" + ",".join(map(str, row.tolist())) + "]" for row in counts)
-    return f'{{"as_of": {T}, "counts": [{grid}], "stats": {json.dumps(stats)}}}'
+    """The answer's JSON, its counts written by a kernel (4096 × 4096 cells as Python ints
+    would take gigabytes)."""
+    return f'{{"as_of": {T}, "counts": {counts_json(counts)}, "stats": {json.dumps(stats)}}}'
 
 
 def _decode(payload: bytes, kind: str) -> tuple:

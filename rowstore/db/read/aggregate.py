@@ -20,9 +20,12 @@ from pyroaring import BitMap64
 from rowstore.errors import UnavailableError
 from rowstore.index.column_structures import bitmap, ids_of
 from rowstore.index.column_values import gather, gatherable, sources
-from rowstore.reads.aggregates import AggSpec, Grid, cell_counts, cname, merge, parse_grid, parse_spec, partial
+from rowstore.index.rowid_kernels import RowidSet, bin_points
+from rowstore.reads.aggregates import (AggSpec, Grid, cell_counts, cell_edges, cname, merge, parse_grid, parse_spec,
+                                       partial)
 from rowstore.reads.predicates import batch_mask, fold_ranges, parse_bbox, parse_where
 from rowstore.schema import Column
+from rowstore.types import Kind
 from rowstore.segments.fetch import fetch
 from rowstore.db.read.reader import ReadContext, Reader
 
@@ -54,17 +57,57 @@ class Aggregator:
         c = await self.reader.context(name, as_of, trusted)
         grid = parse_grid(c.d.schema, column, bbox, cells)
         terms = parse_where(c.d.schema, where)
-        works = [await self._prepare(c, part, terms, grid.box, [grid.box.column])
-                 for part in self._parts(c, partitions)]
+        parts = self._parts(c, partitions)
+        if grid.box.column.type.kind == Kind.POINT and all(gatherable(p.columns, grid.box.column) for p in parts):
+            works = [await self._prepare_cells(c, part, terms, grid) for part in parts]
+        else:
+            works = [await self._prepare(c, part, terms, grid.box, [grid.box.column]) for part in parts]
 
         def run():
-            rows = [w() for w, _ in works]
             counts = np.zeros((grid.ny, grid.nx), np.int64)
-            for r in rows:
-                counts += _cells(r, grid)
+            rows = []
+            for w, _ in works:
+                got = w()
+                if isinstance(got, np.ndarray):  # counted in place from the grid (_prepare_cells)
+                    counts += got
+                    rows.append(_Counted(int(got.sum())))
+                else:
+                    counts += _cells(got, grid)
+                    rows.append(got)
             return counts, rows
         counts, rows = await asyncio.to_thread(run)
         return counts, c.T, _stats_of(works, rows)
+
+    async def _prepare_cells(self, c: ReadContext, part, terms, grid: Grid) -> tuple:
+        """(work, stats) of a point column's histogram counted straight from its grid runs and
+        memtable pieces: each point in the box whose rowid is visible (and passes ``where``)
+        is binned once, by one kernel pass over the grid cells the box touches — no rowid is
+        sorted or searched (:mod:`rowstore.index.rowid_kernels`)."""
+        col, box = grid.box.column, grid.box
+        ids = await part.index.visible_rowids(c.T)
+        narrow = (await self._prepare(c, part, terms, None, [], rowids=True))[0] if terms else None
+        srcs = sources(part.columns, col)
+        edges = cell_edges(box.xmin, box.xmax, grid.nx), cell_edges(box.ymin, box.ymax, grid.ny)
+        corners = np.array([box.xmin, box.ymin, box.xmax, box.ymax], np.float64)
+
+        def work() -> np.ndarray:
+            keep = self._rowid_set(part, ids) if narrow is None else \
+                RowidSet(narrow().column("_rowid").to_numpy())
+            counts = np.zeros((grid.ny, grid.nx), np.int64)
+            for rid, x, y, spans in _point_spans(srcs, box):
+                bin_points(rid, x, y, spans, keep.segs, keep.base, keep.bits, corners, *edges, counts)
+            return counts
+        return work, {"path": "index", "decoded_columns": [], "rows": 0, "rows_decoded": 0}
+
+    def _rowid_set(self, part, ids: np.ndarray) -> RowidSet:
+        """A fresh copy of the visible set's :class:`RowidSet` (counting takes rowids out), the
+        set itself kept while the visible rowids are the same array."""
+        key = ("set", id(part.index))
+        kept = self._visible.get(key)
+        if kept is None or kept[0] is not ids:
+            kept = (ids, RowidSet(ids))
+            self._visible[key] = kept
+        return kept[1].copy()
 
     @staticmethod
     def _candidates(part, preds) -> BitMap64 | None:
@@ -97,10 +140,11 @@ class Aggregator:
                                    "are not served by this node")
         return parts
 
-    async def _prepare(self, c: ReadContext, part, terms, box, need: list[Column]) -> tuple:
+    async def _prepare(self, c: ReadContext, part, terms, box, need: list[Column], rowids: bool = False) -> tuple:
         """(work, stats): what a worker thread runs to get the filtered visible rows' ``need``
-        columns (named by ``cname``), with everything it reads taken here, on the loop, at
-        one instant; and how they are read."""
+        columns (named by ``cname``; and their ``_rowid`` when ``rowids``), with everything it
+        reads taken here, on the loop, at one instant; and how they are read."""
+        with_rowids = rowids
         ids = await part.index.visible_rowids(c.T)
         preds = terms + ([box] if box is not None else [])
         cands = self._candidates(part, preds)
@@ -122,7 +166,8 @@ class Aggregator:
             arrays = {x.id: gather(srcs[x.id], x, rowids) for x in indexed}
             for x in decode:
                 arrays[x.id] = decoded.column(x.name) if decoded is not None else pa.nulls(0, x.type.arrow())
-            rows = pa.table({"_row": pa.nulls(len(rowids), pa.int8()), **{cname(x): arrays[x.id] for x in need}})
+            rows = pa.table({"_row": pa.nulls(len(rowids), pa.int8()), **{cname(x): arrays[x.id] for x in need},
+                             **({"_rowid": rowids} if with_rowids else {})})
             if preds:
                 named = pa.RecordBatch.from_arrays([_whole(arrays[x.id]) for x in cols.values()],
                                                    names=[x.name for x in cols.values()])
@@ -130,6 +175,34 @@ class Aggregator:
             return rows
         return work, {"path": "decode" if decode else "index", "decoded_columns": sorted(x.name for x in decode),
                       "rows": 0, "rows_decoded": len(ids) if decode else 0}
+
+
+class _Counted:
+    """A partition's histogram rows, counted in place (stats want only their number)."""
+
+    def __init__(self, n: int):
+        self.num_rows = n
+
+
+def _point_spans(srcs: list, box) -> list[tuple]:
+    """(rowids, x, y, spans) of each source of a point column: a grid run's slices for the
+    cell columns the box touches, or a whole memtable piece (a null point never counts)."""
+    out = []
+    for src in srcs:
+        if isinstance(src, tuple):
+            ids, v = src
+            arr = v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v
+            x = arr.field("x").to_numpy(zero_copy_only=False).astype(np.float64)
+            y = arr.field("y").to_numpy(zero_copy_only=False).astype(np.float64)
+            if arr.null_count:
+                x[~arr.is_valid().to_numpy(zero_copy_only=False)] = np.nan
+            out.append((np.asarray(ids, np.uint64), x, y, np.array([[0, len(x)]], np.int64)))
+            continue
+        g = src.grid
+        spans = g.column_spans(box.xmin, box.ymin, box.xmax, box.ymax)
+        if len(spans):
+            out.append((g.rowids, g.x, g.y, spans))
+    return out
 
 
 def _whole(a) -> pa.Array:

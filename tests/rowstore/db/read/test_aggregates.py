@@ -134,36 +134,46 @@ def _conformed(t: pa.Table, schema) -> pa.Table:
     return t
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), nx=st.integers(1, 9), ny=st.integers(1, 9),
-       box=st.tuples(st.integers(-2, 15), st.integers(-2, 15), st.integers(0, 12), st.integers(0, 12)))
-def test_histogram_equals_decoded_points(seed, nx, ny, box):
-    asyncio.run(_histogram(seed, nx, ny, box))
+       box=st.tuples(st.integers(-2, 15), st.integers(-2, 15), st.integers(0, 12), st.integers(0, 12)),
+       filtered=st.booleans())
+def test_histogram_equals_decoded_points(seed, nx, ny, box, filtered):
+    asyncio.run(_histogram(seed, nx, ny, box, filtered))
 
 
-async def _histogram(seed, nx, ny, box):
+async def _histogram(seed, nx, ny, box, filtered):
+    """Counted from the grid runs and memtables (overwrites, deletes, checkpoints, seals and GC
+    passes that move rows to new rowids) at several T, with and without a ``where``."""
     rng = np.random.default_rng(seed)
-    db = await TablesWorld(partitions=2).start()
+    db = await TablesWorld(partitions=2, seal_bytes=8192, gc=GcConfig(min_garbage=0.0, grace_s=0.0)).start()
     await db.create_table("a", SCHEMA, indexes=INDEXED)
-    for _ in range(3):
-        await db.upsert("a", make_rows(rng, rng.choice(300, size=100, replace=False)))
-        await db.delete("a", rng.choice(300, size=10, replace=False).tolist())
-        if rng.random() < 0.5:
+    stamps = []
+    for _ in range(4):
+        stamps.append((await db.upsert("a", make_rows(rng, rng.choice(300, size=100, replace=False)))).commit_ts)
+        stamps.append((await db.delete("a", rng.choice(300, size=10, replace=False).tolist())).commit_ts)
+        step = rng.random()
+        if step < 0.4:
             await db.checkpoint()
+        elif step < 0.6:
+            await db.seal()
+            await db.collect_garbage()
     bb = {"xmin": box[0], "ymin": box[1], "xmax": box[0] + box[2], "ymax": box[1] + box[3]}
-    where = [["k", ">=", 0]]
-    counts, T, stats = await db.histogram("a", "p", bb, [nx, ny], where)
-    rows, _ = await db.scan("a", as_of=T)
-    want = np.zeros((ny, nx), np.int64)
-    for r in rows.to_pylist():
-        p = r["p"]
-        if p is None or r["k"] is None or r["k"] < 0:
-            continue
-        if not (bb["xmin"] <= p["x"] <= bb["xmax"] and bb["ymin"] <= p["y"] <= bb["ymax"]):
-            continue
-        want[_cell(p["y"], bb["ymin"], bb["ymax"], ny), _cell(p["x"], bb["xmin"], bb["xmax"], nx)] += 1
-    assert counts.tolist() == want.tolist()
-    assert stats["path"] == "index"
+    where = [["k", ">=", 0]] if filtered else None
+    for T in (stamps[len(stamps) // 2], stamps[-1]):
+        counts, got_T, stats = await db.histogram("a", "p", bb, [nx, ny], where, as_of=T)
+        rows, _ = await db.scan("a", as_of=T)
+        want = np.zeros((ny, nx), np.int64)
+        for r in rows.to_pylist():
+            p = r["p"]
+            if p is None or (filtered and (r["k"] is None or r["k"] < 0)):
+                continue
+            if not (bb["xmin"] <= p["x"] <= bb["xmax"] and bb["ymin"] <= p["y"] <= bb["ymax"]):
+                continue
+            want[_cell(p["y"], bb["ymin"], bb["ymax"], ny), _cell(p["x"], bb["xmin"], bb["xmax"], nx)] += 1
+        assert got_T == T
+        assert counts.tolist() == want.tolist()
+        assert stats["path"] == "index" and stats["rows"] == int(want.sum())
 
 
 def _cell(v, lo, hi, n) -> int:
