@@ -180,6 +180,7 @@ class PartitionColumns:
                 continue  # the column was dropped since: its index with it
             rowids, values = await self.run_data(inode)
             runs[col.id] = await asyncio.to_thread(ColumnRun, col, rowids, values, inode)
+        await asyncio.to_thread(_share_rowids, list(runs.values()))
         self.runs[pk_inode] = runs
 
     def detach(self, pk_inode: int) -> None:
@@ -225,22 +226,15 @@ class PartitionColumns:
         """Like :meth:`candidates`, as one roaring bitmap without sources: for aggregates,
         which take visibility from the visible set instead of checking each source."""
         cid = pred.column.id
-        if cid not in self.columns:
-            return None
-        parts = []
-        for run_cols in self.runs.values():
-            run = run_cols.get(cid)
-            if run is None:
-                continue
-            got = run.bitmap_of(pred)
-            if got is None:
-                return None
-            parts.append(got)
-        for rowids, vals in [*self.mem, *(p for tok in self.frozen for p in tok)]:
-            arr = _values(vals.get(cid))
-            if arr is not None:
-                parts.append(bitmap(rowids[exact(self.columns[cid], arr, pred)]))
-        return BitMap64.union(*parts) if parts else BitMap64()
+        return None if cid not in self.columns else bitmap_from(self.columns[cid], *self.pieces_of(cid), pred)
+
+    def pieces_of(self, cid: int) -> tuple[list[ColumnRun], list[tuple[np.ndarray, pa.Array]]]:
+        """The runs and memtable pieces (values taken) holding column ``cid``, as they are now:
+        taken on the event loop, then read in a thread (runs are immutable once built, and a
+        piece's arrays are not written after insert)."""
+        runs = [r[cid] for r in list(self.runs.values()) if cid in r]
+        mem = [(ids, _values(v.get(cid))) for ids, v in [*self.mem, *(p for tok in self.frozen for p in tok)]]
+        return runs, [(ids, v) for ids, v in mem if v is not None]
 
     @property
     def mem_bytes(self) -> int:
@@ -248,6 +242,36 @@ class PartitionColumns:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+def _share_rowids(runs: list[ColumnRun]) -> None:
+    """Let the runs of one primary-key run whose side tables hold the same rowids (columns
+    without nulls) hold one array: aggregates then find the wanted rows once for all of them
+    (``column_values.gather``'s memo is keyed on the array)."""
+    seen: list[np.ndarray] = []
+    for run in runs:
+        holder = run.values if run.kind == "value" else run.axis if run.kind == "axis" else None
+        if holder is None:
+            continue
+        same = next((s for s in seen if len(s) == len(holder.rowids) and np.array_equal(s, holder.rowids)), None)
+        if same is None:
+            seen.append(holder.rowids)
+        else:
+            holder.rowids = same
+
+
+def bitmap_from(col: Column, runs: list[ColumnRun], pieces: list, pred: Pred) -> BitMap64 | None:
+    """The rowids of ``runs`` and memtable ``pieces`` (:meth:`PartitionColumns.pieces_of`) that
+    ``pred`` may select, as one bitmap; None when a run's structure cannot answer it."""
+    parts = []
+    for run in runs:
+        got = run.bitmap_of(pred)
+        if got is None:
+            return None
+        parts.append(got)
+    for rowids, arr in pieces:
+        parts.append(bitmap(rowids[exact(col, arr, pred)]))
+    return BitMap64.union(*parts) if parts else BitMap64()
 
 
 class _Taken:

@@ -19,6 +19,8 @@ import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap64
 
+from rowstore.index.rowid_kernels import match_sorted
+
 MAX_BUCKETS = 256
 
 
@@ -88,16 +90,14 @@ class AxisIndex:
         b = nb - 1 if q.hi is None else int(np.searchsorted(self.bounds, q.hi, "right")) - 1
         if b < 0 or a > b:
             return BitMap64()
-        out = BitMap64()
-        for j in range(a, b + 1):
-            if self._covered(j, q):
-                out |= self.bitmaps[j]
+        covered = [self.bitmaps[j] for j in range(a, b + 1) if self._covered(j, q)]
+        out = BitMap64.union(*covered) if covered else BitMap64()  # one multiway union
         edges = BitMap64.union(*[self.bitmaps[j] for j in {a, b} if not self._covered(j, q)]) \
             if any(not self._covered(j, q) for j in {a, b}) else BitMap64()
         edges -= out
         if len(edges):
             cand = ids_of(edges)
-            pos = np.searchsorted(self.rowids, cand)
+            pos = match_sorted(self.rowids, cand)  # every candidate is in the side table
             out |= bitmap(cand[q.overlaps(self.lo[pos], self.hi[pos])])
         return out
 

@@ -27,14 +27,16 @@ def gatherable(cols: PartitionColumns, col: Column) -> bool:
 
 def sources(cols: PartitionColumns, col: Column) -> list:
     """The runs and memtable pieces holding ``col``, as they are now."""
-    runs = [r[col.id] for r in list(cols.runs.values()) if col.id in r]
-    mem = [(ids, _values(v.get(col.id))) for ids, v in [*cols.mem, *(p for tok in cols.frozen for p in tok)]]
-    return runs + [(ids, v) for ids, v in mem if v is not None]
+    runs, pieces = cols.pieces_of(col.id)
+    return runs + pieces
 
 
-def gather(srcs: list, col: Column, rowids: np.ndarray) -> pa.Array:
+def gather(srcs: list, col: Column, rowids: np.ndarray, memo: dict | None = None) -> pa.Array:
     """``col``'s values for the sorted ``rowids`` (null where no source has the row: the
-    index leaves nulls out). Only the matched values are taken from each source."""
+    index leaves nulls out). Only the matched values are taken from each source. ``memo``
+    keeps where ``rowids`` were found in each side table's rowid array, for the next column
+    of the same request whose side table holds the same array."""
+    memo = {} if memo is None else memo
     typ = col.type.arrow()
     rowids = np.asarray(rowids, np.uint64)
     pieces, hits, base = [], np.full(len(rowids), -1, np.int64), 0
@@ -43,10 +45,13 @@ def gather(srcs: list, col: Column, rowids: np.ndarray) -> pa.Array:
         if len(ids) == 0:
             continue
         # only the wanted rowids inside this source's range are searched (runs hold ranges)
-        a, b = np.searchsorted(rowids, ids[0], "left"), np.searchsorted(rowids, ids[-1], "right")
+        found = memo.get(id(ids))
+        if found is None or found[0] is not ids:
+            a, b = np.searchsorted(rowids, ids[0], "left"), np.searchsorted(rowids, ids[-1], "right")
+            found = memo[id(ids)] = (ids, a, b, match_sorted(ids, rowids[a:b]) if a < b else None)
+        _, a, b, pos = found
         if a == b:
             continue
-        pos = match_sorted(ids, rowids[a:b])
         ok = np.zeros(len(rowids), bool)
         ok[a:b] = pos >= 0
         ok &= hits < 0  # the first source wins (a row is in one source, or the same in two)

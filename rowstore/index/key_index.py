@@ -20,6 +20,7 @@ from rowstore.errors import ConflictError, FencedError
 from rowstore.index.key_manifest import Claim, Manifest
 from rowstore.index.key_run import IndexRun, run_bytes
 from rowstore.index.key_memtable import TOMBSTONE, MemTable, Run, merge_runs, visible
+from rowstore.index.key_visible import RunsView, overlay
 from terrafs.catalog_ops import commit
 from terrafs.errors import CatalogConflictError, InodeNotFoundError
 from terrafs.fs import TerrascaleFS
@@ -52,12 +53,19 @@ def purge(run: Run, horizon: int, bottom: bool) -> Run:
     return Run(run.keys[keep], run.ts[keep], run.rowids[keep])
 
 
+def _dropped(parts: list[Run], merged: Run) -> np.ndarray:
+    """The rowids of the merge's sources that the merged run no longer names (purged)."""
+    old = np.concatenate([p.rowids for p in parts]) if parts else np.zeros(0, np.uint64)
+    return np.setdiff1d(old[old != TOMBSTONE], merged.rowids[merged.rowids != TOMBSTONE])
+
+
 class PartitionIndex:
     def __init__(self, fs: TerrascaleFS, key: str, kind: str, columns=None):
         self.fs, self.key, self.kind = fs, key, kind  # key: the manifest's catalog key
         self.columns = columns  # rowstore.index.column_index.PartitionColumns: runs published with ours
         self.mem = MemTable(kind)
         self._frozen: list[MemTable] = []  # being checkpointed; still read
+        self._view = None  # the runs' part of visible_rowids (key_visible.RunsView)
         self._visible = None  # the last visible_rowids answer and what it depended on
         self._merging = False  # a memtable merge is running in a worker thread
         self.runs: list[tuple[int, IndexRun]] = []  # (level, run), newest first
@@ -219,20 +227,28 @@ class PartitionIndex:
         return out
 
     async def visible_rowids(self, as_of: int) -> np.ndarray:
-        """Sorted rowids of every row visible at ``as_of`` (aggregates, RFC 0012). The last
-        answer is reused while the index is the same (same memtables, runs and entry count)
-        and ``as_of`` is its T or later with nothing newer than its T in the index then —
-        repeated reads of the present skip the scan; any write, checkpoint, merge or GC
-        publish changes what is compared."""
-        state = (self.mem, *self._frozen, *(r for _, r in self.runs))
+        """Sorted rowids of every row visible at ``as_of`` (aggregates, RFC 0012). The runs'
+        part is kept until a publish changes the runs, the memtables are laid over it on each
+        read (:mod:`rowstore.index.key_visible`); while neither changed, the same array comes
+        back (callers key their own caches on it)."""
+        mem = tuple(mt.consolidated() for mt in [self.mem, *self._frozen])  # one instant with the runs
+        runs = tuple(r for _, r in self.runs)
+        view = self._view
+        if view is None or not view.serves(runs, as_of):
+            entries = [await r.range(None, None) if r.min_ts <= as_of else None for r in runs]
+            newest = max([r.max_ts for r in runs] + [0])
+            view = await asyncio.to_thread(RunsView.of, runs, [e for e in entries if e is not None], as_of, newest)
+            self._view = view
         c = self._visible
-        if c is not None and c[4] == self.mem.entries and len(c[0]) == len(state) \
-                and all(a is b for a, b in zip(c[0], state)) and (as_of == c[1] or c[2] <= c[1] <= as_of):
+        mem_newest = max([int(m.ts.max()) for m in mem if len(m)] + [0])
+        if c is not None and c[0] is view and len(c[1]) == len(mem) and all(a is b for a, b in zip(c[1], mem)) \
+                and (as_of == c[2] or mem_newest <= min(as_of, c[2])):
             return c[3]
-        ids = np.sort((await self.scan(None, None, as_of)).rowids)
-        newest = max([r.max_ts for _, r in self.runs]
-                     + [int(mt.consolidated().ts.max()) for mt in [self.mem, *self._frozen] if mt.entries] + [0])
-        self._visible = (state, as_of, newest, ids, self.mem.entries)
+        if sum(len(m) for m in mem) > 20_000:
+            ids = await asyncio.to_thread(overlay, view, list(mem), as_of)
+        else:
+            ids = overlay(view, list(mem), as_of)
+        self._visible = (view, mem, as_of, ids)
         return ids
 
     async def scan(self, lo, hi, as_of: int) -> Run:
@@ -338,8 +354,7 @@ class PartitionIndex:
         await self._collect()
         log.info("event=index_merge manifest=%s level=%d runs=%d entries=%d", self.key, level, len(src), len(merged))
         if self.on_purged is not None:  # under the publish lock: ordered with a GC pass's own count
-            old = np.concatenate([p.rowids for p in parts]) if parts else np.zeros(0, np.uint64)
-            dropped = np.setdiff1d(old[old != TOMBSTONE], merged.rowids[merged.rowids != TOMBSTONE])
+            dropped = await asyncio.to_thread(_dropped, parts, merged)  # two sorts of the level: off the loop
             if len(dropped):
                 await self.on_purged(dropped)
 

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap64
 
 from rowstore.errors import UnavailableError
-from rowstore.index.column_structures import bitmap, ids_of
+from rowstore.index.column_index import bitmap_from
+from rowstore.index.column_structures import ids_of
 from rowstore.index.column_values import gather, gatherable, sources
-from rowstore.index.rowid_kernels import RowidSet, bin_points
+from rowstore.index.rowid_kernels import RowidSet, bin_points, match_sorted
 from rowstore.reads.aggregates import (AggSpec, Grid, cell_counts, cell_edges, cname, merge, parse_grid, parse_spec,
                                        partial)
 from rowstore.reads.predicates import batch_mask, fold_ranges, parse_bbox, parse_where
@@ -35,7 +37,7 @@ class Aggregator:
 
     def __init__(self, reader: Reader):
         self.reader = reader
-        self._visible: dict = {}  # id(partition index) -> (visible rowids, their bitmap)
+        self._sets: dict = {}  # id(partition index) -> (visible rowids, their RowidSet)
 
     async def aggregate(self, name: str, group_by, aggregates, where=None, bbox=None, as_of=None,
                         partitions=None, trusted: bool = False) -> tuple[pa.Table, int, dict]:
@@ -102,36 +104,43 @@ class Aggregator:
     def _rowid_set(self, part, ids: np.ndarray) -> RowidSet:
         """A fresh copy of the visible set's :class:`RowidSet` (counting takes rowids out), the
         set itself kept while the visible rowids are the same array."""
-        key = ("set", id(part.index))
-        kept = self._visible.get(key)
+        key = id(part.index)
+        kept = self._sets.get(key)
         if kept is None or kept[0] is not ids:
+            if len(self._sets) >= 1024:  # indexes of partitions long gone
+                self._sets.clear()
             kept = (ids, RowidSet(ids))
-            self._visible[key] = kept
+            self._sets[key] = kept
         return kept[1].copy()
 
     @staticmethod
-    def _candidates(part, preds) -> BitMap64 | None:
-        """What the column index allows for every predicate it can answer, intersected as
-        bitmaps (the candidates a query takes, reader.candidates, without their sources);
-        None when no index applies."""
-        out = None
-        for pred in fold_ranges(preds):
-            got = part.columns.bitmap_of(pred)
-            if got is not None:
-                out = got if out is None else out & got
-        return out
+    def _candidates(part, preds) -> Callable[[], BitMap64 | None] | None:
+        """What computes, in a thread, what the column index allows for every predicate it
+        can answer, intersected as bitmaps (the candidates a query takes, reader.candidates,
+        without their sources; None when no index applies) — from the runs and memtable
+        pieces taken here, on the loop; None when no predicate's column is indexed."""
+        taken = [(p, part.columns.columns[p.column.id], part.columns.pieces_of(p.column.id))
+                 for p in fold_ranges(preds) if p.column.id in part.columns.columns]
+        if not taken:
+            return None
 
-    def _narrowed(self, part, ids: np.ndarray, cands: BitMap64) -> np.ndarray:
-        """The visible ``ids`` among ``cands``: one bitmap AND (the visible set's bitmap is kept
-        with the array it was made from)."""
-        key = id(part.index)
-        kept = self._visible.get(key)
-        if kept is None or kept[0] is not ids:
-            if len(self._visible) >= 1024:  # indexes of partitions long gone
-                self._visible.clear()
-            kept = (ids, bitmap(ids))
-            self._visible[key] = kept
-        return ids_of(kept[1] & cands)
+        def compute() -> BitMap64 | None:
+            out = None
+            for pred, col, (runs, pieces) in taken:
+                got = bitmap_from(col, runs, pieces, pred)
+                if got is not None:
+                    out = got if out is None else out & got
+            return out
+        return compute
+
+    @staticmethod
+    def _narrowed(ids: np.ndarray, cands: BitMap64 | None) -> np.ndarray:
+        """The visible ``ids`` among ``cands`` (all of them when None), matched by galloping:
+        nothing is built per visible set, which changes with every write."""
+        if cands is None:
+            return ids
+        c = ids_of(cands)
+        return c[match_sorted(ids, c) >= 0]
 
     def _parts(self, c: ReadContext, partitions) -> list:
         parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
@@ -147,14 +156,15 @@ class Aggregator:
         with_rowids = rowids
         ids = await part.index.visible_rowids(c.T)
         preds = terms + ([box] if box is not None else [])
-        cands = self._candidates(part, preds)
+        cands = self._candidates(part, preds)  # computed in a thread
         cols = {x.id: x for x in [*need, *(t.column for t in terms), *([box.column] if box else [])]}
         indexed = [x for x in cols.values() if gatherable(part.columns, x)]
         decode = [x for x in cols.values() if x.id not in {i.id for i in indexed}]
         srcs = {x.id: sources(part.columns, x) for x in indexed}
         decoded = None
         if decode:
-            ids, cands = (ids if cands is None else self._narrowed(part, ids, cands)), None
+            if cands is not None:
+                ids, cands = await asyncio.to_thread(lambda: self._narrowed(ids, cands())), None
             keep = {d.id for d in decode} | {c.d.schema.primary_key}
             target = replace(c.d.schema, columns=tuple(x for x in c.d.schema.columns if x.id in keep))
             if len(ids):
@@ -162,8 +172,9 @@ class Aggregator:
                                        f"partition {part.pid}")).batch
 
         def work() -> pa.Table:
-            rowids = ids if cands is None else self._narrowed(part, ids, cands)
-            arrays = {x.id: gather(srcs[x.id], x, rowids) for x in indexed}
+            rowids = ids if cands is None else self._narrowed(ids, cands())
+            memo: dict = {}
+            arrays = {x.id: gather(srcs[x.id], x, rowids, memo) for x in indexed}
             for x in decode:
                 arrays[x.id] = decoded.column(x.name) if decoded is not None else pa.nulls(0, x.type.arrow())
             rows = pa.table({"_row": pa.nulls(len(rowids), pa.int8()), **{cname(x): arrays[x.id] for x in need},

@@ -61,6 +61,7 @@ async def check(idx, model, times, keys=range(-205, 205, 7)):
         run = await idx.scan(None, None, t)
         want = sorted((k, model.at(k, t)) for k in model.v if model.at(k, t))
         assert list(zip(decode_keys(run.keys, "int64"), run.rowids.tolist())) == want
+        assert (await idx.visible_rowids(t)).tolist() == sorted(r for _, r in want)
 
 
 async def test_levels_checkpoints_merges_and_reopen():
@@ -255,3 +256,33 @@ async def _exactly(ranges, ident: int):
     if ident + 1 < hi:
         ops.append(Put(ranges._key(ident + 1), ranges._val(ident + 1, hi)))
     return ident, [Check(row.key, row.version)], ops
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_visible_rowids_follow_writes_checkpoints_and_merges(seed):
+    """The visible set kept across writes (the runs' part reused, the memtables laid over it)
+    equals the model after every step, at the present and in the past, asked twice in a row."""
+    fs, rng, model = await world(), random.Random(seed), Model()
+    idx = PartitionIndex(fs, f"idx/t/{seed}/manifest", "int64")
+    await idx.open()
+    ts, stamps, floor = 100, [100], 0  # reads below a merge's horizon are not kept
+    for step in range(40):
+        op = rng.random()
+        if op < 0.55:
+            ts = await fill(idx, model, rng, 1, ts)
+            stamps.append(ts)
+        elif op < 0.7:
+            await idx.checkpoint((1, step))
+        elif op < 0.8:
+            floor = max(floor, rng.choice(stamps[: max(len(stamps) // 2, 1)]))
+            await idx.maybe_merge(horizon=floor)
+        elif op < 0.9 and idx.mem.entries:
+            token = idx.begin_checkpoint()  # a frozen memtable is read beside the new one
+            ts = await fill(idx, model, rng, 1, ts)
+            stamps.append(ts)
+            await idx.finish_checkpoint(token, (1, step))
+        for t in {ts, ts + 10, rng.choice([x for x in stamps if x >= floor])}:
+            want = sorted(r for k in model.v if (r := model.at(k, t)))
+            assert (await idx.visible_rowids(t)).tolist() == want, (step, t)
+            assert (await idx.visible_rowids(t)).tolist() == want, (step, t)
+
