@@ -32,6 +32,9 @@ from rowstore.segments.fetch import fetch
 from rowstore.db.read.reader import ReadContext, Reader
 
 
+_PARALLEL_CELLS = 1 << 20  # histograms up to this many cells count their partitions in parallel
+
+
 class Aggregator:
     """Partial aggregates and histograms of the partitions served here."""
 
@@ -47,10 +50,12 @@ class Aggregator:
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
         works = [await self._prepare(c, part, terms, box, spec.columns()) for part in self._parts(c, partitions)]
 
-        def run():  # every partition in one hop to a worker thread
-            rows = [w() for w, _ in works]
-            return merge([partial(r, spec) for r in rows], spec) if rows else _no_partial(spec), rows
-        out, rows = await asyncio.to_thread(run)
+        def run(w):  # each partition in a worker thread of its own: the kernels and Arrow release the GIL
+            rows = w()
+            return rows, partial(rows, spec)
+        got = await asyncio.gather(*[asyncio.to_thread(run, w) for w, _ in works])
+        rows = [r for r, _ in got]
+        out = await asyncio.to_thread(merge, [p for _, p in got], spec) if got else _no_partial(spec)
         return out, c.T, _stats_of(works, rows)
 
     async def histogram(self, name: str, column, bbox, cells, where=None, as_of=None, partitions=None,
@@ -65,20 +70,19 @@ class Aggregator:
         else:
             works = [await self._prepare(c, part, terms, grid.box, [grid.box.column]) for part in parts]
 
-        def run():
-            counts = np.zeros((grid.ny, grid.nx), np.int64)
-            rows = []
-            for w, _ in works:
-                got = w()
-                if isinstance(got, np.ndarray):  # counted in place from the grid (_prepare_cells)
-                    counts += got
-                    rows.append(_Counted(int(got.sum())))
-                else:
-                    counts += _cells(got, grid)
-                    rows.append(got)
-            return counts, rows
-        counts, rows = await asyncio.to_thread(run)
-        return counts, c.T, _stats_of(works, rows)
+        def run(w):  # each partition in a worker thread of its own (the kernels run without the GIL)
+            got = w()
+            if isinstance(got, np.ndarray):  # counted in place from the grid (_prepare_cells)
+                return got, _Counted(int(got.sum()))
+            return _cells(got, grid), got
+        if grid.nx * grid.ny <= _PARALLEL_CELLS:
+            got = await asyncio.gather(*[asyncio.to_thread(run, w) for w, _ in works])
+        else:  # a count array per partition at once would be large: one after another
+            got = await asyncio.to_thread(lambda: [run(w) for w, _ in works])
+        counts = np.zeros((grid.ny, grid.nx), np.int64)
+        for cells, _ in got:
+            counts += cells
+        return counts, c.T, _stats_of(works, [r for _, r in got])
 
     async def _prepare_cells(self, c: ReadContext, part, terms, grid: Grid) -> tuple:
         """(work, stats) of a point column's histogram counted straight from its grid runs and

@@ -237,3 +237,18 @@ async def test_a_later_snapshot_sees_writes_an_earlier_answer_did_not():
     assert await count() == [78]
     await db.checkpoint()
     assert await count() == [78] and await count(t1) == [50]
+
+
+async def test_large_grids_count_their_partitions_one_after_another_with_the_same_answer(monkeypatch):
+    import rowstore.db.read.aggregate as agg
+    rng = np.random.default_rng(3)
+    db = await TablesWorld(partitions=3).start()
+    await db.create_table("a", SCHEMA, indexes=INDEXED)
+    await db.upsert("a", make_rows(rng, np.arange(300)))
+    await db.checkpoint()
+    await db.upsert("a", make_rows(rng, np.arange(150, 400)))
+    bb = {"xmin": 0, "ymin": 0, "xmax": 19, "ymax": 19}
+    parallel, T, _ = await db.histogram("a", "p", bb, [7, 5])
+    monkeypatch.setattr(agg, "_PARALLEL_CELLS", 0)
+    one_by_one, _, _ = await db.histogram("a", "p", bb, [7, 5], as_of=T)
+    assert one_by_one.tolist() == parallel.tolist() and int(parallel.sum()) > 0
