@@ -213,3 +213,16 @@ def test_complete_pushdown_is_still_complete(spark, node, floats):
         jvm = q(read(spark, node, "jvm", "f", as_of=floats[1]))
         assert complete(plan_of(jvm)), plan_of(jvm)
         assert close(rows(jvm), rows(read_q := q(read(spark, node, "python", "f", as_of=floats[1])))), read_q
+
+
+def test_sealed_only_reads_are_aggregated_over_the_offloaded_rows_only(spark, node, floats):
+    """The node's /aggregate counts every row at T, memtables too, so a sealed_only read is not pushed to it
+    (count() alone is still answered from the plan's bitmaps, which sealed_only narrows)."""
+    for q in (lambda df: df.groupBy("g").agg(F.count("*"), F.sum("k")),  # complete otherwise
+              lambda df: df.groupBy("v").count()):  # partial otherwise
+        jvm = q(read(spark, node, "jvm", "f", as_of=floats[1], sealed_only="true"))
+        py = q(read(spark, node, "python", "f", as_of=floats[1], sealed_only="true"))
+        assert "aggregate=" not in plan_of(jvm), plan_of(jvm)
+        assert close(rows(jvm), rows(py)), (rows(jvm), rows(py))
+    assert read(spark, node, "jvm", "f", as_of=floats[1], sealed_only="true").count() == \
+        read(spark, node, "python", "f", as_of=floats[1], sealed_only="true").count()

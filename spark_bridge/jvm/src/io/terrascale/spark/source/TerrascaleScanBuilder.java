@@ -81,7 +81,7 @@ final class TerrascaleScanBuilder implements ScanBuilder, SupportsPushDownFilter
             return true;
         }
         aggregate = whole(a);
-        if (aggregate == null && pushedTerms.isEmpty()) aggregate = AggregatePushdown.partial(a, snap.schema());
+        if (aggregate == null && nodeAnswers()) aggregate = AggregatePushdown.partial(a, snap.schema());
         return aggregate != null;
     }
 
@@ -96,10 +96,16 @@ final class TerrascaleScanBuilder implements ScanBuilder, SupportsPushDownFilter
                 && opts.where().isEmpty() && opts.bbox() == null && pushedTerms.isEmpty();
     }
 
-    /** The node's whole answer, or null; Spark's own filters stay Spark's (it checks them again after the scan,
-     * and an aggregate above such a filter is not pushed). */
+    /** The node's whole answer, or null. */
     private AggregatePushdown.Query whole(Aggregation a) {
-        return pushedTerms.isEmpty() ? AggregatePushdown.complete(a, snap.schema()) : null;
+        return nodeAnswers() ? AggregatePushdown.complete(a, snap.schema()) : null;
+    }
+
+    /** Whether {@code /aggregate} covers the rows of this read: not when Spark's own filters were pushed (it checks
+     * them again after the scan, and an aggregate above such a filter is not offered anyway), nor for sealed_only
+     * (the node aggregates every row at T, the memtables' too). */
+    private boolean nodeAnswers() {
+        return pushedTerms.isEmpty() && !opts.sealedOnly();
     }
 
     @Override
