@@ -214,8 +214,7 @@ PARTIAL_AGGS = [{"fn": "count"}, {"fn": "sum", "column": "n"}, {"fn": "min", "co
 def test_partitions_answer_their_rows_only_and_add_up_to_the_whole(c):
     whole = c.aggregate("m", PARTIAL_AGGS, group_by=["name"], where=[["v", ">", -20]])
     T = whole["as_of"]
-    each = [c._call("POST", "/v1/tables/m/aggregate", {"aggregates": PARTIAL_AGGS, "group_by": ["name"],
-                                                        "where": [["v", ">", -20]], "as_of": T, "partitions": [p]})
+    each = [c.aggregate("m", PARTIAL_AGGS, group_by=["name"], where=[["v", ">", -20]], as_of=T, partitions=[p])
             for p in range(4)]
     assert all(a["as_of"] == T and a["stats"]["partitions"] == 1 for a in each)
     assert all(sum(r["count"] for r in a["rows"]) > 0 for a in each)  # every partition holds rows
