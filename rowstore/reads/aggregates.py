@@ -129,6 +129,8 @@ def partial(rows: pa.Table, spec: AggSpec) -> pa.Table:
             names[f"p{i}"] = "count_all"
             continue
         cols[f"v{i}"] = rows.column(cname(a.column))
+        if a.fn in ("min", "max") and a.column.type.kind in _FLOATS:
+            cols[f"v{i}"] = _quiet(cols[f"v{i}"])
         fns = {"mean": ["sum", "count"], "count_distinct": ["distinct"]}.get(a.fn, [a.fn])
         ops += [(f"v{i}", f) for f in fns]
         names[f"p{i}"] = f"v{i}_{fns[0]}"
@@ -145,6 +147,12 @@ def partial(rows: pa.Table, spec: AggSpec) -> pa.Table:
         if spec.nan_max(a):
             out[f"p{i}"] = _nan_wins(out[f"p{i}"], got.column(f"n{i}_any"))
     return pa.table(out)
+
+
+def _quiet(values):
+    """Every NaN as the one quiet NaN: Arrow's min and max answer by the order of the rows when a
+    signalling NaN (or another payload) is among them, as the CPU's min instructions do."""
+    return pc.if_else(pc.is_nan(values), pa.scalar(float("nan"), values.type), values)
 
 
 def _nan_wins(maxima, has_nan) -> pa.Array:
@@ -167,6 +175,8 @@ def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
     ops = [(f"p{i}", _MERGE[a.fn]) for i, a in enumerate(spec.aggs) if a.fn != "count_distinct"]
     ops += [(f"q{i}", "sum") for i, a in enumerate(spec.aggs) if a.fn == "mean"]
     for i, a in enumerate(spec.aggs):
+        if a.fn in ("min", "max") and a.column.type.kind in _FLOATS:  # partials from elsewhere: any NaN
+            P = P.set_column(P.schema.get_field_index(f"p{i}"), f"p{i}", _quiet(P.column(f"p{i}")))
         if spec.nan_max(a):  # a partial's NaN max stays NaN in the merge
             P = P.append_column(f"n{i}", pc.is_nan(P.column(f"p{i}")))
             ops.append((f"n{i}", "any"))

@@ -1,6 +1,7 @@
 """POST /v1/tables/{t}/aggregate and /histogram against a real node, compared with a model
 computed from the rows /query returns at the same T; bad input is a 4xx that changes nothing."""
 import datetime as dt
+import struct
 
 import numpy as np
 import pyarrow as pa
@@ -238,6 +239,7 @@ def test_a_partition_without_rows_answers_the_empty_global_row(c):
 
 
 NAN = float("nan")
+SNAN = struct.unpack("<d", struct.pack("<Q", 0x7FF4000000000000))[0]  # Arrow's min/max alone follow row order
 
 
 def _nan_max(vals):
@@ -252,7 +254,8 @@ def test_nan_largest_makes_nan_the_max_of_a_group_holding_one(c, indexed):
     c.create_table(name, [("id", "int64"), ("g", "string"), ("v", "float64"), ("f", "float32")], "id",
                    indexes=["g", "v", "f"] if indexed else [], partitions=4)
     vals = {"a": [1.0, NAN, 3.0, None], "b": [2.0, -0.0, 0.0, None], "c": [NAN, NAN, None, None],
-            "d": [None, None, None, None], "e": [-5.0, float("inf"), NAN, 1.0]}
+            "d": [None, None, None, None], "e": [-5.0, float("inf"), NAN, 1.0],
+            "f": [1.0, -1.0, SNAN, None], "h": [SNAN, SNAN, None, None]}  # a signalling NaN, not first
     ids, gs, vs = [], [], []
     for g, v in vals.items():
         for k, x in enumerate(v * 5):  # spread over the partitions
@@ -282,6 +285,19 @@ def test_nan_largest_makes_nan_the_max_of_a_group_holding_one(c, indexed):
             merged.setdefault(r["g"], []).append(r["max_v"])
     assert set(merged) == set(vals)
     assert all(_same(_nan_max(m), _nan_max(by_g[g])) for g, m in merged.items()), merged
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_a_signalling_nan_is_a_nan_like_any_other(c, indexed):
+    """Arrow's min and max alone answer NaN, or skip numbers, by the rows' order once a signalling NaN is among
+    them; the node makes every NaN the quiet one first."""
+    name = "snan_i" if indexed else "snan_d"
+    c.create_table(name, [("id", "int64"), ("v", "float64")], "id", indexes=["v"] if indexed else [], partitions=1)
+    c.upsert(name, pa.table({"id": [1, 2, 3, 4], "v": [1.0, -1.0, SNAN, 0.5]}))
+    for nan, want in ((None, (-1.0, 1.0)), ("largest", (-1.0, NAN))):
+        got = c.aggregate(name, [{"fn": "min", "column": "v"}, {"fn": "max", "column": "v"}], nan=nan)["rows"][0]
+        got = tuple(NAN if x == "NaN" else x for x in (got["min_v"], got["max_v"]))
+        assert _same(got[0], want[0]) and _same(got[1], want[1]), (nan, got)
 
 
 def _skip(pick, vals):
