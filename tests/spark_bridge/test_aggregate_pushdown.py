@@ -226,3 +226,35 @@ def test_sealed_only_reads_are_aggregated_over_the_offloaded_rows_only(spark, no
         assert close(rows(jvm), rows(py)), (rows(jvm), rows(py))
     assert read(spark, node, "jvm", "f", as_of=floats[1], sealed_only="true").count() == \
         read(spark, node, "python", "f", as_of=floats[1], sealed_only="true").count()
+
+
+def test_random_floats_with_nan_payloads_equal_spark_s_own(spark, node):
+    """Seeded random rows whose floats include NaNs of several bit patterns (negative, with payloads), both zeros,
+    infinities and nulls: the node groups NaNs by bits, Spark's merge must fold them all into one group."""
+    import random
+    import struct
+    nans = [struct.unpack("<d", struct.pack("<Q", bits))[0]
+            for bits in (0x7FF8000000000000, 0xFFF8000000000000, 0x7FF8000000000001, 0x7FF4000000000000)]
+    pool = [*nans, -0.0, 0.0, INF, -INF, None, 1.0, -1.0, 2.5, 1e300, -1e-300]
+    rng = random.Random(2025)
+    c = node.client()
+    c.create_table("r", [{"name": "id", "type": "int64"}, {"name": "g", "type": "int16"},
+                         {"name": "v", "type": "float64"}, {"name": "w", "type": "float64"}], "id", indexes=["v"])
+    rs = [{"id": i, "g": rng.randrange(4), "v": rng.choice(pool), "w": rng.choice(pool)} for i in range(600)]
+    schema = pa.schema([("id", pa.int64()), ("g", pa.int16()), ("v", pa.float64()), ("w", pa.float64())])
+    c.upsert("r", pa.Table.from_pylist(rs[:400], schema=schema))
+    c.admin("seal")
+    c.admin("offload")
+    c.upsert("r", pa.Table.from_pylist(rs[300:], schema=schema))
+    T = c.aggregate("r", [{"fn": "count"}])["as_of"]
+    c.close()
+    for q in (lambda df: df.groupBy("v").agg(F.count("*"), F.max("w"), F.min("w"), F.sum("g")),
+              lambda df: df.groupBy("g", "w").agg(F.count("v"), F.max("v")),
+              lambda df: df.groupBy("g").agg(F.max("v"), F.min("v"), F.avg("w"))):
+        jvm, py = q(read(spark, node, "jvm", "r", as_of=T)), q(read(spark, node, "python", "r", as_of=T))
+        assert partial(plan_of(jvm)), plan_of(jvm)
+        got, want = rows(jvm), rows(py)
+        assert close(got, want), (got, want)
+        assert keys(got, 2) == keys(want, 2)
+    ks = [r[0] for r in rows(read(spark, node, "jvm", "r", as_of=T).groupBy("v").count())]
+    assert sum(1 for k in ks if k is not None and math.isnan(k)) == 1

@@ -34,7 +34,7 @@ import org.apache.spark.sql.connector.expressions.aggregate.Sum;
  * asked to order NaN above every number, {@code "nan": "largest"}, as Spark does). Spark offers a partial push
  * only COUNT(*), COUNT, SUM, MIN and MAX without DISTINCT; it splits AVG into SUM and COUNT for it.
  *
- * <p>Anything else (expressions, unsigned sums, DISTINCT over floats) is left to Spark.
+ * <p>Anything else (expressions, unsigned sums, DISTINCT beside a float key or float MIN/MAX) is left to Spark.
  */
 final class AggregatePushdown {
     private AggregatePushdown() {}

@@ -28,7 +28,9 @@ import org.roaringbitmap.RoaringBitmap;
  * Batch reads in the JVM (docs/spark.md, "Readers"), planned on the driver from the node's read
  * plan at the DataFrame's pinned timestamp: one input partition per offloaded segment (or a
  * range of its rows), read by the executor straight from the object store, plus one per table
- * partition's unsealed tail (fetched from the node as Arrow).
+ * partition's unsealed tail (fetched from the node as Arrow). A pushed aggregation (docs/spark.md,
+ * "Aggregates") is one partition holding the node's whole answer, or one per table partition, each
+ * asking the node for that partition's partial at T, which Spark merges.
  */
 final class TerrascaleScan implements Scan, Batch {
     static final StructType COUNT_SCHEMA = new StructType().add("count(*)", DataTypes.LongType, false);
