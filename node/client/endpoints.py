@@ -195,9 +195,12 @@ class Endpoints(abc.ABC):
     def query_json(self, table, where=None, bbox=None, as_of=None, columns=None, limit=None):
         return self._call("POST", f"/v1/tables/{_seg(table)}/query", _query_doc(where, bbox, as_of, columns, limit))
 
-    def aggregate(self, table, aggregates, group_by=None, where=None, bbox=None, as_of=None, arrow=False):
-        """Grouped aggregates (``{"as_of", "rows", "stats"}``; ``arrow``: a pyarrow.Table)."""
-        doc = {"aggregates": aggregates} | _present(group_by=group_by, where=where, bbox=bbox, as_of=as_of)
+    def aggregate(self, table, aggregates, group_by=None, where=None, bbox=None, as_of=None, arrow=False,
+                  partitions=None, nan=None):
+        """Grouped aggregates (``{"as_of", "rows", "stats"}``; ``arrow``: a pyarrow.Table); ``partitions``:
+        only those table partitions' rows; ``nan``: ``"ignore"`` or ``"largest"`` (docs/openapi.yaml)."""
+        doc = {"aggregates": aggregates} | _present(group_by=group_by, where=where, bbox=bbox, as_of=as_of,
+                                                    partitions=partitions, nan=nan)
         return self._call("POST", f"/v1/tables/{_seg(table)}/aggregate", doc, arrow=arrow)
 
     def histogram(self, table, column, bbox, cells, where=None, as_of=None):

@@ -358,10 +358,11 @@ class Router:
         items = sorted(by_node.items())
         return list(zip([n for n, _ in items], await asyncio.gather(*(one(n, p) for n, p in items))))
 
-    async def partials(self, d, as_of, local, path: str, doc: dict, without=None) -> tuple[int, list]:
-        """Every node's share at one T (RFC 0012): (T, [(node, answer)]); ``local(pids, T)`` here,
-        ``without(pids, T)`` for partitions whose leader does not answer (an ``as_of`` read)."""
-        by_node = (await self._placement(d, fresh=True)).by_node()
+    async def partials(self, d, as_of, local, path: str, doc: dict, without=None, pids=None) -> tuple[int, list]:
+        """Every node's share at one T (RFC 0012), of ``pids`` (default all): (T, [(node, answer)]);
+        ``local(pids, T)`` here, ``without(pids, T)`` for partitions whose leader does not answer
+        (an ``as_of`` read)."""
+        by_node = (await self._placement(d, fresh=True)).by_node(pids)
         T = await self._T(by_node, as_of)
         other = None if without is None or as_of is None else (lambda pids: without(pids, T))
         return T, await self._each(by_node, lambda pids: local(pids, T), path, {**doc, "as_of": T}, other)

@@ -207,9 +207,10 @@ class Database:
         return await self.reader.query(name, where, bbox, columns, limit, as_of, partitions, trusted)
 
     async def aggregate(self, name: str, group_by, aggregates, where=None, bbox=None, as_of: int | None = None,
-                        partitions=None, trusted: bool = False) -> tuple[pa.Table, int, dict]:
+                        partitions=None, trusted: bool = False, nan=None) -> tuple[pa.Table, int, dict]:
         """This node's partial aggregate (rowstore.reads.aggregates.finish makes the answer)."""
-        return await self.aggregator.aggregate(name, group_by, aggregates, where, bbox, as_of, partitions, trusted)
+        return await self.aggregator.aggregate(name, group_by, aggregates, where, bbox, as_of, partitions, trusted,
+                                               nan)
 
     async def histogram(self, name: str, column, bbox, cells, where=None, as_of: int | None = None,
                         partitions=None, trusted: bool = False):

@@ -5,6 +5,11 @@ partitions and nodes alike), the final answer; and the cells of a histogram grid
 A partial is an Arrow table: group keys ``g0..``, then per aggregate ``p<i>`` (and ``q<i>``,
 the count behind a mean); a count-distinct keeps its distinct values as a list, so that
 merging partials from many places stays exact.
+
+NaN in ``min``/``max`` of a float column: Arrow's kernels leave NaN out unless every value of
+the group is NaN (``nan: "ignore"``, the default). With ``nan: "largest"`` NaN is above every
+number (SQL's order: Spark's, PostgreSQL's): ``max`` is NaN once the group holds a NaN; ``min``
+is the same either way (the smallest number, NaN only when there is nothing else).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ _SUMMABLE = NUMERIC - {Kind.TIMESTAMP, Kind.DATE}
 _ORDERED = NUMERIC | {Kind.STRING, Kind.BOOL}
 _KEYS = NUMERIC | {Kind.STRING, Kind.BINARY, Kind.UUID, Kind.BOOL}
 _MERGE = {"count": "sum", "sum": "sum", "min": "min", "max": "max", "mean": "sum"}
+NAN_ORDERS = ("ignore", "largest")
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,11 @@ class Agg:
 class AggSpec:
     group_by: tuple[Column, ...]
     aggs: tuple[Agg, ...]
+    nan_largest: bool = False  # NaN orders above every number in max (see the module's doc)
+
+    def nan_max(self, a: Agg) -> bool:
+        """Whether ``a`` is a max whose NaN wins (a float column under ``nan: "largest"``)."""
+        return self.nan_largest and a.fn == "max" and a.column.type.kind in _FLOATS
 
     def columns(self) -> list[Column]:
         """Every column whose values the aggregate needs (group keys first)."""
@@ -55,8 +66,11 @@ def cname(col: Column) -> str:
     return f"c{col.id}"
 
 
-def parse_spec(schema: SchemaVersion, group_by, aggregates) -> AggSpec:
-    """The request's ``group_by`` and ``aggregates``, checked (QueryError: 400, nothing changed)."""
+def parse_spec(schema: SchemaVersion, group_by, aggregates, nan=None) -> AggSpec:
+    """The request's ``group_by``, ``aggregates`` and ``nan``, checked (QueryError: 400,
+    nothing changed)."""
+    if nan is not None and (not isinstance(nan, str) or nan not in NAN_ORDERS):
+        raise QueryError(f'"nan" must be one of {", ".join(NAN_ORDERS)}, not {str(nan)[:40]!r}')
     group_by = [] if group_by is None else group_by
     if not isinstance(group_by, list) or not all(isinstance(g, str) for g in group_by):
         raise QueryError('"group_by" must be a list of column names')
@@ -72,7 +86,7 @@ def parse_spec(schema: SchemaVersion, group_by, aggregates) -> AggSpec:
     names = [c.name for c in keys] + [a.name for a in aggs]
     if len(set(names)) != len(names):
         raise QueryError(f"two answer columns would have one name: {names}")
-    return AggSpec(keys, aggs)
+    return AggSpec(keys, aggs, nan == "largest")
 
 
 def _column(schema: SchemaVersion, name, what: str) -> Column:
@@ -115,15 +129,37 @@ def partial(rows: pa.Table, spec: AggSpec) -> pa.Table:
             names[f"p{i}"] = "count_all"
             continue
         cols[f"v{i}"] = rows.column(cname(a.column))
+        if a.fn in ("min", "max") and a.column.type.kind in _FLOATS:
+            cols[f"v{i}"] = _quiet(cols[f"v{i}"])
         fns = {"mean": ["sum", "count"], "count_distinct": ["distinct"]}.get(a.fn, [a.fn])
         ops += [(f"v{i}", f) for f in fns]
         names[f"p{i}"] = f"v{i}_{fns[0]}"
         if a.fn == "mean":
             names[f"q{i}"] = f"v{i}_count"
+        if spec.nan_max(a):
+            cols[f"n{i}"] = pc.is_nan(cols[f"v{i}"])
+            ops.append((f"n{i}", "any"))
     ops = list({(tuple(c) if isinstance(c, list) else c, f): (c, f) for c, f in ops}.values())
     keys = [f"g{j}" for j in range(len(spec.group_by))]
     got = pa.table(cols).group_by(keys or ["_k"], use_threads=False).aggregate(ops)
-    return pa.table({**{k: got.column(k) for k in keys}, **{n: got.column(src) for n, src in names.items()}})
+    out = {**{k: got.column(k) for k in keys}, **{n: got.column(src) for n, src in names.items()}}
+    for i, a in enumerate(spec.aggs):
+        if spec.nan_max(a):
+            out[f"p{i}"] = _nan_wins(out[f"p{i}"], got.column(f"n{i}_any"))
+    return pa.table(out)
+
+
+def _quiet(values):
+    """Every NaN as the one quiet NaN: Arrow's min and max answer by the order of the rows when a
+    signalling NaN (or another payload) is among them, as the CPU's min instructions do."""
+    return pc.if_else(pc.is_nan(values), pa.scalar(float("nan"), values.type), values)
+
+
+def _nan_wins(maxima, has_nan) -> pa.Array:
+    """Each group's max, NaN where the group held a NaN (Arrow's max left it out)."""
+    maxima = maxima.combine_chunks() if isinstance(maxima, pa.ChunkedArray) else maxima
+    nan = pa.scalar(float("nan"), maxima.type)
+    return pc.if_else(pc.fill_null(has_nan, False), nan, maxima)
 
 
 def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
@@ -138,6 +174,12 @@ def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
     P = P.append_column("_gid", pa.array(gid, pa.int64()))
     ops = [(f"p{i}", _MERGE[a.fn]) for i, a in enumerate(spec.aggs) if a.fn != "count_distinct"]
     ops += [(f"q{i}", "sum") for i, a in enumerate(spec.aggs) if a.fn == "mean"]
+    for i, a in enumerate(spec.aggs):
+        if a.fn in ("min", "max") and a.column.type.kind in _FLOATS:  # partials from elsewhere: any NaN
+            P = P.set_column(P.schema.get_field_index(f"p{i}"), f"p{i}", _quiet(P.column(f"p{i}")))
+        if spec.nan_max(a):  # a partial's NaN max stays NaN in the merge
+            P = P.append_column(f"n{i}", pc.is_nan(P.column(f"p{i}")))
+            ops.append((f"n{i}", "any"))
     m = P.group_by(["_gid"], use_threads=False).aggregate(ops).sort_by("_gid") if ops else None
     out = {k: groups.column(k) for k in keys}
     for i, a in enumerate(spec.aggs):
@@ -145,6 +187,8 @@ def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
             out[f"p{i}"] = _merge_distinct(P.column(f"p{i}"), gid, n)
         else:
             out[f"p{i}"] = m.column(f"p{i}_{_MERGE[a.fn]}")
+            if spec.nan_max(a):
+                out[f"p{i}"] = _nan_wins(out[f"p{i}"], m.column(f"n{i}_any"))
             if a.fn == "mean":
                 out[f"q{i}"] = m.column(f"q{i}_sum")
     return pa.table(out)

@@ -1,7 +1,8 @@
 """Aggregates and grid histograms (docs/rfcs/0012-aggregates.md, docs/REFERENCE.md §3): each
 node computes the partial of the partitions it leads at one T; the node that received the
 request merges them and answers JSON or, when asked by ``Accept``, an Arrow stream. The
-merge runs in a worker thread, like every large encode."""
+merge runs in a worker thread, like every large encode. An aggregate may name the table
+``partitions`` it covers (the Spark reader's per-partition partials) and how ``nan`` orders."""
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +20,7 @@ from node.wire import ARROW_STREAM, read_arrow_stream, table_to_rows, write_arro
 from rowstore.db.read.aggregate import add_stats
 from rowstore.reads.aggregates import cell_counts, cname, finish, merge, parse_grid, parse_spec, partial
 
-_AGG = ("group_by", "aggregates", "where", "bbox")
+_AGG = ("group_by", "aggregates", "where", "bbox", "nan")
 _HIST = ("column", "bbox", "cells", "where")
 INTERNAL = "/v1/internal/aggregate"
 
@@ -32,9 +33,13 @@ def add_aggregate_routes(api, router) -> None:
 
 async def aggregate(api, request):
     table = request.match_info["table"]
-    args, as_of = await _request(request, _AGG)
-    parts, T, stats = await _gathered(api, table, "aggregate", args, as_of)
-    spec = parse_spec((await api.db.describe(table, T, trusted=True)).schema, args["group_by"], args["aggregates"])
+    args, as_of = await _request(request, (*_AGG, "partitions"))
+    pids = _partitions(args.pop("partitions"), await api.db.describe(table))
+    if args["nan"] is None:  # absent: not sent on to other nodes, which may predate it
+        del args["nan"]
+    parts, T, stats = await _gathered(api, table, "aggregate", args, as_of, pids)
+    spec = parse_spec((await api.db.describe(table, T, trusted=True)).schema, args["group_by"], args["aggregates"],
+                      args.get("nan"))
     t = await off_loop_if_big(sum(p.num_rows for p in parts) * 64, lambda: finish(merge(parts, spec), spec))
     if ARROW_STREAM in request.headers.get("Accept", ""):
         return _arrow(t, T, stats)
@@ -68,12 +73,25 @@ async def _request(request, fields: tuple) -> tuple[dict, int | None]:
     return {f: doc.get(f) for f in fields}, as_of_value(doc.get("as_of"))
 
 
-async def _gathered(api, table: str, kind: str, args: dict, as_of) -> tuple[list, int, dict]:
-    """Every partial (this node's partitions, or every node's at one T), T and the stats."""
+def _partitions(value, d) -> list[int] | None:
+    """The request's ``partitions``: None (all of them), or distinct partition numbers of ``d``."""
+    if value is None:
+        return None
+    ok = isinstance(value, list) and value and all(
+        isinstance(p, int) and not isinstance(p, bool) and 0 <= p < d.partitions for p in value)
+    if not ok or len(set(value)) != len(value):
+        raise ApiError(400, "invalid_query", f'"partitions" must list distinct partition numbers 0..{d.partitions - 1} '
+                                             f"of table {d.name!r}, not {str(value)[:60]}")
+    return value
+
+
+async def _gathered(api, table: str, kind: str, args: dict, as_of, pids=None) -> tuple[list, int, dict]:
+    """Every partial (this node's partitions, or every node's at one T; of ``pids`` only when
+    given), T and the stats."""
     db = api.db
     run = db.aggregate if kind == "aggregate" else db.histogram
     if not api.router.multi:
-        got, T, stats = await run(table, **args, as_of=as_of)
+        got, T, stats = await run(table, **args, as_of=as_of, partitions=pids)
         return [got], T, stats
 
     async def local(pids, T):
@@ -82,7 +100,7 @@ async def _gathered(api, table: str, kind: str, args: dict, as_of) -> tuple[list
         return await _from_objects(db, table, kind, args, pids, T)
     d = await db.describe(table)
     T, answers = await api.router.partials(d, as_of, local, INTERNAL, {"table": table, "kind": kind, "args": args},
-                                           without)
+                                           without, pids)
     parts, stats = [], {"path": "index", "decoded_columns": [], "rows": 0, "rows_decoded": 0, "partitions": 0}
     for _, a in answers:
         part, st = (a[0], a[2]) if isinstance(a, tuple) else await asyncio.to_thread(_decode, a, kind)
@@ -96,7 +114,7 @@ async def _from_objects(db, table: str, kind: str, args: dict, pids: list[int], 
     objects hold, RFC 0010 §6): their rows decoded, then aggregated like any others."""
     schema = (await db.describe(table, T, trusted=True)).schema
     if kind == "aggregate":
-        spec = parse_spec(schema, args["group_by"], args["aggregates"])
+        spec = parse_spec(schema, args["group_by"], args["aggregates"], args.get("nan"))
         rows = await db.query_without_leader(table, T, pids, args["where"], args["bbox"])
         named = {"_row": pa.nulls(rows.num_rows, pa.int8()), **{cname(x): rows.column(x.name) for x in spec.columns()}}
         got = await asyncio.to_thread(partial, pa.table(named), spec)

@@ -43,10 +43,10 @@ class Aggregator:
         self._sets: dict = {}  # id(partition index) -> (visible rowids, their RowidSet)
 
     async def aggregate(self, name: str, group_by, aggregates, where=None, bbox=None, as_of=None,
-                        partitions=None, trusted: bool = False) -> tuple[pa.Table, int, dict]:
+                        partitions=None, trusted: bool = False, nan=None) -> tuple[pa.Table, int, dict]:
         """(this node's merged partial, T, stats); the spec is checked against the schema at T."""
         c = await self.reader.context(name, as_of, trusted)
-        spec = parse_spec(c.d.schema, group_by, aggregates)
+        spec = parse_spec(c.d.schema, group_by, aggregates, nan)
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
         works = [await self._prepare(c, part, terms, box, spec.columns()) for part in self._parts(c, partitions)]
 

@@ -54,6 +54,18 @@ def test_aggregates_across_nodes_equal_a_model(tmp_path, replicas):
             assert same(got["rows"], want), (got["rows"], want)
             assert got["stats"]["partitions"] == 6 and got["stats"]["path"] == ("decode" if "k" in str(
                 (group_by, aggs, where)) else "index")
+        # per-partition answers (the Spark reader's partials), whichever node leads them, add up
+        aggs = [{"fn": "count"}, {"fn": "max", "column": "v"}]
+        whole = clients[0].aggregate("t", aggs, group_by=["g"])
+        each = [clients[p % 3]._call("POST", "/v1/tables/t/aggregate", {
+            "aggregates": aggs, "group_by": ["g"], "partitions": [p], "nan": "largest", "as_of": whole["as_of"]})
+            for p in range(6)]
+        assert all(a["stats"]["partitions"] == 1 for a in each)
+        added: dict = {}
+        for r in (r for a in each for r in a["rows"]):
+            n, m = added.get(r["g"], (0, None))
+            added[r["g"]] = (n + r["count"], r["max_v"] if m is None else max(m, r["max_v"]))
+        assert added == {r["g"]: (r["count"], r["max_v"]) for r in whole["rows"]}
         # histograms: every node answers the same counts at one T, equal to the queried points
         bbox = {"xmin": 0, "ymin": 0, "xmax": 49, "ymax": 49}
         h = clients[0].histogram("t", "p", bbox, [5, 4])

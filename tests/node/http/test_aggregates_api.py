@@ -1,6 +1,7 @@
 """POST /v1/tables/{t}/aggregate and /histogram against a real node, compared with a model
 computed from the rows /query returns at the same T; bad input is a 4xx that changes nothing."""
 import datetime as dt
+import struct
 
 import numpy as np
 import pyarrow as pa
@@ -130,6 +131,10 @@ BAD_AGGREGATES = [
      "invalid_query"),
     ({"aggregates": [{"fn": "count"}], "limit": 3}, "invalid_query"),
     ({"aggregates": [{"fn": "count"}], "as_of": -1}, "invalid_as_of"),
+    *(({"aggregates": [{"fn": "count"}], "partitions": p}, "invalid_query")
+      for p in ([], [4], [-1], [0, 0], ["0"], [True], [1.0], 0, "0", {"0": 1}, [[0]])),
+    *(({"aggregates": [{"fn": "max", "column": "v"}], "nan": n}, "invalid_query")
+      for n in ("smallest", "", "LARGEST", 1, True, ["largest"])),
 ]
 
 
@@ -186,3 +191,123 @@ def test_a_grid_of_4096_cells_on_an_axis_is_answered(c):
     assert len(got["counts"]) == 3 and {len(r) for r in got["counts"]} == {4096}
     small = c.histogram("m", "loc", bbox, [1, 1], as_of=got["as_of"])
     assert sum(map(sum, got["counts"])) == small["counts"][0][0] > 0
+
+
+def _combined(answers: list[dict]) -> dict:
+    """Per-partition answers of count/sum/min/max by name, combined as Spark merges partials."""
+    out: dict = {}
+    for a in answers:
+        for r in a["rows"]:
+            got = out.setdefault(r["name"], {"count": 0, "sum_n": None, "min_v": None, "max_ts": None})
+            got["count"] += r["count"]
+            if r["sum_n"] is not None:
+                got["sum_n"] = r["sum_n"] + (got["sum_n"] or 0)
+            for k, pick in (("min_v", min), ("max_ts", max)):
+                if r[k] is not None:
+                    got[k] = r[k] if got[k] is None else pick(got[k], r[k])
+    return out
+
+
+PARTIAL_AGGS = [{"fn": "count"}, {"fn": "sum", "column": "n"}, {"fn": "min", "column": "v"},
+                {"fn": "max", "column": "ts"}]
+
+
+def test_partitions_answer_their_rows_only_and_add_up_to_the_whole(c):
+    whole = c.aggregate("m", PARTIAL_AGGS, group_by=["name"], where=[["v", ">", -20]])
+    T = whole["as_of"]
+    each = [c.aggregate("m", PARTIAL_AGGS, group_by=["name"], where=[["v", ">", -20]], as_of=T, partitions=[p])
+            for p in range(4)]
+    assert all(a["as_of"] == T and a["stats"]["partitions"] == 1 for a in each)
+    assert all(sum(r["count"] for r in a["rows"]) > 0 for a in each)  # every partition holds rows
+    assert sum(r["count"] for a in each for r in a["rows"]) == sum(r["count"] for r in whole["rows"])
+    assert _combined(each) == _combined([whole])
+    two = c._call("POST", "/v1/tables/m/aggregate", {"aggregates": PARTIAL_AGGS, "group_by": ["name"],
+                                                      "where": [["v", ">", -20]], "as_of": T, "partitions": [3, 1]})
+    assert _combined([two]) == _combined([each[1], each[3]])
+    every = c._call("POST", "/v1/tables/m/aggregate", {"aggregates": PARTIAL_AGGS, "group_by": ["name"],
+                                                        "where": [["v", ">", -20]], "as_of": T,
+                                                        "partitions": [0, 1, 2, 3]})
+    assert same(every["rows"], whole["rows"])
+
+
+def test_a_partition_without_rows_answers_the_empty_global_row(c):
+    c.create_table("one", [("id", "int64"), ("v", "float64")], "id", partitions=4)
+    c.upsert("one", pa.table({"id": [7], "v": [1.5]}))
+    got = [c._call("POST", "/v1/tables/one/aggregate", {"aggregates": [{"fn": "count"}, {"fn": "max", "column": "v"}],
+                                                         "partitions": [p]})["rows"] for p in range(4)]
+    assert sorted((r[0]["count"], r[0]["max_v"]) for r in got) == [(0, None)] * 3 + [(1, 1.5)]
+
+
+NAN = float("nan")
+SNAN = struct.unpack("<d", struct.pack("<Q", 0x7FF4000000000000))[0]  # Arrow's min/max alone follow row order
+
+
+def _nan_max(vals):
+    """max with NaN above every number (Spark's, PostgreSQL's order)."""
+    vals = [v for v in vals if v is not None]
+    return None if not vals else NAN if any(v != v for v in vals) else max(vals)
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_nan_largest_makes_nan_the_max_of_a_group_holding_one(c, indexed):
+    name = "nans_i" if indexed else "nans_d"
+    c.create_table(name, [("id", "int64"), ("g", "string"), ("v", "float64"), ("f", "float32")], "id",
+                   indexes=["g", "v", "f"] if indexed else [], partitions=4)
+    vals = {"a": [1.0, NAN, 3.0, None], "b": [2.0, -0.0, 0.0, None], "c": [NAN, NAN, None, None],
+            "d": [None, None, None, None], "e": [-5.0, float("inf"), NAN, 1.0],
+            "f": [1.0, -1.0, SNAN, None], "h": [SNAN, SNAN, None, None]}  # a signalling NaN, not first
+    ids, gs, vs = [], [], []
+    for g, v in vals.items():
+        for k, x in enumerate(v * 5):  # spread over the partitions
+            ids.append(len(ids))
+            gs.append(g)
+            vs.append(x if k % 4 != 1 or x is None or x != x else x + k)
+    c.upsert(name, pa.table({"id": ids, "g": gs, "v": vs, "f": pa.array(vs, pa.float32())}))
+    aggs = [{"fn": "max", "column": "v"}, {"fn": "min", "column": "v"}, {"fn": "max", "column": "f"},
+            {"fn": "min", "column": "f"}]
+    by_g = {g: [v for gg, v in zip(gs, vs) if gg == g] for g in vals}
+
+    def check(rows, nan):
+        for r in rows:
+            v = by_g[r["g"]]
+            want_max = _nan_max(v) if nan == "largest" else _skip(max, v)
+            for col in ("v", "f"):
+                assert _same(r[f"max_{col}"], want_max), (nan, r)
+                assert _same(r[f"min_{col}"], _skip(min, v)), (nan, r)  # min is one in both orders
+    for nan in (None, "ignore", "largest"):
+        doc = {"aggregates": aggs, "group_by": ["g"], **({"nan": nan} if nan else {})}
+        check(c._call("POST", f"/v1/tables/{name}/aggregate", doc, arrow=True).to_pylist(), nan)
+    T = c.aggregate(name, [{"fn": "count"}])["as_of"]
+    merged: dict = {}  # each partition's maxima, merged with NaN largest, give the whole table's
+    for p in range(4):
+        doc = {"aggregates": aggs, "group_by": ["g"], "nan": "largest", "partitions": [p], "as_of": T}
+        for r in c._call("POST", f"/v1/tables/{name}/aggregate", doc, arrow=True).to_pylist():
+            merged.setdefault(r["g"], []).append(r["max_v"])
+    assert set(merged) == set(vals)
+    assert all(_same(_nan_max(m), _nan_max(by_g[g])) for g, m in merged.items()), merged
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_a_signalling_nan_is_a_nan_like_any_other(c, indexed):
+    """Arrow's min and max alone answer NaN, or skip numbers, by the rows' order once a signalling NaN is among
+    them; the node makes every NaN the quiet one first."""
+    name = "snan_i" if indexed else "snan_d"
+    c.create_table(name, [("id", "int64"), ("v", "float64")], "id", indexes=["v"] if indexed else [], partitions=1)
+    c.upsert(name, pa.table({"id": [1, 2, 3, 4], "v": [1.0, -1.0, SNAN, 0.5]}))
+    for nan, want in ((None, (-1.0, 1.0)), ("largest", (-1.0, NAN))):
+        got = c.aggregate(name, [{"fn": "min", "column": "v"}, {"fn": "max", "column": "v"}], nan=nan)["rows"][0]
+        got = tuple(NAN if x == "NaN" else x for x in (got["min_v"], got["max_v"]))
+        assert _same(got[0], want[0]) and _same(got[1], want[1]), (nan, got)
+
+
+def _skip(pick, vals):
+    """Arrow's min/max: NaN left out unless every value is NaN."""
+    vals = [v for v in vals if v is not None]
+    nums = [v for v in vals if v == v]
+    return pick(nums) if nums else (NAN if vals else None)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return (a != a and b != b) or a == b
+    return a == b

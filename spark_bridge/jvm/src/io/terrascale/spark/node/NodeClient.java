@@ -1,5 +1,6 @@
 package io.terrascale.spark.node;
 
+import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.terrascale.spark.BridgeException;
 import java.io.IOException;
@@ -72,6 +73,26 @@ public final class NodeClient {
                             List<String[]> aggregates) {
         return call("POST", "/v1/tables/" + t + "/aggregate", Wire.aggregate(asOf, where, bbox, groupBy, aggregates),
                 READ, NodeClient::unavailable, ARROW);
+    }
+
+    /** The partial aggregate of one table partition at T (docs/spark.md, "Aggregates"): {@code "partitions": [p]},
+     * NaN above every number in min and max ({@code "nan": "largest"}, Spark's order); an Arrow IPC stream. */
+    public byte[] partial(int partition, long asOf, List<WhereTerm> where, BBoxTerm bbox, List<String> groupBy,
+                          List<String[]> aggregates) {
+        ObjectNode body = Wire.aggregate(asOf, where, bbox, groupBy, aggregates);
+        body.putArray("partitions").add(partition);
+        body.put("nan", "largest");
+        return call("POST", "/v1/tables/" + t + "/aggregate", body, READ, NodeClient::unavailable, ARROW);
+    }
+
+    /** How many partitions the table has at T ({@code GET /v1/tables/{t}?as_of=T}). */
+    public int partitions(long asOf) {
+        JsonNode d = Wire.parse(call("GET", "/v1/tables/" + t + "?as_of=" + asOf, null, READ, NodeClient::unavailable),
+                "table '" + table + "'");
+        if (!d.path("partitions").canConvertToInt() || d.path("partitions").asInt() < 1) {
+            throw new BridgeException("table '" + table + "': the node's description has no partition count");
+        }
+        return d.path("partitions").asInt();
     }
 
     /** Extends the lease to {@code ttlS} from now, or throws LeaseExpiredException when the node refuses for good. */

@@ -21,6 +21,9 @@ final class Partitions {
     /** An aggregate the node answered whole at T (an Arrow IPC stream, fetched on the driver). */
     record Answer(byte[] stream) implements InputPartition {}
 
+    /** The partial aggregate of one table partition at T, asked of the node by the task; Spark merges them. */
+    record Partial(int partition, AggregatePushdown.Query query) implements InputPartition {}
+
     /** One table partition's unsealed tail, fetched from the node; -1: an empty plan (Spark still runs one task). */
     record Tail(int partition) implements InputPartition {}
 }

@@ -15,7 +15,8 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
 /**
  * The executors' side of a JVM read (docs/spark.md, "Readers"), shipped by Spark with each task:
  * a reader of one offloaded segment (straight from its object), of a tail (the node's Arrow
- * stream), of a count known from the plan, or of an aggregate the node answered.
+ * stream), of a count known from the plan, of an aggregate the node answered, or of one table
+ * partition's partial aggregate (asked of the node by the task).
  */
 final class ReaderFactory implements PartitionReaderFactory {
     private static final long serialVersionUID = 1L;
@@ -44,6 +45,17 @@ final class ReaderFactory implements PartitionReaderFactory {
                 return new BatchList(ArrowRows.read(a.stream(), spec.output(), SparkTypes.sparkSchema(spec.output())));
             } catch (IOException e) {
                 throw new BridgeException("the node's aggregate answer is not an Arrow stream: " + e, e);
+            }
+        }
+        if (partition instanceof Partitions.Partial p) {
+            AggregatePushdown.Query q = p.query();
+            byte[] stream = new NodeClient(spec.opts().node(), spec.opts().table()).partial(p.partition(), spec.asOf(),
+                    spec.where(), spec.opts().bbox(), q.groupBy(), q.aggregates());
+            try {
+                return new BatchList(ArrowRows.read(stream, q.output(), SparkTypes.sparkSchema(q.output())));
+            } catch (IOException e) {
+                throw new BridgeException("the node's partial aggregate of partition " + p.partition()
+                        + " is not an Arrow stream: " + e, e);
             }
         }
         if (partition instanceof Partitions.Segment s) {

@@ -28,7 +28,9 @@ import org.roaringbitmap.RoaringBitmap;
  * Batch reads in the JVM (docs/spark.md, "Readers"), planned on the driver from the node's read
  * plan at the DataFrame's pinned timestamp: one input partition per offloaded segment (or a
  * range of its rows), read by the executor straight from the object store, plus one per table
- * partition's unsealed tail (fetched from the node as Arrow).
+ * partition's unsealed tail (fetched from the node as Arrow). A pushed aggregation (docs/spark.md,
+ * "Aggregates") is one partition holding the node's whole answer, or one per table partition, each
+ * asking the node for that partition's partial at T, which Spark merges.
  */
 final class TerrascaleScan implements Scan, Batch {
     static final StructType COUNT_SCHEMA = new StructType().add("count(*)", DataTypes.LongType, false);
@@ -67,7 +69,8 @@ final class TerrascaleScan implements Scan, Batch {
     @Override
     public String description() {
         return "terrascale table=" + opts.table() + " as_of=" + snap.asOf() + " where=" + where.size() + " terms"
-                + (aggregate != null ? " aggregate=" + aggregate.output().size() + " columns (node)" : "");
+                + (aggregate == null ? "" : " aggregate=" + aggregate.output().size() + " columns (node"
+                        + (aggregate.partial() ? ", partial per partition: merged by Spark)" : ")"));
     }
 
     @Override
@@ -150,12 +153,20 @@ final class TerrascaleScan implements Scan, Batch {
         parts = out.toArray(new InputPartition[0]);
     }
 
-    /** The node's answer at T, fetched here once: one small partition that only converts it. */
+    /** The node's whole answer at T, fetched here once: one small partition that only converts it; or, for a
+     * partial push, one partition per table partition, each asking the node for its partition's partial at T (in
+     * parallel, on the executors). */
     private void planAggregate() {
-        byte[] answer = new NodeClient(opts.node(), opts.table()).aggregate(snap.asOf(), where, opts.bbox(),
-                aggregate.groupBy(), aggregate.aggregates());
+        NodeClient node = new NodeClient(opts.node(), opts.table());
         factory = new ReaderFactory(new ReadSpec(opts, snap.asOf(), null, null, List.of(), snap.schema(),
                 aggregate.output(), Predicates.NONE, where, new long[0], false));
+        if (aggregate.partial()) {
+            int n = node.partitions(snap.asOf());
+            parts = new InputPartition[n];
+            for (int p = 0; p < n; p++) parts[p] = new Partitions.Partial(p, aggregate);
+            return;
+        }
+        byte[] answer = node.aggregate(snap.asOf(), where, opts.bbox(), aggregate.groupBy(), aggregate.aggregates());
         parts = new InputPartition[] {new Partitions.Answer(answer)};
     }
 

@@ -70,7 +70,10 @@ final class TerrascaleScanBuilder implements ScanBuilder, SupportsPushDownFilter
     /** {@code count()} without predicates is answered from the plan: a segment's visible bitmap holds exactly its
      * live rows at T (the key index drops deleted keys), so its count is the bitmap's cardinality; tails are
      * counted from the node's rows. Spark sums the partial counts. Other aggregations the node answers whole
-     * ({@link AggregatePushdown}) are one answer from {@code /aggregate} at T. */
+     * ({@link AggregatePushdown#complete}) are one answer from {@code /aggregate} at T; those whose last merge must
+     * be Spark's ({@link AggregatePushdown#partial}) one answer per table partition at T, merged by Spark. Spark
+     * calls this only after {@link #supportCompletePushDown} with the same aggregation, and only for a partial
+     * push it can merge (no DISTINCT, AVG split into SUM and COUNT). */
     @Override
     public boolean pushAggregation(Aggregation a) {
         if (countFromPlan(a)) {
@@ -78,6 +81,7 @@ final class TerrascaleScanBuilder implements ScanBuilder, SupportsPushDownFilter
             return true;
         }
         aggregate = whole(a);
+        if (aggregate == null && nodeAnswers()) aggregate = AggregatePushdown.partial(a, snap.schema());
         return aggregate != null;
     }
 
@@ -92,10 +96,16 @@ final class TerrascaleScanBuilder implements ScanBuilder, SupportsPushDownFilter
                 && opts.where().isEmpty() && opts.bbox() == null && pushedTerms.isEmpty();
     }
 
-    /** The node's whole answer, or null; Spark's own filters stay Spark's (it checks them again after the scan,
-     * and an aggregate above such a filter is not pushed). */
+    /** The node's whole answer, or null. */
     private AggregatePushdown.Query whole(Aggregation a) {
-        return pushedTerms.isEmpty() ? AggregatePushdown.of(a, snap.schema()) : null;
+        return nodeAnswers() ? AggregatePushdown.complete(a, snap.schema()) : null;
+    }
+
+    /** Whether {@code /aggregate} covers the rows of this read: not when Spark's own filters were pushed (it checks
+     * them again after the scan, and an aggregate above such a filter is not offered anyway), nor for sealed_only
+     * (the node aggregates every row at T, the memtables' too). */
+    private boolean nodeAnswers() {
+        return pushedTerms.isEmpty() && !opts.sealedOnly();
     }
 
     @Override

@@ -170,6 +170,27 @@ class NodeClientTest {
     }
 
     @Test
+    void aPartialAsksForOnePartitionWithNanLargest() {
+        node.then(503, "{\"error\": {\"code\": \"not_ready\", \"message\": \"x\"}}").then(200, "arrow bytes");
+        List<String[]> aggs = List.of(new String[] {"count", null}, new String[] {"max", "v"});
+        byte[] out = client.partial(3, 77, List.of(), new BBoxTerm("loc", 0, 0, 1, 1), List.of("s"), aggs);
+        assertEquals("arrow bytes", new String(out, java.nio.charset.StandardCharsets.UTF_8));
+        assertEquals(2, node.seen().size()); // a read: retried while the node is unavailable
+        assertEquals("/v1/tables/my%20table/aggregate", node.seen().get(1).path());
+        assertEquals("{\"as_of\":77,\"group_by\":[\"s\"],\"aggregates\":[{\"fn\":\"count\"},{\"fn\":\"max\",\"column\":\"v\"}],"
+                + "\"bbox\":{\"column\":\"loc\",\"xmin\":0.0,\"ymin\":0.0,\"xmax\":1.0,\"ymax\":1.0},"
+                + "\"partitions\":[3],\"nan\":\"largest\"}", node.seen().get(1).json().toString());
+    }
+
+    @Test
+    void thePartitionCountIsReadFromTheTablesDescriptionAtT() {
+        node.then(200, "{\"name\": \"my table\", \"partitions\": 6}").then(200, "{\"name\": \"my table\"}");
+        assertEquals(6, client.partitions(77));
+        assertEquals("/v1/tables/my%20table?as_of=77", node.seen().get(0).path());
+        assertThrows(BridgeException.class, () -> client.partitions(77));
+    }
+
+    @Test
     void theTokenNeverShowsInTheEndpointsText() {
         assertFalse(node.endpoint("s3cret").toString().contains("s3cret"));
     }
