@@ -131,6 +131,8 @@ def partial(rows: pa.Table, spec: AggSpec) -> pa.Table:
         cols[f"v{i}"] = rows.column(cname(a.column))
         if a.fn in ("min", "max") and a.column.type.kind in _FLOATS:
             cols[f"v{i}"] = _quiet(cols[f"v{i}"])
+        if a.fn in ("sum", "mean") and _may_overflow(cols[f"v{i}"]):
+            cols[f"v{i}"] = cols[f"v{i}"].cast(_WIDE)  # summed exactly, checked below
         fns = {"mean": ["sum", "count"], "count_distinct": ["distinct"]}.get(a.fn, [a.fn])
         ops += [(f"v{i}", f) for f in fns]
         names[f"p{i}"] = f"v{i}_{fns[0]}"
@@ -146,7 +148,36 @@ def partial(rows: pa.Table, spec: AggSpec) -> pa.Table:
     for i, a in enumerate(spec.aggs):
         if spec.nan_max(a):
             out[f"p{i}"] = _nan_wins(out[f"p{i}"], got.column(f"n{i}_any"))
+        if a.fn in ("sum", "mean") and out[f"p{i}"].type == _WIDE:
+            out[f"p{i}"] = _narrow_sum(out[f"p{i}"], a)
     return pa.table(out)
+
+
+_WIDE = pa.decimal128(38, 0)  # integer sums that may leave 64 bits are added in this
+
+
+def _may_overflow(values) -> bool:
+    """Whether summing integer ``values`` (in any grouping) may leave Arrow's 64-bit sum:
+    their count times their largest magnitude reaches 2^63 (a bound, never a miss)."""
+    if not pa.types.is_integer(values.type) or len(values) == 0:
+        return False
+    mm = pc.min_max(values)
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    return lo is not None and len(values) * max(abs(lo), abs(hi)) >= 2**63
+
+
+def _narrow_sum(sums, a: Agg, strict: bool = False) -> pa.Array:
+    """Exact integer sums back in the column's sum type when they fit; otherwise kept exact
+    (a partial's sum may leave 64 bits while the total comes back) — or, ``strict`` (the
+    answer's sum), an error: a sum beyond 64 bits is refused, never wrapped."""
+    typ = pa.uint64() if pa.types.is_unsigned_integer(a.column.type.arrow()) else pa.int64()
+    try:
+        return sums.cast(typ)
+    except (pa.ArrowInvalid, OverflowError):
+        if not strict:
+            return sums
+        raise QueryError(f"sum of column {a.column.name!r} is beyond a 64-bit integer; "
+                         f"its mean, or a sum over a narrower filter, can be answered") from None
 
 
 def _quiet(values):
@@ -167,7 +198,7 @@ def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
     parts = [p for p in parts if p.num_rows] or parts[:1]
     if not parts:
         raise ValueError("nothing to merge")
-    P = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    P = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
     keys = [f"g{j}" for j in range(len(spec.group_by))]
     gid, groups = _group_ids(P, keys)
     n = groups.num_rows
@@ -177,6 +208,8 @@ def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
     for i, a in enumerate(spec.aggs):
         if a.fn in ("min", "max") and a.column.type.kind in _FLOATS:  # partials from elsewhere: any NaN
             P = P.set_column(P.schema.get_field_index(f"p{i}"), f"p{i}", _quiet(P.column(f"p{i}")))
+        if a.fn in ("sum", "mean") and _may_overflow(P.column(f"p{i}")):
+            P = P.set_column(P.schema.get_field_index(f"p{i}"), f"p{i}", P.column(f"p{i}").cast(_WIDE))
         if spec.nan_max(a):  # a partial's NaN max stays NaN in the merge
             P = P.append_column(f"n{i}", pc.is_nan(P.column(f"p{i}")))
             ops.append((f"n{i}", "any"))
@@ -189,6 +222,8 @@ def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
             out[f"p{i}"] = m.column(f"p{i}_{_MERGE[a.fn]}")
             if spec.nan_max(a):
                 out[f"p{i}"] = _nan_wins(out[f"p{i}"], m.column(f"n{i}_any"))
+            if a.fn in ("sum", "mean") and out[f"p{i}"].type == _WIDE:
+                out[f"p{i}"] = _narrow_sum(out[f"p{i}"], a)
             if a.fn == "mean":
                 out[f"q{i}"] = m.column(f"q{i}_sum")
     return pa.table(out)
@@ -244,12 +279,14 @@ def _final(P: pa.Table, i: int, a: Agg) -> tuple[pa.Array, pa.Field]:
         n = np.bincount(pc.list_parent_indices(p).to_numpy()[valid], minlength=len(p))
         return pa.array(n, pa.int64()), pa.field(a.name, pa.int64())
     if a.fn == "mean":
-        s = p.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        s = p.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)  # sums past 2^53 round
         q = P.column(f"q{i}").combine_chunks().fill_null(0).to_numpy(zero_copy_only=False)
         with np.errstate(invalid="ignore", divide="ignore"):
             m = s / np.where(q == 0, 1, q)
         return pa.array(m, pa.float64(), mask=q == 0), pa.field(a.name, pa.float64())
     if a.fn == "sum":
+        if p.type == _WIDE:
+            p = _narrow_sum(p, a, strict=True)
         typ = pa.float64() if a.column.type.kind in _FLOATS else p.type
         return p.cast(typ), pa.field(a.name, typ)
     f = a.column.field()

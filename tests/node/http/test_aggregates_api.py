@@ -185,6 +185,21 @@ def test_non_finite_values_answer_in_their_json_form(c):
     assert {r["g"]: (r["sum_v"], r["count_v"]) for r in got["rows"]} == {"a": ("NaN", 2), "b": ("Infinity", 2)}
 
 
+def test_a_sum_beyond_64_bits_is_400_and_its_mean_is_answered(c):
+    """Arrow adds int64 modulo 2^64: the node adds such sums exactly and refuses one that does not
+    fit, across partitions (each partition's sum fits, the total does not)."""
+    c.create_table("big", [("id", "int64"), ("w", "int64")], "id", indexes=["w"], partitions=4)
+    w = [2**62 + k for k in range(8)]
+    c.upsert("big", pa.table({"id": list(range(8)), "w": w}))
+    with pytest.raises(ApiError) as e:
+        c.aggregate("big", [{"fn": "sum", "column": "w"}])
+    assert e.value.status == 400 and e.value.code == "invalid_query" and "64-bit" in e.value.message
+    got = c.aggregate("big", [{"fn": "mean", "column": "w"}, {"fn": "sum", "column": "id"}])
+    assert got["rows"] == [{"mean_w": sum(w) / 8, "sum_id": 28}]
+    c.upsert("big", pa.table({"id": [0, 8, 9], "w": [-(2**63)] * 3}))  # the total comes back within 64 bits
+    assert c.aggregate("big", [{"fn": "sum", "column": "w"}])["rows"] == [{"sum_w": sum(w[1:]) - 3 * 2**63}]
+
+
 def test_a_grid_of_4096_cells_on_an_axis_is_answered(c):
     bbox = {"xmin": 0, "ymin": 0, "xmax": 99, "ymax": 99}
     got = c.histogram("m", "loc", bbox, [4096, 3])
