@@ -85,6 +85,18 @@ class ColumnRun:
         got = self._answer(pred)
         return bitmap(got) if isinstance(got, np.ndarray) else got
 
+    def share(self, pred: Pred) -> float:
+        """About which share of this run's rows ``pred`` selects (1.0 when unknown): what an
+        aggregate weighs to pick the predicates worth a bitmap (the rest it checks by value)."""
+        if not self.rows:
+            return 0.0
+        if self.kind == "value" and pred.op in ("=", "!=") and not isinstance(pred, BBox):
+            n = len(self.values.eq(_value_key(pred.value, self.col.type.kind)))
+            return (n if pred.op == "=" else self.rows - n) / self.rows
+        if self.kind == "axis" and not isinstance(pred, BBox) and pred.op != "!=":
+            return self.axis.share(pred.interval())
+        return 1.0
+
     def _answer(self, pred: Pred) -> BitMap64 | np.ndarray | None:
         if isinstance(pred, BBox):
             if self.kind == "grid":

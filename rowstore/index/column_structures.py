@@ -81,6 +81,16 @@ class AxisIndex:
         cuts = np.searchsorted(bucket, np.arange(nb + 1))
         return [bitmap(self.rowids[rows[cuts[j] : cuts[j + 1]]]) for j in range(nb)]
 
+    def share(self, q: Interval) -> float:
+        """About which share of the rows ``query(q)`` selects, from the buckets it spans
+        (equi-depth: each holds about as many) — nothing is read."""
+        nb = len(self.bounds)
+        if nb == 0:
+            return 0.0
+        a = 0 if q.lo is None else max(int(np.searchsorted(self.bounds, q.lo, "right")) - 1, 0)
+        b = nb - 1 if q.hi is None else int(np.searchsorted(self.bounds, q.hi, "right")) - 1
+        return max(b - a + 1, 0) / nb
+
     def query(self, q: Interval) -> BitMap64:
         """Exactly the rowids whose interval overlaps ``q``."""
         nb = len(self.bounds)

@@ -9,11 +9,13 @@ and may run in a thread.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pyarrow as pa
 
 from rowstore.index.column_index import PartitionColumns, _values, index_kind
-from rowstore.index.rowid_kernels import match_sorted
+from rowstore.index.rowid_kernels import Positions, match_sorted
 from rowstore.schema import Column
 from rowstore.types import Kind
 
@@ -31,11 +33,14 @@ def sources(cols: PartitionColumns, col: Column) -> list:
     return runs + pieces
 
 
-def gather(srcs: list, col: Column, rowids: np.ndarray, memo: dict | None = None) -> pa.Array:
+def gather(srcs: list, col: Column, rowids: np.ndarray, memo: dict | None = None,
+           positions: Callable[[np.ndarray], Positions] | None = None) -> pa.Array:
     """``col``'s values for the sorted ``rowids`` (null where no source has the row: the
     index leaves nulls out). Only the matched values are taken from each source. ``memo``
     keeps where ``rowids`` were found in each side table's rowid array, for the next column
-    of the same request whose side table holds the same array."""
+    of the same request whose side table holds the same array; ``positions`` gives a run's
+    side table's :class:`Positions` (kept by the caller: runs do not change), else rowids
+    are matched by galloping."""
     memo = {} if memo is None else memo
     typ = col.type.arrow()
     rowids = np.asarray(rowids, np.uint64)
@@ -48,7 +53,9 @@ def gather(srcs: list, col: Column, rowids: np.ndarray, memo: dict | None = None
         found = memo.get(id(ids))
         if found is None or found[0] is not ids:
             a, b = np.searchsorted(rowids, ids[0], "left"), np.searchsorted(rowids, ids[-1], "right")
-            found = memo[id(ids)] = (ids, a, b, match_sorted(ids, rowids[a:b]) if a < b else None)
+            at = (positions(ids).of(rowids[a:b]) if positions is not None and not isinstance(src, tuple)
+                  else match_sorted(ids, rowids[a:b])) if a < b else None
+            found = memo[id(ids)] = (ids, a, b, at)
         _, a, b, pos = found
         if a == b:
             continue

@@ -114,6 +114,10 @@ class RowidSet:
         self.bits = np.zeros(int(self.base[-1]), np.uint8)
         _fill(ids, self.segs, self.base, self.bits)
 
+    def contains(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each of ``ids`` is in the set (a byte lookup each)."""
+        return _member(self.segs, self.base, self.bits, np.ascontiguousarray(ids, np.uint64))
+
     def copy(self) -> RowidSet:
         """Another set of the same rowids (its own bytes; the layout is shared, never written)."""
         out = object.__new__(RowidSet)
@@ -153,3 +157,49 @@ def _cell(v, lo, hi, n, edges):
     if v >= edges[c + 1]:
         c += 1
     return c
+
+
+class Positions:
+    """Where each rowid of a sorted side table is, by the same layout as :class:`RowidSet`: a
+    run's values for wanted rowids are then found by one lookup each instead of a search."""
+
+    __slots__ = ("segs", "base", "at")
+
+    def __init__(self, ids: np.ndarray):
+        ids = np.ascontiguousarray(ids, np.uint64)
+        self.segs, self.base = _layout(ids)
+        self.at = np.full(int(self.base[-1]), -1, np.int64)
+        _place(ids, self.segs, self.base, self.at)
+
+    def of(self, wanted: np.ndarray) -> np.ndarray:
+        """The position of each of ``wanted`` in the side table, or -1."""
+        return _positions(self.segs, self.base, self.at, np.ascontiguousarray(wanted, np.uint64))
+
+
+@numba.njit(cache=True, nogil=True)
+def _place(ids, segs, base, at):
+    k = 0
+    for i in range(ids.shape[0]):
+        s = ids[i] >> np.uint64(32)
+        while segs[k] != s:
+            k += 1
+        at[base[k] + np.int64(ids[i] & np.uint64(0xFFFFFFFF))] = i
+
+
+@numba.njit(cache=True, nogil=True)
+def _member(segs, base, bits, ids):
+    out = np.zeros(ids.shape[0], np.bool_)
+    for i in range(ids.shape[0]):
+        j = _slot(segs, base, ids[i])
+        out[i] = j >= 0 and bits[j] != 0
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _positions(segs, base, at, ids):
+    out = np.full(ids.shape[0], -1, np.int64)
+    for i in range(ids.shape[0]):
+        j = _slot(segs, base, ids[i])
+        if j >= 0:
+            out[i] = at[j]
+    return out

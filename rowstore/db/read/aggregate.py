@@ -22,7 +22,7 @@ from rowstore.errors import UnavailableError
 from rowstore.index.column_index import bitmap_from
 from rowstore.index.column_structures import ids_of
 from rowstore.index.column_values import gather, gatherable, sources
-from rowstore.index.rowid_kernels import RowidSet, bin_points, match_sorted
+from rowstore.index.rowid_kernels import Positions, RowidSet, bin_points
 from rowstore.reads.aggregates import (AggSpec, Grid, cell_counts, cell_edges, cname, merge, parse_grid, parse_spec,
                                        partial)
 from rowstore.reads.predicates import batch_mask, fold_ranges, parse_bbox, parse_where
@@ -41,6 +41,7 @@ class Aggregator:
     def __init__(self, reader: Reader):
         self.reader = reader
         self._sets: dict = {}  # id(partition index) -> (visible rowids, their RowidSet)
+        self._maps: dict = {}  # id(side-table rowids) -> (that array, its Positions)
 
     async def aggregate(self, name: str, group_by, aggregates, where=None, bbox=None, as_of=None,
                         partitions=None, trusted: bool = False, nan=None) -> tuple[pa.Table, int, dict]:
@@ -106,8 +107,12 @@ class Aggregator:
         return work, {"path": "index", "decoded_columns": [], "rows": 0, "rows_decoded": 0}
 
     def _rowid_set(self, part, ids: np.ndarray) -> RowidSet:
-        """A fresh copy of the visible set's :class:`RowidSet` (counting takes rowids out), the
-        set itself kept while the visible rowids are the same array."""
+        """A fresh copy of the visible set's :class:`RowidSet` (counting takes rowids out)."""
+        return self._visible_set(part, ids).copy()
+
+    def _visible_set(self, part, ids: np.ndarray) -> RowidSet:
+        """The :class:`RowidSet` of a partition's visible ``ids``, kept while they are the same
+        array (never written: takers copy it)."""
         key = id(part.index)
         kept = self._sets.get(key)
         if kept is None or kept[0] is not ids:
@@ -115,18 +120,20 @@ class Aggregator:
                 self._sets.clear()
             kept = (ids, RowidSet(ids))
             self._sets[key] = kept
-        return kept[1].copy()
+        return kept[1]
 
     @staticmethod
-    def _candidates(part, preds) -> Callable[[], BitMap64 | None] | None:
-        """What computes, in a thread, what the column index allows for every predicate it
-        can answer, intersected as bitmaps (the candidates a query takes, reader.candidates,
-        without their sources; None when no index applies) — from the runs and memtable
-        pieces taken here, on the loop; None when no predicate's column is indexed."""
+    def _candidates(part, preds, every: bool) -> Callable[[], BitMap64 | None] | None:
+        """What computes, in a thread, what the column index allows for the predicates worth
+        a bitmap (``every``: all it can answer — rows about to be decoded cost more than any
+        bitmap), intersected (the candidates a query takes, reader.candidates, without their
+        sources; None when no index applies) — from the runs and memtable pieces taken here,
+        on the loop; None when no predicate's column is indexed."""
         taken = [(p, part.columns.columns[p.column.id], part.columns.pieces_of(p.column.id))
                  for p in fold_ranges(preds) if p.column.id in part.columns.columns]
         if not taken:
             return None
+        taken = taken if every else _worth_a_bitmap(taken)
 
         def compute() -> BitMap64 | None:
             out = None
@@ -137,14 +144,22 @@ class Aggregator:
             return out
         return compute
 
-    @staticmethod
-    def _narrowed(ids: np.ndarray, cands: BitMap64 | None) -> np.ndarray:
-        """The visible ``ids`` among ``cands`` (all of them when None), matched by galloping:
-        nothing is built per visible set, which changes with every write."""
+    def _narrowed(self, part, ids: np.ndarray, cands: BitMap64 | None) -> np.ndarray:
+        """The visible ``ids`` among ``cands`` (all of them when None): a byte lookup each in
+        the visible set's :class:`RowidSet` (kept while the visible rowids are the same)."""
         if cands is None:
             return ids
         c = ids_of(cands)
-        return c[match_sorted(ids, c) >= 0]
+        return c[self._visible_set(part, ids).contains(c)]
+
+    def _positions(self, ids: np.ndarray) -> Positions:
+        """The :class:`Positions` of a run's side-table rowids, kept (runs are immutable)."""
+        kept = self._maps.get(id(ids))
+        if kept is None or kept[0] is not ids:
+            if len(self._maps) >= 512:  # runs long merged away
+                self._maps.clear()
+            kept = self._maps[id(ids)] = (ids, Positions(ids))
+        return kept[1]
 
     def _parts(self, c: ReadContext, partitions) -> list:
         parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
@@ -160,15 +175,15 @@ class Aggregator:
         with_rowids = rowids
         ids = await part.index.visible_rowids(c.T)
         preds = terms + ([box] if box is not None else [])
-        cands = self._candidates(part, preds)  # computed in a thread
         cols = {x.id: x for x in [*need, *(t.column for t in terms), *([box.column] if box else [])]}
         indexed = [x for x in cols.values() if gatherable(part.columns, x)]
         decode = [x for x in cols.values() if x.id not in {i.id for i in indexed}]
+        cands = self._candidates(part, preds, every=bool(decode))  # computed in a thread
         srcs = {x.id: sources(part.columns, x) for x in indexed}
         decoded = None
         if decode:
             if cands is not None:
-                ids, cands = await asyncio.to_thread(lambda: self._narrowed(ids, cands())), None
+                ids, cands = await asyncio.to_thread(lambda: self._narrowed(part, ids, cands())), None
             keep = {d.id for d in decode} | {c.d.schema.primary_key}
             target = replace(c.d.schema, columns=tuple(x for x in c.d.schema.columns if x.id in keep))
             if len(ids):
@@ -176,9 +191,9 @@ class Aggregator:
                                        f"partition {part.pid}")).batch
 
         def work() -> pa.Table:
-            rowids = ids if cands is None else self._narrowed(ids, cands())
+            rowids = ids if cands is None else self._narrowed(part, ids, cands())
             memo: dict = {}
-            arrays = {x.id: gather(srcs[x.id], x, rowids, memo) for x in indexed}
+            arrays = {x.id: gather(srcs[x.id], x, rowids, memo, self._positions) for x in indexed}
             for x in decode:
                 arrays[x.id] = decoded.column(x.name) if decoded is not None else pa.nulls(0, x.type.arrow())
             rows = pa.table({"_row": pa.nulls(len(rowids), pa.int8()), **{cname(x): arrays[x.id] for x in need},
@@ -190,6 +205,22 @@ class Aggregator:
             return rows
         return work, {"path": "decode" if decode else "index", "decoded_columns": sorted(x.name for x in decode),
                       "rows": 0, "rows_decoded": len(ids) if decode else 0}
+
+
+BITMAP_SHARE = 0.25  # a predicate selecting more of the rows than this is checked by value instead
+
+
+def _worth_a_bitmap(taken: list) -> list:
+    """The predicates whose bitmaps an aggregate builds: the most selective one, and any other
+    that selects at most ``BITMAP_SHARE`` of the rows. A wide one (``v > 0``: a union of half
+    the buckets and a refine) costs more as a bitmap than checking its column's values on the
+    few candidates left, which the exact re-check of every term does anyway."""
+    def share(t) -> float:
+        pred, _, (runs, _) = t
+        n = sum(r.rows for r in runs)
+        return sum(r.share(pred) * r.rows for r in runs) / n if n else 1.0
+    ranked = sorted(taken, key=share)
+    return ranked[:1] + [t for t in ranked[1:] if share(t) <= BITMAP_SHARE]
 
 
 class _Counted:

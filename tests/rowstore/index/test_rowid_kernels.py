@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
 
-from rowstore.index.rowid_kernels import RowidSet, bin_points, match_sorted
+from rowstore.index.rowid_kernels import Positions, RowidSet, bin_points, match_sorted
 from rowstore.reads.aggregates import Grid, cell_counts, cell_edges
 from rowstore.reads.predicates import BBox
 from rowstore.schema import Column
@@ -75,3 +75,17 @@ def test_a_copy_of_a_set_is_taken_from_alone():
                np.array([-1.0, -1.0, 1.0, 1.0]), cell_edges(-1, 1, 1), cell_edges(-1, 1, 1), counts)
     assert counts.tolist() == [[2]]  # (8, 0) has no segment in the set, (7, 6) is past its last local id
     assert int(s.bits.sum()) == 3 and int(c.bits.sum()) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(segs=SEGMENTS, hay=st.lists(st.integers(0, 5000), max_size=300), extra=st.lists(st.integers(0, 5000),
+       max_size=100), seed=st.integers(0, 2**32 - 1))
+def test_positions_and_membership_are_a_search_per_row(segs, hay, extra, seed):
+    rng = np.random.default_rng(seed)
+    h = rowids(segs, hay, rng)
+    probe = np.concatenate([h[rng.random(len(h)) < 0.5], rowids(segs, extra, rng),
+                            np.array([(2**32 - 1) << 32, 0], np.uint64)])  # a segment of none, and rowid 0
+    rng.shuffle(probe)  # any order
+    where = {int(r): i for i, r in enumerate(h)}
+    assert Positions(h).of(probe).tolist() == [where.get(int(r), -1) for r in probe]
+    assert RowidSet(h).contains(probe).tolist() == [int(r) in where for r in probe]

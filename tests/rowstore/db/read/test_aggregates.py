@@ -252,3 +252,13 @@ async def test_large_grids_count_their_partitions_one_after_another_with_the_sam
     monkeypatch.setattr(agg, "_PARALLEL_CELLS", 0)
     one_by_one, _, _ = await db.histogram("a", "p", bb, [7, 5], as_of=T)
     assert one_by_one.tolist() == parallel.tolist() and int(parallel.sum()) > 0
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0])
+def test_predicates_left_to_the_value_check_give_the_same_answers(monkeypatch, share):
+    """Whether a predicate is answered by a bitmap or only by the exact check of its values
+    (``BITMAP_SHARE``: 0 keeps only the most selective bitmap, 1 builds all) changes nothing."""
+    import rowstore.db.read.aggregate as agg
+    monkeypatch.setattr(agg, "BITMAP_SHARE", share)
+    for seed in (11, 12, 13):
+        asyncio.run(_property(seed, 4))
