@@ -12,7 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import numpy as np
+import pyarrow as pa
+
 from catalog.errors import CorruptionError
+from rowstore.index.key_memtable import encode_keys
+from rowstore.tables.keys import partition_of
 
 PLACE = "node/place/"
 FORMAT = 1  # part of the record's format
@@ -145,3 +150,11 @@ def counts(placements) -> tuple[dict[str, int], dict[str, int]]:
             for r in p.replicas:
                 held[r] = held.get(r, 0) + 1
     return led, held
+
+
+def key_partitions(d, keys) -> np.ndarray:
+    """The partition of each key of table ``d`` (the format's hash, rowstore/tables/keys.py)."""
+    kind = d.schema.key.type.kind.value
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    return partition_of(encode_keys(keys, kind), d.partitions)

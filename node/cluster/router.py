@@ -3,7 +3,9 @@
 The node that receives a request hashes its keys to partitions with the format's
 partition hash and looks up who serves them (``node/cluster/placement.py``):
 
-* everything on this node: served here, after a fresh look at the placement;
+* everything on this node: served here — confirmed by the leases of replicated partitions led
+  here, by the engine's own set for one-copy ones (only their release moves them), else by a
+  fresh look at the placement;
 * everything on one other node: the request goes there unchanged (RFC 0007's forward);
 * rows on several nodes: one atomic batch across them (``node/cluster/commit.py``);
 * a query: every node's partitions read at one snapshot T and merged in key order.
@@ -25,12 +27,11 @@ from node.cluster.members import FORWARDED, RemoteError, raise_remote
 from node.wire import read_arrow_stream
 from node.errors import ApiError
 from node.cluster.commit import commit_across
+from node.cluster.placement import key_partitions as _pids
 from rowstore.errors import UnavailableError
-from rowstore.index.key_memtable import encode_keys
 from rowstore.reads.plan import ReadPlan
 from rowstore.tables.conform import conform
 from rowstore.tables.key_check import check_keys
-from rowstore.tables.keys import partition_of
 
 
 log = logging.getLogger("node.router")
@@ -62,15 +63,17 @@ class Router:
         return await self.cluster.placement(d.name, d.partitions, fresh=fresh)
 
     async def _where(self, request, d, pids, fresh: bool = False) -> str | None:
-        """The one node serving all of ``pids`` (None: several). Serving here is confirmed
-        with a fresh look — or, for replicated partitions led here, by their leases (no other
-        leader can exist while a majority answered within the lease); a forwarded request for
-        partitions elsewhere is Misdirected."""
+        """The one node serving all of ``pids`` (None: several). Serving here is confirmed by
+        the leases of replicated partitions led here (no other leader while a majority answered
+        within the lease), the engine's set of one-copy ones, or a fresh look; a forwarded
+        request for partitions elsewhere is Misdirected."""
         if self._leased_here(d, pids):
             return self.cluster.node_id
         pl = await self._placement(d, fresh)
         nodes = {pl.leader(int(p)) for p in pids}
         forwarded = FORWARDED in request.headers
+        if not forwarded and not fresh and self._owned_here(d, pl, pids):
+            return self.cluster.node_id
         if forwarded or self.cluster.node_id in nodes:
             pl = await self._placement(d, fresh=True)
             nodes = {pl.leader(int(p)) for p in pids}
@@ -78,6 +81,15 @@ class Router:
             raise Misdirected(f"table {d.name!r}: partitions {sorted(set(map(int, pids)))} are served by "
                               f"{', '.join(sorted(nodes))}")
         return nodes.pop() if len(nodes) == 1 else None
+
+    def _owned_here(self, d, pl, pids) -> bool:
+        """One-copy partitions the engine serves: only their release here moves them (writes
+        refused before the placement switches; no election without their one replica), so no
+        linearizable placement read (a Raft barrier) is needed per request."""
+        t, me = self.db.tables.get(d.table_id), self.cluster.node_id
+        return t is not None and len(pids) > 0 and all(
+            int(p) < len(pl.partitions) and pl.partitions[int(p)].replicas == (me,) and int(p) in t.owned
+            for p in pids)
 
     def _leased_here(self, d, pids) -> bool:
         lead = self.db.leadership
@@ -433,12 +445,3 @@ def _unled(e: BaseException) -> bool:
     """Whether a node's failure to serve its partitions says they have no leader answering
     (down, or 503: not leading them now) — not that the request itself was wrong."""
     return not isinstance(e, RemoteError) or e.status == 503
-
-
-def _pids(d, keys) -> np.ndarray:
-    """The partition of each key (the format's hash, rowstore/tables/keys.py)."""
-    kind = d.schema.key.type.kind.value
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    return partition_of(encode_keys(keys, kind), d.partitions)
-

@@ -1,0 +1,66 @@
+"""How the router confirms that partitions are served here (node/cluster/router.py ``_where``):
+one-copy partitions the engine serves need no linearizable placement read (a Raft barrier per
+request); anything else — one the engine released, a replicated one without a lease, a request
+forwarded here — still takes the fresh look. The placement is a counting double; the moves
+themselves run between real processes in test_single_copy_moves.py."""
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from node.cluster.members import FORWARDED
+from node.cluster.placement import PartitionPlace, Placement
+from node.cluster.router import Misdirected, Router
+
+
+class Cluster:
+    def __init__(self, pl: Placement):
+        self.node_id, self.multi, self.pl, self.fresh_reads = "n1", True, pl, 0
+
+    async def placement(self, name, partitions, fresh=False):
+        self.fresh_reads += fresh
+        return self.pl
+
+
+def router(owned: set, pl: Placement) -> tuple[Router, Cluster]:
+    cluster = Cluster(pl)
+    table = SimpleNamespace(owned=owned)
+    db = SimpleNamespace(tables=SimpleNamespace(get=lambda tid: table if tid == "T1" else None),
+                         leadership=SimpleNamespace(shipper=lambda tid, pid: None))
+    return Router(SimpleNamespace(cluster=cluster, ready=True, db=db)), cluster
+
+
+D = SimpleNamespace(name="t", table_id="T1", partitions=3)
+PL = Placement((PartitionPlace(("n1",), 1), PartitionPlace(("n1", "n2", "n3"), 2), PartitionPlace(("n2",), 1)))
+
+
+def where(r, pids, headers=None):
+    return asyncio.run(r._where(SimpleNamespace(headers=headers or {}), D, pids))
+
+
+def test_one_copy_partitions_the_engine_serves_take_no_fresh_placement_read():
+    r, c = router({0, 1}, PL)
+    assert where(r, [0]) == "n1" and c.fresh_reads == 0
+
+
+@pytest.mark.parametrize("pids, owned", [
+    ([0], set()),  # released here (a hand-off under way): the placement decides
+    ([1], {0, 1}),  # replicated, led here without a lease
+    ([0, 1], {0, 1}),  # one of them replicated
+])
+def test_anything_else_takes_the_fresh_look(pids, owned):
+    r, c = router(owned, PL)
+    assert where(r, pids) == "n1" and c.fresh_reads == 1
+
+
+def test_a_forwarded_request_is_checked_freshly_and_misdirected_when_elsewhere():
+    r, c = router({0}, PL)
+    assert where(r, [0], {FORWARDED: "n2"}) == "n1" and c.fresh_reads == 1
+    with pytest.raises(Misdirected):
+        where(r, [2], {FORWARDED: "n2"})
+
+
+def test_partitions_elsewhere_are_routed_there_from_the_cached_placement():
+    r, c = router({0}, PL)
+    assert where(r, [2]) == "n2" and c.fresh_reads == 0
+    assert where(r, [0, 2]) is None  # several nodes: a batch across them
