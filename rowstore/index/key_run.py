@@ -238,10 +238,25 @@ class IndexRun:
                        np.zeros(0, np.uint64))
         if self._whole is not None:
             return self._whole
+        if lo is None and hi is None:
+            return await self._scan_all()
         firsts = self._fence_array()
         a = 0 if lo is None else max(int(np.searchsorted(firsts, lo, "left")) - 1, 0)
         b = len(self._offs) if hi is None else max(int(np.searchsorted(firsts, hi, "left")), 1)
         return _concat(await self.pages(list(range(a, b))))
+
+    async def _scan_all(self) -> Run:
+        """Every entry: the pages' bytes in one read, parsed in a worker thread — a full scan
+        (visible sets, merges, GC views) takes no loop hop per page, parses nothing on the
+        loop and leaves nothing in the parsed-page LRU."""
+        start = self._offs[0]
+        raw = await self.sf.read(start, self._fence_off - start)
+        ends = [*self._offs[1:], self._fence_off]
+
+        def parse() -> Run:
+            return _concat([_parse_page(raw[a - start : b - start], self.kind, n, self.where, a)
+                            for a, b, n in zip(self._offs, ends, self._counts)])
+        return await asyncio.to_thread(parse)
 
     async def all(self) -> Run:
         """Every entry (merges, checks)."""

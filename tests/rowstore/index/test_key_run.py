@@ -127,3 +127,26 @@ async def test_pages_across_more_than_the_parsed_page_cache(monkeypatch):
     got = await run.pages(list(range(n)))
     assert np.array_equal(np.concatenate([p.keys for p in got]), mt.consolidated().keys)
     assert len(run._pages) <= 2
+
+
+@pytest.mark.parametrize("kind", ["int64", "string", "uuid"])
+async def test_a_full_scan_reads_every_page_at_once_and_equals_the_pages(kind):
+    """``range()`` without bounds (visible sets, merges, GC views) reads the pages' bytes in one
+    read and parses them in a thread: the same entries as page by page, nothing left cached."""
+    fs = await new_fs()
+    mt = MemTable(kind)
+    n = 3000
+    vals = list(range(n)) if kind == "int64" else [f"k-{i:05d}" for i in range(n)] if kind == "string" \
+        else [i.to_bytes(16, "big") for i in range(n)]
+    arr = pa.array(vals, {"int64": pa.int64(), "string": pa.string(), "uuid": pa.binary(16)}[kind])
+    for ts in (3, 9):
+        mt.insert(encode_keys(arr, kind), ts, np.arange(n, dtype=np.uint64) + (ts << 32))
+    run = await write_run(fs, mt, kind)
+    assert len(run._offs) > 4
+    whole = await run.range()
+    want = mt.consolidated()
+    assert np.array_equal(whole.keys, want.keys) and np.array_equal(whole.ts, want.ts) \
+        and np.array_equal(whole.rowids, want.rowids)
+    assert len(run._pages) == 0
+    pages = await run.pages(list(range(len(run._offs))))
+    assert np.array_equal(np.concatenate([p.rowids for p in pages]), whole.rowids)
