@@ -122,6 +122,12 @@ class BlockDevice(abc.ABC):
             await f.close()
         await self.rename(tmp, name)
 
+    async def write_files(self, items: list[tuple[str, bytes]]) -> None:
+        """``write_file`` of each ``(name, data)`` in order; a device may do them all in one
+        worker-thread hop (the block cache's disk tier writes blocks in batches)."""
+        for name, data in items:
+            await self.write_file(name, data)
+
     async def read_file(self, name: str) -> bytes:
         """Whole contents of ``name``."""
         f = await self.open(name)

@@ -67,6 +67,9 @@ class _LRU:
         return len(self._d)
 
 
+WRITE_BATCH = 64  # disk-tier records written per worker-thread hop
+
+
 class BlockCache:
     """Two-level cache keyed by ``(object key, block index)``."""
 
@@ -76,6 +79,8 @@ class BlockCache:
         self._dev = volatile
         self._disk = _LRU(volatile_bytes)
         self._writes: set[asyncio.Task] = set()
+        self._pending: list[tuple] = []  # (key, record) waiting for the writer task
+        self._writer: asyncio.Task | None = None
         self.stats = {"mem_hits": 0, "disk_hits": 0, "misses": 0, "disk_bad": 0}
 
     async def open(self) -> None:
@@ -119,23 +124,39 @@ class BlockCache:
         return data
 
     def put_disk(self, key, record: bytes) -> None:
-        """Write a stored record to the volatile device in the background."""
+        """Write a stored record to the volatile device in the background: records queue up
+        and one task writes them in batches (a full scan of a cold object fetches thousands
+        of blocks; a task and five thread hops each filled the worker pool that requests use)."""
         if self._dev is None:
             return
-        task = asyncio.ensure_future(self._write(key, record))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        self._pending.append((key, record))
+        if self._writer is None:
+            self._writer = asyncio.ensure_future(self._write_pending())
+            self._writes.add(self._writer)
+            self._writer.add_done_callback(self._writes.discard)
 
-    async def _write(self, key, record: bytes) -> None:
+    async def _write_pending(self) -> None:
         try:
-            await self._dev.write_file(self._name(key), record)
-            for k, _ in self._disk.put(key, True, len(record)):
+            while self._pending:
+                batch, self._pending = self._pending[:WRITE_BATCH], self._pending[WRITE_BATCH:]
                 try:
-                    await self._dev.delete(self._name(k))
-                except NotFoundError:
-                    pass
-        except Exception as e:  # noqa: BLE001 - a cache write failure only costs a refetch
-            log.warning("event=cache_write_failed key=%s error=%r", key, e)
+                    await self._dev.write_files([(self._name(k), r) for k, r in batch])
+                except Exception as e:  # noqa: BLE001 - a cache write failure only costs a refetch
+                    log.warning("event=cache_write_failed blocks=%d first=%s error=%r", len(batch), batch[0][0], e)
+                    continue
+                for key, record in batch:
+                    for k, _ in self._disk.put(key, True, len(record)):
+                        await self._evict(k)
+        finally:
+            self._writer = None
+
+    async def _evict(self, key) -> None:
+        try:
+            await self._dev.delete(self._name(key))
+        except NotFoundError:
+            pass
+        except Exception as e:  # noqa: BLE001 - a stale file of a volatile cache costs only space
+            log.warning("event=cache_evict_failed key=%s error=%r", key, e)
 
     def drop(self, key) -> None:
         """Forget a damaged entry so the next read refetches it."""

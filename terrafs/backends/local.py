@@ -183,6 +183,22 @@ class LocalBlockDevice(BlockDevice):
 
         await asyncio.to_thread(_rename)
 
+    async def write_files(self, items: list[tuple[str, bytes]]) -> None:
+        """Every file written and renamed into place in one worker-thread hop (``write_file``
+        takes five: exists, create, write, close, rename)."""
+        def _all() -> None:
+            for name, data in items:
+                path = self._path(name)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path + ".tmp", "wb") as f:
+                    f.write(data)
+                    if self.durable:
+                        f.flush()
+                        os.fsync(f.fileno())
+                os.replace(path + ".tmp", path)
+                self._sync_dir(path)
+        await asyncio.to_thread(_all)
+
     async def list(self, prefix: str = "") -> list[str]:
         return await asyncio.to_thread(_walk, self.root, prefix, ())
 

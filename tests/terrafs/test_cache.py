@@ -11,3 +11,55 @@ def test_get_mem_many_returns_held_blocks_and_refreshes_them():
     c.put_mem(("f", 4), b"x" * 100)  # evicts the least recent: 1 (0 and 2 were just read)
     c.put_mem(("f", 5), b"y" * 100)  # then 3
     assert sorted(k for _, k in c.get_mem_many([("f", i) for i in range(6)])) == [0, 2, 4, 5]
+
+
+async def test_disk_tier_writes_go_in_batches_and_read_back(tmp_path):
+    """Many blocks put at once (a cold full scan) are written by one task in batches — each batch
+    one worker-thread hop on a local device — and every one reads back; the tier's budget still
+    evicts the oldest files."""
+    import asyncio
+
+    from terrafs.backends.local import LocalBlockDevice
+    from terrafs.cache import WRITE_BATCH
+
+    dev = LocalBlockDevice(str(tmp_path), durable=False)
+    hops = []
+    real = dev.write_files
+
+    async def counted(items):
+        hops.append(len(items))
+        await real(items)
+    dev.write_files = counted
+    c = BlockCache(volatile=dev, volatile_bytes=150 * 1000)
+    await c.open()
+    for i in range(200):
+        c.put_disk(("obj", i), bytes([i % 256]) * 1000)
+    assert len(c._writes) == 1  # one writer task, not one per block
+    await c.drain()
+    assert sum(hops) == 200 and max(hops) <= WRITE_BATCH and len(hops) == -(-200 // WRITE_BATCH)
+    assert await c.get_disk(("obj", 0)) is None  # evicted: the tier holds 150 of them
+    assert await c.get_disk(("obj", 199)) == bytes([199]) * 1000
+    assert len([n for n in await dev.list("") if not n.endswith(".tmp")]) == 150
+    await asyncio.sleep(0)
+
+
+async def test_a_failed_disk_batch_costs_only_a_refetch(tmp_path):
+    from terrafs.backends.local import LocalBlockDevice
+
+    dev = LocalBlockDevice(str(tmp_path), durable=False)
+    c = BlockCache(volatile=dev)
+    fail = [True]
+    real = dev.write_files
+
+    async def flaky(items):
+        if fail[0]:
+            fail[0] = False
+            raise OSError("disk full")
+        await real(items)
+    dev.write_files = flaky
+    c.put_disk(("a", 1), b"x" * 10)
+    await c.drain()
+    assert await c.get_disk(("a", 1)) is None  # never held: a miss, refetched by the caller
+    c.put_disk(("a", 2), b"y" * 10)
+    await c.drain()
+    assert await c.get_disk(("a", 2)) == b"y" * 10
