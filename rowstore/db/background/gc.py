@@ -114,7 +114,12 @@ class GarbageCollector:
                 for p in t.served():  # only what this node serves (RFC 0009, "Who collects")
                     try:
                         await self._partition(d, p, H, res)
-                    except (ConflictError, UnavailableError) as e:  # it stopped serving it meanwhile
+                    except Exception as e:
+                        # a partition this node stopped serving meanwhile (an election or a hand-off
+                        # moved it) fails in whatever step met the change first — a conflict, a
+                        # segment released or sealed under it: abandoned, not an error of the pass
+                        if not isinstance(e, (ConflictError, UnavailableError)) and self._serves(p):
+                            raise
                         log.warning("event=gc_partition_abandoned table=%s partition=%d reason=%r", d.name, p.pid, e)
             if not dry_run:
                 await self._retire_dropped(dropped, tid, H, res)

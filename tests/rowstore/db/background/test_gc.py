@@ -471,3 +471,32 @@ async def test_a_segment_row_that_disagrees_with_its_object_is_corruption_not_a_
     await db.catalog.txn([], [Put(e.key, replace(victim, rows=victim.rows - 38).to_bytes())])
     with pytest.raises(RowCorruptionError, match=f"segment {victim.segid} holds {victim.rows} rows"):
         await db.collect_garbage()
+
+
+@pytest.mark.parametrize("serving", [False, True])
+async def test_a_partition_lost_during_its_pass_is_abandoned_not_a_failed_pass(monkeypatch, serving):
+    """A partition this node stops serving mid-pass (an election, a hand-off) fails in whatever
+    step meets the change first — a segment sealed or released under it, not only a conflict:
+    the pass goes on with the others. The same error while it is still served fails the pass."""
+    from terrafs.errors import FileStateError
+
+    w, db = await make(partitions=2)
+    await db.upsert("m", rows(range(100)))
+    gc = db.gc
+    real = gc._partition
+    seen = []
+
+    async def losing(d, p, H, res):
+        seen.append(p.pid)
+        if p.pid == 0:
+            if not serving:
+                db.tables.get(p.table_id).unserve(0)  # moved away meanwhile
+            raise FileStateError("segment sealed under the pass")
+        await real(d, p, H, res)
+    monkeypatch.setattr(gc, "_partition", losing)
+    if serving:
+        with pytest.raises(FileStateError):
+            await gc.run()
+    else:
+        await gc.run()
+        assert seen == [0, 1]
