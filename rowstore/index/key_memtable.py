@@ -104,16 +104,20 @@ def _merge2(ak, ats, ar, bk, bts, br):
     return k, t, r
 
 
-def visible(run: Run, as_of: int) -> Run:
-    """For each key, its newest entry with ts <= as_of, tombstones removed (reconstruction)."""
+def newest_versions(run: Run, as_of: int) -> Run:
+    """For each key, its newest entry with ts <= as_of, deletions included."""
     m = run.ts <= np.uint64(as_of)
     keys, ts, rowids = run.keys[m], run.ts[m], run.rowids[m]
-    if len(keys) == 0:
-        return Run(keys, ts, rowids)
     first = np.ones(len(keys), bool)
     first[1:] = keys[1:] != keys[:-1]  # sorted ts desc: the first of a key is its newest
-    live = first & (rowids != TOMBSTONE)
-    return Run(keys[live], ts[live], rowids[live])
+    return Run(keys[first], ts[first], rowids[first])
+
+
+def visible(run: Run, as_of: int) -> Run:
+    """For each key, its newest entry with ts <= as_of, tombstones removed (reconstruction)."""
+    r = newest_versions(run, as_of)
+    live = r.rowids != TOMBSTONE
+    return Run(r.keys[live], r.ts[live], r.rowids[live])
 
 
 class MemTable:

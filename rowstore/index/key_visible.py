@@ -15,17 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rowstore.index.key_memtable import TOMBSTONE, Run, merge_runs
+from rowstore.index.key_memtable import TOMBSTONE, Run, merge_runs, newest_versions
 from rowstore.index.rowid_kernels import match_sorted
-
-
-def newest_versions(run: Run, as_of: int) -> Run:
-    """Per key of a (key asc, ts desc) run, its newest entry with ts <= ``as_of``, deletions included."""
-    m = run.ts <= np.uint64(as_of)
-    keys, ts, rowids = run.keys[m], run.ts[m], run.rowids[m]
-    first = np.ones(len(keys), bool)
-    first[1:] = keys[1:] != keys[:-1]  # sorted ts desc: the first of a key is its newest
-    return Run(keys[first], ts[first], rowids[first])
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,8 @@ def match_sorted(hay, wanted):
 
 @numba.njit(cache=True, nogil=True)
 def _layout(ids):
-    """(segments, their first byte, their byte counts) of sorted rowids."""
+    """(segments, each one's first slot with one past the last) of sorted rowids: a slot per local id
+    up to the largest one present."""
     nseg = 0
     last = np.uint64(0)
     for i in range(ids.shape[0]):
@@ -77,13 +78,34 @@ def _layout(ids):
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill(ids, segs, base, bits):
+def _scatter(ids, segs, base, table, values):
+    """``table[slot of ids[i]] = values[i]`` for sorted ``ids`` (segments walked in order)."""
     k = 0
     for i in range(ids.shape[0]):
         s = ids[i] >> np.uint64(32)
         while segs[k] != s:
             k += 1
-        bits[base[k] + np.int64(ids[i] & np.uint64(0xFFFFFFFF))] = 1
+        table[base[k] + np.int64(ids[i] & np.uint64(0xFFFFFFFF))] = values[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def _lookup(segs, base, table, ids, missing):
+    """``table`` at the slot of each of ``ids`` (any order), ``missing`` where it has none."""
+    out = np.full(ids.shape[0], missing, table.dtype)
+    for i in range(ids.shape[0]):
+        j = _slot(segs, base, ids[i])
+        if j >= 0:
+            out[i] = table[j]
+    return out
+
+
+def _dense(ids: np.ndarray, fill, values: np.ndarray) -> tuple:
+    """(segments, their first slot, a table of ``values`` by slot, ``fill`` elsewhere) of sorted rowids."""
+    ids = np.ascontiguousarray(ids, np.uint64)
+    segs, base = _layout(ids)
+    table = np.full(int(base[-1]), fill, values.dtype)
+    _scatter(ids, segs, base, table, values)
+    return segs, base, table
 
 
 @numba.njit(inline="always")
@@ -109,14 +131,11 @@ class RowidSet:
     __slots__ = ("segs", "base", "bits")
 
     def __init__(self, ids: np.ndarray):
-        ids = np.ascontiguousarray(ids, np.uint64)
-        self.segs, self.base = _layout(ids)
-        self.bits = np.zeros(int(self.base[-1]), np.uint8)
-        _fill(ids, self.segs, self.base, self.bits)
+        self.segs, self.base, self.bits = _dense(ids, 0, np.ones(len(ids), np.uint8))
 
     def contains(self, ids: np.ndarray) -> np.ndarray:
         """Whether each of ``ids`` is in the set (a byte lookup each)."""
-        return _member(self.segs, self.base, self.bits, np.ascontiguousarray(ids, np.uint64))
+        return _lookup(self.segs, self.base, self.bits, np.ascontiguousarray(ids, np.uint64), np.uint8(0)) != 0
 
     def copy(self) -> RowidSet:
         """Another set of the same rowids (its own bytes; the layout is shared, never written)."""
@@ -166,40 +185,8 @@ class Positions:
     __slots__ = ("segs", "base", "at")
 
     def __init__(self, ids: np.ndarray):
-        ids = np.ascontiguousarray(ids, np.uint64)
-        self.segs, self.base = _layout(ids)
-        self.at = np.full(int(self.base[-1]), -1, np.int64)
-        _place(ids, self.segs, self.base, self.at)
+        self.segs, self.base, self.at = _dense(ids, -1, np.arange(len(ids), dtype=np.int64))
 
     def of(self, wanted: np.ndarray) -> np.ndarray:
         """The position of each of ``wanted`` in the side table, or -1."""
-        return _positions(self.segs, self.base, self.at, np.ascontiguousarray(wanted, np.uint64))
-
-
-@numba.njit(cache=True, nogil=True)
-def _place(ids, segs, base, at):
-    k = 0
-    for i in range(ids.shape[0]):
-        s = ids[i] >> np.uint64(32)
-        while segs[k] != s:
-            k += 1
-        at[base[k] + np.int64(ids[i] & np.uint64(0xFFFFFFFF))] = i
-
-
-@numba.njit(cache=True, nogil=True)
-def _member(segs, base, bits, ids):
-    out = np.zeros(ids.shape[0], np.bool_)
-    for i in range(ids.shape[0]):
-        j = _slot(segs, base, ids[i])
-        out[i] = j >= 0 and bits[j] != 0
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
-def _positions(segs, base, at, ids):
-    out = np.full(ids.shape[0], -1, np.int64)
-    for i in range(ids.shape[0]):
-        j = _slot(segs, base, ids[i])
-        if j >= 0:
-            out[i] = at[j]
-    return out
+        return _lookup(self.segs, self.base, self.at, np.ascontiguousarray(wanted, np.uint64), np.int64(-1))

@@ -57,7 +57,7 @@ class Aggregator:
         got = await asyncio.gather(*[asyncio.to_thread(run, w) for w, _ in works])
         rows = [r for r, _ in got]
         out = await asyncio.to_thread(merge, [p for _, p in got], spec) if got else _no_partial(spec)
-        return out, c.T, _stats_of(works, rows)
+        return out, c.T, _stats_of(works, [r.num_rows for r in rows])
 
     async def histogram(self, name: str, column, bbox, cells, where=None, as_of=None, partitions=None,
                         trusted: bool = False) -> tuple[np.ndarray, int, dict]:
@@ -74,8 +74,8 @@ class Aggregator:
         def run(w):  # each partition in a worker thread of its own (the kernels run without the GIL)
             got = w()
             if isinstance(got, np.ndarray):  # counted in place from the grid (_prepare_cells)
-                return got, _Counted(int(got.sum()))
-            return _cells(got, grid), got
+                return got, int(got.sum())
+            return _cells(got, grid), got.num_rows
         if grid.nx * grid.ny <= _PARALLEL_CELLS:
             got = await asyncio.gather(*[asyncio.to_thread(run, w) for w, _ in works])
         else:  # a count array per partition at once would be large: one after another
@@ -83,7 +83,7 @@ class Aggregator:
         counts = np.zeros((grid.ny, grid.nx), np.int64)
         for cells, _ in got:
             counts += cells
-        return counts, c.T, _stats_of(works, [r for _, r in got])
+        return counts, c.T, _stats_of(works, [n for _, n in got])
 
     async def _prepare_cells(self, c: ReadContext, part, terms, grid: Grid) -> tuple:
         """(work, stats) of a point column's histogram counted straight from its grid runs and
@@ -113,14 +113,7 @@ class Aggregator:
     def _visible_set(self, part, ids: np.ndarray) -> RowidSet:
         """The :class:`RowidSet` of a partition's visible ``ids``, kept while they are the same
         array (never written: takers copy it)."""
-        key = id(part.index)
-        kept = self._sets.get(key)
-        if kept is None or kept[0] is not ids:
-            if len(self._sets) >= 1024:  # indexes of partitions long gone
-                self._sets.clear()
-            kept = (ids, RowidSet(ids))
-            self._sets[key] = kept
-        return kept[1]
+        return _kept(self._sets, id(part.index), ids, RowidSet, 1024)  # bound: indexes of partitions long gone
 
     @staticmethod
     def _candidates(part, preds, every: bool) -> Callable[[], BitMap64 | None] | None:
@@ -154,12 +147,7 @@ class Aggregator:
 
     def _positions(self, ids: np.ndarray) -> Positions:
         """The :class:`Positions` of a run's side-table rowids, kept (runs are immutable)."""
-        kept = self._maps.get(id(ids))
-        if kept is None or kept[0] is not ids:
-            if len(self._maps) >= 512:  # runs long merged away
-                self._maps.clear()
-            kept = self._maps[id(ids)] = (ids, Positions(ids))
-        return kept[1]
+        return _kept(self._maps, id(ids), ids, Positions, 512)  # bound: runs long merged away
 
     def _parts(self, c: ReadContext, partitions) -> list:
         parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
@@ -219,15 +207,19 @@ def _worth_a_bitmap(taken: list) -> list:
         pred, _, (runs, _) = t
         n = sum(r.rows for r in runs)
         return sum(r.share(pred) * r.rows for r in runs) / n if n else 1.0
-    ranked = sorted(taken, key=share)
-    return ranked[:1] + [t for t in ranked[1:] if share(t) <= BITMAP_SHARE]
+    ranked = sorted(((share(t), i, t) for i, t in enumerate(taken)), key=lambda x: x[:2])
+    return [t for j, (sh, _, t) in enumerate(ranked) if j == 0 or sh <= BITMAP_SHARE]
 
 
-class _Counted:
-    """A partition's histogram rows, counted in place (stats want only their number)."""
-
-    def __init__(self, n: int):
-        self.num_rows = n
+def _kept(cache: dict, key, ids: np.ndarray, build, most: int):
+    """``build(ids)``, kept in ``cache`` under ``key`` while ``ids`` is the same array (cleared
+    past ``most`` entries)."""
+    kept = cache.get(key)
+    if kept is None or kept[0] is not ids:
+        if len(cache) >= most:
+            cache.clear()
+        kept = cache[key] = (ids, build(ids))
+    return kept[1]
 
 
 def _point_spans(srcs: list, box) -> list[tuple]:
@@ -259,11 +251,11 @@ def _cells(rows: pa.Table, grid: Grid) -> np.ndarray:
     return cell_counts(rows.column(cname(grid.box.column)), grid)
 
 
-def _stats_of(works: list, rows: list) -> dict:
-    """A node's stats: its partitions' added up."""
+def _stats_of(works: list, counts: list[int]) -> dict:
+    """A node's stats: its partitions' added up (``counts``: the rows each one counted)."""
     out = {"path": "index", "decoded_columns": [], "rows": 0, "rows_decoded": 0, "partitions": 0}
-    for (_, st), r in zip(works, rows):
-        add_stats(out, dict(st, rows=r.num_rows))
+    for (_, st), n in zip(works, counts):
+        add_stats(out, dict(st, rows=n))
     return out
 
 

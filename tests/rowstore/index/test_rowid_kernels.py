@@ -22,13 +22,21 @@ def rowids(draw_segs, locals_, rng) -> np.ndarray:
     return np.unique(ids)
 
 
-@settings(max_examples=200, deadline=None)
-@given(segs=SEGMENTS, hay=st.lists(st.integers(0, 5000), max_size=300), extra=st.lists(st.integers(0, 5000),
-       max_size=100), seed=st.integers(0, 2**32 - 1))
-def test_match_sorted_is_a_binary_search_per_row(segs, hay, extra, seed):
+# a side table's rowids, and rowids to look for in it: about half of them, and others
+HAY_AND_PROBES = {"segs": SEGMENTS, "hay": st.lists(st.integers(0, 5000), max_size=300),
+                  "extra": st.lists(st.integers(0, 5000), max_size=100), "seed": st.integers(0, 2**32 - 1)}
+
+
+def hay_and_probes(segs, hay, extra, seed) -> tuple:
     rng = np.random.default_rng(seed)
     h = rowids(segs, hay, rng)
-    pool = np.concatenate([h[rng.random(len(h)) < 0.5], rowids(segs, extra, rng)])
+    return rng, h, np.concatenate([h[rng.random(len(h)) < 0.5], rowids(segs, extra, rng)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(**HAY_AND_PROBES)
+def test_match_sorted_is_a_binary_search_per_row(segs, hay, extra, seed):
+    _, h, pool = hay_and_probes(segs, hay, extra, seed)
     wanted = np.unique(pool)
     got = match_sorted(h, wanted)
     pos = np.searchsorted(h, wanted)
@@ -78,13 +86,10 @@ def test_a_copy_of_a_set_is_taken_from_alone():
 
 
 @settings(max_examples=200, deadline=None)
-@given(segs=SEGMENTS, hay=st.lists(st.integers(0, 5000), max_size=300), extra=st.lists(st.integers(0, 5000),
-       max_size=100), seed=st.integers(0, 2**32 - 1))
+@given(**HAY_AND_PROBES)
 def test_positions_and_membership_are_a_search_per_row(segs, hay, extra, seed):
-    rng = np.random.default_rng(seed)
-    h = rowids(segs, hay, rng)
-    probe = np.concatenate([h[rng.random(len(h)) < 0.5], rowids(segs, extra, rng),
-                            np.array([(2**32 - 1) << 32, 0], np.uint64)])  # a segment of none, and rowid 0
+    rng, h, pool = hay_and_probes(segs, hay, extra, seed)
+    probe = np.concatenate([pool, np.array([(2**32 - 1) << 32, 0], np.uint64)])  # a segment of none, and rowid 0
     rng.shuffle(probe)  # any order
     where = {int(r): i for i, r in enumerate(h)}
     assert Positions(h).of(probe).tolist() == [where.get(int(r), -1) for r in probe]
