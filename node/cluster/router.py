@@ -83,9 +83,9 @@ class Router:
         return nodes.pop() if len(nodes) == 1 else None
 
     def _owned_here(self, d, pl, pids) -> bool:
-        """One-copy partitions the engine serves: only their release here moves them (writes
-        refused before the placement switches; no election without their one replica), so no
-        linearizable placement read (a Raft barrier) is needed per request."""
+        """One-copy partitions the engine serves: only their release here moves them (retired,
+        every write refused, before the placement switches; no election without their one
+        replica), so no linearizable placement read (a Raft barrier) is needed per request."""
         t, me = self.db.tables.get(d.table_id), self.cluster.node_id
         return t is not None and len(pids) > 0 and all(
             int(p) < len(pl.partitions) and pl.partitions[int(p)].replicas == (me,) and int(p) in t.owned
