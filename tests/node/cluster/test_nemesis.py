@@ -234,6 +234,17 @@ def feed_check(c, acked: set[int], rows_per: int) -> None:
 
 
 @pytest.mark.slow
+def agrees_with_query(c) -> None:
+    """An aggregate through ``c`` (rows per batch, every node's partials merged at one T, after
+    every fault, seal, offload, checkpoint, merge and GC) counts what a query at its T returns."""
+    def both():
+        a = c.aggregate("t", [{"fn": "count"}], group_by=["b"])
+        got = {r["b"]: r["count"] for r in a["rows"] if r["b"] is not None and r["b"] >= 0}
+        return got, counts(c, as_of=a["as_of"])
+    got, want = eventually(both, 60)
+    assert got == want, f"aggregate and query disagree: {sorted(set(got.items()) ^ set(want.items()))[:5]}"
+
+
 def test_nemesis_rounds_lose_nothing_and_agree(tmp_path):
     rng = random.Random(SEED)
     nodes = raft_cluster(tmp_path, 3, extra=FAST_CLUSTER + JOBS)
@@ -263,6 +274,7 @@ def test_nemesis_rounds_lose_nothing_and_agree(tmp_path):
                 got = eventually(lambda c=c: counts(c), 30)
                 check_batches(got, acked)
                 assert set(got) <= w.tried, f"batches never written: {sorted(set(got) - w.tried)[:5]}"
+                agrees_with_query(c)
         with members[0].client(timeout=60) as c:
             for T, seen in nem.reads:
                 assert eventually(lambda T=T: counts(c, as_of=T), 30) == seen, f"as_of {T} changed"
@@ -276,6 +288,7 @@ def test_nemesis_rounds_lose_nothing_and_agree(tmp_path):
             if n is not top:
                 with n.client(timeout=60) as c:
                     check_batches(eventually(lambda c=c: counts(c), 60), acked)
+                    agrees_with_query(c)
         print(f"nemesis seed {SEED}: {ROUNDS} rounds, {len(acked)} batches acknowledged, "
               f"{len(nem.reads)} as_of reads, members {[n.node_id for n in members]}, errors {w.errors}\n"
               + "\n".join(nem.trace))
