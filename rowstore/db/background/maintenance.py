@@ -9,6 +9,7 @@ import time
 from typing import Callable
 
 from rowstore.db.read.leaderless import advance_from
+from rowstore.errors import UnavailableError
 from rowstore.segments.store import SegmentRecord, SegmentStore
 from rowstore.tables.definitions import TableCatalog
 from rowstore.timeline import Timeline
@@ -69,7 +70,11 @@ class Maintenance:
             d = self.tables.definition(rec.table)
             if d is None:
                 continue  # a table this node has not opened (it will be, at the next start)
-            await self.store.offload(segid, d.schema, await self.tables.schemas_of(d))
+            try:
+                await self.store.offload(segid, d.schema, await self.tables.schemas_of(d))
+            except UnavailableError as e:  # its partition moved on the way: the new leader offloads it
+                log.info("event=offload_skipped segment=%d reason=%r", segid, e)
+                continue
             done.append(segid)
             touched.add((rec.table, rec.partition))
         await self.mark(self._idle() | touched)

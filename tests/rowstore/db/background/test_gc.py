@@ -500,3 +500,24 @@ async def test_a_partition_lost_during_its_pass_is_abandoned_not_a_failed_pass(m
     else:
         await gc.run()
         assert seen == [0, 1]
+
+
+async def test_a_segment_released_on_its_way_to_an_object_is_skipped_not_a_failed_pass(monkeypatch):
+    """The offload before a pass (and the offload job) meets a segment whose partition moved
+    meanwhile as 503 ``unavailable``: its new leader offloads it; the others still go."""
+    from rowstore.errors import UnavailableError
+
+    w, db = await make(partitions=2)
+    await db.upsert("m", rows(range(200)))
+    await db.seal()
+    pending = await db.store.pending_offload()
+    assert len(pending) >= 2
+    real = db.store.offload
+
+    async def moved_first(segid, *a, **k):
+        if segid == pending[0]:
+            raise UnavailableError(f"segment {segid} is no longer open here (its partition moved); retry")
+        return await real(segid, *a, **k)
+    monkeypatch.setattr(db.store, "offload", moved_first)
+    await db.gc.run()
+    assert await db.store.pending_offload() == [pending[0]]
