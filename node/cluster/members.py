@@ -201,16 +201,8 @@ class Cluster:
         """One internal request to ``node`` (with this node's token when it has one): (status,
         headers, body). A node that does not answer is a ConnectionError (503 to callers)."""
         url = await self.address(node) + path
-        if cut_to(node):
-            raise ConnectionError(f"node {node} ({url}) does not answer: cut by a test")
-        delay = slow_to(node)
-        if delay:  # a slow link (a test's fault file)
-            await asyncio.sleep(delay)
-        h = dict(headers or {})
-        h[FORWARDED] = self.node_id
-        h[INCARNATION] = self.incarnation
-        if self.token:
-            h["Authorization"] = f"Bearer {self.token}"
+        await self.fault(node)
+        h = self._internal(headers)
         if doc is not None:
             body, h["Content-Type"] = json.dumps(doc).encode(), "application/json"
         try:
@@ -218,6 +210,36 @@ class Cluster:
                 return r.status, dict(r.headers), await r.read()
         except aiohttp.ClientError as e:
             raise ConnectionError(f"node {node} ({url}) does not answer: {e}") from e
+
+    async def open_stream(self, node: str, path: str, max_msg_size: int) -> aiohttp.ClientWebSocketResponse:
+        """A websocket to ``node``'s ``path``, opened as an internal call (token, caller, process).
+        aiohttp.WSServerHandshakeError when the node answers the upgrade with an error status
+        (404: a node of an older version); ConnectionError when it does not answer."""
+        url = await self.address(node) + path
+        await self.fault(node)
+        try:
+            return await self.session().ws_connect(url, headers=self._internal(None), max_msg_size=max_msg_size,
+                                                   compress=0, autoping=True)
+        except aiohttp.WSServerHandshakeError:
+            raise
+        except (aiohttp.ClientError, OSError) as e:
+            raise ConnectionError(f"node {node} ({url}) does not answer: {e}") from e
+
+    async def fault(self, node: str) -> None:
+        """A test's fault file for the link to ``node``: cut (ConnectionError) or slow (a sleep)."""
+        if cut_to(node):
+            raise ConnectionError(f"node {node} does not answer: cut by a test")
+        delay = slow_to(node)
+        if delay:
+            await asyncio.sleep(delay)
+
+    def _internal(self, headers: dict | None) -> dict:
+        h = dict(headers or {})
+        h[FORWARDED] = self.node_id
+        h[INCARNATION] = self.incarnation
+        if self.token:
+            h["Authorization"] = f"Bearer {self.token}"
+        return h
 
     async def gone(self, who: tuple[str, str]) -> bool:
         """Whether the process ``(node id, incarnation)`` is gone: its node does not answer,

@@ -1,14 +1,18 @@
-"""The replication messages' wire form (docs/format/replication.md) and the leader's HTTP
-transport: a leader's appends sent to a follower's ``/v1/internal/repl/append`` — several at a
-time, of different partitions, to ``/v1/internal/repl/append_many`` (RFC 0011, step 2). The
-follower's endpoints are :mod:`node.http.routes.replication`."""
+"""The replication messages' wire form (docs/format/replication.md) and the leader's transport:
+a leader's appends sent to a follower node on one stream (``/v1/internal/repl/stream``, frames
+of several partitions' messages, :mod:`node.cluster.stream`), or to an older follower over
+HTTP (``/v1/internal/repl/append_many``, ``/v1/internal/repl/append``) (RFC 0011, step 2).
+The follower's endpoints are :mod:`node.http.routes.replication`."""
 from __future__ import annotations
 
 import asyncio
 import json
 import struct
 
+import aiohttp
+
 from node.cluster.members import Cluster
+from node.cluster.stream import STREAM, Stream, StreamClosed, batch_answers
 from node.errors import ApiError
 from rowstore.errors import FencedError
 from rowstore.replication.follower import Piece
@@ -92,19 +96,24 @@ APPEND, APPEND_MANY = "/v1/internal/repl/append", "/v1/internal/repl/append_many
 
 
 class HttpTransport(Transport):
-    """A leader's appends over the internal HTTP endpoints, with a per-call deadline — one
-    stream per follower node (RFC 0011, step 2): the appends of every partition this node
-    leads for that follower that arrive while a request to it is in flight leave together, in
-    the next request (``append_many``), and each caller gets its own message's answer. The
-    protocol stays per partition (each link keeps one message in flight); a follower runs a
-    batch's partitions concurrently, so their groups share its device flushes."""
+    """A leader's appends to its followers — one stream per follower node (RFC 0011, step 2):
+    a websocket (:mod:`node.cluster.stream`) carrying frames of ``append_many`` bodies, up to
+    ``IN_FLIGHT`` unanswered. The appends of every partition this node leads for that follower
+    that arrive while every slot is taken leave together in the next frame, and each caller gets
+    its own message's answer. A follower without the stream endpoint (an older version) gets
+    HTTP requests instead — ``append_many``, one in flight, or one ``append`` per message if it
+    lacks that too. The protocol stays per partition (each link keeps one message in flight);
+    a follower runs a frame's partitions concurrently, so their groups share its device flushes."""
 
-    def __init__(self, cluster: Cluster, timeout_s: float):
+    def __init__(self, cluster: Cluster, timeout_s: float, streams: bool = True):
         self.cluster, self.timeout_s = cluster, timeout_s
         self._queued: dict[str, list[tuple[bytes, asyncio.Future]]] = {}
         self._sending: set[str] = set()
+        self._streams: dict[str, Stream] = {}
+        self.streams = streams  # False: HTTP requests only (the tests of that path)
+        self._http_only: set[str] = set()  # nodes without the stream endpoint (an older version)
         self._single_only: set[str] = set()  # nodes without append_many (an older version)
-        self.requests = self.messages = 0  # append requests sent, and the messages they carried
+        self.requests = self.messages = 0  # append requests (or frames) sent, and the messages they carried
 
     async def append(self, node: str, header: dict, data: list[bytes]) -> dict:
         fut = asyncio.get_running_loop().create_future()
@@ -112,11 +121,23 @@ class HttpTransport(Transport):
         if node not in self._sending:
             self._sending.add(node)
             asyncio.ensure_future(self._stream(node))
-        status, headers, payload = await asyncio.wait_for(fut, self.timeout_s)
-        return _answer(node, status, headers, payload)
+        try:
+            return _answer(node, await asyncio.wait_for(fut, self.timeout_s))
+        except asyncio.TimeoutError:
+            s = self._streams.pop(node, None)  # not answered in time: the next message opens a new stream
+            if s is not None:
+                s.close(StreamClosed(f"node {node} stopped answering on the replication stream"))
+            raise
+
+    def close(self) -> None:
+        """Close every stream (the node is stopping): what is in flight on them fails."""
+        for s in self._streams.values():
+            s.close(StreamClosed("this node is stopping"))
+        self._streams.clear()
 
     async def _stream(self, node: str) -> None:
-        """Send what is queued for ``node``, one request at a time, until nothing is."""
+        """Send what is queued for ``node`` until nothing is (a frame at a time; each waits for
+        a free slot of the stream, or for the HTTP request before it)."""
         try:
             while True:
                 queue = self._queued.get(node, [])
@@ -132,26 +153,53 @@ class HttpTransport(Transport):
 
     async def _send(self, node: str, batch: list[tuple[bytes, asyncio.Future]]) -> None:
         try:
-            if len(batch) == 1 or node in self._single_only:
-                for body, fut in batch:
-                    got = await self._call(node, APPEND, body)
-                    if not fut.done():
-                        fut.set_result(got)
-                return
-            status, headers, payload = await self._call(node, APPEND_MANY, encode_many([b for b, _ in batch]))
-            if status in (404, 405):  # a follower of an older version: one message per request
-                self._single_only.add(node)
-                await self._send(node, batch)
-                return
-            answers = _answers(node, status, payload, len(batch))
-            for (_, fut), a in zip(batch, answers):
-                if not fut.done():
-                    fut.set_result((a["status"], {PROMISED: str(a.get("promised", 0))},
-                                    json.dumps(a.get("body", {})).encode()))
+            stream = await self._open(node)
+            if stream is not None:
+                await self.cluster.fault(node)
+                await stream.send(encode_many([b for b, _ in batch]), [f for _, f in batch])
+                self.requests += 1
+                self.messages += len(batch)
+            else:
+                await self._send_http(node, batch)
         except Exception as e:  # noqa: BLE001 - the request failed: every message in it did
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(e)
+
+    async def _open(self, node: str) -> Stream | None:
+        """The open stream to ``node`` (opened now if none is), or None: HTTP requests to it."""
+        if not self.streams or node in self._http_only:
+            return None
+        s = self._streams.get(node)
+        if s is not None and not s.closed:
+            return s
+        try:
+            ws = await self.cluster.open_stream(node, STREAM, MAX_FRAME)
+        except aiohttp.WSServerHandshakeError as e:
+            if e.status not in (404, 405):
+                raise ConnectionError(f"node {node} refused the replication stream: {e.status} {e.message}") from e
+            self._http_only.add(node)  # a follower of an older version
+            return None
+        self._streams[node] = s = Stream(node, ws, self.timeout_s)
+        return s
+
+    async def _send_http(self, node: str, batch: list[tuple[bytes, asyncio.Future]]) -> None:
+        if len(batch) == 1 or node in self._single_only:
+            for body, fut in batch:
+                status, headers, payload = await self._call(node, APPEND, body)
+                if not fut.done():
+                    fut.set_result(_single(status, headers, payload))
+            return
+        status, headers, payload = await self._call(node, APPEND_MANY, encode_many([b for b, _ in batch]))
+        if status in (404, 405):  # a follower of an older version: one message per request
+            self._single_only.add(node)
+            await self._send_http(node, batch)
+            return
+        if status != 200:
+            raise ConnectionError(f"node {node} answered {status} to a batch of appends: {payload[:200]!r}")
+        for (_, fut), a in zip(batch, batch_answers(node, payload, len(batch))):
+            if not fut.done():
+                fut.set_result(a)
 
     async def _call(self, node: str, path: str, body: bytes) -> tuple[int, dict, bytes]:
         self.requests += 1
@@ -160,27 +208,23 @@ class HttpTransport(Transport):
             "Content-Type": "application/octet-stream"}), self.timeout_s)
 
 
-def _answers(node: str, status: int, payload: bytes, n: int) -> list[dict]:
-    """The per-message answers of a batch, or ConnectionError for the whole request."""
+MAX_FRAME = 1 << 30  # the largest frame a stream carries (a node's max_body bounds what it accepts)
+
+
+def _single(status: int, headers: dict, payload: bytes) -> dict:
+    """A single ``append``'s HTTP answer in the form of one answer of a batch."""
     try:
-        doc = json.loads(payload)
+        body = json.loads(payload)
     except ValueError:
-        doc = {}
-    answers = doc.get("answers") if isinstance(doc, dict) else None
-    if status != 200 or not isinstance(answers, list) or len(answers) != n or \
-            not all(isinstance(a, dict) and isinstance(a.get("status"), int) for a in answers):
-        raise ConnectionError(f"node {node} answered {status} to a batch of appends: {payload[:200]!r}")
-    return answers
+        body = {"raw": payload[:200].decode(errors="replace")}
+    return {"status": status, "body": body, "promised": int(headers.get(PROMISED, "0") or 0)}
 
 
-def _answer(node: str, status: int, headers: dict, payload: bytes) -> dict:
+def _answer(node: str, a: dict) -> dict:
     """One append's answer: the follower's document, FencedError, or ConnectionError."""
-    try:
-        doc = json.loads(payload)
-    except ValueError:
-        doc = {}
-    if status == 409 and isinstance(doc, dict) and doc.get("error", {}).get("code") == "fenced":
-        raise FencedError(doc["error"]["message"], int(headers.get(PROMISED, "0") or 0))
-    if status != 200:
-        raise ConnectionError(f"node {node} answered {status} to an append: {payload[:200]!r}")
-    return doc
+    body = a.get("body")
+    if a["status"] == 409 and isinstance(body, dict) and body.get("error", {}).get("code") == "fenced":
+        raise FencedError(body["error"]["message"], int(a.get("promised") or 0))
+    if a["status"] != 200 or not isinstance(body, dict):
+        raise ConnectionError(f"node {node} answered {a['status']} to an append: {json.dumps(body)[:200]}")
+    return body

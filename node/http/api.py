@@ -13,6 +13,7 @@ import time
 from aiohttp import web
 
 from node.cluster.router import Router
+from node.cluster.stream import STREAM
 from node.errors import ApiError
 from node.http.coalesce import Coalescer
 from node.http.edge import answer, error
@@ -36,6 +37,7 @@ class Api:
         self.node = node
         self.router = Router(node)
         self._writes: Coalescer | None = None
+        self.streams: set = set()  # open replication streams from leader nodes (closed at shutdown)
 
     @property
     def writes(self) -> Coalescer:
@@ -75,6 +77,8 @@ class Api:
         self.node.guard.headed(request.transport)  # a request head arrived: no longer pending
         m = self.node.metrics
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+        if route == STREAM:  # a connection's lifetime, not a request: neither in flight nor timed
+            return await self._guarded(request, handler)
         t0 = time.perf_counter()
         m.in_flight.inc()
         try:

@@ -13,7 +13,7 @@ from node.http.routes.console import add_console_routes
 from node.http.routes.internal import add_internal_routes
 from node.http.routes.membership import add_membership_routes
 from node.http.routes.handoff import add_handoff_routes
-from node.http.routes.replication import add_replication_routes
+from node.http.routes.replication import add_replication_routes, close_streams
 
 
 def make_app(node) -> web.Application:
@@ -26,4 +26,5 @@ def make_app(node) -> web.Application:
     add_replication_routes(api, app.router)  # leader to follower, driver to replicas (RFC 0010 §5)
     add_handoff_routes(api, app.router)  # one-copy partitions moved between nodes (RFC 0010 §7)
     add_console_routes(api, app.router)  # the admin console's files (docs/console.md)
+    app.on_shutdown.append(lambda _app: close_streams(api))  # a stream would hold the shutdown
     return app

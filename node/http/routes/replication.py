@@ -1,5 +1,6 @@
 """Replication messages between nodes (docs/format/replication.md): the follower's endpoints
-(append — one message, or several of different partitions in one request — fence, promote).
+(append — one message, several of different partitions in one request, or frames of them on
+a stream — fence, promote).
 Authenticated and marked like every internal call; the leader's side is
 :mod:`node.cluster.transport`."""
 from __future__ import annotations
@@ -8,8 +9,10 @@ import asyncio
 import json
 from collections import defaultdict
 
-from aiohttp import web
+from aiohttp import WSCloseCode, WSMsgType, web
 
+from node.cluster.members import FORWARDED
+from node.cluster.stream import FRAME_ID, STREAM
 from node.cluster.transport import PROMISED, decode, decode_many
 from node.errors import ApiError
 from node.http.edge import answer
@@ -20,6 +23,7 @@ from rowstore.errors import FencedError
 def add_replication_routes(api, router) -> None:
     router.add_post("/v1/internal/repl/append", bound(api, append))
     router.add_post("/v1/internal/repl/append_many", bound(api, append_many))
+    router.add_get(STREAM, bound(api, stream))
     router.add_post("/v1/internal/repl/fence", bound(api, fence))
     router.add_post("/v1/internal/repl/promote", bound(api, promote))
 
@@ -30,12 +34,16 @@ def _fenced(e: FencedError) -> web.Response:
                              headers={PROMISED: str(e.promised)})
 
 
-async def _partition(api, table_id: str, pid: int) -> None:
-    """404 unless ``table_id`` is a live table of this cluster and ``pid`` one of its
-    partitions (a message about anything else must change nothing); 409 on a single node."""
+def _cluster_node(api) -> None:
     api.db  # noqa: B018 - 503 while starting or stopping
     if api.node.cluster is None or not api.node.cluster.multi:
         raise ApiError(409, "not_a_cluster", "replication needs a cluster (catalog raft://)")
+
+
+async def _partition(api, table_id: str, pid: int) -> None:
+    """404 unless ``table_id`` is a live table of this cluster and ``pid`` one of its
+    partitions (a message about anything else must change nothing); 409 on a single node."""
+    _cluster_node(api)
     parts = api.node.replication.known.get(table_id)
     if parts is None:
         api.node.replication.known = {d.table_id: d.partitions for d in await api.db.list_tables()}
@@ -65,11 +73,67 @@ async def append_many(api, request):
     status and document a single ``append`` would have answered. A malformed body is 400 and
     applies nothing."""
     msgs = [decode(bytes(m)) for m in decode_many(await request.read())]
+    via = request.headers.get(FORWARDED, "")
+    return web.json_response({"answers": await _apply(api, request, msgs, via, {})})
+
+
+async def stream(api, request):
+    """A leader node's replication stream (a websocket): each binary frame is a frame id (u64)
+    and an ``append_many`` body, answered — as soon as its messages are durable here, frames
+    in any order — by a frame of the same id and the ``append_many`` answer (a malformed body:
+    ``{"error": …}``, nothing of it applied). Frames run concurrently; the messages of one
+    partition run in the order they arrived, across frames. Closed at shutdown; what is in
+    flight then still finishes (a leader's stream sees the close and fails its frames)."""
+    _cluster_node(api)
+    ws = web.WebSocketResponse(max_msg_size=api.node.cfg.max_body, compress=False)
+    await ws.prepare(request)
+    api.streams.add(ws)
+    via, order, frames = request.headers.get(FORWARDED, ""), {}, set()
+    try:
+        async for msg in ws:
+            if msg.type != WSMsgType.BINARY or len(msg.data) < FRAME_ID.size:
+                await ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"binary frames only")
+                break
+            t = asyncio.ensure_future(_frame(api, request, ws, msg.data, via, order))
+            frames.add(t)
+            t.add_done_callback(frames.discard)
+    finally:
+        api.streams.discard(ws)
+        if frames:
+            await asyncio.gather(*frames, return_exceptions=True)
+    return ws
+
+
+async def close_streams(api) -> None:
+    """Close every open stream (the node is stopping; frames in flight still finish)."""
+    await asyncio.gather(*(ws.close(code=WSCloseCode.GOING_AWAY, message=b"stopping") for ws in list(api.streams)),
+                         return_exceptions=True)
+
+
+async def _frame(api, request, ws, data: bytes, via: str, order: dict) -> None:
+    fid = data[:FRAME_ID.size]
+    try:
+        msgs = [decode(bytes(m)) for m in decode_many(memoryview(data)[FRAME_ID.size:])]
+    except ApiError as e:
+        out = {"error": {"code": e.code, "message": e.message}}
+    else:
+        out = {"answers": await _apply(api, request, msgs, via, order)}
+    if not ws.closed:
+        try:
+            await ws.send_bytes(fid + json.dumps(out, separators=(",", ":")).encode())
+        except ConnectionError:
+            pass  # the leader went away: it failed this frame on its side
+
+
+async def _apply(api, request, msgs, via: str, order: dict) -> list[dict]:
+    """Each message's answer, as ``append`` would give it: the partitions concurrently, the
+    messages of one partition one after another — after those of earlier calls sharing
+    ``order`` (partition -> the future its last message sets when done)."""
+    loop = asyncio.get_running_loop()
     by_partition: dict[tuple[str, int], list[int]] = defaultdict(list)
     for i, (h, _) in enumerate(msgs):
         by_partition[(h["table"], h["pid"])].append(i)
     answers: list[dict] = [{}] * len(msgs)
-    via = request.headers.get("X-Terrascale-Forwarded-By", "")
 
     async def one(i: int) -> dict:
         h, pieces = msgs[i]
@@ -83,12 +147,24 @@ async def append_many(api, request):
             resp = answer(request, e)
             return {"status": resp.status, "body": json.loads(resp.body)}
 
-    async def in_order(indexes: list[int]) -> None:
-        for i in indexes:
-            answers[i] = await one(i)
+    async def in_order(key, indexes: list[int], before, done: asyncio.Future) -> None:
+        try:
+            if before is not None:
+                await asyncio.shield(before)
+            for i in indexes:
+                answers[i] = await one(i)
+        finally:
+            done.set_result(None)
+            if order.get(key) is done:
+                del order[key]
 
-    await asyncio.gather(*(in_order(ix) for ix in by_partition.values()))
-    return web.json_response({"answers": answers})
+    runs = []
+    for key, indexes in by_partition.items():
+        done = loop.create_future()
+        runs.append(in_order(key, indexes, order.get(key), done))
+        order[key] = done
+    await asyncio.gather(*runs)
+    return answers
 
 
 async def fence(api, request):
@@ -110,8 +186,6 @@ async def promote(api, request):
     doc = await json_object(request, {"table", "pid"}, ("table", "pid"))
     if not isinstance(doc["table"], str) or isinstance(doc["pid"], bool) or not isinstance(doc["pid"], int):
         raise ApiError(400, "bad_request", '"table" is a table name, "pid" an integer')
-    api.db  # noqa: B018 - 503 while starting or stopping
-    if api.node.cluster is None or not api.node.cluster.multi:
-        raise ApiError(409, "not_a_cluster", "replication needs a cluster (catalog raft://)")
+    _cluster_node(api)
     led = await api.node.replication.take_if_mine(doc["table"], doc["pid"])
     return web.json_response({"leading": led})

@@ -51,7 +51,7 @@ def header(pid: int) -> dict:
 
 async def test_appends_that_wait_for_a_request_in_flight_leave_together():
     cl = FakeCluster()
-    tr = HttpTransport(cl, timeout_s=5)
+    tr = HttpTransport(cl, timeout_s=5, streams=False)
     first = asyncio.ensure_future(tr.append("n2", header(0), []))
     await asyncio.sleep(0)
     await asyncio.sleep(0)
@@ -73,7 +73,7 @@ async def test_appends_that_wait_for_a_request_in_flight_leave_together():
 async def test_a_follower_without_append_many_gets_one_message_per_request():
     cl = FakeCluster(many=False)
     cl.release.set()
-    tr = HttpTransport(cl, timeout_s=5)
+    tr = HttpTransport(cl, timeout_s=5, streams=False)
     blocker = asyncio.Event()
     real = cl.call
 
@@ -97,7 +97,7 @@ async def test_a_failed_batch_request_fails_each_of_its_callers():
     class Down(FakeCluster):
         async def call(self, node, method, path, **kw):
             raise ConnectionError("node n2 does not answer")
-    tr = HttpTransport(Down(), timeout_s=5)
+    tr = HttpTransport(Down(), timeout_s=5, streams=False)
     got = await asyncio.gather(*(tr.append("n2", header(p), []) for p in range(3)), return_exceptions=True)
     assert all(isinstance(g, ConnectionError) for g in got)
 
