@@ -8,9 +8,11 @@ written with (docs/format/segment.md §1).
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, replace
+from dataclasses import field as dc_field
 
 import pyarrow as pa
 
@@ -29,8 +31,14 @@ class Column:
     nullable: bool = True
 
     def field(self) -> pa.Field:
-        meta = {LOGICAL_KEY: str(self.type).encode(), b"terrascale.column_id": str(self.id).encode()}
-        return pa.field(self.name, self.type.arrow(), nullable=self.nullable, metadata=meta)
+        return _field(self)
+
+
+@functools.lru_cache(maxsize=4096)
+def _field(c: Column) -> pa.Field:
+    """A column's Arrow field, built once (every point write asks for its columns')."""
+    meta = {LOGICAL_KEY: str(c.type).encode(), b"terrascale.column_id": str(c.id).encode()}
+    return pa.field(c.name, c.type.arrow(), nullable=c.nullable, metadata=meta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +47,12 @@ class SchemaVersion:
     columns: tuple[Column, ...]
     primary_key: int  # column id
     next_column_id: int
+    _ids: dict = dc_field(default=None, init=False, repr=False, compare=False, hash=False)  # id -> Column
+    _names: dict = dc_field(default=None, init=False, repr=False, compare=False, hash=False)  # name -> Column
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_ids", {c.id: c for c in self.columns})
+        object.__setattr__(self, "_names", {c.name: c for c in self.columns})
         names = [c.name for c in self.columns]
         if len(set(n.lower() for n in names)) != len(names):
             raise SchemaError("column names must be unique (case-insensitively)")
@@ -55,14 +67,14 @@ class SchemaVersion:
             raise SchemaError(f"primary key {pk.name!r} cannot be nullable")
 
     def by_id(self, cid: int) -> Column | None:
-        return next((c for c in self.columns if c.id == cid), None)
+        return self._ids.get(cid)
 
     def by_name(self, name: str) -> Column | None:
-        return next((c for c in self.columns if c.name == name), None)
+        return self._names.get(name) if isinstance(name, str) else None
 
     @property
     def key(self) -> Column:
-        return self.by_id(self.primary_key)
+        return self._ids.get(self.primary_key)
 
     def arrow(self) -> pa.Schema:
         return pa.schema([c.field() for c in self.columns])

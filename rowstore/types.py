@@ -3,6 +3,7 @@ and to its fixed-width row storage (docs/format/segment.md §1)."""
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from dataclasses import dataclass
 
@@ -96,8 +97,10 @@ class ColumnType:
 
     def arrow(self) -> pa.DataType:
         """The one Arrow type this column type maps to."""
-        if self.kind in _PRIMITIVE_ARROW:
-            return _PRIMITIVE_ARROW[self.kind]
+        got = _PRIMITIVE_ARROW.get(self.kind)
+        return got if got is not None else _struct_arrow(self)
+
+    def _struct(self) -> pa.DataType:
         if self.kind == Kind.POINT:
             return pa.struct([("x", pa.float64()), ("y", pa.float64())])
         if self.kind == Kind.BOX:
@@ -114,3 +117,9 @@ class ColumnType:
             v = "<f8" if self.elem == Kind.FLOAT64 else "<i8"
             return np.dtype([("lo", v), ("hi", v), ("f", "u1")])
         return _STORAGE[self.kind]
+
+
+@functools.lru_cache(maxsize=64)
+def _struct_arrow(t: ColumnType) -> pa.DataType:
+    """A struct column type's Arrow type, built once."""
+    return t._struct()

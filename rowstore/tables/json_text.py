@@ -35,7 +35,11 @@ def _no_constant(name: str):
 
 
 def depth_over(body: bytes, limit: int) -> bool:
-    """Whether the JSON text nests ``[``/``{`` (outside strings) more than ``limit`` deep."""
+    """Whether the JSON text nests ``[``/``{`` (outside strings) more than ``limit`` deep.
+    A text with at most ``limit`` opening brackets in all cannot (the usual small body: two
+    byte counts, no scan)."""
+    if isinstance(body, (bytes, bytearray)) and body.count(b"[") + body.count(b"{") <= limit:
+        return False
     return bool(len(body)) and _depth_over(np.frombuffer(body, np.uint8), limit)
 
 

@@ -404,7 +404,7 @@ class Committer:
 def served(table: Table, pids: np.ndarray) -> None:
     """Refuse rows of partitions another node serves (the node layer routes them there; this
     is the engine's own guard against writing a partition twice in a cluster)."""
-    foreign = set(np.unique(pids).tolist()) - table.owned
+    foreign = set(np.unique(pids).tolist() if len(pids) > 64 else pids.tolist()) - table.owned
     if foreign:
         raise UnavailableError(f"table {table.name!r}: partitions {sorted(foreign)} are not served by this node")
 
