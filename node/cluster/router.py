@@ -184,44 +184,40 @@ class Router:
 
     # -- writes ---------------------------------------------------------------------------------
 
-    async def upsert(self, request, table: str, data: pa.Table, small=None):
-        """(forwarded response, None) or (None, (count, commit_ts)). ``small()``: the write
-        through the node's coalescer (RFC 0008) when served here — None if it declines."""
+    async def upsert(self, request, table: str, data: pa.Table):
+        """(forwarded response, None) or (None, (count, commit_ts))."""
         d = await self.db.describe(table)
         if not self.multi or data.num_rows == 0:
             res = await self.db.upsert(table, data)
             return None, (res.count, res.commit_ts)
         batch = conform(data, d.schema)  # bad rows are refused here, before anything moves
-        pids = _pids(d, batch.column(d.schema.key.name))
+        return await self.write(request, d, _pids(d, batch.column(d.schema.key.name)),
+                                lambda: self.db.upsert(table, batch), lambda: batch, False)
 
-        async def here():
-            res = None if small is None else await small()
-            res = res or await self.db.upsert(table, batch)
-            return res.count, res.commit_ts
-
-        async def across():
-            out = await self._across(d, batch, pids, False)
-            return out.rows, out.commit_ts
-        return await self._dispatch(request, d, pids, here, across)
-
-    async def delete(self, request, table: str, keys: list, small=None):
+    async def delete(self, request, table: str, keys: list):
         d = await self.db.describe(table)
         if not self.multi or not keys:
-            res = None if small is None else await small()
-            res = res or await self.db.delete(table, keys)
+            res = await self.db.delete(table, keys)
             return None, (res.count, res.commit_ts)
         karr = check_keys(keys, d.schema.key)
-        pids = _pids(d, karr)
+        return await self.write(request, d, _pids(d, karr), lambda: self.db.delete(table, keys),
+                                lambda: pa.RecordBatch.from_arrays([karr], names=[d.schema.key.name]), True)
+
+    async def write(self, request, d, pids, commit, batch_of, delete: bool):
+        """A write whose rows fall in partitions ``pids`` (checked already), routed:
+        ``commit()`` when this node serves them all, the request forwarded as it came when one
+        other node does, ``batch_of()`` (the rows, or for a delete the keys, as Arrow)
+        committed across when several do. A small JSON write comes here prepared by the
+        coalescer (RFC 0008), so the usual path converts no row twice."""
+        pids = np.asarray(pids, np.int64)
 
         async def here():
-            res = None if small is None else await small()
-            res = res or await self.db.delete(table, keys)
+            res = await commit()
             return res.count, res.commit_ts
 
         async def across():
-            batch = pa.RecordBatch.from_arrays([karr], names=[d.schema.key.name])
-            out = await self._across(d, batch, pids, True)
-            return out.existed, out.commit_ts
+            out = await self._across(d, batch_of(), pids, delete)
+            return (out.existed if delete else out.rows), out.commit_ts
         return await self._dispatch(request, d, pids, here, across)
 
     async def _across(self, d, batch, pids, delete: bool):

@@ -74,15 +74,17 @@ class Coalescer:
 
     async def upsert(self, d: TableDef, rows) -> WriteResult | None:
         """Upsert JSON rows (a request's ``"rows"``); None when the full path must take them."""
-        req = self._prepare(d, rows, False)
-        return None if req is None else await self._submit(req)
+        req = self.prepare(d, rows, False)
+        return None if req is None else await self.submit(req)
 
     async def delete(self, d: TableDef, keys) -> WriteResult | None:
         """Delete by JSON key values; None when the full path must take them."""
-        req = self._prepare(d, keys, True)
-        return None if req is None else await self._submit(req)
+        req = self.prepare(d, keys, True)
+        return None if req is None else await self.submit(req)
 
-    def _prepare(self, d: TableDef, items, deleted: bool) -> _Request | None:
+    def prepare(self, d: TableDef, items, deleted: bool) -> _Request | None:
+        """The request encoded (rows, keys checked, partitions), or None for the full path. In
+        a cluster the router routes by its ``pids`` before anything else is done with it."""
         t0 = time.perf_counter()
         enc = encoder(d.schema)
         if enc is None or not isinstance(items, list) or not 0 < len(items) <= FAST_ROWS:
@@ -111,7 +113,8 @@ class Coalescer:
             self.metrics.write_path.labels("full").inc()
         return None
 
-    async def _submit(self, req: _Request) -> WriteResult:
+    async def submit(self, req: _Request) -> WriteResult:
+        """Commit a prepared request with the group it joins; its own result."""
         q = self._queues.get(req.d.table_id)
         if q is None:
             q = self._queues[req.d.table_id] = _Queue()

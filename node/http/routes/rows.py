@@ -5,10 +5,10 @@ and encoded in a worker thread, so one big request never stalls the others."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import time
 
+import pyarrow as pa
 from aiohttp import web
 
 from node.errors import ApiError
@@ -16,7 +16,8 @@ from node.http.params import (THREAD_BYTES, THREAD_ROWS, as_of_param, as_of_valu
                               off_loop_if_big, parse_json, rows_of, where_terms)
 from node.wire import ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table, table_to_rows, write_arrow_stream
 from rowstore.db.read.reader import MAX_LIMIT
-from rowstore.tables.key_check import show
+from rowstore.tables.conform import conform
+from rowstore.tables.key_check import check_keys, show
 
 
 def add_row_routes(api, router) -> None:
@@ -30,19 +31,20 @@ async def upsert(api, request):
     table = request.match_info["table"]
     db = api.db
     body = await request.read()
-    small = None
     if request.content_type == ARROW_STREAM:
         data = await off_loop_if_big(len(body), read_arrow_stream, body)
     elif request.content_type in ("application/json", "application/octet-stream", ""):
         d = await db.describe(table)
         if len(body) <= THREAD_BYTES:  # small: on the loop, and coalesced with its neighbours
             rows = rows_of(api.parsed(body))
-            if not api.router.multi:  # in a cluster the router first finds where they go
-                res = await api.writes.upsert(d, rows)
-                if res is not None:
-                    api.node.metrics.rows_written.labels("upsert").inc(res.count)
-                    return web.json_response({"committed": res.count, "commit_ts": res.commit_ts})
-            small = functools.partial(api.writes.upsert, d, rows)
+            req = api.writes.prepare(d, rows, False)
+            if req is not None:  # in a cluster the router first finds where its rows go
+                forwarded, res = await _prepared(api, request, d, req, lambda: conform(rows_to_table(
+                    rows, d.schema), d.schema), False)
+                if forwarded is not None:
+                    return forwarded
+                api.node.metrics.rows_written.labels("upsert").inc(res[0])
+                return web.json_response({"committed": res[0], "commit_ts": res[1]})
             data = rows_to_table(rows, d.schema)
         else:
             depth = api.node.cfg.max_json_depth
@@ -51,7 +53,7 @@ async def upsert(api, request):
         raise ApiError(415, "unsupported_media_type",
                        f"rows come as application/json or {ARROW_STREAM}, not {request.content_type}")
     t0 = time.perf_counter()
-    forwarded, res = await api.router.upsert(request, table, data, small)
+    forwarded, res = await api.router.upsert(request, table, data)
     if forwarded is not None:
         return forwarded
     count, ts = res
@@ -68,12 +70,27 @@ async def delete_rows(api, request):
         raise ApiError(400, "invalid_rows", '"keys" must be a list')
     table, db = request.match_info["table"], api.db
     d = await db.describe(table)
-    forwarded, res = await api.router.delete(request, table, doc["keys"],
-                                              small=lambda: api.writes.delete(d, doc["keys"]))
-    if forwarded is not None:
-        return forwarded
+    keys = doc["keys"]
+    req = api.writes.prepare(d, keys, True)
+    if req is not None:  # coalesced, routed by the partitions it computed
+        forwarded, res = await _prepared(api, request, d, req, lambda: pa.RecordBatch.from_arrays(
+            [check_keys(keys, d.schema.key)], names=[d.schema.key.name]), True)
+        if forwarded is not None:
+            return forwarded
+    else:
+        forwarded, res = await api.router.delete(request, table, doc["keys"])
+        if forwarded is not None:
+            return forwarded
     api.node.metrics.rows_written.labels("delete").inc(len(doc["keys"]))
     return web.json_response({"deleted": res[0], "commit_ts": res[1]})
+
+
+async def _prepared(api, request, d, req, batch_of, delete: bool):
+    """A prepared small write: (forwarded response, None) or (None, (count, commit_ts))."""
+    if not api.router.multi:
+        res = await api.writes.submit(req)
+        return None, (res.count, res.commit_ts)
+    return await api.router.write(request, d, req.pids, lambda: api.writes.submit(req), batch_of, delete)
 
 
 async def get_row(api, request):
