@@ -20,6 +20,9 @@ STREAM = "/v1/internal/repl/stream"
 IN_FLIGHT = 4  # frames sent and not yet answered, per follower node
 
 
+_CLOSING: set[asyncio.Future] = set()
+
+
 class StreamClosed(ConnectionError):
     """The stream to a follower closed (or never opened): every frame in flight on it failed."""
 
@@ -101,7 +104,9 @@ class Stream:
         """Fail every frame in flight with ``err`` and close the websocket (idempotent)."""
         if not self.closed:
             self.closed = True
-            asyncio.ensure_future(self.ws.close())
+            t = asyncio.ensure_future(self.ws.close())
+            _CLOSING.add(t)  # held until done: the loop keeps only a weak reference to a task
+            t.add_done_callback(_CLOSING.discard)
         for fid in list(self.pending):
             for f in self._finish(fid) or ():
                 if not f.done():

@@ -129,12 +129,6 @@ class HttpTransport(Transport):
                 s.close(StreamClosed(f"node {node} stopped answering on the replication stream"))
             raise
 
-    def close(self) -> None:
-        """Close every stream (the node is stopping): what is in flight on them fails."""
-        for s in self._streams.values():
-            s.close(StreamClosed("this node is stopping"))
-        self._streams.clear()
-
     async def _stream(self, node: str) -> None:
         """Send what is queued for ``node`` until nothing is (a frame at a time; each waits for
         a free slot of the stream, or for the HTTP request before it)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import defaultdict
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -18,6 +19,8 @@ from node.errors import ApiError
 from node.http.edge import answer
 from node.http.params import bound, json_object
 from rowstore.errors import FencedError
+
+log = logging.getLogger("terrascale.node")
 
 
 def add_replication_routes(api, router) -> None:
@@ -113,16 +116,19 @@ async def close_streams(api) -> None:
 async def _frame(api, request, ws, data: bytes, via: str, order: dict) -> None:
     fid = data[:FRAME_ID.size]
     try:
-        msgs = [decode(bytes(m)) for m in decode_many(memoryview(data)[FRAME_ID.size:])]
-    except ApiError as e:
-        out = {"error": {"code": e.code, "message": e.message}}
-    else:
-        out = {"answers": await _apply(api, request, msgs, via, order)}
-    if not ws.closed:
         try:
+            msgs = [decode(bytes(m)) for m in decode_many(memoryview(data)[FRAME_ID.size:])]
+        except ApiError as e:
+            out = {"error": {"code": e.code, "message": e.message}}
+        else:
+            out = {"answers": await _apply(api, request, msgs, via, order)}
+        if not ws.closed:
             await ws.send_bytes(fid + json.dumps(out, separators=(",", ":")).encode())
-        except ConnectionError:
-            pass  # the leader went away: it failed this frame on its side
+    except ConnectionError:
+        pass  # the leader went away: it failed this frame on its side
+    except Exception as e:  # noqa: BLE001 - unanswerable: close, so the leader fails it now, not at its deadline
+        log.warning("event=replication_frame_failed error=%r", e)
+        await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"a frame failed")
 
 
 async def _apply(api, request, msgs, via: str, order: dict) -> list[dict]:
