@@ -59,6 +59,9 @@ def _dropped(parts: list[Run], merged: Run) -> np.ndarray:
     return np.setdiff1d(old[old != TOMBSTONE], merged.rowids[merged.rowids != TOMBSTONE])
 
 
+INLINE_MERGE = 1024  # memtable entries a merge may have to run on the event loop (merge_small)
+
+
 class PartitionIndex:
     def __init__(self, fs: TerrascaleFS, key: str, kind: str, columns=None):
         self.fs, self.key, self.kind = fs, key, kind  # key: the manifest's catalog key
@@ -132,16 +135,30 @@ class PartitionIndex:
         """A read searched more than two memtable runs (cheap: checked on every get)."""
         return self.mem.read_many and not self._merging
 
+    def merge_small(self) -> bool:
+        """Run the memtable's due merges here while each is small (at most ``INLINE_MERGE``
+        entries: cheaper on the loop than a worker thread's hop — point writes make one merge
+        per group, nearly all of a few entries); whether a bigger one is still due."""
+        if self._merging:
+            return False
+        mem = self.mem
+        while (due := mem.merge_due()) is not None:
+            if sum(len(r) for r in due) > INLINE_MERGE:
+                return True
+            mem.replace(due, merge_runs(list(due)))
+        return False
+
     async def merge_memtable(self) -> None:
-        """Run the memtable's due merges in a worker thread, one pair at a time; a result is
-        dropped if the memtable was frozen for a checkpoint meanwhile."""
+        """Run the memtable's due merges in a worker thread, one pair at a time (the small ones
+        here); a result is dropped if the memtable was frozen for a checkpoint meanwhile."""
         if self._merging:
             return
         self._merging = True
         try:
             mem = self.mem
             while self.mem is mem and (due := mem.merge_due()) is not None:
-                merged = await asyncio.to_thread(merge_runs, list(due))
+                merged = merge_runs(list(due)) if sum(len(r) for r in due) <= INLINE_MERGE else \
+                    await asyncio.to_thread(merge_runs, list(due))
                 if self.mem is mem:
                     mem.replace(due, merged)
         finally:

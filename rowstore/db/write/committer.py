@@ -375,8 +375,9 @@ class Committer:
                                    ) from None
 
     def merge_if_due(self, part: Partition) -> None:
-        """Start a memtable merge of ``part`` in the background when one is due."""
-        if part.index.merge_due:
+        """Merge ``part``'s memtable runs that are due: small ones now, a bigger one in the
+        background (a worker thread)."""
+        if part.index.merge_due and part.index.merge_small():
             self.tasks.spawn(part.index.merge_memtable())
 
     def _leave(self, parts, group) -> None:

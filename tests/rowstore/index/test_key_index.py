@@ -286,3 +286,33 @@ async def test_visible_rowids_follow_writes_checkpoints_and_merges(seed):
             assert (await idx.visible_rowids(t)).tolist() == want, (step, t)
             assert (await idx.visible_rowids(t)).tolist() == want, (step, t)
 
+
+
+@pytest.mark.parametrize("inline", [1024, 8])
+async def test_small_memtable_merges_run_inline_and_a_big_one_is_left_for_the_thread(monkeypatch, inline):
+    """Point writes add a one-entry run per group; merging those in a worker thread cost more
+    than the merge (a thread hop per group). ``merge_small`` merges what is due while it is
+    small and says whether a bigger merge is left; the answers never change."""
+    from rowstore.index import key_index
+
+    monkeypatch.setattr(key_index, "INLINE_MERGE", inline)
+    fs = await world()
+    idx = PartitionIndex(fs, "idx/t/9/manifest", "int64")
+    await idx.open()
+    model, rng, ts, left = Model(), random.Random(inline), 10, []
+    for i in range(300):
+        ts += 1
+        k = rng.randrange(-200, 200)
+        rowids = np.array([rng.randrange(1 << 32, 1 << 40)], np.uint64)
+        idx.insert(enc([k]), ts, rowids)
+        model.add([k], ts, rowids)
+        if idx.merge_due:
+            left.append(idx.merge_small())
+    runs = len(idx.mem._runs)
+    if inline >= 300:
+        assert not any(left) and runs <= 9  # a binary counter of 300 entries: at most 9 runs
+    else:
+        assert any(left) and runs > 9  # merges above 8 entries were left to merge_memtable
+        await idx.merge_memtable()
+        assert len(idx.mem._runs) <= 9
+    await check(idx, model, [10, 100, 200, ts])
