@@ -300,7 +300,7 @@ async def test_small_memtable_merges_run_inline_and_a_big_one_is_left_for_the_th
     idx = PartitionIndex(fs, "idx/t/9/manifest", "int64")
     await idx.open()
     model, rng, ts, left = Model(), random.Random(inline), 10, []
-    for i in range(300):
+    for _ in range(300):
         ts += 1
         k = rng.randrange(-200, 200)
         rowids = np.array([rng.randrange(1 << 32, 1 << 40)], np.uint64)
