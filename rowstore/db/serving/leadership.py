@@ -133,12 +133,17 @@ class Leadership:
         promise recorded in its replica row all the same (it must not lead an older epoch
         after answering for a newer one: its answer may be part of that election's majority)."""
         async with self._lock(table_id, pid):
+            led = (table_id, pid) in self.store.shippers
             await self._yield_to(table_id, pid, epoch)
             self.fenced_at[(table_id, pid)] = self.monotonic()  # an election is under way elsewhere
             self.fenced_epoch[(table_id, pid)] = max(self.fenced_epoch.get((table_id, pid), 0), epoch)
             own = await self.store.own_log(table_id, pid)
             if own is None:
-                return await self.replicas.fence(table_id, pid, epoch, force)
+                # A leader with its whole log offloaded holds no segments of its own: it answers
+                # as a follower, from a record its step-down made it reload — which counts as
+                # just reached by a leader. It was that leader, and it stopped: nothing to wait
+                # for (without this every hand-over of such a partition failed, and left it unled).
+                return await self.replicas.fence(table_id, pid, epoch, force or led)
             try:
                 await self.replicas.fence(table_id, pid, epoch, force=True)  # the promise; no copies in it
             except FencedError as e:

@@ -1,0 +1,57 @@
+"""A fence that reaches the partition's own leader (rowstore/db/serving/leadership.py).
+
+The rebalancer hands a partition over by fencing its live leader first. The leader steps down,
+which drops its replica record from memory, and the record is reloaded to answer the promise.
+A reloaded record counts as "just heard from a leader" (a restarted follower may have
+acknowledged one a moment ago). With its whole log offloaded, the node holds no segments of
+its own, so the promise went through the follower rule, and it answered "heard from leader 0.00
+s ago": every hand-over failed and left the partition unled. The next election and the next
+hand-over repeated it (found in `make test`: partitions unled for over a minute in the GC
+cluster test with kills). The leader itself has no other leader to wait for."""
+from types import SimpleNamespace
+
+import pytest
+
+from catalog.memory import MemoryCatalog
+from rowstore.db.serving.leadership import Leadership
+from rowstore.replication.follower import LeaderAliveError, ReplicaStore
+from rowstore.replication.leader import Shipper
+from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
+from terrafs.fs import FsConfig, TerrascaleFS
+
+
+class Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def node(clock):
+    fs = TerrascaleFS(MemoryCatalog(), MemoryBlockDevice(), MemoryBlockDevice(durable=False), MemoryObjectStore(),
+                      config=FsConfig(node_id="n1"))
+    await fs.open()
+    replicas = ReplicaStore(fs, lease_s=1.0, monotonic=clock)
+
+    async def no_own_log(table_id, pid):  # every segment of the partition was offloaded
+        return None
+    store = SimpleNamespace(shippers={}, own_log=no_own_log, not_led=set(), release_local=lambda t, p: [],
+                            fs=fs, epochs={}, node="n1")
+    return Leadership(store, replicas, SimpleNamespace(get=lambda tid: None), decide=None, monotonic=clock), store
+
+
+@pytest.mark.parametrize("was_leading", [True, False])
+async def test_the_leader_fenced_for_a_hand_over_promises_even_with_its_whole_log_offloaded(was_leading):
+    clock = Clock()
+    lead, store = await node(clock)
+    if was_leading:
+        store.shippers[("T", 0)] = Shipper("T", 0, 3, 2, (0, 0), [], None, lease_s=1.0, monotonic=clock)
+        got = await lead.fence("T", 0, 4)
+        assert got["last"] == 0 and list(got["pos"]) == [0, 0] and ("T", 0) not in store.shippers
+        with pytest.raises(Exception, match="not above the promised 4"):
+            await lead.fence("T", 0, 4)  # the promise is recorded
+    else:  # a follower that (re)loaded its record just now still waits out a leader's lease
+        with pytest.raises(LeaderAliveError):
+            await lead.fence("T", 0, 4)
+        clock.now += 1.1
+        assert (await lead.fence("T", 0, 4))["last"] == 0
