@@ -62,6 +62,7 @@ import pyarrow as pa
 
 from bench.common import Result, print_table, write_json
 from bench.node_bench import (ARROW, BATCH_ROWS, SCHEMA, SYNC_METRIC, _PointPeers, _sensor_row, _write_load, batch,
+                              cpu_seconds,
                               fsyncs)
 from bench.raft_bench import Etcd
 from node.wire import write_arrow_stream
@@ -299,14 +300,19 @@ async def latency(cl: Cluster, etcd: Etcd) -> list[Result]:
             sides = {"r3": ours(3, base), "r1": ours(1, base), "etcd": peers.put(f"r{rnd}c{clients}/")}
             for who, send in sides.items():
                 urls = etcd.client if who == "etcd" else [cl.url(n.node_id) for n in cl.live()]
+                pids = [p.pid for p in etcd.procs] if who == "etcd" else [n.proc.pid for n in cl.live()]
                 before = await _syncs(cl.http, urls, SYNC_METRIC["etcd" if who == "etcd" else "ours"])
+                cpu0 = sum(cpu_seconds(p) for p in pids)
                 st = await _write_load(cl.http, clients, LAT_SECONDS, send)
+                n = max(st["requests"], 1)
+                st["cpu_us"] = (sum(cpu_seconds(p) for p in pids) - cpu0) * 1e6 / n  # every member's CPU
                 st["syncs_per_req"] = (await _syncs(cl.http, urls, SYNC_METRIC["etcd" if who == "etcd" else "ours"])
-                                       - before) / max(st["requests"], 1)
+                                       - before) / n
                 got[(who, clients)].append(st)
                 print(f"  round {rnd} {who:>4} {clients:>2} clients: {st['req_s']:>7,.0f} req/s  p50 "
                       f"{st['p50_us']:>7,.0f} us  p99 {st['p99_us']:>8,.0f} us  "
-                      f"{st['syncs_per_req']:.2f} fdatasyncs/request (all members)", flush=True)
+                      f"{st['syncs_per_req']:.2f} fdatasyncs/request, {st['cpu_us']:,.0f} us CPU/request "
+                      "(all members)", flush=True)
     await cl.drop("lat_r3")
     await cl.drop("lat_r1")
 
@@ -324,10 +330,13 @@ async def latency(cl: Cluster, etcd: Etcd) -> list[Result]:
                                "rounds_r3": [round(x[k]) for x in got[("r3", clients)]],
                                "rounds_etcd": [round(x[k]) for x in got[("etcd", clients)]]}))
         o_s, e_s = med("r3", clients, "syncs_per_req"), med("etcd", clients, "syncs_per_req")
-        out.append(Result(f"single-row JSON upsert, R=3, {what}: writes/s (fdatasyncs per request, all members: "
-                          f"ours {o_s:.2f}, etcd {e_s:.2f})", med("r3", clients, "req_s"), ETCD3,
-                          med("etcd", clients, "req_s"), "req/s", "report",
-                          {"r1": round(med("r1", clients, "req_s")), "syncs_per_req": o_s, "peer_syncs_per_req": e_s}))
+        o_c, e_c = med("r3", clients, "cpu_us"), med("etcd", clients, "cpu_us")
+        out.append(Result(f"single-row JSON upsert, R=3, {what}: writes/s (per request, all members: fdatasyncs "
+                          f"ours {o_s:.2f}, etcd {e_s:.2f}; CPU ours {o_c:,.0f} us, etcd {e_c:,.0f} us)",
+                          med("r3", clients, "req_s"), ETCD3, med("etcd", clients, "req_s"), "req/s", "report",
+                          {"r1": round(med("r1", clients, "req_s")), "syncs_per_req": o_s, "peer_syncs_per_req": e_s,
+                           "cpu_us_per_req": o_c, "peer_cpu_us_per_req": e_c,
+                           "r1_cpu_us_per_req": med("r1", clients, "cpu_us")}))
     return out
 
 
