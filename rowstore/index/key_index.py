@@ -19,7 +19,8 @@ from catalog.abc import Check, Delete, Put
 from rowstore.errors import ConflictError, FencedError
 from rowstore.index.key_manifest import Claim, Manifest
 from rowstore.index.key_run import IndexRun, run_bytes
-from rowstore.index.key_memtable import TOMBSTONE, MemTable, Run, merge_runs, visible
+from rowstore.index.key_memtable import TOMBSTONE, MemTable, Run, merge_runs, small, visible
+from rowstore.index.key_purge import dropped_rowids, purge
 from rowstore.index.key_visible import RunsView, overlay
 from terrafs.catalog_ops import commit
 from terrafs.errors import CatalogConflictError, InodeNotFoundError
@@ -29,37 +30,6 @@ log = logging.getLogger("rowstore.index.key_index")
 _TOMB = int(TOMBSTONE)
 L0_LIMIT = 4  # the 5th L0 run triggers an L0 -> L1 merge
 LEVEL_RATIO = 10
-
-
-def purge(run: Run, horizon: int, bottom: bool) -> Run:
-    """The History RFC's purge rule, vectorized over a sorted run.
-
-    Keep every version newer than ``horizon`` and, per key, the newest version
-    at or below it (what a read at the horizon sees). That one is dropped too
-    when it is a deletion — but only at the bottom level, where nothing older
-    could resurface from a lower level.
-    """
-    if len(run) == 0:
-        return run
-    old = run.ts <= np.uint64(horizon)
-    new_key = np.ones(len(run), bool)
-    new_key[1:] = run.keys[1:] != run.keys[:-1]
-    prev_new = np.zeros(len(run), bool)
-    prev_new[1:] = ~old[:-1]
-    first_old = old & (new_key | prev_new)
-    keep = ~old | first_old
-    if bottom:
-        keep &= ~(first_old & (run.rowids == TOMBSTONE))
-    return Run(run.keys[keep], run.ts[keep], run.rowids[keep])
-
-
-def _dropped(parts: list[Run], merged: Run) -> np.ndarray:
-    """The rowids of the merge's sources that the merged run no longer names (purged)."""
-    old = np.concatenate([p.rowids for p in parts]) if parts else np.zeros(0, np.uint64)
-    return np.setdiff1d(old[old != TOMBSTONE], merged.rowids[merged.rowids != TOMBSTONE])
-
-
-INLINE_MERGE = 1024  # memtable entries a merge may have to run on the event loop (merge_small)
 
 
 class PartitionIndex:
@@ -136,17 +106,9 @@ class PartitionIndex:
         return self.mem.read_many and not self._merging
 
     def merge_small(self) -> bool:
-        """Run the memtable's due merges here while each is small (at most ``INLINE_MERGE``
-        entries: cheaper on the loop than a worker thread's hop — point writes make one merge
-        per group, nearly all of a few entries); whether a bigger one is still due."""
-        if self._merging:
-            return False
-        mem = self.mem
-        while (due := mem.merge_due()) is not None:
-            if sum(len(r) for r in due) > INLINE_MERGE:
-                return True
-            mem.replace(due, merge_runs(list(due)))
-        return False
+        """The memtable's small due merges, run here (:meth:`MemTable.merge_small`); whether a
+        bigger one is left for :meth:`merge_memtable`."""
+        return not self._merging and self.mem.merge_small()
 
     async def merge_memtable(self) -> None:
         """Run the memtable's due merges in a worker thread, one pair at a time (the small ones
@@ -157,8 +119,7 @@ class PartitionIndex:
         try:
             mem = self.mem
             while self.mem is mem and (due := mem.merge_due()) is not None:
-                merged = merge_runs(list(due)) if sum(len(r) for r in due) <= INLINE_MERGE else \
-                    await asyncio.to_thread(merge_runs, list(due))
+                merged = merge_runs(list(due)) if small(due) else await asyncio.to_thread(merge_runs, list(due))
                 if self.mem is mem:
                     mem.replace(due, merged)
         finally:
@@ -371,7 +332,7 @@ class PartitionIndex:
         await self._collect()
         log.info("event=index_merge manifest=%s level=%d runs=%d entries=%d", self.key, level, len(src), len(merged))
         if self.on_purged is not None:  # under the publish lock: ordered with a GC pass's own count
-            dropped = await asyncio.to_thread(_dropped, parts, merged)  # two sorts of the level: off the loop
+            dropped = await asyncio.to_thread(dropped_rowids, parts, merged)  # two sorts of the level: off the loop
             if len(dropped):
                 await self.on_purged(dropped)
 

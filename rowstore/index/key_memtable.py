@@ -74,6 +74,14 @@ def sort_run(keys: np.ndarray, ts: np.ndarray, rowids: np.ndarray) -> Run:
     return Run(keys[order], ts[order], rowids[order])
 
 
+INLINE_MERGE = 1024  # entries a memtable merge may have to run on the event loop
+
+
+def small(runs) -> bool:
+    """Whether merging ``runs`` is cheaper inline than a worker thread's hop."""
+    return sum(len(r) for r in runs) <= INLINE_MERGE
+
+
 def merge_runs(runs: list[Run]) -> Run:
     if len(runs) == 1:
         return runs[0]
@@ -160,6 +168,16 @@ class MemTable:
         if self.read_many and len(runs) > 2:
             return tuple(runs)
         return None
+
+    def merge_small(self) -> bool:
+        """Run the due merges now while each is small (:func:`small`: cheaper on the event loop
+        than a worker thread's hop — point writes make about one merge per group, nearly all
+        of a few entries); whether a bigger one is still due."""
+        while (due := self.merge_due()) is not None:
+            if not small(due):
+                return True
+            self.replace(due, merge_runs(list(due)))
+        return False
 
     def replace(self, old: tuple[Run, ...], merged: Run) -> bool:
         """Put ``merged`` in place of the adjacent runs ``old`` if they are all still there.

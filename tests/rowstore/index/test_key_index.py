@@ -7,7 +7,8 @@ import pytest
 
 from catalog.memory import MemoryCatalog
 from rowstore.index.key_memtable import TOMBSTONE, decode_keys, encode_keys
-from rowstore.index.key_index import PartitionIndex, purge
+from rowstore.index.key_index import PartitionIndex
+from rowstore.index.key_purge import purge
 from rowstore.index.key_memtable import Run
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.failpoints import FailPointCrash, armed
@@ -293,9 +294,9 @@ async def test_small_memtable_merges_run_inline_and_a_big_one_is_left_for_the_th
     """Point writes add a one-entry run per group; merging those in a worker thread cost more
     than the merge (a thread hop per group). ``merge_small`` merges what is due while it is
     small and says whether a bigger merge is left; the answers never change."""
-    from rowstore.index import key_index
+    from rowstore.index import key_memtable
 
-    monkeypatch.setattr(key_index, "INLINE_MERGE", inline)
+    monkeypatch.setattr(key_memtable, "INLINE_MERGE", inline)
     fs = await world()
     idx = PartitionIndex(fs, "idx/t/9/manifest", "int64")
     await idx.open()

@@ -1,0 +1,35 @@
+"""The History RFC's purge rule over sorted key runs (RFC 0003), used by the key index's level
+merges and GC views (:mod:`rowstore.index.key_index`)."""
+from __future__ import annotations
+
+import numpy as np
+
+from rowstore.index.key_memtable import TOMBSTONE, Run
+
+
+def purge(run: Run, horizon: int, bottom: bool) -> Run:
+    """The History RFC's purge rule, vectorized over a sorted run.
+
+    Keep every version newer than ``horizon`` and, per key, the newest version
+    at or below it (what a read at the horizon sees). That one is dropped too
+    when it is a deletion — but only at the bottom level, where nothing older
+    could resurface from a lower level.
+    """
+    if len(run) == 0:
+        return run
+    old = run.ts <= np.uint64(horizon)
+    new_key = np.ones(len(run), bool)
+    new_key[1:] = run.keys[1:] != run.keys[:-1]
+    prev_new = np.zeros(len(run), bool)
+    prev_new[1:] = ~old[:-1]
+    first_old = old & (new_key | prev_new)
+    keep = ~old | first_old
+    if bottom:
+        keep &= ~(first_old & (run.rowids == TOMBSTONE))
+    return Run(run.keys[keep], run.ts[keep], run.rowids[keep])
+
+
+def dropped_rowids(parts: list[Run], merged: Run) -> np.ndarray:
+    """The rowids of the merge's sources that the merged run no longer names (purged)."""
+    old = np.concatenate([p.rowids for p in parts]) if parts else np.zeros(0, np.uint64)
+    return np.setdiff1d(old[old != TOMBSTONE], merged.rowids[merged.rowids != TOMBSTONE])
