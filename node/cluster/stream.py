@@ -30,14 +30,14 @@ class StreamClosed(ConnectionError):
 class Stream:
     """One open websocket to ``node``. ``send`` takes a slot (at most ``IN_FLIGHT`` frames
     unanswered), sends the frame and returns; the reader hands each answer, in whatever order
-    the follower sends them, to the futures of its frame. A frame not answered within
-    ``timeout_s`` fails with TimeoutError and closes the stream (a peer that stopped answering
+    the follower sends them, to the futures of its frame. Deadlines are the callers': a message
+    not answered in time makes the transport close the stream (a peer that stopped answering
     is not trusted with the next frame: the next one opens a new stream)."""
 
-    def __init__(self, node: str, ws: aiohttp.ClientWebSocketResponse, timeout_s: float):
-        self.node, self.ws, self.timeout_s = node, ws, timeout_s
+    def __init__(self, node: str, ws: aiohttp.ClientWebSocketResponse):
+        self.node, self.ws = node, ws
         self.slots = asyncio.Semaphore(IN_FLIGHT)
-        self.pending: dict[int, tuple[list[asyncio.Future], asyncio.TimerHandle]] = {}
+        self.pending: dict[int, list[asyncio.Future]] = {}
         self.next_id = 0
         self.closed = False
         self.reader = asyncio.ensure_future(self._read())
@@ -49,8 +49,7 @@ class Stream:
             self.slots.release()
             raise StreamClosed(f"the replication stream to node {self.node} closed")
         fid, self.next_id = self.next_id, self.next_id + 1
-        timer = asyncio.get_running_loop().call_later(self.timeout_s, self._expire, fid)
-        self.pending[fid] = (futs, timer)
+        self.pending[fid] = futs
         try:
             await self.ws.send_bytes(FRAME_ID.pack(fid) + body)
         except Exception as e:  # noqa: BLE001 - a broken stream: its frames failed
@@ -72,33 +71,21 @@ class Stream:
     def _answer(self, fid: int, payload: bytes) -> None:
         got = self._finish(fid)
         if got is None:
-            return  # expired, its callers already failed
+            return  # not a frame in flight (the stream closed meanwhile)
         try:
             answers = batch_answers(self.node, payload, len(got))
         except ConnectionError as e:
-            for f in got:
-                if not f.done():
-                    f.set_exception(e)
+            _fail(got, e)
             return
         for f, a in zip(got, answers):
             if not f.done():
                 f.set_result(a)
 
     def _finish(self, fid: int) -> list[asyncio.Future] | None:
-        entry = self.pending.pop(fid, None)
-        if entry is None:
-            return None
-        entry[1].cancel()
-        self.slots.release()
-        return entry[0]
-
-    def _expire(self, fid: int) -> None:
-        futs = self._finish(fid)
-        for f in futs or ():
-            if not f.done():
-                f.set_exception(asyncio.TimeoutError(f"node {self.node} did not answer a replication frame "
-                                                     f"within {self.timeout_s:.1f} s"))
-        self.close(StreamClosed(f"node {self.node} stopped answering on the replication stream"))
+        futs = self.pending.pop(fid, None)
+        if futs is not None:
+            self.slots.release()
+        return futs
 
     def close(self, err: Exception) -> None:
         """Fail every frame in flight with ``err`` and close the websocket (idempotent)."""
@@ -108,9 +95,13 @@ class Stream:
             _CLOSING.add(t)  # held until done: the loop keeps only a weak reference to a task
             t.add_done_callback(_CLOSING.discard)
         for fid in list(self.pending):
-            for f in self._finish(fid) or ():
-                if not f.done():
-                    f.set_exception(err)
+            _fail(self._finish(fid) or (), err)
+
+
+def _fail(futs, err: Exception) -> None:
+    for f in futs:
+        if not f.done():
+            f.set_exception(err)
 
 
 def batch_answers(node: str, payload: bytes, n: int) -> list[dict]:

@@ -174,7 +174,7 @@ class HttpTransport(Transport):
                 raise ConnectionError(f"node {node} refused the replication stream: {e.status} {e.message}") from e
             self._http_only.add(node)  # a follower of an older version
             return None
-        self._streams[node] = s = Stream(node, ws, self.timeout_s)
+        self._streams[node] = s = Stream(node, ws)
         return s
 
     async def _send_http(self, node: str, batch: list[tuple[bytes, asyncio.Future]]) -> None:
