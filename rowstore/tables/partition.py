@@ -44,8 +44,11 @@ class Partition:
         self._inflight = 0  # batches enqueued but not yet applied (or failed)
         self._drained = asyncio.Event()
         self._drained.set()
-        # Set when this node stops leading the partition (replication): a writer still holding
-        # this object must not start a segment of its own — nobody would ever replay it.
+        # Set when this node stops serving the partition (a demotion, a hand-over): a writer or
+        # a background job still holding this object must not touch the partition's log again
+        # — no new segment (nobody would replay it), no roll, PROGRESS or revive of the current
+        # one: the store keys that by (table, partition), and if the partition is served here
+        # again, a new object with a new writer lock orders it (docs/rfcs/0010-replication.md).
         self.retired = False
         self.newest_ts = 0  # set by open(): the newest commit timestamp the partition holds
 
@@ -143,7 +146,7 @@ class Partition:
         the writer lock with nothing in flight."""
         async with self.lock:
             await self._drained.wait()
-            return await self.store.revive(self.table_id, self.pid)
+            return not self.retired and await self.store.revive(self.table_id, self.pid)
 
     def full(self) -> bool:
         """Whether the current segment reached the seal size (then ``roll(if_full=True)``)."""
@@ -155,7 +158,7 @@ class Partition:
         once the lock is ours) under the writer lock."""
         async with self.lock:
             await self._drained.wait()
-            if if_full and not self.full():
+            if self.retired or (if_full and not self.full()):
                 return None
             seg = await self.store.roll(self.table_id, self.pid)
             return seg.segid if seg is not None else None
@@ -163,10 +166,10 @@ class Partition:
     async def progress(self, closed: int) -> bool:
         """Record ``PROGRESS(closed)`` in the current segment (docs/format/segment.md §2) when
         batches arrived since the last one recorded; it rides with the next flush."""
-        seg = self.store.current_or_none(self.table_id, self.pid)
-        if seg is None or closed <= seg.wal.closed_ts or (seg.max_ts or 0) <= seg.wal.closed_ts:
-            return False  # nothing new since the last record: an idle partition writes nothing
         async with self.lock:  # ordered with the partition's batches
+            seg = None if self.retired else self.store.current_or_none(self.table_id, self.pid)
+            if seg is None or closed <= seg.wal.closed_ts or (seg.max_ts or 0) <= seg.wal.closed_ts:
+                return False  # nothing new since the last record: an idle partition writes nothing
             task = asyncio.ensure_future(seg.append_record(Kind.PROGRESS, U64.pack(closed), lazy=True))
             await asyncio.sleep(0)
         await task

@@ -36,8 +36,12 @@ def test_every_invariant_holds_for_every_seed():
 #   242 — a file whose creation failed at the disk after its catalog row (EIO) was "not found"
 #         until a restart: a replica discarded its whole log, a leader failed every promotion;
 #   440 — a seal that failed at the disk left an empty active segment in the middle of the log
-#         that no replica had a copy of: no node could lead the partition again.
-REGRESSIONS = "111,171,207,216,242,298,440"
+#         that no replica had a copy of: no node could lead the partition again;
+#   4051 — a maintenance round holding a partition object from before a demotion and a
+#         re-promotion rolled the segment under the old object's lock while the new one held a
+#         prepared BATCH X: the committed batch left out of the sealed object, the index naming
+#         rows past its end (tests/rowstore/tables/test_retired_partition.py).
+REGRESSIONS = "111,171,207,216,242,298,440,4051"
 
 
 @pytest.mark.slow
