@@ -11,7 +11,7 @@ default ``[cluster]`` timings (heartbeat 500 ms, failure_timeout 2 s, ack_timeou
 2. **Single-row write latency, R=3** — one JSON upsert per request to the leader of the key's
    partition, acknowledged once a majority holds it durable — against etcd 3.4 with 3 members
    (started here, fsync on), ``POST /v3/kv/put`` of the same JSON row to its leader through
-   the v3 JSON gateway. 1 client (sequential) and 16 concurrent clients, p50 / p99; the same
+   the v3 JSON gateway. 1 client (sequential), 16 and 64 concurrent clients, p50 / p99; the same
    requests to an R=1 table in ``extra``.
 3. **Failover**: kill -9 of a partition's leader, then one writer retries single-row writes
    to keys of that partition through a surviving node (20 ms after a refusal; every 100 ms
@@ -77,7 +77,7 @@ LAT_SECONDS = float(os.environ.get("CLUSTER_BENCH_LAT_SECONDS", "2" if QUICK els
 KILLS = int(os.environ.get("CLUSTER_BENCH_KILLS", "3" if QUICK else "10"))
 CATCHUP_BATCHES = int(os.environ.get("CLUSTER_BENCH_CATCHUP_BATCHES", "20" if QUICK else "60"))
 PARTITIONS = 8
-LAT_CLIENTS = 16
+LAT_CLIENTS = (1, 16, 64)  # the latency part's concurrencies
 COLUMNS = [{"name": c.split()[0], "type": c.split()[1]} for c in SCHEMA.split(", ")]
 JSON_CT = {"Content-Type": "application/json"}
 TIMINGS = "default [cluster] timings: heartbeat 500 ms, failure_timeout 2 s"
@@ -295,8 +295,8 @@ async def latency(cl: Cluster, etcd: Etcd) -> list[Result]:
 
     got: dict = collections.defaultdict(list)
     for rnd in range(ROUNDS):
-        for clients in (1, LAT_CLIENTS):
-            base = (rnd * 2 + (clients > 1)) * span
+        for ci, clients in enumerate(LAT_CLIENTS):
+            base = (rnd * len(LAT_CLIENTS) + ci) * span
             sides = {"r3": ours(3, base), "r1": ours(1, base), "etcd": peers.put(f"r{rnd}c{clients}/")}
             for who, send in sides.items():
                 urls = etcd.client if who == "etcd" else [cl.url(n.node_id) for n in cl.live()]
@@ -320,7 +320,7 @@ async def latency(cl: Cluster, etcd: Etcd) -> list[Result]:
         return statistics.median(x[k] for x in got[(who, clients)])
 
     out = []
-    for clients in (1, LAT_CLIENTS):
+    for clients in LAT_CLIENTS:
         what = "1 client, sequential" if clients == 1 else f"{clients} concurrent clients"
         for q in ("p50", "p99"):
             k = f"{q}_us"
