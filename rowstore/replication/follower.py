@@ -48,7 +48,6 @@ class _Replica:
     # leader's lease may still run on it (a promise waits it out).
     contact: float = 0.0
     leader: str = ""
-    leader_clock: int = 0  # the highest clock a leader sent this replica (its present then)
     # The epoch whose leader this process has been receiving from since its log was known to
     # be a prefix of that leader's (in memory only: after a restart the record decides).
     following: int = 0
@@ -72,6 +71,11 @@ class ReplicaStore:
         self.resume_free_bytes = resume_free_bytes  # free space before a copy that hit a full device takes writes
         self._reps: dict[tuple[str, int], _Replica] = {}
         self._loading: dict[tuple[str, int], asyncio.Lock] = {}
+        # The highest clock a leader sent, per partition (its present then): answered to every
+        # fence, so an election's floor is above the reads its leader served. Kept apart from
+        # the cached replica state, which a promotion here or another node's drops and reloads
+        # — the clock heard must not go with it (RFC 0010 §5, "Clocks").
+        self.leader_clocks: dict[tuple[str, int], int] = {}
         self.lost: set[int] = set(lost)  # inodes whose local files were found missing at start
 
     async def replica(self, table_id: str, pid: int) -> _Replica:
@@ -131,7 +135,7 @@ class ReplicaStore:
             if epoch > r.rec.promised:
                 await self._save(r, promised=epoch)
             r.contact, r.leader = self.monotonic(), leader
-            r.leader_clock = max(r.leader_clock, clock)
+            self.leader_clocks[(table_id, pid)] = max(self.leader_clocks.get((table_id, pid), 0), clock)
             gap = False
             for p in pieces:
                 if not await self._put(r, table_id, pid, p):
@@ -196,7 +200,8 @@ class ReplicaStore:
             # how long ago the old leader last reached this replica: its lease may run until
             # lease_s after that (a forced election waits it out, RFC 0010 §5 "Leases")
             age = self.monotonic() - r.contact
-            return {"last": r.rec.last, "pos": r.position().json(), "contact_age_s": age, "clock": r.leader_clock}
+            return {"last": r.rec.last, "pos": r.position().json(), "contact_age_s": age,
+                    "clock": self.leader_clocks.get((table_id, pid), 0)}
 
     def status(self, table_id: str, pid: int) -> dict | None:
         r = self._reps.get((table_id, pid))

@@ -40,8 +40,11 @@ def test_every_invariant_holds_for_every_seed():
 #   4051 — a maintenance round holding a partition object from before a demotion and a
 #         re-promotion rolled the segment under the old object's lock while the new one held a
 #         prepared BATCH X: the committed batch left out of the sealed object, the index naming
-#         rows past its end (tests/rowstore/tables/test_retired_partition.py).
-REGRESSIONS = "111,171,207,216,242,298,440,4051"
+#         rows past its end (tests/rowstore/tables/test_retired_partition.py);
+#   5199, 5784 — a restarted leader with its log offloaded answered a fence with no clock of
+#         its own: the new epoch's floor below reads it had served, a repeatable read at T
+#         refused as in the future (tests/rowstore/db/serving/test_leadership_fence.py).
+REGRESSIONS = "111,171,207,216,242,298,440,4051,5199,5784"
 
 
 @pytest.mark.slow

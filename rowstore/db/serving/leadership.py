@@ -143,7 +143,11 @@ class Leadership:
                 # as a follower, from a record its step-down made it reload — which counts as
                 # just reached by a leader. It was that leader, and it stopped: nothing to wait
                 # for (without this every hand-over of such a partition failed, and left it unled).
-                return await self.replicas.fence(table_id, pid, epoch, force or led)
+                # Its clock goes in the answer, not only the last one a leader sent it: it may
+                # be a leader that restarted, with reads served up to its present that no other
+                # member of this election heard of (C, RFC 0010 §5 "Clocks").
+                out = await self.replicas.fence(table_id, pid, epoch, force or led)
+                return {**out, "clock": max(int(out.get("clock") or 0), self.present())}
             try:
                 await self.replicas.fence(table_id, pid, epoch, force=True)  # the promise; no copies in it
             except FencedError as e:

@@ -195,6 +195,28 @@ async def test_a_promise_answers_the_old_leaders_clock_and_the_new_leader_starts
     await sh.close()
 
 
+async def test_a_promise_still_answers_the_leaders_clock_after_the_replica_state_was_reloaded():
+    """A promotion here or elsewhere drops a replica's cached state (``forget``), which then
+    reloads from its record. The clock the leader sent is not in the record: it must survive,
+    or the next election's floor drops below the reads that leader served under the lease
+    this replica gave it (found reading the fence path for simulation seeds 5199 and 5784,
+    where the new leader refused a repeatable read at T as future, its clock below T)."""
+    fss, stores, tr = await world()
+    ahead = (1 << 62)
+    sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=0.3, clock=lambda: ahead, monotonic=TICK)
+    af = await fss["n1"].create()
+    seg = ActiveSegment(7, af, af.where)
+    seg.seq = 1
+    sh.register(1, seg)
+    sh.start_links()
+    await seg.append(batch(0, 10), S1, 5)
+    await sh.close()
+    for n in ("n2", "n3"):
+        stores[n].forget("T", 0)
+    answers = [await stores[n].fence("T", 0, 2, force=True) for n in ("n2", "n3")]
+    assert [a["clock"] for a in answers] == [ahead, ahead]
+
+
 async def test_a_replica_loaded_after_a_restart_counts_as_just_reached():
     """It may have acknowledged the leader just before the restart: a normal election waits out
     that leader's lease on it too."""

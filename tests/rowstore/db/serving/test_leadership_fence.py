@@ -27,7 +27,7 @@ class Clock:
         return self.now
 
 
-async def node(clock):
+async def node(clock, present=None):
     fs = TerrascaleFS(MemoryCatalog(), MemoryBlockDevice(), MemoryBlockDevice(durable=False), MemoryObjectStore(),
                       config=FsConfig(node_id="n1"))
     await fs.open()
@@ -37,7 +37,8 @@ async def node(clock):
         return None
     store = SimpleNamespace(shippers={}, own_log=no_own_log, not_led=set(), release_local=lambda t, p: [],
                             fs=fs, epochs={}, node="n1")
-    return Leadership(store, replicas, SimpleNamespace(get=lambda tid: None), decide=None, monotonic=clock), store
+    return Leadership(store, replicas, SimpleNamespace(get=lambda tid: None), decide=None, present=present,
+                      monotonic=clock), store
 
 
 @pytest.mark.parametrize("was_leading", [True, False])
@@ -55,3 +56,18 @@ async def test_the_leader_fenced_for_a_hand_over_promises_even_with_its_whole_lo
             await lead.fence("T", 0, 4)
         clock.now += 1.1
         assert (await lead.fence("T", 0, 4))["last"] == 0
+
+
+async def test_a_node_without_a_log_of_its_own_answers_its_own_clock_too():
+    """A leader that restarted with its whole log offloaded answers a fence through the follower
+    rule, where the clock in the answer was only the last one a leader had sent it — none, for
+    itself. The reads it served up to its present then were above the new epoch's floor when
+    the follower that gave it its lease was not among the answers (simulation seed 5199: the
+    new leader refused a repeatable read at T as future, its clock below T)."""
+    clock = Clock()
+    present = 7 << 40
+    lead, _ = await node(clock, present=lambda: present)
+    with pytest.raises(LeaderAliveError):  # its record, loaded now, counts as just reached
+        await lead.fence("T", 0, 4)
+    clock.now += 1.1
+    assert (await lead.fence("T", 0, 4))["clock"] == present
