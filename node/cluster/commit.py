@@ -61,8 +61,10 @@ async def commit_across(node, d, batch: pa.RecordBatch, pids: np.ndarray, placem
     txn = DECIDED | SPANS_NODES | secrets.randbits(62)
     floor = max(ts_from_ms(clock.now_ms()), clock.last + 1)
     got: list[tuple[str, dict]] = []
+    sent: list[str] = []  # the nodes a reserve went to (one that failed or timed out may still reserve)
     try:
         for who in sorted(shares):  # one node at a time: locks in one global order
+            sent.append(who)
             ans = await _reserve(node, who, d, shares[who], bodies.get(who), floor, txn, delete)
             got.append((who, ans))
             floor = max(floor, int(ans["ts"]))
@@ -72,7 +74,7 @@ async def commit_across(node, d, batch: pa.RecordBatch, pids: np.ndarray, placem
         if failed is not None:
             raise failed
     except BaseException:
-        await _abort_all(node, [w for w, _ in got], txn)
+        await _abort_all(node, sent, txn)
         raise
     return await _decide_and_commit(node, d, got, txn, ts)
 

@@ -73,26 +73,28 @@ class Net:
         self.slow: dict[tuple[str, str], int] = {}  # (from, to) -> ms every message takes more
         self.slow_node: dict[str, int] = {}  # node -> ms every message to it takes more
 
-    def _lost(self, a: str, b: str) -> bool:
-        return (a, b) in self.cut or self.w.rng.random() < self.w.faults.drop
+    def _lost(self, a: str, b: str, rng: random.Random) -> bool:
+        return (a, b) in self.cut or rng.random() < self.w.faults.drop
 
-    async def _delay(self, a: str, b: str) -> None:
+    async def _delay(self, a: str, b: str, rng: random.Random) -> None:
         lo, hi = self.w.faults.delay_ms
         extra = self.slow.get((a, b), 0) + self.slow_node.get(b, 0)
-        await asyncio.sleep((self.w.rng.randint(lo, hi) + extra) / 1000)
+        await asyncio.sleep((rng.randint(lo, hi) + extra) / 1000)
 
-    async def call(self, src: str, dst: str, handler):
-        """``await handler()`` run as a task of ``dst``'s process; its answer back to ``src``."""
+    async def call(self, src: str, dst: str, handler, rng: random.Random | None = None):
+        """``await handler()`` run as a task of ``dst``'s process; its answer back to ``src``.
+        ``rng``: the message's own randomness (default: the world's schedule)."""
+        rng = rng or self.w.rng
         node = self.w.nodes.get(dst)
-        if node is None or not node.up or self._lost(src, dst):
+        if node is None or not node.up or self._lost(src, dst, rng):
             await asyncio.sleep(TIMEOUT_S)
             raise ConnectionError(f"{src} -> {dst}: no answer")
-        await self._delay(src, dst)
+        await self._delay(src, dst, rng)
         if not node.up:
             raise ConnectionError(f"{dst} is down")
         task = in_process(node.process, handler())
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # the sender may be gone
-        if self.w.rng.random() < self.w.faults.duplicate:
+        if rng.random() < self.w.faults.duplicate:
             dup = in_process(node.process, handler())
             dup.add_done_callback(lambda t: t.cancelled() or t.exception())
         await asyncio.wait([task], timeout=ANSWER_S)
@@ -100,11 +102,11 @@ class Net:
             raise ConnectionError(f"{src} -> {dst}: no answer within {ANSWER_S:g} s")  # it may still land
         if task.cancelled():
             raise ConnectionError(f"{dst} died during the request")
-        if self._lost(dst, src):
+        if self._lost(dst, src, rng):
             task.exception()  # retrieved: the effect happened, the answer is lost
             await asyncio.sleep(TIMEOUT_S)
             raise ConnectionError(f"{dst} -> {src}: answer lost")
-        await self._delay(dst, src)
+        await self._delay(dst, src, rng)
         return task.result()
 
 

@@ -93,6 +93,7 @@ class World(Checks):
     def __init__(self, seed: int, loop, faults: Faults | None = None, seconds: float = 30.0, writers: int = 3,
                  parts: int = PARTS):
         self.seed, self.loop, self.rng = seed, loop, random.Random(seed)
+        self.abort_rng = random.Random(seed ^ 0x5EED)  # the aborts of failed reserves (World._transaction)
         self.parts = parts  # the table's partitions, each with its own leader
         self.faults, self.seconds, self.writers = faults or Faults(), seconds, writers
         self.catalog, self.objects = StallingCatalog(loop), MemoryObjectStore()
@@ -319,9 +320,11 @@ class World(Checks):
         def part(who: str):
             return self.nodes[who].db.participant  # called on arrival: the node's present incarnation
         got: list[str] = []
+        sent: list[str] = []  # a reserve that failed or timed out may still take its locks later
         floor = 0
         try:
             for who in sorted(shares):  # one node at a time: locks in one global order
+                sent.append(who)
                 r = await self.net.call(src, who, lambda who=who, floor=floor: part(who).reserve(
                     "t", d.table_id, d.schema.version, shares[who], floor, txn))
                 got.append(who)
@@ -332,6 +335,10 @@ class World(Checks):
         except (asyncio.TimeoutError, *CLIENT_ERRORS) as e:
             self.log("txn_aborted", batch=b, error=repr(e)[:150])
             await self._abort_all(src, got, txn)
+            if len(sent) > len(got):  # the node whose reserve failed may still take its locks later:
+                # it hears the abort too — on randomness of its own, in the background, so the
+                # seeds' schedules stay as they were where it changes nothing
+                asyncio.ensure_future(self._abort_all(src, sent[len(got):], txn, self.abort_rng))
             return None
         if rng.random() < 0.03:
             self.log("coordinator_vanished", batch=b, txn=txn, decided=False, shares={w: mine[w] for w in got})
@@ -355,10 +362,10 @@ class World(Checks):
             await commit(self.catalog, [], [Delete(key)])
         return ts
 
-    async def _abort_all(self, src: str, whos: list[str], txn: int) -> None:
+    async def _abort_all(self, src: str, whos: list[str], txn: int, rng=None) -> None:
         """Best effort: a participant that misses it aborts by itself after its timeout."""
-        await asyncio.gather(*[self.net.call(src, who, lambda who=who: self.nodes[who].db.participant.abort(txn))
-                               for who in whos], return_exceptions=True)
+        await asyncio.gather(*[self.net.call(src, who, lambda who=who: self.nodes[who].db.participant.abort(txn),
+                                             rng) for who in whos], return_exceptions=True)
 
     async def _read(self) -> None:
         pid = self.rng.randrange(self.parts)

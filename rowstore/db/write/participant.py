@@ -17,6 +17,7 @@ batch whose coordinator goes silent is resolved here after ``timeout_s`` from th
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from rowstore.timeline import Timeline
 from terrafs.catalog_ops import commit
 
 log = logging.getLogger("rowstore.participant")
+ABORTED_KEPT = 4096  # early aborts remembered (txn ids are random: an old one never comes back)
 
 
 @dataclass
@@ -73,6 +75,11 @@ class Participant:
         self.catalog, self.definitions, self.committer = catalog, definitions, committer
         self.timeline, self.tasks, self.timeout_s = timeline, tasks, timeout_s
         self._held: dict[int, _Prepared] = {}
+        # Aborts that came before their reservation held its locks: a coordinator gives up on a
+        # reserve still queued for a partition's lock, and aborts it; without this the reserve
+        # took the locks later anyway and held the partition until its prepare timeout — one
+        # after another for every reserve queued behind it (simulation seed 4747).
+        self._aborted: collections.OrderedDict[int, None] = collections.OrderedDict()
         # async (coordinator) -> True when it is gone (unreachable or restarted since): then a
         # held batch is resolved at once instead of after ``timeout_s`` (the node's cluster view)
         self.gone = gone
@@ -88,6 +95,7 @@ class Participant:
         holds the keys to delete, in the key column). Nothing is written yet."""
         if not txn & DECIDED or txn in self._held:
             raise ConflictError(f"transaction {txn_key(txn)} is not a new decided transaction id")
+        self._unless_aborted_early(txn)
         d = await self.definitions.describe(name)
         if d.table_id != table_id or d.schema.version != schema_version:
             raise ConflictError(f"table {name!r} changed while the batch was on its way; retry")
@@ -104,6 +112,7 @@ class Participant:
         try:
             for part in parts:
                 await locks.enter_async_context(part.lock)
+            self._unless_aborted_early(txn)  # aborted while it waited for the locks
             ts = self.timeline.begin_above(floor)
         except BaseException:
             await locks.aclose()
@@ -202,12 +211,20 @@ class Participant:
         never appended once the locks are gone)."""
         p = self._held.get(txn)
         if p is None:
+            self._aborted[txn] = None  # its reserve may still be on its way, or waiting for the locks
+            while len(self._aborted) > ABORTED_KEPT:
+                self._aborted.popitem(last=False)
             return
         self._forget(p)
         if p.preparing is not None and not p.preparing.done():
             p.aborted = True
             return
         await self._roll_back(p)
+
+    def _unless_aborted_early(self, txn: int) -> None:
+        if txn in self._aborted:
+            raise UnavailableError(f"transaction {txn_key(txn)} was aborted by its coordinator before its "
+                                   "reservation held the locks; retry")
 
     def _forget(self, p: _Prepared) -> None:
         self._held.pop(p.txn, None)
