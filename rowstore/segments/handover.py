@@ -64,13 +64,16 @@ class Handover:
                 mine = replace(rec, owner=self.node, inode=copies[rec.segid][1], epoch=epoch)
                 ops.append(Put(rec.key, mine.to_bytes()))
                 olds.setdefault(rec.owner, []).append(rec)
-            elif rec.state == SegState.ACTIVE:
+            elif rec.state == SegState.ACTIVE or rec.bytes == 0:
                 # No copy here of an active segment: begun by an old leader past this log's end,
                 # or of another lineage where this log has a segment of its own, or one that
                 # never made a byte durable before a later one began (a seal that failed at the
                 # disk) — an acknowledged byte would be in the elected log (it holds every one),
-                # so nothing of it was acknowledged. Its owner keeps the file as a copy, cut
-                # when it follows. (A sealed segment without a copy here is refused below.)
+                # so nothing of it was acknowledged. Nor of a sealed one that holds no byte (a
+                # leader that adopted its own log sealed such an empty segment: no follower
+                # ever got a piece of it to copy — simulation seed 4332, every election after
+                # choosing a node that could not lead). Its owner keeps the file as a copy, cut
+                # when it follows. (A sealed segment with bytes and no copy here is refused below.)
                 ops.append(Delete(rec.key))
                 olds.setdefault(rec.owner, []).append(rec)
             else:

@@ -75,6 +75,7 @@ class Participant:
         self.catalog, self.definitions, self.committer = catalog, definitions, committer
         self.timeline, self.tasks, self.timeout_s = timeline, tasks, timeout_s
         self._held: dict[int, _Prepared] = {}
+        self._committing = 0  # batches taken out of _held by a commit still applying them
         # Aborts that came before their reservation held its locks: a coordinator gives up on a
         # reserve still queued for a partition's lock, and aborts it; without this the reserve
         # took the locks later anyway and held the partition until its prepare timeout — one
@@ -86,7 +87,9 @@ class Participant:
 
     @property
     def held(self) -> int:
-        return len(self._held)
+        """Batches reserved or prepared here and not resolved yet — also one whose commit is
+        under way (its rows not applied yet): until then a read here does not see it."""
+        return len(self._held) + self._committing
 
     async def reserve(self, name: str, table_id: str, schema_version: int, rows: pa.RecordBatch | pa.Table,
                       floor: int, txn: int, delete: bool = False, coordinator=None) -> Reserved:
@@ -184,18 +187,23 @@ class Participant:
                                    "retry")
         if p.expiry is not None and p.expiry is not asyncio.current_task():
             p.expiry.cancel()
-        commits = [asyncio.ensure_future(seg.commit_prepared(txn)) for seg in p.segs]
-        await asyncio.sleep(0)  # COMMIT X enqueued before the locks are released
-        await p.locks.aclose()
+        self._committing += 1
         try:
-            for part, seg, pc, ids in zip(p.parts, p.segs, p.pieces, p.got):
-                part.apply(split_rowids(ids)[1], seg.segid, pc.batch, p.ts,
-                           np.zeros(pc.rows, bool) if pc.deleted is None else pc.deleted, p.schema, pc.keys, pc.pos)
-                self.committer.merge_if_due(part)
+            commits = [asyncio.ensure_future(seg.commit_prepared(txn)) for seg in p.segs]
+            await asyncio.sleep(0)  # COMMIT X enqueued before the locks are released
+            await p.locks.aclose()
+            try:
+                for part, seg, pc, ids in zip(p.parts, p.segs, p.pieces, p.got):
+                    part.apply(split_rowids(ids)[1], seg.segid, pc.batch, p.ts,
+                               np.zeros(pc.rows, bool) if pc.deleted is None else pc.deleted, p.schema, pc.keys,
+                               pc.pos)
+                    self.committer.merge_if_due(part)
+            finally:
+                for part in p.parts:
+                    part.leave()
+                self.timeline.end(p.ts)
         finally:
-            for part in p.parts:
-                part.leave()
-            self.timeline.end(p.ts)
+            self._committing -= 1
         await asyncio.gather(*commits)
         await self.timeline.wait_closed(p.ts)
         for part in p.parts:

@@ -219,3 +219,27 @@ async def test_a_scan_of_a_segment_released_and_closed_midway_is_unavailable():
     with pytest.raises(UnavailableError, match="no longer open here"):
         async for _ in rows:
             pass
+
+
+async def test_a_new_leader_adopts_a_log_whose_empty_sealed_segment_it_has_no_copy_of():
+    """A leader that adopted its own log sealed an active segment that never held a byte (an
+    old one, rolled before a crash). No follower ever got a piece of it, so none has a copy;
+    the adoption refused every follower ("has no copy here") and only the old leader could
+    lead — which the elections, all logs being equal, did not choose (simulation seed 4332:
+    a partition unled for a minute after healing). A segment without bytes needs no copy: its
+    row goes, as an uncopied active one's does, and its owner keeps the file as a copy."""
+    from rowstore.replication.position import ReplicaRecord, rep_key
+
+    w = World()
+    n1 = await w.start()
+    empty = await n1.create("t", 0)
+    rec = await n1.seal(empty.segid)
+    assert (rec.state, rec.rows, rec.bytes) == (SegState.SEALED, 0, 0)
+    n2 = SegmentStore(TerrascaleFS(w.cat, MemoryBlockDevice(), MemoryBlockDevice(durable=False), w.objects,
+                                   config=FsConfig(node_id="n2")), SCHEMAS.__getitem__)
+    await n2.fs.open()
+    await n2.open()
+    assert await n2.adopt("t", 0, 2, {}, {}, None, 0) == []
+    assert [r for r in await n2.list(table="t") if r.partition == 0] == []
+    e = await w.cat.get(rep_key("t", 0, "n1"))
+    assert empty.segid in ReplicaRecord.from_bytes(e.value, e.key).segs  # the old owner's file, as a copy

@@ -161,3 +161,21 @@ async def test_an_abort_that_overtakes_its_reserve_keeps_the_partition_free():
     with pytest.raises(UnavailableError):
         await db.participant.reserve("m", d.table_id, d.schema.version, rows(range(30, 35)), 0, late)
     assert r.rows == 5 and (await db.scan("m"))[0].column("id").to_pylist() == list(range(20, 25))
+
+
+async def test_a_batch_being_committed_counts_as_held_until_its_rows_are_applied():
+    """``held`` is what the simulation waits on before its checks (no batch left in doubt): a
+    commit took the batch out of the held ones before applying its rows, so the checks could
+    read one partition with the batch and the other without (simulation seed 5147)."""
+    w = TablesWorld(partitions=1)
+    db = await w.start()
+    d = await db.create_table("m", SCHEMA)
+    txn = DECIDED | SPANS_NODES | secrets.randbits(60)
+    r = await db.participant.reserve("m", d.table_id, d.schema.version, rows(range(5)), 0, txn)
+    await db.participant.prepare(txn, r.ts)
+    await commit(db.catalog, [Check(txn_key(txn), 0)], [Put(txn_key(txn), COMMITTED)])
+    t = asyncio.ensure_future(db.participant.commit(txn))
+    await asyncio.sleep(0)  # the commit enqueued COMMIT X and yields before it applies the rows
+    assert db.participant.held == 1
+    await t
+    assert db.participant.held == 0 and (await db.get("m", 4))["id"] == 4
