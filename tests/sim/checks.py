@@ -33,8 +33,12 @@ class Checks:
 
     async def check_all(self) -> None:
         got: set = set()
+        # One snapshot of every partition, as a read across nodes takes it (RFC 0010 §4): a
+        # batch whose commit lands between two partitions' reads at their own closed timestamps
+        # would look half applied (seed 6482: both on one leader, committed between the reads).
+        T = max(self._leader(pid).timeline.closed for pid in range(self.parts))
         for pid in range(self.parts):
-            t, _ = await self._leader(pid).query("t", limit=None, partitions=[pid])
+            t, _ = await self._leader(pid).query("t", limit=None, partitions=[pid], as_of=T, trusted=True)
             got |= _rows(t)
         batches: dict[int, int] = {}
         for k, b in got:
