@@ -209,9 +209,10 @@ class _Link:
                 header, data = await self._collect() if self.pos is not None else (self._header([]), [])
                 if not data and self.pos is not None and self.sh.monotonic() - self.acked_at < beat:
                     self.wake.clear()
-                    try:
-                        await asyncio.wait_for(self.wake.wait(), beat)
-                    except asyncio.TimeoutError:
+                    try:  # asyncio.timeout, not wait_for: on 3.11 a cancel that meets the wake
+                        async with asyncio.timeout(beat):  # was swallowed, and the link lived on
+                            await self.wake.wait()
+                    except TimeoutError:
                         pass
                     continue
                 t0 = self.sh.monotonic()

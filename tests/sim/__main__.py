@@ -108,7 +108,14 @@ def run_seed(seed: int, seconds: float, show_trace: bool, faults: Faults, parts:
         pending = asyncio.all_tasks(loop)
         for t in pending:
             t.cancel()
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        # Every task must end once cancelled (a node's shutdown relies on it): one that lives on
+        # fails the seed rather than spin the loop's virtual time for ever.
+        _, alive = loop.run_until_complete(asyncio.wait(pending, timeout=60)) if pending else (set(), set())
+        if alive and ok:
+            ok, why = False, f"{len(alive)} tasks outlived their cancellation: " + ", ".join(
+                sorted({getattr(t.get_coro(), "__qualname__", repr(t.get_coro())) for t in alive}))[:500]
+        for t in alive:
+            t.get_coro().close()
         loop.close()
     stats = {"seed": seed, "acked": len(w.ledger.acked), "maybe": len(w.ledger.maybe),
              "elections": w.elections, "virtual_s": round(loop.now, 1)}

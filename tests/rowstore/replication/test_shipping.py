@@ -352,3 +352,31 @@ async def test_a_follower_whose_device_filled_catches_up_once_space_is_back():
     copy = await ActiveSegment.recover(7, files[7])
     assert copy.durable_rows == seg.durable_rows == 60
     await sh.close()
+
+
+@pytest.mark.parametrize("ticks", [0, 1, 2, 3])
+async def test_a_link_waiting_for_work_ends_when_cancelled_even_as_it_is_woken(ticks):
+    """An idle link waits for a wake-up or its heartbeat. With ``asyncio.wait_for`` (3.11) a
+    cancel that arrived just as the wake-up completed was swallowed and the link lived on — a
+    task a node's shutdown could not end (the seeded simulation's clean-up spun on it, seed
+    8851)."""
+    fss, stores, tr = await world()
+    sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=30.0, monotonic=TICK)
+    af = await fss["n1"].create()
+    seg = ActiveSegment(7, af, af.where)
+    seg.seq = 1
+    sh.register(1, seg)
+    sh.start_links()
+    await seg.append(batch(0, 10), S1, 5)
+    await eventually_async(lambda: caught_up(sh, "n2"))
+    await asyncio.sleep(0.05)  # every link idle, waiting for a wake-up
+    tasks = list(sh._tasks.values())
+    for link in sh._links.values():
+        link.wake.set()
+    for _ in range(ticks):
+        await asyncio.sleep(0)
+    for t in tasks:
+        t.cancel()
+    done, alive = await asyncio.wait(tasks, timeout=1.0)
+    assert not alive
+    await sh.close()
