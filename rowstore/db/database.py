@@ -93,7 +93,7 @@ class Database:
         # serving/
         self.replicas = ReplicaStore(fs, cfg.replica_lease_s, monotonic, cfg.resume_free_bytes, lost)
         self.leadership = Leadership(self.store, self.replicas, self.tables, partial(decided, self.catalog),
-                                     self.clock.observe, self.clock.present, monotonic)
+                                     self.clock.observe, self.clock.present, monotonic, self.clock.observe_durably)
         self.handoffs = Handoffs(self.store, self.tables, self.clock.observe)
         # write/
         self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks,

@@ -7,6 +7,7 @@ import asyncio
 import pyarrow as pa
 
 from rowstore.db.database import Database
+from rowstore.errors import UnavailableError
 from rowstore.replication.position import NOTHING, Position
 from tests.sim.nodes import ROWS, Violation
 
@@ -83,6 +84,8 @@ class Checks:
         them durable, and reach at least where the leader's log ended when every follower had
         caught up (the leader may append records of its own since)."""
         sh = self._shipper(pid)
+        if sh is None:  # it stepped down meanwhile (the nodes' jobs go on): checked again after an election
+            raise UnavailableError(f"the leader of partition {pid} stepped down during the checks")
         tid, settled = self.table.table_id, self.settled_at[pid]
         for f in sh.followers:
             r = await self.nodes[f].db.replicas.replica(tid, pid)

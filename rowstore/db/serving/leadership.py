@@ -26,10 +26,15 @@ log = logging.getLogger("rowstore.db.leadership")
 
 class Leadership:
     def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables, decide, observe=None, present=None,
-                 monotonic=time.monotonic):
+                 monotonic=time.monotonic, observe_durably=None):
         self.store, self.replicas, self.tables, self.decide = store, replicas, tables, decide
         self.monotonic = monotonic  # leases (a simulation runs it on virtual time)
         self.observe = observe  # the clock's observe(ts): a new leader commits above the log it took
+        # the clock's observe_durably(ts): the election's floor, persisted before this node leads,
+        # so that after a restart its present — which it answers to fences — is above every read
+        # it served at that floor (it may be the only one of the next election's majority that
+        # knows of them: simulation seed 9919)
+        self.observe_durably = observe_durably
         self.present = present or (lambda: 0)  # the clock's present: sent to followers, answered to fences
         self.fenced_at: dict[tuple[str, int], float] = {}  # monotonic time a fence made this node step down
         self.fenced_epoch: dict[tuple[str, int], int] = {}  # the highest epoch this node was fenced with
@@ -81,7 +86,11 @@ class Leadership:
             # every read T the previous leaders could serve (the election's clock floor)
             wm = await read_watermark(self.store.catalog, d.table_id, pid)
             floor = next((e.floor for e in await self.replicas.history(d.table_id, pid) if e.epoch == epoch), 0)
-            self.observe(max([s.max_ts or 0 for s in segs] + [wm.ts if wm else 0, floor]))
+            top = max([s.max_ts or 0 for s in segs] + [wm.ts if wm else 0, floor])
+            if self.observe_durably is not None:
+                await self.observe_durably(top)
+            else:
+                self.observe(top)
         sh = Shipper(d.table_id, pid, epoch, base, start, followers, transport, lease_s, on_fenced, self.present,
                      self.monotonic)
         for seg in segs:
