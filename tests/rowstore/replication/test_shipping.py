@@ -175,6 +175,16 @@ async def test_a_forced_election_names_a_leader_only_after_the_old_lease_ran_out
     await sh.close()
 
 
+async def leading(fss, sh):
+    """``sh`` leads from n1 with one active segment (segid 7, seq 1), its links started."""
+    af = await fss["n1"].create()
+    seg = ActiveSegment(7, af, af.where)
+    seg.seq = 1
+    sh.register(1, seg)
+    sh.start_links()
+    return seg
+
+
 async def test_a_promise_answers_the_old_leaders_clock_and_the_new_leader_starts_above_its_lease():
     """Every round carries the leader's present; a promise answers the highest one it took, and
     the election's floor lies above every read T that leader could serve under the lease those
@@ -182,11 +192,7 @@ async def test_a_promise_answers_the_old_leaders_clock_and_the_new_leader_starts
     fss, stores, tr = await world()
     ahead = (1 << 62)  # a leader whose clock is far ahead of everyone's
     sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=0.3, clock=lambda: ahead, monotonic=TICK)
-    af = await fss["n1"].create()
-    seg = ActiveSegment(7, af, af.where)
-    seg.seq = 1
-    sh.register(1, seg)
-    sh.start_links()
+    seg = await leading(fss, sh)
     await seg.append(batch(0, 10), S1, 5)
     answers = [await stores[n].fence("T", 0, 2, force=True) for n in ("n2", "n3")]
     assert [a["clock"] for a in answers] == [ahead, ahead]
@@ -204,11 +210,7 @@ async def test_a_promise_still_answers_the_leaders_clock_after_the_replica_state
     fss, stores, tr = await world()
     ahead = (1 << 62)
     sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=0.3, clock=lambda: ahead, monotonic=TICK)
-    af = await fss["n1"].create()
-    seg = ActiveSegment(7, af, af.where)
-    seg.seq = 1
-    sh.register(1, seg)
-    sh.start_links()
+    seg = await leading(fss, sh)
     await seg.append(batch(0, 10), S1, 5)
     await sh.close()
     for n in ("n2", "n3"):
@@ -362,11 +364,7 @@ async def test_a_link_waiting_for_work_ends_when_cancelled_even_as_it_is_woken(t
     8851)."""
     fss, stores, tr = await world()
     sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=30.0, monotonic=TICK)
-    af = await fss["n1"].create()
-    seg = ActiveSegment(7, af, af.where)
-    seg.seq = 1
-    sh.register(1, seg)
-    sh.start_links()
+    seg = await leading(fss, sh)
     await seg.append(batch(0, 10), S1, 5)
     await eventually_async(lambda: caught_up(sh, "n2"))
     await asyncio.sleep(0.05)  # every link idle, waiting for a wake-up
