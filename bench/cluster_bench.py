@@ -66,8 +66,7 @@ from bench.node_bench import (ARROW, BATCH_ROWS, SCHEMA, SYNC_METRIC, _PointPeer
                               fsyncs)
 from bench.raft_bench import Etcd
 from node.wire import write_arrow_stream
-from rowstore.index.key_memtable import encode_keys
-from rowstore.tables.keys import partition_of
+from rowstore.tables.keys import encode_keys, partition_of
 from tests.node.proc import raft_cluster, start_all
 
 QUICK = os.environ.get("CLUSTER_BENCH_QUICK") == "1"

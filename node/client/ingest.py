@@ -35,12 +35,10 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from node.errors import ApiError
+from node.errors import ApiError, NodeError, UsageError
 from node.wire import column_from_json, rows_to_table
-from node.errors import NodeError, UsageError
 from rowstore.errors import RowValidationError
-from rowstore.index.key_memtable import encode_keys
-from rowstore.tables.keys import partition_of
+from rowstore.tables.keys import encode_keys, partition_of
 from rowstore.schema import SchemaVersion
 from rowstore.types import ColumnType, Kind
 

@@ -16,8 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.errors import CorruptionError
-from rowstore.index.key_memtable import encode_keys
-from rowstore.tables.keys import partition_of
+from rowstore.tables.keys import encode_keys, partition_of
 
 PLACE = "node/place/"
 FORMAT = 1  # part of the record's format

@@ -15,37 +15,10 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
-import pyarrow as pa
 
-from rowstore.errors import InvalidKeyError
 
 TOMBSTONE = np.uint64(2**64 - 1)  # the rowid of a deletion (part of the run format)
 MAX_RUNS = 24  # mini-runs a memtable holds before inserts merge them on the caller's thread
-
-
-def encode_keys(arr: pa.Array, kind: str) -> np.ndarray:
-    """Checked primary keys (``rowstore.tables.key_check.check_keys``) as an order-preserving numpy
-    array; an array of another type raises rather than being converted (no wrapping)."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    want = {"int64": pa.int64(), "uuid": pa.binary(16)}.get(kind)
-    if want is not None and arr.type != want:
-        raise InvalidKeyError(f"{kind} primary keys come as {want}, not {arr.type}")
-    if kind == "int64":
-        return arr.to_numpy(zero_copy_only=False).view(np.uint64) ^ np.uint64(1 << 63)
-    if kind == "uuid":
-        return np.frombuffer(arr.buffers()[1], "S16")[arr.offset : arr.offset + len(arr)].copy()
-    from rowstore.tables.keys import string_keys
-
-    return string_keys(arr)
-
-
-def decode_keys(keys: np.ndarray, kind: str) -> list:
-    if kind == "int64":
-        return (keys ^ np.uint64(1 << 63)).view(np.int64).tolist()
-    if kind == "uuid":
-        return [bytes(k).ljust(16, b"\0") for k in keys]
-    return [k.decode() for k in keys]
 
 
 @dataclass(frozen=True)

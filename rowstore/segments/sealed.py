@@ -21,7 +21,7 @@ import numpy as np
 
 from catalog.checksum import crc32c
 from rowstore.errors import RowCorruptionError
-from rowstore.index.key_memtable import encode_keys
+from rowstore.tables.keys import encode_keys
 from rowstore.codec.rows import Decoded, decode_row_list, decode_rows, decode_run
 from rowstore.schema import SchemaVersion
 from terrafs.sealed import SealedFile

@@ -19,7 +19,8 @@ from rowstore.errors import UnavailableError
 from terrafs.errors import ClosedError
 from rowstore.segments.active import ActiveSegment, rowids as make_rowids
 from rowstore.index.column_index import PartitionColumns
-from rowstore.index.key_memtable import TOMBSTONE, encode_keys
+from rowstore.index.key_memtable import TOMBSTONE
+from rowstore.tables.keys import encode_keys
 from rowstore.index.key_index import PartitionIndex
 from rowstore.index.key_manifest import Claim
 from rowstore.codec.rows import Encoded

@@ -32,12 +32,11 @@ from node.cluster.controller import choose_leader
 from rowstore.db.write.committer import COMMITTED, txn_key
 from rowstore.db.database import Database
 from rowstore.errors import FencedError, RowstoreError, UnavailableError
-from rowstore.index.key_memtable import encode_keys
+from rowstore.tables.keys import encode_keys, partition_of
 from rowstore.replication.epochs import Epoch, History, epochs_key, replica_lasts
 from rowstore.replication.leader import clock_floor
 from rowstore.replication.position import NOTHING, Position
 from rowstore.segments.wal import DECIDED, SPANS_NODES
-from rowstore.tables.keys import partition_of
 from terrafs.backends.memory import MemoryObjectStore
 from terrafs.catalog_ops import commit
 from terrafs.errors import MirrorError, TerrafsError

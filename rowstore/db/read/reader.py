@@ -14,7 +14,7 @@ import pyarrow as pa
 from rowstore.codec.point_decoder import PointDecoder
 from rowstore.errors import FutureTimestampError, HistoryPurgedError, QueryError, UnavailableError
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
-from rowstore.index.key_memtable import encode_keys
+from rowstore.tables.keys import encode_keys, encode_one, partition_of, partition_one
 from rowstore.reads.zones import keep_mask, segments_of
 from rowstore.reads.predicates import batch_mask, fold_ranges, parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
@@ -22,7 +22,6 @@ from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegmentStore
 from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.tables.key_check import check_key, check_keys
-from rowstore.tables.keys import encode_one, partition_of, partition_one
 from rowstore.tables.partition import Partition
 from rowstore.timeline import Timeline
 from rowstore.db.registry import Table, TableRegistry

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from catalog.abc import Catalog, Check, Delete, Put
 from rowstore.errors import ConflictError, UnavailableError
-from rowstore.index.key_memtable import encode_keys
+from rowstore.tables.keys import encode_keys, partition_of
 from rowstore.codec.rows import Encoded, EncodedParts
 from rowstore.schema import SchemaVersion
 from rowstore.segments.active import split_rowids
@@ -23,7 +23,6 @@ from rowstore.segments.wal import DECIDED, SPANS_NODES
 from rowstore.tables.conform import Piece, conform, split_by_partition, stamp
 from rowstore.tables.key_check import check_keys
 from rowstore.tables.definitions import TableCatalog, TableDef
-from rowstore.tables.keys import partition_of
 from rowstore.tables.partition import Partition
 from rowstore.timeline import Timeline
 from rowstore.db.registry import Table, TableRegistry

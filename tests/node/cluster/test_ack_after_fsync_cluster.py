@@ -15,8 +15,7 @@ import shutil
 import pyarrow as pa
 import pytest
 
-from rowstore.index.key_memtable import encode_keys
-from rowstore.tables.keys import partition_of
+from rowstore.tables.keys import encode_keys, partition_of
 from tests.node.http.test_ack_after_fsync import FD_PATH, _syscalls, post_rows
 from tests.node.cluster.test_replication_faults import caught_up
 from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster

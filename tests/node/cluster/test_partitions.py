@@ -15,8 +15,7 @@ import pytest
 from pyroaring import BitMap
 
 from node.errors import ApiError
-from rowstore.index.key_memtable import encode_keys
-from rowstore.tables.keys import partition_of
+from rowstore.tables.keys import encode_keys, partition_of
 from tests.node.proc import TERRASCALE, eventually, holds, raft_cluster, start_all
 
 N = 60  # rows per batch: with 6 partitions over 3 nodes every batch spans every node

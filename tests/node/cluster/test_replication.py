@@ -10,8 +10,7 @@ import pyarrow as pa
 import pytest
 
 from node.errors import ApiError
-from rowstore.index.key_memtable import encode_keys
-from rowstore.tables.keys import partition_of
+from rowstore.tables.keys import encode_keys, partition_of
 from tests.node.proc import FAST_CLUSTER, eventually, joiner, raft_cluster, start_all
 
 FAST = FAST_CLUSTER

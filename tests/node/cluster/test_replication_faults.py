@@ -23,8 +23,7 @@ import pytest
 
 from node.client.client import Client
 from node.errors import ApiError
-from rowstore.index.key_memtable import encode_keys
-from rowstore.tables.keys import partition_of
+from rowstore.tables.keys import encode_keys, partition_of
 from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
 
 FAST = FAST_CLUSTER

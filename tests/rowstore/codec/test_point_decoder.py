@@ -4,12 +4,10 @@ import uuid
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from rowstore.errors import RowCorruptionError
-from rowstore.index.key_memtable import encode_keys
-from rowstore.tables.keys import encode_one, partition_of, partition_one
+from rowstore.tables.keys import encode_keys, encode_one, partition_of, partition_one
 from rowstore.codec.point_decoder import decode_one
 from rowstore.codec.rows import decode_rows, encode_rows
 from tests.rowstore.codec.test_rows import SCHEMA, _values

@@ -24,8 +24,7 @@ from catalog.memory import MemoryCatalog
 from rowstore.db.database import Database, TablesConfig
 from rowstore.db.background.gc import GcConfig
 from rowstore.hlc import ms_of, ts_from_ms
-from rowstore.index.key_memtable import encode_keys
-from rowstore.tables.keys import partition_of
+from rowstore.tables.keys import encode_keys, partition_of
 from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.fs import FsConfig, TerrascaleFS

@@ -6,10 +6,10 @@ import pyarrow as pa
 import pytest
 
 from catalog.memory import MemoryCatalog
-from rowstore.index.key_memtable import TOMBSTONE, decode_keys, encode_keys
+from rowstore.index.key_memtable import TOMBSTONE, Run
+from rowstore.tables.keys import decode_keys, encode_keys
 from rowstore.index.key_index import PartitionIndex
 from rowstore.index.key_purge import purge
-from rowstore.index.key_memtable import Run
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.failpoints import FailPointCrash, armed
 from terrafs.fs import FsConfig, TerrascaleFS

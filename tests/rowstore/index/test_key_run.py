@@ -2,14 +2,13 @@
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from catalog.memory import MemoryCatalog
 from rowstore.errors import RowCorruptionError
 from rowstore.index.key_run import IndexRun, run_bytes
-from rowstore.index.key_memtable import MemTable, encode_keys
-from rowstore.tables.keys import encode_one
+from rowstore.index.key_memtable import MemTable
+from rowstore.tables.keys import encode_keys, encode_one
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.fs import FsConfig, TerrascaleFS
 

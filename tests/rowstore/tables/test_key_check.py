@@ -5,13 +5,11 @@ import uuid
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from rowstore.errors import InvalidKeyError, RowValidationError
 from rowstore.tables.key_check import INT64_MAX, INT64_MIN, MAX_KEY_BYTES, check_key, check_keys, show
-from rowstore.index.key_memtable import encode_keys
-from rowstore.tables.keys import encode_one, string_keys
+from rowstore.tables.keys import encode_keys, encode_one, string_keys
 from rowstore.schema import Column
 from rowstore.types import ColumnType
 from tests.rowstore.tables_world import TablesWorld
