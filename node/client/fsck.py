@@ -22,7 +22,7 @@ from node.config import NodeConfig
 from node.errors import ConfigError
 from rowstore.errors import RowCorruptionError
 from rowstore.index.column_index import parse_column_run
-from rowstore.index.key_memtable import TOMBSTONE
+from rowstore.rowids import TOMBSTONE
 from rowstore.index.key_run import IndexRun
 from rowstore.segments.fsck import check_segments
 from rowstore.replication.position import REP_PREFIX, ReplicaRecord

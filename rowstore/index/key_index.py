@@ -19,7 +19,8 @@ from catalog.abc import Check, Delete, Put
 from rowstore.errors import ConflictError, FencedError
 from rowstore.index.key_manifest import Claim, Manifest
 from rowstore.index.key_run import IndexRun, run_bytes
-from rowstore.index.key_memtable import TOMBSTONE, MemTable, Run, merge_runs, small, visible
+from rowstore.index.key_memtable import MemTable, Run, merge_runs, small, visible
+from rowstore.rowids import TOMBSTONE
 from rowstore.index.key_purge import dropped_rowids, purge
 from rowstore.index.key_visible import RunsView, overlay
 from terrafs.catalog_ops import commit

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from rowstore.rowids import TOMBSTONE
 
-TOMBSTONE = np.uint64(2**64 - 1)  # the rowid of a deletion (part of the run format)
 MAX_RUNS = 24  # mini-runs a memtable holds before inserts merge them on the caller's thread
 
 

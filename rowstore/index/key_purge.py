@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rowstore.index.key_memtable import TOMBSTONE, Run
+from rowstore.index.key_memtable import Run
+from rowstore.rowids import TOMBSTONE
 
 
 def purge(run: Run, horizon: int, bottom: bool) -> Run:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rowstore.index.key_memtable import TOMBSTONE, Run, merge_runs, newest_versions
+from rowstore.index.key_memtable import Run, merge_runs, newest_versions
+from rowstore.rowids import TOMBSTONE
 from rowstore.index.rowid_kernels import match_sorted
 
 

@@ -17,18 +17,10 @@ from rowstore.errors import RowstoreError
 from rowstore.codec.rows import Decoded, Encoded, EncodedParts, decode_row_list, encode_rows
 from rowstore.schema import SchemaVersion
 from rowstore.segments.wal import DECIDED, Kind, WalReader, WalState, batch_parts, commit_bytes, frame, U64
+from rowstore.rowids import rowids, split_rowids
 from terrafs.active import ActiveFile
 
 _ROW_READ = 512  # bytes read for a point get before the row's length is known
-
-
-def rowids(segid: int, localids: np.ndarray) -> np.ndarray:
-    return (np.uint64(segid) << np.uint64(32)) | localids.astype(np.uint64)
-
-
-def split_rowids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    ids = np.asarray(ids, np.uint64)
-    return (ids >> np.uint64(32)).astype(np.uint32), (ids & np.uint64(0xFFFFFFFF)).astype(np.uint32)
 
 
 class _Offsets:

@@ -13,7 +13,8 @@ from collections import OrderedDict
 import numpy as np
 import pyarrow as pa
 
-from rowstore.segments.active import ActiveSegment, split_rowids
+from rowstore.segments.active import ActiveSegment
+from rowstore.rowids import split_rowids
 from rowstore.errors import DanglingRowidError, RowstoreError, SegmentNotFoundError
 from rowstore.codec.rows import Decoded, decode_rows
 from rowstore.schema import SchemaVersion

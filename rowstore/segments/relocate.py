@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from rowstore.codec.rows import decode_run
 from rowstore.errors import RowCorruptionError
-from rowstore.index.key_memtable import TOMBSTONE
+from rowstore.rowids import TOMBSTONE
 from rowstore.tables.keys import encode_keys
 from rowstore.schema import Column, SchemaVersion
 from rowstore.segments.sealed import (CLUSTER_BOX, CLUSTER_FLOAT, CLUSTER_INT, MAX_VERSIONS, SealedSegment,

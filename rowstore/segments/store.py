@@ -19,7 +19,8 @@ from typing import Callable
 import numpy as np
 
 from catalog.abc import Check, Delete, Put
-from rowstore.segments.active import ActiveSegment, split_rowids
+from rowstore.segments.active import ActiveSegment
+from rowstore.rowids import split_rowids
 from rowstore.errors import DanglingRowidError, RowstoreError, SegmentNotFoundError, UnavailableError
 from rowstore.codec.rows import Decoded, decode_rows
 from rowstore.schema import SchemaVersion

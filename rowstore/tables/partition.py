@@ -17,9 +17,9 @@ import pyarrow as pa
 
 from rowstore.errors import UnavailableError
 from terrafs.errors import ClosedError
-from rowstore.segments.active import ActiveSegment, rowids as make_rowids
+from rowstore.segments.active import ActiveSegment
+from rowstore.rowids import rowids as make_rowids, TOMBSTONE
 from rowstore.index.column_index import PartitionColumns
-from rowstore.index.key_memtable import TOMBSTONE
 from rowstore.tables.keys import encode_keys
 from rowstore.index.key_index import PartitionIndex
 from rowstore.index.key_manifest import Claim

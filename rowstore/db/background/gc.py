@@ -24,8 +24,7 @@ from rowstore.db.registry import TableRegistry
 from rowstore.errors import ConflictError, UnavailableError
 from rowstore.hlc import ms_of
 from rowstore.index.key_manifest import Manifest
-from rowstore.index.key_memtable import TOMBSTONE
-from rowstore.segments.active import rowids as make_rowids
+from rowstore.rowids import TOMBSTONE, rowids as make_rowids
 from rowstore.segments.relocate import ClusterSpec, mark_live, piece_stream, plan_copy, read_live
 from rowstore.db.read.leaderless import WATERMARK_PREFIX
 from rowstore.replication.epochs import EPOCHS_PREFIX

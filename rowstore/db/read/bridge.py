@@ -8,7 +8,7 @@ import pyarrow as pa
 from rowstore.errors import ConflictError, HistoryPurgedError, QueryError, UnavailableError
 from rowstore.reads.plan import ReadPlan, SegmentSlice, visible_bitmap
 from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
-from rowstore.segments.active import split_rowids
+from rowstore.rowids import split_rowids
 from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegmentStore, SegState
 from rowstore.db.read.leases import Leases

@@ -22,7 +22,7 @@ from catalog.abc import Check, Put
 from rowstore.errors import UnavailableError
 from rowstore.reads.plan import SegmentSlice, visible_bitmap
 from rowstore.reads.predicates import batch_mask
-from rowstore.segments.active import rowids, split_rowids
+from rowstore.rowids import rowids, split_rowids
 from rowstore.segments.store import SegmentRecord, SegmentStore, SegState
 from rowstore.timeline import Timeline
 from terrafs.catalog_ops import commit

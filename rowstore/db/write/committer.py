@@ -18,7 +18,7 @@ from rowstore.errors import ConflictError, UnavailableError
 from rowstore.tables.keys import encode_keys, partition_of
 from rowstore.codec.rows import Encoded, EncodedParts
 from rowstore.schema import SchemaVersion
-from rowstore.segments.active import split_rowids
+from rowstore.rowids import split_rowids
 from rowstore.segments.wal import DECIDED, SPANS_NODES
 from rowstore.tables.conform import Piece, conform, split_by_partition, stamp
 from rowstore.tables.key_check import check_keys

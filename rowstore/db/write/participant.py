@@ -30,7 +30,7 @@ from rowstore.db.write.committer import ABORTED, COMMITTED, Committer, txn_key
 from rowstore.db.registry import Table
 from rowstore.db.tasks import BackgroundTasks
 from rowstore.errors import ConflictError, UnavailableError
-from rowstore.segments.active import split_rowids
+from rowstore.rowids import split_rowids
 from rowstore.segments.wal import DECIDED
 from rowstore.tables.conform import conform, stamp
 from rowstore.tables.definitions import TableCatalog

@@ -6,7 +6,8 @@ import pyarrow as pa
 import pytest
 
 from catalog.memory import MemoryCatalog
-from rowstore.index.key_memtable import TOMBSTONE, Run
+from rowstore.index.key_memtable import Run
+from rowstore.rowids import TOMBSTONE
 from rowstore.tables.keys import decode_keys, encode_keys
 from rowstore.index.key_index import PartitionIndex
 from rowstore.index.key_purge import purge

@@ -5,7 +5,8 @@ import hypothesis.strategies as st
 from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from rowstore.index.key_memtable import TOMBSTONE, MemTable, Run, _lookup, find_one, merge_runs
+from rowstore.index.key_memtable import MemTable, Run, _lookup, find_one, merge_runs
+from rowstore.rowids import TOMBSTONE
 from rowstore.tables.keys import decode_keys, encode_keys, encode_one
 
 EXTREMES = [-2**63, -2**63 + 1, -1, 2**63 - 2, 2**63 - 1]  # around the sign bit the encoding flips

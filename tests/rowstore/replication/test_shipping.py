@@ -11,10 +11,9 @@ from hypothesis import given, settings, strategies as st
 from catalog.abc import Put
 from catalog.memory import MemoryCatalog
 from rowstore.hlc import ts_from_ms
-from rowstore.replication.leader import LEASE_DRIFT, clock_floor, lease_wait
+from rowstore.replication.leader import LEASE_DRIFT, clock_floor, lease_wait, Shipper, Transport, whole_prefix
 from rowstore.errors import FencedError
 from rowstore.replication.follower import Piece, ReplicaStore
-from rowstore.replication.leader import Shipper, Transport, whole_prefix
 from rowstore.replication.position import NOTHING, Position, ReplicaRecord, keeps_log
 from rowstore.schema import parse_schema
 from rowstore.segments.active import ActiveSegment

@@ -6,7 +6,8 @@ import pyarrow as pa
 import pytest
 
 from catalog.memory import MemoryCatalog
-from rowstore.segments.active import ActiveSegment, split_rowids
+from rowstore.segments.active import ActiveSegment
+from rowstore.rowids import split_rowids
 from rowstore.errors import RowCorruptionError
 from rowstore.schema import SchemaVersion, parse_schema
 from rowstore.segments.sealed import FOOTER_LEN, LEAF_CAP, Footer, SealedSegment, sealed_bytes

@@ -6,7 +6,7 @@ import pytest
 
 from catalog.memory import MemoryCatalog
 from rowstore.errors import DanglingRowidError
-from rowstore.segments.active import split_rowids
+from rowstore.rowids import split_rowids
 from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegState, SegmentStore
 from terrafs.active import ActiveConfig
