@@ -19,9 +19,9 @@ import pyarrow as pa
 from pyroaring import BitMap64
 
 from catalog.abc import Put
-from rowstore.index.column_structures import AxisIndex, GridIndex, Interval, ValueIndex, bitmap, ids_of
+from rowstore.index.column_structures import AxisIndex, GridIndex, ValueIndex, bitmap, ids_of
+from rowstore.reads.predicates import Interval, BBox, Term, bbox_mask, numeric_values, term_mask, NUMERIC
 from rowstore.errors import RowCorruptionError, SchemaError
-from rowstore.reads.predicates import BBox, Term, bbox_mask, numeric_values, term_mask, NUMERIC
 from rowstore.schema import Column
 from rowstore.types import Kind
 

@@ -13,13 +13,13 @@ over buckets, never over rows.
 from __future__ import annotations
 
 import array
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap64
 
 from rowstore.index.rowid_kernels import match_sorted
+from rowstore.reads.predicates import Interval
 
 MAX_BUCKETS = 256
 
@@ -31,30 +31,6 @@ def bitmap(ids: np.ndarray) -> BitMap64:
 
 def ids_of(bm: BitMap64) -> np.ndarray:
     return np.frombuffer(bm.to_array(), np.uint64) if len(bm) else np.zeros(0, np.uint64)
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A query interval; ``None`` bounds are unbounded."""
-
-    lo: float | None = None
-    hi: float | None = None
-    lo_inc: bool = True
-    hi_inc: bool = True
-
-    @classmethod
-    def from_op(cls, op: str, v) -> "Interval":
-        return {"=": cls(v, v), "<": cls(None, v, hi_inc=False), "<=": cls(None, v),
-                ">": cls(v, None, lo_inc=False), ">=": cls(v, None)}[op]
-
-    def overlaps(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """Which row intervals ``[lo, hi]`` intersect this one (vectorized, exact)."""
-        ok = np.ones(len(lo), bool)
-        if self.lo is not None:
-            ok &= (hi >= self.lo) if self.lo_inc else (hi > self.lo)
-        if self.hi is not None:
-            ok &= (lo <= self.hi) if self.hi_inc else (lo < self.hi)
-        return ok
 
 
 class AxisIndex:

@@ -43,15 +43,37 @@ _NP = {"=": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal, ">"
 
 
 @dataclass(frozen=True)
+class Interval:
+    """A query interval; ``None`` bounds are unbounded."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_inc: bool = True
+    hi_inc: bool = True
+
+    @classmethod
+    def from_op(cls, op: str, v) -> "Interval":
+        return {"=": cls(v, v), "<": cls(None, v, hi_inc=False), "<=": cls(None, v),
+                ">": cls(v, None, lo_inc=False), ">=": cls(v, None)}[op]
+
+    def overlaps(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Which row intervals ``[lo, hi]`` intersect this one (vectorized, exact)."""
+        ok = np.ones(len(lo), bool)
+        if self.lo is not None:
+            ok &= (hi >= self.lo) if self.lo_inc else (hi > self.lo)
+        if self.hi is not None:
+            ok &= (lo <= self.hi) if self.hi_inc else (lo < self.hi)
+        return ok
+
+
+@dataclass(frozen=True)
 class Term:
     column: Column
     op: str
     value: object  # in the column's (or range element's) numeric domain: ints, floats, bytes, str, bool
 
-    def interval(self):
+    def interval(self) -> Interval:
         """The term as a closed/open interval over the value domain (None bounds: unbounded)."""
-        from rowstore.index.column_structures import Interval
-
         return Interval.from_op(self.op, self.value)
 
 
@@ -62,9 +84,7 @@ class Between(Term):
 
     upper: Term | None = None
 
-    def interval(self):
-        from rowstore.index.column_structures import Interval
-
+    def interval(self) -> Interval:
         a, b = Interval.from_op(self.op, self.value), Interval.from_op(self.upper.op, self.upper.value)
         return Interval(a.lo, b.hi, a.lo_inc, b.hi_inc)
 

@@ -2,10 +2,10 @@
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from rowstore.index.column_structures import AxisIndex, Interval, ValueIndex, ids_of
+from rowstore.index.column_structures import AxisIndex, ValueIndex, ids_of
+from rowstore.reads.predicates import Interval
 
 OPS = ["=", "<", "<=", ">", ">="]
 PC = {"=": pc.equal, "<": pc.less, "<=": pc.less_equal, ">": pc.greater, ">=": pc.greater_equal}
