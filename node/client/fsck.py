@@ -25,7 +25,7 @@ from rowstore.index.column_index import parse_column_run
 from rowstore.rowids import TOMBSTONE
 from rowstore.index.key_run import IndexRun
 from rowstore.segments.fsck import check_segments
-from rowstore.replication.position import REP_PREFIX, ReplicaRecord
+from rowstore.segments.position import REP_PREFIX, ReplicaRecord
 from terrafs.backends.memory import MemoryBlockDevice
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.errors import TerrafsError

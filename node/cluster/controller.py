@@ -33,7 +33,7 @@ from node.cluster import suspicion
 from node.cluster.transport import PROMISED, HttpTransport
 from rowstore.errors import FencedError, RowstoreError, TableNotFoundError
 from rowstore.replication.epochs import Epoch, History, epochs_key, replica_lasts
-from rowstore.replication.position import NOTHING, REP_PREFIX, Position
+from rowstore.segments.position import NOTHING, REP_PREFIX, Position
 from rowstore.replication.leader import clock_floor, lease_wait
 from terrafs.catalog_ops import commit
 from terrafs.errors import TerrafsError

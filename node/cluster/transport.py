@@ -17,7 +17,7 @@ from node.errors import ApiError
 from rowstore.errors import FencedError
 from rowstore.replication.follower import Piece
 from rowstore.replication.leader import Transport
-from rowstore.replication.position import Position
+from rowstore.segments.position import Position
 
 _LEN = struct.Struct("<I")
 MAX_HEADER = 1 << 20

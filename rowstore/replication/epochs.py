@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from catalog.errors import CorruptionError
-from rowstore.replication.position import REP_PREFIX, Position, ReplicaRecord
+from rowstore.segments.position import REP_PREFIX, Position, ReplicaRecord
 
 EPOCHS_PREFIX = "rs/epochs/"
 KEEP = 64  # newest epochs kept per partition, beside those a replica still needs (``History.with_epoch``)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from catalog.abc import Check, Put
 from rowstore.errors import ConflictError, FencedError, LeaderAliveError, RowstoreError
 from rowstore.replication.epochs import History, cut_point, epochs_key
-from rowstore.replication.position import NOTHING, Position, ReplicaRecord, keeps_log, rep_key
+from rowstore.segments.position import NOTHING, Position, ReplicaRecord, keeps_log, rep_key
 from terrafs.active import ActiveFile
 from terrafs.catalog_ops import commit
 from terrafs.errors import CatalogConflictError, NoSpaceError, TerrafsError

@@ -17,7 +17,7 @@ import time
 
 from rowstore.errors import FencedError
 from rowstore.hlc import ts_from_ms
-from rowstore.replication.position import NOTHING, Position
+from rowstore.segments.position import NOTHING, Position
 from rowstore.segments.wal import REC
 from terrafs.errors import ClosedError, MirrorError
 

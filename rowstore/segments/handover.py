@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from catalog.abc import Check, Delete, Put
 from rowstore.errors import ConflictError, RowstoreError
-from rowstore.replication.position import ReplicaRecord, rep_key as rkey
+from rowstore.segments.position import ReplicaRecord, rep_key as rkey
 from rowstore.segments.active import ActiveSegment
 from rowstore.segments.records import SegState
 from terrafs.catalog_ops import commit

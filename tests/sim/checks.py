@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from rowstore.db.database import Database
 from rowstore.errors import UnavailableError
-from rowstore.replication.position import NOTHING, Position
+from rowstore.segments.position import NOTHING, Position
 from tests.sim.nodes import ROWS, Violation
 
 

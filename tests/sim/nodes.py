@@ -13,7 +13,7 @@ from rowstore.db.database import Database, TablesConfig
 from rowstore.errors import RowstoreError
 from rowstore.replication.follower import Piece
 from rowstore.replication.leader import Transport
-from rowstore.replication.position import Position
+from rowstore.segments.position import Position
 from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice
 from terrafs.errors import TerrafsError

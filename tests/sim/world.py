@@ -35,7 +35,7 @@ from rowstore.errors import FencedError, RowstoreError, UnavailableError
 from rowstore.tables.keys import encode_keys, partition_of
 from rowstore.replication.epochs import Epoch, History, epochs_key, replica_lasts
 from rowstore.replication.leader import clock_floor
-from rowstore.replication.position import NOTHING, Position
+from rowstore.segments.position import NOTHING, Position
 from rowstore.segments.wal import DECIDED, SPANS_NODES
 from terrafs.backends.memory import MemoryObjectStore
 from terrafs.catalog_ops import commit

@@ -15,7 +15,7 @@ from rowstore.errors import FencedError, UnavailableError
 from rowstore.db.read.leaderless import read_watermark
 from rowstore.replication.follower import ReplicaStore
 from rowstore.replication.leader import Shipper, Transport
-from rowstore.replication.position import NOTHING, Position, rep_key
+from rowstore.segments.position import NOTHING, Position, rep_key
 from rowstore.segments.store import SegmentStore, SegState
 from rowstore.tables.definitions import TableDef
 from rowstore.index.key_manifest import Claim

@@ -7,7 +7,7 @@ import hypothesis.strategies as st
 from hypothesis import given, settings
 
 from rowstore.replication.epochs import Epoch, History, cut_point
-from rowstore.replication.position import Position
+from rowstore.segments.position import Position
 
 
 @st.composite

@@ -14,7 +14,7 @@ from rowstore.hlc import ts_from_ms
 from rowstore.replication.leader import LEASE_DRIFT, clock_floor, lease_wait, Shipper, Transport, whole_prefix
 from rowstore.errors import FencedError
 from rowstore.replication.follower import Piece, ReplicaStore
-from rowstore.replication.position import NOTHING, Position, ReplicaRecord, keeps_log
+from rowstore.segments.position import NOTHING, Position, ReplicaRecord, keeps_log
 from rowstore.schema import parse_schema
 from rowstore.segments.active import ActiveSegment
 from rowstore.segments.wal import REC, Kind, frame

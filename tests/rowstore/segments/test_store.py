@@ -228,7 +228,7 @@ async def test_a_new_leader_adopts_a_log_whose_empty_sealed_segment_it_has_no_co
     lead — which the elections, all logs being equal, did not choose (simulation seed 4332:
     a partition unled for a minute after healing). A segment without bytes needs no copy: its
     row goes, as an uncopied active one's does, and its owner keeps the file as a copy."""
-    from rowstore.replication.position import ReplicaRecord, rep_key
+    from rowstore.segments.position import ReplicaRecord, rep_key
 
     w = World()
     n1 = await w.start()
