@@ -56,6 +56,9 @@ _STORAGE = {
 }
 VARIABLE = {Kind.STRING, Kind.BINARY, Kind.JSON}
 PRIMARY_KEY_KINDS = {Kind.INT64, Kind.STRING, Kind.UUID}
+# the kinds a table may cluster its segments by (``cluster_by``; docs/rfcs/0009-gc.md)
+CLUSTERABLE = {Kind.TIMESTAMP, Kind.DATE, Kind.INT8, Kind.INT16, Kind.INT32, Kind.INT64, Kind.UINT8, Kind.UINT16,
+               Kind.UINT32, Kind.UINT64, Kind.FLOAT32, Kind.FLOAT64, Kind.POINT, Kind.BOX}
 
 # range flags (part of the format)
 LOWER_INC, UPPER_INC, LOWER_UNB, UPPER_UNB = 0x01, 0x02, 0x04, 0x08

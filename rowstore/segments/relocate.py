@@ -22,7 +22,6 @@ from rowstore.types import Kind
 
 _INT_KINDS = {Kind.TIMESTAMP, Kind.DATE, Kind.INT8, Kind.INT16, Kind.INT32, Kind.INT64, Kind.UINT8,
               Kind.UINT16, Kind.UINT32, Kind.UINT64}
-CLUSTERABLE = _INT_KINDS | {Kind.FLOAT32, Kind.FLOAT64, Kind.POINT, Kind.BOX}
 
 
 # -- mark ---------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from catalog.abc import Catalog, Check, Put
 from rowstore.errors import ConflictError, SchemaError, TableExistsError, TableNotFoundError
 from rowstore.hlc import HybridClock
 from rowstore.schema import SchemaVersion, _check_name, parse_schema
+from rowstore.types import CLUSTERABLE
 from terrafs.catalog_ops import commit
 
 MAX_PARTITIONS = 256
@@ -205,8 +206,6 @@ def _index_ids(sv: SchemaVersion, names) -> tuple[int, ...]:
 
 def _cluster_id(sv: SchemaVersion, name: str | None) -> int | None:
     """The column id of ``cluster_by`` (None: the primary key); a clear error if unusable."""
-    from rowstore.segments.relocate import CLUSTERABLE
-
     if name is None or name == sv.key.name:
         return None
     col = next((c for c in sv.columns if c.name == name), None)
