@@ -43,7 +43,7 @@ from node.daemon.jobs import Jobs
 from node.daemon.metrics import Metrics
 from rowstore.db.database import Database, TablesConfig
 from rowstore.db.background.gc import GcConfig
-from rowstore.tables.partition import segment_states
+from rowstore.db.partition import segment_states
 from rowstore.segments.position import REP_PREFIX, ReplicaRecord
 from terrafs.active import ActiveConfig
 from terrafs.crypto import KeyEncryptionKey

@@ -11,7 +11,7 @@ from rowstore.index.key_manifest import Claim
 from rowstore.schema import SchemaVersion
 from rowstore.segments.store import SegmentStore
 from rowstore.tables.definitions import TableCatalog, TableDef
-from rowstore.tables.partition import Partition
+from rowstore.db.partition import Partition
 
 log = logging.getLogger("rowstore.database")
 

@@ -40,7 +40,7 @@ def test_every_invariant_holds_for_every_seed():
 #   4051 — a maintenance round holding a partition object from before a demotion and a
 #         re-promotion rolled the segment under the old object's lock while the new one held a
 #         prepared BATCH X: the committed batch left out of the sealed object, the index naming
-#         rows past its end (tests/rowstore/tables/test_retired_partition.py);
+#         rows past its end (tests/rowstore/db/test_retired_partition.py);
 #   5199, 5784 — a restarted leader with its log offloaded answered a fence with no clock of
 #         its own: the new epoch's floor below reads it had served, a repeatable read at T
 #         refused as in the future (tests/rowstore/db/serving/test_leadership_fence.py);

@@ -130,18 +130,21 @@ NODE_PARTS = {
 }
 
 
-# Inside ``rowstore/db/`` (docs/ARCHITECTURE.md, "rowstore"): the registry and the home of
-# background tasks are shared by every part; reads, writes, background work and serving import
+# Inside ``rowstore/db/`` (docs/ARCHITECTURE.md, "rowstore"): a partition, the registry and the
+# home of background tasks are shared by every part; reads, writes, background work and serving import
 # those, and the last two ``read/``'s watermarks and leases; only ``database.py`` assembles.
 DB_PARTS = {
-    "rowstore.db.registry": set(),
+    "rowstore.db.partition": set(),
+    "rowstore.db.registry": {"rowstore.db.partition"},
     "rowstore.db.tasks": set(),
-    "rowstore.db.write": {"rowstore.db.registry", "rowstore.db.tasks"},
-    "rowstore.db.read": {"rowstore.db.registry", "rowstore.db.tasks"},
-    "rowstore.db.background": {"rowstore.db.registry", "rowstore.db.tasks", "rowstore.db.read"},
-    "rowstore.db.serving": {"rowstore.db.registry", "rowstore.db.tasks", "rowstore.db.read"},
-    "rowstore.db.database": {"rowstore.db.registry", "rowstore.db.tasks", "rowstore.db.write", "rowstore.db.read",
-                             "rowstore.db.background", "rowstore.db.serving"},
+    "rowstore.db.write": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks"},
+    "rowstore.db.read": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks"},
+    "rowstore.db.background": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks",
+                               "rowstore.db.read"},
+    "rowstore.db.serving": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks", "rowstore.db.read"},
+    "rowstore.db.database": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks",
+                             "rowstore.db.write", "rowstore.db.read", "rowstore.db.background",
+                             "rowstore.db.serving"},
 }
 
 

@@ -30,7 +30,7 @@ from rowstore.db.read.leaderless import WATERMARK_PREFIX
 from rowstore.replication.epochs import EPOCHS_PREFIX
 from rowstore.segments.store import PENDING_PREFIX, SegmentRecord, SegmentStore, SegState
 from rowstore.tables.definitions import TableCatalog, TableDef
-from rowstore.tables.partition import Partition
+from rowstore.db.partition import Partition
 from rowstore.timeline import Timeline
 from terrafs.catalog_ops import commit
 from terrafs.errors import InodeNotFoundError

@@ -22,7 +22,7 @@ from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegmentStore
 from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.tables.key_check import check_key, check_keys
-from rowstore.tables.partition import Partition
+from rowstore.db.partition import Partition
 from rowstore.timeline import Timeline
 from rowstore.db.registry import Table, TableRegistry
 from rowstore.db.tasks import BackgroundTasks

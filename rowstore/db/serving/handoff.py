@@ -26,7 +26,7 @@ from rowstore.errors import RowstoreError, UnavailableError
 from rowstore.segments.store import SegmentStore, SegState
 from rowstore.tables.definitions import TableDef
 from rowstore.index.key_manifest import Claim
-from rowstore.tables.partition import Partition
+from rowstore.db.partition import Partition
 
 log = logging.getLogger("rowstore.db.handoff")
 

@@ -19,7 +19,7 @@ from rowstore.segments.position import NOTHING, Position, rep_key
 from rowstore.segments.store import SegmentStore, SegState
 from rowstore.tables.definitions import TableDef
 from rowstore.index.key_manifest import Claim
-from rowstore.tables.partition import Partition
+from rowstore.db.partition import Partition
 
 log = logging.getLogger("rowstore.db.leadership")
 

@@ -23,7 +23,7 @@ from rowstore.segments.wal import DECIDED, SPANS_NODES
 from rowstore.tables.conform import Piece, conform, split_by_partition, stamp
 from rowstore.tables.key_check import check_keys
 from rowstore.tables.definitions import TableCatalog, TableDef
-from rowstore.tables.partition import Partition
+from rowstore.db.partition import Partition
 from rowstore.timeline import Timeline
 from rowstore.db.registry import Table, TableRegistry
 from rowstore.db.tasks import BackgroundTasks

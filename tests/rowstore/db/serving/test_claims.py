@@ -10,7 +10,7 @@ import pytest
 
 from rowstore.errors import ConflictError, FencedError
 from rowstore.index.key_manifest import Claim, Manifest
-from rowstore.tables.partition import manifest_key
+from rowstore.db.partition import manifest_key
 from tests.rowstore.db.serving.test_handoff import Two, ids_and_v
 from tests.rowstore.tables_world import SCHEMA, rows
 

@@ -28,7 +28,7 @@ from rowstore.schema import Column, SchemaVersion
 from rowstore.segments.store import SegmentRecord, SegmentStore, SegState
 from rowstore.segments.wal import U64, Kind
 
-log = logging.getLogger("rowstore.tables.partition")
+log = logging.getLogger("rowstore.db.partition")
 
 
 def manifest_key(table_id: str, pid: int) -> str:

@@ -1,5 +1,5 @@
 """A partition object this node stopped serving must not touch the partition's log any more
-(rowstore/tables/partition.py).
+(rowstore/db/partition.py).
 
 The store keys a partition's current segment by (table, partition), while the writer lock
 that orders its log belongs to one ``Partition`` object. When a node stops serving a

@@ -8,7 +8,7 @@ import pytest
 
 from rowstore.codec.rows import encode_rows
 from rowstore.errors import UnavailableError
-from rowstore.tables.partition import Partition
+from rowstore.db.partition import Partition
 from tests.rowstore.segments.test_segments import S1, batch
 from tests.rowstore.segments.test_store import World
 
