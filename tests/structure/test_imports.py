@@ -203,3 +203,28 @@ def test_the_documented_python_client_import_works():
 def test_the_retry_helper_imports_no_project_module():
     """Every layer and the Python client retry through ``catalog.retry``: it stays at the bottom."""
     assert _graph()["catalog.retry"] == set()
+
+
+def _rowstore_layers() -> list[str]:
+    """The layers of docs/ARCHITECTURE.md ("`rowstore/`, layer by layer"), lowest first:
+    a subpackage name, or "" for the modules at rowstore's top level."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    block = text.split("### `rowstore/`, layer by layer", 1)[1].split("```", 2)[1]
+    names = [line.split()[0] for line in block.strip().splitlines()]
+    return ["" if n == "(top" else n.rstrip("/") for n in reversed(names)]
+
+
+def test_rowstore_subpackages_import_only_downward():
+    """No two subpackages of ``rowstore`` depend on each other: each imports its own layer or
+    lower ones (docs/ARCHITECTURE.md), and every subpackage has its layer in the list."""
+    layers = _rowstore_layers()
+    subpackages = {p.name for p in (ROOT / "rowstore").iterdir() if (p / "__init__.py").exists()}
+    assert subpackages == set(layers) - {""}, f"subpackages vs. the layer list: {sorted(subpackages)} {layers}"
+
+    def layer(m: str) -> int:
+        parts = m.split(".")
+        return layers.index(parts[1] if len(parts) > 2 else "")
+
+    bad = sorted(f"{m} imports {d}" for m, deps in _graph().items() if m.startswith("rowstore.")
+                 for d in deps if d.startswith("rowstore.") and layer(d) > layer(m))
+    assert not bad, "imports up rowstore's layers (docs/ARCHITECTURE.md):\n" + "\n".join(bad)
