@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from catalog.abc import Check, Delete, Put
+from catalog.errors import CatalogError
 from rowstore.errors import ConflictError, FencedError
 from rowstore.index.key_manifest import Claim, Manifest
 from rowstore.index.key_run import IndexRun, run_bytes
@@ -24,7 +25,7 @@ from rowstore.rowids import TOMBSTONE
 from rowstore.index.key_purge import dropped_rowids, purge
 from rowstore.index.key_visible import RunsView, overlay
 from terrafs.catalog_ops import commit
-from terrafs.errors import CatalogConflictError, InodeNotFoundError
+from terrafs.errors import CatalogConflictError, InodeNotFoundError, TerrafsError
 from terrafs.fs import TerrascaleFS
 
 log = logging.getLogger("rowstore.index.key_index")
@@ -85,14 +86,19 @@ class PartitionIndex:
         raise ConflictError(f"{self.key} kept changing while this node claimed it")
 
     async def _drop_unpublished(self) -> None:
-        """Column runs written for a checkpoint or merge that crashed before publishing."""
+        """Column runs written for a checkpoint or merge that crashed before publishing: each
+        file and its pending row go in one transaction. A file that is gone already leaves only
+        its row to drop; any other failure keeps both (the next open tries again) — dropping
+        the row then would leave the file with nothing that names it."""
         for e in await self.fs.catalog.scan(f"{self.key}/pending/"):
             inode = int(e.key.rsplit("/", 1)[1], 16)
             try:
                 await self.fs.delete(inode, [Check(e.key, e.version)], [Delete(e.key)])
-            except Exception as err:  # noqa: BLE001 - the file is gone already: drop the row
-                log.info("event=index_pending_skip inode=%d reason=%r", inode, err)
-                await commit(self.fs.catalog, [], [Delete(e.key)])
+            except InodeNotFoundError:
+                log.info("event=index_pending_gone inode=%d", inode)
+                await commit(self.fs.catalog, [Check(e.key, e.version)], [Delete(e.key)])
+            except (TerrafsError, CatalogError) as err:
+                log.warning("event=index_pending_kept inode=%d error=%r", inode, err)
     def insert(self, keys: np.ndarray, ts: int, rowids: np.ndarray) -> None:
         self.mem.insert(keys, ts, rowids)
 

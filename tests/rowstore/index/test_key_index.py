@@ -5,6 +5,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from catalog.abc import Put
 from catalog.memory import MemoryCatalog
 from rowstore.index.key_memtable import Run
 from rowstore.rowids import TOMBSTONE
@@ -318,3 +319,41 @@ async def test_small_memtable_merges_run_inline_and_a_big_one_is_left_for_the_th
         await idx.merge_memtable()
         assert len(idx.mem._runs) <= 9
     await check(idx, model, [10, 100, 200, ts])
+
+
+async def _unpublished_run(fs, key: str) -> int:
+    """A column-run file written for a checkpoint that crashed before publishing it."""
+    async def body():
+        yield b"a column run"
+    rec = await fs.create_sealed(body(), extra=lambda r: ([], [Put(f"{key}/pending/{r.inode:08x}", b"")]))
+    return rec.inode
+
+
+async def test_an_unpublished_run_the_store_cannot_delete_now_is_kept_for_the_next_open(monkeypatch):
+    """A failed delete is not "gone already": the pending row stays with its file (dropping it
+    would leave the file with nothing naming it), and the next open deletes both."""
+    from terrafs.errors import TransientStorageError
+
+    fs = await world()
+    key = "idx/t/5/manifest"
+    inode = await _unpublished_run(fs, key)
+
+    async def unavailable(*a, **kw):
+        raise TransientStorageError("the object store does not answer")
+    with monkeypatch.context() as m:
+        m.setattr(fs, "delete", unavailable)
+        await PartitionIndex(fs, key, "int64").open()
+    assert [e.key for e in await fs.catalog.scan(f"{key}/pending/")] == [f"{key}/pending/{inode:08x}"]
+    assert (await fs.stat(inode)) is not None
+    await PartitionIndex(fs, key, "int64").open()
+    assert await fs.catalog.scan(f"{key}/pending/") == []
+    assert inode not in {r.inode for r in await fs.list()}
+
+
+async def test_an_unpublished_run_whose_file_is_gone_leaves_only_its_row_to_drop():
+    fs = await world()
+    key = "idx/t/6/manifest"
+    inode = await _unpublished_run(fs, key)
+    await fs.delete(inode)  # a crash after the file's delete, before the row's
+    await PartitionIndex(fs, key, "int64").open()
+    assert await fs.catalog.scan(f"{key}/pending/") == []
