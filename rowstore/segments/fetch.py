@@ -45,17 +45,14 @@ def _dangling(where: str, segid: int, loc: int, reason: str) -> DanglingRowidErr
 
 
 async def _segment_rows(store, segid: int, locs: np.ndarray, schemas, target, where: str = "") -> Decoded:
-    seg = store.active.get(segid)
-    if seg is not None:
+    async def from_active(seg: ActiveSegment) -> Decoded:
         if len(locs) and int(locs.max()) >= seg.durable_rows:
             raise _dangling(where, segid, int(locs.max()), f"the active segment has {seg.durable_rows} rows")
-        try:
-            return await _from_active(seg, locs, schemas, target)
-        except RowstoreError:
-            raise
-        except Exception:
-            if segid in store.active:
-                raise
+        return await _from_active(seg, locs, schemas, target)
+
+    got = await store.read_active(segid, from_active)
+    if got is not None:
+        return got
     try:
         sealed = await store.sealed(segid)
     except SegmentNotFoundError:

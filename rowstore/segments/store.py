@@ -14,7 +14,8 @@ import asyncio
 import json
 import logging
 from dataclasses import replace
-from typing import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import numpy as np
 
@@ -28,11 +29,12 @@ from rowstore.segments.handover import Handover
 from rowstore.segments.records import PENDING_PREFIX, SEG_PREFIX, SegmentRecord, SegState
 from rowstore.segments.sealed import SealedSegment, sealed_bytes
 from terrafs.catalog_ops import commit
-from terrafs.errors import CatalogConflictError, ClosedError, MirrorError, NoSpaceError, failed_error
+from terrafs.errors import CatalogConflictError, ClosedError, MirrorError, NoSpaceError, TerrafsError, failed_error
 from terrafs.fs import TerrascaleFS
 from terrafs.ranges import RangeAllocator
 from terrafs.records import FileRecord
 
+T = TypeVar("T")
 log = logging.getLogger("rowstore.segments.store")
 
 
@@ -425,19 +427,35 @@ class SegmentStore(Handover):
         raw = seg.get_raw_cached(rowid & 0xFFFFFFFF)
         return None if raw is None else (raw, seg.where)
 
+    async def read_active(self, segid: int, read: Callable[[ActiveSegment], Awaitable[T]]) -> T | None:
+        """``read(seg)`` of segment ``segid`` while it is active here; None when it is not, or
+        when it stopped being active during the read (sealed, offloaded, or its partition
+        released: the file closed or removed under the read) — the caller reads its sealed
+        object then. Any other failure, or a storage failure of a segment still active, is
+        raised: it is not a segment changing state."""
+        seg = self.active.get(segid)
+        if seg is None:
+            return None
+        try:
+            return await read(seg)
+        except (TerrafsError, OSError):
+            if segid in self.active:
+                raise
+            return None
+
     async def row_bytes(self, rowid: int, where: str = "") -> tuple[bytes, str]:
         """One row's encoded bytes and where they came from (for a point read); a rowid no
         segment holds is DanglingRowidError naming ``where`` (the table and partition)."""
         segid, loc = rowid >> 32, rowid & 0xFFFFFFFF
-        seg = self.active.get(segid)
-        if seg is not None:
+
+        async def from_active(seg: ActiveSegment) -> tuple[bytes, str]:
             if loc >= seg.durable_rows:
                 raise DanglingRowidError(where or seg.where, rowid, f"the active segment has {seg.durable_rows} rows")
-            try:
-                return await seg.get_raw(loc), seg.where
-            except Exception:
-                if segid in self.active:
-                    raise
+            return await seg.get_raw(loc), seg.where
+
+        got = await self.read_active(segid, from_active)
+        if got is not None:
+            return got
         try:
             sealed = await self.sealed(segid)
         except SegmentNotFoundError:

@@ -243,3 +243,59 @@ async def test_a_new_leader_adopts_a_log_whose_empty_sealed_segment_it_has_no_co
     assert [r for r in await n2.list(table="t") if r.partition == 0] == []
     e = await w.cat.get(rep_key("t", 0, "n1"))
     assert empty.segid in ReplicaRecord.from_bytes(e.value, e.key).segs  # the old owner's file, as a copy
+
+
+class _Moving:
+    """An active segment that stops being active during a read (sealed and offloaded under it)
+    and then fails with ``error``."""
+
+    def __init__(self, st, seg, error: Exception):
+        self.st, self.seg, self.error = st, seg, error
+        self.segid, self.where, self.durable_rows = seg.segid, seg.where, seg.durable_rows
+
+    def _moved(self):
+        self.st.active.pop(self.segid, None)
+        raise self.error
+
+    async def get_raw(self, loc):  # a point read (SegmentStore.row_bytes)
+        self._moved()
+
+    @property
+    def file(self):  # many rows (segments/fetch.py): the file, closed or removed
+        self._moved()
+
+
+async def _offloaded_but_listed_active(error: Exception):
+    w = World()
+    st = await w.start()
+    seg = await st.create("t", 0)
+    ids = await seg.append(batch(0, 50), S1, 5)
+    await st.seal(seg.segid)
+    await st.offload(seg.segid, KEYS)
+    st.active[seg.segid] = _Moving(st, seg, error)
+    return st, ids
+
+
+@pytest.mark.parametrize("read", ["row_bytes", "fetch"])
+async def test_a_segment_sealed_under_a_read_is_read_from_its_object(read):
+    from terrafs.errors import ClosedError
+
+    st, ids = await _offloaded_but_listed_active(ClosedError("closed under the read"))
+    if read == "row_bytes":
+        raw, _ = await st.row_bytes(int(ids[7]))
+        assert raw
+    else:
+        got = await fetch(st, ids[[3, 7]], SCHEMAS.__getitem__, S1)
+        assert got.batch.column("id").to_pylist() == [3, 7]
+
+
+@pytest.mark.parametrize("read", ["row_bytes", "fetch"])
+async def test_a_failure_that_is_not_the_segment_moving_is_raised_not_read_around(read):
+    """A bug in the active read (here a RuntimeError) is not taken for the segment being sealed
+    meanwhile, even when it did move: the read fails instead of quietly reading elsewhere."""
+    st, ids = await _offloaded_but_listed_active(RuntimeError("a bug in the active read"))
+    with pytest.raises(RuntimeError, match="a bug"):
+        if read == "row_bytes":
+            await st.row_bytes(int(ids[7]))
+        else:
+            await fetch(st, ids[[3, 7]], SCHEMAS.__getitem__, S1)
