@@ -93,8 +93,9 @@ class Database:
         # serving/
         self.replicas = ReplicaStore(fs, cfg.replica_lease_s, monotonic, cfg.resume_free_bytes, lost)
         self.leadership = Leadership(self.store, self.replicas, self.tables, partial(decided, self.catalog),
-                                     self.clock.observe, self.clock.present, monotonic, self.clock.observe_durably)
-        self.handoffs = Handoffs(self.store, self.tables, self.clock.observe)
+                                     observe=self.clock.observe, observe_durably=self.clock.observe_durably,
+                                     present=self.clock.present, monotonic=monotonic)
+        self.handoffs = Handoffs(self.store, self.tables, observe=self.clock.observe)
         # write/
         self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks,
                                    self.leadership.demote, cfg.ack_timeout_s)

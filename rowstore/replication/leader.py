@@ -14,6 +14,7 @@ import abc
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from rowstore.errors import FencedError
 from rowstore.hlc import ts_from_ms
@@ -58,9 +59,13 @@ class Shipper:
     """Replication of one partition, led by this node in ``epoch``."""
 
     def __init__(self, table_id: str, pid: int, epoch: int, base: int, start: Position, followers: list[str],
-                 transport: Transport, lease_s: float = 1.0, on_fenced=None, clock=None, monotonic=time.monotonic):
+                 transport: Transport, lease_s: float, *, on_fenced: Callable[[Shipper], None],
+                 clock: Callable[[], int], monotonic: Callable[[], float] = time.monotonic):
+        """``on_fenced(shipper)``: a follower answered a newer epoch, so this node steps down (the
+        fencing of RFC 0010 §5); ``clock()``: this node's HLC present, sent with every round (the
+        clock floor the followers keep): both required, neither has a safe default."""
         self.table_id, self.pid, self.epoch, self.base, self.start = table_id, pid, epoch, base, start
-        self.clock = clock or (lambda: 0)  # this node's HLC present: sent with every round
+        self.clock = clock  # this node's HLC present: sent with every round
         self.monotonic = monotonic  # the lease's time (a simulation runs it on virtual time)
         self.followers = list(followers)
         self.transport, self.lease_s, self.on_fenced = transport, lease_s, on_fenced
@@ -140,8 +145,7 @@ class Shipper:
             log.warning("event=leader_fenced table=%s partition=%d epoch=%d by=%d", self.table_id, self.pid,
                         self.epoch, epoch)
             self.progressed()
-            if self.on_fenced is not None:
-                self.on_fenced(self)
+            self.on_fenced(self)
 
     # -- reads ----------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 import time
 
 from catalog.errors import CatalogError
@@ -32,7 +33,9 @@ log = logging.getLogger("rowstore.db.handoff")
 
 
 class Handoffs:
-    def __init__(self, store: SegmentStore, tables, observe=None):
+    def __init__(self, store: SegmentStore, tables, *, observe: Callable[[int], None]):
+        """``observe(ts)``: the clock's observe; a partition taken here commits above the log it
+        took (invariant C of RFC 0010), so it has no default."""
         self.store, self.tables, self.observe = store, tables, observe
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
 
@@ -121,18 +124,17 @@ class Handoffs:
         """Serve partition ``pid`` of ``d``, which the placement now names this node for at
         ``epoch`` (its previous node released it). Whether it was taken now."""
         async with self._lock(d.table_id, pid):
-            if self.observe is not None:  # commit above every commit the partition holds
-                recs = [r for r in await self.store.list(table=d.table_id) if r.partition == pid]
-                wm = await read_watermark(self.store.catalog, d.table_id, pid)
-                self.observe(max([r.max_ts or 0 for r in recs] + [wm.ts if wm else 0]))
+            # commit above every commit the partition holds
+            recs = [r for r in await self.store.list(table=d.table_id) if r.partition == pid]
+            wm = await read_watermark(self.store.catalog, d.table_id, pid)
+            self.observe(max([r.max_ts or 0 for r in recs] + [wm.ts if wm else 0]))
             table = await self.tables.table(d)  # a table opened now opens it with the others
             if pid in table.owned:
                 return False
             part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
             latest = await self.tables.latest_def(d)
             n = await part.open(await self.tables.schemas_of(latest), latest.schema, Claim(self.store.node, epoch))
-            if self.observe is not None:
-                self.observe(part.newest_ts)
+            self.observe(part.newest_ts)
             table.serve(part, epoch)
             log.info("event=partition_taken table=%s partition=%d replayed=%d", d.name, pid, n)
             return True

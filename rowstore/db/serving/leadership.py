@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from rowstore.errors import FencedError, UnavailableError
 from rowstore.db.read.leaderless import read_watermark
@@ -25,17 +26,18 @@ log = logging.getLogger("rowstore.db.leadership")
 
 
 class Leadership:
-    def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables, decide, observe=None, present=None,
-                 monotonic=time.monotonic, observe_durably=None):
+    def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables, decide, *,
+                 observe: Callable[[int], None], observe_durably: Callable[[int], Awaitable[None]],
+                 present: Callable[[], int], monotonic: Callable[[], float] = time.monotonic):
+        """The clock's hooks keep invariant C of RFC 0010 and have no default: ``observe(ts)``, a
+        new leader commits above the log it took; ``observe_durably(ts)``, the election's floor,
+        persisted before this node leads, so that after a restart its present — which it answers
+        to fences — is above every read it served at that floor (it may be the only one of the
+        next election's majority that knows of them: simulation seed 9919); ``present()``, the
+        clock's present, sent to followers and answered to fences."""
         self.store, self.replicas, self.tables, self.decide = store, replicas, tables, decide
         self.monotonic = monotonic  # leases (a simulation runs it on virtual time)
-        self.observe = observe  # the clock's observe(ts): a new leader commits above the log it took
-        # the clock's observe_durably(ts): the election's floor, persisted before this node leads,
-        # so that after a restart its present — which it answers to fences — is above every read
-        # it served at that floor (it may be the only one of the next election's majority that
-        # knows of them: simulation seed 9919)
-        self.observe_durably = observe_durably
-        self.present = present or (lambda: 0)  # the clock's present: sent to followers, answered to fences
+        self.observe, self.observe_durably, self.present = observe, observe_durably, present
         self.fenced_at: dict[tuple[str, int], float] = {}  # monotonic time a fence made this node step down
         self.fenced_epoch: dict[tuple[str, int], int] = {}  # the highest epoch this node was fenced with
         # One hand-over at a time per partition: promotion, demotion, fences and the follower
@@ -54,7 +56,7 @@ class Leadership:
         return dict(self.store.shippers)
 
     async def promote(self, d: TableDef, pid: int, epoch: int, base: int, start: Position, followers: list[str],
-                      transport: Transport, lease_s: float, on_fenced=None) -> Shipper:
+                      transport: Transport, lease_s: float, on_fenced: Callable[[Shipper], None]) -> Shipper:
         """Lead partition ``pid`` of ``d`` at ``epoch`` (the placement already says so).
         FencedError when this node promised a newer epoch meanwhile (the placement it read
         is stale: another election followed)."""
@@ -82,17 +84,13 @@ class Leadership:
         except BaseException:
             self.replicas.forget(d.table_id, pid)  # reload the record on the next message
             raise
-        if self.observe is not None:  # above every commit of the log, the partition's watermark and
-            # every read T the previous leaders could serve (the election's clock floor)
-            wm = await read_watermark(self.store.catalog, d.table_id, pid)
-            floor = next((e.floor for e in await self.replicas.history(d.table_id, pid) if e.epoch == epoch), 0)
-            top = max([s.max_ts or 0 for s in segs] + [wm.ts if wm else 0, floor])
-            if self.observe_durably is not None:
-                await self.observe_durably(top)
-            else:
-                self.observe(top)
-        sh = Shipper(d.table_id, pid, epoch, base, start, followers, transport, lease_s, on_fenced, self.present,
-                     self.monotonic)
+        # above every commit of the log, the partition's watermark and every read T the previous
+        # leaders could serve (the election's clock floor)
+        wm = await read_watermark(self.store.catalog, d.table_id, pid)
+        floor = next((e.floor for e in await self.replicas.history(d.table_id, pid) if e.epoch == epoch), 0)
+        await self.observe_durably(max([s.max_ts or 0 for s in segs] + [wm.ts if wm else 0, floor]))
+        sh = Shipper(d.table_id, pid, epoch, base, start, followers, transport, lease_s, on_fenced=on_fenced,
+                     clock=self.present, monotonic=self.monotonic)
         for seg in segs:
             sh.register(seg.seq, seg)
         self.store.shippers[key] = sh
@@ -101,8 +99,7 @@ class Leadership:
             latest = await self.tables.latest_def(d)
             part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
             n = await part.open(await self.tables.schemas_of(latest), latest.schema, Claim(self.store.node, epoch))
-            if self.observe is not None:
-                self.observe(part.newest_ts)
+            self.observe(part.newest_ts)
         except BaseException:
             await self._demote(d.table_id, pid)  # half a promotion serves nothing; the next reconcile retries
             raise

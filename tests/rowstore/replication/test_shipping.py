@@ -27,6 +27,11 @@ from tests.fixtures.waits import eventually_async
 S1 = parse_schema("id int64 primary key, v string")
 
 
+def NO_STEP_DOWN(sh) -> None:
+    """These tests watch the fenced shipper itself; a node steps down through this hook
+    (``NodeReplication._fenced``, node/cluster/controller.py)."""
+
+
 def batch(lo, hi):
     return pa.record_batch({"id": pa.array(range(lo, hi), pa.int64()),
                             "v": pa.array([f"v{i}" * (i % 5) for i in range(lo, hi)])}, schema=S1.arrow())
@@ -85,7 +90,8 @@ async def world(n=3):
 
 
 async def leader(fss, transport, epoch=1, base=0, start=NOTHING, segid=7, seq=1):
-    sh = Shipper("T", 0, epoch, base, start, ["n2", "n3"], transport, lease_s=0.3, monotonic=TICK)
+    sh = Shipper("T", 0, epoch, base, start, ["n2", "n3"], transport, lease_s=0.3, on_fenced=NO_STEP_DOWN,
+                 clock=lambda: 0, monotonic=TICK)
     af = await fss["n1"].create()
     seg = ActiveSegment(segid, af, af.where)
     seg.seq = seq
@@ -190,7 +196,8 @@ async def test_a_promise_answers_the_old_leaders_clock_and_the_new_leader_starts
     rounds gave it — however far its clock ran ahead of the new leader's."""
     fss, stores, tr = await world()
     ahead = (1 << 62)  # a leader whose clock is far ahead of everyone's
-    sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=0.3, clock=lambda: ahead, monotonic=TICK)
+    sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=0.3, on_fenced=NO_STEP_DOWN, clock=lambda: ahead,
+                 monotonic=TICK)
     seg = await leading(fss, sh)
     await seg.append(batch(0, 10), S1, 5)
     answers = [await stores[n].fence("T", 0, 2, force=True) for n in ("n2", "n3")]
@@ -208,7 +215,8 @@ async def test_a_promise_still_answers_the_leaders_clock_after_the_replica_state
     where the new leader refused a repeatable read at T as future, its clock below T)."""
     fss, stores, tr = await world()
     ahead = (1 << 62)
-    sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=0.3, clock=lambda: ahead, monotonic=TICK)
+    sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=0.3, on_fenced=NO_STEP_DOWN, clock=lambda: ahead,
+                 monotonic=TICK)
     seg = await leading(fss, sh)
     await seg.append(batch(0, 10), S1, 5)
     await sh.close()
@@ -362,7 +370,8 @@ async def test_a_link_waiting_for_work_ends_when_cancelled_even_as_it_is_woken(t
     task a node's shutdown could not end (the seeded simulation's clean-up spun on it, seed
     8851)."""
     fss, stores, tr = await world()
-    sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=30.0, monotonic=TICK)
+    sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=30.0, on_fenced=NO_STEP_DOWN, clock=lambda: 0,
+                 monotonic=TICK)
     seg = await leading(fss, sh)
     await seg.append(batch(0, 10), S1, 5)
     await eventually_async(lambda: caught_up(sh, "n2"))

@@ -37,8 +37,12 @@ async def node(clock, present=None):
         return None
     store = SimpleNamespace(shippers={}, own_log=no_own_log, not_led=set(), release_local=lambda t, p: [],
                             fs=fs, epochs={}, node="n1")
-    return Leadership(store, replicas, SimpleNamespace(get=lambda tid: None), decide=None, present=present,
-                      monotonic=clock), store
+    return Leadership(store, replicas, SimpleNamespace(get=lambda tid: None), decide=None, observe=lambda ts: None,
+                      observe_durably=_nothing, present=present or (lambda: 0), monotonic=clock), store
+
+
+async def _nothing(ts: int) -> None:
+    """No election floor to persist: these tests never promote."""
 
 
 @pytest.mark.parametrize("was_leading", [True, False])
@@ -46,7 +50,8 @@ async def test_the_leader_fenced_for_a_hand_over_promises_even_with_its_whole_lo
     clock = Clock()
     lead, store = await node(clock)
     if was_leading:
-        store.shippers[("T", 0)] = Shipper("T", 0, 3, 2, (0, 0), [], None, lease_s=1.0, monotonic=clock)
+        store.shippers[("T", 0)] = Shipper("T", 0, 3, 2, (0, 0), [], None, lease_s=1.0, on_fenced=lambda sh: None,
+                                           clock=lambda: 0, monotonic=clock)
         got = await lead.fence("T", 0, 4)
         assert got["last"] == 0 and list(got["pos"]) == [0, 0] and ("T", 0) not in store.shippers
         with pytest.raises(Exception, match="not above the promised 4"):
