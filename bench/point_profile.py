@@ -25,7 +25,7 @@ from bench.node_bench import SCHEMA, NodeProcess, _PointPeers, _post, _write_loa
 # (stage, substrings of "function (file)" that mark it) — the innermost (deepest) match wins
 STAGES = [
     ("HTTP: aiohttp parse/respond, loop", ("aiohttp", "asyncio/", "selectors.py", "uvloop")),
-    ("edge: middleware, metrics, routing", ("node/http/api.py", "node/daemon/metrics.py", "prometheus_client")),
+    ("edge: middleware, metrics, routing", ("node/http/api.py", "node/metrics.py", "prometheus_client")),
     ("JSON parse", ("json/decoder.py", "json/__init__.py:loads", "loads (json")),
     ("JSON -> Arrow (rows_to_table)", ("node/wire.py",)),
     ("coalescing", ("node/http/coalesce.py",)),

@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from catalog.abc import Check, Delete, Put
 from node.cluster.members import raise_remote
+from node.cluster.serving import Serving
 from node.wire import ARROW_STREAM, write_arrow_stream
 from rowstore.db.write.committer import COMMITTED, txn_key
 from rowstore.errors import UnavailableError
@@ -47,17 +48,18 @@ class Outcome:
     commit_ts: int
 
 
-async def commit_across(node, d, batch: pa.RecordBatch, pids: np.ndarray, placement, delete: bool) -> Outcome:
+async def commit_across(sv: Serving, d, batch: pa.RecordBatch, pids: np.ndarray, placement,
+                        delete: bool) -> Outcome:
     """Commit ``batch`` (for ``delete``: the keys to delete) whose rows hash to ``pids`` on
     the nodes ``placement`` names, atomically, with one commit timestamp."""
     shares = {}
     for who, mine in placement.by_node(np.unique(pids).tolist()).items():
         shares[who] = batch.filter(pa.array(np.isin(pids, mine)))
     # the remote shares as Arrow IPC before any lock is taken (a reservation holds locks)
-    me = node.cluster.node_id
+    me = sv.cluster.node_id
     bodies = dict(zip([w for w in shares if w != me], await asyncio.gather(*(
         asyncio.to_thread(write_arrow_stream, pa.Table.from_batches([shares[w]])) for w in shares if w != me))))
-    clock = node.db.clock
+    clock = sv.db.clock
     txn = DECIDED | SPANS_NODES | secrets.randbits(62)
     floor = max(ts_from_ms(clock.now_ms()), clock.last + 1)
     got: list[tuple[str, dict]] = []
@@ -65,33 +67,33 @@ async def commit_across(node, d, batch: pa.RecordBatch, pids: np.ndarray, placem
     try:
         for who in sorted(shares):  # one node at a time: locks in one global order
             sent.append(who)
-            ans = await _reserve(node, who, d, shares[who], bodies.get(who), floor, txn, delete)
+            ans = await _reserve(sv, who, d, shares[who], bodies.get(who), floor, txn, delete)
             got.append((who, ans))
             floor = max(floor, int(ans["ts"]))
         ts = max(int(a["ts"]) for _, a in got)
-        answers = await asyncio.gather(*(_prepare(node, who, txn, ts) for who, _ in got), return_exceptions=True)
+        answers = await asyncio.gather(*(_prepare(sv, who, txn, ts) for who, _ in got), return_exceptions=True)
         failed = next((a for a in answers if isinstance(a, BaseException)), None)
         if failed is not None:
             raise failed
     except BaseException:
-        await _abort_all(node, sent, txn)
+        await _abort_all(sv, sent, txn)
         raise
-    return await _decide_and_commit(node, d, got, txn, ts)
+    return await _decide_and_commit(sv, d, got, txn, ts)
 
 
-async def _decide_and_commit(node, d, got, txn: int, ts: int) -> Outcome:
+async def _decide_and_commit(sv: Serving, d, got, txn: int, ts: int) -> Outcome:
     key = txn_key(txn)
     # A failure here leaves the outcome to the catalog: each participant resolves it after
     # its prepare timeout, and the caller got no acknowledgement.
-    res = await commit(node.catalog, [Check(key, 0)], [Put(key, COMMITTED)])
+    res = await commit(sv.catalog, [Check(key, 0)], [Put(key, COMMITTED)])
     if not res.committed:
-        e = await node.catalog.get(key)
+        e = await sv.catalog.get(key)
         if e is None or e.value != COMMITTED:  # a participant gave up on us and aborted
-            await _abort_all(node, [w for w, _ in got], txn)
+            await _abort_all(sv, [w for w, _ in got], txn)
             raise UnavailableError(f"table {d.name!r}: the batch was aborted by a participant that timed out; "
                                    "retry")
-    node.db.clock.observe(ts)
-    answers = await asyncio.gather(*(_commit(node, who, txn) for who, _ in got), return_exceptions=True)
+    sv.db.clock.observe(ts)
+    answers = await asyncio.gather(*(_commit(sv, who, txn) for who, _ in got), return_exceptions=True)
     failed = [(who, a) for (who, _), a in zip(got, answers) if isinstance(a, BaseException)]
     if failed:
         who, e = failed[0]
@@ -102,48 +104,48 @@ async def _decide_and_commit(node, d, got, txn: int, ts: int) -> Outcome:
     # found X decided by its recovery, which for a replicated partition is one copy of the
     # log; the copy leading it next may hold BATCH X alone and must still find the decision.
     if all(answers):
-        node.db.tasks.spawn(commit(node.catalog, [], [Delete(key)]))
+        sv.db.tasks.spawn(commit(sv.catalog, [], [Delete(key)]))
     return Outcome(sum(a["rows"] for _, a in got), sum(a["existed"] for _, a in got), ts)
 
 
-async def _reserve(node, who: str, d, rows: pa.RecordBatch, body: bytes | None, floor: int, txn: int,
+async def _reserve(sv: Serving, who: str, d, rows: pa.RecordBatch, body: bytes | None, floor: int, txn: int,
                    delete: bool) -> dict:
-    if who == node.cluster.node_id:
-        r = await node.db.participant.reserve(d.name, d.table_id, d.schema.version, rows, floor, txn, delete)
+    if who == sv.cluster.node_id:
+        r = await sv.db.participant.reserve(d.name, d.table_id, d.schema.version, rows, floor, txn, delete)
         return {"ts": r.ts, "rows": r.rows, "existed": r.existed}
     q = (f"/v1/internal/txn/reserve?table={d.name}&table_id={d.table_id}&schema_version={d.schema.version}"
          f"&floor={floor}&txn={txn}&delete={int(delete)}")
-    status, _, payload = await node.cluster.call(who, "POST", q, body=body, headers={"Content-Type": ARROW_STREAM})
+    status, _, payload = await sv.cluster.call(who, "POST", q, body=body, headers={"Content-Type": ARROW_STREAM})
     if status != 200:
         raise_remote(status, payload, who)
     return json.loads(payload)
 
 
-async def _prepare(node, who: str, txn: int, ts: int) -> None:
-    if who == node.cluster.node_id:
-        await node.db.participant.prepare(txn, ts)
+async def _prepare(sv: Serving, who: str, txn: int, ts: int) -> None:
+    if who == sv.cluster.node_id:
+        await sv.db.participant.prepare(txn, ts)
         return
-    status, _, payload = await node.cluster.call(who, "POST", "/v1/internal/txn/prepare", doc={"txn": txn, "ts": ts})
+    status, _, payload = await sv.cluster.call(who, "POST", "/v1/internal/txn/prepare", doc={"txn": txn, "ts": ts})
     if status != 200:
         raise_remote(status, payload, who)
 
 
-async def _commit(node, who: str, txn: int) -> int:
-    if who == node.cluster.node_id:
-        return await node.db.participant.commit(txn)
-    status, _, payload = await node.cluster.call(who, "POST", "/v1/internal/txn/commit", doc={"txn": txn})
+async def _commit(sv: Serving, who: str, txn: int) -> int:
+    if who == sv.cluster.node_id:
+        return await sv.db.participant.commit(txn)
+    status, _, payload = await sv.cluster.call(who, "POST", "/v1/internal/txn/commit", doc={"txn": txn})
     if status != 200:
         raise_remote(status, payload, who)
     return int(json.loads(payload)["commit_ts"])
 
 
-async def _abort_all(node, whos: list[str], txn: int) -> None:
+async def _abort_all(sv: Serving, whos: list[str], txn: int) -> None:
     """Best effort: a participant that misses this aborts by itself after its prepare timeout."""
     async def one(who: str) -> None:
-        if who == node.cluster.node_id:
-            await node.db.participant.abort(txn)
+        if who == sv.cluster.node_id:
+            await sv.db.participant.abort(txn)
             return
-        await node.cluster.call(who, "POST", "/v1/internal/txn/abort", doc={"txn": txn})
+        await sv.cluster.call(who, "POST", "/v1/internal/txn/abort", doc={"txn": txn})
 
     for who, r in zip(whos, await asyncio.gather(*(one(w) for w in whos), return_exceptions=True)):
         if isinstance(r, BaseException):

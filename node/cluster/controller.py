@@ -29,6 +29,7 @@ from node.cluster.handoff import call_hand_off, hand_off, reconcile as take_plac
 from node.tasks import cancel_all
 from node.cluster.placement import PLACE, PartitionPlace, Placement
 from node.cluster.rebalance import Rebalancer
+from node.cluster.serving import Serving
 from node.cluster import suspicion
 from node.cluster.transport import PROMISED, HttpTransport
 from rowstore.errors import FencedError, RowstoreError, TableNotFoundError
@@ -57,9 +58,9 @@ def majority(n: int) -> int:
 
 
 class NodeReplication:
-    def __init__(self, node):
-        self.node, self.cfg = node, node.cfg
-        self.db, self.cluster = node.db, node.cluster
+    def __init__(self, sv: Serving):
+        self.sv, self.cfg, self.catalog = sv, sv.cfg, sv.catalog
+        self.db, self.cluster = sv.db, sv.cluster
         self.me = self.cfg.node_id
         self.lease_s = self.db.replicas.lease_s  # failure_timeout / 2, given the database (node/daemon/lifecycle.py)
         self.transport = HttpTransport(self.cluster, max(self.cfg.failure_timeout_s, 1.0))
@@ -74,9 +75,16 @@ class NodeReplication:
         self._tasks: list[asyncio.Task] = []
         self.elections = {"won": 0, "failed": 0}
         self.dead: set[str] = set()
-        self.known: dict[str, int] = {}  # table id -> partitions (replication messages are checked against it)
+        self._known: dict[str, int] = {}  # table id -> partitions (replication messages are checked against it)
         self.rebalancer = Rebalancer(self)
         self.suspected: list | None = None  # what this node last wrote under node/suspect/ (suspicion.py)
+
+    async def partitions_of(self, table_id: str) -> int | None:
+        """How many partitions live table ``table_id`` has (None: no such table); the list of
+        tables is read again when an id is not in it (a table created since)."""
+        if table_id not in self._known:
+            self._known = {d.table_id: d.partitions for d in await self.db.list_tables()}
+        return self._known.get(table_id)
 
     @property
     def enabled(self) -> bool:
@@ -105,9 +113,9 @@ class NodeReplication:
         a node that becomes the driver — the catalog's leader died, say — then knows already
         for how long each counter has not moved, instead of watching a whole timeout first)."""
         self.counter += 1
-        await self.node.catalog.txn([], [Put(ALIVE + self.me, str(self.counter).encode())])
+        await self.catalog.txn([], [Put(ALIVE + self.me, str(self.counter).encode())])
         now = time.monotonic()
-        for e in await self.node.catalog.scan(ALIVE):
+        for e in await self.catalog.scan(ALIVE):
             n = e.key[len(ALIVE):]
             if n not in self._seen or self._seen[n][0] != e.value:
                 self._seen[n] = (e.value, now)
@@ -122,7 +130,7 @@ class NodeReplication:
 
     async def _is_driver(self) -> bool:
         try:
-            st = await self.node.catalog.cluster_status()
+            st = await self.catalog.cluster_status()
         except (CatalogError, asyncio.TimeoutError):
             return False
         driving = st.get("role") == "leader"
@@ -172,9 +180,9 @@ class NodeReplication:
     async def _move(self, table: str, pid: int, owner: str, to: str) -> None:
         try:
             if owner == self.me:
-                await hand_off(self.node, table, pid, to)
+                await hand_off(self.sv, table, pid, to)
             else:
-                await call_hand_off(self.node, owner, table, pid, to)
+                await call_hand_off(self.sv, owner, table, pid, to)
             self.rebalancer.moves["single_moved"] = self.rebalancer.moves.get("single_moved", 0) + 1
         except Exception as e:  # noqa: BLE001 - logged; the next tick tries again
             log.warning("event=single_move_failed table=%s partition=%d from=%s to=%s error=%r", table, pid, owner,
@@ -190,7 +198,7 @@ class NodeReplication:
         one-copy partitions moved here."""
         seen = set()
         placed = await self._placed()
-        await take_placed(self.node, placed)
+        await take_placed(self.sv, placed)
         tables = [(d, pl) for d, pl in placed if pl.replicated]
         for d, pl in tables:
             for pid, p in enumerate(pl.partitions):
@@ -215,7 +223,7 @@ class NodeReplication:
         """Drop this node's copies of segments their leaders offloaded or deleted, and every
         copy of a partition this node no longer replicates (moved away, or its table dropped)."""
         places = {d.table_id: pl for d, pl in tables}
-        for e in await self.node.catalog.scan(REP_PREFIX):
+        for e in await self.catalog.scan(REP_PREFIX):
             parts = e.key[len(REP_PREFIX):].split("/")
             if len(parts) != 3 or parts[2] != self.me or not parts[1].isdigit():
                 continue
@@ -398,7 +406,7 @@ class NodeReplication:
         transaction (docs/format/replication.md, "Epoch history")."""
         key = PLACE + name
         for _ in range(20):
-            e = await self.node.catalog.get(key)
+            e = await self.catalog.get(key)
             if e is None:
                 return False
             cur = Placement.from_bytes(e.value, key)
@@ -407,13 +415,13 @@ class NodeReplication:
             checks, ops = [Check(key, e.version)], [Put(key, cur.with_partition(pid, new).to_bytes())]
             if table_id is not None and new.epoch != was.epoch:
                 hk = epochs_key(table_id, pid)
-                he = await self.node.catalog.get(hk)
+                he = await self.catalog.get(hk)
                 h = History.from_bytes(he.value, hk) if he is not None else History([])
                 checks.append(Check(hk, he.version if he is not None else 0))
-                lasts = await replica_lasts(self.node.catalog, table_id, pid)
+                lasts = await replica_lasts(self.catalog, table_id, pid)
                 ops.append(Put(hk, h.with_epoch(Epoch(new.epoch, new.base, Position(*new.start), floor),
                                                 lasts).to_bytes()))
-            res = await commit(self.node.catalog, checks, ops)
+            res = await commit(self.catalog, checks, ops)
             if res.committed:
                 await self.cluster.placement(name, len(cur.partitions), fresh=True)
                 return True

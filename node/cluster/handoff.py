@@ -20,6 +20,7 @@ from catalog.abc import Check, Put
 from catalog.errors import CatalogError
 from node.cluster.members import LEAVING, RemoteError
 from node.errors import ApiError
+from node.cluster.serving import Serving
 from node.cluster.placement import PLACE, PartitionPlace, Placement, counts
 from terrafs.catalog_ops import commit
 from rowstore.errors import TableNotFoundError
@@ -28,9 +29,9 @@ log = logging.getLogger("terrascale.node.handoff")
 CALL_TIMEOUT_S = 600.0  # a release seals and offloads the partition's rows: bounded by their size
 
 
-async def hand_off(node, table: str, pid: int, to: str) -> dict:
+async def hand_off(sv: Serving, table: str, pid: int, to: str) -> dict:
     """Move one-copy partition ``pid`` of ``table`` from this node to ``to``."""
-    db, cluster = node.db, node.cluster
+    db, cluster = sv.db, sv.cluster
     d = await db.describe(table)
     if not 0 <= pid < d.partitions:
         raise ApiError(400, "bad_request", f"table {table!r} has no partition {pid}")
@@ -42,65 +43,65 @@ async def hand_off(node, table: str, pid: int, to: str) -> dict:
         raise ApiError(409, "conflict", f"partition {pid} of {table!r} is {list(p.replicas)}: not this node's one copy")
     await db.handoffs.release(d, pid)
     new = PartitionPlace((to,), p.epoch + 1)
-    if not await db.handoffs.switch(d, pid, lambda: _switch(node, d.name, pid, p, new)):
+    if not await db.handoffs.switch(d, pid, lambda: _switch(sv, d.name, pid, p, new)):
         raise ApiError(409, "conflict", f"the placement of {table!r} changed during the move (or {to} is "
                                         "leaving); retry")
     log.warning("event=partition_moved table=%s partition=%d from=%s to=%s", d.name, pid, cluster.node_id, to)
     with contextlib.suppress(ConnectionError, asyncio.TimeoutError, RemoteError):
         await asyncio.wait_for(cluster.call(to, "POST", "/v1/internal/take", doc={"table": d.name, "pid": pid}),
-                               node.cfg.failure_timeout_s * 2)  # else it takes it at its next reconcile
+                               sv.cfg.failure_timeout_s * 2)  # else it takes it at its next reconcile
     return {"table": d.name, "pid": pid, "from": cluster.node_id, "to": to, "epoch": new.epoch}
 
 
-async def _switch(node, name: str, pid: int, was: PartitionPlace, new: PartitionPlace) -> bool:
+async def _switch(sv: Serving, name: str, pid: int, was: PartitionPlace, new: PartitionPlace) -> bool:
     """Partition ``pid``'s entry ``was`` -> ``new`` by compare-and-set, and only while its new
     node is not leaving (``admin cluster remove`` marks it first: a move the driver began
     before cannot land on it after the remove looked)."""
     key, to = PLACE + name, new.leader
-    e = await node.catalog.get(key)
+    e = await sv.catalog.get(key)
     if e is None:
         return False
     cur = Placement.from_bytes(e.value, key)
     if cur.partitions[pid] != was:
         return False
-    res = await commit(node.catalog, [Check(key, e.version), Check(LEAVING + to, 0)],
+    res = await commit(sv.catalog, [Check(key, e.version), Check(LEAVING + to, 0)],
                        [Put(key, cur.with_partition(pid, new).to_bytes())])
     with contextlib.suppress(CatalogError, ConnectionError, asyncio.TimeoutError):  # done either way
-        await node.cluster.placement(name, len(cur.partitions), fresh=True)
+        await sv.cluster.placement(name, len(cur.partitions), fresh=True)
     return res.committed
 
 
-async def take_if_placed(node, table: str, pid: int) -> bool:
+async def take_if_placed(sv: Serving, table: str, pid: int) -> bool:
     """Serve ``pid`` of ``table`` if its placement names this node as its one copy."""
     try:
-        d = await node.db.describe(table)
+        d = await sv.db.describe(table)
     except TableNotFoundError:
         return False
     if not 0 <= pid < d.partitions:
         return False
-    pl = await node.cluster.placement(d.name, d.partitions, fresh=True)
-    if pl.partitions[pid].replicas != (node.cluster.node_id,):
+    pl = await sv.cluster.placement(d.name, d.partitions, fresh=True)
+    if pl.partitions[pid].replicas != (sv.cluster.node_id,):
         return False
-    return await node.db.handoffs.take(d, pid, pl.partitions[pid].epoch)
+    return await sv.db.handoffs.take(d, pid, pl.partitions[pid].epoch)
 
 
-async def reconcile(node, tables) -> None:
+async def reconcile(sv: Serving, tables) -> None:
     """Take the one-copy partitions ``tables`` (``[(TableDef, Placement)]``) place here that
     an open table of this node does not serve yet (a move whose message was lost)."""
-    me = node.cluster.node_id
+    me = sv.cluster.node_id
     for d, pl in tables:
-        t = node.db.tables.get(d.table_id)
+        t = sv.db.tables.get(d.table_id)
         if t is None:
             continue  # opened with the right partitions when first used
         for pid, p in enumerate(pl.partitions):
             if p.replicas == (me,) and pid not in t.owned:
-                await node.db.handoffs.take(d, pid, p.epoch)
+                await sv.db.handoffs.take(d, pid, p.epoch)
 
 
-async def call_hand_off(node, owner: str, table: str, pid: int, to: str) -> dict:
+async def call_hand_off(sv: Serving, owner: str, table: str, pid: int, to: str) -> dict:
     """Ask ``owner`` to move one of its one-copy partitions to ``to``."""
     status, _, payload = await asyncio.wait_for(
-        node.cluster.call(owner, "POST", "/v1/internal/handoff", doc={"table": table, "pid": pid, "to": to}),
+        sv.cluster.call(owner, "POST", "/v1/internal/handoff", doc={"table": table, "pid": pid, "to": to}),
         CALL_TIMEOUT_S)
     doc = json.loads(payload or b"{}")
     if status != 200:

@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 
 import aiohttp
 
@@ -67,10 +68,17 @@ class Cluster:
         self.token, self.incarnation = token, incarnation
         self.multi = raft_addr is not None
         self._places: dict[str, tuple[Placement | None, float, int]] = {}  # table -> (placement, when, version)
-        self.on_change = None
-        self.leading = None  # (table id, pid) -> whether this process leads that replicated partition
+        self._forget: Callable[[str], None] | None = None  # the engine's hooks (``open``)
+        self._leads: Callable[[str, int], bool] | None = None
         self._members: dict[str, dict] = {}
         self._session: aiohttp.ClientSession | None = None
+
+    def open(self, forget: Callable[[str], None], leads: Callable[[str, int], bool]) -> None:
+        """The engine's hooks, given once the engine exists (``Node.open``: the engine is made
+        after this object, whose ``gone`` it asks about batches' coordinators): ``forget(table)``
+        drops what the engine cached of a name whose table changed; ``leads(table id, pid)``
+        says whether this process leads that replicated partition."""
+        self._forget, self._leads = forget, leads
 
     async def register(self) -> None:
         """Publish this node's addresses (a restart with a new address overwrites the old)."""
@@ -145,7 +153,7 @@ class Cluster:
         """Where ``table``'s ``partitions`` partitions live. Cached for PLACE_TTL_S — good
         enough to pick a node to send a request to (a stale pick is answered 421 and
         retried); serving locally asks with ``fresh=True``. When the row changed since it was
-        last seen (the table was dropped and created again), ``on_change(table)`` lets the
+        last seen (the table was dropped and created again), ``forget(table)`` lets the
         engine drop what it cached about the name."""
         if not self.multi:
             return Placement.single(self.node_id, partitions)
@@ -159,8 +167,8 @@ class Cluster:
             else:  # RFC 0007's per-table owner (a table from before placements), or none yet
                 o = await self.catalog.get(OWNER + table)
                 pl, version = (Placement.single(o.value.decode(), partitions), -o.version) if o else (None, 0)
-            if hit is not None and hit[2] != version and self.on_change is not None:
-                self.on_change(table)
+            if hit is not None and hit[2] != version and self._forget is not None:
+                self._forget(table)
             self._places[table] = (pl, time.monotonic(), version)
         if pl is None or len(pl.partitions) != partitions:
             return Placement.single(self.node_id, partitions)
@@ -169,10 +177,10 @@ class Cluster:
     async def owns(self, d) -> dict[int, int]:
         """The partitions of table ``d`` this node serves now (fresh), with their placement
         epochs: those it leads — a replicated one only once promoted in this process
-        (``leading(table id, pid)``)."""
+        (``leads(table id, pid)``)."""
         pl = await self.placement(d.name, d.partitions, fresh=True)
         return {p: pl.partitions[p].epoch for p in pl.led_by(self.node_id)
-                if len(pl.partitions[p].replicas) == 1 or (self.leading is not None and self.leading(d.table_id, p))}
+                if len(pl.partitions[p].replicas) == 1 or (self._leads is not None and self._leads(d.table_id, p))}
 
     async def partitions(self, tables) -> dict:
         """``{table: {partition: leader}}`` for the given TableDefs."""

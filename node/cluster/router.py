@@ -27,7 +27,11 @@ from node.cluster.members import FORWARDED, RemoteError, raise_remote
 from node.wire import read_arrow_stream
 from node.errors import ApiError
 from node.cluster.commit import commit_across
+from node.cluster.serving import Serving
+from node.metrics import Metrics
+from node.phase import Readiness
 from node.cluster.placement import key_partitions as _pids
+from rowstore.db.database import Database
 from rowstore.errors import UnavailableError
 from rowstore.reads.plan import ReadPlan
 from rowstore.tables.conform import conform
@@ -42,22 +46,21 @@ class Misdirected(Exception):
 
 
 class Router:
-    def __init__(self, node):
-        self.node = node
+    """Made when the node's stores are open (``Api.open``); ``readiness`` turns requests away
+    while the node stops, ``metrics`` counts forwards and batches across nodes."""
+
+    def __init__(self, sv: Serving, readiness: Readiness, metrics: Metrics):
+        self.sv, self.cluster, self.readiness, self.metrics = sv, sv.cluster, readiness, metrics
 
     @property
-    def cluster(self):
-        return self.node.cluster
-
-    @property
-    def db(self):
-        if not self.node.ready:  # an internal call from a node that saw this one up (a restart)
+    def db(self) -> Database:
+        if not self.readiness.ready:  # an internal call from a node that saw this one up (a restart)
             raise ApiError(503, "not_ready", "the node is starting or stopping (see /readyz)")
-        return self.node.db
+        return self.sv.db
 
     @property
     def multi(self) -> bool:
-        return self.cluster is not None and self.cluster.multi
+        return self.cluster.multi
 
     async def _placement(self, d, fresh: bool = False):
         return await self.cluster.placement(d.name, d.partitions, fresh=fresh)
@@ -102,7 +105,7 @@ class Router:
     async def _forward(self, request, d, who: str, pids):
         """The answer of ``who``; None when, after a 421, a fresh placement says the request
         is no longer for one other node (the caller routes it again)."""
-        self.node.metrics.forwarded.labels(who).inc()
+        self.metrics.forwarded.labels(who).inc()
 
         async def again():
             return await self._where(request, d, pids, fresh=True) or self.cluster.node_id
@@ -222,11 +225,11 @@ class Router:
 
     async def _across(self, d, batch, pids, delete: bool):
         try:
-            out = await commit_across(self.node, d, batch, pids, await self._placement(d, fresh=True), delete)
+            out = await commit_across(self.sv, d, batch, pids, await self._placement(d, fresh=True), delete)
         except BaseException:
-            self.node.metrics.txn_across.labels("failed").inc()
+            self.metrics.txn_across.labels("failed").inc()
             raise
-        self.node.metrics.txn_across.labels("committed").inc()
+        self.metrics.txn_across.labels("committed").inc()
         return out
 
     # -- reads ----------------------------------------------------------------------------------

@@ -29,14 +29,14 @@ async def publish(repl, tables, silent: set[str]) -> None:
             if st is not None and st["contact_s"] > repl.cfg.failure_timeout_s:
                 mine.append([d.table_id, pid, p.epoch])
     if mine != repl.suspected:
-        await commit(repl.node.catalog, [], [Put(SUSPECT + repl.me, json.dumps(mine).encode())])
+        await commit(repl.catalog, [], [Put(SUSPECT + repl.me, json.dumps(mine).encode())])
         repl.suspected = mine
 
 
 async def unreachable(repl, replicated, dead: set[str]) -> list[tuple[object, int]]:
     """(table, pid) of every partition whose live leader too few of its followers hear."""
     said: dict[tuple[str, int, int], set[str]] = {}
-    for e in await repl.node.catalog.scan(SUSPECT):
+    for e in await repl.catalog.scan(SUSPECT):
         try:
             entries = json.loads(e.value)
         except ValueError:

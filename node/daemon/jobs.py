@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 
-from node.daemon.metrics import Metrics
+from node.metrics import Metrics
 from node.tasks import cancel_all
 
 log = logging.getLogger("terrascale.node")

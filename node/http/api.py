@@ -9,10 +9,20 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from dataclasses import dataclass
 
 from aiohttp import web
 
+from node.cluster.controller import NodeReplication
+from node.cluster.members import Cluster
 from node.cluster.router import Router
+from node.cluster.serving import Serving
+from node.config import NodeConfig
+from node.metrics import Metrics
+from node.phase import Readiness
+from node.http.limits import ConnectionGuard
+from node.http.ports import JobRunner, NodeViews
+from rowstore.db.database import Database
 from node.cluster.stream import STREAM
 from node.errors import ApiError
 from node.http.coalesce import Coalescer
@@ -32,39 +42,90 @@ _WHOLE_TABLE = {"/v1/tables/{table}/snapshot", "/v1/tables/{table}/plan", "/v1/t
                 "/v1/tables/{table}/changes"}
 
 
+@dataclass(frozen=True)
+class _Opened:
+    """What requests reach once the node's stores are open (``Api.open``)."""
+
+    sv: Serving
+    router: Router
+    replication: NodeReplication
+    jobs: JobRunner
+
+
 class Api:
-    def __init__(self, node):
-        self.node = node
-        self.router = Router(node)
+    """Made with the node, before its stores open (``/healthz`` answers and ``/readyz`` says
+    503 while it recovers); ``open`` hands it the engine, once, when recovery is done."""
+
+    def __init__(self, cfg: NodeConfig, readiness: Readiness, metrics: Metrics, guard: ConnectionGuard,
+                 incarnation: str, views: NodeViews):
+        self.cfg, self.readiness, self.metrics, self.guard = cfg, readiness, metrics, guard
+        self.incarnation = incarnation  # this process, as other nodes tell it from a restart
+        self.views = views
+        self._opened: _Opened | None = None
         self._writes: Coalescer | None = None
         self.streams: set = set()  # open replication streams from leader nodes (closed at shutdown)
+
+    def open(self, sv: Serving, replication: NodeReplication, jobs: JobRunner) -> None:
+        """The node's stores are open and recovered: requests may reach them (``Node.open``)."""
+        self._opened = _Opened(sv, Router(sv, self.readiness, self.metrics), replication, jobs)
+
+    @property
+    def _parts(self) -> _Opened:
+        if self._opened is None:
+            raise ApiError(503, "not_ready", "the node is starting or stopping (see /readyz)")
+        return self._opened
+
+    @property
+    def serving(self) -> Serving:
+        return self._parts.sv
+
+    @property
+    def router(self) -> Router:
+        return self._parts.router
+
+    @property
+    def replication(self) -> NodeReplication:
+        return self._parts.replication
+
+    @property
+    def jobs(self) -> JobRunner:
+        return self._parts.jobs
+
+    @property
+    def cluster(self) -> Cluster:
+        return self._parts.sv.cluster
+
+    @property
+    def multi(self) -> bool:
+        """A cluster of nodes (catalog raft://), not one node alone."""
+        return self._opened is not None and self._opened.sv.cluster.multi
 
     @property
     def writes(self) -> Coalescer:
         """Small writes coalesce here (node/http/coalesce.py); one per opened engine."""
         db = self.db
         if self._writes is None or self._writes.db is not db:
-            self._writes = Coalescer(db, self.node.metrics)
+            self._writes = Coalescer(db, self.metrics)
         return self._writes
 
     def parsed(self, body: bytes):
         """A small JSON body parsed on the loop (its time counted as the write's parse stage)."""
         t0 = time.perf_counter()
-        doc = parse_json(body, self.node.cfg.max_json_depth)
-        self.node.metrics.write_stage.labels("parse").inc(time.perf_counter() - t0)
+        doc = parse_json(body, self.cfg.max_json_depth)
+        self.metrics.write_stage.labels("parse").inc(time.perf_counter() - t0)
         return doc
 
     @property
-    def db(self):
-        if not self.node.ready:
+    def db(self) -> Database:
+        if not self.readiness.ready:
             raise ApiError(503, "not_ready", "the node is starting or stopping (see /readyz)")
-        return self.node.db
+        return self._parts.sv.db
 
     def app(self) -> web.Application:
         """The data API's routes (``node/http/routes/``: tables, rows, admin); the other route
         sets join them in ``node/http/app.py``. Every handler is ``async (api, request)``."""
-        app = web.Application(middlewares=[self._edge], client_max_size=self.node.cfg.max_body)
-        app[CONFIG] = self.node.cfg
+        app = web.Application(middlewares=[self._edge], client_max_size=self.cfg.max_body)
+        app[CONFIG] = self.cfg
         add_admin_routes(self, app.router)
         add_table_routes(self, app.router)
         add_row_routes(self, app.router)
@@ -74,8 +135,8 @@ class Api:
 
     @web.middleware
     async def _edge(self, request: web.Request, handler):
-        self.node.guard.headed(request.transport)  # a request head arrived: no longer pending
-        m = self.node.metrics
+        self.guard.headed(request.transport)  # a request head arrived: no longer pending
+        m = self.metrics
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
         if route == STREAM:  # a connection's lifetime, not a request: neither in flight nor timed
             return await self._guarded(request, handler)
@@ -104,7 +165,7 @@ class Api:
             return answer(request, e)
 
     def _authorized(self, request) -> bool:
-        tok = self.node.cfg.token
+        tok = self.cfg.token
         if tok is None:
             return True
         got = request.headers.get("Authorization", "")

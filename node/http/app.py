@@ -16,8 +16,7 @@ from node.http.routes.handoff import add_handoff_routes
 from node.http.routes.replication import add_replication_routes, close_streams
 
 
-def make_app(node) -> web.Application:
-    api = Api(node)
+def make_app(api: Api) -> web.Application:
     app = api.app()
     add_aggregate_routes(api, app.router)  # aggregates and histograms, merged across nodes (RFC 0012)
     add_membership_routes(api, app.router)  # the cluster view and membership changes

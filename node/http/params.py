@@ -1,19 +1,56 @@
-"""Request parsing shared by the node's HTTP handlers (``node/http/api.py``, ``node/http/routes/bridge.py``,
-``node/http/routes/internal.py``): the one error a handler raises, JSON bodies parsed off the event
-loop once they are large and held to the configured depth, ``as_of`` and ``where`` limits."""
+"""Request parsing shared by the node's HTTP handlers (``node/http/api.py``, ``node/http/routes/``):
+the one error a handler raises, JSON bodies parsed off the event loop once they are large and
+held to the configured depth, ``as_of`` and ``where`` limits, and the arguments of node-to-node
+calls (integers, timestamps from another node's clock, table names, partition lists)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from aiohttp import web
 
 from node.errors import ApiError
 from node.wire import BodyError, parse_json_body
+from rowstore.hlc import ms_of
 from rowstore.schema import Column, SchemaVersion, _check_name
 from rowstore.types import ColumnType
 
 THREAD_BYTES = 256 << 10  # bodies (and results) bigger than this are converted off the event loop
 THREAD_ROWS = 2000
+
+MAX_SKEW_MS = 10_000  # how far ahead of this node's clock another node's timestamp may be
+
+
+def int_arg(raw, name: str) -> int:
+    if isinstance(raw, str) and raw.isdigit() and len(raw) <= 20:
+        raw = int(raw)
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw < 2**64:
+        raise ApiError(400, "bad_request", f"{name} is an integer 0..2^64-1, not {raw!r}"[:200])
+    return raw
+
+
+def ts_arg(raw, name: str) -> int:
+    """A timestamp from another node: observed by this node's clock, so never far ahead of
+    it (a wild one would push every later commit timestamp up with it)."""
+    ts = int_arg(raw, name)
+    if ms_of(ts) > time.time_ns() // 1_000_000 + MAX_SKEW_MS:
+        raise ApiError(400, "bad_request", f"{name} {ts} is more than {MAX_SKEW_MS // 1000} s ahead of this "
+                                           "node's clock")
+    return ts
+
+
+def table_arg(raw) -> str:
+    if not isinstance(raw, str):
+        raise ApiError(400, "bad_request", '"table" is a table name')
+    return raw
+
+
+def partition_list(raw) -> list[int]:
+    """The partitions a node-to-node request names: a non-empty list of partition numbers."""
+    if not isinstance(raw, list) or not raw:
+        raise ApiError(400, "bad_request", '"partitions" is a non-empty list of partition numbers')
+    return [int_arg(p, "a partition") for p in raw]
+
 
 CONFIG = web.AppKey("config", object)  # the node's NodeConfig: limits for the module-level helpers
 

@@ -60,7 +60,7 @@ class InProcessNode:
     async def _serve(self, ready: threading.Event) -> None:
         cfg = load(str(self.files.config))
         self.node = Node(cfg)
-        runner = web.AppRunner(make_app(self.node), access_log=None)
+        runner = web.AppRunner(make_app(self.node.api), access_log=None)
         await runner.setup()
         host, port = cfg.listen
         await web.TCPSite(runner, host, port).start()

@@ -121,11 +121,14 @@ NODE_PARTS = {
     "node.errors": set(),
     "node.wire": set(),
     "node.tasks": set(),
+    "node.phase": set(),
+    "node.metrics": set(),
     "node.config": {"node.errors"},
     "node.client": {"node.errors", "node.wire", "node.config"},
-    "node.cluster": {"node.errors", "node.wire", "node.tasks", "node.config"},
-    "node.http": {"node.errors", "node.wire", "node.config", "node.cluster"},
-    "node.daemon": {"node.errors", "node.wire", "node.tasks", "node.config", "node.cluster", "node.http"},
+    "node.cluster": {"node.errors", "node.wire", "node.tasks", "node.config", "node.phase", "node.metrics"},
+    "node.http": {"node.errors", "node.wire", "node.config", "node.phase", "node.metrics", "node.cluster"},
+    "node.daemon": {"node.errors", "node.wire", "node.tasks", "node.config", "node.phase", "node.metrics",
+                    "node.cluster", "node.http"},
     "node.cli": {"node", "node.errors", "node.wire", "node.config", "node.client", "node.daemon"},
 }
 

@@ -30,14 +30,14 @@ async def healthz(api, request):
 
 
 async def readyz(api, request):
-    if not api.node.ready:
-        return error(503, "not_ready", "recovery has not finished" if not api.node.stopping
+    if not api.readiness.ready:
+        return error(503, "not_ready", "recovery has not finished" if not api.readiness.stopping
                      else "the node is stopping")
     try:
-        await asyncio.wait_for(api.node.catalog.revision(), 5)  # the catalog answers
+        await asyncio.wait_for(api.serving.catalog.revision(), 5)  # the catalog answers
     except (CatalogError, asyncio.TimeoutError) as e:
         return error(503, "not_ready", f"the catalog does not answer: {one_line(e)}")
-    space = api.node.db.space()
+    space = api.db.space()
     if not space["writable"] and request.query.get("for") == "writes":
         return error(503, "not_ready", f"the block device is full ({space['partitions_full']} partitions "
                      "stopped); reads are served, writes resume once space is freed")
@@ -45,13 +45,13 @@ async def readyz(api, request):
 
 
 async def metrics(api, request):
-    body, ctype = await api.node.render_metrics()
+    body, ctype = await api.views.render_metrics()
     return web.Response(body=body, headers={"Content-Type": ctype})
 
 
 async def status(api, request):
     api.db  # noqa: B018 - 503 before ready
-    return web.json_response(await api.node.status())
+    return web.json_response(await api.views.status())
 
 
 async def segments(api, request):
@@ -65,7 +65,7 @@ async def job(api, request):
     """``POST /v1/admin/{seal,offload,checkpoint}``: the job now, on this node."""
     name = request.path.rsplit("/", 1)[1]
     api.db  # noqa: B018 - 503 before ready
-    return web.json_response({"job": name, **await api.node.jobs.run(name)})
+    return web.json_response({"job": name, **await api.jobs.run(name)})
 
 
 async def gc(api, request):
@@ -77,7 +77,7 @@ async def gc(api, request):
         raise ApiError(400, "bad_request", '"table" must be a table name')
     if not isinstance(dry, bool):
         raise ApiError(400, "bad_request", '"dry_run" must be true or false')
-    return web.json_response(await api.node.jobs.run("gc", table=table, dry_run=dry))
+    return web.json_response(await api.jobs.run("gc", table=table, dry_run=dry))
 
 
 def _segment_json(table: str, r) -> dict:

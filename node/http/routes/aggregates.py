@@ -14,8 +14,8 @@ from aiohttp import web
 
 from node.errors import ApiError
 from node.http.grid_json import counts_json
-from node.http.params import as_of_value, bound, json_body, json_object, off_loop_if_big, where_terms
-from node.http.routes.internal import _int, _name, _ts
+from node.http.params import (as_of_value, bound, json_body, json_object, off_loop_if_big, partition_list,
+                              table_arg, ts_arg, where_terms)
 from node.wire import ARROW_STREAM, read_arrow_stream, table_to_rows, write_arrow_stream
 from rowstore.db.read.aggregate import add_stats
 from rowstore.reads.aggregates import cell_counts, cname, finish, merge, parse_grid, parse_spec, partial
@@ -132,17 +132,14 @@ async def share(api, request):
     """A node's partial for its partitions at the coordinator's T (node to node)."""
     doc = await json_object(request, {"table", "kind", "args", "as_of", "partitions"},
                             ("table", "kind", "args", "as_of", "partitions"))
-    pids = doc["partitions"]
-    if not isinstance(pids, list) or not pids:
-        raise ApiError(400, "bad_request", '"partitions" is a non-empty list of partition numbers')
-    pids = [_int(p, "a partition") for p in pids]
-    kind, args, table = doc["kind"], doc["args"], _name(doc["table"])
+    pids = partition_list(doc["partitions"])
+    kind, args, table = doc["kind"], doc["args"], table_arg(doc["table"])
     fields = {"aggregate": _AGG, "histogram": _HIST}.get(kind)
     if fields is None or not isinstance(args, dict) or set(args) - set(fields):
         raise ApiError(400, "bad_request", '"kind" is aggregate or histogram, with its "args"')
     await api.router.mine(table, pids)
     run = api.db.aggregate if kind == "aggregate" else api.db.histogram
-    got, _, stats = await run(table, **{f: args.get(f) for f in fields}, as_of=_ts(doc["as_of"], "as_of"),
+    got, _, stats = await run(table, **{f: args.get(f) for f in fields}, as_of=ts_arg(doc["as_of"], "as_of"),
                               partitions=pids, trusted=True)
     t = got if kind == "aggregate" else pa.table({"counts": pa.array(got.ravel()),
                                                    "_ny": pa.array(np.full(got.size, got.shape[0]))})

@@ -20,7 +20,7 @@ async def _doc(api, request, keys: set, required) -> dict:
     if not isinstance(doc["table"], str) or isinstance(doc["pid"], bool) or not isinstance(doc["pid"], int):
         raise ApiError(400, "bad_request", '"table" is a table name, "pid" an integer')
     api.db  # noqa: B018 - 503 while starting or stopping
-    if api.node.cluster is None or not api.node.cluster.multi:
+    if not api.multi:
         raise ApiError(409, "not_a_cluster", "moving partitions needs a cluster (catalog raft://)")
     return doc
 
@@ -29,9 +29,9 @@ async def handoff(api, request):
     doc = await _doc(api, request, {"table", "pid", "to"}, ("table", "pid", "to"))
     if not isinstance(doc["to"], str):
         raise ApiError(400, "bad_request", '"to" is a node id')
-    return web.json_response(await hand_off(api.node, doc["table"], doc["pid"], doc["to"]))
+    return web.json_response(await hand_off(api.serving, doc["table"], doc["pid"], doc["to"]))
 
 
 async def take(api, request):
     doc = await _doc(api, request, {"table", "pid"}, ("table", "pid"))
-    return web.json_response({"taken": await take_if_placed(api.node, doc["table"], doc["pid"])})
+    return web.json_response({"taken": await take_if_placed(api.serving, doc["table"], doc["pid"])})

@@ -29,7 +29,7 @@ def add_membership_routes(api, router) -> None:
 
 async def cluster(api, request):
     api.db  # noqa: B018 - 503 before ready
-    return web.json_response(await api.node.cluster_view())
+    return web.json_response(await api.views.cluster_view())
 
 
 async def nodes(api, request):
@@ -37,16 +37,16 @@ async def nodes(api, request):
     their followers' lag), asked by this node: a browser may call only the node that served
     the console. A member that does not answer within 3 s is listed with ``"status": null``."""
     api.db  # noqa: B018 - 503 before ready
-    view = await api.node.cluster_view()
+    view = await api.views.cluster_view()
     return web.json_response({"nodes": await asyncio.gather(*(_node_status(api, m) for m in view["members"]))})
 
 
 async def _node_status(api, member: dict) -> dict:
     out = {"id": member["id"], "address": member.get("address"), "alive": member["alive"]}
     try:
-        if member["id"] == api.node.cfg.node_id:
-            return {**out, "status": await api.node.status(), "error": None}
-        code, _, body = await asyncio.wait_for(api.node.cluster.call(member["id"], "GET", "/v1/admin/status"), 3)
+        if member["id"] == api.cfg.node_id:
+            return {**out, "status": await api.views.status(), "error": None}
+        code, _, body = await asyncio.wait_for(api.cluster.call(member["id"], "GET", "/v1/admin/status"), 3)
         if code != 200:
             return {**out, "status": None, "error": f"HTTP {code}: {body[:200].decode(errors='replace')}"}
         return {**out, "status": json.loads(body), "error": None}
@@ -59,7 +59,7 @@ async def add_member(api, request):
     address); one change at a time (docs/raft.md)."""
     doc = await json_object(request, {"raft_address"}, ("raft_address",))
     await _membership(api, "add", doc["raft_address"])
-    return web.json_response(await api.node.cluster_view())
+    return web.json_response(await api.views.cluster_view())
 
 
 async def remove_member(api, request):
@@ -71,11 +71,11 @@ async def remove_member(api, request):
     force = request.query.get("force", "false")
     if force not in ("true", "false"):
         raise ApiError(400, "bad_request", "force is true or false")
-    cluster = api.node.cluster
+    cluster = api.cluster
     leaving = set()
-    if force == "false" and cluster is not None and cluster.multi:
+    if force == "false" and cluster.multi:
         leaving = {n for n, m in (await cluster.members()).items() if m.get("raft") == address}
-    status = getattr(api.node.catalog, "cluster_status", None)
+    status = getattr(api.serving.catalog, "cluster_status", None)
     if leaving and status is not None and (await status()).get("leader") == address:
         raise ApiError(409, "membership_refused", f"{address} leads the catalog's Raft group: transfer its "
                                                   "leadership first (docs/raft.md); nothing moved or removed")
@@ -87,13 +87,13 @@ async def remove_member(api, request):
     finally:
         if leaving:  # once out of the membership it is not placeable anyway
             await cluster.leaving(leaving, False)
-    return web.json_response(await api.node.cluster_view())
+    return web.json_response(await api.views.cluster_view())
 
 
 async def _move_only_copies(api, leaving: set[str]) -> None:
     """Move every partition a leaving node holds the only copy of to the other members
     (rounds until none is left: a move the driver started meanwhile ends first)."""
-    cluster, repl = api.node.cluster, api.node.replication
+    cluster, repl = api.cluster, api.replication
     for _ in range(5):
         moves = single_copy_moves(await repl._placed(), set(await cluster.placeable()) - repl.silent(), leaving)
         if not moves:
@@ -101,9 +101,9 @@ async def _move_only_copies(api, leaving: set[str]) -> None:
         for table, pid, owner, to in moves:
             try:
                 if owner == cluster.node_id:
-                    await hand_off(api.node, table, pid, to)
+                    await hand_off(api.serving, table, pid, to)
                 else:
-                    await call_hand_off(api.node, owner, table, pid, to)
+                    await call_hand_off(api.serving, owner, table, pid, to)
             except (ApiError, RemoteError, RowstoreError, CatalogError, ConnectionError,
                     asyncio.TimeoutError) as e:
                 raise ApiError(409, "membership_refused",
@@ -118,7 +118,7 @@ async def _move_only_copies(api, leaving: set[str]) -> None:
 
 async def _membership(api, op: str, address) -> None:
     api.db  # noqa: B018 - 503 before ready
-    cat = api.node.catalog
+    cat = api.serving.catalog
     if not hasattr(cat, "add_member"):
         raise ApiError(409, "not_a_cluster", "this node's catalog is trkv:// (one node); membership needs raft://")
     if not isinstance(address, str):

@@ -39,7 +39,7 @@ def _fenced(e: FencedError) -> web.Response:
 
 def _cluster_node(api) -> None:
     api.db  # noqa: B018 - 503 while starting or stopping
-    if api.node.cluster is None or not api.node.cluster.multi:
+    if not api.multi:
         raise ApiError(409, "not_a_cluster", "replication needs a cluster (catalog raft://)")
 
 
@@ -47,10 +47,7 @@ async def _partition(api, table_id: str, pid: int) -> None:
     """404 unless ``table_id`` is a live table of this cluster and ``pid`` one of its
     partitions (a message about anything else must change nothing); 409 on a single node."""
     _cluster_node(api)
-    parts = api.node.replication.known.get(table_id)
-    if parts is None:
-        api.node.replication.known = {d.table_id: d.partitions for d in await api.db.list_tables()}
-        parts = api.node.replication.known.get(table_id)
+    parts = await api.replication.partitions_of(table_id)
     if parts is None:
         raise ApiError(404, "table_not_found", f"no table with id {table_id!r}"[:200])
     if not 0 <= pid < parts:
@@ -88,7 +85,7 @@ async def stream(api, request):
     partition run in the order they arrived, across frames. Closed at shutdown; what is in
     flight then still finishes (a leader's stream sees the close and fails its frames)."""
     _cluster_node(api)
-    ws = web.WebSocketResponse(max_msg_size=api.node.cfg.max_body, compress=False)
+    ws = web.WebSocketResponse(max_msg_size=api.cfg.max_body, compress=False)
     await ws.prepare(request)
     api.streams.add(ws)
     via, order, frames = request.headers.get(FORWARDED, ""), {}, set()
@@ -193,5 +190,5 @@ async def promote(api, request):
     if not isinstance(doc["table"], str) or isinstance(doc["pid"], bool) or not isinstance(doc["pid"], int):
         raise ApiError(400, "bad_request", '"table" is a table name, "pid" an integer')
     _cluster_node(api)
-    led = await api.node.replication.take_if_mine(doc["table"], doc["pid"])
+    led = await api.replication.take_if_mine(doc["table"], doc["pid"])
     return web.json_response({"leading": led})

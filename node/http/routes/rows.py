@@ -43,11 +43,11 @@ async def upsert(api, request):
                     rows, d.schema), d.schema), False)
                 if forwarded is not None:
                     return forwarded
-                api.node.metrics.rows_written.labels("upsert").inc(res[0])
+                api.metrics.rows_written.labels("upsert").inc(res[0])
                 return web.json_response({"committed": res[0], "commit_ts": res[1]})
             data = rows_to_table(rows, d.schema)
         else:
-            depth = api.node.cfg.max_json_depth
+            depth = api.cfg.max_json_depth
             data = await asyncio.to_thread(lambda: rows_to_table(rows_of(parse_json(body, depth)), d.schema))
     else:
         raise ApiError(415, "unsupported_media_type",
@@ -57,7 +57,7 @@ async def upsert(api, request):
     if forwarded is not None:
         return forwarded
     count, ts = res
-    m = api.node.metrics
+    m = api.metrics
     m.write_wait.observe(time.perf_counter() - t0)
     m.batch_rows.observe(data.num_rows)
     m.rows_written.labels("upsert").inc(count)
@@ -81,7 +81,7 @@ async def delete_rows(api, request):
         forwarded, res = await api.router.delete(request, table, doc["keys"])
         if forwarded is not None:
             return forwarded
-    api.node.metrics.rows_written.labels("delete").inc(len(doc["keys"]))
+    api.metrics.rows_written.labels("delete").inc(len(doc["keys"]))
     return web.json_response({"deleted": res[0], "commit_ts": res[1]})
 
 

@@ -43,10 +43,10 @@ async def create_table(api, request):
     partitions = doc.get("partitions")
     if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)):
         raise ApiError(400, "invalid_schema", '"partitions" must be an integer')
-    replicas = doc.get("replicas", api.node.cfg.replicas)
+    replicas = doc.get("replicas", api.cfg.replicas)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
         raise ApiError(400, "invalid_schema", f'"replicas" must be an integer 1..{MAX_REPLICAS}')
-    multi = api.node.cluster is not None and api.node.cluster.multi
+    multi = api.multi
     if replicas > 1 and not multi:
         raise ApiError(400, "invalid_schema", f'"replicas": {replicas} copies need a cluster of at least '
                                               f'{replicas} nodes (this node runs alone, catalog trkv://)')
@@ -54,12 +54,12 @@ async def create_table(api, request):
     if cluster_by is not None and not isinstance(cluster_by, str):
         raise ApiError(400, "invalid_schema", '"cluster_by" must be a column name')
     db = api.db
-    if api.node.cluster is not None and api.node.cluster.multi:
+    if api.multi:
         db.forget_cached_definitions(name)
-        await api.node.cluster.place(name, partitions or db.cfg.partitions, lambda: _exists(db, name), replicas)
+        await api.cluster.place(name, partitions or db.cfg.partitions, lambda: _exists(db, name), replicas)
     d = await db.create_table(name, schema, indexes=indexes, partitions=partitions, cluster_by=cluster_by)
     if replicas > 1:
-        await api.node.replication.started(d)  # each leader takes its partitions at epoch 1
+        await api.replication.started(d)  # each leader takes its partitions at epoch 1
     log.info("event=table_created table=%s partitions=%d", name, d.partitions)
     return web.json_response(_table_json(d), status=201)
 
@@ -67,7 +67,7 @@ async def create_table(api, request):
 async def list_tables(api, request):
     as_of = as_of_param(request)
     db = api.db
-    if api.node.cluster is not None and api.node.cluster.multi:
+    if api.multi:
         db.forget_cached_definitions()  # other nodes change the catalog too
     return web.json_response({"tables": [_table_json(d) for d in await db.list_tables(as_of)]})
 
@@ -75,11 +75,10 @@ async def list_tables(api, request):
 async def describe(api, request):
     d = await api.db.describe(request.match_info["table"], as_of_param(request))
     out = _table_json(d)
-    if api.node.cluster is not None:  # each partition's leader and replicas (RFC 0010)
-        out["placement"] = (await api.node.cluster.placement(d.name, d.partitions)).json()
-        marks = await api.db.watermarks(d.table_id)
-        for p in out["placement"]:  # reads as of T <= it are served without the leader (RFC 0010 §6)
-            p["watermark"] = marks.get(p["partition"])
+    out["placement"] = (await api.cluster.placement(d.name, d.partitions)).json()  # leaders, replicas
+    marks = await api.db.watermarks(d.table_id)
+    for p in out["placement"]:  # reads as of T <= it are served without the leader (RFC 0010 §6)
+        p["watermark"] = marks.get(p["partition"])
     return web.json_response(out)
 
 
@@ -122,9 +121,9 @@ async def rename_column(api, request):
 async def _announce(api, name: str) -> None:
     """A table's definition changed: every other member drops its cached one (best effort —
     a member that misses it reads the catalog again when its placement row is re-read)."""
-    cluster = api.node.cluster
-    if cluster is None or not cluster.multi:
+    if not api.multi:
         return
+    cluster = api.cluster
     others = [n for n in await cluster.members() if n != cluster.node_id]
     got = await asyncio.gather(*(cluster.call(n, "POST", "/v1/internal/forget", doc={"table": name})
                                  for n in others), return_exceptions=True)

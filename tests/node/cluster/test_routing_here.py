@@ -11,6 +11,8 @@ import pytest
 from node.cluster.members import FORWARDED
 from node.cluster.placement import PartitionPlace, Placement
 from node.cluster.router import Misdirected, Router
+from node.metrics import Metrics
+from node.phase import Readiness
 
 
 class Cluster:
@@ -27,7 +29,9 @@ def router(owned: set, pl: Placement) -> tuple[Router, Cluster]:
     table = SimpleNamespace(owned=owned)
     db = SimpleNamespace(tables=SimpleNamespace(get=lambda tid: table if tid == "T1" else None),
                          leadership=SimpleNamespace(shipper=lambda tid, pid: None))
-    return Router(SimpleNamespace(cluster=cluster, ready=True, db=db)), cluster
+    readiness = Readiness()
+    readiness.serve()
+    return Router(SimpleNamespace(cluster=cluster, db=db), readiness, Metrics()), cluster
 
 
 D = SimpleNamespace(name="t", table_id="T1", partitions=3)
