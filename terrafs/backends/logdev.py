@@ -64,7 +64,7 @@ class LogDevice(BlockDevice):
         self._suspect = 0  # writes up to this one were covered by a failed flush (see flush_sync)
         self.flushes = 0  # fdatasyncs of the device (tests and metrics count them)
         # every active file's group of a round written and flushed in one thread hop (RFC 0011)
-        self.rounds = DeviceRounds(self.flush_sync)
+        self.device_rounds = DeviceRounds(self.flush_sync)
 
     # -- opening -------------------------------------------------------------------
 
@@ -352,6 +352,9 @@ class LogDevice(BlockDevice):
         st = os.statvfs(os.path.dirname(self.path))
         return st.f_bavail * st.f_frsize + len(self._free) * self.payload
 
+    def rounds(self) -> tuple[int, int] | None:
+        return self.device_rounds.hops, self.device_rounds.works
+
     async def close(self) -> None:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
@@ -433,7 +436,7 @@ class _LogFile(DeviceFile):
         """``work()`` (which writes through ``writev_sync``) in the device's next round; its
         result once the round's one flush covered the write (``terrafs/rounds.py``)."""
         self._check()
-        return await self.dev.rounds.run(work)
+        return await self.dev.device_rounds.run(work)
 
     async def append_durable(self, build) -> tuple[int, int]:
         self._check()
