@@ -140,5 +140,5 @@ class Catalog(abc.ABC):
         await self.open()
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()

@@ -7,8 +7,13 @@ GIL back can cost a thread when another holds it (up to the interpreter's
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from crc32c import crc32c as _crc32c
 
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
-def crc32c(data, value: int = 0) -> int:
+
+def crc32c(data: Buffer, value: int = 0) -> int:
     return _crc32c(data, value, 0)  # gil_release_mode 0: never release

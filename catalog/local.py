@@ -11,6 +11,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 from catalog.abc import Check, Op, Put, TxnResult
 from catalog.errors import CatalogConfigError, CatalogCorruptionError, CatalogUnavailableError
@@ -37,7 +38,7 @@ class _Pending:
     checks: tuple[Check, ...]
     ops: tuple[Op, ...]
     request_id: str | None
-    fut: asyncio.Future
+    fut: asyncio.Future[TxnResult]
 
 
 class LocalCatalog(StateReads):
@@ -53,8 +54,8 @@ class LocalCatalog(StateReads):
         self._log_name = ""
         self._log_size = 0
         self._queue: list[_Pending] = []
-        self._inflight: dict[str, asyncio.Future] = {}
-        self._committer: asyncio.Task | None = None
+        self._inflight: dict[str, asyncio.Future[TxnResult]] = {}
+        self._committer: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
         self.torn_tail: tuple[str, int] | None = None
 
@@ -176,7 +177,8 @@ class LocalCatalog(StateReads):
 
     # -- writes: group commit ---------------------------------------------------------
 
-    async def txn(self, checks=(), ops=(), *, request_id=None) -> TxnResult:
+    async def txn(self, checks: Sequence[Check] = (), ops: Sequence[Op] = (), *,
+                  request_id: str | None = None) -> TxnResult:
         st = self._st()
         if self.read_only:
             raise CatalogUnavailableError(f"{self.uri} is open read-only")
@@ -214,8 +216,10 @@ class LocalCatalog(StateReads):
 
     async def _commit_group(self, batch: list[_Pending]) -> None:
         """Evaluate in order against state + earlier effects, write, fsync, then publish."""
-        st, overlay, rev = self.state, {}, self.state.revision
-        results, records = [], []
+        st, rev = self.state, self.state.revision
+        overlay: dict[str, int] = {}
+        results: list[TxnResult] = []
+        records: list[LogRecord] = []
         for p in batch:
             bad = st.conflicts(p.checks, overlay)
             if bad:

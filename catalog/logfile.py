@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Sequence
 
 from catalog.abc import Delete, Op, Put
 from catalog.checksum import crc32c
@@ -32,6 +33,7 @@ def encode_log_header(base: int) -> bytes:
 def decode_log_header(buf: bytes, where: str) -> int:
     if len(buf) < LOG_HEADER.size:
         raise CatalogCorruptionError(where, 0, "truncated log header")
+    base: int  # the "Q" field: the log's base revision
     magic, ver, base, crc = LOG_HEADER.unpack_from(buf, 0)
     if magic != LOG_MAGIC or crc32c(buf[:18]) != crc:
         raise CatalogCorruptionError(where, 0, "bad log header")
@@ -40,7 +42,7 @@ def decode_log_header(buf: bytes, where: str) -> int:
     return base
 
 
-def encode_ops(ops) -> bytes:
+def encode_ops(ops: Sequence[Op]) -> bytes:
     """u16 count, then per op: u8 kind, u16 key length, key, (Put) u32 value length, value.
     Shared by the log records and the Raft entries (docs/format/catalog-log.md)."""
     p = bytearray(struct.pack("<H", len(ops)))

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import abc
+from typing import Sequence
 
-from catalog.abc import Catalog, Entry, TxnResult
+from catalog.abc import Catalog, Check, Entry, Op, TxnResult
 from catalog.errors import CatalogUnavailableError
 from catalog.state import CatalogState, validate_txn
 
@@ -18,11 +19,12 @@ class StateReads(Catalog):
     async def get(self, key: str) -> Entry | None:
         return self._st().get(key)
 
-    async def get_many(self, keys) -> dict[str, Entry]:
+    async def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
         st = self._st()
         return {k: e for k in keys if (e := st.get(k)) is not None}
 
-    async def scan(self, prefix="", *, start=None, end=None, limit=None, reverse=False) -> list[Entry]:
+    async def scan(self, prefix: str = "", *, start: str | None = None, end: str | None = None,
+                   limit: int | None = None, reverse: bool = False) -> list[Entry]:
         return self._st().scan(prefix, start, end, limit, reverse)
 
     async def outcome(self, request_id: str) -> TxnResult | None:
@@ -49,7 +51,8 @@ class MemoryCatalog(StateReads):
     async def close(self) -> None:
         self._closed = True
 
-    async def txn(self, checks=(), ops=(), *, request_id=None) -> TxnResult:
+    async def txn(self, checks: Sequence[Check] = (), ops: Sequence[Op] = (), *,
+                  request_id: str | None = None) -> TxnResult:
         st = self._st()
         validate_txn(checks, ops, request_id)
         return st.apply(checks, ops, request_id)

@@ -40,7 +40,7 @@ class Retry:
     cap: float = 5.0
     jitter: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.attempts is not None and self.attempts < 1:
             raise ValueError(f"attempts must be >= 1 or None, not {self.attempts}")
         if self.base < 0 or self.cap < 0 or (self.deadline is not None and self.deadline < 0):

@@ -61,7 +61,7 @@ def validate_txn(checks: Sequence[Check], ops: Sequence[Op], request_id: str | N
         raise InvalidTransactionError(f"transaction writes {total} bytes; max {MAX_TXN_BYTES}")
 
 
-def _check_key(key) -> int:
+def _check_key(key: object) -> int:
     if not isinstance(key, str) or not key or "\x00" in key:
         raise InvalidTransactionError(f"key {key!r} must be a non-empty string without NUL")
     try:

@@ -10,8 +10,9 @@ Blocking I/O never runs on the event loop: local backends call
 from __future__ import annotations
 
 import abc
+import builtins
 from dataclasses import dataclass
-from typing import AsyncIterable, Callable, Sequence, Union
+from typing import AsyncIterable, Callable, Protocol, Sequence, Union
 
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -22,7 +23,7 @@ class DeviceFile(abc.ABC):
     name: str
 
     @abc.abstractmethod
-    async def append(self, data: bytes | memoryview) -> int:
+    async def append(self, data: Buffer) -> int:
         """Write ``data`` at the end; return the offset it starts at. Not durable until sync()."""
 
     @abc.abstractmethod
@@ -57,6 +58,17 @@ class DeviceFile(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Close the handle; unsynced data may be lost on a crash after this."""
+
+
+class InPlaceFile(Protocol):
+    """A DeviceFile that also writes at an offset and flushes, blocking, from a worker thread
+    (local disks, the log device): an active file writes its groups in place through it."""
+
+    def writev_sync(self, parts: Sequence[Buffer], offset: int) -> int:
+        """Write ``parts`` back to back at ``offset``; the bytes written."""
+
+    def fdatasync_sync(self) -> None:
+        """Make every write so far durable."""
 
 
 class BlockDevice(abc.ABC):
@@ -122,7 +134,7 @@ class BlockDevice(abc.ABC):
             await f.close()
         await self.rename(tmp, name)
 
-    async def write_files(self, items: list[tuple[str, bytes]]) -> None:
+    async def write_files(self, items: builtins.list[tuple[str, bytes]]) -> None:
         """``write_file`` of each ``(name, data)`` in order; a device may do them all in one
         worker-thread hop (the block cache's disk tier writes blocks in batches)."""
         for name, data in items:
@@ -160,7 +172,7 @@ class ObjectStore(abc.ABC):
         """Connect and check the store answers. Idempotent."""
 
     @abc.abstractmethod
-    async def put(self, key: str, data: bytes | memoryview) -> ObjectInfo:
+    async def put(self, key: str, data: Buffer) -> ObjectInfo:
         """Store ``data`` under ``key`` atomically, replacing any old object."""
 
     async def put_stream(self, key: str, chunks: AsyncIterable[bytes]) -> ObjectInfo:
@@ -195,7 +207,7 @@ class ObjectStore(abc.ABC):
         await self.open_store()
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
 

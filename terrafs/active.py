@@ -12,18 +12,21 @@ import functools
 import logging
 import time
 from collections import OrderedDict
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable, TypedDict, cast
 
 import numpy as np
+import numpy.typing as npt
 
-from terrafs.abc import BlockDevice, DeviceFile
+from terrafs.abc import BlockDevice, Buffer, DeviceFile, InPlaceFile
 from terrafs.blocks import (
     HEADER_LEN,
+    Codec,
     decode_payload,
     encode_block_parts,
     encode_pad,
     parse_header,
 )
+from terrafs.cache import BlockCache
 from terrafs.crypto import DataCipher, KeyEncryptionKey
 from terrafs.gather import read_ranges
 from terrafs.errors import (ClosedError, FileStateError, MirrorError, NoSpaceError, StorageIOError, failed_error,
@@ -31,10 +34,12 @@ from terrafs.errors import (ClosedError, FileStateError, MirrorError, NoSpaceErr
 from terrafs.iopool import run_io
 from terrafs.params import FileParams
 from terrafs.active_recovery import GroupRecovery
-from terrafs.active_layout import (ActiveConfig, BlockIndex, cut_blocks,
+from terrafs.active_layout import (ActiveConfig as ActiveConfig, BlockIndex, cut_blocks,
                                    decode_active_header, encode_active_header)
 
 log = logging.getLogger("terrafs.active")
+# ``await mirror(logical, buffers)``: a group shipped to the followers (see ActiveFile.mirror)
+Mirror = Callable[[int, list[bytes | memoryview]], Awaitable[None]]
 DEFAULT_CONFIG = ActiveConfig()  # frozen: one shared default
 
 _RECENT_BLOCKS = 256  # decoded blocks kept per open active file (16 MiB at 64 KiB)
@@ -51,6 +56,16 @@ _ZEROS = memoryview(b"\0" * (2 * PREALLOC))
 # no other flush took it along first; with the short timer the COMMIT records of a
 # two-phase commit each cost an fdatasync of their own between the writer's batches.
 LAZY_S = 0.05
+
+
+class _BlockArgs(TypedDict):
+    """The keywords every block of one group is encoded with (``encode_block_parts``)."""
+
+    logical_off: int
+    group: int
+    codec: Codec
+    cipher: DataCipher | None
+    inode: int
 
 
 class ActiveFile(GroupRecovery):
@@ -72,22 +87,22 @@ class ActiveFile(GroupRecovery):
         self._end = 0  # logical end including pending appends
         self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
-        self._futs: list[asyncio.Future] = []
-        self._timer: asyncio.Task | None = None  # a flush due later (see _kick_after)
+        self._futs: list[asyncio.Future[None]] = []
+        self._timer: asyncio.Task[None] | None = None  # a flush due later (see _kick_after)
         self._timer_lazy = False  # the timer is the long one of lazy appends
         self._want_flush = False
-        self._flush_task: asyncio.Task | None = None
+        self._flush_task: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
         self._sealed = False
         self._closed = False
         self._read_only = False
         self._recent: OrderedDict[int, bytes] = OrderedDict()  # decoded blocks, for point reads
-        self.cache = None  # a shared BlockCache (memory tier) replaces _recent when set
+        self.cache: BlockCache | None = None  # a shared BlockCache (memory tier) replaces _recent when set
         self.torn_tail: tuple[int, int] | None = None  # (offset, bytes) cut or found at recovery
         # Replication (docs/format/replication.md): ``await mirror(logical, buffers)`` ships a
         # group to the followers and returns once a majority holds it; the group counts as
         # durable (readable, its appends return) only when both it and the local write are done.
-        self.mirror = None
+        self.mirror: Mirror | None = None
         # flush_s: time spent writing + fdatasyncing groups; wait_s: appenders' total wait
         self.stats = {"flushes": 0, "flushed_bytes": 0, "appends": 0, "flush_s": 0.0, "wait_s": 0.0}
 
@@ -139,7 +154,7 @@ class ActiveFile(GroupRecovery):
 
     # -- appends -----------------------------------------------------------------
 
-    async def append(self, data: bytes | list, lazy: bool = False) -> int:
+    async def append(self, data: Buffer | list[Buffer], lazy: bool = False) -> int:
         """Append ``data`` (bytes, or a list of buffers written one after the other, which
         the caller leaves unchanged); return its logical offset once it is durable.
 
@@ -156,7 +171,7 @@ class ActiveFile(GroupRecovery):
         self._end += size
         self._pending.extend(parts)
         self._pending_bytes += size
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._futs.append(fut)
         self.stats["appends"] += 1
         idle = self._flush_task is None or self._flush_task.done()
@@ -242,7 +257,7 @@ class ActiveFile(GroupRecovery):
             if self._pending and (self._cfg.eager or self._pending_bytes >= self._cfg.flush_bytes):
                 self._want_flush = True  # the device is idle again: take what gathered
 
-    async def _write_group(self, batch: list[bytes]) -> None:
+    async def _write_group(self, batch: list[bytes | memoryview]) -> None:
         group, logical = self._group + 1, self.durable_size
         entries: list[tuple[int, int, int]] = []
         t0 = time.perf_counter()
@@ -275,8 +290,8 @@ class ActiveFile(GroupRecovery):
         self.stats["flushed_bytes"] += n
         self.stats["flush_s"] += time.perf_counter() - t0
 
-    def _write_in_place(self, batch: list[bytes], group: int, phys: int, logical: int,
-                        entries: list, sync: bool = True) -> tuple[int, int]:
+    def _write_in_place(self, batch: list[bytes | memoryview], group: int, phys: int, logical: int,
+                        entries: list[tuple[int, int, int]], sync: bool = True) -> tuple[int, int]:
         """Worker thread: write the group at ``phys`` (with zeros ahead when it grows the file)
         and fdatasync (unless the device's round flushes it); returns (group bytes, new end of
         the file)."""
@@ -286,23 +301,25 @@ class ActiveFile(GroupRecovery):
         if end > alloc and n < PREALLOC_BELOW and not getattr(self._f, "preallocated", False):
             alloc = -(-(end + PREALLOC) // PREALLOC) * PREALLOC
             parts.append(_ZEROS[: alloc - end])
-        self._f.writev_sync(parts, phys)
+        f = cast(InPlaceFile, self._f)  # _in_place: it has both methods (see __init__)
+        f.writev_sync(parts, phys)
         if sync:
-            self._f.fdatasync_sync()
+            f.fdatasync_sync()
         return n, max(alloc, end)
 
-    def _encode_group(self, batch: list[bytes], group: int, phys: int, logical: int,
-                      entries: list) -> list:
+    def _encode_group(self, batch: list[bytes | memoryview], group: int, phys: int, logical: int,
+                      entries: list[tuple[int, int, int]]) -> list[Buffer]:
         """The buffers of one write group starting at physical ``phys`` (worker thread).
 
         Blocks are cut across append boundaries without joining the appends;
         ``entries`` receives (logical, physical, raw_len) of each data block.
         """
-        p, parts, pos = self.params, [], phys
+        p, pos = self.params, phys
+        parts: list[Buffer] = []
         blocks = list(cut_blocks(batch, p.block_size))
         for i, (pieces, n) in enumerate(blocks):
             last = i == len(blocks) - 1
-            kw = dict(logical_off=logical, group=group, codec=p.codec, cipher=self._cipher, inode=p.inode)
+            kw: _BlockArgs = dict(logical_off=logical, group=group, codec=p.codec, cipher=self._cipher, inode=p.inode)
             mark = len(parts)
             rec = encode_block_parts(parts, pieces, n, end=last and p.page_size == 0, **kw)
             if last and p.page_size:
@@ -352,14 +369,15 @@ class ActiveFile(GroupRecovery):
             i += 1
         return b"".join(parts)
 
-    async def read_ranges(self, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    async def read_ranges(self, offsets: np.ndarray,
+                          lengths: np.ndarray) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
         """Many durable ranges at once (a row store's multi-row get): every block touched
         is fetched once, and the ranges come back inside one buffer with their starts."""
         if self._closed:
             raise ClosedError(f"{self.where} is closed")
 
-        async def fetch(blocks):
-            got = {}
+        async def fetch(blocks: list[int]) -> dict[int, bytes]:
+            got: dict[int, bytes] = {}
             if self.cache is not None:
                 got = {i: b for (_, i), b in self.cache.get_mem_many([(self.where, i) for i in blocks]).items()}
             for i in set(blocks).difference(got):

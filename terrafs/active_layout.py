@@ -6,11 +6,12 @@ from __future__ import annotations
 import struct
 from bisect import bisect_right
 from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from catalog.checksum import crc32c
-from terrafs.abc import DeviceFile
+from terrafs.abc import Buffer, DeviceFile
 from terrafs.blocks import Codec
 from terrafs.errors import CorruptionError, TerrafsError
 from terrafs.params import FileParams
@@ -101,9 +102,10 @@ class BlockIndex:
         return bisect_right(self.starts, offset) - 1
 
 
-def cut_blocks(batch: list[bytes], size: int):
+def cut_blocks(batch: Sequence[Buffer], size: int) -> Iterator[tuple[list[memoryview], int]]:
     """Split appends into blocks of at most ``size`` bytes: yields (pieces, length)."""
-    pieces, n = [], 0
+    pieces: list[memoryview] = []
+    n = 0
     for data in batch:
         view = memoryview(data)
         while view:

@@ -9,7 +9,8 @@ import struct
 import numpy as np
 
 from catalog.checksum import crc32c
-from terrafs.active_layout import SCAN_WINDOW, ScanWindow
+from terrafs.abc import DeviceFile
+from terrafs.active_layout import SCAN_WINDOW, BlockIndex, ScanWindow
 from terrafs.blocks import BLOCK_MAGIC, HEADER_LEN, BlockHeader, Flags, parse_header
 from terrafs.errors import CorruptionError
 
@@ -18,6 +19,19 @@ log = logging.getLogger("terrafs.active")
 
 class GroupRecovery:
     """The recovery scan of an active file (state: ``_f``, ``_physical_end``, ``index``, ...)."""
+
+    # the active file's state the scan reads and sets (terrafs.active.ActiveFile)
+    _f: DeviceFile
+    where: str
+    index: BlockIndex
+    durable_size: int
+    torn_tail: tuple[int, int] | None
+    _physical_end: int
+    _alloc_end: int
+    _end: int
+    _group: int
+    _read_only: bool
+    _sealed: bool
 
     async def _recover_groups(self) -> None:
         """Scan every group from the header on (see docs/format/terrafs.md §2)."""
@@ -30,6 +44,7 @@ class GroupRecovery:
                 if not await self._zeros_to_end(reader, pos, size):  # else: preallocated space
                     await self._handle_bad_tail(reader, pos, group + 1, err)
                 break
+            assert entries is not None  # the group verified
             for e in entries:
                 self.index.add(*e)
             pos, logical, group = nxt, nlogical, group + 1
@@ -45,9 +60,10 @@ class GroupRecovery:
             pos += len(chunk)
         return True
 
-    async def _read_group(self, reader: "ScanWindow", pos: int, logical: int, group: int):
+    async def _read_group(self, reader: "ScanWindow", pos: int, logical: int, group: int,
+                          ) -> tuple[list[tuple[int, int, int]] | None, int, int, CorruptionError | None]:
         """Verify one group at ``pos``; return (entries, next pos, next logical, error)."""
-        entries = []
+        entries: list[tuple[int, int, int]] = []
         while True:
             try:
                 h, head_pos = await self._verified_block(reader, pos)
@@ -91,7 +107,7 @@ class GroupRecovery:
         await self._f.truncate(pos)
         await self._f.sync()
 
-    async def _find_later_group(self, reader: "ScanWindow", pos: int, group: int):
+    async def _find_later_group(self, reader: "ScanWindow", pos: int, group: int) -> tuple[int, int] | None:
         """First verifiable block after ``pos`` whose group is later than ``group``."""
         magic = struct.pack("<I", BLOCK_MAGIC)
         size = self._f.size()

@@ -9,11 +9,13 @@ import enum
 import struct
 import threading
 from dataclasses import dataclass
+from typing import Sequence
 
 import zstandard
 from cryptography.exceptions import InvalidTag
 
 from catalog.checksum import crc32c
+from terrafs.abc import Buffer
 from terrafs.crypto import NONCE_LEN, TAG_LEN, DataCipher
 from terrafs.errors import CorruptionError, EncryptionKeyError
 
@@ -76,7 +78,7 @@ def _pack_header(flags: int, logical_off: int, group: int, stored_len: int, raw_
     return head[:32] + struct.pack("<I", crc32c(head[:32]))
 
 
-def encode_block(out: bytearray, data, *, logical_off: int, group: int, end: bool,
+def encode_block(out: bytearray, data: Buffer, *, logical_off: int, group: int, end: bool,
                  codec: Codec = Codec.NONE, cipher: DataCipher | None = None,
                  inode: int = 0) -> None:
     """Append one block record holding ``data`` (logical bytes) to ``out``."""
@@ -96,7 +98,7 @@ def encode_block(out: bytearray, data, *, logical_off: int, group: int, end: boo
     out += payload
 
 
-def encode_block_parts(parts: list, pieces: list, raw_len: int, *, logical_off: int, group: int,
+def encode_block_parts(parts: list[Buffer], pieces: Sequence[Buffer], raw_len: int, *, logical_off: int, group: int,
                        end: bool, codec: Codec = Codec.NONE, cipher: DataCipher | None = None,
                        inode: int = 0) -> int:
     """Like :func:`encode_block` for data given as several buffers; appends the
@@ -124,7 +126,7 @@ def encode_pad(out: bytearray, *, logical_off: int, group: int, pad_len: int) ->
     out += zeros
 
 
-def parse_header(buf, pos: int, where: str) -> BlockHeader:
+def parse_header(buf: Buffer, pos: int, where: str) -> BlockHeader:
     """Verify and parse the header at ``buf[pos:]``; CorruptionError if it is bad."""
     if len(buf) - pos < HEADER_LEN:
         raise CorruptionError(where, pos, "truncated block header")
@@ -142,7 +144,7 @@ def parse_header(buf, pos: int, where: str) -> BlockHeader:
     return BlockHeader(flags, loff, group, slen, rlen, pcrc)
 
 
-def decode_payload(h: BlockHeader, payload, *, cipher: DataCipher | None, inode: int,
+def decode_payload(h: BlockHeader, payload: Buffer, *, cipher: DataCipher | None, inode: int,
                    where: str, pos: int) -> bytes:
     """Checksum, decrypt and decompress one block's payload into its logical bytes."""
     if len(payload) != h.stored_len:
@@ -174,7 +176,7 @@ def decode_payload(h: BlockHeader, payload, *, cipher: DataCipher | None, inode:
     return bytes(data)
 
 
-def decode_block(buf, pos: int, *, cipher: DataCipher | None = None, inode: int = 0,
+def decode_block(buf: Buffer, pos: int, *, cipher: DataCipher | None = None, inode: int = 0,
                  where: str = "<buffer>") -> tuple[BlockHeader, bytes]:
     """Parse and decode the record at ``buf[pos:]``."""
     h = parse_header(buf, pos, where)

@@ -14,35 +14,38 @@ import hashlib
 import logging
 from collections import OrderedDict, deque
 from itertools import compress
+from typing import Generic, TypeVar
 
 from terrafs.abc import BlockDevice
 from terrafs.errors import NotFoundError
 
 log = logging.getLogger("terrafs.cache")
 CACHE_DIR = "cache"
+Key = tuple[str, int]  # (object key, or an active file's name; block index)
+V = TypeVar("V")
 
 
-class _LRU:
-    """Byte-bounded LRU map."""
+class _LRU(Generic[V]):
+    """Byte-bounded LRU map of (value, size) pairs."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.used = 0
-        self._d: OrderedDict = OrderedDict()
+        self._d: OrderedDict[Key, tuple[V, int]] = OrderedDict()
 
-    def get(self, key):
+    def get(self, key: Key) -> tuple[V, int] | None:
         v = self._d.get(key)
         if v is not None:
             self._d.move_to_end(key)
         return v
 
-    def get_many(self, keys: list) -> list:
+    def get_many(self, keys: list[Key]) -> list[tuple[V, int] | None]:
         """``get`` of each key (iterating in C: a multi-row read asks for a block per row)."""
         vals = list(map(self._d.get, keys))
         deque(map(self._d.move_to_end, compress(keys, vals)), maxlen=0)
         return vals
 
-    def put(self, key, value, size: int) -> list:
+    def put(self, key: Key, value: V, size: int) -> list[tuple[Key, V]]:
         """Insert; return the (key, value) pairs evicted to make room."""
         old = self._d.pop(key, None)
         if old is not None:
@@ -58,7 +61,7 @@ class _LRU:
             evicted.append((k, v))
         return evicted
 
-    def pop(self, key) -> None:
+    def pop(self, key: Key) -> None:
         old = self._d.pop(key, None)
         if old is not None:
             self.used -= old[1]
@@ -75,12 +78,12 @@ class BlockCache:
 
     def __init__(self, memory_bytes: int = 64 << 20, volatile: BlockDevice | None = None,
                  volatile_bytes: int = 1 << 30):
-        self._mem = _LRU(memory_bytes)
+        self._mem: _LRU[bytes] = _LRU(memory_bytes)
         self._dev = volatile
-        self._disk = _LRU(volatile_bytes)
-        self._writes: set[asyncio.Task] = set()
-        self._pending: list[tuple] = []  # (key, record) waiting for the writer task
-        self._writer: asyncio.Task | None = None
+        self._disk: _LRU[bool] = _LRU(volatile_bytes)  # what the device holds
+        self._writes: set[asyncio.Task[None]] = set()
+        self._pending: list[tuple[Key, bytes]] = []  # (key, record) waiting for the writer task
+        self._writer: asyncio.Task[None] | None = None
         self.stats = {"mem_hits": 0, "disk_hits": 0, "misses": 0, "disk_bad": 0}
 
     async def open(self) -> None:
@@ -90,28 +93,28 @@ class BlockCache:
         for name in await self._dev.list(CACHE_DIR + "/"):
             await self._dev.delete(name)
 
-    def get_mem(self, key):
+    def get_mem(self, key: Key) -> bytes | None:
         hit = self._mem.get(key)
         if hit is not None:
             self.stats["mem_hits"] += 1
             return hit[0]
         return None
 
-    def get_mem_many(self, keys: list) -> dict:
+    def get_mem_many(self, keys: list[Key]) -> dict[Key, bytes]:
         """``get_mem`` of many keys: {key: block} of those held."""
         got = {k: v[0] for k, v in zip(keys, self._mem.get_many(keys)) if v is not None}
         self.stats["mem_hits"] += len(got)
         return got
 
-    def put_mem(self, key, data: bytes) -> None:
+    def put_mem(self, key: Key, data: bytes) -> None:
         self._mem.put(key, data, len(data) + 64)
 
     @staticmethod
-    def _name(key) -> str:
+    def _name(key: Key) -> str:
         obj, idx = key
         return f"{CACHE_DIR}/{hashlib.sha1(obj.encode()).hexdigest()[:20]}/{idx:08x}"
 
-    async def get_disk(self, key) -> bytes | None:
+    async def get_disk(self, key: Key) -> bytes | None:
         """Stored record bytes from the volatile device, or None."""
         if self._dev is None or self._disk.get(key) is None:
             return None
@@ -123,7 +126,7 @@ class BlockCache:
         self.stats["disk_hits"] += 1
         return data
 
-    def put_disk(self, key, record: bytes) -> None:
+    def put_disk(self, key: Key, record: bytes) -> None:
         """Write a stored record to the volatile device in the background: records queue up
         and one task writes them in batches (a full scan of a cold object fetches thousands
         of blocks; a task and five thread hops each filled the worker pool that requests use)."""
@@ -136,29 +139,31 @@ class BlockCache:
             self._writer.add_done_callback(self._writes.discard)
 
     async def _write_pending(self) -> None:
+        dev = self._dev
         try:
+            assert dev is not None  # put_disk starts the writer only with a device
             while self._pending:
                 batch, self._pending = self._pending[:WRITE_BATCH], self._pending[WRITE_BATCH:]
                 try:
-                    await self._dev.write_files([(self._name(k), r) for k, r in batch])
+                    await dev.write_files([(self._name(k), r) for k, r in batch])
                 except Exception as e:  # noqa: BLE001 - a cache write failure only costs a refetch
                     log.warning("event=cache_write_failed blocks=%d first=%s error=%r", len(batch), batch[0][0], e)
                     continue
                 for key, record in batch:
                     for k, _ in self._disk.put(key, True, len(record)):
-                        await self._evict(k)
+                        await self._evict(dev, k)
         finally:
             self._writer = None
 
-    async def _evict(self, key) -> None:
+    async def _evict(self, dev: BlockDevice, key: Key) -> None:
         try:
-            await self._dev.delete(self._name(key))
+            await dev.delete(self._name(key))
         except NotFoundError:
             pass
         except Exception as e:  # noqa: BLE001 - a stale file of a volatile cache costs only space
             log.warning("event=cache_evict_failed key=%s error=%r", key, e)
 
-    def drop(self, key) -> None:
+    def drop(self, key: Key) -> None:
         """Forget a damaged entry so the next read refetches it."""
         self.stats["disk_bad"] += 1
         self._disk.pop(key)

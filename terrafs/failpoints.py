@@ -25,6 +25,7 @@ import contextlib
 import os
 import signal
 import time
+from typing import Callable, Iterator
 
 
 class FailPointCrash(Exception):
@@ -72,7 +73,7 @@ def _delay(path: str) -> float:
     return ms / 1000 if 0 < ms < float("inf") else 0.0
 
 
-def skewed_wall_clock():
+def skewed_wall_clock() -> Callable[[], int] | None:
     """The node's wall clock in ms when a test skews it, else None (the system's)."""
     if not CLOCK_SKEW_MS:
         return None
@@ -97,7 +98,7 @@ def arm(name: str, skip: int = 0) -> None:
 
 
 @contextlib.contextmanager
-def armed(name: str, skip: int = 0):
+def armed(name: str, skip: int = 0) -> Iterator[None]:
     arm(name, skip)
     try:
         yield

@@ -7,13 +7,24 @@ replays. Used by the fault tests; nothing in production constructs them.
 from __future__ import annotations
 
 import random
+from typing import AsyncIterable, TypedDict, Unpack
 
-from terrafs.abc import BlockDevice, DeviceFile, ObjectInfo, ObjectStore
+from terrafs.abc import BlockDevice, Buffer, DeviceFile, ObjectInfo, ObjectStore
 from terrafs.errors import StorageIOError, TransientStorageError
 
 
 class InjectedFault(StorageIOError):
     """Raised by a wrapper instead of calling the real store."""
+
+
+class Plan(TypedDict, total=False):
+    """Which calls a wrapper fails (the arguments of ``_Plan``)."""
+
+    nth: dict[str, int] | None
+    probability: float
+    seed: int
+    ops: tuple[str, ...]
+    transient: bool
 
 
 class _Plan:
@@ -34,34 +45,34 @@ class _Plan:
 
 
 class FaultyObjectStore(ObjectStore):
-    def __init__(self, inner: ObjectStore, **plan):
+    def __init__(self, inner: ObjectStore, **plan: Unpack[Plan]):
         self.inner, self.plan, self.uri = inner, _Plan(**plan), inner.uri
 
-    async def put(self, key, data) -> ObjectInfo:
+    async def put(self, key: str, data: Buffer) -> ObjectInfo:
         self.plan.check("put", key)
         return await self.inner.put(key, data)
 
-    async def put_stream(self, key, chunks) -> ObjectInfo:
+    async def put_stream(self, key: str, chunks: AsyncIterable[bytes]) -> ObjectInfo:
         self.plan.check("put", key)
         return await self.inner.put_stream(key, chunks)
 
-    async def get(self, key) -> bytes:
+    async def get(self, key: str) -> bytes:
         self.plan.check("get", key)
         return await self.inner.get(key)
 
-    async def get_range(self, key, offset, length) -> bytes:
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
         self.plan.check("get", key)
         return await self.inner.get_range(key, offset, length)
 
-    async def head(self, key) -> ObjectInfo:
+    async def head(self, key: str) -> ObjectInfo:
         self.plan.check("head", key)
         return await self.inner.head(key)
 
-    async def list(self, prefix="") -> list[ObjectInfo]:
+    async def list(self, prefix: str = "") -> list[ObjectInfo]:
         self.plan.check("list", prefix)
         return await self.inner.list(prefix)
 
-    async def delete(self, key) -> None:
+    async def delete(self, key: str) -> None:
         self.plan.check("delete", key)
         await self.inner.delete(key)
 
@@ -70,15 +81,15 @@ class _FaultyFile(DeviceFile):
     def __init__(self, inner: DeviceFile, plan: _Plan):
         self.inner, self.plan, self.name = inner, plan, inner.name
 
-    async def append(self, data) -> int:
+    async def append(self, data: Buffer) -> int:
         self.plan.check("append", self.name)
         return await self.inner.append(data)
 
-    async def pread(self, offset, length) -> bytes:
+    async def pread(self, offset: int, length: int) -> bytes:
         self.plan.check("pread", self.name)
         return await self.inner.pread(offset, length)
 
-    async def truncate(self, size) -> None:
+    async def truncate(self, size: int) -> None:
         await self.inner.truncate(size)
 
     async def sync(self) -> None:
@@ -93,27 +104,27 @@ class _FaultyFile(DeviceFile):
 
 
 class FaultyBlockDevice(BlockDevice):
-    def __init__(self, inner: BlockDevice, **plan):
+    def __init__(self, inner: BlockDevice, **plan: Unpack[Plan]):
         self.inner, self.plan = inner, _Plan(**plan)
         self.uri, self.durable = inner.uri, inner.durable
 
-    async def create(self, name) -> DeviceFile:
+    async def create(self, name: str) -> DeviceFile:
         self.plan.check("create", name)
         return _FaultyFile(await self.inner.create(name), self.plan)
 
-    async def open(self, name) -> DeviceFile:
+    async def open(self, name: str) -> DeviceFile:
         return _FaultyFile(await self.inner.open(name), self.plan)
 
-    async def delete(self, name) -> None:
+    async def delete(self, name: str) -> None:
         await self.inner.delete(name)
 
-    async def rename(self, src, dst) -> None:
+    async def rename(self, src: str, dst: str) -> None:
         await self.inner.rename(src, dst)
 
-    async def list(self, prefix="") -> list[str]:
+    async def list(self, prefix: str = "") -> list[str]:
         return await self.inner.list(prefix)
 
-    async def exists(self, name) -> bool:
+    async def exists(self, name: str) -> bool:
         return await self.inner.exists(name)
 
     def free_bytes(self) -> int | None:

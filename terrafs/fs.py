@@ -10,6 +10,7 @@ the new state and :meth:`TerrascaleFS.open` finishes or rolls back the rest
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import os
 import uuid
@@ -17,7 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import AsyncIterable, AsyncIterator, Callable, Sequence
 
-from catalog.abc import Catalog, Check, Delete, Op, Put
+from catalog.abc import Catalog, Check, Delete, Entry, Op, Put
 from terrafs.abc import BlockDevice, DeviceFile, ObjectStore
 from terrafs.active import ActiveConfig, ActiveFile
 from terrafs.active_layout import encode_active_header
@@ -101,7 +102,7 @@ class TerrascaleFS:
         return await self.recover()
 
     async def close(self) -> None:
-        errors = []
+        errors: list[Exception] = []
         for af in list(self._active.values()):
             try:
                 await af.close()
@@ -134,7 +135,7 @@ class TerrascaleFS:
                         extra: Extra | None = None) -> FileRecord:
         made: dict[int, FileRecord] = {}
 
-        def ops(inode: int):
+        def ops(inode: int) -> tuple[list[Check], list[Op]]:
             made[inode] = rec = self._new_record(inode, state, tier, codec)
             ec, eo = extra(rec) if extra else ((), ())
             return [Check(rec.key, 0), *ec], [Put(rec.key, rec.to_bytes()), *eo]
@@ -216,7 +217,7 @@ class TerrascaleFS:
         await self.close_active(af.inode)
         return await self.open_active(af.inode)
 
-    def failing(self) -> list[int]:
+    def failing(self) -> builtins.list[int]:
         """Inodes of open files whose last write failed at the device (full, or a disk error)."""
         return [i for i, af in self._active.items()
                 if af.failure is not None and not isinstance(af.failure, MirrorError)]
@@ -290,7 +291,7 @@ class TerrascaleFS:
         await self._switch(e, new, extra)
         return new
 
-    async def _build_and_upload(self, rec: FileRecord, content: AsyncIterable[bytes]):
+    async def _build_and_upload(self, rec: FileRecord, content: AsyncIterable[bytes]) -> tuple[str, int, int]:
         """Write the sealed object on the volatile device's staging area, then upload it."""
         params = new_params(rec.inode, rec.gen, codec=self.cfg.sealed_codec,
                             block_size=self.cfg.sealed_block_size, kek=self.kek)
@@ -310,13 +311,13 @@ class TerrascaleFS:
             await out.close()
             await self.volatile.delete(name)
 
-    async def _entry(self, inode: int):
+    async def _entry(self, inode: int) -> Entry:
         e = await self.catalog.get(file_key(inode))
         if e is None:
             raise InodeNotFoundError(f"no file with inode {inode}")
         return e
 
-    async def _switch(self, e, new: FileRecord, extra: Extra | None = None) -> None:
+    async def _switch(self, e: Entry, new: FileRecord, extra: Extra | None = None) -> None:
         ec, eo = extra(new) if extra else ((), ())
         res = await commit(self.catalog, [Check(e.key, e.version), *ec], [Put(e.key, new.to_bytes()), *eo])
         if not res.committed:

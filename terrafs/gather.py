@@ -8,13 +8,15 @@ the rare range that runs into the next block is assembled on its own.
 from __future__ import annotations
 
 import operator
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, cast
 
 import numpy as np
+import numpy.typing as npt
 
 
-async def read_ranges(logical: np.ndarray, size: int, offsets, lengths,
-                      fetch: Callable[[list[int]], Awaitable[dict[int, bytes]]]) -> tuple[np.ndarray, np.ndarray]:
+async def read_ranges(logical: npt.NDArray[np.int64], size: int, offsets: npt.ArrayLike, lengths: npt.ArrayLike,
+                      fetch: Callable[[list[int]], Awaitable[dict[int, bytes]]],
+                      ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
     """``logical``: each block's first logical offset (sorted); ``fetch(blocks)`` returns the
     decoded blocks asked for. Returns the ranges' bytes back to back and where each starts."""
     offsets = np.asarray(offsets, np.int64)
@@ -32,8 +34,9 @@ async def read_ranges(logical: np.ndarray, size: int, offsets, lengths,
     starts = np.zeros(len(offsets), np.int64)
     np.cumsum(lens[:-1], out=starts[1:])
     lo = offsets - logical[first]
-    pieces = list(map(operator.getitem, map(data.__getitem__, first.tolist()),
-                      map(slice, lo.tolist(), (lo + lens).tolist())))
+    # slices of the blocks' bytes: bytes (operator.getitem is typed for any sequence)
+    pieces = cast("list[bytes]", list(map(operator.getitem, map(data.__getitem__, first.tolist()),
+                                          map(slice, lo.tolist(), (lo + lens).tolist()))))
     for i in np.flatnonzero(last > first).tolist():  # runs into the next block(s)
         joined = b"".join([data[b] for b in range(int(first[i]), int(last[i]) + 1)])
         pieces[i] = joined[int(lo[i]) : int(lo[i] + lens[i])]

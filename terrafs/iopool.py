@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import functools
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Callable, TypeVar, TypeVarTuple
 
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 IO_THREADS = 32
 _pool: ThreadPoolExecutor | None = None
 
@@ -24,6 +26,6 @@ def _executor() -> ThreadPoolExecutor:
     return _pool
 
 
-async def run_io(fn: Callable[..., Any], *args: Any) -> Any:
+async def run_io(fn: Callable[[*Ts], T], *args: *Ts) -> T:
     """``fn(*args)`` in an I/O thread (for writes and syncs; reads stay in the default pool)."""
     return await asyncio.get_running_loop().run_in_executor(_executor(), functools.partial(fn, *args))

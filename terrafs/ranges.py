@@ -119,7 +119,7 @@ class RangeAllocator:
             await asyncio.sleep(self._rng.random() * min(0.001 * 2**attempt, 0.05))
         raise CatalogConflictError(f"could not free {self.prefix} id {ident}")
 
-    def _merge(self, ident: int, prev: Entry | None, nxt: Entry | None):
+    def _merge(self, ident: int, prev: Entry | None, nxt: Entry | None) -> tuple[list[Check], list[Op]]:
         checks = [Check(self._key(ident + 1), nxt.version if nxt else 0)]
         ops: list[Op] = []
         lo, hi = ident, ident + 1

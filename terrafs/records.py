@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import asdict, dataclass, replace
+from typing import TypedDict, Unpack
 
 from terrafs.blocks import Codec
 
@@ -57,8 +58,23 @@ class FileRecord:
         d.update(state=FileState(d["state"]), tier=FileTier(d["tier"]), codec=Codec(d["codec"]))
         return cls(**d)
 
-    def evolve(self, **changes) -> "FileRecord":
+    def evolve(self, **changes: Unpack[RecordChanges]) -> "FileRecord":
         return replace(self, **changes)
+
+
+class RecordChanges(TypedDict, total=False):
+    """Fields of a :class:`FileRecord` that ``evolve`` may change."""
+
+    inode: int
+    gen: int
+    state: FileState
+    tier: FileTier
+    owner: str
+    location: str
+    codec: Codec
+    encrypted: bool
+    size: int
+    object_size: int
 
 
 def file_key(inode: int) -> str:

@@ -14,9 +14,11 @@ device's: a flush that fails fails every group of the hop, since it covered all 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from terrafs.iopool import run_io
+
+T = TypeVar("T")
 
 
 class DeviceRounds:
@@ -29,14 +31,14 @@ class DeviceRounds:
 
     def __init__(self, flush: Callable[[], None]):
         self._flush = flush
-        self._waiting: list[tuple[Callable[[], Any], asyncio.Future]] = []
-        self._hop: asyncio.Task | None = None
+        self._waiting: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
+        self._hop: asyncio.Task[None] | None = None
         self.hops = 0  # rounds run (the metrics' and tests' view of the batching)
         self.works = 0  # callables run
 
-    async def run(self, work: Callable[[], Any]) -> Any:
+    async def run(self, work: Callable[[], T]) -> T:
         """``work()`` in the next round; its result once the round's flush covered it."""
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._waiting.append((work, fut))
         if self._hop is None or self._hop.done():
             self._hop = asyncio.ensure_future(self._hops())

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import struct
 from bisect import bisect_right
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterator
 
 import numpy as np
+import numpy.typing as npt
 
 from catalog.checksum import crc32c
-from terrafs.abc import DeviceFile, ObjectStore
+from terrafs.abc import Buffer, DeviceFile, ObjectStore
 from terrafs.blocks import Codec, decode_block, encode_block
 from terrafs.cache import BlockCache
 from terrafs.crypto import KeyEncryptionKey
@@ -46,7 +47,7 @@ class SealedWriter:
         self._map = bytearray()
         self._count = 0
 
-    async def write(self, data) -> None:
+    async def write(self, data: Buffer) -> None:
         self._buf += data
         if len(self._buf) >= _ENCODE_BATCH:
             await self._encode(final=False)
@@ -63,7 +64,7 @@ class SealedWriter:
         await self._out.append(out)
         self._map += entries
 
-    def _encode_blocks(self, chunk: bytes, base: int):
+    def _encode_blocks(self, chunk: bytes, base: int) -> tuple[bytearray, bytearray]:
         p, out, entries = self.params, bytearray(), bytearray()
         view = memoryview(chunk)
         for start in range(0, len(chunk), p.block_size):
@@ -101,7 +102,7 @@ class SealedWriter:
         return self._logical + len(self._buf)
 
 
-def parse_footer(buf: bytes, where: str, object_size: int) -> dict:
+def parse_footer(buf: bytes, where: str, object_size: int) -> dict[str, int]:
     at = object_size - FOOTER_LEN
     if len(buf) != FOOTER_LEN:
         raise CorruptionError(where, at, "object too short for a sealed-file footer")
@@ -132,8 +133,8 @@ def parse_key_section(sec: bytes, where: str, at: int) -> tuple[str, bytes]:
 class SealedFile:
     """A sealed file opened for paged reads."""
 
-    def __init__(self, store: ObjectStore, key: str, object_size: int, meta: dict,
-                 blocks: np.ndarray, params: FileParams, kek: KeyEncryptionKey | None,
+    def __init__(self, store: ObjectStore, key: str, object_size: int, meta: dict[str, int],
+                 blocks: npt.NDArray[np.void], params: FileParams, kek: KeyEncryptionKey | None,
                  cache: BlockCache):
         self._store, self.key, self.object_size = store, key, object_size
         self.where = f"{store.uri}/{key}"
@@ -144,7 +145,7 @@ class SealedFile:
         self._starts = self._logical.tolist()  # bisect on a list beats numpy for one lookup
         self._cipher = params.cipher(kek, self.where)
         self._cache = cache
-        self._inflight: dict[int, asyncio.Future] = {}
+        self._inflight: dict[int, asyncio.Future[bytes]] = {}
 
     @classmethod
     async def open(cls, store: ObjectStore, key: str, *, object_size: int | None = None,
@@ -200,11 +201,12 @@ class SealedFile:
             return None
         return block[lo : lo + length]
 
-    async def read_ranges(self, offsets, lengths) -> tuple[np.ndarray, np.ndarray]:
+    async def read_ranges(self, offsets: np.ndarray,
+                          lengths: np.ndarray) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
         """Many ranges at once: each block touched is fetched once (adjacent misses in one
         ranged read), only the ranges' bytes are copied; see ``terrafs.gather``."""
 
-        async def fetch(blocks):
+        async def fetch(blocks: list[int]) -> dict[int, bytes]:
             out = {i: b for (_, i), b in self._cache.get_mem_many([(self.key, i) for i in blocks]).items()}
             for lo, hi in _runs(sorted(set(blocks).difference(out))):
                 for i, b in zip(range(lo, hi + 1), await self._fetch(lo, hi)):
@@ -246,7 +248,7 @@ class SealedFile:
         raw = await self._store.get_range(self.key, start, stop - start)
         if len(raw) != stop - start:
             raise CorruptionError(self.where, start, "object shorter than its block map says")
-        out = []
+        out: list[bytes] = []
         for i in range(lo, hi + 1):
             a = int(self._blocks["physical"][i]) - start
             rec = raw[a : a + int(self._blocks["rec"][i])]
@@ -256,7 +258,7 @@ class SealedFile:
             out.append(b)
         return out
 
-    def _decode(self, rec: bytes, i: int) -> bytes:
+    def _decode(self, rec: Buffer, i: int) -> bytes:
         phys = int(self._blocks["physical"][i])
         h, data = decode_block(rec, 0, cipher=self._cipher, inode=self.params.inode,
                                where=self.where)
@@ -295,7 +297,7 @@ class SealedFile:
         first = bisect_right(self._starts, offset) - 1
         last = bisect_right(self._starts, end - 1) - 1
         cached = {k: b for k in range(first, last + 1) if (b := self._cache.get_mem((self.key, k))) is not None}
-        fetched = []
+        fetched: list[tuple[int, int, int, bytes]] = []  # (first block, last block, their offset, their bytes)
         for lo, hi in _runs([k for k in range(first, last + 1) if k not in cached]):
             start = int(self._blocks["physical"][lo])
             stop = int(self._blocks["physical"][hi]) + int(self._blocks["rec"][hi])
@@ -305,10 +307,11 @@ class SealedFile:
             fetched.append((lo, hi, start, raw))
         return await asyncio.to_thread(self._assemble, cached, fetched, offset, end)
 
-    def _assemble(self, cached: dict, fetched: list, offset: int, end: int) -> memoryview:
-        out = memoryview(np.empty(end - offset, np.uint8)).cast("B")
+    def _assemble(self, cached: dict[int, bytes], fetched: list[tuple[int, int, int, bytes]], offset: int,
+                  end: int) -> memoryview:
+        out = np.empty(end - offset, np.uint8).data.cast("B")
 
-        def put(k: int, data) -> None:
+        def put(k: int, data: Buffer) -> None:
             lo = int(self._logical[k])
             take_lo, take_hi = max(offset - lo, 0), min(end - lo, len(data))
             out[lo + take_lo - offset : lo + take_hi - offset] = memoryview(data)[take_lo:take_hi]
@@ -316,14 +319,14 @@ class SealedFile:
         for k, data in cached.items():
             put(k, data)
         for lo, hi, base, raw in fetched:
-            raw = memoryview(raw)
+            view = memoryview(raw)
             for k in range(lo, hi + 1):
                 a = int(self._blocks["physical"][k]) - base
-                put(k, self._decode(raw[a : a + int(self._blocks["rec"][k])], k))
+                put(k, self._decode(view[a : a + int(self._blocks["rec"][k])], k))
         return out
 
     def _decode_many(self, raw: bytes, base: int, i: int, j: int) -> list[bytes]:
-        out = []
+        out: list[bytes] = []
         for k in range(i, j + 1):
             a = int(self._blocks["physical"][k]) - base
             out.append(self._decode(raw[a : a + int(self._blocks["rec"][k])], k))
@@ -335,7 +338,7 @@ class SealedFile:
             pass
 
 
-def _check_map(blocks: np.ndarray, meta: dict, where: str) -> None:
+def _check_map(blocks: npt.NDArray[np.void], meta: dict[str, int], where: str) -> None:
     """Invariants of the block map (docs/format/terrafs.md §3)."""
     if len(blocks) == 0:
         if meta["logical_size"] != 0:
@@ -351,7 +354,7 @@ def _check_map(blocks: np.ndarray, meta: dict, where: str) -> None:
         raise CorruptionError(where, meta["map_off"], "block map is not contiguous")
 
 
-def _runs(idx: list[int]):
+def _runs(idx: list[int]) -> Iterator[tuple[int, int]]:
     """Group sorted indexes into contiguous (lo, hi) runs."""
     if not idx:
         return

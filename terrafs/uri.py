@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import enum
 import os
+from typing import TYPE_CHECKING, Unpack
 from urllib.parse import urlsplit
 
 from terrafs.abc import BlockDevice, ObjectStore
 from terrafs.errors import ConfigurationError, UnsupportedSchemeError
+
+if TYPE_CHECKING:
+    from catalog.abc import Catalog
+    from catalog.raft.catalog import RaftOptions
 
 
 class Kind(str, enum.Enum):
@@ -100,7 +105,8 @@ def open_object_store(uri: str) -> ObjectStore:
     return LocalObjectStore(local_path(uri), uri=uri)
 
 
-def open_catalog(uri: str, *, secret_file: str | None = None, dir: str | None = None, **raft_options):
+def open_catalog(uri: str, *, secret_file: str | None = None, dir: str | None = None,
+                 **raft_options: Unpack[RaftOptions]) -> Catalog:
     """A catalog backend for ``uri`` (not yet opened: call ``await c.open()``).
 
     ``raft://`` also needs the cluster secret file and its directory (``[catalog]``

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import time
 import uuid
+from typing import Any, Callable, Mapping, Sequence, TypedDict, TypeVar, Unpack, cast
 
 from pysyncobj import FAIL_REASON
 
-from catalog.abc import Catalog, Entry, TxnResult
+from catalog.abc import Catalog, Check, Entry, Op, TxnResult
 from catalog.errors import (
     CatalogConfigError,
     CatalogError,
@@ -27,11 +29,16 @@ from catalog.errors import (
 )
 from catalog.fsutil import lock_dir
 from catalog.raft.journal import decode_dump
-from catalog.raft.replica import BARRIER, MAX_ENTRY_BYTES, EntryError, Replica, encode_group, encode_txn
+from catalog.raft.replica import (BARRIER, MAX_ENTRY_BYTES, Callback, EntryError, Replica, encode_group,
+                                  encode_txn)
 from catalog.raft.wire import ConnLimits
-from catalog.state import validate_txn
+from catalog.state import CatalogState, validate_txn
 
 log = logging.getLogger("catalog.raft")
+T = TypeVar("T")
+Send = Callable[[Replica, Callback], None]  # submits one attempt of an entry to a replica
+Answer = tuple[object, int]  # (result, FAIL_REASON) of one attempt
+Queued = tuple[bytes, str, "asyncio.Future[TxnResult | EntryError]"]  # (payload, request id, its waiter)
 _BARRIER = bytes([BARRIER])
 # Failures after which the entry is certainly not in any log.
 _NOT_SUBMITTED = {FAIL_REASON.MISSING_LEADER, FAIL_REASON.QUEUE_FULL, FAIL_REASON.NOT_LEADER}
@@ -77,10 +84,21 @@ def read_secret(path: str) -> str:
     return secret
 
 
+class RaftOptions(TypedDict, total=False):
+    """The keyword options of :class:`RaftCatalog` that ``from_uri`` passes on."""
+
+    timeout: float
+    attempt_timeout: float
+    quorum_grace: float
+    tuning: Mapping[str, object] | None
+    limits: ConnLimits | None
+
+
 class RaftCatalog(Catalog):
     def __init__(self, members: list[str], self_addr: str, path: str, secret: str, *,
                  uri: str | None = None, timeout: float = 10.0, attempt_timeout: float = 2.0,
-                 quorum_grace: float = 3.0, tuning: dict | None = None, limits: ConnLimits | None = None):
+                 quorum_grace: float = 3.0, tuning: Mapping[str, object] | None = None,
+                 limits: ConnLimits | None = None):
         if not secret:
             raise CatalogConfigError("raft://: a cluster secret is required (catalog.secret_file)")
         if not path:
@@ -93,14 +111,15 @@ class RaftCatalog(Catalog):
         self._rep: Replica | None = None
         self._lock_fd = -1
         self._closed = False
-        self._next_barrier: asyncio.Future | None = None
+        self._next_barrier: asyncio.Future[None] | None = None
         self._barrier_running = False
-        self._queue: list[tuple[bytes, str, asyncio.Future]] = []
+        self._queue: list[Queued] = []
         self._in_flight = 0
         self.stale = StaleReads(self)
 
     @classmethod
-    def from_uri(cls, uri: str, *, secret_file: str | None, dir: str | None, **kw) -> "RaftCatalog":
+    def from_uri(cls, uri: str, *, secret_file: str | None, dir: str | None,
+                 **kw: Unpack[RaftOptions]) -> "RaftCatalog":
         members, me, opts = parse_raft_uri(uri)
         if not secret_file:
             raise CatalogConfigError("catalog.secret_file: required with a raft:// catalog")
@@ -164,13 +183,13 @@ class RaftCatalog(Catalog):
 
     # -- submitting entries --------------------------------------------------------------------
 
-    def _submit(self, send) -> asyncio.Future:
+    def _submit(self, send: Callable[[Callback], None]) -> asyncio.Future[Answer]:
         """Hand one attempt to the tick thread; the future gets (result, FAIL_REASON)."""
         loop = asyncio.get_running_loop()
-        fut = loop.create_future()
+        fut: asyncio.Future[Answer] = loop.create_future()
 
-        def done(res, err):
-            def resolve():
+        def done(res: object, err: int) -> None:
+            def resolve() -> None:
                 if not fut.done():
                     fut.set_result((res, err))
             try:
@@ -181,21 +200,22 @@ class RaftCatalog(Catalog):
         send(done)
         return fut
 
-    async def _attempt(self, send, timeout: float):
+    async def _attempt(self, send: Callable[[Callback], None], timeout: float) -> tuple[object, int | None]:
+        """The attempt's answer, or (None, None) when it timed out."""
         fut = self._submit(send)
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             return None, None
 
-    async def _replicate(self, send, what: str):
+    async def _replicate(self, send: Send, what: str) -> object:
         """Submit until SUCCESS or the deadline; retries are safe (request ids, barriers).
 
         An attempt that times out stays pending: whichever attempt answers first wins,
         and all of them carry the same entry, so the state machine applies it once."""
         deadline = time.monotonic() + self.timeout
         submitted, delay, last = False, 0.01, "no attempt"
-        pending: set[asyncio.Future] = set()
+        pending: set[asyncio.Future[Answer]] = set()
         while True:
             rep = self.replica()
             now = time.monotonic()
@@ -207,7 +227,7 @@ class RaftCatalog(Catalog):
                         f"for {now - v.no_quorum_since:.1f} s); {what} was not applied")
                 last = "no quorum"
             elif now < deadline and v.has_quorum:
-                pending.add(self._submit(lambda cb, rep=rep: send(rep, cb)))
+                pending.add(self._submit(functools.partial(send, rep)))
             wait = max(min(self.attempt_timeout if pending else delay, deadline - now), 0)
             if pending:
                 done, _ = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
@@ -235,14 +255,15 @@ class RaftCatalog(Catalog):
         raise CatalogUnavailableError(f"{self.uri}: unavailable: {what} was not applied "
                                       f"within {self.timeout:g} s (last: {last})")
 
-    async def txn(self, checks=(), ops=(), *, request_id=None) -> TxnResult:
+    async def txn(self, checks: Sequence[Check] = (), ops: Sequence[Op] = (), *,
+                  request_id: str | None = None) -> TxnResult:
         self.replica()
         validate_txn(checks, ops, request_id)
         rid = request_id if request_id is not None else "~" + uuid.uuid4().hex
         payload = encode_txn(checks, ops, rid)
         if len(payload) > MAX_ENTRY_BYTES:
             raise InvalidTransactionError(f"transaction encodes to {len(payload)} bytes; max {MAX_ENTRY_BYTES}")
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[TxnResult | EntryError] = asyncio.get_running_loop().create_future()
         self._queue.append((payload, rid, fut))
         self._pump()
         res = await fut
@@ -261,7 +282,7 @@ class RaftCatalog(Catalog):
             self._in_flight += 1
             asyncio.ensure_future(self._run_entry(batch))
 
-    async def _run_entry(self, batch) -> None:
+    async def _run_entry(self, batch: list[Queued]) -> None:
         single = len(batch) == 1
         payload = batch[0][0] if single else encode_group([p for p, _, _ in batch])
         what = f"transaction {batch[0][1]}" if single else f"{len(batch)} transactions ({batch[0][1]}, ...)"
@@ -275,7 +296,8 @@ class RaftCatalog(Catalog):
             results = [res] if single else res if isinstance(res, list) else [res] * len(batch)
             for (_, _, fut), r in zip(batch, results):
                 if not fut.done():
-                    fut.set_result(r)
+                    # a TXN entry (alone or in a GROUP) applies to one of these (replica.apply_entry)
+                    fut.set_result(cast("TxnResult | EntryError", r))
         finally:
             self._in_flight -= 1
             self._pump()
@@ -293,10 +315,11 @@ class RaftCatalog(Catalog):
 
     def _start_barrier(self) -> None:
         fut, self._next_barrier = self._next_barrier, None
+        assert fut is not None  # started only for a barrier that callers wait on
         self._barrier_running = True
         asyncio.ensure_future(self._run_barrier(fut))
 
-    async def _run_barrier(self, fut: asyncio.Future) -> None:
+    async def _run_barrier(self, fut: asyncio.Future[None]) -> None:
         try:
             await self._replicate(lambda rep, cb: rep.submit(_BARRIER, cb), "linearizable read")
         except CatalogTimeoutError as e:  # a read has no unknown outcome: it just failed
@@ -312,18 +335,19 @@ class RaftCatalog(Catalog):
         if fut.done() and not fut.cancelled():
             fut.exception()  # retrieved: waiters re-raise it themselves
 
-    async def _read(self, fn):
+    async def _read(self, fn: Callable[[CatalogState], T]) -> T:
         await self.barrier()
         return self.replica().read(fn)
 
     async def get(self, key: str) -> Entry | None:
         return await self._read(lambda st: st.get(key))
 
-    async def get_many(self, keys) -> dict[str, Entry]:
+    async def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
         keys = list(keys)
         return await self._read(lambda st: {k: e for k in keys if (e := st.get(k)) is not None})
 
-    async def scan(self, prefix="", *, start=None, end=None, limit=None, reverse=False) -> list[Entry]:
+    async def scan(self, prefix: str = "", *, start: str | None = None, end: str | None = None,
+                   limit: int | None = None, reverse: bool = False) -> list[Entry]:
         return await self._read(lambda st: st.scan(prefix, start, end, limit, reverse))
 
     async def outcome(self, request_id: str) -> TxnResult | None:
@@ -334,20 +358,26 @@ class RaftCatalog(Catalog):
 
     # -- cluster -------------------------------------------------------------------------------
 
-    async def cluster_status(self) -> dict:
+    async def cluster_status(self) -> dict[str, Any]:
         """Members (alive = connected to this node), leader, term, as this node sees them.
 
         Answers without a quorum (it reports the lack of one)."""
         rep = self.replica()
         loop = asyncio.get_running_loop()
-        fut = loop.create_future()
+        fut: asyncio.Future[dict[str, Any] | Exception | None] = loop.create_future()
 
-        def task():
+        def task() -> None:
+            st: dict[str, Any] | Exception | None
             try:
                 st = rep.status() if rep.fatal is None else None
             except Exception as e:  # noqa: BLE001
                 st = e
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(st))
+
+            def resolve() -> None:
+                if not fut.done():
+                    fut.set_result(st)
+
+            loop.call_soon_threadsafe(resolve)
 
         rep.post(task)
         st = await asyncio.wait_for(fut, self.attempt_timeout)
@@ -372,11 +402,11 @@ class RaftCatalog(Catalog):
             raise CatalogError(res)
         log.info("event=raft_membership op=%s address=%s", op, address)
 
-    async def _replicate_membership(self, op, address):
+    async def _replicate_membership(self, op: str, address: str) -> str | None:
         deadline = time.monotonic() + self.timeout
         while True:
             rep = self.replica()
-            res, err = await self._attempt(lambda cb, rep=rep: rep.submit_membership(op, address, cb),
+            res, err = await self._attempt(functools.partial(rep.submit_membership, op, address),
                                            min(self.attempt_timeout, max(deadline - time.monotonic(), 0.01)))
             if err == FAIL_REASON.SUCCESS:
                 return None
@@ -408,11 +438,12 @@ class StaleReads:
     async def get(self, key: str) -> Entry | None:
         return self._cat.replica().read(lambda st: st.get(key))
 
-    async def get_many(self, keys) -> dict[str, Entry]:
+    async def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
         keys = list(keys)
         return self._cat.replica().read(lambda st: {k: e for k in keys if (e := st.get(k)) is not None})
 
-    async def scan(self, prefix="", *, start=None, end=None, limit=None, reverse=False) -> list[Entry]:
+    async def scan(self, prefix: str = "", *, start: str | None = None, end: str | None = None,
+                   limit: int | None = None, reverse: bool = False) -> list[Entry]:
         return self._cat.replica().read(lambda st: st.scan(prefix, start, end, limit, reverse))
 
     async def revision(self) -> int:
@@ -426,10 +457,10 @@ def _for_request(e: Exception, rid: str, alone: bool) -> Exception:
             e = type(e)(str(e))
         except TypeError:
             e = CatalogError(str(e))
-    e.request_id = rid
+    setattr(e, "request_id", rid)  # noqa: B010 - any exception class: the instance gets the attribute
     return e
 
 
-def _reason(err) -> str:
-    names = {v: k.lower() for k, v in vars(FAIL_REASON).items() if not k.startswith("_")}
+def _reason(err: int) -> str:
+    names: dict[int, str] = {v: k.lower() for k, v in vars(FAIL_REASON).items() if not k.startswith("_")}
     return names.get(err, str(err))

@@ -13,6 +13,7 @@ import os
 import re
 import struct
 import time
+from typing import Callable, TypeVar, TypeVarTuple, overload
 
 from pysyncobj.journal import Journal
 
@@ -22,6 +23,9 @@ from catalog.fsutil import fsync_dir
 from catalog.retry import Retry, call
 
 log = logging.getLogger("catalog.raft")
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+JournalEntry = tuple[bytes, int, int]  # (command, index, term): pysyncobj's log entry
 
 J_MAGIC = b"TRRAFTJ1"  # part of the format
 J_VERSION = 1
@@ -63,7 +67,7 @@ def encode_record(command: bytes, idx: int, term: int) -> bytes:
     return head + struct.pack("<I", crc32c(head)) + payload
 
 
-def _decode_record(buf: bytes, pos: int):
+def _decode_record(buf: bytes, pos: int) -> tuple[JournalEntry, int] | str:
     """(entry, next offset), or a string saying why the record at ``pos`` is bad."""
     if len(buf) - pos < REC_HEADER.size:
         return "incomplete record header"
@@ -89,7 +93,8 @@ def _valid_record_after(buf: bytes, pos: int) -> bool:
     return False
 
 
-def parse_journal(buf: bytes, where: str, gen: int):
+def parse_journal(buf: bytes, where: str,
+                  gen: int) -> tuple[list[JournalEntry], list[int], tuple[int, str] | None]:
     """(entries, their offsets, torn tail) of a journal file's bytes, read-only.
 
     The torn tail is ``(offset, reason)`` of an incomplete or damaged last record with no
@@ -101,7 +106,7 @@ def parse_journal(buf: bytes, where: str, gen: int):
         raise CatalogCorruptionError(where, 0, "bad journal header")
     if ver != J_VERSION:
         raise CatalogCorruptionError(where, 8, f"unsupported journal version {ver}")
-    entries: list[tuple[bytes, int, int]] = []
+    entries: list[JournalEntry] = []
     offsets: list[int] = []
     pos = J_HEADER.size
     while pos < len(buf):
@@ -136,24 +141,25 @@ def parse_meta(raw: bytes, where: str) -> tuple[int, str | None, int]:
     return term, vote, max(commit, 1)
 
 
-class DurableJournal(Journal):
+class DurableJournal(Journal):  # type: ignore[misc]  # pysyncobj is untyped: its Journal is Any
     """pysyncobj's journal: entries in memory, records in ``journal-<gen>.trj``."""
 
     def __init__(self, path: str):
         self.path = path
-        self._entries: list[tuple[bytes, int, int]] = []
+        self._entries: list[JournalEntry] = []
         self._offsets: list[int] = []
         self._fd = -1
         self._gen = 0
         self._size = 0
         self._dirty = False
+        self._vote: str | None
         self._term, self._vote, self._commit = 0, None, 1
         self._commit_saved = 1
         self.torn_tail: tuple[str, int] | None = None
         self.syncs = 0  # fdatasync calls (tests, metrics)
         self.retries = 0  # transient write errors retried (metrics)
-        self.stopping = lambda: False  # the replica sets this: retries end when it stops
-        self.on_retry = lambda: None  # the replica sets this: free descriptors it can spare
+        self.stopping: Callable[[], bool] = lambda: False  # the replica sets this: retries end when it stops
+        self.on_retry: Callable[[], None] = lambda: None  # the replica sets this: free descriptors it can spare
         self._last_retry_log = float("-inf")
         self._open()
 
@@ -171,7 +177,9 @@ class DurableJournal(Journal):
         if not names:
             self._rewrite([], 1)
             return
-        self._gen = int(_JOURNAL.match(names[-1]).group(1), 16)
+        newest = _JOURNAL.match(names[-1])
+        assert newest is not None  # names holds only the names that match
+        self._gen = int(newest.group(1), 16)
         self._load(self._name(self._gen))
         for n in names[:-1]:  # left behind by a crash during a rewrite
             os.unlink(os.path.join(self.path, n))
@@ -210,11 +218,11 @@ class DurableJournal(Journal):
                 f.truncate(pos)
                 os.fsync(f.fileno())
 
-    def _rewrite(self, entries: list, gen: int) -> None:
+    def _rewrite(self, entries: list[JournalEntry], gen: int) -> None:
         """Replace the journal by a new generation holding ``entries`` (crash-safe)."""
         head = J_MAGIC + struct.pack("<HQ", J_VERSION, gen)
         data = bytearray(head + struct.pack("<I", crc32c(head)))
-        offsets = []
+        offsets: list[int] = []
         for e in entries:
             offsets.append(len(data))
             data += encode_record(*e)
@@ -233,7 +241,7 @@ class DurableJournal(Journal):
 
     # -- pysyncobj Journal interface ----------------------------------------------------------
 
-    def add(self, command, idx, term):
+    def add(self, command: bytes, idx: int, term: int) -> None:
         rec = encode_record(bytes(command), idx, term)
         try:
             os.pwrite(self._fd, rec, self._size)
@@ -255,10 +263,10 @@ class DurableJournal(Journal):
         self._dirty = False
         self.syncs += 1
 
-    def clear(self):
+    def clear(self) -> None:
         self._guarded(self._rewrite, [], self._gen + 1)
 
-    def deleteEntriesFrom(self, entryFrom):
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
         if entryFrom >= len(self._entries):
             return
         cut = self._offsets[entryFrom]
@@ -267,19 +275,19 @@ class DurableJournal(Journal):
         self._guarded(os.ftruncate, self._fd, cut)
         self._size, self._dirty = cut, True
 
-    def deleteEntriesTo(self, entryTo):
+    def deleteEntriesTo(self, entryTo: int) -> None:
         # pysyncobj renamed the dump that covers these entries just before: make the rename
         # durable before the entries disappear.
         self._guarded(fsync_dir, self.path)
         self._guarded(self._rewrite, self._entries[entryTo:], self._gen + 1)
 
-    def _guarded(self, fn, *args):
+    def _guarded(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
         try:
             return self.retry(fn, *args)
         except OSError as e:
             raise JournalError(f"{self.path}: journal write failed: {e}") from e
 
-    def retry(self, fn, *args):
+    def retry(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
         """``fn(*args)``, retried with backoff (catalog.retry) while it fails with a TRANSIENT
         errno (too many open files, say): a replica waits the shortage out instead of stopping
         for good. No limit but the replica stopping. The tick thread waits meanwhile; peers
@@ -295,43 +303,50 @@ class DurableJournal(Journal):
         now = time.monotonic()
         if now - self._last_retry_log >= 1.0:  # one line a second at most while it lasts
             self._last_retry_log = now
+            code = e.errno if isinstance(e, OSError) else None  # an OSError: _transient took it
             log.warning("event=raft_write_retry dir=%s errno=%s backoff_s=%.2f retries=%d",
-                        self.path, errno.errorcode.get(e.errno, e.errno), delay, self.retries)
+                        self.path, errno.errorcode.get(code, code) if code is not None else None, delay,
+                        self.retries)
         self.on_retry()
 
-    def __getitem__(self, item):
+    @overload
+    def __getitem__(self, item: int) -> JournalEntry: ...
+    @overload
+    def __getitem__(self, item: slice) -> list[JournalEntry]: ...
+
+    def __getitem__(self, item: int | slice) -> JournalEntry | list[JournalEntry]:
         return self._entries[item]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._entries)
 
-    def _destroy(self):
+    def _destroy(self) -> None:
         if self._fd >= 0:
             self.sync()
             self._save_meta()
             os.close(self._fd)
             self._fd = -1
 
-    def flush(self):
+    def flush(self) -> None:
         self.sync()
 
-    def setRaftCommitIndex(self, raftCommitIndex):
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
         self._commit = raftCommitIndex
 
-    def getRaftCommitIndex(self):
+    def getRaftCommitIndex(self) -> int:
         return self._commit
 
-    def setCurrentTerm(self, term, votedForNodeId):
+    def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:
         self._term, self._vote = term, votedForNodeId
         self._save_meta()  # before any message that reflects the vote is sent
 
-    def getCurrentTerm(self):
+    def getCurrentTerm(self) -> int:
         return self._term
 
-    def getVotedForNodeId(self):
+    def getVotedForNodeId(self) -> str | None:
         return self._vote
 
-    def onOneSecondTimer(self):
+    def onOneSecondTimer(self) -> None:
         if self._commit != self._commit_saved:
             self._save_meta()
 
@@ -361,11 +376,11 @@ class DurableJournal(Journal):
 
 # -- dump ----------------------------------------------------------------------------------
 
-def _entry_bytes(e) -> bytes:
+def _entry_bytes(e: JournalEntry) -> bytes:
     return ENTRY_HEAD.pack(e[1], e[2]) + struct.pack("<I", len(e[0])) + bytes(e[0])
 
 
-def encode_dump(last, prev, members: list[str], state: bytes) -> bytes:
+def encode_dump(last: JournalEntry, prev: JournalEntry, members: list[str], state: bytes) -> bytes:
     out = bytearray(D_MAGIC + struct.pack("<H", D_VERSION))
     out += _entry_bytes(last) + _entry_bytes(prev)
     out += struct.pack("<H", len(members))
@@ -377,7 +392,7 @@ def encode_dump(last, prev, members: list[str], state: bytes) -> bytes:
     return bytes(out)
 
 
-def decode_dump(raw: bytes, where: str):
+def decode_dump(raw: bytes, where: str) -> tuple[JournalEntry, JournalEntry, list[str], bytes]:
     """(last entry, prev entry, members, state bytes); CatalogCorruptionError if damaged."""
     if len(raw) < 14 or raw[:8] != D_MAGIC:
         raise CatalogCorruptionError(where, 0, "bad dump magic")
@@ -386,7 +401,8 @@ def decode_dump(raw: bytes, where: str):
     (ver,) = struct.unpack_from("<H", raw, 8)
     if ver != D_VERSION:
         raise CatalogCorruptionError(where, 8, f"unsupported dump version {ver}")
-    pos, entries = 10, []
+    pos = 10
+    entries: list[JournalEntry] = []
     try:
         for _ in range(2):
             idx, term = ENTRY_HEAD.unpack_from(raw, pos)
@@ -395,7 +411,7 @@ def decode_dump(raw: bytes, where: str):
             pos += 20 + n
         (m,) = struct.unpack_from("<H", raw, pos)
         pos += 2
-        members = []
+        members: list[str] = []
         for _ in range(m):
             (n,) = struct.unpack_from("<H", raw, pos)
             members.append(raw[pos + 2:pos + 2 + n].decode())

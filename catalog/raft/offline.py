@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Sequence
 
-from catalog.abc import Put
+from catalog.abc import Check, Op, Put, TxnResult
 from catalog.errors import CatalogCorruptionError, CatalogUnavailableError
 from catalog.fsutil import lock_dir
 from catalog.memory import StateReads
-from catalog.raft.journal import decode_dump, journal_files, parse_journal, parse_meta
+from catalog.raft.journal import JournalEntry, decode_dump, journal_files, parse_journal, parse_meta
 from catalog.raft.replica import GROUP, TXN, EntryError, _split_group, apply_entry, decode_txn
 from catalog.raft.wire import plain_loads
 from catalog.state import CatalogState
@@ -56,7 +57,7 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def read_replica(path: str, members: list[str] = ()) -> ReplicaFiles:
+def read_replica(path: str, members: Sequence[str] = ()) -> ReplicaFiles:
     """Decode and check a replica's files; CatalogCorruptionError names file and offset.
 
     ``members``: the cluster at the first entry (the URI's), unless a dump says otherwise."""
@@ -85,7 +86,7 @@ def read_replica(path: str, members: list[str] = ()) -> ReplicaFiles:
     return out
 
 
-def _apply_journal(out: ReplicaFiles, where: str, entries: list, offsets: list) -> None:
+def _apply_journal(out: ReplicaFiles, where: str, entries: list[JournalEntry], offsets: list[int]) -> None:
     if entries and entries[0][1] > out.dump_index + 1:
         raise CatalogCorruptionError(where, offsets[0], f"journal starts at index {entries[0][1]}, after "
                                      f"the dump's {out.dump_index}: entries are missing")
@@ -124,7 +125,7 @@ def _apply_command(out: ReplicaFiles, cmd: bytes, idx: int, where: str, off: int
     out.refused += sum(isinstance(r, EntryError) for r in results)
 
 
-def _puts(payload) -> list[tuple[str, bytes]]:
+def _puts(payload: object) -> list[tuple[str, bytes]]:
     if not isinstance(payload, bytes) or not payload or payload[0] not in (TXN, GROUP):
         return []
     try:
@@ -148,7 +149,7 @@ class OfflineRaftCatalog(StateReads):
         return self.files.state
 
     @property
-    def torn_tail(self):
+    def torn_tail(self) -> tuple[str, int] | None:
         return self.files.torn_tail if self.files else None
 
     async def open(self) -> None:
@@ -169,5 +170,6 @@ class OfflineRaftCatalog(StateReads):
             os.close(self._lock_fd)
             self._lock_fd = -1
 
-    async def txn(self, checks=(), ops=(), *, request_id=None):
+    async def txn(self, checks: Sequence[Check] = (), ops: Sequence[Op] = (), *,
+                  request_id: str | None = None) -> TxnResult:
         raise CatalogUnavailableError(f"{self.uri}: opened offline, read-only")

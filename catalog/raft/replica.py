@@ -15,6 +15,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, TypeVar, Union
 
 import pysyncobj.syncobj as pso
 from pysyncobj import SyncObj, SyncObjConf, replicated
@@ -23,14 +24,22 @@ from pysyncobj.journal import Journal
 from pysyncobj.node import TCPNode
 from pysyncobj.pipe_notifier import PipeNotifier
 
-from catalog.abc import Check, TxnResult
+from catalog.abc import Check, Op, TxnResult
 from catalog.errors import CatalogCorruptionError
+from catalog.fsutil import fsync_dir
 from catalog.logfile import decode_ops, encode_ops
-from catalog.raft.journal import DurableJournal, JournalError, decode_dump, encode_dump, fsync_dir
+from catalog.raft.journal import DurableJournal, JournalEntry, JournalError, decode_dump, encode_dump
 from catalog.raft.wire import BATCH_BYTES, ConnLimits, HardenedTransport, install_plain_pickle, plain_dumps
 from catalog.state import CatalogState, validate_txn
 
+if TYPE_CHECKING:
+    from pysyncobj.node import Node
+    from pysyncobj.poller import Poller
+
 log = logging.getLogger("catalog.raft")
+T = TypeVar("T")
+# pysyncobj's answer to a submitted entry: (what the replicated method returned, FAIL_REASON)
+Callback = Callable[[object, int], None]
 
 # Entry payloads (inside pysyncobj's pickled command). Part of the journal format.
 TXN, BARRIER, GROUP = 1, 2, 3
@@ -73,9 +82,14 @@ class View:
     last_applied: int = 0
 
 
+# What applying an entry gives: a txn's result (or why it could not apply), a barrier's
+# revision, a group's results in order.
+Applied = Union[TxnResult, int, EntryError, list["Applied"]]
+
+
 # -- entry codec ------------------------------------------------------------------------------
 
-def encode_txn(checks, ops, request_id: str) -> bytes:
+def encode_txn(checks: Sequence[Check], ops: Sequence[Op], request_id: str) -> bytes:
     rid = request_id.encode()
     out = bytearray(struct.pack("<BH", TXN, len(rid)) + rid + struct.pack("<H", len(checks)))
     for c in checks:
@@ -84,12 +98,13 @@ def encode_txn(checks, ops, request_id: str) -> bytes:
     return bytes(out) + encode_ops(ops)
 
 
-def decode_txn(p: bytes):
+def decode_txn(p: bytes) -> tuple[list[Check], list[Op], str]:
     (rl,) = struct.unpack_from("<H", p, 1)
     rid = p[3:3 + rl].decode()
     pos = 3 + rl
     (n,) = struct.unpack_from("<H", p, pos)
-    pos, checks = pos + 2, []
+    pos += 2
+    checks: list[Check] = []
     for _ in range(n):
         (kl,) = struct.unpack_from("<H", p, pos)
         key = p[pos + 2:pos + 2 + kl].decode()
@@ -112,7 +127,8 @@ def encode_group(payloads: list[bytes]) -> bytes:
 
 def _split_group(p: bytes) -> list[bytes]:
     (n,) = struct.unpack_from("<H", p, 1)
-    pos, out = 3, []
+    pos = 3
+    out: list[bytes] = []
     for _ in range(n):
         (ln,) = struct.unpack_from("<I", p, pos)
         out.append(p[pos + 4:pos + 4 + ln])
@@ -122,7 +138,7 @@ def _split_group(p: bytes) -> list[bytes]:
     return out
 
 
-def apply_entry(state: CatalogState, payload) -> TxnResult | int | EntryError | list:
+def apply_entry(state: CatalogState, payload: object) -> Applied:
     """Apply one entry. Deterministic and never raises (RFC 0005, problem 4)."""
     try:
         if not isinstance(payload, bytes) or not payload:
@@ -148,16 +164,18 @@ def _read_synced(filename: str) -> bytes:
     return raw
 
 
-def _create_journal(journal):
+def _create_journal(journal: str | Journal | None) -> Journal:
     return journal if isinstance(journal, Journal) else _stock_create_journal(journal)
 
 
 _stock_create_journal = pso.createJournal
 
 
-class Replica(SyncObj):
-    def __init__(self, self_addr: str, partners: list[str], path: str, secret: str, tuning: dict | None = None,
-                 limits: ConnLimits | None = None):
+class Replica(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped: its SyncObj is Any
+    _poller: Poller  # pysyncobj's, then wrapped in a _FlushingPoller
+
+    def __init__(self, self_addr: str, partners: list[str], path: str, secret: str,
+                 tuning: Mapping[str, object] | None = None, limits: ConnLimits | None = None):
         install_plain_pickle()
         self.limits = limits
         pso.createJournal = _create_journal  # lets conf.journalFile be our Journal object
@@ -166,7 +184,7 @@ class Replica(SyncObj):
         self.path, self.address = path, self_addr
         self.view = View(no_quorum_since=time.monotonic())
         self.fatal: BaseException | None = None
-        self._tasks: collections.deque = collections.deque()
+        self._tasks: collections.deque[Callable[[], object]] = collections.deque()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.transport: HardenedTransport | None = None
@@ -174,9 +192,9 @@ class Replica(SyncObj):
         self.journal.align_to_dump(os.path.join(path, "dump.trd"))  # before pysyncobj loads the dump
         self.journal.stopping = lambda: self._stopping  # transient write errors are retried until then
         self.journal.on_retry = self._shed  # the tick thread waits in the retry: nothing else frees them
-        self._dump_state = SERIALIZER_STATE.NOT_SERIALIZING
+        self._dump_state: int = SERIALIZER_STATE.NOT_SERIALIZING
         self._dump_thread: threading.Thread | None = None
-        self._dump_args: tuple | None = None
+        self._dump_args: tuple[str, JournalEntry, JournalEntry, list[str], CatalogState] | None = None
         conf = SyncObjConf(**{**TUNING, **(tuning or {})}, autoTick=False, password=secret,
                            bindAddress=self_addr, journalFile=self.journal,
                            fullDumpFile=os.path.join(path, "dump.trd"),
@@ -191,23 +209,23 @@ class Replica(SyncObj):
         if self.transport is not None:
             self.transport.shed_pending(0.0)
 
-    def _make_transport(self, syncobj, self_node, others):
+    def _make_transport(self, syncobj: SyncObj, self_node: Node, others: Iterable[Node]) -> HardenedTransport:
         self.transport = HardenedTransport(syncobj, self_node, others, self.limits)
         return self.transport
 
     # -- the state machine -----------------------------------------------------------------
 
-    @replicated
-    def _apply(self, payload):
+    @replicated  # type: ignore[untyped-decorator]  # pysyncobj is untyped: callers see _apply as Any
+    def _apply(self, payload: object) -> Applied:
         with self.lock:
             return apply_entry(self.state, payload)
 
-    def read(self, fn):
+    def read(self, fn: Callable[[CatalogState], T]) -> T:
         """Run ``fn(state)`` under the state lock (problem 7: no torn multi-key reads)."""
         with self.lock:
             return fn(self.state)
 
-    def _serialize(self, tmp: str, data) -> None:
+    def _serialize(self, tmp: str, data: tuple[JournalEntry, JournalEntry, Iterable[Node]]) -> None:
         """pysyncobj's dump hook (tick thread). It renames ``tmp`` over the dump as soon as we
         return, and drops journal entries once ``_dump_status`` says SUCCESS.
 
@@ -235,7 +253,8 @@ class Replica(SyncObj):
         # Start writing only after pysyncobj's rename of tmp (it follows our return): see _dump_status.
         self._dump_args = (final, last, prev, members, state)
 
-    def _dump_in_background(self, final, last, prev, members, state) -> None:
+    def _dump_in_background(self, final: str, last: JournalEntry, prev: JournalEntry, members: list[str],
+                            state: CatalogState) -> None:
         tmp = final + ".bg.tmp"
         try:
             if os.path.exists(final + ".tmp"):
@@ -249,14 +268,15 @@ class Replica(SyncObj):
             self._dump_state = SERIALIZER_STATE.FAILED
 
     @staticmethod
-    def _write_dump(path, last, prev, members, state: CatalogState) -> None:
+    def _write_dump(path: str, last: JournalEntry, prev: JournalEntry, members: list[str],
+                    state: CatalogState) -> None:
         raw = encode_dump(last, prev, members, state.snapshot())
         with open(path, "wb") as f:
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
 
-    def _dump_status(self):
+    def _dump_status(self) -> int:
         """pysyncobj's serializeChecker: SUCCESS/FAILED are reported once, then idle."""
         if self._dump_args is not None:
             args, self._dump_args = self._dump_args, None
@@ -268,7 +288,7 @@ class Replica(SyncObj):
             self._dump_state = SERIALIZER_STATE.NOT_SERIALIZING
         return st
 
-    def _deserialize(self, filename: str):
+    def _deserialize(self, filename: str) -> tuple[JournalEntry, JournalEntry, list[TCPNode]]:
         try:
             raw = self.journal.retry(_read_synced, filename)
             last, prev, members, st = decode_dump(raw, filename)
@@ -297,19 +317,20 @@ class Replica(SyncObj):
         if self._dump_thread is not None:
             self._dump_thread.join()
 
-    def post(self, fn) -> None:
+    def post(self, fn: Callable[[], object]) -> None:
         """Run ``fn()`` on the tick thread (it may touch pysyncobj's internals)."""
         self._tasks.append(fn)
         self._wake.notify()
 
-    def submit(self, payload: bytes, callback) -> None:
+    def submit(self, payload: bytes, callback: Callback) -> None:
         self._apply(payload, callback=callback)
 
-    def submit_membership(self, op: str, address: str, callback) -> None:
+    def submit_membership(self, op: str, address: str, callback: Callback) -> None:
         self._applyCommand(plain_dumps([op, address]), callback, pso._COMMAND_TYPE.MEMBERSHIP)
 
     def _flush(self) -> None:
         if self.fatal is None:
+            assert self.transport is not None  # made by SyncObj.__init__ (_make_transport)
             self.transport.flush(self.journal.sync)
 
     def _run(self) -> None:
@@ -354,7 +375,7 @@ class Replica(SyncObj):
         if v != old:
             self.view = v
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """Cluster status as this replica sees it (tick thread only)."""
         st = self.getStatus()
         members = [{"id": self.address, "address": self.address, "alive": True, "self": True}]
@@ -373,15 +394,15 @@ class Replica(SyncObj):
 class _FlushingPoller:
     """Flushes the outbox before blocking in poll, so nothing queued waits out a tick."""
 
-    def __init__(self, inner, flush):
+    def __init__(self, inner: Poller, flush: Callable[[], None]):
         self._inner, self._flush = inner, flush
 
-    def subscribe(self, descr, callback, eventMask):
+    def subscribe(self, descr: int, callback: Callable[[int, int], None], eventMask: int) -> None:
         self._inner.subscribe(descr, callback, eventMask)
 
-    def unsubscribe(self, descr):
+    def unsubscribe(self, descr: int) -> None:
         self._inner.unsubscribe(descr)
 
-    def poll(self, timeout):
+    def poll(self, timeout: float) -> None:
         self._flush()
         self._inner.poll(timeout)

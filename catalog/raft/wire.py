@@ -37,6 +37,7 @@ import struct
 import time
 import zlib
 from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, NoReturn, Sequence, cast
 
 import pysyncobj.pickle as pso_pickle
 from pysyncobj.dns_resolver import globalDnsResolver
@@ -44,6 +45,13 @@ from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_server import SERVER_STATE, TcpServer
 from pysyncobj.transport import TCPTransport
+
+if TYPE_CHECKING:
+    from pysyncobj import SyncObj
+    from pysyncobj.node import Node
+    from typing_extensions import Buffer
+
+    from catalog.raft.journal import JournalEntry
 
 log = logging.getLogger("catalog.raft")
 
@@ -56,6 +64,7 @@ TEMPORARY_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, err
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0   # seconds the listener pauses after a failed accept
 REBIND_EVERY = 0.5
 SHED_AFTER = 1.0  # out of descriptors: unauthenticated connections older than this are closed
+Message = dict[str, Any]  # a pysyncobj message between members (plain data)
 
 
 @dataclass(frozen=True)
@@ -68,26 +77,26 @@ class ConnLimits:
 
 
 class _PlainUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
+    def find_class(self, module: str, name: str) -> NoReturn:
         raise pickle.UnpicklingError(f"refused global {module}.{name} (plain data only)")
 
 
-def plain_loads(data) -> object:
+def plain_loads(data: Buffer | str) -> object:
     """Unpickle dict/list/tuple/set/str/bytes/int/float/bool/None and nothing else."""
     if isinstance(data, str):
         data = data.encode()
     return _PlainUnpickler(io.BytesIO(data)).load()
 
 
-def plain_dumps(obj, protocol=None) -> bytes:
+def plain_dumps(obj: object, protocol: int | None = None) -> bytes:
     return pickle.dumps(obj, protocol=5)
 
 
-def _plain_load(f):
+def _plain_load(f: IO[bytes]) -> object:
     return _PlainUnpickler(f).load()
 
 
-def _plain_dump(obj, f, protocol=None):
+def _plain_dump(obj: object, f: IO[bytes], protocol: int | None = None) -> None:
     pickle.dump(obj, f, protocol=5)
 
 
@@ -97,15 +106,19 @@ def install_plain_pickle() -> None:
     pso_pickle.load, pso_pickle.dump = _plain_load, _plain_dump
 
 
-class CappedConnection(TcpConnection):
+class CappedConnection(TcpConnection):  # type: ignore[misc]  # pysyncobj is untyped: its classes are Any
     """A TcpConnection that refuses oversized frames and anything but plain data."""
 
-    def _TcpConnection__processRead(self):
+    _TcpConnection__readBuffer: bytes
+    recvLastTimestamp: int
+    recvRandKey: bytes | None
+
+    def _TcpConnection__processRead(self) -> bool:
         if len(self._TcpConnection__readBuffer) > MAX_FRAME + 4:
             return False  # parse what we have first; the rest stays in the socket
-        return TcpConnection._TcpConnection__processRead(self)
+        return bool(TcpConnection._TcpConnection__processRead(self))
 
-    def _TcpConnection__processParseMessage(self):
+    def _TcpConnection__processParseMessage(self) -> object:
         buf = self._TcpConnection__readBuffer
         if len(buf) < 4:
             return None
@@ -130,7 +143,8 @@ class CappedConnection(TcpConnection):
                 raise ValueError(f"message larger than {MAX_MESSAGE} bytes")
             message = plain_loads(raw)
             if self.recvRandKey:
-                rand, message = message
+                # a pair as pysyncobj sends it; anything else fails to unpack: refused below
+                rand, message = cast("tuple[object, object]", message)
                 if rand != self.recvRandKey:
                     raise ValueError("wrong session key")
         except Exception as e:  # noqa: BLE001 - unauthenticated, damaged or not plain data: drop the peer
@@ -141,10 +155,10 @@ class CappedConnection(TcpConnection):
         return message
 
 
-class _Server(TcpServer):
+class _Server(TcpServer):  # type: ignore[misc]  # pysyncobj is untyped: its classes are Any
     """pysyncobj's server, but a failed accept never closes the listener for good."""
 
-    def __init__(self, *a, on_accept_error, **kw):
+    def __init__(self, *a: object, on_accept_error: Callable[[OSError, float], None], **kw: object) -> None:
         super().__init__(*a, **kw)
         self._on_accept_error = on_accept_error
         self.paused_until: float | None = None
@@ -152,9 +166,9 @@ class _Server(TcpServer):
 
     @property
     def bound(self) -> bool:
-        return self._TcpServer__state == SERVER_STATE.BINDED
+        return bool(self._TcpServer__state == SERVER_STATE.BINDED)
 
-    def _TcpServer__onNewConnection(self, descr, event):
+    def _TcpServer__onNewConnection(self, descr: int, event: int) -> None:
         if event & POLL_EVENT_TYPE.READ:
             try:
                 sock, _ = self._TcpServer__socket.accept()
@@ -167,7 +181,7 @@ class _Server(TcpServer):
                     self._pause(e)
                 else:
                     log.error("event=raft_accept_failed errno=%s reason=%r (listener rebound)",
-                              errno.errorcode.get(e.errno, e.errno), str(e))
+                              errno.errorcode.get(e.errno, e.errno) if e.errno is not None else None, str(e))
                     self._on_accept_error(e, 0.0)
                     self.unbind()
                 return
@@ -208,28 +222,30 @@ class _Server(TcpServer):
                 self._TcpServer__poller.subscribe(fd, self._TcpServer__onNewConnection,
                                                   POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
 
-    def bind(self):
+    def bind(self) -> None:
         super().bind()
         self._TcpServer__socket.listen(128)  # pysyncobj listens with a backlog of 5
 
-    def unbind(self):
+    def unbind(self) -> None:
         self.paused_until = None
         super().unbind()
 
 
-class HardenedTransport(TCPTransport):
+class HardenedTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is untyped: its classes are Any
     """TCPTransport with the configured bind address, strict handshake and an outbox."""
 
-    def __init__(self, syncObj, selfNode, otherNodes, limits: ConnLimits | None = None):
-        self._outbox: list = []
+    def __init__(self, syncObj: SyncObj, selfNode: Node, otherNodes: Iterable[Node],
+                 limits: ConnLimits | None = None) -> None:
+        self._outbox: list[tuple[Node, Message]] = []
         self.limits = limits or ConnLimits()
-        self.refused: collections.Counter = collections.Counter()  # reason -> connections refused
-        self._accepted_at: dict = {}  # unauthenticated incoming connection -> monotonic accept time
+        self.refused: collections.Counter[str] = collections.Counter()  # reason -> connections refused
+        # unauthenticated incoming connection -> monotonic accept time
+        self._accepted_at: dict[TcpConnection, float] = {}
         self._next_sweep = self._next_bind = 0.0
         self._last_accept_log = 0.0
         super().__init__(syncObj, selfNode, otherNodes)
 
-    def _createServer(self):
+    def _createServer(self) -> None:
         conf = self._syncObj.conf
         if not conf.bindAddress:
             raise RuntimeError("raft: bindAddress must be set (never 0.0.0.0)")
@@ -243,7 +259,7 @@ class HardenedTransport(TCPTransport):
     # -- hostile connections -------------------------------------------------------------------
 
     def _accept_error(self, e: OSError, wait: float) -> None:
-        name = errno.errorcode.get(e.errno, str(e.errno))
+        name = errno.errorcode.get(e.errno, str(e.errno)) if e.errno is not None else str(e.errno)
         self.refused[f"accept_{name.lower()}"] += 1
         now = time.monotonic()
         self.shed_pending(SHED_AFTER, now)  # members get the descriptors that silent strangers hold
@@ -252,7 +268,7 @@ class HardenedTransport(TCPTransport):
             log.warning("event=raft_accept_failed errno=%s backoff_s=%.2f refused_total=%d (listener kept)",
                         name, wait, sum(self.refused.values()))
 
-    def _onNewIncomingConnection(self, conn):
+    def _onNewIncomingConnection(self, conn: TcpConnection) -> None:
         if len(self._unknownConnections) >= self.limits.max_pending:
             self.refused["pending_cap"] += 1
             conn.disconnect()
@@ -260,11 +276,11 @@ class HardenedTransport(TCPTransport):
         super()._onNewIncomingConnection(conn)
         self._accepted_at[conn] = time.monotonic()
 
-    def _onDisconnected(self, conn):
+    def _onDisconnected(self, conn: TcpConnection) -> None:
         self._accepted_at.pop(conn, None)
         super()._onDisconnected(conn)
 
-    def _onTick(self):
+    def _onTick(self) -> None:
         now = time.monotonic()
         srv = self._server
         if srv is not None:
@@ -312,7 +328,7 @@ class HardenedTransport(TCPTransport):
         for c in [c for c in self._accepted_at if c not in self._unknownConnections]:
             del self._accepted_at[c]  # authenticated (or gone)
 
-    def addNode(self, node):
+    def addNode(self, node: Node) -> None:
         self._nodes.add(node)
         self._nodeAddrToNode[node.address] = node
         if self._shouldConnect(node):
@@ -326,28 +342,30 @@ class HardenedTransport(TCPTransport):
             conn.setOnDisconnectedCallback(functools.partial(self._onDisconnected, conn))
             self._connections[node] = conn
 
-    def _onIncomingMessageReceived(self, conn, message):
+    def _onIncomingMessageReceived(self, conn: TcpConnection, message: object) -> None:
         if self._syncObj.encryptor and not conn.sendRandKey:
             if not isinstance(message, bytes) or len(message) != 32:
-                return self._refuse(conn, "bad session key")
+                self._refuse(conn, "bad session key")
+                return
             conn.sendRandKey = message
             conn.recvRandKey = os.urandom(32)
             conn.send(conn.recvRandKey)
             return
         node = self._nodeAddrToNode.get(message) if isinstance(message, str) else None
         if node is None:  # utility commands and read-only peers are not served
-            return self._refuse(conn, "first message is not a member address")
+            self._refuse(conn, "first message is not a member address")
+            return
         self._unknownConnections.discard(conn)
         self._connections[node] = conn
         conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
         self._onNodeConnected(node)
 
-    def _onMessageReceived(self, node, message):
+    def _onMessageReceived(self, node: Node, message: object) -> None:
         if isinstance(message, dict) and _plain_ae(message) and message.get("prevLogIdx") is not None:
             message = skip_known_entries(self._syncObj.journal, message)
         super()._onMessageReceived(node, message)
 
-    def _refuse(self, conn, why: str) -> None:
+    def _refuse(self, conn: TcpConnection, why: str) -> None:
         log.warning("event=raft_peer_refused reason=%r", why)
         self.refused["handshake"] += 1
         conn.disconnect()
@@ -355,19 +373,19 @@ class HardenedTransport(TCPTransport):
 
     # -- outbox --------------------------------------------------------------------------------
 
-    def send(self, node, message):
+    def send(self, node: Node, message: Message) -> bool:
         conn = self._connections.get(node)
         if conn is None or conn.state != CONNECTION_STATE.CONNECTED:
             return False
         self._outbox.append((node, message))
         return True
 
-    def flush(self, sync) -> None:
+    def flush(self, sync: Callable[[], None]) -> None:
         """Send the outbox; ``sync()`` (journal fdatasync) runs before any acknowledgement."""
         out, self._outbox = self._outbox, []
         if any(m.get("type") == "next_node_idx" for _, m in out):
             sync()
-        per: dict = {}
+        per: dict[Node, list[Message]] = {}
         for node, m in out:
             per.setdefault(node, []).append(m)
         for node, msgs in per.items():
@@ -379,15 +397,16 @@ class HardenedTransport(TCPTransport):
         sync()  # the leader counts its own entries only after this (next tick)
 
 
-def _plain_ae(m) -> bool:
+def _plain_ae(m: Message) -> bool:
     return m.get("type") == "append_entries" and "entries" in m and "transmission" not in m
 
 
-def _last_idx(m) -> int:
-    return m["entries"][-1][1] if m["entries"] else m["prevLogIdx"]
+def _last_idx(m: Message) -> int:
+    idx: int = m["entries"][-1][1] if m["entries"] else m["prevLogIdx"]
+    return idx
 
 
-def coalesce(msgs: list) -> list:
+def coalesce(msgs: list[Message]) -> list[Message]:
     """Fewer messages, same effect, for one peer (order otherwise kept).
 
     * apply_command_response moves to the front: a follower learns where its
@@ -397,7 +416,7 @@ def coalesce(msgs: list) -> list:
     * adjacent plain successful acks keep only the last (highest) one.
     """
     front = [m for m in msgs if m.get("type") == "apply_command_response"]
-    out: list = []
+    out: list[Message] = []
     for m in msgs:
         if m.get("type") == "apply_command_response":
             continue
@@ -419,7 +438,7 @@ def coalesce(msgs: list) -> list:
     return front + out
 
 
-def skip_known_entries(journal, m: dict) -> dict:
+def skip_known_entries(journal: Sequence[JournalEntry], m: Message) -> Message:
     """Raft's rule that pysyncobj skips: truncate the follower's log only on a conflict.
 
     pysyncobj cuts everything after ``prevLogIdx`` whenever the follower's log is

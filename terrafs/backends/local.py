@@ -13,9 +13,10 @@ import asyncio
 import errno
 import os
 import uuid
+from typing import AsyncIterable, Callable, Iterable, Sequence
 
 from catalog.fsutil import fsync_dir
-from terrafs.abc import BlockDevice, DeviceFile, ObjectInfo, ObjectStore, check_name
+from terrafs.abc import BlockDevice, Buffer, DeviceFile, ObjectInfo, ObjectStore, check_name
 from terrafs.errors import (
     AlreadyExistsError,
     ClosedError,
@@ -44,7 +45,7 @@ class LocalDeviceFile(DeviceFile):
             raise ClosedError(f"file {self.path} is closed")
         return self._fd
 
-    async def append(self, data) -> int:
+    async def append(self, data: Buffer) -> int:
         fd = self._fdc()
         off = self._size
         self._size += len(data)  # reserve before the thread runs: appends never overlap
@@ -61,7 +62,7 @@ class LocalDeviceFile(DeviceFile):
     async def sync(self) -> None:
         await run_io(_fdatasync, self._fdc())
 
-    def writev_sync(self, parts, offset: int) -> int:
+    def writev_sync(self, parts: Sequence[Buffer], offset: int) -> int:
         """Blocking positional write of several buffers (one pwritev where the kernel allows),
         for code running in a worker thread; returns the bytes written."""
         n = _pwritev_all(self._fdc(), parts, offset)
@@ -71,7 +72,7 @@ class LocalDeviceFile(DeviceFile):
     def fdatasync_sync(self) -> None:
         _fdatasync(self._fdc())
 
-    async def append_durable(self, build) -> tuple[int, int]:
+    async def append_durable(self, build: Callable[[int], Sequence[Buffer]]) -> tuple[int, int]:
         fd = self._fdc()
 
         def run() -> tuple[int, int]:
@@ -93,7 +94,7 @@ class LocalDeviceFile(DeviceFile):
             os.close(fd)
 
 
-def _pwritev_all(fd: int, parts, offset: int) -> int:
+def _pwritev_all(fd: int, parts: Sequence[Buffer], offset: int) -> int:
     """Write a list of buffers at ``offset`` with as few syscalls as the kernel allows."""
     views = [memoryview(p).cast("B") for p in parts if len(p)]
     total = sum(len(v) for v in views)
@@ -109,7 +110,7 @@ def _pwritev_all(fd: int, parts, offset: int) -> int:
     return total
 
 
-def _pwrite_all(fd: int, data, offset: int) -> None:
+def _pwrite_all(fd: int, data: Buffer, offset: int) -> None:
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)
@@ -209,7 +210,7 @@ class LocalBlockDevice(BlockDevice):
 def _walk(root: str, prefix: str, skip_dirs: tuple[str, ...]) -> list[str]:
     """Relative file names under ``root`` that start with ``prefix``, sorted."""
     base = os.path.join(root, prefix.rpartition("/")[0])
-    out = []
+    out: list[str] = []
     for dirpath, dirnames, filenames in os.walk(base):
         rel = os.path.relpath(dirpath, root)
         rel = "" if rel == "." else rel + "/"
@@ -230,12 +231,12 @@ class LocalObjectStore(ObjectStore):
             raise StorageIOError(f"key {key!r} is reserved")
         return os.path.join(self.root, key)
 
-    async def put(self, key: str, data) -> ObjectInfo:
+    async def put(self, key: str, data: Buffer) -> ObjectInfo:
         path = self._path(key)
         await asyncio.to_thread(self._put_sync, path, [data])
         return ObjectInfo(key, len(data))
 
-    async def put_stream(self, key, chunks) -> ObjectInfo:
+    async def put_stream(self, key: str, chunks: AsyncIterable[bytes]) -> ObjectInfo:
         path = self._path(key)
         tmp = os.path.join(self.root, _TMP_DIR, uuid.uuid4().hex)
         fd = await asyncio.to_thread(os.open, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
@@ -252,7 +253,7 @@ class LocalObjectStore(ObjectStore):
             os.close(fd)
         return ObjectInfo(key, size)
 
-    def _put_sync(self, path: str, chunks) -> None:
+    def _put_sync(self, path: str, chunks: Iterable[Buffer]) -> None:
         tmp = os.path.join(self.root, _TMP_DIR, uuid.uuid4().hex)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
         try:

@@ -15,10 +15,11 @@ import asyncio
 import errno
 import os
 import threading
+from typing import Callable, Sequence, TypeVar
 
 from catalog.fsutil import fsync_dir
-from terrafs.abc import BlockDevice, DeviceFile, check_name
-from terrafs.backends.logdev_format import (PAGE, MAX_NAME, ZERO_ENDED, Chain, chains_from, decode_superblock,
+from terrafs.abc import BlockDevice, Buffer, DeviceFile, check_name
+from terrafs.backends.logdev_format import (PAGE, MAX_NAME, ZERO_ENDED, Chain, Piece, chains_from, decode_superblock,
                                             encode_header, encode_superblock, parse_header)
 from terrafs.errors import (AlreadyExistsError, ClosedError, CorruptionError, DeviceError, FileNotFoundInDeviceError,
                             StorageIOError, no_space)
@@ -28,6 +29,7 @@ from terrafs.rounds import DeviceRounds
 EXTENT_SIZE = 1 << 20  # a new device's extent size (each device records its own)
 GROW = 16  # extents added at a time
 _ZERO = memoryview(b"\0" * (1 << 20))
+T = TypeVar("T")
 
 
 class LogDevice(BlockDevice):
@@ -55,7 +57,7 @@ class LogDevice(BlockDevice):
         self._free: list[int] = []  # zero on the disk: handed out in order
         self._count = 0  # extents in the file
         self._seq = 0
-        self._opening: asyncio.Future | None = None
+        self._opening: asyncio.Future[None] | None = None
         # group commit at the device: writes completed / covered by a finished flush
         self._cv = threading.Condition()
         self._written = self._synced = 0
@@ -64,7 +66,7 @@ class LogDevice(BlockDevice):
         self._suspect = 0  # writes up to this one were covered by a failed flush (see flush_sync)
         self.flushes = 0  # fdatasyncs of the device (tests and metrics count them)
         # every active file's group of a round written and flushed in one thread hop (RFC 0011)
-        self.rounds = DeviceRounds(self.flush_sync)
+        self.device_rounds = DeviceRounds(self.flush_sync)
 
     # -- opening -------------------------------------------------------------------
 
@@ -107,7 +109,7 @@ class LogDevice(BlockDevice):
         self.zero_ended = bool(flags & ZERO_ENDED)
         self.extent_size, self.payload = esize, esize - PAGE
         self._count = (os.fstat(fd).st_size - PAGE) // esize
-        pieces: dict[int, dict[int, tuple[int, int, int, str]]] = {}  # file_id -> index -> (extent, seq, used, name)
+        pieces: dict[int, dict[int, Piece]] = {}  # file_id -> index -> (extent, seq, used, name)
         for e in range(self._count):
             got = parse_header(os.pread(fd, 512, self._offset(e)), self._offset(e), self.payload, self.path)
             if got is None:
@@ -182,7 +184,7 @@ class LogDevice(BlockDevice):
 
     # -- writes and the device flush ---------------------------------------------
 
-    def _pwrite(self, data, offset: int) -> None:
+    def _pwrite(self, data: Buffer, offset: int) -> None:
         view = memoryview(data).cast("B")
         while view:
             n = os.pwrite(self._fd, view, offset)
@@ -200,7 +202,7 @@ class LogDevice(BlockDevice):
         if self.read_only:
             raise StorageIOError(f"{self.path} is open read-only")
 
-    def write_sync(self, chain: Chain, parts, offset: int) -> int:
+    def write_sync(self, chain: Chain, parts: Sequence[Buffer], offset: int) -> int:
         """Write ``parts`` at file ``offset``: the extents it reaches first are taken, and every
         header whose ``used`` changes is written before the data (a crash between leaves zeros
         or a torn write past the old end: never acknowledged). Not durable until a flush."""
@@ -220,7 +222,7 @@ class LogDevice(BlockDevice):
             if grew:  # zero-ended: only the extents taken now (their header never changes)
                 for k in range(old_n if self.zero_ended else max(old_n - 1, 0), len(chain.extents)):
                     self._write_header(chain, k)
-            places = []
+            places: list[tuple[memoryview, int]] = []
             pos = offset
             for v in views:
                 while v:
@@ -352,6 +354,9 @@ class LogDevice(BlockDevice):
         st = os.statvfs(os.path.dirname(self.path))
         return st.f_bavail * st.f_frsize + len(self._free) * self.payload
 
+    def rounds(self) -> tuple[int, int] | None:
+        return self.device_rounds.hops, self.device_rounds.works
+
     async def close(self) -> None:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
@@ -371,7 +376,7 @@ class _LogFile(DeviceFile):
         if self._closed or self.dev._fd < 0:
             raise ClosedError(f"{self.dev.uri}/{self.name} is closed")
 
-    async def append(self, data) -> int:
+    async def append(self, data: Buffer) -> int:
         self._check()
         chain = self._chain
         off = max(chain.reserved, self.size())
@@ -383,7 +388,8 @@ class _LogFile(DeviceFile):
         self._check()
         dev, chain = self.dev, self._chain
         end = min(offset + length, chain.size(dev.payload))
-        out, pos = [], offset
+        out: list[bytes] = []
+        pos = offset
 
         def run() -> bytes:
             nonlocal pos
@@ -421,7 +427,7 @@ class _LogFile(DeviceFile):
         self._check()
         await run_io(self.dev.flush_sync, self._chain.last_write)
 
-    def writev_sync(self, parts, offset: int) -> int:
+    def writev_sync(self, parts: Sequence[Buffer], offset: int) -> int:
         self._check()
         return self.dev.write_sync(self._chain, parts, offset)
 
@@ -429,13 +435,13 @@ class _LogFile(DeviceFile):
         self._check()
         self.dev.flush_sync(self._chain.last_write)
 
-    async def in_round(self, work):
+    async def in_round(self, work: Callable[[], T]) -> T:
         """``work()`` (which writes through ``writev_sync``) in the device's next round; its
         result once the round's one flush covered the write (``terrafs/rounds.py``)."""
         self._check()
-        return await self.dev.rounds.run(work)
+        return await self.dev.device_rounds.run(work)
 
-    async def append_durable(self, build) -> tuple[int, int]:
+    async def append_durable(self, build: Callable[[int], Sequence[Buffer]]) -> tuple[int, int]:
         self._check()
 
         def run() -> tuple[int, int]:

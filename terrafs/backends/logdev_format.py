@@ -20,6 +20,7 @@ SUPER = struct.Struct("<8sHHI16s")  # format: 32 bytes, then crc
 HEAD = struct.Struct("<8sHHIQQII")  # format: 40 bytes, then the name, then crc
 MAX_NAME = 400
 _CRC = struct.Struct("<I")
+Piece = tuple[int, int, int, str]  # one extent of a file: (extent, seq, used, name)
 
 
 @dataclass
@@ -67,7 +68,7 @@ def encode_header(chain: Chain, k: int, seq: int, used: int) -> bytes:
     return head + _CRC.pack(crc32c(head))
 
 
-def parse_header(raw: bytes, at: int, payload: int, where: str):
+def parse_header(raw: bytes, at: int, payload: int, where: str) -> tuple[int, int, int, int, str] | None:
     """(index, file_id, seq, used, name) of an extent header, None when free (zero)."""
     if not any(raw):
         return None
@@ -82,7 +83,7 @@ def parse_header(raw: bytes, at: int, payload: int, where: str):
     return index, file_id, seq, used, raw[HEAD.size:end].decode("ascii")
 
 
-def chains_from(pieces: dict[int, dict[int, tuple]], payload: int, extent_size: int,
+def chains_from(pieces: dict[int, dict[int, Piece]], payload: int, extent_size: int,
                 where: str) -> tuple[dict[str, Chain], list[int]]:
     """The files that ``pieces`` (file_id -> index -> (extent, seq, used, name)) describe, and
     the stray extents to free: past a missing index (L3), of a chain without index 0, or of
@@ -102,7 +103,7 @@ def chains_from(pieces: dict[int, dict[int, tuple]], payload: int, extent_size: 
     return chains, stray
 
 
-def _chain_of(file_id: int, by_index: dict, stray: list[int], payload: int, extent_size: int,
+def _chain_of(file_id: int, by_index: dict[int, Piece], stray: list[int], payload: int, extent_size: int,
               where: str) -> Chain | None:
     """The chain of indexes 0, 1, ... up to the first missing one (L3); the rest is stray."""
     if 0 not in by_index:

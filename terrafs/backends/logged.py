@@ -69,4 +69,4 @@ class LoggedBlockDevice(BlockDevice):
         return self.log.flushes
 
     def rounds(self) -> tuple[int, int] | None:
-        return self.log.rounds.hops, self.log.rounds.works
+        return self.log.rounds()

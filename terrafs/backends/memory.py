@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import random
 
-from terrafs.abc import BlockDevice, DeviceFile, ObjectInfo, ObjectStore, check_name
+from terrafs.abc import BlockDevice, Buffer, DeviceFile, ObjectInfo, ObjectStore, check_name
 from terrafs.errors import (
     AlreadyExistsError,
     ClosedError,
@@ -42,7 +42,7 @@ class MemoryDeviceFile(DeviceFile):
             raise ClosedError(f"file {self.name} was opened before a crash (its process is gone)")
         return self._d
 
-    async def append(self, data) -> int:
+    async def append(self, data: Buffer) -> int:
         d = self._check()
         self._fail_if_broken()
         off = len(d.buf)
@@ -151,7 +151,7 @@ class MemoryObjectStore(ObjectStore):
         self.uri = uri
         self._objs: dict[str, bytes] = {}
 
-    async def put(self, key: str, data) -> ObjectInfo:
+    async def put(self, key: str, data: Buffer) -> ObjectInfo:
         self._objs[check_name(key)] = bytes(data)
         return ObjectInfo(key, len(data))
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncIterable
+import functools
+from typing import Any, AsyncIterable, AsyncIterator, Awaitable, Callable, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import aiohttp
@@ -32,7 +33,7 @@ from botocore.exceptions import (
 )
 
 from catalog.retry import Retry, acall
-from terrafs.abc import ObjectInfo, ObjectStore, check_name
+from terrafs.abc import Buffer, ObjectInfo, ObjectStore, check_name
 from terrafs.errors import (
     ConfigurationError,
     ObjectNotFoundError,
@@ -56,6 +57,8 @@ _NETWORK_ERRORS = (BotoConnectionError, HTTPClientError, IncompleteReadError,
 MIN_PART = 5 << 20  # S3's minimum part size (every part but the last)
 MAX_PART = 5 << 30  # S3's maximum part size
 BACKOFF_MAX = 5.0  # seconds: the cap on one backoff sleep
+T = TypeVar("T")
+S3Client = Any  # aiobotocore's S3 client: the library ships no types
 
 
 class S3ObjectStore(ObjectStore):
@@ -78,7 +81,7 @@ class S3ObjectStore(ObjectStore):
         self.uri = uri or f"trs3://{bucket}/{self.prefix}"
         self._label = f"trs3://{bucket}/{self.prefix} at {endpoint_url or 'AWS'}"  # for messages
         self._stack: contextlib.AsyncExitStack | None = None
-        self._client = None
+        self._client: S3Client | None = None
         self._opening = asyncio.Lock()
 
     @classmethod
@@ -87,7 +90,7 @@ class S3ObjectStore(ObjectStore):
         parts = urlsplit(uri)
         if parts.scheme != "trs3":
             raise ConfigurationError(f"{uri}: not a trs3:// URI")
-        opts: dict = {k: v for k, v in query_options(uri, _OPTIONS).items() if v != ""}
+        opts: dict[str, Any] = {k: v for k, v in query_options(uri, _OPTIONS).items() if v != ""}
         public = {k: v for k, v in opts.items() if k not in _SECRET_OPTIONS}
         for names, conv in ((_INT_OPTIONS, int), (_FLOAT_OPTIONS, float)):
             for k in names & opts.keys():
@@ -105,7 +108,7 @@ class S3ObjectStore(ObjectStore):
         """Create the client and check the bucket answers (HeadBucket)."""
         await self._c()
 
-    async def _c(self):
+    async def _c(self) -> S3Client:
         """The client, opened on first use; concurrent first uses open it once."""
         if self._client is None:
             async with self._opening:
@@ -113,7 +116,7 @@ class S3ObjectStore(ObjectStore):
                     self._stack, self._client = await self._connect()
         return self._client
 
-    async def _connect(self):
+    async def _connect(self) -> tuple[contextlib.AsyncExitStack, S3Client]:
         stack = contextlib.AsyncExitStack()
         # Path-style for custom endpoints (MinIO, moto: no wildcard DNS); AWS picks its own.
         style = "path" if self.endpoint_url else "auto"
@@ -145,7 +148,7 @@ class S3ObjectStore(ObjectStore):
 
     # -- retries and errors ----------------------------------------------------------
 
-    async def _retry(self, what: str, call):
+    async def _retry(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """Run ``call()``; back off and retry transient failures (catalog.retry); map every
         botocore error. Every S3 call here may be repeated without harm: puts and parts of
         whole bytes, reads, deletes; a repeated CreateMultipartUpload leaves at most an unused
@@ -154,7 +157,7 @@ class S3ObjectStore(ObjectStore):
         the object is whole: a failed put of an object that exists, which a put again replaces."""
         where = f"{self._label}: {what}"
 
-        async def once():
+        async def once() -> T:
             try:
                 return await call()
             except ClientError as e:
@@ -170,14 +173,14 @@ class S3ObjectStore(ObjectStore):
 
     # -- writes ----------------------------------------------------------------------
 
-    async def put(self, key: str, data) -> ObjectInfo:
+    async def put(self, key: str, data: Buffer) -> ObjectInfo:
         k, data = self._key(key), bytes(data)
         if len(data) <= self.multipart_threshold:
             c = await self._c()
             r = await self._retry(f"put {key}", lambda: c.put_object(Bucket=self.bucket, Key=k, Body=data))
             return ObjectInfo(key, len(data), _etag(r))
 
-        async def parts():
+        async def parts() -> AsyncIterator[bytes]:
             for i in range(0, len(data), self.part_size):
                 yield data[i : i + self.part_size]
 
@@ -196,7 +199,7 @@ class S3ObjectStore(ObjectStore):
             return await self.put(key, head)
         return await self._multipart(key, k, self._split(head, it))
 
-    async def _split(self, buf: bytearray, rest):
+    async def _split(self, buf: bytearray, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """Cut ``buf`` + ``rest`` into parts; holds at most about two parts plus a chunk."""
         async for c in rest:
             buf += c
@@ -209,17 +212,18 @@ class S3ObjectStore(ObjectStore):
         if buf:
             yield bytes(buf)
 
-    async def _multipart(self, key: str, k: str, parts) -> ObjectInfo:
+    async def _multipart(self, key: str, k: str, parts: AsyncIterator[bytes]) -> ObjectInfo:
         """Upload ``parts`` as one multipart upload; abort it on any failure or cancellation."""
         c = await self._c()
         up = await self._retry(f"create multipart {key}",
                                lambda: c.create_multipart_upload(Bucket=self.bucket, Key=k))
-        uid, done, size = up["UploadId"], [], 0
+        uid, size = up["UploadId"], 0
+        done: list[dict[str, object]] = []
         try:
             async for body in parts:
                 n = len(done) + 1
-                r = await self._retry(f"upload part {n} of {key}", lambda n=n, body=body: c.upload_part(
-                    Bucket=self.bucket, Key=k, UploadId=uid, PartNumber=n, Body=body))
+                r = await self._retry(f"upload part {n} of {key}", functools.partial(
+                    c.upload_part, Bucket=self.bucket, Key=k, UploadId=uid, PartNumber=n, Body=body))
                 done.append({"PartNumber": n, "ETag": r["ETag"]})
                 size += len(body)
             r = await self._retry(f"complete multipart {key}", lambda: c.complete_multipart_upload(
@@ -229,7 +233,7 @@ class S3ObjectStore(ObjectStore):
             raise
         return ObjectInfo(key, size, _etag(r))
 
-    async def _abort(self, c, k: str, uid: str) -> None:
+    async def _abort(self, c: S3Client, k: str, uid: str) -> None:
         """Best effort, once: the original error matters more; a bucket lifecycle
         rule (AbortIncompleteMultipartUpload) reclaims what this misses."""
         with contextlib.suppress(Exception):
@@ -252,10 +256,11 @@ class S3ObjectStore(ObjectStore):
         c, k = await self._c(), self._key(key)
         kw = {"Range": rng} if rng else {}
 
-        async def call():  # the body read is inside the retry: a cut-off body is retried too
+        async def call() -> bytes:  # the body read is inside the retry: a cut-off body is retried too
             r = await c.get_object(Bucket=self.bucket, Key=k, **kw)
             async with r["Body"] as stream:
-                return await stream.read()
+                body: bytes = await stream.read()
+                return body
 
         try:
             return await self._retry(f"get {key}", call)
@@ -265,8 +270,9 @@ class S3ObjectStore(ObjectStore):
     async def presign_get(self, key: str, expires_s: float) -> str:
         """A presigned GET URL of ``key`` (readers that hold no credentials, e.g. Spark executors)."""
         c = await self._c()
-        return await c.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": self._key(key)},
-                                              ExpiresIn=int(expires_s))
+        url: str = await c.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": self._key(key)},
+                                                  ExpiresIn=int(expires_s))
+        return url
 
     async def head(self, key: str) -> ObjectInfo:
         c, k = await self._c(), self._key(key)
@@ -277,8 +283,8 @@ class S3ObjectStore(ObjectStore):
         c = await self._c()
         base = f"{self.prefix}/" if self.prefix else ""
 
-        async def call():  # a failed page restarts the listing: pages are not resumable safely
-            out = []
+        async def call() -> list[ObjectInfo]:  # a failed page restarts the listing: pages are not resumable safely
+            out: list[ObjectInfo] = []
             pages = c.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix)
             async for page in pages:
                 out.extend(ObjectInfo(o["Key"][len(base):], o["Size"], _etag(o))
@@ -318,8 +324,8 @@ def _gave_up(e: Exception, attempts: int) -> Exception:
     return TransientStorageError(f"{e} (gave up after {attempts} attempts)")
 
 
-def _check_config(bucket, access_key_id, secret_access_key, max_attempts, backoff_base,
-                  part_size, multipart_threshold) -> None:
+def _check_config(bucket: str, access_key_id: str | None, secret_access_key: str | None, max_attempts: int,
+                  backoff_base: float, part_size: int, multipart_threshold: int) -> None:
     if not bucket:
         raise ConfigurationError("trs3:// needs a bucket name")
     if (access_key_id is None) != (secret_access_key is None):
@@ -332,8 +338,9 @@ def _check_config(bucket, access_key_id, secret_access_key, max_attempts, backof
         raise ConfigurationError("trs3://: multipart_threshold must be >= 0")
 
 
-def _etag(r: dict) -> str:
-    return r.get("ETag", "").strip('"')
+def _etag(r: dict[str, Any]) -> str:
+    etag: str = r.get("ETag", "")
+    return etag.strip('"')
 
 
 def query_options(uri: str, allowed: set[str]) -> dict[str, str]:

@@ -29,9 +29,9 @@ async def _files(dev, n):
 async def test_one_commits_groups_of_eight_files_take_one_hop_and_one_fdatasync(tmp_path):
     dev = LogDevice(str(tmp_path / "logdev"), extent_size=SMALL)
     files = await _files(dev, 8)
-    hops, works, flushes = dev.rounds.hops, dev.rounds.works, dev.flushes
+    hops, works, flushes = dev.device_rounds.hops, dev.device_rounds.works, dev.flushes
     offs = await asyncio.gather(*(af.append(b"row of file %d" % i) for i, af in enumerate(files)))
-    assert (dev.rounds.hops - hops, dev.rounds.works - works, dev.flushes - flushes) == (1, 8, 1)
+    assert (dev.device_rounds.hops - hops, dev.device_rounds.works - works, dev.flushes - flushes) == (1, 8, 1)
     again = LogDevice(dev.path)
     for i, (af, off) in enumerate(zip(files, offs)):
         await af.close()
