@@ -72,7 +72,7 @@ class ActiveFile(GroupRecovery):
     """An open active file. Create with :meth:`create`, reopen with :meth:`recover`."""
 
     def __init__(self, f: DeviceFile, params: FileParams, cipher: DataCipher | None,
-                 header_len: int, cfg: ActiveConfig, where: str):
+                 header_len: int, cfg: ActiveConfig, where: str, cache: BlockCache | None = None):
         self._f = f
         self.params = params
         self._cipher = cipher
@@ -97,28 +97,32 @@ class ActiveFile(GroupRecovery):
         self._closed = False
         self._read_only = False
         self._recent: OrderedDict[int, bytes] = OrderedDict()  # decoded blocks, for point reads
-        self.cache: BlockCache | None = None  # a shared BlockCache (memory tier) replaces _recent when set
+        self.cache = cache  # a shared BlockCache (memory tier) replaces _recent when given
         self.torn_tail: tuple[int, int] | None = None  # (offset, bytes) cut or found at recovery
-        # Replication (docs/format/replication.md): ``await mirror(logical, buffers)`` ships a
-        # group to the followers and returns once a majority holds it; the group counts as
-        # durable (readable, its appends return) only when both it and the local write are done.
-        self.mirror: Mirror | None = None
+        self.mirror: Mirror | None = None  # the file's groups are shipped from ``mirror_to`` on
         # flush_s: time spent writing + fdatasyncing groups; wait_s: appenders' total wait
         self.stats = {"flushes": 0, "flushed_bytes": 0, "appends": 0, "flush_s": 0.0, "wait_s": 0.0}
+
+    def mirror_to(self, mirror: Mirror) -> None:
+        """Ship every later group to the followers (docs/format/replication.md): ``await
+        mirror(logical, buffers)`` returns once a majority holds the group, which counts as
+        durable (readable, its appends return) only when both that and the local write are
+        done. A file starts being mirrored when its partition's leader registers it."""
+        self.mirror = mirror
 
     @property
     def inode(self) -> int:
         return self.params.inode
 
     @classmethod
-    async def create(cls, dev: BlockDevice, name: str, params: FileParams,
-                     kek: KeyEncryptionKey | None, cfg: ActiveConfig = DEFAULT_CONFIG) -> "ActiveFile":
+    async def create(cls, dev: BlockDevice, name: str, params: FileParams, kek: KeyEncryptionKey | None,
+                     cfg: ActiveConfig = DEFAULT_CONFIG, cache: BlockCache | None = None) -> "ActiveFile":
         """Create the file with its header, durable (with the directory) on return."""
         where = f"{dev.uri}/{name}"
         cipher = params.cipher(kek, where)
         f = await dev.create(name)
         head = encode_active_header(params)
-        af = cls(f, params, cipher, len(head), cfg, where)
+        af = cls(f, params, cipher, len(head), cfg, where, cache)
         try:
             await f.append(head)
             await f.sync()
@@ -135,7 +139,8 @@ class ActiveFile(GroupRecovery):
 
     @classmethod
     async def recover(cls, dev: BlockDevice, name: str, kek: KeyEncryptionKey | None,
-                      cfg: ActiveConfig = DEFAULT_CONFIG, *, read_only: bool = False) -> "ActiveFile":
+                      cfg: ActiveConfig = DEFAULT_CONFIG, *, read_only: bool = False,
+                      cache: BlockCache | None = None) -> "ActiveFile":
         """Open after a restart: verify every group, cut a torn tail, build the index.
 
         ``read_only`` (fsck) reports a torn tail in ``torn_tail`` instead of cutting it.
@@ -144,7 +149,7 @@ class ActiveFile(GroupRecovery):
         f = await dev.open(name)
         try:
             params, hlen = decode_active_header(await f.pread(0, 64 * 1024), where)
-            af = cls(f, params, params.cipher(kek, where), hlen, cfg, where)
+            af = cls(f, params, params.cipher(kek, where), hlen, cfg, where, cache)
             af._read_only = read_only
             await af._recover_groups()
         except BaseException:

@@ -27,7 +27,7 @@ from terrafs.cache import BlockCache
 from terrafs.catalog_ops import commit
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.errors import (
-    CorruptionError,
+    FileCorruptionError,
     CatalogConflictError,
     FileNotFoundInDeviceError,
     FileStateError,
@@ -152,14 +152,13 @@ class TerrascaleFS:
         rec = await self._allocate(FileState.ACTIVE, FileTier.BLOCK, codec, extra)
         failpoint("create.after_catalog")
         af = await self._create_local(rec)
-        af.cache = self.cache
         self._active[rec.inode] = af
         return af
 
     async def _create_local(self, rec: FileRecord) -> ActiveFile:
         params = new_params(rec.inode, rec.gen, codec=rec.codec, block_size=self.cfg.active_block_size,
                             page_size=self.cfg.page_size, kek=self.kek)
-        return await ActiveFile.create(self.block, rec.location, params, self.kek, self.cfg.flush)
+        return await ActiveFile.create(self.block, rec.location, params, self.kek, self.cfg.flush, self.cache)
 
     async def open_active(self, inode: int) -> ActiveFile:
         """The open handle of a local (block-tier) file, recovering it on first use."""
@@ -169,7 +168,7 @@ class TerrascaleFS:
         if rec.tier != FileTier.BLOCK or rec.owner != self.cfg.node_id:
             raise FileStateError(f"inode {inode} is not a local file of node {self.cfg.node_id}")
         try:
-            af = await ActiveFile.recover(self.block, rec.location, self.kek, self.cfg.flush)
+            af = await ActiveFile.recover(self.block, rec.location, self.kek, self.cfg.flush, cache=self.cache)
         except FileNotFoundInDeviceError:
             if rec.state != FileState.ACTIVE:
                 raise
@@ -177,9 +176,8 @@ class TerrascaleFS:
             # was ever appended to it — exactly as a restart finds it (``_recover_one``).
             log.warning("event=active_file_never_created inode=%d location=%s", inode, rec.location)
             self._active[inode] = af = await self._create_local(rec)
-            af.cache = self.cache
             return af
-        except CorruptionError:
+        except FileCorruptionError:
             if rec.state != FileState.ACTIVE or not await self._header_unwritten(rec):
                 raise
             # Its header never became durable (a crash or a full device right after the file
@@ -187,9 +185,7 @@ class TerrascaleFS:
             log.warning("event=active_header_unwritten inode=%d location=%s", inode, rec.location)
             await self.block.delete(rec.location)
             self._active[inode] = af = await self._create_local(rec)
-            af.cache = self.cache
             return af
-        af.cache = self.cache
         if rec.state == FileState.SEALED:
             await af.seal()
         self._active[inode] = af
@@ -413,8 +409,7 @@ class TerrascaleFS:
                 return
             # Crash between the catalog row and the file's creation: nothing was
             # ever appended (appends need the open file), so an empty file is exact.
-            self._active[rec.inode] = af = await self._create_local(rec)
-            af.cache = self.cache
+            self._active[rec.inode] = await self._create_local(rec)
             rep.recreated.append(rec.inode)
             return
         await self.open_active(rec.inode)

@@ -18,7 +18,7 @@ from typing import Callable, TypeVar, TypeVarTuple, overload
 from pysyncobj.journal import Journal
 
 from catalog.checksum import crc32c
-from catalog.errors import CatalogCorruptionError
+from catalog.errors import CatalogCorruptionError, CatalogError
 from catalog.fsutil import fsync_dir
 from catalog.retry import Retry, call
 
@@ -44,7 +44,7 @@ TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EAGA
 WRITE_RETRY = Retry(attempts=None, base=0.01, cap=1.0)  # until it works or the replica stops; 1 s apart at most
 
 
-class JournalError(Exception):
+class JournalError(CatalogError):
     """Raised when a journal write or fsync fails: the replica must stop."""
 
 
@@ -144,7 +144,11 @@ def parse_meta(raw: bytes, where: str) -> tuple[int, str | None, int]:
 class DurableJournal(Journal):  # type: ignore[misc]  # pysyncobj is untyped: its Journal is Any
     """pysyncobj's journal: entries in memory, records in ``journal-<gen>.trj``."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, stopping: Callable[[], bool] = lambda: False,
+                 on_retry: Callable[[], None] = lambda: None):
+        """``stopping()``: transient write errors are retried until it says so (the replica
+        stops); ``on_retry()``: called before each retry (the replica frees descriptors it can
+        spare: its tick thread waits in the retry, so nothing else would)."""
         self.path = path
         self._entries: list[JournalEntry] = []
         self._offsets: list[int] = []
@@ -158,8 +162,7 @@ class DurableJournal(Journal):  # type: ignore[misc]  # pysyncobj is untyped: it
         self.torn_tail: tuple[str, int] | None = None
         self.syncs = 0  # fdatasync calls (tests, metrics)
         self.retries = 0  # transient write errors retried (metrics)
-        self.stopping: Callable[[], bool] = lambda: False  # the replica sets this: retries end when it stops
-        self.on_retry: Callable[[], None] = lambda: None  # the replica sets this: free descriptors it can spare
+        self.stopping, self.on_retry = stopping, on_retry
         self._last_retry_log = float("-inf")
         self._open()
 

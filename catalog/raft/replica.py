@@ -188,10 +188,8 @@ class Replica(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped: its SyncO
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.transport: HardenedTransport | None = None
-        self.journal = DurableJournal(path)
+        self.journal = DurableJournal(path, stopping=lambda: self._stopping, on_retry=self._shed)
         self.journal.align_to_dump(os.path.join(path, "dump.trd"))  # before pysyncobj loads the dump
-        self.journal.stopping = lambda: self._stopping  # transient write errors are retried until then
-        self.journal.on_retry = self._shed  # the tick thread waits in the retry: nothing else frees them
         self._dump_state: int = SERIALIZER_STATE.NOT_SERIALIZING
         self._dump_thread: threading.Thread | None = None
         self._dump_args: tuple[str, JournalEntry, JournalEntry, list[str], CatalogState] | None = None

@@ -26,7 +26,7 @@ from rowstore.index.key_manifest import Claim
 from rowstore.codec.rows import Encoded
 from rowstore.schema import Column, SchemaVersion
 from rowstore.segments.store import SegmentRecord, SegmentStore, SegState
-from rowstore.segments.wal import U64, Kind
+from rowstore.segments.wal import U64, RecordKind
 
 log = logging.getLogger("rowstore.db.partition")
 
@@ -39,8 +39,8 @@ class Partition:
     def __init__(self, store: SegmentStore, table_id: str, pid: int, key_kind: str, indexed: list[Column]):
         self.store, self.table_id, self.pid, self.kind = store, table_id, pid, key_kind
         self.columns = PartitionColumns(store.fs, manifest_key(table_id, pid), indexed)
-        self.index = PartitionIndex(store.fs, manifest_key(table_id, pid), key_kind, self.columns)
-        self.index.on_purged = store.superseded  # live counts move as merges purge versions
+        # live counts move as merges purge versions
+        self.index = PartitionIndex(store.fs, manifest_key(table_id, pid), key_kind, self.columns, store.superseded)
         self.lock = asyncio.Lock()
         self._inflight = 0  # batches enqueued but not yet applied (or failed)
         self._drained = asyncio.Event()
@@ -171,7 +171,7 @@ class Partition:
             seg = None if self.retired else self.store.current_or_none(self.table_id, self.pid)
             if seg is None or closed <= seg.wal.closed_ts or (seg.max_ts or 0) <= seg.wal.closed_ts:
                 return False  # nothing new since the last record: an idle partition writes nothing
-            task = asyncio.ensure_future(seg.append_record(Kind.PROGRESS, U64.pack(closed), lazy=True))
+            task = asyncio.ensure_future(seg.append_record(RecordKind.PROGRESS, U64.pack(closed), lazy=True))
             await asyncio.sleep(0)
         await task
         return True

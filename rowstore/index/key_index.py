@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import numpy as np
@@ -35,7 +36,10 @@ LEVEL_RATIO = 10
 
 
 class PartitionIndex:
-    def __init__(self, fs: TerrascaleFS, key: str, kind: str, columns=None):
+    def __init__(self, fs: TerrascaleFS, key: str, kind: str, columns=None,
+                 on_purged: Callable[[np.ndarray], Awaitable[None]] | None = None):
+        """``on_purged(rowids)``: told the row versions a merge's purge dropped (the segments'
+        live counts move with them)."""
         self.fs, self.key, self.kind = fs, key, kind  # key: the manifest's catalog key
         self.columns = columns  # rowstore.index.column_index.PartitionColumns: runs published with ours
         self.mem = MemTable(kind)
@@ -48,7 +52,7 @@ class PartitionIndex:
         self._version = 0
         self.publish_lock = asyncio.Lock()  # one manifest change at a time: checkpoint, merge, GC
         self.moved = False  # set under publish_lock when another node took the partition: publish nothing more
-        self.on_purged = None  # async (rowids) -> None: row versions a merge's purge dropped (live counts)
+        self.on_purged = on_purged
 
     async def open(self, claim: Claim | None = None) -> Manifest:
         """Claim the manifest for ``claim`` (the node now serving the partition), then load the

@@ -14,6 +14,7 @@ import abc
 import asyncio
 import logging
 import time
+from functools import partial
 from collections.abc import Callable
 
 from rowstore.errors import FencedError
@@ -103,7 +104,7 @@ class Shipper:
     def register(self, seq: int, seg) -> None:
         """``seg`` (an ActiveSegment of this partition, position ``seq``) is shipped from now on."""
         self.segs[seq] = seg
-        seg.file.mirror = lambda logical, batch, seq=seq, segid=seg.segid: self.mirror(seq, segid, logical, batch)
+        seg.file.mirror_to(partial(self.mirror, seq, seg.segid))
         self.wake()
 
     def unregister(self, segid: int) -> None:
