@@ -7,7 +7,7 @@ from typing import Sequence
 
 from catalog.abc import Delete, Op, Put
 from catalog.checksum import crc32c
-from catalog.errors import CatalogCorruptionError
+from catalog.errors import CatalogCorruptionError, CatalogError
 
 LOG_MAGIC = b"TRKVLOG1"  # part of the format
 LOG_VERSION = 1
@@ -82,7 +82,7 @@ def encode_record(rec: LogRecord) -> bytes:
     return head + struct.pack("<I", crc32c(head)) + p
 
 
-class BadRecord(Exception):
+class BadRecord(CatalogError):
     """A record that does not verify at ``offset`` (torn or corrupt: the caller decides)."""
 
     def __init__(self, offset: int, reason: str):

@@ -41,6 +41,7 @@ from rowstore.tables.key_check import check_keys
 from rowstore.reads.predicates import timestamp_us
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import LOGICAL_KEY, ColumnType, Kind
+from node.errors import NodeError
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _INT_RANGE = {
@@ -52,7 +53,7 @@ _SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf
 _EPOCH_DAY = dt.date(1970, 1, 1)
 
 
-class _Bad(Exception):
+class _Bad(NodeError):
     """One value does not fit its type (becomes a RowValidationError naming row and column)."""
 
 
@@ -393,7 +394,7 @@ def row_to_json(row: dict, schema: SchemaVersion | None) -> dict:
 # -- JSON bodies ----------------------------------------------------------------------------------
 
 
-class BodyError(Exception):
+class BodyError(NodeError):
     """A request body that cannot be decoded (``status``, ``code``: 400 invalid_json)."""
 
     def __init__(self, message: str, status: int = 400, code: str = "invalid_json"):

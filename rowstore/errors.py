@@ -49,7 +49,7 @@ class ConflictError(RowstoreError):
     """Raised when a concurrent change won a race (retry the operation)."""
 
 
-class LeaseExpiredError(ConflictError):
+class ReadLeaseExpiredError(ConflictError):
     """Raised when a read lease expired or was released: the collector may have taken its
     segments, so the snapshot cannot be read on; take a new one (not a retry)."""
 

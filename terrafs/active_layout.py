@@ -13,7 +13,7 @@ import numpy as np
 from catalog.checksum import crc32c
 from terrafs.abc import Buffer, DeviceFile
 from terrafs.blocks import Codec
-from terrafs.errors import CorruptionError, TerrafsError
+from terrafs.errors import FileCorruptionError, TerrafsError
 from terrafs.params import FileParams
 
 ACTIVE_MAGIC = b"TRFSACTV"  # part of the format
@@ -51,26 +51,26 @@ def encode_active_header(p: FileParams) -> bytes:
 def decode_active_header(buf: bytes, where: str) -> tuple[FileParams, int]:
     """Parse the file header; return the params and the header length."""
     if len(buf) < _FIXED.size:
-        raise CorruptionError(where, 0, "truncated active-file header")
+        raise FileCorruptionError(where, 0, "truncated active-file header")
     (magic, ver, total, inode, gen, codec, enc, klen, bsize, psize, wlen,
      _r) = _FIXED.unpack_from(buf, 0)
     if magic != ACTIVE_MAGIC:
-        raise CorruptionError(where, 0, f"bad active-file magic {magic!r}")
+        raise FileCorruptionError(where, 0, f"bad active-file magic {magic!r}")
     if ver != ACTIVE_VERSION:
-        raise CorruptionError(where, 0, f"unsupported active-file version {ver}")
+        raise FileCorruptionError(where, 0, f"unsupported active-file version {ver}")
     if total != _FIXED.size + klen + wlen + 4 or len(buf) < total:
-        raise CorruptionError(where, 0, "truncated or inconsistent active-file header")
+        raise FileCorruptionError(where, 0, "truncated or inconsistent active-file header")
     (crc,) = struct.unpack_from("<I", buf, total - 4)
     if crc32c(buf[: total - 4]) != crc:
-        raise CorruptionError(where, 0, "active-file header checksum mismatch")
+        raise FileCorruptionError(where, 0, "active-file header checksum mismatch")
     kid = buf[_FIXED.size : _FIXED.size + klen].decode("ascii")
     wrapped = bytes(buf[_FIXED.size + klen : _FIXED.size + klen + wlen])
     try:
         params = FileParams(inode, gen, Codec(codec), bsize, psize, kid, wrapped)
     except (ValueError, TerrafsError) as e:
-        raise CorruptionError(where, 0, f"bad active-file header field: {e}") from e
+        raise FileCorruptionError(where, 0, f"bad active-file header field: {e}") from e
     if bool(enc) != params.encrypted:
-        raise CorruptionError(where, 0, "encryption flag disagrees with key fields")
+        raise FileCorruptionError(where, 0, "encryption flag disagrees with key fields")
     return params, total
 
 

@@ -12,7 +12,7 @@ from catalog.checksum import crc32c
 from terrafs.abc import DeviceFile
 from terrafs.active_layout import SCAN_WINDOW, BlockIndex, ScanWindow
 from terrafs.blocks import BLOCK_MAGIC, HEADER_LEN, BlockHeader, Flags, parse_header
-from terrafs.errors import CorruptionError
+from terrafs.errors import FileCorruptionError
 
 log = logging.getLogger("terrafs.active")
 
@@ -61,16 +61,16 @@ class GroupRecovery:
         return True
 
     async def _read_group(self, reader: "ScanWindow", pos: int, logical: int, group: int,
-                          ) -> tuple[list[tuple[int, int, int]] | None, int, int, CorruptionError | None]:
+                          ) -> tuple[list[tuple[int, int, int]] | None, int, int, FileCorruptionError | None]:
         """Verify one group at ``pos``; return (entries, next pos, next logical, error)."""
         entries: list[tuple[int, int, int]] = []
         while True:
             try:
                 h, head_pos = await self._verified_block(reader, pos)
-            except CorruptionError as e:
+            except FileCorruptionError as e:
                 return None, pos, logical, e
             if h.group != group or (h.logical_off != logical):
-                return None, pos, logical, CorruptionError(
+                return None, pos, logical, FileCorruptionError(
                     self.where, head_pos, f"block out of sequence (group {h.group}, expected {group})")
             if not h.flags & Flags.PAD:
                 entries.append((logical, head_pos, h.raw_len))
@@ -83,19 +83,19 @@ class GroupRecovery:
         head = await reader.get(pos, HEADER_LEN)
         h = parse_header(head, 0, self.where) if len(head) == HEADER_LEN else None
         if h is None:
-            raise CorruptionError(self.where, pos, "truncated block header")
+            raise FileCorruptionError(self.where, pos, "truncated block header")
         payload = await reader.get(pos + HEADER_LEN, h.stored_len)
         if len(payload) != h.stored_len:
-            raise CorruptionError(self.where, pos, "block runs past end of file")
+            raise FileCorruptionError(self.where, pos, "block runs past end of file")
         if crc32c(payload) != h.payload_crc:
-            raise CorruptionError(self.where, pos, "block payload checksum mismatch")
+            raise FileCorruptionError(self.where, pos, "block payload checksum mismatch")
         return h, pos
 
     async def _handle_bad_tail(self, reader: "ScanWindow", pos: int, group: int,
-                               err: CorruptionError) -> None:
+                               err: FileCorruptionError) -> None:
         later = await self._find_later_group(reader, pos, group)
         if later is not None:
-            raise CorruptionError(self.where, err.offset,
+            raise FileCorruptionError(self.where, err.offset,
                                   f"{err.reason}; group {later[1]} at offset {later[0]} follows it")
         size = self._f.size()
         self.torn_tail = (pos, size - pos)
@@ -122,7 +122,7 @@ class GroupRecovery:
                 h, at = await self._verified_block(reader, start + i)
                 if h.group > group:
                     return at, h.group
-            except CorruptionError:
+            except FileCorruptionError:
                 pass
             start += i + 1
         return None

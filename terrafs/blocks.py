@@ -17,7 +17,7 @@ from cryptography.exceptions import InvalidTag
 from catalog.checksum import crc32c
 from terrafs.abc import Buffer
 from terrafs.crypto import NONCE_LEN, TAG_LEN, DataCipher
-from terrafs.errors import CorruptionError, EncryptionKeyError
+from terrafs.errors import FileCorruptionError, EncryptionKeyError
 
 BLOCK_MAGIC = 0x4B4C4254  # b"TBLK" little-endian; part of the format
 BLOCK_VERSION = 1
@@ -127,20 +127,20 @@ def encode_pad(out: bytearray, *, logical_off: int, group: int, pad_len: int) ->
 
 
 def parse_header(buf: Buffer, pos: int, where: str) -> BlockHeader:
-    """Verify and parse the header at ``buf[pos:]``; CorruptionError if it is bad."""
+    """Verify and parse the header at ``buf[pos:]``; FileCorruptionError if it is bad."""
     if len(buf) - pos < HEADER_LEN:
-        raise CorruptionError(where, pos, "truncated block header")
+        raise FileCorruptionError(where, pos, "truncated block header")
     magic, ver, flags, _r, loff, group, slen, rlen, pcrc, hcrc = HEADER.unpack_from(buf, pos)
     if magic != BLOCK_MAGIC:
-        raise CorruptionError(where, pos, f"bad block magic {magic:#010x}")
+        raise FileCorruptionError(where, pos, f"bad block magic {magic:#010x}")
     if crc32c(bytes(buf[pos : pos + 32])) != hcrc:
-        raise CorruptionError(where, pos, "block header checksum mismatch")
+        raise FileCorruptionError(where, pos, "block header checksum mismatch")
     if ver != BLOCK_VERSION:
-        raise CorruptionError(where, pos, f"unsupported block version {ver}")
+        raise FileCorruptionError(where, pos, f"unsupported block version {ver}")
     if flags & ~0x0F:
-        raise CorruptionError(where, pos, f"unknown block flags {flags:#04x}")
+        raise FileCorruptionError(where, pos, f"unknown block flags {flags:#04x}")
     if rlen > MAX_BLOCK_SIZE or slen > MAX_BLOCK_SIZE + 1024:
-        raise CorruptionError(where, pos, f"block length out of range ({slen}/{rlen})")
+        raise FileCorruptionError(where, pos, f"block length out of range ({slen}/{rlen})")
     return BlockHeader(flags, loff, group, slen, rlen, pcrc)
 
 
@@ -148,9 +148,9 @@ def decode_payload(h: BlockHeader, payload: Buffer, *, cipher: DataCipher | None
                    where: str, pos: int) -> bytes:
     """Checksum, decrypt and decompress one block's payload into its logical bytes."""
     if len(payload) != h.stored_len:
-        raise CorruptionError(where, pos, "truncated block payload")
+        raise FileCorruptionError(where, pos, "truncated block payload")
     if crc32c(payload) != h.payload_crc:
-        raise CorruptionError(where, pos, "block payload checksum mismatch")
+        raise FileCorruptionError(where, pos, "block payload checksum mismatch")
     if h.flags & Flags.PAD:
         return b""
     data = payload
@@ -170,9 +170,9 @@ def decode_payload(h: BlockHeader, payload: Buffer, *, cipher: DataCipher | None
         try:
             data = _zd().decompress(data, max_output_size=h.raw_len)
         except zstandard.ZstdError as e:
-            raise CorruptionError(where, pos, f"zstd: {e}") from e
+            raise FileCorruptionError(where, pos, f"zstd: {e}") from e
     if len(data) != h.raw_len:
-        raise CorruptionError(where, pos, f"block holds {len(data)} bytes, header says {h.raw_len}")
+        raise FileCorruptionError(where, pos, f"block holds {len(data)} bytes, header says {h.raw_len}")
     return bytes(data)
 
 

@@ -48,7 +48,7 @@ class StorageIOError(TerrafsError):
     """Raised when a store failed permanently (permission, bad request, disk error)."""
 
 
-class CorruptionError(TerrafsError, catalog.errors.CorruptionError):
+class FileCorruptionError(TerrafsError, catalog.errors.CorruptionError):
     """Raised when a file's or object's bytes fail a checksum, magic or invariant check
     (``where``: the file or object; ``offset``: the byte position)."""
 

@@ -29,7 +29,9 @@ from typing import Callable, Iterator
 
 
 class FailPointCrash(Exception):
-    """Raised by an armed fail point: the process 'dies' at this step."""
+    """Raised by an armed fail point: the process 'dies' at this step. Not a TerrafsError on
+    purpose: a crash is not a failure the code may catch and handle (``except TerrafsError``
+    around a step would swallow it), so it stays outside every package's hierarchy."""
 
 
 _armed: dict[str, int] = {}

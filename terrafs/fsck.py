@@ -14,7 +14,7 @@ from catalog.abc import Catalog
 from terrafs.abc import BlockDevice, ObjectStore
 from terrafs.active import ActiveFile
 from terrafs.crypto import KeyEncryptionKey
-from terrafs.errors import CorruptionError, NotFoundError, TerrafsError
+from terrafs.errors import FileCorruptionError, NotFoundError, TerrafsError
 from terrafs.records import FILE_PREFIX, FileRecord, FileState, FileTier, parse_name
 from terrafs.sealed import SealedFile
 
@@ -34,7 +34,7 @@ class Problem:
 
 
 def _problem(where: str, e: TerrafsError) -> Problem:
-    if isinstance(e, CorruptionError):
+    if isinstance(e, FileCorruptionError):
         return Problem(e.where, e.offset, e.reason)
     return Problem(where, None, str(e))
 
@@ -82,7 +82,7 @@ async def check_fs(catalog: Catalog, block: BlockDevice, objects: ObjectStore,
     named = {(r.inode, r.gen) for r in recs} | set(also_named)
     try:
         local = await block.list("files/")
-    except CorruptionError as e:  # the log device's own structure (docs/format/logdev.md)
+    except FileCorruptionError as e:  # the log device's own structure (docs/format/logdev.md)
         return problems + [Problem(e.where, e.offset, f"the block device cannot be read: {e}")]
     for name in local:
         ident = parse_name(name)

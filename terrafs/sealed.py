@@ -20,7 +20,7 @@ from terrafs.blocks import Codec, decode_block, encode_block
 from terrafs.cache import BlockCache
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.gather import read_ranges
-from terrafs.errors import CorruptionError, TerrafsError
+from terrafs.errors import FileCorruptionError, TerrafsError
 from terrafs.params import FileParams
 
 SEAL_MAGIC = b"TRFSSEAL"  # part of the format
@@ -105,17 +105,17 @@ class SealedWriter:
 def parse_footer(buf: bytes, where: str, object_size: int) -> dict[str, int]:
     at = object_size - FOOTER_LEN
     if len(buf) != FOOTER_LEN:
-        raise CorruptionError(where, at, "object too short for a sealed-file footer")
+        raise FileCorruptionError(where, at, "object too short for a sealed-file footer")
     (magic, ver, flen, inode, gen, lsize, map_off, count, map_crc, key_off, key_len, codec, enc,
      _r, bsize, _res, crc) = FOOTER.unpack(buf)
     if magic != SEAL_MAGIC:
-        raise CorruptionError(where, at, f"bad sealed-file magic {magic!r}")
+        raise FileCorruptionError(where, at, f"bad sealed-file magic {magic!r}")
     if crc32c(buf[:-4]) != crc:
-        raise CorruptionError(where, at, "footer checksum mismatch")
+        raise FileCorruptionError(where, at, "footer checksum mismatch")
     if ver != SEAL_VERSION or flen != FOOTER_LEN:
-        raise CorruptionError(where, at, f"unsupported sealed-file version {ver}")
+        raise FileCorruptionError(where, at, f"unsupported sealed-file version {ver}")
     if map_off + count * MAP_ENTRY.size != at or (key_len and key_off + key_len != map_off):
-        raise CorruptionError(where, at, "footer section offsets are inconsistent")
+        raise FileCorruptionError(where, at, "footer section offsets are inconsistent")
     return dict(inode=inode, gen=gen, logical_size=lsize, map_off=map_off, count=count,
                 map_crc=map_crc, key_off=key_off, key_len=key_len, codec=codec, enc=enc,
                 block_size=bsize)
@@ -123,7 +123,7 @@ def parse_footer(buf: bytes, where: str, object_size: int) -> dict[str, int]:
 
 def parse_key_section(sec: bytes, where: str, at: int) -> tuple[str, bytes]:
     if len(sec) < 8 or crc32c(sec[:-4]) != struct.unpack_from("<I", sec, len(sec) - 4)[0]:
-        raise CorruptionError(where, at, "key section checksum mismatch")
+        raise FileCorruptionError(where, at, "key section checksum mismatch")
     (klen,) = struct.unpack_from("<H", sec, 0)
     kid = sec[2 : 2 + klen].decode("ascii")
     (wlen,) = struct.unpack_from("<H", sec, 2 + klen)
@@ -155,14 +155,14 @@ class SealedFile:
             object_size = (await store.head(key)).size
         where = f"{store.uri}/{key}"
         if object_size < FOOTER_LEN:
-            raise CorruptionError(where, 0, "object too short for a sealed-file footer")
+            raise FileCorruptionError(where, 0, "object too short for a sealed-file footer")
         meta = parse_footer(await store.get_range(key, object_size - FOOTER_LEN, FOOTER_LEN),
                             where, object_size)
         lo = meta["key_off"] if meta["key_len"] else meta["map_off"]
         tail = await store.get_range(key, lo, object_size - FOOTER_LEN - lo)
         raw_map = tail[meta["key_len"] :]
         if crc32c(raw_map) != meta["map_crc"]:
-            raise CorruptionError(where, meta["map_off"], "block map checksum mismatch")
+            raise FileCorruptionError(where, meta["map_off"], "block map checksum mismatch")
         kid, wrapped = ("", b"")
         if meta["key_len"]:
             kid, wrapped = parse_key_section(tail[: meta["key_len"]], where, meta["key_off"])
@@ -172,7 +172,7 @@ class SealedFile:
             params = FileParams(meta["inode"], meta["gen"], Codec(meta["codec"]), meta["block_size"],
                                 0, kid, wrapped)
         except (ValueError, TerrafsError) as e:
-            raise CorruptionError(where, object_size - FOOTER_LEN, f"bad footer field: {e}") from e
+            raise FileCorruptionError(where, object_size - FOOTER_LEN, f"bad footer field: {e}") from e
         return cls(store, key, object_size, meta, blocks, params, kek, cache or BlockCache(4 << 20))
 
     async def read(self, offset: int, length: int) -> bytes:
@@ -226,7 +226,7 @@ class SealedFile:
                 if rec is not None:
                     try:
                         b = self._decode(rec, i)
-                    except CorruptionError:
+                    except FileCorruptionError:
                         self._cache.drop((self.key, i))  # bad cache copy: refetch below
                         b = None
                     if b is not None:
@@ -247,7 +247,7 @@ class SealedFile:
         stop = int(self._blocks["physical"][hi]) + int(self._blocks["rec"][hi])
         raw = await self._store.get_range(self.key, start, stop - start)
         if len(raw) != stop - start:
-            raise CorruptionError(self.where, start, "object shorter than its block map says")
+            raise FileCorruptionError(self.where, start, "object shorter than its block map says")
         out: list[bytes] = []
         for i in range(lo, hi + 1):
             a = int(self._blocks["physical"][i]) - start
@@ -263,7 +263,7 @@ class SealedFile:
         h, data = decode_block(rec, 0, cipher=self._cipher, inode=self.params.inode,
                                where=self.where)
         if h.logical_off != int(self._logical[i]) or h.raw_len != int(self._blocks["raw"][i]):
-            raise CorruptionError(self.where, phys, "block does not match the block map")
+            raise FileCorruptionError(self.where, phys, "block does not match the block map")
         return data
 
     async def scan(self, start: int = 0) -> AsyncIterator[tuple[int, bytes]]:
@@ -303,7 +303,7 @@ class SealedFile:
             stop = int(self._blocks["physical"][hi]) + int(self._blocks["rec"][hi])
             raw = await self._store.get_range(self.key, start, stop - start)
             if len(raw) != stop - start:
-                raise CorruptionError(self.where, start, "object shorter than its block map says")
+                raise FileCorruptionError(self.where, start, "object shorter than its block map says")
             fetched.append((lo, hi, start, raw))
         return await asyncio.to_thread(self._assemble, cached, fetched, offset, end)
 
@@ -333,7 +333,7 @@ class SealedFile:
         return out
 
     async def verify(self) -> None:
-        """Decode every block (fsck); raises CorruptionError at the first bad one."""
+        """Decode every block (fsck); raises FileCorruptionError at the first bad one."""
         async for _ in self.scan():
             pass
 
@@ -342,7 +342,7 @@ def _check_map(blocks: npt.NDArray[np.void], meta: dict[str, int], where: str) -
     """Invariants of the block map (docs/format/terrafs.md §3)."""
     if len(blocks) == 0:
         if meta["logical_size"] != 0:
-            raise CorruptionError(where, meta["map_off"], "empty block map for a non-empty file")
+            raise FileCorruptionError(where, meta["map_off"], "empty block map for a non-empty file")
         return
     logical = blocks["logical"].astype(np.int64)
     raw = blocks["raw"].astype(np.int64)
@@ -351,7 +351,7 @@ def _check_map(blocks: npt.NDArray[np.void], meta: dict[str, int], where: str) -
     phys_end = blocks["physical"].astype(np.int64) + blocks["rec"].astype(np.int64)
     ok = ok and int(phys_end.max()) <= (meta["key_off"] or meta["map_off"])
     if not ok:
-        raise CorruptionError(where, meta["map_off"], "block map is not contiguous")
+        raise FileCorruptionError(where, meta["map_off"], "block map is not contiguous")
 
 
 def _runs(idx: list[int]) -> Iterator[tuple[int, int]]:

@@ -19,19 +19,19 @@ if TYPE_CHECKING:
     from catalog.raft.catalog import RaftOptions
 
 
-class Kind(str, enum.Enum):
+class StoreKind(str, enum.Enum):
     BLOCK = "block device"
     OBJECT = "object store"
     CATALOG = "catalog"
 
 
 # scheme -> kinds it can open in this build
-SCHEMES: dict[str, frozenset[Kind]] = {
-    "trfs": frozenset({Kind.BLOCK, Kind.OBJECT}),
-    "trkv": frozenset({Kind.CATALOG}),
-    "trs3": frozenset({Kind.OBJECT}),
-    "memory": frozenset({Kind.BLOCK, Kind.OBJECT, Kind.CATALOG}),
-    "raft": frozenset({Kind.CATALOG}),
+SCHEMES: dict[str, frozenset[StoreKind]] = {
+    "trfs": frozenset({StoreKind.BLOCK, StoreKind.OBJECT}),
+    "trkv": frozenset({StoreKind.CATALOG}),
+    "trs3": frozenset({StoreKind.OBJECT}),
+    "memory": frozenset({StoreKind.BLOCK, StoreKind.OBJECT, StoreKind.CATALOG}),
+    "raft": frozenset({StoreKind.CATALOG}),
 }
 # schemes of the design that need a cloud this build does not talk to
 UNSUPPORTED = {
@@ -59,7 +59,7 @@ def local_path(uri: str) -> str:
     return path
 
 
-def _scheme(uri: str, kind: Kind) -> str:
+def _scheme(uri: str, kind: StoreKind) -> str:
     scheme = urlsplit(uri).scheme
     if scheme in UNSUPPORTED:
         raise UnsupportedSchemeError(
@@ -75,7 +75,7 @@ def _scheme(uri: str, kind: Kind) -> str:
 def open_block_device(uri: str, durable: bool = True, read_only: bool = False) -> BlockDevice:
     """The device at ``uri``; ``read_only``: for a checker beside a running node (the log
     device is opened without creating, freeing or writing anything)."""
-    scheme = _scheme(uri, Kind.BLOCK)
+    scheme = _scheme(uri, StoreKind.BLOCK)
     if scheme == "memory":
         from terrafs.backends.memory import MemoryBlockDevice
 
@@ -91,7 +91,7 @@ def open_block_device(uri: str, durable: bool = True, read_only: bool = False) -
 
 
 def open_object_store(uri: str) -> ObjectStore:
-    scheme = _scheme(uri, Kind.OBJECT)
+    scheme = _scheme(uri, StoreKind.OBJECT)
     if scheme == "memory":
         from terrafs.backends.memory import MemoryObjectStore
 
@@ -113,7 +113,7 @@ def open_catalog(uri: str, *, secret_file: str | None = None, dir: str | None = 
     ``secret_file`` and ``dir``); other schemes ignore them (and ``raft_options``,
     passed to ``RaftCatalog``).
     """
-    scheme = _scheme(uri, Kind.CATALOG)
+    scheme = _scheme(uri, StoreKind.CATALOG)
     if scheme == "memory":
         from catalog.memory import MemoryCatalog
 

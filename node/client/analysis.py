@@ -5,11 +5,12 @@ from __future__ import annotations
 import pyarrow as pa
 
 from node.client.output import emit, emit_arrow_table
+from node.errors import NodeError
 
 FNS = ("count", "sum", "min", "max", "mean", "count_distinct")
 
 
-class ArgumentError(ValueError):
+class ArgumentError(NodeError, ValueError):
     """A command-line argument that is not well formed (the CLI's usage error)."""
 
 

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from node.cluster.members import FORWARDED, RemoteError, raise_remote
 from node.wire import read_arrow_stream
-from node.errors import ApiError
+from node.errors import ApiError, NodeError
 from node.cluster.commit import commit_across
 from node.cluster.serving import Serving
 from node.metrics import Metrics
@@ -41,7 +41,7 @@ from rowstore.tables.key_check import check_keys
 log = logging.getLogger("node.router")
 
 
-class Misdirected(Exception):
+class Misdirected(NodeError):
     """Raised when a forwarded request names partitions this node does not serve (421)."""
 
 

@@ -12,6 +12,7 @@ import logging
 import struct
 
 import aiohttp
+from node.errors import NodeError
 
 log = logging.getLogger("terrascale.node")
 
@@ -23,7 +24,7 @@ IN_FLIGHT = 4  # frames sent and not yet answered, per follower node
 _CLOSING: set[asyncio.Future] = set()
 
 
-class StreamClosed(ConnectionError):
+class StreamClosed(NodeError, ConnectionError):
     """The stream to a follower closed (or never opened): every frame in flight on it failed."""
 
 

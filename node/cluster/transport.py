@@ -15,7 +15,7 @@ from node.cluster.members import Cluster
 from node.cluster.stream import STREAM, Stream, StreamClosed, batch_answers
 from node.errors import ApiError
 from rowstore.errors import FencedError
-from rowstore.replication.follower import Piece
+from rowstore.replication.follower import SegmentPiece
 from rowstore.replication.leader import Transport
 from rowstore.segments.position import Position
 
@@ -29,7 +29,7 @@ def encode(header: dict, data: list[bytes]) -> bytes:
     return b"".join([_LEN.pack(len(head)), head, *data])
 
 
-def decode(body: bytes) -> tuple[dict, list[Piece]]:
+def decode(body: bytes) -> tuple[dict, list[SegmentPiece]]:
     """The header and its pieces, checked against the body (400 on any mismatch)."""
     if len(body) < 4:
         raise ApiError(400, "bad_request", "a replication message starts with its header's length")
@@ -54,7 +54,7 @@ def decode(body: bytes) -> tuple[dict, list[Piece]]:
                 raise ValueError(f"bad piece {p!r}"[:100])
             if at + ln > len(body):
                 raise ValueError("a piece runs past the body")
-            pieces.append(Piece(segid, seq, off, memoryview(body)[at : at + ln]))
+            pieces.append(SegmentPiece(segid, seq, off, memoryview(body)[at : at + ln]))
             at += ln
         if at != len(body):
             raise ValueError("bytes after the last piece")

@@ -27,7 +27,7 @@ CATCH_UP_BYTES = 4 << 20  # a follower further behind than one catch-up message 
 
 
 @dataclass(frozen=True)
-class _Opened:
+class _Stores:
     fs: TerrascaleFS
     sv: Serving
     jobs: Jobs
@@ -39,15 +39,15 @@ class Views:
                  http_url: str):
         self.cfg, self.readiness, self.metrics, self.guard, self.http_url = cfg, readiness, metrics, guard, http_url
         self.started = time.time()
-        self._opened: _Opened | None = None
+        self._opened: _Stores | None = None
         self._raft_refused: dict[str, int] = {}
 
     def open(self, fs: TerrascaleFS, sv: Serving, jobs: Jobs, replication: NodeReplication) -> None:
         """The node's stores are open: the views may read them (``Node.open``)."""
-        self._opened = _Opened(fs, sv, jobs, replication)
+        self._opened = _Stores(fs, sv, jobs, replication)
 
     @property
-    def _parts(self) -> _Opened:
+    def _parts(self) -> _Stores:
         if self._opened is None:
             raise ApiError(503, "not_ready", "the node is starting or stopping (see /readyz)")
         return self._opened
@@ -61,7 +61,7 @@ class Views:
             await self._store_metrics(self._opened)
         return generate_latest(m.registry), CONTENT_TYPE_LATEST
 
-    async def _store_metrics(self, o: _Opened) -> None:
+    async def _store_metrics(self, o: _Stores) -> None:
         m, fs, db = self.metrics, o.fs, o.sv.db
         counts = {(s, t): 0 for s in FileState for t in FileTier}
         for r in await fs.list(owner=self.cfg.node_id):
@@ -97,7 +97,7 @@ class Views:
         m.gc_deleted.set(tot["segments_deleted"])
         m.gc_garbage_ratio.set(await db.gc.garbage_ratio())
 
-    async def _placement_metrics(self, o: _Opened) -> None:
+    async def _placement_metrics(self, o: _Stores) -> None:
         """Partitions led here and their epochs, and each follower's lag (a dropped table's
         series go away)."""
         m, db = self.metrics, o.sv.db
@@ -161,7 +161,7 @@ class Views:
             "replication": self._replication_status(o),
         }
 
-    def _replication_status(self, o: _Opened) -> dict[str, Any] | None:
+    def _replication_status(self, o: _Stores) -> dict[str, Any] | None:
         """Replicated partitions led here (epoch, lease, each follower's position and lag),
         the driver's view (dead nodes) and the elections run (RFC 0010 §5)."""
         if not o.replication.enabled:
@@ -172,7 +172,7 @@ class Views:
                      for k, v in st["led"].items()}
         return st
 
-    async def _catalog_status(self, o: _Opened) -> dict[str, Any]:
+    async def _catalog_status(self, o: _Stores) -> dict[str, Any]:
         """role / leader / term of the catalog, leader as a node id where it is known."""
         if not o.sv.cluster.multi:
             return {"role": "single", "leader": self.cfg.node_id, "term": 1, "members": None}

@@ -35,7 +35,7 @@ from node.http.fast_encoder import NotFast, encoder, index_key
 from rowstore.codec.rows import Encoded
 from rowstore.db.write.committer import WriteResult
 from rowstore.errors import InvalidKeyError
-from rowstore.tables.conform import Piece
+from rowstore.tables.conform import PartitionShare
 from rowstore.tables.definitions import TableDef
 from rowstore.tables.key_check import check_key
 from rowstore.tables.keys import partition_one
@@ -208,7 +208,7 @@ class Coalescer:
             _answer(r, tss if isinstance(tss, BaseException) else tss[0], existed.get(id(r)))
         self._stage("commit", t0)
 
-    def _piece(self, pid: int, members: list, kind: str, indexed: list) -> Piece:
+    def _piece(self, pid: int, members: list, kind: str, indexed: list) -> PartitionShare:
         """One partition's rows of several requests (``members``: (request, row index))."""
         rows = [r.rows[i] for r, i in members]
         starts = np.zeros(len(rows), np.int64)
@@ -224,7 +224,7 @@ class Coalescer:
             batch = pa.RecordBatch.from_arrays(
                 [column_from_json([None if o is None else o.get(c.name) for o in objs], c) for c in indexed],
                 schema=pa.schema([c.field() for c in indexed]))
-        return Piece(pid, karr, deleted, Encoded(buf, starts), batch, None)
+        return PartitionShare(pid, karr, deleted, Encoded(buf, starts), batch, None)
 
     async def _existing(self, d: TableDef, pieces: list) -> dict[int, int]:
         """Per delete request (by id): how many of its keys have a live row now."""

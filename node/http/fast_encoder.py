@@ -28,6 +28,7 @@ from rowstore.schema import SchemaVersion
 from rowstore.tables.conform import TS_RANGE_US
 from rowstore.tables.keys import encode_one
 from rowstore.types import Kind
+from node.errors import NodeError
 
 _INT = {Kind.INT8: ("b", -(2**7), 2**7), Kind.INT16: ("h", -(2**15), 2**15), Kind.INT32: ("i", -(2**31), 2**31),
         Kind.INT64: ("q", -(2**63), 2**63), Kind.UINT8: ("B", 0, 2**8), Kind.UINT16: ("H", 0, 2**16),
@@ -39,7 +40,7 @@ _EPOCH = dt.datetime(1970, 1, 1)
 _EPOCH_DATE = dt.date(1970, 1, 1)
 
 
-class NotFast(Exception):
+class NotFast(NodeError):
     """The value is not one the fast path is sure about: the request takes the full path."""
 
 

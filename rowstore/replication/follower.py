@@ -27,7 +27,7 @@ _COPY_CHUNK = 4 << 20  # bytes read and appended at a time when a copy is cut
 
 
 @dataclass
-class Piece:
+class SegmentPiece:
     segid: int
     seq: int
     offset: int
@@ -114,7 +114,7 @@ class ReplicaStore:
 
     # -- the leader's messages ------------------------------------------------------------------
 
-    async def append(self, table_id: str, pid: int, epoch: int, base: int, start: Position, pieces: list[Piece],
+    async def append(self, table_id: str, pid: int, epoch: int, base: int, start: Position, pieces: list[SegmentPiece],
                      leader: str = "", clock: int = 0) -> dict:
         """Make ``pieces`` durable in order; answer the position (``gap``: a piece began past it).
         ``clock``: the leader's present when it sent them (answered by a promise)."""
@@ -146,7 +146,7 @@ class ReplicaStore:
                 await self._save(r, last=epoch)
             return {"pos": pos.json(), "last": r.rec.last, "gap": gap}
 
-    async def _put(self, r: _Replica, table_id: str, pid: int, p: Piece) -> bool:
+    async def _put(self, r: _Replica, table_id: str, pid: int, p: SegmentPiece) -> bool:
         f = r.files.get(p.segid)
         if f is not None and f.failure is not None:
             f = r.files[p.segid] = await self._revive(f)

@@ -16,7 +16,7 @@ import pyarrow as pa
 from rowstore.errors import RowstoreError
 from rowstore.codec.rows import Decoded, Encoded, EncodedParts, decode_row_list, encode_rows
 from rowstore.schema import SchemaVersion
-from rowstore.segments.wal import DECIDED, Kind, WalReader, WalState, batch_parts, commit_bytes, frame, U64
+from rowstore.segments.wal import DECIDED, RecordKind, WalReader, WalState, batch_parts, commit_bytes, frame, U64
 from rowstore.rowids import rowids, split_rowids
 from terrafs.active import ActiveFile
 
@@ -104,9 +104,9 @@ class ActiveSegment:
         base = int(split_rowids(ids[:1])[1][0]) if len(ids) else self._next
         self._next = self.durable_rows = base
 
-    async def append_record(self, kind: Kind, body: bytes, lazy: bool = False) -> None:
+    async def append_record(self, kind: RecordKind, body: bytes, lazy: bool = False) -> None:
         """An opaque, progress or checkpoint record (durable on return)."""
-        if kind == Kind.PROGRESS:
+        if kind == RecordKind.PROGRESS:
             self.wal.closed_ts = max(self.wal.closed_ts, U64.unpack(body)[0])
         await self.file.append(frame(kind, body), lazy=lazy)
 

@@ -17,7 +17,7 @@ from rowstore.segments.sealed import SealedSegment, walk_rows
 from rowstore.segments.store import SEG_PREFIX, SegmentRecord, SegState
 from rowstore.segments.wal import WalReader
 from terrafs.active import ActiveFile
-from terrafs.errors import CorruptionError, TerrafsError
+from terrafs.errors import FileCorruptionError, TerrafsError
 from terrafs.fsck import Problem
 from terrafs.fs import TerrascaleFS
 
@@ -37,7 +37,7 @@ async def check_segments(fs: TerrascaleFS) -> list[Problem]:
                         await check_wal(af)
                     finally:
                         await af.close()
-        except CorruptionError as err:
+        except FileCorruptionError as err:
             out.append(Problem(err.where, err.offset, f"segment {rec.segid}: {err.reason}"))
         except TerrafsError as err:
             out.append(Problem(f"segment {rec.segid}", None, f"segment {rec.segid}: {err}"))

@@ -21,7 +21,7 @@ BATCH_HEAD = struct.Struct("<QQI")  # txn id, commit_ts, row count
 U64 = struct.Struct("<Q")
 
 
-class Kind(enum.IntEnum):
+class RecordKind(enum.IntEnum):
     BATCH = 1
     COMMIT = 2
     PROGRESS = 3
@@ -29,7 +29,7 @@ class Kind(enum.IntEnum):
     OPAQUE = 5
 
 
-def frame(kind: Kind, body: bytes | memoryview) -> bytes:
+def frame(kind: RecordKind, body: bytes | memoryview) -> bytes:
     return REC.pack(int(kind), 0, 0, len(body)) + bytes(body)
 
 
@@ -45,7 +45,7 @@ def batch_parts(txn: int, commit_ts: int, nrows: int, bufs: list[np.ndarray],
     the other (the rows are not copied here); also the offset of the first row."""
     head = BATCH_HEAD.pack(txn, commit_ts, nrows)
     size = sum(b.shape[0] for b in bufs)
-    parts = [REC.pack(int(Kind.BATCH), 0, 0, len(head) + size) + head,
+    parts = [REC.pack(int(RecordKind.BATCH), 0, 0, len(head) + size) + head,
              *(memoryview(np.ascontiguousarray(b)) for b in bufs)]
     if commit:
         parts.append(commit_bytes(txn))
@@ -53,7 +53,7 @@ def batch_parts(txn: int, commit_ts: int, nrows: int, bufs: list[np.ndarray],
 
 
 def commit_bytes(txn: int) -> bytes:
-    return frame(Kind.COMMIT, U64.pack(txn))
+    return frame(RecordKind.COMMIT, U64.pack(txn))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -122,21 +122,21 @@ class WalReader:
         return out
 
     def _record(self, kind: int, body, at: int) -> CommittedBatch | None:
-        if kind == Kind.BATCH:
+        if kind == RecordKind.BATCH:
             if self._open is not None:
                 self.state.dropped += 1  # the previous batch never committed
             txn, ts, n = BATCH_HEAD.unpack_from(body, 0)
             self._open = (txn, ts, n, bytes(body[BATCH_HEAD.size :]), at + REC.size + BATCH_HEAD.size)
-        elif kind == Kind.COMMIT:
+        elif kind == RecordKind.COMMIT:
             (txn,) = U64.unpack_from(body, 0)
             if self._open is None or self._open[0] != txn:
                 raise RowCorruptionError(self.where, at, f"COMMIT of txn {txn} without its BATCH")
             return self._commit(at)
-        elif kind == Kind.PROGRESS:
+        elif kind == RecordKind.PROGRESS:
             self.state.closed_ts = max(self.state.closed_ts, U64.unpack_from(body, 0)[0])
-        elif kind == Kind.CHECKPOINT:
+        elif kind == RecordKind.CHECKPOINT:
             self.state.checkpoints.append((U64.unpack_from(body, 0)[0], at))
-        elif kind != Kind.OPAQUE:
+        elif kind != RecordKind.OPAQUE:
             raise RowCorruptionError(self.where, at, f"unknown write-ahead record kind {kind}")
         return None
 

@@ -159,7 +159,7 @@ def _stamp(buf, starts, ts8):
 
 
 @dataclass(frozen=True)
-class Piece:
+class PartitionShare:
     """One partition's share of a batch: its encoded keys, deletion flags and encoded rows,
     and the columns applying needs — rows ``pos`` of ``batch`` (all of it when None), not
     taken: the column index takes them only if a query or a checkpoint needs them."""
@@ -177,7 +177,7 @@ class Piece:
 
 
 def split_by_partition(batch: pa.RecordBatch, schema: SchemaVersion, keys: np.ndarray,
-                       deleted: np.ndarray | None, pids: np.ndarray, keep: list[str]) -> list[Piece]:
+                       deleted: np.ndarray | None, pids: np.ndarray, keep: list[str]) -> list[PartitionShare]:
     """The batch regrouped by partition, in key order within each (``keys`` are distinct),
     and encoded straight into that order; every piece is a zero-copy slice of the encoding,
     and of the columns applying needs (``keep``) or, when rows moved, their positions.
@@ -199,7 +199,7 @@ def split_by_partition(batch: pa.RecordBatch, schema: SchemaVersion, keys: np.nd
     for a, b in zip([0, *cuts], [*cuts, len(pids)]):
         lo, hi = int(ends[a]), int(ends[b])
         rows = (sub.slice(a, b - a), None) if order is None else (sub, order[a:b])
-        out.append(Piece(int(pids[a]), keys[a:b], None if deleted is None else deleted[a:b],
+        out.append(PartitionShare(int(pids[a]), keys[a:b], None if deleted is None else deleted[a:b],
                          Encoded(enc.buf[lo:hi], enc.starts[a:b] - lo), *rows))
     return out
 

@@ -11,11 +11,12 @@ import json
 
 import numba
 import numpy as np
+from rowstore.errors import RowstoreError
 
 MAX_VALUE_DEPTH = 500  # a json column's value; well below the parsers' recursion limit
 
 
-class JsonTextError(ValueError):
+class JsonTextError(RowstoreError, ValueError):
     """Raised when text is not strict JSON or nests deeper than allowed."""
 
 

@@ -21,8 +21,8 @@ from catalog.fsutil import fsync_dir
 from terrafs.abc import BlockDevice, Buffer, DeviceFile, check_name
 from terrafs.backends.logdev_format import (PAGE, MAX_NAME, ZERO_ENDED, Chain, Piece, chains_from, decode_superblock,
                                             encode_header, encode_superblock, parse_header)
-from terrafs.errors import (AlreadyExistsError, ClosedError, CorruptionError, DeviceError, FileNotFoundInDeviceError,
-                            StorageIOError, no_space)
+from terrafs.errors import (AlreadyExistsError, ClosedError, DeviceError, FileCorruptionError,
+                            FileNotFoundInDeviceError, StorageIOError, no_space)
 from terrafs.iopool import run_io
 from terrafs.rounds import DeviceRounds
 
@@ -118,7 +118,7 @@ class LogDevice(BlockDevice):
             index, file_id, seq, used, name = got
             self._seq = max(self._seq, seq)
             if index in pieces.setdefault(file_id, {}):
-                raise CorruptionError(self.path, self._offset(e), f"file {file_id:x} has two extents {index}")
+                raise FileCorruptionError(self.path, self._offset(e), f"file {file_id:x} has two extents {index}")
             pieces[file_id][index] = (e, seq, used, name)
         self._chains, stray = chains_from(pieces, self.payload, esize, self.path)
         if stray and not self.read_only:

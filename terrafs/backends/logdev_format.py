@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from catalog.checksum import crc32c
-from terrafs.errors import CorruptionError
+from terrafs.errors import FileCorruptionError
 
 SUPER_MAGIC, HEAD_MAGIC = b"TRFSLOGD", b"TRLDEXT1"  # format
 VERSION = 1  # format
@@ -47,17 +47,17 @@ def encode_superblock(flags: int, extent_size: int) -> bytes:
 
 
 def decode_superblock(sb: bytes, where: str) -> tuple[int, int]:
-    """(flags, extent_size) of a superblock; CorruptionError when it does not verify."""
+    """(flags, extent_size) of a superblock; FileCorruptionError when it does not verify."""
     if len(sb) < SUPER.size + _CRC.size:
-        raise CorruptionError(where, 0, "truncated log-device superblock")
+        raise FileCorruptionError(where, 0, "truncated log-device superblock")
     magic, ver, flags, esize, _dev = SUPER.unpack_from(sb, 0)
     (crc,) = _CRC.unpack_from(sb, SUPER.size)
     if magic != SUPER_MAGIC or crc32c(sb[: SUPER.size]) != crc:
-        raise CorruptionError(where, 0, "bad log-device superblock (magic or checksum)")
+        raise FileCorruptionError(where, 0, "bad log-device superblock (magic or checksum)")
     if ver != VERSION:
-        raise CorruptionError(where, 0, f"unsupported log-device version {ver}")
+        raise FileCorruptionError(where, 0, f"unsupported log-device version {ver}")
     if flags & ~ZERO_ENDED:
-        raise CorruptionError(where, 10, f"unknown log-device flags {flags:#x}")
+        raise FileCorruptionError(where, 10, f"unknown log-device flags {flags:#x}")
     return flags, esize
 
 
@@ -75,11 +75,11 @@ def parse_header(raw: bytes, at: int, payload: int, where: str) -> tuple[int, in
     magic, ver, nlen, index, file_id, seq, used, _r = HEAD.unpack_from(raw, 0)
     end = HEAD.size + nlen
     if magic != HEAD_MAGIC or nlen > MAX_NAME or crc32c(raw[:end]) != _CRC.unpack_from(raw, end)[0]:
-        raise CorruptionError(where, at, "extent header does not verify (magic or checksum)")
+        raise FileCorruptionError(where, at, "extent header does not verify (magic or checksum)")
     if ver != VERSION:
-        raise CorruptionError(where, at, f"unsupported extent-header version {ver}")
+        raise FileCorruptionError(where, at, f"unsupported extent-header version {ver}")
     if used > payload:
-        raise CorruptionError(where, at, f"extent claims {used} bytes of a {payload}-byte payload")
+        raise FileCorruptionError(where, at, f"extent claims {used} bytes of a {payload}-byte payload")
     return index, file_id, seq, used, raw[HEAD.size:end].decode("ascii")
 
 
@@ -114,7 +114,7 @@ def _chain_of(file_id: int, by_index: dict[int, Piece], stray: list[int], payloa
     k = 1
     while k in by_index:
         if chain.used != payload:
-            raise CorruptionError(where, PAGE + chain.extents[-1] * extent_size,
+            raise FileCorruptionError(where, PAGE + chain.extents[-1] * extent_size,
                                   "an extent before the last of its file is not full")
         e, _s, used, _n = by_index[k]
         chain.extents.append(e)

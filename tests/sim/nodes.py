@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from rowstore.db.database import Database, TablesConfig
 from rowstore.errors import RowstoreError
-from rowstore.replication.follower import Piece
+from rowstore.replication.follower import SegmentPiece
 from rowstore.replication.leader import Transport
 from rowstore.segments.position import Position
 from terrafs.active import ActiveConfig
@@ -115,7 +115,7 @@ class SimTransport(Transport):
         self.w, self.me = world, me
 
     async def append(self, node: str, header: dict, data: list[bytes]) -> dict:
-        pieces = [Piece(s, q, o, bytes(d)) for (s, q, o, _), d in zip(header["pieces"], data)]
+        pieces = [SegmentPiece(s, q, o, bytes(d)) for (s, q, o, _), d in zip(header["pieces"], data)]
         h = dict(header)
         return await self.w.net.call(self.me, node, lambda: self.w.nodes[node].db.leadership.append(
             h["table"], h["pid"], h["epoch"], h["base"], Position(*h["start"]), pieces, self.me, h["clock"]))

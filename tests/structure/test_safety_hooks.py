@@ -1,4 +1,4 @@
-"""A hook that keeps an invariant is a constructor argument without a default (issue 40): the
+"""A hook that keeps an invariant is a constructor argument without a default: the
 clock floor and the new leader's clock (invariant C of RFC 0010), fencing (a fenced leader steps
 down), the HLC present a leader ships. Left out, the class is not made — it never runs with the
 check switched off, as ``observe_durably=None`` once silently did."""

@@ -9,7 +9,7 @@ from terrafs.backends.local import LocalBlockDevice
 from terrafs.backends.memory import MemoryBlockDevice
 from terrafs.blocks import Codec
 from terrafs.crypto import KeyEncryptionKey
-from terrafs.errors import CorruptionError, EncryptionKeyError, FileStateError
+from terrafs.errors import FileCorruptionError, EncryptionKeyError, FileStateError
 from terrafs.faults import FaultyBlockDevice
 from terrafs.params import new_params
 
@@ -111,7 +111,7 @@ async def test_flipped_byte_in_last_group_is_cut_earlier_is_error():
         bad = bytearray(raw)
         bad[pos] ^= 0x10
         await (await d.create("f")).append(bytes(bad))
-        with pytest.raises(CorruptionError) as ei:
+        with pytest.raises(FileCorruptionError) as ei:
             await ActiveFile.recover(d, "f", None, CFG)
         assert ei.value.where.endswith("/f") and ei.value.offset is not None
         assert (await d.open("f")).size() == len(raw)  # nothing cut
@@ -123,7 +123,7 @@ async def test_corrupt_header_is_error():
     bad = bytearray(raw)
     bad[13] ^= 1
     await (await d.create("f")).append(bytes(bad))
-    with pytest.raises(CorruptionError, match="header"):
+    with pytest.raises(FileCorruptionError, match="header"):
         await ActiveFile.recover(d, "f", None, CFG)
 
 

@@ -7,7 +7,7 @@ import pytest
 from terrafs.active import PREALLOC, ActiveConfig, ActiveFile
 from terrafs.backends.local import LocalBlockDevice
 from terrafs.blocks import Codec
-from terrafs.errors import CorruptionError
+from terrafs.errors import FileCorruptionError
 from terrafs.params import new_params
 
 CFG = ActiveConfig(flush_bytes=64 * 1024, flush_ms=1.0)
@@ -83,11 +83,11 @@ async def test_damage_before_the_zeros_is_an_error(tmp_path):
     raw, bounds, _ = await _groups(tmp_path, [3000, 7000, 9000])
     bad = bytearray(raw)
     bad[bounds[0] + 100] ^= 0x08  # inside the first group
-    with pytest.raises(CorruptionError) as ei:
+    with pytest.raises(FileCorruptionError) as ei:
         await _recover(tmp_path, bytes(bad))
     assert ei.value.offset == bounds[0] and os.path.getsize(tmp_path / "f") == len(raw)  # nothing cut
     zeroed = raw[: bounds[1]] + bytes(bounds[2] - bounds[1]) + raw[bounds[2] :]  # a whole group zeroed
-    with pytest.raises(CorruptionError, match="follows"):
+    with pytest.raises(FileCorruptionError, match="follows"):
         await _recover(tmp_path, zeroed)
 
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from terrafs.blocks import HEADER_LEN, Codec, Flags, decode_block, encode_block, encode_pad, parse_header
 from terrafs.crypto import DataCipher, KeyEncryptionKey, new_data_key
-from terrafs.errors import ConfigurationError, CorruptionError, EncryptionKeyError
+from terrafs.errors import ConfigurationError, FileCorruptionError, EncryptionKeyError
 
 KEY = new_data_key()
 
@@ -47,7 +47,7 @@ def test_every_flipped_byte_is_detected(codec, enc):
     for i in range(len(out)):
         bad = bytearray(out)
         bad[i] ^= 0x01
-        with pytest.raises(CorruptionError) as ei:
+        with pytest.raises(FileCorruptionError) as ei:
             decode_block(bad, 0, cipher=cipher, inode=9, where="obj")
         assert ei.value.where == "obj" and ei.value.offset == 0
 
@@ -75,9 +75,9 @@ def test_pad_block():
 def test_truncated_header_and_payload():
     out = bytearray()
     encode_block(out, b"x" * 100, logical_off=0, group=0, end=True)
-    with pytest.raises(CorruptionError, match="truncated block header"):
+    with pytest.raises(FileCorruptionError, match="truncated block header"):
         decode_block(out[:20], 0)
-    with pytest.raises(CorruptionError, match="truncated block payload"):
+    with pytest.raises(FileCorruptionError, match="truncated block payload"):
         decode_block(out[:-1], 0)
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from terrafs.active import ActiveFile
 from terrafs.backends.logdev import PAGE, LogDevice
 from terrafs.blocks import Codec
-from terrafs.errors import CorruptionError, FileNotFoundInDeviceError
+from terrafs.errors import FileCorruptionError, FileNotFoundInDeviceError
 from terrafs.params import new_params
 from tests.terrafs.conformance import BlockDeviceSuite
 
@@ -195,7 +195,7 @@ async def test_a_flipped_byte_in_a_header_is_corruption_naming_the_offset(tmp_pa
         b = raw.read(1)
         raw.seek(at)
         raw.write(bytes([b[0] ^ 0x10]))
-    with pytest.raises(CorruptionError) as e:
+    with pytest.raises(FileCorruptionError) as e:
         await reopen(dev).list()
     assert e.value.offset == (0 if where == "superblock" else at - 20)
 

@@ -9,7 +9,7 @@ from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.blocks import Codec
 from terrafs.cache import BlockCache
 from terrafs.crypto import KeyEncryptionKey
-from terrafs.errors import CorruptionError, EncryptionKeyError
+from terrafs.errors import FileCorruptionError, EncryptionKeyError
 from terrafs.faults import FaultyObjectStore, InjectedFault
 from terrafs.params import new_params
 from terrafs.sealed import FOOTER_LEN, SealedFile, SealedWriter
@@ -76,7 +76,7 @@ async def test_flipped_byte_anywhere_is_detected_never_served():
         try:
             sf = await SealedFile.open(s, "obj", object_size=size)
             got = b"".join([b async for _, b in sf.scan()])
-        except CorruptionError as e:
+        except FileCorruptionError as e:
             assert e.where.endswith("/obj") and e.offset is not None
             continue
         pytest.fail(f"flip at {pos} went unnoticed (served {len(got)} bytes)")
@@ -138,8 +138,8 @@ async def test_empty_and_truncated_objects():
     raw = await store.get("obj")
     s = MemoryObjectStore()
     await s.put("obj", raw[:-1])
-    with pytest.raises(CorruptionError):
+    with pytest.raises(FileCorruptionError):
         await SealedFile.open(s, "obj")
     await s.put("obj", raw[: FOOTER_LEN - 1])
-    with pytest.raises(CorruptionError, match="too short"):
+    with pytest.raises(FileCorruptionError, match="too short"):
         await SealedFile.open(s, "obj")

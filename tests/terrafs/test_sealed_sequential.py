@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from terrafs.blocks import Codec
 from terrafs.cache import BlockCache
 from terrafs.crypto import KeyEncryptionKey
-from terrafs.errors import CorruptionError
+from terrafs.errors import FileCorruptionError
 from terrafs.faults import FaultyObjectStore
 from terrafs.sealed import SealedFile
 from tests.terrafs.test_sealed import build, sample
@@ -62,8 +62,8 @@ async def test_flipped_byte_is_never_returned(codec):
         await store.put("obj", bytes(bad))
         try:
             sf = await SealedFile.open(store, "obj", object_size=size)
-        except CorruptionError:
+        except FileCorruptionError:
             continue  # the damage hit the map or the footer
-        with pytest.raises(CorruptionError) as ei:
+        with pytest.raises(FileCorruptionError) as ei:
             await sf.read_sequential(0, len(data))
         assert ei.value.where.endswith("obj") and ei.value.offset is not None

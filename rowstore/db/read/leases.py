@@ -8,7 +8,7 @@ import secrets
 import time
 
 from catalog.abc import Catalog, Check, Delete, Put
-from rowstore.errors import ConflictError, LeaseExpiredError
+from rowstore.errors import ConflictError, ReadLeaseExpiredError
 from terrafs.catalog_ops import commit
 
 LEASE_PREFIX = "lease/"
@@ -54,11 +54,11 @@ class Leases:
         for _ in range(16):
             e = await self.catalog.get(LEASE_PREFIX + lease)
             if e is None:
-                raise LeaseExpiredError(f"lease {lease} expired or released")
+                raise ReadLeaseExpiredError(f"lease {lease} expired or released")
             d = json.loads(e.value)
             now_ms = self.now_ms()
             if d["expires_ms"] <= now_ms:
-                raise LeaseExpiredError(f"lease {lease} expired")
+                raise ReadLeaseExpiredError(f"lease {lease} expired")
             d["expires_ms"] = max(d["expires_ms"], int(now_ms + ttl_s * 1000))
             res = await commit(self.catalog, [Check(e.key, e.version)], [Put(e.key, json.dumps(d).encode())])
             if res.committed:

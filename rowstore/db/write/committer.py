@@ -20,7 +20,7 @@ from rowstore.codec.rows import Encoded, EncodedParts
 from rowstore.schema import SchemaVersion
 from rowstore.rowids import split_rowids
 from rowstore.segments.wal import DECIDED, SPANS_NODES
-from rowstore.tables.conform import Piece, conform, split_by_partition, stamp
+from rowstore.tables.conform import PartitionShare, conform, split_by_partition, stamp
 from rowstore.tables.key_check import check_keys
 from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.db.partition import Partition
@@ -188,7 +188,8 @@ class Committer:
             else split_by_partition(*args)
         return table, pieces, batch.num_rows
 
-    async def write_pieces(self, d: TableDef, pieces: list[Piece], sizes: list[list[int]] | None = None) -> list:
+    async def write_pieces(self, d: TableDef, pieces: list[PartitionShare],
+                           sizes: list[list[int]] | None = None) -> list:
         """Commit rows already checked, encoded and split by partition (each piece: distinct
         keys, rows of ``d.schema``), without the conform/encode/split of :meth:`write` —
         for a caller that coalesced concurrent small requests (``node/http/coalesce.py``).
@@ -213,7 +214,7 @@ class Committer:
         table = await self.tables.table(d)
         return await table.parts[pid].index.get_many(keys, self.timeline.closed) != 0
 
-    async def _commit_one(self, part: Partition, piece: Piece, schema, sizes: list[int] | None = None):
+    async def _commit_one(self, part: Partition, piece: PartitionShare, schema, sizes: list[int] | None = None):
         """One partition's batch: one append, one group-commit wait. With ``sizes`` the piece
         holds several requests' rows back to back (:meth:`write_pieces`): each gets its own
         commit timestamp, stamped into its rows (the record's header carries the largest, as a
@@ -235,7 +236,7 @@ class Committer:
             return await done
         return await self._bounded(asyncio.ensure_future(done), [part])
 
-    async def _finish_one(self, part: Partition, seg, task, piece: Piece, schema, ts: int, tss: list[int],
+    async def _finish_one(self, part: Partition, seg, task, piece: PartitionShare, schema, ts: int, tss: list[int],
                           sizes: list[int] | None):
         try:
             ids = await task
@@ -464,5 +465,5 @@ def _distinct(keys: np.ndarray) -> bool:
     return not (s[1:] == s[:-1]).any()
 
 
-def _deleted(piece: Piece) -> np.ndarray:
+def _deleted(piece: PartitionShare) -> np.ndarray:
     return np.zeros(piece.rows, bool) if piece.deleted is None else piece.deleted

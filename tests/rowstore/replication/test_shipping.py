@@ -13,11 +13,11 @@ from catalog.memory import MemoryCatalog
 from rowstore.hlc import ts_from_ms
 from rowstore.replication.leader import LEASE_DRIFT, clock_floor, lease_wait, Shipper, Transport, whole_prefix
 from rowstore.errors import FencedError
-from rowstore.replication.follower import Piece, ReplicaStore
+from rowstore.replication.follower import SegmentPiece, ReplicaStore
 from rowstore.segments.position import NOTHING, Position, ReplicaRecord, keeps_log
 from rowstore.schema import parse_schema
 from rowstore.segments.active import ActiveSegment
-from rowstore.segments.wal import REC, Kind, frame
+from rowstore.segments.wal import REC, RecordKind, frame
 from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.errors import MirrorError
@@ -50,7 +50,7 @@ class LocalTransport(Transport):
             raise ConnectionError(f"{node} is down")
         if self.stalled:
             await asyncio.Event().wait()
-        pieces = [Piece(s, q, o, d) for (s, q, o, _), d in zip(header["pieces"], data)]
+        pieces = [SegmentPiece(s, q, o, d) for (s, q, o, _), d in zip(header["pieces"], data)]
         await asyncio.sleep(0)
         return await self.stores[node].append(header["table"], header["pid"], header["epoch"], header["base"],
                                               Position(*header["start"]), pieces, "n1", header["clock"])
@@ -243,18 +243,18 @@ async def test_a_replica_loaded_after_a_restart_counts_as_just_reached():
 async def test_gaps_are_refused_resends_skipped_and_divergent_logs_dropped():
     fss, stores, _ = await world()
     f = stores["n2"]
-    rec1 = frame(Kind.OPAQUE, b"a" * 30)
-    got = await f.append("T", 0, 1, 0, NOTHING, [Piece(9, 1, 0, rec1)])
+    rec1 = frame(RecordKind.OPAQUE, b"a" * 30)
+    got = await f.append("T", 0, 1, 0, NOTHING, [SegmentPiece(9, 1, 0, rec1)])
     assert got["pos"] == [1, len(rec1)] and got["last"] == 1 and not got["gap"]
-    got = await f.append("T", 0, 1, 0, NOTHING, [Piece(9, 1, 0, rec1 + rec1)])  # a resend, overlapping
+    got = await f.append("T", 0, 1, 0, NOTHING, [SegmentPiece(9, 1, 0, rec1 + rec1)])  # a resend, overlapping
     assert got["pos"] == [1, 2 * len(rec1)]
-    got = await f.append("T", 0, 1, 0, NOTHING, [Piece(9, 1, 5 * len(rec1), rec1)])  # beyond the end
+    got = await f.append("T", 0, 1, 0, NOTHING, [SegmentPiece(9, 1, 5 * len(rec1), rec1)])  # beyond the end
     assert got["gap"] and got["pos"] == [1, 2 * len(rec1)]
     # epoch 3 continued epoch 1 from before this copy's end: this copy has a suffix the new
     # leader does not; it is cut at the new epoch's start (its prefix is the leader's log)
     got = await f.append("T", 0, 3, 1, Position(1, len(rec1)), [])
     assert got["pos"] == [1, len(rec1)] and got["last"] == 3
-    got = await f.append("T", 0, 3, 1, Position(1, len(rec1)), [Piece(9, 1, 0, rec1 + rec1[:7])])
+    got = await f.append("T", 0, 3, 1, Position(1, len(rec1)), [SegmentPiece(9, 1, 0, rec1 + rec1[:7])])
     assert got["pos"] == [1, len(rec1) + 7] and got["last"] == 3
     e = await fss["n2"].catalog.get("rs/rep/T/000/n2")
     assert ReplicaRecord.from_bytes(e.value, e.key).promised == 3
@@ -271,7 +271,7 @@ def test_which_logs_a_follower_keeps():
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.binary(max_size=40), max_size=12), st.integers(0, 400))
 def test_whole_prefix_cuts_after_the_last_whole_record(bodies, cut):
-    recs = [frame(Kind.OPAQUE, b) for b in bodies]
+    recs = [frame(RecordKind.OPAQUE, b) for b in bodies]
     data = b"".join(recs)[:cut]
     n = whole_prefix(data)
     ends = np.cumsum([0] + [len(r) for r in recs])
@@ -287,11 +287,11 @@ async def test_a_longer_log_of_the_base_epoch_is_cut_at_the_start_not_dropped_an
     L over B, which lagged in epoch 1: B lacks acknowledged writes."""
     fss, stores, _ = await world(4)
     L, A, B = stores["n2"], stores["n3"], stores["n4"]
-    body = [frame(Kind.OPAQUE, bytes([i]) * 50) for i in range(60)]
+    body = [frame(RecordKind.OPAQUE, bytes([i]) * 50) for i in range(60)]
     log1 = b"".join(body)
     acked = len(b"".join(body[:40]))  # on L and A: a majority of {L, A, B}
     for store, n in ((L, len(log1)), (A, acked), (B, len(b"".join(body[:10])))):
-        await store.append("T", 0, 1, 0, NOTHING, [Piece(9, 1, 0, log1[:n])])
+        await store.append("T", 0, 1, 0, NOTHING, [SegmentPiece(9, 1, 0, log1[:n])])
     start = Position(1, acked)  # A's log end when epoch 2 began
     got = await L.append("T", 0, 2, 1, start, [])  # epoch 2's first message to L
     assert got["pos"] == list(start) and got["last"] == 2, got
@@ -310,8 +310,8 @@ async def test_a_cut_interrupted_before_its_switch_leaves_the_old_copy_and_no_or
 
     fss, stores, _ = await world()
     f = stores["n2"]
-    rec1 = frame(Kind.OPAQUE, b"a" * 30)
-    await f.append("T", 0, 1, 0, NOTHING, [Piece(9, 1, 0, rec1 * 3)])
+    rec1 = frame(RecordKind.OPAQUE, b"a" * 30)
+    await f.append("T", 0, 1, 0, NOTHING, [SegmentPiece(9, 1, 0, rec1 * 3)])
     with armed("replica.after_cut_copy"), pytest.raises(FailPointCrash):
         await f.append("T", 0, 2, 1, Position(1, len(rec1)), [])
     f.forget("T", 0)  # a restart
@@ -330,14 +330,14 @@ async def test_a_replica_that_missed_a_whole_epoch_is_cut_where_the_lineages_par
 
     fss, stores, _ = await world()
     f = stores["n2"]
-    body = frame(Kind.OPAQUE, b"x" * 142)  # 150 bytes
-    await f.append("T", 0, 1, 0, NOTHING, [Piece(9, 1, 0, body)])
+    body = frame(RecordKind.OPAQUE, b"x" * 142)  # 150 bytes
+    await f.append("T", 0, 1, 0, NOTHING, [SegmentPiece(9, 1, 0, body)])
     hist = History([Epoch(1, 0, NOTHING), Epoch(2, 1, Position(1, 100)), Epoch(3, 2, Position(1, 120))])
     await fss["n2"].catalog.txn([], [Put(epochs_key("T", 0), hist.to_bytes())])
     got = await f.append("T", 0, 3, 2, Position(1, 120), [])
     assert got["pos"] == [1, 100] and got["last"] == 1, got  # cut, and epoch 3's start not reached yet
     f2 = stores["n3"]  # without the history the same replica is copied whole again
-    await f2.append("T", 1, 1, 0, NOTHING, [Piece(9, 1, 0, body)])
+    await f2.append("T", 1, 1, 0, NOTHING, [SegmentPiece(9, 1, 0, body)])
     got = await f2.append("T", 1, 3, 2, Position(1, 120), [])
     assert got["pos"] == [0, 0], got
 

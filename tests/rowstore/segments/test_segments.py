@@ -11,7 +11,7 @@ from rowstore.rowids import split_rowids
 from rowstore.errors import RowCorruptionError
 from rowstore.schema import SchemaVersion, parse_schema
 from rowstore.segments.sealed import FOOTER_LEN, LEAF_CAP, Footer, SealedSegment, sealed_bytes
-from rowstore.segments.wal import Kind, U64
+from rowstore.segments.wal import RecordKind, U64
 from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.fs import FsConfig, TerrascaleFS
@@ -47,8 +47,8 @@ async def test_append_get_and_recover():
     all_ids = np.concatenate(ids)
     segs, locs = split_rowids(all_ids)
     assert (segs == 5).all() and sorted(locs.tolist()) == list(range(1000))
-    await seg.append_record(Kind.PROGRESS, U64.pack(2000))
-    await seg.append_record(Kind.OPAQUE, b"bookkeeping")
+    await seg.append_record(RecordKind.PROGRESS, U64.pack(2000))
+    await seg.append_record(RecordKind.OPAQUE, b"bookkeeping")
     got = await seg.get(locs[[0, 150, 999]], SCHEMAS.__getitem__, S1)
     want = pa.Table.from_batches([batch(i * 100, i * 100 + 100) for i in range(10)])
     by_id = {r["id"]: r for r in want.to_pylist()}
@@ -75,7 +75,7 @@ async def test_seal_offload_and_paged_reads():
     for lo in range(0, n, 700):
         hi = min(lo + 700, n)
         await seg.append(batch(lo, hi, S1 if lo < 1500 else S2), S1 if lo < 1500 else S2, 100 + lo)
-    await seg.append_record(Kind.OPAQUE, b"x" * 5000)  # dropped by offload
+    await seg.append_record(RecordKind.OPAQUE, b"x" * 5000)  # dropped by offload
     await w.fs.seal(af.inode)
     probes = [0, 1, LEAF_CAP - 1, LEAF_CAP, 2 * LEAF_CAP + 5, n - 1]
     before = {loc: await seg.get_raw(loc) for loc in probes}

@@ -136,7 +136,7 @@ def pa_ids(decoded):
 
 
 async def test_flipped_byte_in_sealed_segment_is_never_served():
-    from terrafs.errors import CorruptionError
+    from terrafs.errors import FileCorruptionError
 
     w = World()
     st = await w.start()
@@ -148,11 +148,11 @@ async def test_flipped_byte_in_sealed_segment_is_never_served():
     raw[5000] ^= 0x04  # inside the row section
     await w.objects.put(rec.location, bytes(raw))
     st2 = await w.start()
-    with pytest.raises(CorruptionError) as ei:
+    with pytest.raises(FileCorruptionError) as ei:
         async for _ in st2.scan(seg.segid, S1):
             pass
     assert ei.value.where.endswith(rec.location) and ei.value.offset is not None
-    with pytest.raises(CorruptionError):
+    with pytest.raises(FileCorruptionError):
         for part in np.array_split(ids, 30):
             await st2.get(part[:1], S1)
 

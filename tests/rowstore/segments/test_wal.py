@@ -5,7 +5,7 @@ import pytest
 from rowstore.errors import RowCorruptionError
 from rowstore.codec.rows import encode_rows
 from rowstore.schema import parse_schema
-from rowstore.segments.wal import BATCH_HEAD, REC, U64, Kind, WalReader, batch_parts, frame
+from rowstore.segments.wal import BATCH_HEAD, REC, U64, RecordKind, WalReader, batch_parts, frame
 
 S = parse_schema("id int64 primary key, v string")
 
@@ -22,9 +22,9 @@ def rows(lo, hi):
 def test_replay_drops_uncommitted_and_keeps_the_rest():
     a, _ = batch_bytes(1, 10, 3, rows(0, 3).buf)
     enc = rows(3, 5)
-    uncommitted = frame(Kind.BATCH, BATCH_HEAD.pack(2, 11, 2) + enc.buf.tobytes())
+    uncommitted = frame(RecordKind.BATCH, BATCH_HEAD.pack(2, 11, 2) + enc.buf.tobytes())
     c, first = batch_bytes(3, 12, 2, rows(5, 7).buf)
-    stream = a + frame(Kind.PROGRESS, U64.pack(10)) + uncommitted + frame(Kind.OPAQUE, b"x") + c
+    stream = a + frame(RecordKind.PROGRESS, U64.pack(10)) + uncommitted + frame(RecordKind.OPAQUE, b"x") + c
     for cut in (1, 7, 64, len(stream)):  # any split into chunks parses the same
         r = WalReader("wal")
         got = []
@@ -38,7 +38,7 @@ def test_replay_drops_uncommitted_and_keeps_the_rest():
 
 def test_commit_without_batch_and_partial_record_are_corruption():
     with pytest.raises(RowCorruptionError, match="without its BATCH"):
-        WalReader("wal").feed(frame(Kind.COMMIT, U64.pack(4)))
+        WalReader("wal").feed(frame(RecordKind.COMMIT, U64.pack(4)))
     r = WalReader("wal")
     a, _ = batch_bytes(1, 10, 3, rows(0, 3).buf)
     r.feed(a[:-3])
