@@ -119,7 +119,7 @@ def test_only_the_bridge_imports_pyspark():
 # the HTTP surface drives cluster control, never the daemon; the daemon and the CLI assemble.
 NODE_PARTS = {
     "node.errors": set(),
-    "node.wire": set(),
+    "node.wire": {"node.errors"},
     "node.tasks": set(),
     "node.phase": set(),
     "node.metrics": set(),
@@ -231,3 +231,14 @@ def test_rowstore_subpackages_import_only_downward():
     bad = sorted(f"{m} imports {d}" for m, deps in _graph().items() if m.startswith("rowstore.")
                  for d in deps if d.startswith("rowstore.") and layer(d) > layer(m))
     assert not bad, "imports up rowstore's layers (docs/ARCHITECTURE.md):\n" + "\n".join(bad)
+
+
+def test_only_the_daemon_and_the_cli_name_the_daemon():
+    """The daemon (``node/daemon``: the ``Node`` that makes every part) is held by nobody: the
+    HTTP surface and cluster control receive narrow parts (``Serving``, ``node/http/ports.py``),
+    so no other module of any package imports it — not even for a type annotation."""
+    graph = _graph()
+    named = sorted(f"{m} imports {d}" for m, deps in graph.items()
+                   if not (m.startswith("node.daemon") or m == "node.cli")
+                   for d in deps if d == "node.daemon" or d.startswith("node.daemon."))
+    assert not named, "modules that name the daemon:\n" + "\n".join(named)
