@@ -47,8 +47,8 @@ class SchemaVersion:
     columns: tuple[Column, ...]
     primary_key: int  # column id
     next_column_id: int
-    _ids: dict = dc_field(default=None, init=False, repr=False, compare=False, hash=False)  # id -> Column
-    _names: dict = dc_field(default=None, init=False, repr=False, compare=False, hash=False)  # name -> Column
+    _ids: dict[int, Column] = dc_field(init=False, repr=False, compare=False, hash=False)  # id -> Column
+    _names: dict[str, Column] = dc_field(init=False, repr=False, compare=False, hash=False)  # name -> Column
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_ids", {c.id: c for c in self.columns})
@@ -74,7 +74,7 @@ class SchemaVersion:
 
     @property
     def key(self) -> Column:
-        return self._ids.get(self.primary_key)
+        return self._ids[self.primary_key]  # __post_init__ checked it is one of the columns
 
     def arrow(self) -> pa.Schema:
         return pa.schema([c.field() for c in self.columns])

@@ -20,7 +20,7 @@ class Timeline:
         self.clock = clock
         self._heap: list[int] = []
         self._live: dict[int, int] = {}
-        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._n = 0
 
     async def begin(self) -> int:
@@ -87,7 +87,7 @@ class Timeline:
         """Wait until every batch with a timestamp <= ts has been applied or has failed."""
         if self.closed >= ts:
             return True
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._n += 1
         heapq.heappush(self._waiters, (ts, self._n, fut))
         try:

@@ -48,7 +48,7 @@ _PRIMITIVE_ARROW = {
     Kind.UUID: pa.binary(16), Kind.JSON: pa.string(),
 }
 # numpy storage of fixed-width kinds (part of the format, docs/format/segment.md §1)
-_STORAGE = {
+_STORAGE: dict[Kind, str | tuple[str, tuple[int]]] = {
     Kind.INT8: "<i1", Kind.INT16: "<i2", Kind.INT32: "<i4", Kind.INT64: "<i8",
     Kind.UINT8: "<u1", Kind.UINT16: "<u2", Kind.UINT32: "<u4", Kind.UINT64: "<u8",
     Kind.FLOAT32: "<f4", Kind.FLOAT64: "<f8", Kind.BOOL: "<u1", Kind.TIMESTAMP: "<i8",
@@ -92,7 +92,11 @@ class ColumnType:
         return cls(kind)
 
     def __str__(self) -> str:
-        return f"range<{self.elem.value}>" if self.kind == Kind.RANGE else self.kind.value
+        name: str = self.kind.value  # read before narrowing: mypy types a narrowed enum's .value as Any
+        if self.kind != Kind.RANGE:
+            return name
+        assert self.elem is not None  # parse() gives every range its element kind
+        return f"range<{self.elem.value}>"
 
     @property
     def variable(self) -> bool:
@@ -108,11 +112,12 @@ class ColumnType:
             return pa.struct([("x", pa.float64()), ("y", pa.float64())])
         if self.kind == Kind.BOX:
             return pa.struct([(n, pa.float64()) for n in ("xmin", "ymin", "xmax", "ymax")])
+        assert self.elem is not None  # a range: parse() gives it its element kind
         e = _PRIMITIVE_ARROW[self.elem]
         return pa.struct([("lower", e), ("upper", e), ("lower_inclusive", pa.bool_()),
                           ("upper_inclusive", pa.bool_())])
 
-    def storage(self):
+    def storage(self) -> np.dtype[np.void] | str | tuple[str, tuple[int]] | None:
         """numpy dtype spec of the fixed-width storage (None for variable-width)."""
         if self.variable:
             return None

@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, overload
 
+import numpy as np
 import pyarrow as pa
 
 from rowstore.db.write.committer import Committer, WriteResult, decided
-from rowstore.db.read.aggregate import Aggregator
+from rowstore.db.write.participant import Coordinator
+from rowstore.db.read.aggregate import Aggregator, Stats
 from rowstore.db.read.bridge import ExternalReads
 from rowstore.db.background.gc import GarbageCollector, GcConfig
 from rowstore.db.serving.handoff import Handoffs
@@ -34,12 +38,15 @@ from rowstore.db.read.leases import Leases
 from rowstore.db.background.maintenance import Maintenance
 from rowstore.db.write.participant import Participant
 from rowstore.db.read.reader import PURGE_LAG_MS, Reader
-from rowstore.db.registry import TableRegistry
+from rowstore.db.registry import Owns, TableRegistry
 from rowstore.db.tasks import BackgroundTasks
 from rowstore.hlc import HybridClock
-from rowstore.reads.plan import ReadPlan
+from rowstore.reads.plan import ReadPlan, SegmentSlice
 from rowstore.replication.follower import ReplicaStore
-from rowstore.segments.store import SegmentRecord, SegmentStore
+from rowstore.schema import SchemaVersion
+from rowstore.segments.records import SegmentRecord
+from rowstore.segments.store import SegmentStore
+from rowstore.tables.conform import PartitionShare
 from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.timeline import Timeline
 from terrafs.errors import NoSpaceError, TerrafsError
@@ -65,8 +72,10 @@ class TablesConfig:
 
 
 class Database:
-    def __init__(self, fs: TerrascaleFS, cfg: TablesConfig = TablesConfig(), now_ms=None, monotonic=None,
-                 coordinator_gone=None, lost: frozenset[int] = frozenset()):
+    def __init__(self, fs: TerrascaleFS, cfg: TablesConfig = TablesConfig(), now_ms: Callable[[], int] | None = None,
+                 monotonic: Callable[[], float] | None = None,
+                 coordinator_gone: Callable[[Coordinator], Awaitable[bool]] | None = None,
+                 lost: frozenset[int] = frozenset()):
         """``now_ms``: the wall clock in ms (default the system's); every horizon, closed
         timestamp and commit timestamp of this database reads it. ``monotonic``: the clock of
         replication leases (default ``time.monotonic``; a simulation gives virtual time).
@@ -115,7 +124,7 @@ class Database:
 
     # -- life cycle -------------------------------------------------------------------------
 
-    async def open(self, owns=None) -> None:
+    async def open(self, owns: Owns | None = None) -> None:
         """Clock, segments (deciding prepared batches), then every table's indexes — in a
         cluster only the partitions ``await owns(table_def)`` names, now and later
         (``TableRegistry.open``, RFC 0010). Nothing uses the database before this returns."""
@@ -138,14 +147,14 @@ class Database:
 
     # -- tables -------------------------------------------------------------------------------
 
-    async def create_table(self, name: str, schema, indexes=(), partitions: int | None = None,
-                           cluster_by: str | None = None) -> TableDef:
+    async def create_table(self, name: str, schema: str | SchemaVersion, indexes: Sequence[str] = (),
+                           partitions: int | None = None, cluster_by: str | None = None) -> TableDef:
         d = await self.catalog_tables.create(name, schema, list(indexes), partitions or self.cfg.partitions,
                                              cluster_by)
         await self.tables.table(d)
         return d
 
-    async def alter_table(self, name: str, change) -> TableDef:
+    async def alter_table(self, name: str, change: Callable[[SchemaVersion], SchemaVersion]) -> TableDef:
         d = await self.catalog_tables.alter(name, change)
         self.tables.altered(d)
         return d
@@ -173,15 +182,23 @@ class Database:
         """Insert or replace rows by primary key, atomically; returns once durable and visible."""
         return await self.committer.upsert(name, data)
 
-    async def delete(self, name: str, keys) -> WriteResult:
+    async def delete(self, name: str, keys: Sequence[object] | pa.Array) -> WriteResult:
         """Delete rows by primary key (absent keys are fine); ``count`` = keys that existed."""
         return await self.committer.delete(name, keys)
 
-    async def write_pieces(self, d: TableDef, pieces: list, sizes: list[list[int]] | None = None) -> list:
+    @overload
+    async def write_pieces(self, d: TableDef, pieces: list[PartitionShare], sizes: None = None) -> list[int]: ...
+
+    @overload
+    async def write_pieces(self, d: TableDef, pieces: list[PartitionShare],
+                           sizes: list[list[int]]) -> list[list[int] | BaseException]: ...
+
+    async def write_pieces(self, d: TableDef, pieces: list[PartitionShare],
+                           sizes: list[list[int]] | None = None) -> list[int] | list[list[int] | BaseException]:
         """Rows already encoded and split by partition (``Committer.write_pieces``)."""
         return await self.committer.write_pieces(d, pieces, sizes)
 
-    async def existing(self, d: TableDef, pid: int, keys):
+    async def existing(self, d: TableDef, pid: int, keys: np.ndarray) -> np.ndarray:
         """Whether each encoded key of partition ``pid`` has a live row now."""
         return await self.committer.existing(d, pid, keys)
 
@@ -193,53 +210,58 @@ class Database:
     async def snapshot(self, as_of: int | None = None) -> int:
         return await self.reader.snapshot(as_of)
 
-    async def get(self, name: str, key, as_of: int | None = None) -> dict | None:
+    async def get(self, name: str, key: object, as_of: int | None = None) -> dict[str, Any] | None:
         return await self.reader.get(name, key, as_of)
 
-    async def get_many(self, name: str, keys, as_of: int | None = None) -> pa.Table:
+    async def get_many(self, name: str, keys: Sequence[object] | pa.Array, as_of: int | None = None) -> pa.Table:
         return await self.reader.get_many(name, keys, as_of)
 
-    async def scan(self, name: str, lo=None, hi=None, as_of: int | None = None, columns=None,
-                   limit: int | None = None) -> tuple[pa.Table, int]:
+    async def scan(self, name: str, lo: object = None, hi: object = None, as_of: int | None = None,
+                   columns: list[str] | None = None, limit: int | None = None) -> tuple[pa.Table, int]:
         return await self.reader.scan(name, lo, hi, as_of, columns, limit)
 
-    async def query(self, name: str, where=None, bbox=None, columns=None, limit: int | None = 10_000,
-                    as_of: int | None = None, partitions=None, trusted: bool = False) -> tuple[pa.Table, int]:
+    async def query(self, name: str, where: list[Any] | None = None, bbox: dict[str, Any] | None = None,
+                    columns: list[str] | None = None, limit: int | None = 10_000, as_of: int | None = None,
+                    partitions: list[int] | None = None, trusted: bool = False) -> tuple[pa.Table, int]:
         return await self.reader.query(name, where, bbox, columns, limit, as_of, partitions, trusted)
 
-    async def aggregate(self, name: str, group_by, aggregates, where=None, bbox=None, as_of: int | None = None,
-                        partitions=None, trusted: bool = False, nan=None) -> tuple[pa.Table, int, dict]:
+    async def aggregate(self, name: str, group_by: list[str] | None, aggregates: list[Any],
+                        where: list[Any] | None = None, bbox: dict[str, Any] | None = None, as_of: int | None = None,
+                        partitions: list[int] | None = None, trusted: bool = False,
+                        nan: str | None = None) -> tuple[pa.Table, int, Stats]:
         """This node's partial aggregate (rowstore.reads.aggregates.finish makes the answer)."""
         return await self.aggregator.aggregate(name, group_by, aggregates, where, bbox, as_of, partitions, trusted,
                                                nan)
 
-    async def histogram(self, name: str, column, bbox, cells, where=None, as_of: int | None = None,
-                        partitions=None, trusted: bool = False):
+    async def histogram(self, name: str, column: str, bbox: dict[str, Any], cells: list[int],
+                        where: list[Any] | None = None, as_of: int | None = None, partitions: list[int] | None = None,
+                        trusted: bool = False) -> tuple[np.ndarray, int, Stats]:
         return await self.aggregator.histogram(name, column, bbox, cells, where, as_of, partitions, trusted)
 
     # -- external readers (rowstore.db.read.bridge, rowstore.db.read.leases) --------------------
 
-    async def read_plan(self, name: str, as_of: int | None = None, where=None, bbox=None,
-                        sealed_only: bool = False, lease_s: float = 600.0, partitions=None,
-                        trusted: bool = False, request_id: str | None = None) -> ReadPlan:
+    async def read_plan(self, name: str, as_of: int | None = None, where: list[Any] | None = None,
+                        bbox: dict[str, Any] | None = None, sealed_only: bool = False, lease_s: float = 600.0,
+                        partitions: list[int] | None = None, trusted: bool = False,
+                        request_id: str | None = None) -> ReadPlan:
         return await self.external.read_plan(name, as_of, where, bbox, sealed_only, lease_s, partitions, trusted,
                                              request_id)
 
-    async def plan_without_leader(self, name: str, T: int, pids: list[int]):
+    async def plan_without_leader(self, name: str, T: int, pids: list[int]) -> list[SegmentSlice]:
         return await self.external.plan_without_leader(name, T, pids)
 
     async def watermarks(self, table_id: str) -> dict[int, int]:
         return await self.external.watermarks(table_id)
 
-    async def query_without_leader(self, name: str, T: int, pids: list[int], where=None, bbox=None,
-                                   limit: int | None = None) -> pa.Table:
+    async def query_without_leader(self, name: str, T: int, pids: list[int], where: list[Any] | None = None,
+                                   bbox: dict[str, Any] | None = None, limit: int | None = None) -> pa.Table:
         return await self.external.query_without_leader(name, T, pids, where, bbox, limit)
 
-    async def tail(self, name: str, partition: int, as_of: int, where=None, bbox=None,
-                   sealed: list[int] | None = None) -> pa.Table:
+    async def tail(self, name: str, partition: int, as_of: int, where: list[Any] | None = None,
+                   bbox: dict[str, Any] | None = None, sealed: list[int] | None = None) -> pa.Table:
         return await self.external.tail(name, partition, as_of, where, bbox, sealed)
 
-    async def changes(self, name: str, after: int, upto: int | None = None, partitions=None,
+    async def changes(self, name: str, after: int, upto: int | None = None, partitions: list[int] | None = None,
                       trusted: bool = False) -> tuple[pa.Table, int]:
         return await self.external.changes(name, after, upto, partitions, trusted)
 
@@ -260,19 +282,19 @@ class Database:
 
     # -- background jobs (rowstore.db.background.maintenance) -----------------------------------
 
-    async def maintain(self) -> dict:
+    async def maintain(self) -> dict[str, Any]:
         return await self.maintenance.maintain()
 
-    async def checkpoint(self, force: bool = True) -> dict:
+    async def checkpoint(self, force: bool = True) -> dict[str, Any]:
         return await self.maintenance.checkpoint(force)
 
-    async def seal(self) -> dict:
+    async def seal(self) -> dict[str, Any]:
         return await self.maintenance.seal()
 
-    async def offload(self) -> dict:
+    async def offload(self) -> dict[str, Any]:
         return await self.maintenance.offload()
 
-    async def collect_garbage(self, table: str | None = None, dry_run: bool = False) -> dict:
+    async def collect_garbage(self, table: str | None = None, dry_run: bool = False) -> dict[str, Any]:
         """One garbage-collection pass now (RFC 0009)."""
         return await self.gc.run(table, dry_run)
 
@@ -284,7 +306,7 @@ class Database:
 
     # -- a full block device -----------------------------------------------------------------------
 
-    def space(self) -> dict:
+    def space(self) -> dict[str, Any]:
         """Whether writes are taken: not while a partition's current segment stopped at a
         full block device (they answer ``insufficient_storage``); reads go on regardless."""
         full = self.store.failed_for_space()
@@ -297,7 +319,7 @@ class Database:
         free = self.fs.block.free_bytes()
         return not self.fs.failing() and (free is None or free >= self.cfg.resume_free_bytes)
 
-    async def resume_writes(self) -> dict:
+    async def resume_writes(self) -> dict[str, Any]:
         """After a write failed at the disk: a replicated partition led here steps down at once
         (a disk error or a full device: its other replicas take writes; this one follows again
         later); the others take writes again once the device does (after a disk error: once
@@ -316,6 +338,7 @@ class Database:
         due = {k for k, e in failed.items() if k not in led and not (short and isinstance(e, NoSpaceError))}
         out = {"stepped_down": len(led), "revived": 0}
         if short and any(isinstance(e, NoSpaceError) for e in failed.values()):
+            assert free is not None  # short: the device told
             out["waiting_for_bytes"] = self.cfg.resume_free_bytes - free
         for part in self.tables.partitions():
             if (part.table_id, part.pid) in due:
@@ -326,5 +349,5 @@ class Database:
                     log.warning("event=revive_failed table=%s partition=%d error=%r", part.table_id, part.pid, e)
         return out
 
-    def flush_stats(self) -> list[dict]:
+    def flush_stats(self) -> list[dict[str, Any]]:
         return self.store.flush_stats()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -23,9 +24,10 @@ from rowstore.index.column_index import PartitionColumns
 from rowstore.tables.keys import encode_keys
 from rowstore.index.key_index import PartitionIndex
 from rowstore.index.key_manifest import Claim
-from rowstore.codec.rows import Encoded
+from rowstore.codec.rows import Encoded, EncodedParts
 from rowstore.schema import Column, SchemaVersion
-from rowstore.segments.store import SegmentRecord, SegmentStore, SegState
+from rowstore.segments.records import SegmentRecord, SegState
+from rowstore.segments.store import SegmentStore
 from rowstore.segments.wal import U64, RecordKind
 
 log = logging.getLogger("rowstore.db.partition")
@@ -55,7 +57,8 @@ class Partition:
 
     # -- recovery ------------------------------------------------------------------------
 
-    async def open(self, schemas, target: SchemaVersion, claim: Claim | None = None) -> int:
+    async def open(self, schemas: Callable[[int], SchemaVersion], target: SchemaVersion,
+                   claim: Claim | None = None) -> int:
         """Claim the index for the node serving the partition now (``claim``), load its runs and
         replay the write-ahead after the checkpoint mark."""
         manifest = await self.index.open(claim)
@@ -87,7 +90,7 @@ class Partition:
 
     # -- writes ----------------------------------------------------------------------------
 
-    def apply(self, localids: np.ndarray, segid: int, batch: pa.RecordBatch, ts, deleted: np.ndarray,
+    def apply(self, localids: np.ndarray, segid: int, batch: pa.RecordBatch, ts: int | np.ndarray, deleted: np.ndarray,
               schema: SchemaVersion, keys: np.ndarray | None = None, pos: np.ndarray | None = None) -> None:
         """Make durable rows visible: key index entries and column index values. The rows are
         ``batch`` — or with ``pos``, rows ``pos`` of it, which the column index takes only when
@@ -121,7 +124,8 @@ class Partition:
         if self._inflight == 0:
             self._drained.set()
 
-    async def append(self, seg: ActiveSegment, enc: Encoded, ts: int, txn: int | None = None) -> asyncio.Task:
+    async def append(self, seg: ActiveSegment, enc: Encoded | EncodedParts, ts: int,
+                     txn: int | None = None) -> asyncio.Task[np.ndarray]:
         """Enqueue a batch now (call order = log order); the task returns its rowids once durable.
         A partition this node stopped leading (or a node shutting down) closes its files under
         a writer that took the segment before: that write failed whole and may be retried."""
@@ -129,7 +133,7 @@ class Partition:
         await asyncio.sleep(0)  # let the task take its localids and enqueue its bytes under our lock
         return task
 
-    async def _append(self, seg: ActiveSegment, enc: Encoded, ts: int, txn: int | None) -> np.ndarray:
+    async def _append(self, seg: ActiveSegment, enc: Encoded | EncodedParts, ts: int, txn: int | None) -> np.ndarray:
         if self.retired:  # in the task, so the caller's in-flight accounting sees the failure
             raise UnavailableError(f"partition {self.pid} is no longer led by this node; retry")
         try:

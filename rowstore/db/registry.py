@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from collections.abc import Awaitable, Callable
 
 from rowstore.errors import FencedError
 from rowstore.index.key_manifest import Claim
@@ -14,6 +14,8 @@ from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.db.partition import Partition
 
 log = logging.getLogger("rowstore.database")
+# async (table definition) -> {pid: epoch} of the partitions this node serves (RFC 0010)
+Owns = Callable[[TableDef], Awaitable[dict[int, int]]]
 
 
 class Table:
@@ -26,7 +28,8 @@ class Table:
         # never opened, written, checkpointed or collected here
         self.epochs = dict.fromkeys(range(d.partitions), 0) if owned is None else dict(owned)
         self.owned = set(self.epochs)
-        self.kind = d.schema.key.type.kind.value
+        assert d.schema is not None  # the registry opens a table by its newest definition with a schema
+        self.kind: str = d.schema.key.type.kind.value
         self.indexed = [c for c in d.schema.columns if c.id in d.indexes]
         self.parts = [Partition(store, d.table_id, p, self.kind, self.indexed) for p in range(d.partitions)]
 
@@ -57,13 +60,14 @@ class TableRegistry:
     def __init__(self, definitions: TableCatalog, store: SegmentStore, observe: Callable[[int], None]):
         """``observe``: the clock's observe(ts): this node commits above every partition it opens."""
         self.definitions, self.store, self.observe = definitions, store, observe
-        self._owns = None  # async (TableDef) -> {pid: epoch} of the partitions served here (None: all, epoch 0)
+        self._owns: Owns | None = None  # the partitions served here (None: all, epoch 0)
         self._tables: dict[str, Table] = {}
         self._opening: dict[str, asyncio.Lock] = {}
         self._defs: dict[str, TableDef] = {}  # table id -> newest definition with a schema
-        self._schemas: dict[str, tuple] = {}  # table id -> (history, version lookup)
+        # table id -> (history, version lookup)
+        self._schemas: dict[str, tuple[tuple[int, ...], Callable[[int], SchemaVersion]]] = {}
 
-    async def open(self, owns=None) -> None:
+    async def open(self, owns: Owns | None = None) -> None:
         """Open (replay) every table the catalog lists. In a cluster ``await owns(table_def)``
         names the partitions this node serves (RFC 0010): only those are opened and replayed —
         the others' write-ahead lives on other nodes' block devices — now and whenever a table
@@ -99,6 +103,7 @@ class TableRegistry:
             if t is None:
                 latest = await self.latest_def(d)
                 t = Table(self.store, latest, None if self._owns is None else await self._owns(latest))
+                assert latest.schema is not None  # Table() checked it
                 schemas = await self.schemas_of(latest)
                 for p in t.served():
                     try:
@@ -124,6 +129,7 @@ class TableRegistry:
         self._schemas.pop(d.table_id, None)
         t = self._tables.get(d.table_id)
         if t is not None:
+            assert d.schema is not None  # an altered table is not dropped
             t.forget_columns(d.schema)
             self._defs[d.table_id] = d
 
@@ -136,7 +142,7 @@ class TableRegistry:
         self._defs[d.table_id] = newest
         return newest
 
-    async def schemas_of(self, d: TableDef):
+    async def schemas_of(self, d: TableDef) -> Callable[[int], SchemaVersion]:
         """version id -> SchemaVersion for every version ``d``'s table id has had so far."""
         latest = await self.latest_def(d)
         got = self._schemas.get(d.table_id)

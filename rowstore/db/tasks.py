@@ -5,21 +5,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 log = logging.getLogger("rowstore.database")
+T = TypeVar("T")
 
 
 class BackgroundTasks:
     def __init__(self) -> None:
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
-    def spawn(self, coro) -> asyncio.Task:
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         t = asyncio.ensure_future(coro)
         self._tasks.add(t)
         t.add_done_callback(self._done)
         return t
 
-    def _done(self, t: asyncio.Task) -> None:
+    def _done(self, t: asyncio.Task[Any]) -> None:
         self._tasks.discard(t)
         if not t.cancelled() and t.exception() is not None:
             log.warning("event=background_failed error=%r", t.exception())

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterable
 
+from catalog.abc import Catalog
 from catalog.errors import CorruptionError
 from rowstore.segments.position import REP_PREFIX, Position, ReplicaRecord
 
@@ -25,7 +26,7 @@ def epochs_key(table_id: str, pid: int) -> str:
     return f"{EPOCHS_PREFIX}{table_id}/{pid:03d}"
 
 
-async def replica_lasts(catalog, table_id: str, pid: int) -> list[int]:
+async def replica_lasts(catalog: Catalog, table_id: str, pid: int) -> list[int]:
     """The last epochs of the partition's replica rows: what the next history must still reach."""
     return [ReplicaRecord.from_bytes(e.value, e.key).last
             for e in await catalog.scan(f"{REP_PREFIX}{table_id}/{pid:03d}/")]

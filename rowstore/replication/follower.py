@@ -10,17 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from catalog.abc import Check, Put
+from catalog.abc import Check, Op, Put
 from rowstore.errors import ConflictError, FencedError, LeaderAliveError, RowstoreError
-from rowstore.replication.epochs import History, cut_point, epochs_key
+from rowstore.replication.epochs import Epoch, History, cut_point, epochs_key
 from rowstore.segments.position import NOTHING, Position, ReplicaRecord, keeps_log, rep_key
 from terrafs.active import ActiveFile
 from terrafs.catalog_ops import commit
 from terrafs.errors import CatalogConflictError, NoSpaceError, TerrafsError
 from terrafs.failpoints import failpoint
 from terrafs.fs import TerrascaleFS
+from terrafs.records import FileRecord
 
 log = logging.getLogger("rowstore.replication.follower")
 _COPY_CHUNK = 4 << 20  # bytes read and appended at a time when a copy is cut
@@ -63,7 +66,7 @@ class _Replica:
 class ReplicaStore:
     """This node's follower side: appends, fences, promotion hand-over, clean-up."""
 
-    def __init__(self, fs: TerrascaleFS, lease_s: float = 1.0, monotonic=time.monotonic,
+    def __init__(self, fs: TerrascaleFS, lease_s: float = 1.0, monotonic: Callable[[], float] = time.monotonic,
                  resume_free_bytes: int = 64 << 20, lost: frozenset[int] = frozenset()):
         self.fs, self.catalog, self.node = fs, fs.catalog, fs.cfg.node_id
         self.lease_s = lease_s
@@ -115,7 +118,7 @@ class ReplicaStore:
     # -- the leader's messages ------------------------------------------------------------------
 
     async def append(self, table_id: str, pid: int, epoch: int, base: int, start: Position, pieces: list[SegmentPiece],
-                     leader: str = "", clock: int = 0) -> dict:
+                     leader: str = "", clock: int = 0) -> dict[str, Any]:
         """Make ``pieces`` durable in order; answer the position (``gap``: a piece began past it).
         ``clock``: the leader's present when it sent them (answered by a promise)."""
         r = await self.replica(table_id, pid)
@@ -175,7 +178,8 @@ class ReplicaStore:
     async def _create(self, r: _Replica, table_id: str, pid: int, segid: int, seq: int) -> ActiveFile:
         rec = r.rec.copy()
 
-        def extra(f, rec=rec, version=r.version):
+        def extra(f: FileRecord, rec: ReplicaRecord = rec,
+                  version: int = r.version) -> tuple[Sequence[Check], Sequence[Op]]:
             rec.segs[segid] = (seq, f.inode)
             return [Check(r.key, version)], [Put(r.key, rec.to_bytes())]
 
@@ -188,7 +192,7 @@ class ReplicaStore:
         r.files[segid] = af
         return af
 
-    async def fence(self, table_id: str, pid: int, epoch: int, force: bool = False) -> dict:
+    async def fence(self, table_id: str, pid: int, epoch: int, force: bool = False) -> dict[str, Any]:
         """Promise ``epoch``: refuse older appends from now on; answer the log's epoch and end."""
         r = await self.replica(table_id, pid)
         async with r.lock:
@@ -203,7 +207,7 @@ class ReplicaStore:
             return {"last": r.rec.last, "pos": r.position().json(), "contact_age_s": age,
                     "clock": self.leader_clocks.get((table_id, pid), 0)}
 
-    def status(self, table_id: str, pid: int) -> dict | None:
+    def status(self, table_id: str, pid: int) -> dict[str, Any] | None:
         r = self._reps.get((table_id, pid))
         if r is None:
             return None
@@ -239,7 +243,7 @@ class ReplicaStore:
                 await self._drop(r, gone)
             return len(gone)
 
-    async def history(self, table_id: str, pid: int) -> list:
+    async def history(self, table_id: str, pid: int) -> list[Epoch]:
         """The partition's epoch history (empty when none was written: its first epochs)."""
         key = epochs_key(table_id, pid)
         e = await self.catalog.get(key)
@@ -256,13 +260,15 @@ class ReplicaStore:
         f = r.files.get(at) if at is not None else None
         if f is None or f.durable_size <= to.offset:
             return
+        assert at is not None  # f was found under it
         if to.offset == 0:
             await self._drop(r, [at])
             return
         seq, old = r.rec.segs[at]
         rec = r.rec.copy()
 
-        def extra(nf, rec=rec, version=r.version):
+        def extra(nf: FileRecord, rec: ReplicaRecord = rec,
+                  version: int = r.version) -> tuple[Sequence[Check], Sequence[Op]]:
             rec.rewriting[nf.inode] = at
             return [Check(r.key, version)], [Put(r.key, rec.to_bytes())]
         try:

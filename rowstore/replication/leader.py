@@ -15,12 +15,15 @@ import asyncio
 import logging
 import time
 from functools import partial
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 from rowstore.errors import FencedError
 from rowstore.hlc import ts_from_ms
+from rowstore.segments.active import ActiveSegment
 from rowstore.segments.position import NOTHING, Position
 from rowstore.segments.wal import REC
+from terrafs.active import ActiveFile
 from terrafs.errors import ClosedError, MirrorError
 
 log = logging.getLogger("rowstore.replication.leader")
@@ -28,7 +31,7 @@ CHUNK = 4 << 20  # catch-up bytes per message at most
 LEASE_DRIFT = 1.1  # how much faster one node's monotonic clock may run than another's
 
 
-def lease_wait(answers, lease_s: float) -> float:
+def lease_wait(answers: Iterable[dict[str, Any]], lease_s: float) -> float:
     """How long a forced election waits, after its promises, before it names a leader: the old
     leader was not fenced and its followers promised while it still reached them, so its read
     lease may run until ``lease_s`` after the latest append one of them took (it needs one of
@@ -36,10 +39,11 @@ def lease_wait(answers, lease_s: float) -> float:
     ages = [a.get("contact_age_s") for a in answers]
     if any(a is None for a in ages):  # an old node's answer: assume it just heard
         return lease_s * LEASE_DRIFT
-    return max(lease_s * LEASE_DRIFT - min(ages, default=lease_s * LEASE_DRIFT), 0.0)
+    ages_s = cast("list[float]", ages)  # none of them None: checked above
+    return max(lease_s * LEASE_DRIFT - min(ages_s, default=lease_s * LEASE_DRIFT), 0.0)
 
 
-def clock_floor(answers, lease_s: float) -> int:
+def clock_floor(answers: Iterable[dict[str, Any]], lease_s: float) -> int:
     """The lowest timestamp a new leader may hand out (RFC 0010 §5, "Clocks"): above every
     read T the old leader could still serve — its clock when it sent a round some promising
     replica took (``clock`` in the answer), plus the lease that round gave it. 0: unknown."""
@@ -51,7 +55,7 @@ class Transport(abc.ABC):
     """How a leader reaches a follower (the node layer implements it over HTTP)."""
 
     @abc.abstractmethod
-    async def append(self, node: str, header: dict, data: list[bytes]) -> dict:
+    async def append(self, node: str, header: dict[str, Any], data: list[bytes]) -> dict[str, Any]:
         """Send ``data`` (the pieces of ``header``) to ``node``; its answer, or
         FencedError (a newer epoch exists), ConnectionError or TimeoutError."""
 
@@ -71,13 +75,13 @@ class Shipper:
         self.followers = list(followers)
         self.transport, self.lease_s, self.on_fenced = transport, lease_s, on_fenced
         self.needed = (len(self.followers) + 1) // 2  # followers that must hold a group (+ this node)
-        self.segs: dict[int, object] = {}  # seq -> ActiveSegment held here (active or sealed)
+        self.segs: dict[int, ActiveSegment] = {}  # seq -> ActiveSegment held here (active or sealed)
         self.inflight: dict[int, tuple[int, int, bytes]] = {}  # seq -> (segid, offset, bytes)
         self.fenced: int | None = None
         self.closed = False
         self._progress = asyncio.Event()
         self._links = {n: _Link(self, n) for n in self.followers}
-        self._tasks: dict[str, asyncio.Task] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def start_links(self) -> None:
         self._tasks = {n: asyncio.ensure_future(link.run()) for n, link in self._links.items()}
@@ -101,7 +105,7 @@ class Shipper:
 
     # -- segments -------------------------------------------------------------------------------
 
-    def register(self, seq: int, seg) -> None:
+    def register(self, seq: int, seg: ActiveSegment) -> None:
         """``seg`` (an ActiveSegment of this partition, position ``seq``) is shipped from now on."""
         self.segs[seq] = seg
         seg.file.mirror_to(partial(self.mirror, seq, seg.segid))
@@ -115,7 +119,7 @@ class Shipper:
 
     # -- the write path -------------------------------------------------------------------------
 
-    async def mirror(self, seq: int, segid: int, logical: int, batch: list) -> None:
+    async def mirror(self, seq: int, segid: int, logical: int, batch: list[bytes | memoryview]) -> None:
         """Ship one group and wait until ``needed`` followers hold it (MirrorError once fenced)."""
         data = b"".join(batch)  # one copy: the appenders may reuse their buffers once acknowledged
         self.inflight[seq] = (segid, logical, data)
@@ -157,7 +161,7 @@ class Shipper:
         floor = self.monotonic() - self.lease_s
         return sum(1 for link in self._links.values() if link.acked_at >= floor) >= self.needed
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         now = self.monotonic()
         return {"epoch": self.epoch, "lease": self.lease_ok(), "fenced": self.fenced, "end": list(self.end()),
                 "followers": {n: {"pos": None if link.pos is None else list(link.pos),
@@ -240,14 +244,17 @@ class _Link:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    def _header(self, pieces: list) -> dict:
+    def _header(self, pieces: list[list[int]]) -> dict[str, Any]:
         sh = self.sh
         return {"table": sh.table_id, "pid": sh.pid, "epoch": sh.epoch, "base": sh.base, "start": list(sh.start),
                 "clock": sh.clock(), "pieces": pieces}
 
-    async def _collect(self) -> tuple[dict, list[bytes]]:
+    async def _collect(self) -> tuple[dict[str, Any], list[bytes]]:
         """The pieces the follower lacks next, in log order, up to CHUNK bytes."""
-        pieces, data, size = [], [], 0
+        pieces: list[list[int]] = []
+        data: list[bytes] = []
+        size = 0
+        assert self.pos is not None  # run() collects only for a follower that answered
         seq, off = self.pos
         for _ in range(64):
             if size >= CHUNK:
@@ -285,7 +292,7 @@ class _Link:
         return self._header(pieces), data
 
 
-async def _whole_records(f, off: int, end: int, budget: int) -> bytes:
+async def _whole_records(f: ActiveFile, off: int, end: int, budget: int) -> bytes:
     """Durable bytes of ``f`` from ``off`` (a record boundary) up to ``end``, at most ``budget``
     of them unless the first record alone is bigger, cut after the last whole write-ahead
     record: a follower's copy then always ends between records, so it is a valid active

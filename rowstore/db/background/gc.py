@@ -14,21 +14,25 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
-from catalog.abc import Check, Delete, Put
+from catalog.abc import Check, Delete, Entry, Op, Put
 from rowstore.db.read.leases import Leases
 from rowstore.db.registry import TableRegistry
 from rowstore.errors import ConflictError, UnavailableError
 from rowstore.hlc import ms_of
 from rowstore.index.key_manifest import Manifest
+from rowstore.index.key_memtable import Run
 from rowstore.rowids import TOMBSTONE, rowids as make_rowids
-from rowstore.segments.relocate import ClusterSpec, mark_live, piece_stream, plan_copy, read_live
+from rowstore.segments.relocate import ClusterSpec, VictimRows, mark_live, piece_stream, plan_copy, read_live
 from rowstore.db.read.leaderless import WATERMARK_PREFIX
 from rowstore.replication.epochs import EPOCHS_PREFIX
-from rowstore.segments.store import PENDING_PREFIX, SegmentRecord, SegmentStore, SegState
+from rowstore.segments.records import PENDING_PREFIX, SegmentRecord, SegState
+from rowstore.segments.store import SegmentStore
 from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.db.partition import Partition
 from rowstore.timeline import Timeline
@@ -39,6 +43,7 @@ from terrafs.failpoints import failpoint
 log = logging.getLogger("rowstore.db.gc")
 RECLAIM_PREFIX = "gc/drop/"  # gc/drop/<table id>: the node reclaiming a dropped table (docs/format/segment.md §5)
 RECLAIM_TAKEOVER_S = 600.0  # a reclaim row untouched this long is taken over by another node
+Marks = dict[int, tuple[int, np.ndarray]]  # segid -> (live rows, its live bitmap): mark_live()'s
 
 
 @dataclass(frozen=True)
@@ -57,15 +62,16 @@ class _Pass:
     rows_copied: int = 0
     bytes_reclaimed: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.budget: int | None = None  # victims' bytes this pass may still take
         self.retired: list[int] = []
         self.deleted: list[int] = []
-        self.victims: list[dict] = []
+        self.victims: list[dict[str, Any]] = []
 
-    def to_dict(self) -> dict:
-        out = {"job": "gc", "segments_collected": self.segments_collected, "rows_copied": self.rows_copied,
-               "bytes_reclaimed": self.bytes_reclaimed, "retired": self.retired, "deleted": self.deleted}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"job": "gc", "segments_collected": self.segments_collected,
+                               "rows_copied": self.rows_copied, "bytes_reclaimed": self.bytes_reclaimed,
+                               "retired": self.retired, "deleted": self.deleted}
         if self.dry_run:
             out["dry_run"] = True
             out["victims"] = self.victims
@@ -74,15 +80,16 @@ class _Pass:
 
 class GarbageCollector:
     def __init__(self, store: SegmentStore, definitions: TableCatalog, tables: TableRegistry, timeline: Timeline,
-                 leases: Leases, horizon, offload, cfg: GcConfig = GcConfig()):
+                 leases: Leases, horizon: Callable[[], int], offload: Callable[[], Awaitable[dict[str, Any]]],
+                 cfg: GcConfig = GcConfig()):
         self.store, self.definitions, self.tables, self.timeline = store, definitions, tables, timeline
         self.leases, self.horizon, self.offload, self.cfg = leases, horizon, offload, cfg
         self._lock = asyncio.Lock()  # one pass at a time
         self._reclaiming: set[str] = set()  # dropped table ids whose shared parts this node reclaims
         # (table id, partition) -> (what it looked like, the ts at which garbage can next appear)
         # after a pass found no victim there: an idle partition is not re-read every interval
-        self._idle: dict[tuple[str, int], tuple] = {}
-        self.totals = {"runs": 0, "rows_copied": 0, "bytes_reclaimed": 0, "run_seconds": 0.0,
+        self._idle: dict[tuple[str, int], tuple[tuple[bytes, frozenset[int], int | None, float], int]] = {}
+        self.totals: dict[str, float] = {"runs": 0, "rows_copied": 0, "bytes_reclaimed": 0, "run_seconds": 0.0,
                        "segments_collected": 0, "segments_deleted": 0, "bytes_copied": 0}
         self.phases = dict.fromkeys(("checkpoint", "mark", "read", "order", "write", "publish", "delete"), 0.0)
 
@@ -95,7 +102,7 @@ class GarbageCollector:
         horizon, which already trails the closed timestamp."""
         return min(self.horizon(), self.timeline.closed)
 
-    async def run(self, table: str | None = None, dry_run: bool = False) -> dict:
+    async def run(self, table: str | None = None, dry_run: bool = False) -> dict[str, Any]:
         """One pass over every open table (or ``table``); a dry run only reports victims."""
         async with self._lock:
             t0 = time.perf_counter()
@@ -215,10 +222,11 @@ class GarbageCollector:
         t = self.tables.get(p.table_id)
         return not p.index.moved and t is not None and p.pid in t.owned and t.parts[p.pid] is p
 
-    def _victims(self, d: TableDef, recs: list[SegmentRecord], counted: dict, marks: dict,
+    def _victims(self, d: TableDef, recs: list[SegmentRecord], counted: dict[int, SegmentRecord], marks: Marks,
                  mark: list[int], res: _Pass) -> list[SegmentRecord]:
         """Offloaded segments below the replay mark with enough garbage or not in cluster order;
         most garbage first, within budget."""
+        assert res.budget is not None  # run() sets it before the first partition
         mark_seq = (list(mark) + [0, 0, 0])[2]
         cands = []
         for r in counted.values():
@@ -229,7 +237,7 @@ class GarbageCollector:
             if ratio >= self.cfg.min_garbage or unclustered:
                 cands.append((ratio, r))
         cands.sort(key=lambda x: (-x[0], x[1].segid))
-        out = []
+        out: list[SegmentRecord] = []
         first = res.budget == self.cfg.max_bytes_per_run  # the pass's first victim goes whatever its size
         for _, r in cands:
             if r.bytes > res.budget and not (first and not out):
@@ -238,11 +246,13 @@ class GarbageCollector:
             res.budget -= r.bytes
         return out
 
-    async def _copy(self, d: TableDef, p: Partition, victims: list[SegmentRecord], marks: dict, H: int):
+    async def _copy(self, d: TableDef, p: Partition, victims: list[SegmentRecord], marks: Marks,
+                    H: int) -> tuple[list[SegmentRecord], np.ndarray, np.ndarray]:
         """Live rows of the victims into new offloaded segments; (records, old rowids sorted,
         new rowids in the same order)."""
+        assert d.schema is not None  # the registry's newest definition with a schema
         schemas = await self.tables.schemas_of(d)
-        rows = []
+        rows: list[VictimRows] = []
         t0 = time.perf_counter()
         for r in victims:
             if marks[r.segid][0] == 0 and r.max_ts <= H:
@@ -254,9 +264,10 @@ class GarbageCollector:
         copy = await asyncio.to_thread(plan_copy, rows, spec, d.schema.key.name, self.store.seal_bytes)
         t0 = time.perf_counter()
         self.phases["order"] += t0 - t1
-        new, new_ids = [], []
+        new: list[SegmentRecord] = []
+        new_ids: list[np.ndarray] = []
         for a, b in copy.cuts:
-            stats: dict = {}
+            stats: dict[str, Any] = {}
             rec = await self.store.create_copy(
                 p.table_id, p.pid, lambda segid, a=a, b=b, stats=stats: piece_stream(
                     copy, a, b, segid, schemas, d.schema, spec, stats))
@@ -274,15 +285,17 @@ class GarbageCollector:
         order = np.argsort(old, kind="stable")
         return new, old[order], nid[order]
 
-    async def _publish_ops(self, counted: dict, marks: dict, victims: list[SegmentRecord],
-                           new: list[SegmentRecord]) -> tuple[list, list]:
+    async def _publish_ops(self, counted: dict[int, SegmentRecord], marks: Marks, victims: list[SegmentRecord],
+                           new: list[SegmentRecord]) -> tuple[list[Check], list[Op]]:
         """The segments' part of the publishing transaction: copies in (pending rows out),
         victims RETIRED, live counts of the others."""
         now_ms = self.timeline.clock.now_ms()
         gone = {r.segid for r in victims}
-        checks, ops = [], []
+        checks: list[Check] = []
+        ops: list[Op] = []
         for segid in counted:
             cur, e = await self.store.record(segid)
+            assert isinstance(e, Entry)  # record() gives the segment's catalog entry (annotated object)
             if segid in gone:
                 upd = replace(cur, state=SegState.RETIRED, retired_ms=now_ms, live_rows=0, live_bytes=0)
             else:
@@ -296,11 +309,12 @@ class GarbageCollector:
             ops += [Put(r.key, r.to_bytes()), Delete(f"{PENDING_PREFIX}{r.segid:08x}")]
         return checks, ops
 
-    async def _update_live(self, counted: dict, marks: dict) -> None:
+    async def _update_live(self, counted: dict[int, SegmentRecord], marks: Marks) -> None:
         """Live counts of a partition without victims (best effort: a segment row changed
         meanwhile keeps its counts until the next pass)."""
         for segid in counted:
             cur, e = await self.store.record(segid)
+            assert isinstance(e, Entry)  # record() gives the segment's catalog entry (annotated object)
             upd = _with_live(cur, marks)
             if upd != cur:
                 await commit(self.store.catalog, [Check(e.key, e.version)], [Put(e.key, upd.to_bytes())])
@@ -338,6 +352,7 @@ class GarbageCollector:
                 if r.state == SegState.RETIRED or not (r.owner == self.store.node if not r.location else mine):
                     continue
                 cur, e = await self.store.record(r.segid)
+                assert isinstance(e, Entry)  # record() gives the segment's catalog entry (annotated object)
                 upd = replace(cur, state=SegState.RETIRED, retired_ms=int(now_ms), live_rows=0, live_bytes=0)
                 done = await commit(self.store.catalog, [Check(e.key, e.version)], [Put(e.key, upd.to_bytes())])
                 if done.committed:
@@ -401,7 +416,7 @@ class GarbageCollector:
             if keys:
                 await commit(self.store.catalog, [], [Delete(k) for k in keys])
 
-    async def _drop_run(self, inode: int, e, ops: list):
+    async def _drop_run(self, inode: int, e: Entry, ops: list[Op]) -> Entry:
         """Delete run ``inode`` with ``ops`` (which rewrite the row ``e`` that names it) in one
         transaction checked on ``e``; the row as it is after."""
         checks = [Check(e.key, e.version)]
@@ -437,7 +452,7 @@ class GarbageCollector:
             await self._reclaimed(table_id)
 
 
-def _next_garbage(run, counted: dict, H: int) -> int:
+def _next_garbage(run: Run, counted: dict[int, SegmentRecord], H: int) -> int:
     """The lowest horizon at which this partition can have new garbage without anything else
     changing: the oldest superseding version or deletion above ``H`` (once the horizon
     passes it, what it supersedes is garbage), or a copy's newest deletion row."""
@@ -449,11 +464,11 @@ def _next_garbage(run, counted: dict, H: int) -> int:
     return min(nxt, default=2**63)
 
 
-def _ratio(r: SegmentRecord, marks: dict) -> float:
+def _ratio(r: SegmentRecord, marks: Marks) -> float:
     return 1.0 - marks[r.segid][0] / r.rows if r.rows else 1.0
 
 
-def _with_live(r: SegmentRecord, marks: dict) -> SegmentRecord:
+def _with_live(r: SegmentRecord, marks: Marks) -> SegmentRecord:
     live = marks[r.segid][0] if r.segid in marks else r.live_rows
     return replace(r, live_rows=live, live_bytes=r.bytes * live // r.rows if r.rows else 0)
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 from rowstore.db.read.leaderless import advance_from
 from rowstore.errors import UnavailableError
-from rowstore.segments.store import SegmentRecord, SegmentStore
+from rowstore.segments.records import SegmentRecord
+from rowstore.segments.store import SegmentStore
 from rowstore.tables.definitions import TableCatalog
 from rowstore.timeline import Timeline
 from rowstore.db.registry import TableRegistry
@@ -31,7 +33,7 @@ class Maintenance:
     def memtable_bytes(self) -> int:
         return sum(p.mem_bytes for p in self.tables.partitions())
 
-    async def maintain(self) -> dict:
+    async def maintain(self) -> dict[str, Any]:
         """One round of background work: checkpoint the largest memtables while over the
         budget, run the merges the policy wants, offload sealed segments."""
         out = await self.checkpoint(force=False)
@@ -40,7 +42,7 @@ class Maintenance:
         out["progress"] = sum([await p.progress(closed) for p in self.tables.partitions()])
         return out
 
-    async def checkpoint(self, force: bool = True) -> dict:
+    async def checkpoint(self, force: bool = True) -> dict[str, Any]:
         """Checkpoint memtables: all of them, or (``force=False``) the largest until the
         budget is met. Then run any merge the policy wants."""
         parts = self.tables.partitions()
@@ -59,17 +61,18 @@ class Maintenance:
             merged += await p.merge(self.horizon())
         return {"checkpointed": len(done), "merged": merged}
 
-    async def seal(self) -> dict:
+    async def seal(self) -> dict[str, Any]:
         sealed = [s for p in self.tables.partitions() if (s := await p.roll()) is not None]
         return {"sealed": sealed}
 
-    async def offload(self) -> dict:
+    async def offload(self) -> dict[str, Any]:
         done, touched = [], set()
         for segid in await self.store.pending_offload():
             rec, _ = await self.store.record(segid)
             d = self.tables.definition(rec.table)
             if d is None:
                 continue  # a table this node has not opened (it will be, at the next start)
+            assert d.schema is not None  # the registry keeps each table's newest definition with a schema
             try:
                 await self.store.offload(segid, d.schema, await self.tables.schemas_of(d))
             except UnavailableError as e:  # its partition moved on the way: the new leader offloads it

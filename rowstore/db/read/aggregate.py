@@ -11,28 +11,33 @@ needed columns otherwise. Each partition yields a partial; this node merges its 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap64
 
 from rowstore.errors import UnavailableError
-from rowstore.index.column_index import bitmap_from
+from rowstore.db.partition import Partition
+from rowstore.index.column_index import ColumnRun, Pred, bitmap_from
 from rowstore.index.column_structures import ids_of
 from rowstore.index.column_values import gather, gatherable, sources
 from rowstore.index.rowid_kernels import Positions, RowidSet, bin_points
 from rowstore.reads.aggregates import (AggSpec, Grid, cell_counts, cell_edges, cname, merge, parse_grid, parse_spec,
                                        partial)
-from rowstore.reads.predicates import batch_mask, fold_ranges, parse_bbox, parse_where
+from rowstore.reads.predicates import BBox, Term, batch_mask, fold_ranges, parse_bbox, parse_where
 from rowstore.schema import Column
 from rowstore.types import Kind
 from rowstore.segments.fetch import fetch
 from rowstore.db.read.reader import ReadContext, Reader
 
 
+T = TypeVar("T")
 _PARALLEL_CELLS = 1 << 20  # histograms up to this many cells count their partitions in parallel
+# how a partition's rows were read: path, decoded_columns, rows, rows_decoded (a node's: partitions)
+Stats = dict[str, Any]
 
 
 class Aggregator:
@@ -40,18 +45,24 @@ class Aggregator:
 
     def __init__(self, reader: Reader):
         self.reader = reader
-        self._sets: dict = {}  # id(partition index) -> (visible rowids, their RowidSet)
-        self._maps: dict = {}  # id(side-table rowids) -> (that array, its Positions)
+        # id(partition index) -> (visible rowids, their RowidSet)
+        self._sets: dict[int, tuple[np.ndarray, RowidSet]] = {}
+        # id(side-table rowids) -> (that array, its Positions)
+        self._maps: dict[int, tuple[np.ndarray, Positions]] = {}
 
-    async def aggregate(self, name: str, group_by, aggregates, where=None, bbox=None, as_of=None,
-                        partitions=None, trusted: bool = False, nan=None) -> tuple[pa.Table, int, dict]:
+    async def aggregate(self, name: str, group_by: list[str] | None, aggregates: list[Any],
+                        where: list[Any] | None = None, bbox: dict[str, Any] | None = None,
+                        as_of: int | None = None, partitions: list[int] | None = None, trusted: bool = False,
+                        nan: str | None = None) -> tuple[pa.Table, int, Stats]:
         """(this node's merged partial, T, stats); the spec is checked against the schema at T."""
         c = await self.reader.context(name, as_of, trusted)
+        assert c.d.schema is not None  # describe() refuses a dropped table
         spec = parse_spec(c.d.schema, group_by, aggregates, nan)
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
         works = [await self._prepare(c, part, terms, box, spec.columns()) for part in self._parts(c, partitions)]
 
-        def run(w):  # each partition in a worker thread of its own: the kernels and Arrow release the GIL
+        # each partition in a worker thread of its own: the kernels and Arrow release the GIL
+        def run(w: Callable[[], pa.Table]) -> tuple[pa.Table, pa.Table]:
             rows = w()
             return rows, partial(rows, spec)
         got = await asyncio.gather(*[asyncio.to_thread(run, w) for w, _ in works])
@@ -59,19 +70,23 @@ class Aggregator:
         out = await asyncio.to_thread(merge, [p for _, p in got], spec) if got else _no_partial(spec)
         return out, c.T, _stats_of(works, [r.num_rows for r in rows])
 
-    async def histogram(self, name: str, column, bbox, cells, where=None, as_of=None, partitions=None,
-                        trusted: bool = False) -> tuple[np.ndarray, int, dict]:
+    async def histogram(self, name: str, column: str, bbox: dict[str, Any], cells: list[int],
+                        where: list[Any] | None = None, as_of: int | None = None, partitions: list[int] | None = None,
+                        trusted: bool = False) -> tuple[np.ndarray, int, Stats]:
         """(counts per cell, ny rows of nx, T, stats)."""
         c = await self.reader.context(name, as_of, trusted)
+        assert c.d.schema is not None  # describe() refuses a dropped table
         grid = parse_grid(c.d.schema, column, bbox, cells)
         terms = parse_where(c.d.schema, where)
         parts = self._parts(c, partitions)
+        works: list[tuple[Callable[[], np.ndarray | pa.Table], Stats]]
         if grid.box.column.type.kind == Kind.POINT and all(gatherable(p.columns, grid.box.column) for p in parts):
             works = [await self._prepare_cells(c, part, terms, grid) for part in parts]
         else:
             works = [await self._prepare(c, part, terms, grid.box, [grid.box.column]) for part in parts]
 
-        def run(w):  # each partition in a worker thread of its own (the kernels run without the GIL)
+        # each partition in a worker thread of its own (the kernels run without the GIL)
+        def run(w: Callable[[], np.ndarray | pa.Table]) -> tuple[np.ndarray, int]:
             got = w()
             if isinstance(got, np.ndarray):  # counted in place from the grid (_prepare_cells)
                 return got, int(got.sum())
@@ -81,11 +96,12 @@ class Aggregator:
         else:  # a count array per partition at once would be large: one after another
             got = await asyncio.to_thread(lambda: [run(w) for w, _ in works])
         counts = np.zeros((grid.ny, grid.nx), np.int64)
-        for cells, _ in got:
-            counts += cells
+        for counted, _ in got:
+            counts += counted
         return counts, c.T, _stats_of(works, [n for _, n in got])
 
-    async def _prepare_cells(self, c: ReadContext, part, terms, grid: Grid) -> tuple:
+    async def _prepare_cells(self, c: ReadContext, part: Partition, terms: list[Term],
+                             grid: Grid) -> tuple[Callable[[], np.ndarray], Stats]:
         """(work, stats) of a point column's histogram counted straight from its grid runs and
         memtable pieces: each point in the box whose rowid is visible (and passes ``where``)
         is binned once, by one kernel pass over the grid cells the box touches — no rowid is
@@ -106,17 +122,17 @@ class Aggregator:
             return counts
         return work, {"path": "index", "decoded_columns": [], "rows": 0, "rows_decoded": 0}
 
-    def _rowid_set(self, part, ids: np.ndarray) -> RowidSet:
+    def _rowid_set(self, part: Partition, ids: np.ndarray) -> RowidSet:
         """A fresh copy of the visible set's :class:`RowidSet` (counting takes rowids out)."""
         return self._visible_set(part, ids).copy()
 
-    def _visible_set(self, part, ids: np.ndarray) -> RowidSet:
+    def _visible_set(self, part: Partition, ids: np.ndarray) -> RowidSet:
         """The :class:`RowidSet` of a partition's visible ``ids``, kept while they are the same
         array (never written: takers copy it)."""
         return _kept(self._sets, id(part.index), ids, RowidSet, 1024)  # bound: indexes of partitions long gone
 
     @staticmethod
-    def _candidates(part, preds, every: bool) -> Callable[[], BitMap64 | None] | None:
+    def _candidates(part: Partition, preds: list[Pred], every: bool) -> Callable[[], BitMap64 | None] | None:
         """What computes, in a thread, what the column index allows for the predicates worth
         a bitmap (``every``: all it can answer — rows about to be decoded cost more than any
         bitmap), intersected (the candidates a query takes, reader.candidates, without their
@@ -137,29 +153,33 @@ class Aggregator:
             return out
         return compute
 
-    def _narrowed(self, part, ids: np.ndarray, cands: BitMap64 | None) -> np.ndarray:
+    def _narrowed(self, part: Partition, ids: np.ndarray, cands: BitMap64 | None) -> np.ndarray:
         """The visible ``ids`` among ``cands`` (all of them when None): a byte lookup each in
         the visible set's :class:`RowidSet` (kept while the visible rowids are the same)."""
         if cands is None:
             return ids
         c = ids_of(cands)
-        return c[self._visible_set(part, ids).contains(c)]
+        out: np.ndarray = c[self._visible_set(part, ids).contains(c)]
+        return out
 
     def _positions(self, ids: np.ndarray) -> Positions:
         """The :class:`Positions` of a run's side-table rowids, kept (runs are immutable)."""
         return _kept(self._maps, id(ids), ids, Positions, 512)  # bound: runs long merged away
 
-    def _parts(self, c: ReadContext, partitions) -> list:
+    def _parts(self, c: ReadContext, partitions: list[int] | None) -> list[Partition]:
         parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
         if any(p.pid not in c.table.owned for p in parts):
+            assert partitions is not None  # the served ones are owned
             raise UnavailableError(f"table {c.d.name!r}: partitions {sorted(set(partitions) - c.table.owned)} "
                                    "are not served by this node")
         return parts
 
-    async def _prepare(self, c: ReadContext, part, terms, box, need: list[Column], rowids: bool = False) -> tuple:
+    async def _prepare(self, c: ReadContext, part: Partition, terms: list[Term], box: BBox | None, need: list[Column],
+                       rowids: bool = False) -> tuple[Callable[[], pa.Table], Stats]:
         """(work, stats): what a worker thread runs to get the filtered visible rows' ``need``
         columns (named by ``cname``; and their ``_rowid`` when ``rowids``), with everything it
         reads taken here, on the loop, at one instant; and how they are read."""
+        assert c.d.schema is not None  # describe() refuses a dropped table
         with_rowids = rowids
         ids = await part.index.visible_rowids(c.T)
         preds = terms + ([box] if box is not None else [])
@@ -171,7 +191,8 @@ class Aggregator:
         decoded = None
         if decode:
             if cands is not None:
-                ids, cands = await asyncio.to_thread(lambda: self._narrowed(part, ids, cands())), None
+                narrow = cands
+                ids, cands = await asyncio.to_thread(lambda: self._narrowed(part, ids, narrow())), None
             keep = {d.id for d in decode} | {c.d.schema.primary_key}
             target = replace(c.d.schema, columns=tuple(x for x in c.d.schema.columns if x.id in keep))
             if len(ids):
@@ -180,7 +201,7 @@ class Aggregator:
 
         def work() -> pa.Table:
             rowids = ids if cands is None else self._narrowed(part, ids, cands())
-            memo: dict = {}
+            memo: dict[int, Any] = {}  # gather()'s: id(a side table's rowids) -> where ``rowids`` are in it
             arrays = {x.id: gather(srcs[x.id], x, rowids, memo, self._positions) for x in indexed}
             for x in decode:
                 arrays[x.id] = decoded.column(x.name) if decoded is not None else pa.nulls(0, x.type.arrow())
@@ -198,12 +219,15 @@ class Aggregator:
 BITMAP_SHARE = 0.25  # a predicate selecting more of the rows than this is checked by value instead
 
 
-def _worth_a_bitmap(taken: list) -> list:
+_IndexedPred = tuple[Pred, Column, tuple[list[ColumnRun], list[tuple[np.ndarray, pa.Array]]]]  # (pred, column, sources)
+
+
+def _worth_a_bitmap(taken: list[_IndexedPred]) -> list[_IndexedPred]:
     """The predicates whose bitmaps an aggregate builds: the most selective one, and any other
     that selects at most ``BITMAP_SHARE`` of the rows. A wide one (``v > 0``: a union of half
     the buckets and a refine) costs more as a bitmap than checking its column's values on the
     few candidates left, which the exact re-check of every term does anyway."""
-    def share(t) -> float:
+    def share(t: _IndexedPred) -> float:
         pred, _, (runs, _) = t
         n = sum(r.rows for r in runs)
         return sum(r.share(pred) * r.rows for r in runs) / n if n else 1.0
@@ -211,7 +235,8 @@ def _worth_a_bitmap(taken: list) -> list:
     return [t for j, (sh, _, t) in enumerate(ranked) if j == 0 or sh <= BITMAP_SHARE]
 
 
-def _kept(cache: dict, key, ids: np.ndarray, build, most: int):
+def _kept(cache: dict[int, tuple[np.ndarray, T]], key: int, ids: np.ndarray, build: Callable[[np.ndarray], T],
+          most: int) -> T:
     """``build(ids)``, kept in ``cache`` under ``key`` while ``ids`` is the same array (cleared
     past ``most`` entries)."""
     kept = cache.get(key)
@@ -222,7 +247,8 @@ def _kept(cache: dict, key, ids: np.ndarray, build, most: int):
     return kept[1]
 
 
-def _point_spans(srcs: list, box) -> list[tuple]:
+def _point_spans(srcs: list[ColumnRun | tuple[np.ndarray, pa.Array]],
+                 box: BBox) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """(rowids, x, y, spans) of each source of a point column: a grid run's slices for the
     cell columns the box touches, or a whole memtable piece (a null point never counts)."""
     out = []
@@ -243,7 +269,7 @@ def _point_spans(srcs: list, box) -> list[tuple]:
     return out
 
 
-def _whole(a) -> pa.Array:
+def _whole(a: pa.Array | pa.ChunkedArray) -> pa.Array:
     return a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
 
 
@@ -251,7 +277,7 @@ def _cells(rows: pa.Table, grid: Grid) -> np.ndarray:
     return cell_counts(rows.column(cname(grid.box.column)), grid)
 
 
-def _stats_of(works: list, counts: list[int]) -> dict:
+def _stats_of(works: Sequence[tuple[Callable[[], object], Stats]], counts: list[int]) -> Stats:
     """A node's stats: its partitions' added up (``counts``: the rows each one counted)."""
     out = {"path": "index", "decoded_columns": [], "rows": 0, "rows_decoded": 0, "partitions": 0}
     for (_, st), n in zip(works, counts):
@@ -259,7 +285,7 @@ def _stats_of(works: list, counts: list[int]) -> dict:
     return out
 
 
-def add_stats(into: dict, st: dict) -> None:
+def add_stats(into: Stats, st: Stats) -> None:
     """One partition's stats added to a node's (or a node's to the answer's)."""
     if st["path"] == "decode":
         into["path"] = "decode"

@@ -2,6 +2,9 @@
 a read plan pinning a snapshot, the unsealed tail of one partition, and the change feed."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
@@ -9,8 +12,10 @@ from rowstore.errors import ConflictError, HistoryPurgedError, QueryError, Unava
 from rowstore.reads.plan import ReadPlan, SegmentSlice, visible_bitmap
 from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
 from rowstore.rowids import split_rowids
+from rowstore.schema import SchemaVersion
 from rowstore.segments.fetch import fetch
-from rowstore.segments.store import SegmentStore, SegState
+from rowstore.segments.records import SegState
+from rowstore.segments.store import SegmentStore
 from rowstore.db.read.leases import Leases
 from rowstore.db.registry import TableRegistry
 from rowstore.db.read.leaderless import plan_offloaded, query_offloaded, read_watermarks
@@ -28,9 +33,10 @@ class ExternalReads:
         recs = await self.store.list(table=table_id)
         return min(T, max((self.store.live(r).max_ts for r in recs), default=0))
 
-    async def read_plan(self, name: str, as_of: int | None = None, where=None, bbox=None,
-                        sealed_only: bool = False, lease_s: float = 600.0, partitions=None,
-                        trusted: bool = False, request_id: str | None = None) -> ReadPlan:
+    async def read_plan(self, name: str, as_of: int | None = None, where: list[Any] | None = None,
+                        bbox: dict[str, Any] | None = None, sealed_only: bool = False, lease_s: float = 600.0,
+                        partitions: list[int] | None = None, trusted: bool = False,
+                        request_id: str | None = None) -> ReadPlan:
         """A snapshot for readers that go to object storage themselves: per offloaded segment
         its object and a bitmap of the localids visible at T (narrowed by the column index when
         ``where``/``bbox`` can use it), and the partitions whose visible rows are still on this
@@ -41,11 +47,13 @@ class ExternalReads:
         ``request_id``: the client's id of this plan; plans of one id share one lease
         (``Leases.acquire``), so a client may repeat a plan whose answer it lost."""
         c = await self.reader.context(name, as_of, trusted)
+        assert c.d.schema is not None  # describe() refuses a dropped table
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
         preds = terms + ([box] if box is not None else [])
         by_seg: dict[int, list[np.ndarray]] = {}
         parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
         if any(p.pid not in c.table.owned for p in parts):
+            assert partitions is not None  # the served ones are owned
             raise UnavailableError(f"table {name!r}: partitions {sorted(set(partitions) - c.table.owned)} "
                                    "are not served by this node")
         for part in parts:
@@ -63,14 +71,14 @@ class ExternalReads:
                     by_seg.setdefault(int(segs[a]), []).append(locs[a:b])
         recs = {r.segid: r for r in await self.store.list(table=c.d.table_id)}
         sealed, tail = [], set()
-        for segid, parts in sorted(by_seg.items()):
+        for segid, chunks in sorted(by_seg.items()):
             rec = recs.get(segid)
             if rec is None:  # collected between the index scan and the listing: plan again
                 raise ConflictError(f"segment {segid} of table {name!r} was collected while planning; retry")
             if rec.state in (SegState.OFFLOADED, SegState.RETIRED):  # a retired one is read until deleted
                 f = await self.fs.stat(rec.inode)
                 sealed.append(SegmentSlice(segid, f.location, f.object_size, rec.rows,
-                                           visible_bitmap(np.concatenate(parts))))
+                                           visible_bitmap(np.concatenate(chunks))))
             else:
                 tail.add(rec.partition)
         lease = await self.leases.acquire(sorted(recs), lease_s, request_id) if partitions is None else ""
@@ -91,23 +99,25 @@ class ExternalReads:
         """Per partition, the time at or below which reads need no leader (RFC 0010 §6)."""
         return {pid: w.ts for pid, w in (await read_watermarks(self.store.catalog, table_id)).items()}
 
-    async def query_without_leader(self, name: str, T: int, pids: list[int], where=None, bbox=None,
-                                   limit: int | None = None) -> pa.Table:
+    async def query_without_leader(self, name: str, T: int, pids: list[int], where: list[Any] | None = None,
+                                   bbox: dict[str, Any] | None = None, limit: int | None = None) -> pa.Table:
         """The rows of ``pids`` visible at T matching ``where``/``bbox``, in key order, from
         their objects alone (as :meth:`plan_without_leader`)."""
         c = await self.reader.context(name, T, trusted=True, leased=False)
+        assert c.d.schema is not None  # describe() refuses a dropped table
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
         rows = await query_offloaded(self.store, c.d, c.schemas, pids, c.T, terms, box)
         return finish(rows, c.d.schema, None, limit)
 
-    async def tail(self, name: str, partition: int, as_of: int, where=None, bbox=None,
-                   sealed: list[int] | None = None) -> pa.Table:
+    async def tail(self, name: str, partition: int, as_of: int, where: list[Any] | None = None,
+                   bbox: dict[str, Any] | None = None, sealed: list[int] | None = None) -> pa.Table:
         """The visible rows at T of one partition that are not in offloaded segments.
 
         ``sealed``: the segids a read plan sends readers to object storage for; exactly those
         are left out (a segment offloaded after the plan was made still comes from here, so
         a plan's tails and sealed slices never miss or repeat a row)."""
         c = await self.reader.context(name, as_of)
+        assert c.d.schema is not None  # describe() refuses a dropped table
         if not 0 <= partition < len(c.table.parts):
             raise QueryError(f"table {name!r} has partitions 0..{len(c.table.parts) - 1}")
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
@@ -120,7 +130,7 @@ class ExternalReads:
         rows = await fetch(self.store, ids[keep], c.schemas, c.d.schema, f"table {name!r} partition {partition}")
         return pa.Table.from_batches([rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box)))])
 
-    async def changes(self, name: str, after: int, upto: int | None = None, partitions=None,
+    async def changes(self, name: str, after: int, upto: int | None = None, partitions: list[int] | None = None,
                       trusted: bool = False) -> tuple[pa.Table, int]:
         """Every row change committed in (after, upto], in commit order (then key): the columns
         of the schema at ``upto``, plus ``commit_ts`` and ``op`` ("upsert" or "delete").
@@ -128,6 +138,7 @@ class ExternalReads:
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise QueryError(f"after must be a commit timestamp, not {after!r}")
         c = await self.reader.context(name, upto, trusted)
+        assert c.d.schema is not None  # describe() refuses a dropped table
         if partitions is not None and set(partitions) - c.table.owned:
             raise UnavailableError(f"table {name!r}: partitions {sorted(set(partitions) - c.table.owned)} "
                                    "are not served by this node")
@@ -156,7 +167,7 @@ class ExternalReads:
         return t.sort_by([("commit_ts", "ascending"), (c.d.schema.key.name, "ascending")]), c.T
 
 
-def _has(schemas, v: int) -> bool:
+def _has(schemas: Callable[[int], SchemaVersion], v: int) -> bool:
     try:
         schemas(v)
         return True

@@ -12,20 +12,25 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from catalog.abc import Check, Put
+from catalog.abc import Catalog, Check, Put
 from rowstore.errors import UnavailableError
 from rowstore.reads.plan import SegmentSlice, visible_bitmap
-from rowstore.reads.predicates import batch_mask
+from rowstore.reads.predicates import BBox, Term, batch_mask
 from rowstore.rowids import rowids, split_rowids
-from rowstore.segments.store import SegmentRecord, SegmentStore, SegState
+from rowstore.schema import SchemaVersion
+from rowstore.segments.records import SegmentRecord, SegState
+from rowstore.segments.store import SegmentStore
+from rowstore.tables.definitions import TableDef
 from rowstore.timeline import Timeline
 from terrafs.catalog_ops import commit
+from terrafs.fs import TerrascaleFS
 
 log = logging.getLogger("rowstore.db.offloaded_reads")
 WATERMARK_PREFIX = "rs/wm/"
@@ -50,12 +55,12 @@ class Watermark:
         return cls(int(d["seq"]), int(d["ts"]))
 
 
-async def read_watermark(catalog, table_id: str, pid: int) -> Watermark | None:
+async def read_watermark(catalog: Catalog, table_id: str, pid: int) -> Watermark | None:
     e = await catalog.get(watermark_key(table_id, pid))
     return None if e is None else Watermark.from_bytes(e.value)
 
 
-async def read_watermarks(catalog, table_id: str) -> dict[int, Watermark]:
+async def read_watermarks(catalog: Catalog, table_id: str) -> dict[int, Watermark]:
     """Every partition's watermark of a table, by partition (one scan)."""
     prefix = f"{WATERMARK_PREFIX}{table_id}/"
     return {int(e.key[len(prefix):]): Watermark.from_bytes(e.value) for e in await catalog.scan(prefix)}
@@ -102,8 +107,10 @@ async def advance_from(store: SegmentStore, closed: int, listed: list[SegmentRec
     return None
 
 
-async def visible_offloaded(store: SegmentStore, d, schemas, pid: int, T: int, listed: list[SegmentRecord],
-                            match=None) -> tuple[np.ndarray, list[tuple[pa.RecordBatch, np.ndarray]]]:
+async def visible_offloaded(store: SegmentStore, d: TableDef, schemas: Callable[[int], SchemaVersion], pid: int,
+                            T: int, listed: list[SegmentRecord],
+                            match: Callable[[pa.RecordBatch], np.ndarray] | None = None,
+                            ) -> tuple[np.ndarray, list[tuple[pa.RecordBatch, np.ndarray]]]:
     """The rowids (sorted) of the partition's rows visible at T, worked out from its objects
     in one scan of each; with ``match(batch) -> mask``, also the matching rows committed at or
     below T as (batch, their rowids) — the caller keeps the visible ones, without a second scan.
@@ -114,6 +121,7 @@ async def visible_offloaded(store: SegmentStore, d, schemas, pid: int, T: int, l
         have = "nothing offloaded yet" if wm is None else f"its objects hold every commit up to {wm.ts}"
         raise UnavailableError(f"table {d.name!r}: partition {pid} has no leader answering and {have}; "
                                f"a read at {T} needs its leader (retry, or read as of an earlier time)")
+    assert d.schema is not None  # a definition at T from describe(): not dropped
     recs = [r for r in listed if r.table == d.table_id and r.partition == pid and r.state == SegState.OFFLOADED
             and r.min_ts <= T and r.rows]
     keys, ts, dead, ids, kept = [], [], [], [], []
@@ -146,7 +154,8 @@ async def visible_offloaded(store: SegmentStore, d, schemas, pid: int, T: int, l
     return np.sort(t.column("id").to_numpy()[first & ~t.column("dead").to_numpy()]), kept
 
 
-async def plan_offloaded(store: SegmentStore, fs, d, schemas, pids, T: int) -> list[SegmentSlice]:
+async def plan_offloaded(store: SegmentStore, fs: TerrascaleFS, d: TableDef, schemas: Callable[[int], SchemaVersion],
+                         pids: list[int], T: int) -> list[SegmentSlice]:
     """The read plan's slices of ``pids`` at T, made without their leader."""
     listed = await store.list(table=d.table_id)
     recs = {r.segid: r for r in listed}
@@ -161,7 +170,8 @@ async def plan_offloaded(store: SegmentStore, fs, d, schemas, pids, T: int) -> l
     return out
 
 
-async def query_offloaded(store: SegmentStore, d, schemas, pids, T: int, terms, box) -> list[pa.RecordBatch]:
+async def query_offloaded(store: SegmentStore, d: TableDef, schemas: Callable[[int], SchemaVersion], pids: list[int],
+                          T: int, terms: list[Term], box: BBox | None) -> list[pa.RecordBatch]:
     """The rows of ``pids`` visible at T matching the predicates, read from the objects."""
     listed = await store.list(table=d.table_id)
     out = []

@@ -6,6 +6,7 @@ import hashlib
 import json
 import secrets
 import time
+from collections.abc import Callable
 
 from catalog.abc import Catalog, Check, Delete, Put
 from rowstore.errors import ConflictError, ReadLeaseExpiredError
@@ -15,7 +16,7 @@ LEASE_PREFIX = "lease/"
 
 
 class Leases:
-    def __init__(self, catalog: Catalog, now_ms=None):
+    def __init__(self, catalog: Catalog, now_ms: Callable[[], int] | None = None):
         self.catalog = catalog
         self.now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)  # the wall clock (injectable)
 

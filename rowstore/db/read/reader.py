@@ -5,8 +5,9 @@ deletion (RFC 0003). Point gets take a scalar path; many keys, ranges and querie
 vectorized, the column index narrowing candidates that are then re-checked exactly."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +17,7 @@ from rowstore.errors import FutureTimestampError, HistoryPurgedError, QueryError
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
 from rowstore.tables.keys import encode_keys, encode_one, partition_of, partition_one
 from rowstore.reads.zones import keep_mask, segments_of
-from rowstore.reads.predicates import batch_mask, fold_ranges, parse_bbox, parse_where
+from rowstore.reads.predicates import BBox, Term, batch_mask, fold_ranges, parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
 from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegmentStore
@@ -42,7 +43,7 @@ class ReadContext:
     T: int
     d: TableDef
     table: Table
-    schemas: object  # version id -> SchemaVersion
+    schemas: Callable[[int], SchemaVersion]  # version id -> SchemaVersion
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,10 @@ class _PointTable:
     gen: int  # the table catalog's generation it was built in
     d: TableDef
     kind: str
-    parts: list
+    parts: list[Partition]
     nparts: int
     decode: PointDecoder
-    owned: set  # the table's partitions served here (the registry's set: it changes in place)
+    owned: set[int]  # the table's partitions served here (the registry's set: it changes in place)
 
 
 class Reader:
@@ -116,7 +117,7 @@ class Reader:
             self.leases_of(d.table_id, table.owned)
         return ReadContext(T, d, table, await self.tables.schemas_of(d))
 
-    async def get(self, name: str, key, as_of: int | None = None) -> dict | None:
+    async def get(self, name: str, key: object, as_of: int | None = None) -> dict[str, Any] | None:
         """The row with primary key ``key`` as of T (columns and names of T), or None.
 
         The scalar path: no arrays, one index walk, one row read, one struct unpack; with
@@ -152,19 +153,21 @@ class Reader:
         T = await self.snapshot(as_of)
         d = await self.definitions.describe(name, T)
         table = self.tables.get(d.table_id) or await self.tables.table(d)
+        assert d.schema is not None  # describe() refuses a dropped table
         pt = _PointTable(gen, d, table.kind, table.parts, len(table.parts),
                          PointDecoder(await self.tables.schemas_of(d), d.schema), table.owned)
         if as_of is None and await self.definitions.describe(name) is d:
             self._points[name] = pt
         return T, pt
 
-    async def get_many(self, name: str, keys, as_of: int | None = None) -> pa.Table:
+    async def get_many(self, name: str, keys: Sequence[object] | pa.Array, as_of: int | None = None) -> pa.Table:
         """Rows for many keys at once (vectorized lookups and reads), in key order; absent
         keys are left out."""
         c = await self.context(name, as_of)
+        assert c.d.schema is not None  # describe() refuses a dropped table
         enc = encode_keys(check_keys(keys, c.d.schema.key), c.table.kind)
         pids = partition_of(enc, len(c.table.parts))
-        ids = []
+        ids: list[np.ndarray] = []
         for p in np.unique(pids):
             index = c.table.parts[p].index
             got = await index.get_many(enc[pids == p], c.T)
@@ -175,37 +178,44 @@ class Reader:
         return finish([(await fetch(self.store, rowids, c.schemas, c.d.schema, f"table {name!r}")).batch],
                       c.d.schema, None, None)
 
-    async def scan(self, name: str, lo=None, hi=None, as_of: int | None = None, columns=None,
-                   limit: int | None = None) -> tuple[pa.Table, int]:
+    async def scan(self, name: str, lo: object = None, hi: object = None, as_of: int | None = None,
+                   columns: list[str] | None = None, limit: int | None = None) -> tuple[pa.Table, int]:
         """Rows with ``lo <= key < hi`` (None: unbounded) visible at T, in key order."""
         c = await self.context(name, as_of)
+        assert c.d.schema is not None  # describe() refuses a dropped table
         bounds = [None if b is None else encode_keys(check_keys([b], c.d.schema.key, "bounds"), c.table.kind)[0]
                   for b in (lo, hi)]
-        parts = []
+        parts: list[pa.RecordBatch] = []
         for part in c.table.served():
             vis = await part.index.scan(bounds[0], bounds[1], c.T)
             parts.append((await fetch(self.store, vis.rowids, c.schemas, c.d.schema, _where(c, part))).batch)
         return finish(parts, c.d.schema, columns, limit), c.T
 
-    async def query(self, name: str, where=None, bbox=None, columns=None, limit: int | None = 10_000,
-                    as_of: int | None = None, partitions=None, trusted: bool = False) -> tuple[pa.Table, int]:
+    async def query(self, name: str, where: list[Any] | None = None, bbox: dict[str, Any] | None = None,
+                    columns: list[str] | None = None, limit: int | None = 10_000, as_of: int | None = None,
+                    partitions: list[int] | None = None, trusted: bool = False) -> tuple[pa.Table, int]:
         """Rows visible at T matching every ``where`` term and the bounding box, in key order;
         ``partitions``: only those (a read across nodes asks each node for its own)."""
         c = await self.context(name, as_of, trusted)
+        assert c.d.schema is not None  # describe() refuses a dropped table
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
         _check_columns(c.d.schema, columns)
         _check_limit(limit)
         parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
         if any(p.pid not in c.table.owned for p in parts):
+            assert partitions is not None  # the served ones are owned
             raise UnavailableError(f"table {name!r}: partitions {sorted(set(partitions) - c.table.owned)} "
                                    "are not served by this node")
         out = [await self._query_part(c, part, terms, box, limit) for part in parts]
         return finish(out, c.d.schema, columns, limit), c.T
 
-    async def _query_part(self, c: ReadContext, part: Partition, terms, box, limit) -> pa.RecordBatch:
+    async def _query_part(self, c: ReadContext, part: Partition, terms: list[Term], box: BBox | None,
+                          limit: int | None) -> pa.RecordBatch:
+        assert c.d.schema is not None  # describe() refuses a dropped table
         cands, srcs = candidates(part, terms + ([box] if box is not None else []))
         if cands is None:  # no index applies: the partition's visible rows, in key order
             return await self._scan_part(c, part, terms, box, limit)
+        assert srcs is not None  # set with cands
         keep = await self.zone_mask(c, cands, terms, box)
         if keep is not None:
             cands, srcs = cands[keep], srcs[keep]
@@ -216,9 +226,11 @@ class Reader:
         visible[idx] = ~await part.index.superseded(keys[idx], rows.commit_ts[idx], srcs[idx], c.T)
         return rows.batch.filter(pa.array(visible & batch_mask(rows.batch, terms, box)))
 
-    async def _scan_part(self, c: ReadContext, part: Partition, terms, box, limit) -> pa.RecordBatch:
+    async def _scan_part(self, c: ReadContext, part: Partition, terms: list[Term], box: BBox | None,
+                         limit: int | None) -> pa.RecordBatch:
         """Visible rows in key order, fetched in growing chunks until ``limit`` of them match:
         the answer is the first ``limit`` keys overall, so no partition needs more."""
+        assert c.d.schema is not None  # describe() refuses a dropped table
         ids = (await part.index.scan(None, None, c.T)).rowids  # key order
         keep = await self.zone_mask(c, ids, terms, box)
         if keep is not None:
@@ -238,7 +250,8 @@ class Reader:
         return got[0] if len(got) == 1 else pa.Table.from_batches(got).combine_chunks().to_batches()[0]
 
 
-    async def zone_mask(self, c: ReadContext, ids: np.ndarray, terms, box) -> np.ndarray | None:
+    async def zone_mask(self, c: ReadContext, ids: np.ndarray, terms: list[Term],
+                        box: BBox | None) -> np.ndarray | None:
         """Rows of segments whose cluster range the query misses are left out (RFC 0009)."""
         if c.d.cluster_by is None or len(ids) == 0 or (box is None and not terms):
             return None
@@ -250,12 +263,14 @@ def _where(c: ReadContext, part: Partition) -> str:
     return f"table {c.d.name!r} partition {part.pid}"
 
 
-def _point_key(pt: _PointTable, key):
+def _point_key(pt: _PointTable, key: object) -> int | bytes:
     """One user key, checked against its column's type, as the index's scalar."""
-    return encode_one(check_key(key, pt.d.schema.key), pt.kind)
+    assert pt.d.schema is not None  # _point_table() checked it
+    k: int | bytes = encode_one(check_key(key, pt.d.schema.key), pt.kind)
+    return k
 
 
-def candidates(part: Partition, preds) -> tuple[np.ndarray | None, np.ndarray | None]:
+def candidates(part: Partition, preds: list[Term | BBox]) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Sorted rowids every usable column index allows, with each one's source run (RFC 0002);
     (None, None) when no predicate can use an index."""
     cands = srcs = None
@@ -266,12 +281,13 @@ def candidates(part: Partition, preds) -> tuple[np.ndarray | None, np.ndarray | 
         if cands is None:
             cands, srcs = got
         else:
+            assert srcs is not None  # set with cands
             cands, i, _ = np.intersect1d(cands, got[0], assume_unique=True, return_indices=True)
             srcs = srcs[i]
     return cands, srcs
 
 
-def _check_columns(schema: SchemaVersion, columns) -> None:
+def _check_columns(schema: SchemaVersion, columns: list[str] | None) -> None:
     if columns is None:
         return
     if not isinstance(columns, (list, tuple)) or not all(isinstance(c, str) for c in columns):
@@ -281,7 +297,7 @@ def _check_columns(schema: SchemaVersion, columns) -> None:
             raise QueryError(f"no column {c!r}")
 
 
-def _check_limit(limit) -> None:
+def _check_limit(limit: int | None) -> None:
     if limit is None:
         return
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
@@ -292,7 +308,8 @@ def _empty_batch(schema: SchemaVersion) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array([], c.type.arrow()) for c in schema.columns], schema=schema.arrow())
 
 
-def finish(parts: list[pa.RecordBatch], schema: SchemaVersion, columns, limit) -> pa.Table:
+def finish(parts: list[pa.RecordBatch], schema: SchemaVersion, columns: list[str] | None,
+           limit: int | None) -> pa.Table:
     """Partitions' rows as one table in key order, cut to ``limit``, with ``columns``."""
     t = pa.Table.from_batches([p for p in parts if p.num_rows], schema=schema.arrow()) if any(
         p.num_rows for p in parts) else schema.arrow().empty_table()

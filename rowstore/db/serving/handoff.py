@@ -18,22 +18,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 import time
 
 from catalog.errors import CatalogError
 from rowstore.db.read.leaderless import read_watermark
 from rowstore.errors import RowstoreError, UnavailableError
-from rowstore.segments.store import SegmentStore, SegState
+from rowstore.schema import SchemaVersion
+from rowstore.segments.records import SegmentRecord, SegState
+from rowstore.segments.store import SegmentStore
 from rowstore.tables.definitions import TableDef
 from rowstore.index.key_manifest import Claim
 from rowstore.db.partition import Partition
+from rowstore.db.registry import TableRegistry
 
 log = logging.getLogger("rowstore.db.handoff")
 
 
 class Handoffs:
-    def __init__(self, store: SegmentStore, tables, *, observe: Callable[[int], None]):
+    def __init__(self, store: SegmentStore, tables: TableRegistry, *, observe: Callable[[int], None]):
         """``observe(ts)``: the clock's observe; a partition taken here commits above the log it
         took (invariant C of RFC 0010), so it has no default."""
         self.store, self.tables, self.observe = store, tables, observe
@@ -57,6 +60,7 @@ class Handoffs:
                 await part.drain()
                 await self.store.roll(d.table_id, pid, empty=True)
                 latest = await self.tables.latest_def(d)
+                assert latest.schema is not None  # the newest definition with a schema
                 schemas = await self.tables.schemas_of(latest)
                 top = 0
                 for rec in await part.segments():
@@ -75,7 +79,8 @@ class Handoffs:
                      time.perf_counter() - t0)
             return top
 
-    async def _offload(self, rec, key_schema, schemas):
+    async def _offload(self, rec: SegmentRecord, key_schema: SchemaVersion,
+                       schemas: Callable[[int], SchemaVersion]) -> SegmentRecord:
         """Offload one sealed segment; the maintenance round may be offloading it at the same
         time (then one of the two fails its switch): wait for the other and go on."""
         for _ in range(50):
@@ -88,7 +93,7 @@ class Handoffs:
                 await asyncio.sleep(0.1)
         raise RowstoreError(f"segment {rec.segid} could not be offloaded")
 
-    async def switch(self, d: TableDef, pid: int, switch) -> bool:
+    async def switch(self, d: TableDef, pid: int, switch: Callable[[], Awaitable[bool]]) -> bool:
         """After :meth:`release`: ``await switch()`` moves the placement (the node layer's
         compare-and-set); if it did, stop serving the partition here, else take writes again.
         Under the index's publish lock, so no checkpoint, merge or collection pass of this
@@ -98,7 +103,7 @@ class Handoffs:
             if pid not in table.owned:
                 return False
             part = table.parts[pid]
-            failed = None
+            failed: BaseException | None = None
             async with part.index.publish_lock:
                 try:
                     moved = await switch()
@@ -133,6 +138,7 @@ class Handoffs:
                 return False
             part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
             latest = await self.tables.latest_def(d)
+            assert latest.schema is not None  # the newest definition with a schema
             n = await part.open(await self.tables.schemas_of(latest), latest.schema, Claim(self.store.node, epoch))
             self.observe(part.newest_ts)
             table.serve(part, epoch)

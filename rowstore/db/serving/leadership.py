@@ -10,23 +10,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, cast
 
 from rowstore.errors import FencedError, UnavailableError
 from rowstore.db.read.leaderless import read_watermark
-from rowstore.replication.follower import ReplicaStore
+from rowstore.replication.follower import ReplicaStore, SegmentPiece
 from rowstore.replication.leader import Shipper, Transport
 from rowstore.segments.position import NOTHING, Position, rep_key
-from rowstore.segments.store import SegmentStore, SegState
+from rowstore.segments.records import SegState
+from rowstore.segments.store import SegmentStore
 from rowstore.tables.definitions import TableDef
 from rowstore.index.key_manifest import Claim
 from rowstore.db.partition import Partition
+from rowstore.db.registry import TableRegistry
 
 log = logging.getLogger("rowstore.db.leadership")
 
 
 class Leadership:
-    def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables, decide, *,
+    def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables: TableRegistry,
+                 decide: Callable[[int], Awaitable[bool]], *,
                  observe: Callable[[int], None], observe_durably: Callable[[int], Awaitable[None]],
                  present: Callable[[], int], monotonic: Callable[[], float] = time.monotonic):
         """The clock's hooks keep invariant C of RFC 0010 and have no default: ``observe(ts)``, a
@@ -50,10 +54,18 @@ class Leadership:
         return self._locks.setdefault((table_id, pid), asyncio.Lock())
 
     def shipper(self, table_id: str, pid: int) -> Shipper | None:
-        return self.store.shippers.get((table_id, pid))
+        return self._shipper((table_id, pid))
 
     def led(self) -> dict[tuple[str, int], Shipper]:
-        return dict(self.store.shippers)
+        return dict(self._shippers())
+
+    def _shippers(self) -> dict[tuple[str, int], Shipper]:
+        """The store's shippers: every one is a :class:`Shipper`, put there by :meth:`_promote`
+        (the segments layer cannot name the class: replication sits above it)."""
+        return cast("dict[tuple[str, int], Shipper]", self.store.shippers)
+
+    def _shipper(self, key: tuple[str, int]) -> Shipper | None:
+        return self._shippers().get(key)
 
     async def promote(self, d: TableDef, pid: int, epoch: int, base: int, start: Position, followers: list[str],
                       transport: Transport, lease_s: float, on_fenced: Callable[[Shipper], None]) -> Shipper:
@@ -64,9 +76,9 @@ class Leadership:
             return await self._promote(d, pid, epoch, base, start, followers, transport, lease_s, on_fenced)
 
     async def _promote(self, d: TableDef, pid: int, epoch: int, base: int, start: Position, followers: list[str],
-                       transport: Transport, lease_s: float, on_fenced) -> Shipper:
+                       transport: Transport, lease_s: float, on_fenced: Callable[[Shipper], None]) -> Shipper:
         key = (d.table_id, pid)
-        old = self.store.shippers.get(key)
+        old = self._shipper(key)
         if old is not None:
             if old.epoch >= epoch:
                 return old
@@ -97,6 +109,7 @@ class Leadership:
         sh.start_links()
         try:
             latest = await self.tables.latest_def(d)
+            assert latest.schema is not None  # the newest definition with a schema
             part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
             n = await part.open(await self.tables.schemas_of(latest), latest.schema, Claim(self.store.node, epoch))
             self.observe(part.newest_ts)
@@ -115,7 +128,7 @@ class Leadership:
             return await self._demote(table_id, pid)
 
     async def _demote(self, table_id: str, pid: int) -> bool:
-        sh = self.store.shippers.pop((table_id, pid), None)
+        sh = self._shippers().pop((table_id, pid), None)
         if sh is None:
             return False
         table = self.tables.get(table_id)
@@ -132,7 +145,7 @@ class Leadership:
         log.warning("event=partition_demoted table=%s partition=%d epoch=%d", table_id, pid, sh.epoch)
         return True
 
-    async def fence(self, table_id: str, pid: int, epoch: int, force: bool = False) -> dict:
+    async def fence(self, table_id: str, pid: int, epoch: int, force: bool = False) -> dict[str, Any]:
         """Promise ``epoch`` for a partition: a follower's copies answer through the replica
         store; a node holding its own segments of the partition (it led it, and was not
         replaced yet) answers for them — after stepping down if it still leads, and with the
@@ -162,8 +175,8 @@ class Leadership:
             last, pos = own
             return {"last": last, "pos": list(pos), "clock": self.present()}  # it serves nothing after this
 
-    async def append(self, table_id: str, pid: int, epoch: int, base: int, start: Position, pieces,
-                     leader: str = "", clock: int = 0) -> dict:
+    async def append(self, table_id: str, pid: int, epoch: int, base: int, start: Position, pieces: list[SegmentPiece],
+                     leader: str = "", clock: int = 0) -> dict[str, Any]:
         """A leader's append to this node's copy. While this node leads the partition, an
         older or equal epoch is fenced, and a newer one (its election is over: the epoch comes
         from the placement's compare-and-set) makes this node step down first."""
@@ -173,7 +186,7 @@ class Leadership:
 
     async def _yield_to(self, table_id: str, pid: int, epoch: int) -> None:
         """A message of ``epoch`` for a partition led here: fenced unless newer; then step down."""
-        sh = self.store.shippers.get((table_id, pid))
+        sh = self._shipper((table_id, pid))
         if sh is not None:
             if epoch <= sh.epoch:
                 raise FencedError(f"epoch {epoch} is not above the leading epoch {sh.epoch}", sh.epoch)
@@ -192,15 +205,15 @@ class Leadership:
                     and r.state in (SegState.ACTIVE, SegState.SEALED)} if follows else set()
             return await self.replicas.prune(table_id, pid, keep)
 
-    def check_lease(self, table_id: str, pids) -> None:
+    def check_lease(self, table_id: str, pids: Iterable[int]) -> None:
         """Refuse to read a replicated partition led here without a current lease."""
         for pid in pids:
-            sh = self.store.shippers.get((table_id, pid))
+            sh = self._shipper((table_id, pid))
             if sh is not None and not sh.lease_ok():
                 raise UnavailableError(f"partition {pid} has no majority of its replicas within the lease; retry")
 
-    def status(self) -> dict:
-        return {f"{t}/{p}": sh.status() for (t, p), sh in self.store.shippers.items()}
+    def status(self) -> dict[str, Any]:
+        return {f"{t}/{p}": sh.status() for (t, p), sh in self._shippers().items()}
 
 
 __all__ = ["Leadership", "NOTHING"]

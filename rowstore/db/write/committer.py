@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, TypeVar, cast, overload
 
 import numpy as np
 import pyarrow as pa
@@ -17,8 +18,9 @@ from catalog.abc import Catalog, Check, Delete, Put
 from rowstore.errors import ConflictError, UnavailableError
 from rowstore.tables.keys import encode_keys, partition_of
 from rowstore.codec.rows import Encoded, EncodedParts
-from rowstore.schema import SchemaVersion
+from rowstore.schema import Column, SchemaVersion
 from rowstore.rowids import split_rowids
+from rowstore.segments.active import ActiveSegment
 from rowstore.segments.wal import DECIDED, SPANS_NODES
 from rowstore.tables.conform import PartitionShare, conform, split_by_partition, stamp
 from rowstore.tables.key_check import check_keys
@@ -30,6 +32,7 @@ from rowstore.db.tasks import BackgroundTasks
 from terrafs.catalog_ops import commit
 from terrafs.failpoints import failpoint
 
+T = TypeVar("T")
 TXN_PREFIX = "txn/"
 COMMITTED, ABORTED = b"committed", b"aborted"
 # Bigger batches are sorted, split and encoded in a worker thread. Up to this size that is
@@ -70,9 +73,9 @@ async def decided(catalog: Catalog, txn: int) -> bool:
 class _Member:
     """A multi-partition batch waiting in its table's commit queue."""
 
-    work: list  # (partition, its piece of the batch)
+    work: list[tuple[Partition, PartitionShare]]  # (partition, its piece of the batch)
     schema: SchemaVersion
-    fut: asyncio.Future
+    fut: asyncio.Future[int]
     ts: int = 0
 
     @property
@@ -85,26 +88,27 @@ class _Prepared:
     """A decided group, unlocked, waiting to be applied (``_finish_group``)."""
 
     group: list[_Member]
-    by_pid: dict  # pid -> [(member index, partition, piece)]
+    by_pid: dict[int, list[tuple[int, Partition, PartitionShare]]]  # pid -> [(member index, partition, piece)]
     pids: list[int]
     parts: list[Partition]
-    segs: list
-    got: list  # per partition: the prepared rows' rowids
+    segs: list[ActiveSegment]
+    got: list[np.ndarray]  # per partition: the prepared rows' rowids
     txn: int
-    commits: list  # COMMIT X appends in flight
+    commits: list[asyncio.Task[None]]  # COMMIT X appends in flight
 
 
 class Committer:
     def __init__(self, catalog: Catalog, definitions: TableCatalog, tables: TableRegistry, timeline: Timeline,
-                 tasks: BackgroundTasks, step_down: Callable[[str, int], Awaitable], ack_timeout_s: float = 10.0):
+                 tasks: BackgroundTasks, step_down: Callable[[str, int], Coroutine[Any, Any, bool]],
+                 ack_timeout_s: float = 10.0):
         """``step_down(table id, pid)``: the leader of a replicated partition whose write missed
         its ack timeout steps down (started in the background, :meth:`_bounded`)."""
         self.catalog, self.definitions, self.tables = catalog, definitions, tables
         self.timeline, self.tasks, self.step_down = timeline, tasks, step_down
         self._decided: list[str] = []  # txn keys decided committed at recovery
-        self._groups: dict[str, list] = {}  # table id -> multi-partition batches waiting to commit
+        self._groups: dict[str, list[_Member]] = {}  # table id -> multi-partition batches waiting to commit
         self._leading: set[str] = set()  # table ids whose group committer is running
-        self._applying: dict[str, asyncio.Task] = {}  # table id -> its last decided group's finish
+        self._applying: dict[str, asyncio.Task[None]] = {}  # table id -> its last decided group's finish
         # A write to a replicated partition waits this long for a majority of its replicas, then
         # answers "unavailable" (the batch may still become durable and visible later).
         self.ack_timeout_s = ack_timeout_s
@@ -135,17 +139,20 @@ class Committer:
     async def upsert(self, name: str, data: pa.RecordBatch | pa.Table) -> WriteResult:
         """Insert or replace rows by primary key, atomically; returns once durable and visible."""
         d = await self.definitions.describe(name)
+        assert d.schema is not None  # describe() refuses a dropped table
         return await self.write(d, conform(data, d.schema), None)
 
-    async def delete(self, name: str, keys) -> WriteResult:
+    async def delete(self, name: str, keys: Sequence[object] | pa.Array) -> WriteResult:
         """Delete rows by primary key (absent keys are fine); ``count`` = keys that existed."""
         d = await self.definitions.describe(name)
         batch, deleted, existed = await self.tombstones(d, keys)
         res = await self.write(d, batch, deleted)
         return WriteResult(existed, res.commit_ts)
 
-    async def tombstones(self, d: TableDef, keys) -> tuple[pa.RecordBatch, np.ndarray, int]:
+    async def tombstones(self, d: TableDef,
+                         keys: Sequence[object] | pa.Array) -> tuple[pa.RecordBatch, np.ndarray, int]:
         """Deletion rows for ``keys``, and how many of the keys exist now."""
+        assert d.schema is not None  # a described table: not dropped
         karr = check_keys(keys, d.schema.key)
         table = await self.tables.table(d)
         enc = encode_keys(karr, table.kind)
@@ -163,14 +170,17 @@ class Committer:
         table, pieces, n = await self.split(d, batch, deleted)
         if n == 0:
             return WriteResult(0, self.timeline.closed)
+        assert d.schema is not None  # split() checked it
         work = [(table.parts[p.pid], p) for p in pieces]
         ts = await (self._commit_one(*work[0], d.schema) if len(work) == 1 else
                     self._commit_many(table, work, d.schema))
         return WriteResult(n, ts)
 
-    async def split(self, d: TableDef, batch: pa.RecordBatch, deleted: np.ndarray | None):
+    async def split(self, d: TableDef, batch: pa.RecordBatch,
+                    deleted: np.ndarray | None) -> tuple[Table, list[PartitionShare], int]:
         """(table, the batch's pieces per partition, rows after last-wins): what committing
         needs, validated (nothing is written if a key is bad or a partition served elsewhere)."""
+        assert d.schema is not None  # a described table: not dropped
         table = await self.tables.table(d)
         keys = encode_keys(batch.column(batch.schema.get_field_index(d.schema.key.name)), table.kind)
         batch, keys, deleted = _last_wins(batch, keys, deleted)
@@ -184,12 +194,19 @@ class Committer:
         keep = [d.schema.key.name] + [c.name for c in d.schema.columns if c.id in d.indexes
                                       and c.id != d.schema.primary_key]
         args = (batch, d.schema, keys, deleted, pids, keep)
-        pieces = await asyncio.to_thread(split_by_partition, *args) if batch.num_rows > THREAD_ROWS \
-            else split_by_partition(*args)
+        pieces: list[PartitionShare] = await asyncio.to_thread(split_by_partition, *args) \
+            if batch.num_rows > THREAD_ROWS else split_by_partition(*args)
         return table, pieces, batch.num_rows
 
+    @overload
+    async def write_pieces(self, d: TableDef, pieces: list[PartitionShare], sizes: None = None) -> list[int]: ...
+
+    @overload
     async def write_pieces(self, d: TableDef, pieces: list[PartitionShare],
-                           sizes: list[list[int]] | None = None) -> list:
+                           sizes: list[list[int]]) -> list[list[int] | BaseException]: ...
+
+    async def write_pieces(self, d: TableDef, pieces: list[PartitionShare],
+                           sizes: list[list[int]] | None = None) -> list[int] | list[list[int] | BaseException]:
         """Commit rows already checked, encoded and split by partition (each piece: distinct
         keys, rows of ``d.schema``), without the conform/encode/split of :meth:`write` —
         for a caller that coalesced concurrent small requests (``node/http/coalesce.py``).
@@ -199,6 +216,7 @@ class Committer:
         each piece is its own atomic batch, each request in it gets its own timestamp; returns
         per piece the list of them — or the exception that failed that piece (the others
         are committed all the same)."""
+        assert d.schema is not None  # the pieces were encoded with its schema
         table = await self.tables.table(d)
         served(table, np.array([p.pid for p in pieces]))
         work = [(table.parts[p.pid], p) for p in pieces]
@@ -212,9 +230,19 @@ class Committer:
     async def existing(self, d: TableDef, pid: int, keys: np.ndarray) -> np.ndarray:
         """Per encoded key of partition ``pid``: whether it has a live row now (a delete's count)."""
         table = await self.tables.table(d)
-        return await table.parts[pid].index.get_many(keys, self.timeline.closed) != 0
+        live: np.ndarray = await table.parts[pid].index.get_many(keys, self.timeline.closed) != 0
+        return live
 
-    async def _commit_one(self, part: Partition, piece: PartitionShare, schema, sizes: list[int] | None = None):
+    @overload
+    async def _commit_one(self, part: Partition, piece: PartitionShare, schema: SchemaVersion,
+                          sizes: None = None) -> int: ...
+
+    @overload
+    async def _commit_one(self, part: Partition, piece: PartitionShare, schema: SchemaVersion,
+                          sizes: list[int]) -> list[int]: ...
+
+    async def _commit_one(self, part: Partition, piece: PartitionShare, schema: SchemaVersion,
+                          sizes: list[int] | None = None) -> int | list[int]:
         """One partition's batch: one append, one group-commit wait. With ``sizes`` the piece
         holds several requests' rows back to back (:meth:`write_pieces`): each gets its own
         commit timestamp, stamped into its rows (the record's header carries the largest, as a
@@ -236,13 +264,14 @@ class Committer:
             return await done
         return await self._bounded(asyncio.ensure_future(done), [part])
 
-    async def _finish_one(self, part: Partition, seg, task, piece: PartitionShare, schema, ts: int, tss: list[int],
-                          sizes: list[int] | None):
+    async def _finish_one(self, part: Partition, seg: ActiveSegment, task: asyncio.Task[np.ndarray],
+                          piece: PartitionShare, schema: SchemaVersion, ts: int, tss: list[int],
+                          sizes: list[int] | None) -> int | list[int]:
         try:
             ids = await task
             if sizes is not None:
                 seg.note_commit_ts(tss[0])
-            row_ts = ts if sizes is None else np.repeat(np.array(tss, np.uint64), sizes)
+            row_ts: int | np.ndarray = ts if sizes is None else np.repeat(np.array(tss, np.uint64), sizes)
             part.apply(split_rowids(ids)[1], seg.segid, piece.batch, row_ts, _deleted(piece), schema, piece.keys,
                        piece.pos)
             self.merge_if_due(part)
@@ -255,7 +284,8 @@ class Committer:
             self.tasks.spawn(part.roll(if_full=True))
         return ts if sizes is None else tss
 
-    async def _commit_many(self, table: Table, work, schema) -> int:
+    async def _commit_many(self, table: Table, work: list[tuple[Partition, PartitionShare]],
+                           schema: SchemaVersion) -> int:
         """Queue a multi-partition batch; one committer per table takes every batch queued
         and commits them as ONE two-phase group (one prepare fsync per partition, one
         decision), each batch keeping its own commit timestamp (LevelDB's writer queue)."""
@@ -269,7 +299,7 @@ class Committer:
             return await m.fut
         return await self._bounded(m.fut, [part for part, _ in work])
 
-    async def _group_loop(self, tid: str, q: list) -> None:
+    async def _group_loop(self, tid: str, q: list[_Member]) -> None:
         try:
             while q:
                 group = [q.pop(0)]
@@ -287,15 +317,14 @@ class Committer:
                 # Decided and unlocked: the next group prepares (its fdatasyncs run) while this
                 # one is applied; groups are applied in commit order.
                 t = self._applying[tid] = self.tasks.spawn(self._finish_group(prepared, self._applying.get(tid)))
-                t.add_done_callback(lambda t, tid=tid: self._applying.pop(tid) if self._applying.get(tid) is t
-                                    else None)
+                t.add_done_callback(lambda t: self._applying.pop(tid) if self._applying.get(tid) is t else None)
         finally:
             self._leading.discard(tid)
 
     async def _commit_group(self, group: list[_Member]) -> _Prepared:
         """Prepare every partition's share (one append each, one fdatasync each, in parallel)
         and decide, under the partitions' writer locks; return what applying needs."""
-        by_pid: dict[int, list] = {}
+        by_pid: dict[int, list[tuple[int, Partition, PartitionShare]]] = {}
         for i, m in enumerate(group):
             for part, piece in m.work:
                 by_pid.setdefault(part.pid, []).append((i, part, piece))
@@ -328,9 +357,10 @@ class Committer:
             except BaseException:
                 self._leave(parts, group)
                 raise
-        return _Prepared(group, by_pid, pids, parts, segs, got, txn, commits)
+        # no exception among ``got``: any failure raised above
+        return _Prepared(group, by_pid, pids, parts, segs, cast("list[np.ndarray]", got), txn, commits)
 
-    async def _finish_group(self, g: _Prepared, before: asyncio.Task | None) -> None:
+    async def _finish_group(self, g: _Prepared, before: asyncio.Task[None] | None) -> None:
         """Make a decided group's entries visible (its partitions stay "in flight" until then,
         so a checkpoint waits for them), then acknowledge it once its timestamps are closed."""
         try:
@@ -358,7 +388,7 @@ class Committer:
             if part.full():
                 self.tasks.spawn(part.roll(if_full=True))
 
-    async def _bounded(self, fut: asyncio.Future, parts: list[Partition]):
+    async def _bounded(self, fut: asyncio.Future[T], parts: list[Partition]) -> T:
         """``fut``'s result, or UnavailableError after the ack timeout. Then the partitions'
         leader steps down (``step_down``): its writes in flight fail and its timestamps end, so
         the node's closed timestamp — and every other partition's writes — go on; the
@@ -380,7 +410,7 @@ class Committer:
         if part.index.merge_due and part.index.merge_small():
             self.tasks.spawn(part.index.merge_memtable())
 
-    def _leave(self, parts, group) -> None:
+    def _leave(self, parts: list[Partition], group: list[_Member]) -> None:
         for part in parts:
             part.leave()
         for m in group:
@@ -395,7 +425,7 @@ class Committer:
         e = await self.catalog.get(key)
         return e is not None and e.value == COMMITTED
 
-    async def _forget_decision(self, txn: int, commits) -> None:
+    async def _forget_decision(self, txn: int, commits: list[asyncio.Task[None]]) -> None:
         """Once every participant's COMMIT X is durable, nobody needs ``txn/X`` again."""
         got = await asyncio.gather(*commits, return_exceptions=True)
         if not any(isinstance(g, BaseException) for g in got):
@@ -416,7 +446,7 @@ def _fail(group: list[_Member], e: BaseException) -> None:
             m.fut.set_exception(e)
 
 
-def _concat(encs: list) -> Encoded | EncodedParts:
+def _concat(encs: list[tuple[Encoded, int]]) -> Encoded | EncodedParts:
     """Several batches' encoded rows for one partition as one record, each stamped with its
     own commit timestamp (rows carry theirs; the record's header carries the largest)."""
     for e, ts in encs:
@@ -428,7 +458,7 @@ def _concat(encs: list) -> Encoded | EncodedParts:
                         int(offs[-1]) + encs[-1][0].nbytes)
 
 
-def _filler(col, n: int) -> pa.Array:
+def _filler(col: Column, n: int) -> pa.Array:
     """Values for a tombstone's non-key columns: null, or zeros where nulls are refused."""
     t = col.type.arrow()
     if col.nullable:
@@ -436,7 +466,7 @@ def _filler(col, n: int) -> pa.Array:
     return pa.array([_zero(t)] * n, t)
 
 
-def _zero(t: pa.DataType):
+def _zero(t: pa.DataType) -> object:
     if pa.types.is_struct(t):
         return {f.name: _zero(f.type) for f in t}
     if pa.types.is_string(t) or pa.types.is_large_string(t):
@@ -450,7 +480,8 @@ def _zero(t: pa.DataType):
     return 0
 
 
-def _last_wins(batch: pa.RecordBatch, keys: np.ndarray, deleted):
+def _last_wins(batch: pa.RecordBatch, keys: np.ndarray,
+               deleted: np.ndarray | None) -> tuple[pa.RecordBatch, np.ndarray, np.ndarray | None]:
     """Within one batch the last row of a key wins (as if applied in order)."""
     if len(keys) < 2 or _distinct(keys):
         return batch, keys, deleted

@@ -20,6 +20,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,14 +31,19 @@ from rowstore.db.write.committer import ABORTED, COMMITTED, Committer, txn_key
 from rowstore.db.registry import Table
 from rowstore.db.tasks import BackgroundTasks
 from rowstore.errors import ConflictError, UnavailableError
+from rowstore.db.partition import Partition
 from rowstore.rowids import split_rowids
+from rowstore.schema import SchemaVersion
+from rowstore.segments.active import ActiveSegment
 from rowstore.segments.wal import DECIDED
-from rowstore.tables.conform import conform, stamp
+from rowstore.tables.conform import PartitionShare, conform, stamp
 from rowstore.tables.definitions import TableCatalog
 from rowstore.timeline import Timeline
 from terrafs.catalog_ops import commit
 
 log = logging.getLogger("rowstore.participant")
+# a cross-node batch's coordinator: (node id, incarnation) of the process that sent it
+Coordinator = tuple[str, str]
 ABORTED_KEPT = 4096  # early aborts remembered (txn ids are random: an old one never comes back)
 
 
@@ -46,17 +52,17 @@ class _Prepared:
     txn: int
     ts: int
     table: Table
-    schema: object
-    pieces: list
-    parts: list
-    segs: list
-    got: list
+    schema: SchemaVersion
+    pieces: list[PartitionShare]
+    parts: list[Partition]
+    segs: list[ActiveSegment]
+    got: list[np.ndarray | BaseException]  # per partition: its prepared rows' rowids, or why it failed
     locks: contextlib.AsyncExitStack
-    coordinator: object = None  # who to ask whether it is still there (None: this node)
-    expiry: asyncio.Task | None = None
+    coordinator: Coordinator | None = None  # who to ask whether it is still there (None: this node)
+    expiry: asyncio.Task[None] | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     aborted: bool = False  # aborted while the prepare ran: the prepare rolls back at its next step
-    preparing: asyncio.Future | None = None  # the one prepare's outcome (a repeated prepare waits for it)
+    preparing: asyncio.Future[None] | None = None  # the one prepare's outcome (a repeated prepare waits for it)
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,8 @@ class Reserved:
 
 class Participant:
     def __init__(self, catalog: Catalog, definitions: TableCatalog, committer: Committer, timeline: Timeline,
-                 tasks: BackgroundTasks, timeout_s: float = 10.0, gone=None):
+                 tasks: BackgroundTasks, timeout_s: float = 10.0,
+                 gone: Callable[[Coordinator], Awaitable[bool]] | None = None):
         self.catalog, self.definitions, self.committer = catalog, definitions, committer
         self.timeline, self.tasks, self.timeout_s = timeline, tasks, timeout_s
         self._held: dict[int, _Prepared] = {}
@@ -92,7 +99,7 @@ class Participant:
         return len(self._held) + self._committing
 
     async def reserve(self, name: str, table_id: str, schema_version: int, rows: pa.RecordBatch | pa.Table,
-                      floor: int, txn: int, delete: bool = False, coordinator=None) -> Reserved:
+                      floor: int, txn: int, delete: bool = False, coordinator: Coordinator | None = None) -> Reserved:
         """First phase: validate and split this node's rows of txn ``txn``, take their
         partitions' writer locks and a timestamp at least ``floor`` (``delete``: ``rows``
         holds the keys to delete, in the key column). Nothing is written yet."""
@@ -100,6 +107,7 @@ class Participant:
             raise ConflictError(f"transaction {txn_key(txn)} is not a new decided transaction id")
         self._unless_aborted_early(txn)
         d = await self.definitions.describe(name)
+        assert d.schema is not None  # describe() refuses a dropped table
         if d.table_id != table_id or d.schema.version != schema_version:
             raise ConflictError(f"table {name!r} changed while the batch was on its way; retry")
         existed = 0
@@ -194,6 +202,7 @@ class Participant:
             await p.locks.aclose()
             try:
                 for part, seg, pc, ids in zip(p.parts, p.segs, p.pieces, p.got):
+                    assert not isinstance(ids, BaseException)  # a failed prepare is forgotten: never committed
                     part.apply(split_rowids(ids)[1], seg.segid, pc.batch, p.ts,
                                np.zeros(pc.rows, bool) if pc.deleted is None else pc.deleted, p.schema, pc.keys,
                                pc.pos)
@@ -262,8 +271,8 @@ class Participant:
                 try:
                     if await self.gone(p.coordinator):
                         break
-                except Exception as e:  # noqa: BLE001 - cannot tell: wait for the timeout
-                    log.warning("event=coordinator_check_failed txn=%s error=%r", txn_key(txn), e)
+                except Exception as err:  # noqa: BLE001 - cannot tell: wait for the timeout
+                    log.warning("event=coordinator_check_failed txn=%s error=%r", txn_key(txn), err)
         key = txn_key(txn)
         res = await commit(self.catalog, [Check(key, 0)], [Put(key, ABORTED)])
         e = None if res.committed else await self.catalog.get(key)
