@@ -39,6 +39,7 @@ _U32 = struct.Struct("<I")
 FOOTER = struct.Struct("<8sHHIQQQQIQQI8IH24sH24sI24s4sI")
 CLUSTER = struct.Struct("<BBHI16s")  # kind, 0, 0, column id, range (24 bytes at offset 160)
 CLUSTER_NONE, CLUSTER_BOX, CLUSTER_INT, CLUSTER_FLOAT = 0, 1, 2, 3  # part of the format
+ClusterRange = tuple[int | float, ...]  # (kind, column id, lo..., hi...): see ``relocate.cluster_range``
 FOOTER_LEN = FOOTER.size  # 192
 assert FOOTER_LEN == 192
 
