@@ -109,7 +109,7 @@ class PartitionIndex:
                 await commit(self.fs.catalog, [Check(e.key, e.version)], [Delete(e.key)])
             except (TerrafsError, CatalogError) as err:
                 log.warning("event=index_pending_kept inode=%d error=%r", inode, err)
-    def insert(self, keys: np.ndarray, ts: int, rowids: np.ndarray) -> None:
+    def insert(self, keys: np.ndarray, ts: int | np.ndarray, rowids: np.ndarray) -> None:
         self.mem.insert(keys, ts, rowids)
 
     @property

@@ -206,7 +206,7 @@ class MemTable:
                 best_r, best_t = r, t
         return best_r
 
-    def scan(self, lo: np.ndarray | None, hi: np.ndarray | None, as_of: int) -> Run:
+    def scan(self, lo: np.generic | None, hi: np.generic | None, as_of: int) -> Run:
         """Visible entries with ``lo <= key < hi`` (None: unbounded), in key order."""
         run = self.consolidated()
         a = 0 if lo is None else int(np.searchsorted(run.keys, lo, "left"))

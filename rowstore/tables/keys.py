@@ -133,11 +133,12 @@ def partition_one(key: int | bytes, parts: int) -> int:
     return h % parts
 
 
-def encode_one(key: int | str | bytes, kind: str) -> int | bytes:
+def encode_one(key: object, kind: str) -> int | bytes:
     """One checked key (``rowstore.tables.key_check.check_key``) as the index's order-preserving scalar
     (int for int64, else bytes). Never wraps or truncates: a key outside its type raises."""
-    # The casts: ``kind`` says which of the three a checked key is. A value of another type
-    # raises TypeError or AttributeError here, which node/http/fast_encoder.index_key relies on.
+    # ``key`` is an object: node/http/fast_encoder.index_key passes values unchecked and relies on
+    # the TypeError or AttributeError a value of another type raises here. The casts: ``kind``
+    # says which a checked key is (int, bytes or str).
     if kind == "int64":
         enc = operator.index(cast(int, key)) + (1 << 63)  # == (key mod 2^64) ^ 2^63 for an int64
         if not 0 <= enc <= _M64:
