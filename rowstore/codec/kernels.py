@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+import numpy.typing as npt
+
+_U8 = npt.NDArray[np.uint8]
+_I64 = npt.NDArray[np.int64]
 
 # gather_columns status codes
 OK, OTHER_VERSION, PAST_END, BAD_LENGTH, NOT_CHAINED = 0, 1, 2, 3, 4
@@ -24,7 +28,7 @@ OK, OTHER_VERSION, PAST_END, BAD_LENGTH, NOT_CHAINED = 0, 1, 2, 3, 4
 
 
 @numba.njit(cache=True, nogil=True)
-def scatter_rows(out, row_start, fixed, fixed_size):
+def scatter_rows(out: _U8, row_start: _I64, fixed: _U8, fixed_size: int) -> None:
     """Copy row i's fixed part (``fixed[i]``, ``fixed_size`` bytes) to ``out[row_start[i]:]``."""
     for i in range(row_start.shape[0]):
         s = row_start[i]
@@ -35,7 +39,7 @@ def scatter_rows(out, row_start, fixed, fixed_size):
 
 
 @numba.njit(cache=True, nogil=True)
-def scatter_runs(out, dst_start, src, src_start, lens):
+def scatter_runs(out: _U8, dst_start: _I64, src: _U8, src_start: _I64, lens: _I64) -> None:
     """Copy ``lens[i]`` bytes from ``src[src_start[i]:]`` to ``out[dst_start[i]:]`` for every i."""
     for i in range(dst_start.shape[0]):
         d, s, n = dst_start[i], src_start[i], lens[i]
@@ -46,8 +50,9 @@ def scatter_runs(out, dst_start, src, src_start, lens):
 
 
 @numba.njit(cache=True, nogil=True)
-def scatter_fields(out, starts, row_len, ver, ts, flags, nb, nulls, src, src_off, fwidth, fdst, fpos,
-                   vend_off, ends):
+def scatter_fields(out: _U8, starts: _I64, row_len: _I64, ver: int, ts: int, flags: _U8,
+                   nb: int, nulls: _U8, src: _U8, src_off: _I64, fwidth: _I64,
+                   fdst: _I64, fpos: _I64, vend_off: int, ends: _I64) -> None:
     """Write the fixed part of every row (docs/format/segment.md §1): header, null bytes,
     each field k (``fwidth[k]`` bytes of ``src`` at ``src_off[k] + i * fwidth[k]``) at
     ``fdst[k]`` within the row — zeros when column ``fpos[k]`` is null — and the var ends."""
@@ -79,7 +84,7 @@ def scatter_fields(out, starts, row_len, ver, ts, flags, nb, nulls, src, src_off
 
 
 @numba.njit(inline="always")
-def _put32(b, p, v):
+def _put32(b: _U8, p: int, v: int) -> None:
     b[p] = v & 0xFF
     b[p + 1] = (v >> 8) & 0xFF
     b[p + 2] = (v >> 16) & 0xFF
@@ -87,35 +92,37 @@ def _put32(b, p, v):
 
 
 @numba.njit(inline="always")
-def _u16(b, p):
+def _u16(b: _U8, p: int) -> np.uint16:
     return np.uint16(b[p]) | (np.uint16(b[p + 1]) << np.uint16(8))
 
 
 @numba.njit(inline="always")
-def _u32(b, p):
+def _u32(b: _U8, p: int) -> np.int64:
     # byte loads with shifts: LLVM combines them into one unaligned load
     return (np.int64(b[p]) | (np.int64(b[p + 1]) << 8) | (np.int64(b[p + 2]) << 16)
             | (np.int64(b[p + 3]) << 24))
 
 
 @numba.njit(inline="always")
-def _u64(b, p):
+def _u64(b: _U8, p: int) -> np.uint64:
     lo = np.uint64(_u32(b, p))
     hi = np.uint64(_u32(b, p + 4))
     return lo | (hi << np.uint64(32))
 
 
 @numba.njit(cache=True, nogil=True)
-def header_u32(buf, starts, at, out):
+def header_u32(buf: _U8, starts: _I64, at: int, out: npt.NDArray[np.uint32]) -> None:
     """``out[i]`` = the u32 at byte ``at`` of the row at ``starts[i]`` (headers in bounds)."""
     for i in range(starts.shape[0]):
         out[i] = _u32(buf, starts[i] + at)
 
 
 @numba.njit(cache=True, nogil=True)
-def gather_columns(buf, starts, ver, row_size, vend_off, nvar, chain_end,
-                   fsrc, fwidth, fdst, out8, out16, out32, out64,
-                   nb, nulls, ts, flags, vsel, voffs):
+def gather_columns(buf: _U8, starts: _I64, ver: int, row_size: int, vend_off: int, nvar: int,
+                   chain_end: int, fsrc: _I64, fwidth: _I64, fdst: _I64,
+                   out8: _U8, out16: npt.NDArray[np.uint16], out32: npt.NDArray[np.uint32],
+                   out64: npt.NDArray[np.uint64], nb: int, nulls: _U8, ts: npt.NDArray[np.uint64],
+                   flags: _U8, vsel: _I64, voffs: _I64) -> tuple[int, int]:
     """One pass over rows of schema version ``ver`` (docs/format/segment.md §1).
 
     For each row: header in bounds, version equal to ``ver``, var ends
@@ -144,7 +151,7 @@ def gather_columns(buf, starts, ver, row_size, vend_off, nvar, chain_end,
             return OTHER_VERSION, i
         if s + row_size > size:
             return PAST_END, i
-        var_len = 0
+        var_len: int | np.int64 = 0
         for j in range(nvar):
             e = _u32(buf, s + vend_off + 4 * j)
             if e < var_len:
@@ -185,7 +192,8 @@ def gather_columns(buf, starts, ver, row_size, vend_off, nvar, chain_end,
 
 
 @numba.njit(cache=True, nogil=True)
-def gather_var(buf, starts, row_size, vend_off, j, offs, out):
+def gather_var(buf: _U8, starts: _I64, row_size: int, vend_off: int, j: int, offs: _I64,
+               out: _U8) -> None:
     """Concatenate var column ``j`` of every row into ``out`` at ``offs`` (from gather_columns)."""
     for i in range(starts.shape[0]):
         s = starts[i]

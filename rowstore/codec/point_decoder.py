@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 import struct
-from typing import Callable
+from typing import Any, Callable
 from zoneinfo import ZoneInfo
 
 import pyarrow as pa
 
 from rowstore.errors import RowCorruptionError
 from rowstore.codec.rows import HEADER, layout
-from rowstore.schema import SchemaVersion
+from rowstore.schema import Column, SchemaVersion
 from rowstore.types import LOWER_UNB, UPPER_UNB, Kind
 
 _UTC = ZoneInfo("UTC")
@@ -29,29 +29,34 @@ _FMT = {Kind.INT8: "b", Kind.INT16: "h", Kind.INT32: "i", Kind.INT64: "q", Kind.
         Kind.BOOL: "B", Kind.TIMESTAMP: "q", Kind.DATE: "i", Kind.UUID: "16s", Kind.POINT: "dd",
         Kind.BOX: "dddd"}
 
+RowDecoder = Callable[[bytes, int, str], dict[str, Any]]  # (row, its length from the header, where) -> row
+_Convert = Callable[[tuple[Any, ...]], Any]  # a fixed-width value's struct fields -> its Python value
 
-def _ts(us: int):
+
+def _ts(us: int) -> dt.datetime:
     try:
         return _EPOCH + dt.timedelta(microseconds=us)
     except OverflowError:
-        return pa.scalar(us, pa.timestamp("us", tz="UTC")).as_py()
+        far: dt.datetime = pa.scalar(us, pa.timestamp("us", tz="UTC")).as_py()
+        return far
 
 
-def _date(days: int):
+def _date(days: int) -> dt.date:
     try:
         return _EPOCH_DATE + dt.timedelta(days=days)
     except OverflowError:
-        return pa.scalar(days, pa.date32()).as_py()
+        far: dt.date = pa.scalar(days, pa.date32()).as_py()
+        return far
 
 
-def _converter(col) -> tuple[str, int, Callable]:
+def _converter(col: Column) -> tuple[str, int, _Convert | None]:
     """(struct format, number of struct fields, fields -> Python value for several fields)."""
     k = col.type.kind
     if k == Kind.RANGE:
         elem = col.type.elem
-        conv = _ts if elem == Kind.TIMESTAMP else (lambda v: v)
+        conv: Callable[[Any], Any] = _ts if elem == Kind.TIMESTAMP else (lambda v: v)
 
-        def rng(v):
+        def rng(v: tuple[Any, ...]) -> dict[str, Any]:
             lo, hi, f = v
             return {"lower": None if f & LOWER_UNB else conv(lo), "upper": None if f & UPPER_UNB else conv(hi),
                     "lower_inclusive": bool(f & 0x01), "upper_inclusive": bool(f & 0x02)}
@@ -65,10 +70,10 @@ def _converter(col) -> tuple[str, int, Callable]:
 
 
 _SCALAR = {Kind.BOOL: "bool({})", Kind.TIMESTAMP: "_ts({})", Kind.DATE: "_date({})"}  # one-field conversions
-_DECODERS: dict[tuple[int, int], tuple] = {}
+_DECODERS: dict[tuple[int, int], tuple[SchemaVersion, SchemaVersion, RowDecoder]] = {}
 
 
-def decoder(row_schema: SchemaVersion, target: SchemaVersion) -> Callable:
+def decoder(row_schema: SchemaVersion, target: SchemaVersion) -> RowDecoder:
     """The decoder of rows of ``row_schema`` into ``target``'s dict, cached by identity (hashing
     a schema costs more than decoding the row)."""
     got = _DECODERS.get((id(row_schema), id(target)))
@@ -79,7 +84,7 @@ def decoder(row_schema: SchemaVersion, target: SchemaVersion) -> Callable:
     return got[2]
 
 
-def _make_decoder(row_schema: SchemaVersion, target: SchemaVersion) -> Callable:
+def _make_decoder(row_schema: SchemaVersion, target: SchemaVersion) -> RowDecoder:
     """Python source for one (row version, target version) pair, compiled once (as
     ``collections.namedtuple`` does): ONE struct unpack for the whole fixed part (values in
     column order, then the var ends), then one dict display whose entries test the null bit
@@ -87,7 +92,8 @@ def _make_decoder(row_schema: SchemaVersion, target: SchemaVersion) -> Callable:
     lay = layout(row_schema)
     pos = {c.id: i for i, c in enumerate(row_schema.columns)}
     nb = (len(row_schema.columns) + 7) // 8
-    fmt, at, where = "<", 0, {}
+    fmt, at = "<", 0
+    where: dict[int, tuple[int, int, _Convert | None]] = {}  # column id -> (first field, fields, converter)
     for c in lay.fixed:  # packed in column order right after the null bitmap
         f, n, conv = _converter(c)
         fmt += f
@@ -98,7 +104,7 @@ def _make_decoder(row_schema: SchemaVersion, target: SchemaVersion) -> Callable:
     fixed = struct.Struct(fmt)
     assert 17 + nb + fixed.size == lay.size, "layout and struct disagree"  # part of the format
     size, nvar = lay.size, len(lay.var)
-    env = {"unpack": fixed.unpack_from, "Err": RowCorruptionError, "_ts": _ts, "_date": _date}
+    env: dict[str, Any] = {"unpack": fixed.unpack_from, "Err": RowCorruptionError, "_ts": _ts, "_date": _date}
     entries = []
     for c in target.columns:
         if c.id not in pos:
@@ -130,11 +136,12 @@ def _make_decoder(row_schema: SchemaVersion, target: SchemaVersion) -> Callable:
         "    return {" + ", ".join(entries) + "}",
     ])
     exec(compile(src, f"<row decoder v{row_schema.version} -> v{target.version}>", "exec"), env)
-    return env["decode"]
+    decode: RowDecoder = env["decode"]
+    return decode
 
 
 def decode_one(raw: bytes, schemas: Callable[[int], SchemaVersion], target: SchemaVersion,
-               where: str = "row") -> dict:
+               where: str = "row") -> dict[str, Any]:
     """The row as ``{column name of target: value}`` (None when null or absent)."""
     return PointDecoder(schemas, target)(raw, where)
 
@@ -143,11 +150,11 @@ class PointDecoder:
     """``decode_one`` into one target for one table's rows: the decoder of each row version
     is looked up once (the schema lookup and the identity cache cost as much as a decode)."""
 
-    def __init__(self, schemas: Callable[[int], SchemaVersion], target: SchemaVersion):
+    def __init__(self, schemas: Callable[[int], SchemaVersion], target: SchemaVersion) -> None:
         self.schemas, self.target = schemas, target
-        self._by_ver: dict[int, Callable] = {}
+        self._by_ver: dict[int, RowDecoder] = {}
 
-    def __call__(self, raw: bytes, where: str) -> dict:
+    def __call__(self, raw: bytes, where: str) -> dict[str, Any]:
         if len(raw) < _HEADER_LEN:
             raise RowCorruptionError(where, None, "row shorter than its header")
         ln, ver = _LEN_VER.unpack_from(raw, 0)

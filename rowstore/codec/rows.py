@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from rowstore.codec import kernels
 from rowstore.errors import RowCorruptionError, RowValidationError
 from rowstore.schema import Column, SchemaVersion
-from rowstore.types import LOWER_INC, LOWER_UNB, UPPER_INC, UPPER_UNB, Kind
+from rowstore.types import LOWER_INC, LOWER_UNB, UPPER_INC, UPPER_UNB, ColumnType, Kind
 
 HEADER = np.dtype([("len", "<u4"), ("ver", "<u4"), ("ts", "<u8"), ("flags", "u1")])  # 17 bytes
 DELETED = 0x01  # row flag: a tombstone (part of the format)
@@ -41,7 +42,9 @@ class Layout:
 @functools.lru_cache(maxsize=1024)
 def layout(schema: SchemaVersion) -> Layout:
     nb = (len(schema.columns) + 7) // 8
-    fields = [(n, HEADER.fields[n][0]) for n in HEADER.names] + [("nulls", "u1", (nb,))]
+    header, names = HEADER.fields, HEADER.names
+    assert header is not None and names is not None  # a structured dtype
+    fields: list[tuple[Any, ...]] = [(n, header[n][0]) for n in names] + [("nulls", "u1", (nb,))]
     fixed = tuple(c for c in schema.columns if not c.type.variable)
     var = tuple(c for c in schema.columns if c.type.variable)
     for c in fixed:
@@ -113,7 +116,7 @@ def encode_rows(batch: pa.RecordBatch | pa.Table, schema: SchemaVersion, commit_
         row_len += ends[:, -1]
     out_starts = np.zeros(n, np.int64)  # row offsets in output order
     np.cumsum(row_len[:-1] if order is None else row_len[order][:-1], out=out_starts[1:])
-    starts = out_starts  # where each batch row is written
+    starts: npt.NDArray[np.int64] = out_starts  # where each batch row is written
     if order is not None:
         starts = np.empty(n, np.int64)
         starts[order] = out_starts
@@ -141,16 +144,18 @@ class _EncFields:
 @functools.lru_cache(maxsize=1024)
 def _enc_fields(schema: SchemaVersion) -> _EncFields:
     lay = layout(schema)
+    offsets = lay.dtype.fields
+    assert offsets is not None  # a layout is a structured dtype
     width, dst, pos = [], [], []
     for i, col in enumerate(schema.columns):
         if col.type.variable:
             continue
-        at = lay.dtype.fields[f"c{col.id}"][1]
+        at = offsets[f"c{col.id}"][1]
         for rel, w in _field_parts(col.type):
             width.append(w)
             dst.append(at + rel)
             pos.append(i)
-    vend_off = lay.dtype.fields["vend"][1] if lay.var else lay.size
+    vend_off = offsets["vend"][1] if lay.var else lay.size
     return _EncFields(np.array(width, np.int64), np.array(dst, np.int64), np.array(pos, np.int64), vend_off)
 
 
@@ -162,7 +167,7 @@ def _raw(arr: pa.Array, width: int) -> np.ndarray:
     return np.frombuffer(buf, np.uint8, count=len(arr) * width, offset=arr.offset * width)
 
 
-def _field_sources(col: Column, arr: pa.Array, null) -> list[np.ndarray]:
+def _field_sources(col: Column, arr: pa.Array, null: np.ndarray | None) -> list[np.ndarray]:
     """Per part of the column (``_field_parts``): its values as n * width bytes."""
     k = col.type.kind
     if k == Kind.BOOL:
@@ -180,7 +185,7 @@ def _field_sources(col: Column, arr: pa.Array, null) -> list[np.ndarray]:
     return [_raw(arr, np.dtype(col.type.storage()).itemsize)]
 
 
-def _column(batch, col: Column) -> pa.Array:
+def _column(batch: pa.RecordBatch | pa.Table, col: Column) -> pa.Array:
     idx = batch.schema.get_field_index(col.name)
     want = col.type.arrow()
     if idx < 0:
@@ -200,10 +205,11 @@ def _column(batch, col: Column) -> pa.Array:
 def _null_mask(arr: pa.Array) -> np.ndarray:
     if arr.null_count == 0:
         return np.zeros(len(arr), bool)
-    return arr.is_null().to_numpy(zero_copy_only=False)
+    mask: np.ndarray = arr.is_null().to_numpy(zero_copy_only=False)
+    return mask
 
 
-def _num(arr: pa.Array, dtype) -> np.ndarray:
+def _num(arr: pa.Array, dtype: npt.DTypeLike) -> np.ndarray:
     """Values as numpy with nulls as zeros (vectorized)."""
     if arr.null_count:
         arr = pc.fill_null(arr, pa.scalar(0, arr.type) if not pa.types.is_boolean(arr.type) else False)
@@ -216,6 +222,7 @@ def _child(arr: pa.StructArray, name: str) -> pa.Array:
 
 def _range_values(col: Column, arr: pa.StructArray, null: np.ndarray) -> np.ndarray:
     st = col.type.storage()
+    assert isinstance(st, np.dtype)  # a range's storage is a structured dtype (lo, hi, f)
     out = np.zeros(len(arr), st)
     lo, hi = _child(arr, "lower"), _child(arr, "upper")
     if col.type.elem == Kind.TIMESTAMP:
@@ -228,14 +235,14 @@ def _range_values(col: Column, arr: pa.StructArray, null: np.ndarray) -> np.ndar
     return out
 
 
-def _var_values(arr: pa.Array, null: np.ndarray | None):
+def _var_values(arr: pa.Array, null: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(data bytes, start of each value in data, length of each value; 0 when null)."""
     n = len(arr)
     bufs = arr.buffers()
     if bufs[1] is None:
         return np.zeros(0, np.uint8), np.zeros(n, np.int64), np.zeros(n, np.int64)
     large = pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type)
-    offs = np.frombuffer(bufs[1], np.int64 if large else np.int32)[arr.offset : arr.offset + n + 1]
+    offs: np.ndarray = np.frombuffer(bufs[1], np.int64 if large else np.int32)[arr.offset : arr.offset + n + 1]
     offs = offs.astype(np.int64)
     data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
     lens = offs[1:] - offs[:-1]
@@ -293,7 +300,8 @@ def decode_run(buf: np.ndarray, starts: np.ndarray, schemas: Callable[[int], Sch
     return _decode(buf, starts, schemas, target, where, buf.shape[0], base)
 
 
-def _decode(buf, starts, schemas, target: SchemaVersion, where: str, chain_end: int, base: int) -> Decoded:
+def _decode(buf: np.ndarray, starts: np.ndarray, schemas: Callable[[int], SchemaVersion], target: SchemaVersion,
+            where: str, chain_end: int, base: int) -> Decoded:
     buf = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf
     starts = np.ascontiguousarray(starts, np.int64)
     n = starts.shape[0]
@@ -316,7 +324,9 @@ def _decode(buf, starts, schemas, target: SchemaVersion, where: str, chain_end: 
     parts, order = [], []
     for v in np.unique(vers):
         sel = np.nonzero(vers == v)[0]
-        parts.append(_decode_version(buf, starts[sel], int(v), schemas(int(v)), target, where, -1, base))
+        part = _decode_version(buf, starts[sel], int(v), schemas(int(v)), target, where, -1, base)
+        assert part is not None  # every row of sel has version v
+        parts.append(part)
         order.append(sel)
     perm = np.argsort(np.concatenate(order), kind="stable")
     table = pa.Table.from_batches([p.batch for p in parts]).take(pa.array(perm))
@@ -324,7 +334,7 @@ def _decode(buf, starts, schemas, target: SchemaVersion, where: str, chain_end: 
                    np.concatenate([p.deleted for p in parts])[perm], vers)
 
 
-def _header_u32(buf, starts, at: int, where: str, base: int) -> np.ndarray:
+def _header_u32(buf: np.ndarray, starts: np.ndarray, at: int, where: str, base: int) -> np.ndarray:
     if starts.shape[0] and (starts.min() < 0 or starts.max() + HEADER.itemsize > buf.shape[0]):
         raise RowCorruptionError(where, base + int(starts.max()), "row header past the end of the data")
     out = np.empty(starts.shape[0], np.uint32)
@@ -337,6 +347,9 @@ def _arrow(schema: SchemaVersion) -> pa.Schema:
     return schema.arrow()
 
 
+_PlanColumn = tuple[Column, int, tuple[int, ...], int]
+
+
 @dataclass(frozen=True)
 class _Plan:
     """How rows of one schema version become the columns of a target version."""
@@ -346,10 +359,11 @@ class _Plan:
     fsrc: np.ndarray  # per field: offset within the row
     fwidth: np.ndarray  # per field: bytes
     vsel: np.ndarray  # per wanted var column: its index among the version's var columns
-    cols: tuple  # per target column: (column, position in the version or -1, field indexes, var slot or -1)
+    # per target column: (column, position in the version or -1, field indexes, var slot or -1)
+    cols: tuple[_PlanColumn, ...]
 
 
-def _field_parts(t) -> list[tuple[int, int]]:
+def _field_parts(t: ColumnType) -> list[tuple[int, int]]:
     """(offset, width) of the separately gathered parts of a fixed-width value: struct
     children become their own contiguous arrays."""
     if t.kind == Kind.POINT:
@@ -364,7 +378,12 @@ def _field_parts(t) -> list[tuple[int, int]]:
 @functools.lru_cache(maxsize=1024)
 def _plan(schema: SchemaVersion, target: SchemaVersion) -> _Plan:
     lay = layout(schema)
-    fsrc, fwidth, vsel, cols = [], [], [], []
+    offsets = lay.dtype.fields
+    assert offsets is not None  # a layout is a structured dtype
+    fsrc: list[int] = []
+    fwidth: list[int] = []
+    vsel: list[int] = []
+    cols: list[_PlanColumn] = []
     for col in target.columns:
         src = schema.by_id(col.id)
         if src is None or str(src.type) != str(col.type):
@@ -373,20 +392,20 @@ def _plan(schema: SchemaVersion, target: SchemaVersion) -> _Plan:
             cols.append((col, schema.columns.index(src), (), len(vsel)))
             vsel.append(lay.var.index(src))
         else:
-            at = lay.dtype.fields[f"c{col.id}"][1]
+            at = offsets[f"c{col.id}"][1]
             idx = []
             for rel, width in _field_parts(col.type):
                 idx.append(len(fsrc))
                 fsrc.append(at + rel)
                 fwidth.append(width)
             cols.append((col, schema.columns.index(src), tuple(idx), -1))
-    vend_off = lay.dtype.fields["vend"][1] if lay.var else lay.size
+    vend_off = offsets["vend"][1] if lay.var else lay.size
     return _Plan(lay, vend_off, np.array(fsrc, np.int64), np.array(fwidth, np.int64),
                  np.array(vsel, np.int64), tuple(cols))
 
 
-def _decode_version(buf, starts, ver: int, schema: SchemaVersion, target: SchemaVersion, where: str,
-                    chain_end: int, base: int) -> Decoded | None:
+def _decode_version(buf: np.ndarray, starts: np.ndarray, ver: int, schema: SchemaVersion, target: SchemaVersion,
+                    where: str, chain_end: int, base: int) -> Decoded | None:
     """One kernel pass; None if some row has another version than ``ver``."""
     plan = _plan(schema, target)
     n = starts.shape[0]
@@ -424,14 +443,14 @@ def _decode_version(buf, starts, ver: int, schema: SchemaVersion, target: Schema
     return Decoded(batch, ts, (flags & DELETED) != 0, np.full(n, ver, np.uint32))
 
 
-def _bits(mask: np.ndarray):
+def _bits(mask: np.ndarray) -> pa.Buffer | None:
     """An Arrow bitmap buffer from a bool array (None when every bit is set)."""
     if mask.all():
         return None
     return pa.py_buffer(np.packbits(mask, bitorder="little"))
 
 
-def _fixed_array(col: Column, parts: list[np.ndarray], n: int, valid) -> pa.Array:
+def _fixed_array(col: Column, parts: list[np.ndarray], n: int, valid: pa.Buffer | None) -> pa.Array:
     k, t = col.type.kind, col.type.arrow()
     if k == Kind.BOOL:
         return pa.Array.from_buffers(t, n, [valid, pa.py_buffer(np.packbits(parts[0], bitorder="little"))])
@@ -443,7 +462,7 @@ def _fixed_array(col: Column, parts: list[np.ndarray], n: int, valid) -> pa.Arra
     return pa.Array.from_buffers(t, n, [valid, pa.py_buffer(parts[0])])
 
 
-def _range_array(col: Column, parts: list[np.ndarray], n: int, valid) -> pa.Array:
+def _range_array(col: Column, parts: list[np.ndarray], n: int, valid: pa.Buffer | None) -> pa.Array:
     t = col.type.arrow()
     elem = t.field("lower").type
     lo, hi, f = parts
@@ -456,7 +475,8 @@ def _range_array(col: Column, parts: list[np.ndarray], n: int, valid) -> pa.Arra
     return pa.Array.from_buffers(t, n, [valid], children=kids)
 
 
-def _var_array(buf, starts, plan: _Plan, slot: int, offs: np.ndarray, col: Column, valid) -> pa.Array:
+def _var_array(buf: np.ndarray, starts: np.ndarray, plan: _Plan, slot: int, offs: np.ndarray, col: Column,
+               valid: pa.Buffer | None) -> pa.Array:
     n = starts.shape[0]
     data = np.empty(int(offs[-1]), np.uint8)
     kernels.gather_var(buf, starts, plan.lay.size, plan.vend_off, int(plan.vsel[slot]), offs, data)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import AsyncIterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -22,8 +23,9 @@ from catalog.abc import Put
 from rowstore.index.column_structures import AxisIndex, GridIndex, ValueIndex, bitmap, ids_of
 from rowstore.reads.predicates import Interval, BBox, Term, bbox_mask, numeric_values, term_mask, NUMERIC
 from rowstore.errors import RowCorruptionError, SchemaError
-from rowstore.schema import Column
+from rowstore.schema import Column, SchemaVersion
 from rowstore.types import Kind
+from terrafs.fs import TerrascaleFS
 
 log = logging.getLogger("rowstore.index.column_index")
 FORMAT, VERSION = b"column-run", b"1"  # part of the format
@@ -67,6 +69,7 @@ class ColumnRun:
             self.ax = AxisIndex(_f(values, "xmin"), _f(values, "xmax"), rowids)
             self.ay = AxisIndex(_f(values, "ymin"), _f(values, "ymax"), rowids)
         elif self.kind == "range":
+            assert col.type.elem is not None  # a range column's type has its element kind
             lo, hi = _range_bounds(values, col.type.elem)
             self.axis = AxisIndex(np.minimum(lo, hi), np.maximum(lo, hi), rowids)
         elif self.kind == "axis":
@@ -90,7 +93,7 @@ class ColumnRun:
         aggregate weighs to pick the predicates worth a bitmap (the rest it checks by value)."""
         if not self.rows:
             return 0.0
-        if self.kind == "value" and pred.op in ("=", "!=") and not isinstance(pred, BBox):
+        if self.kind == "value" and not isinstance(pred, BBox) and pred.op in ("=", "!="):
             n = len(self.values.eq(_value_key(pred.value, self.col.type.kind)))
             return (n if pred.op == "=" else self.rows - n) / self.rows
         if self.kind == "axis" and not isinstance(pred, BBox) and pred.op != "!=":
@@ -117,26 +120,27 @@ class ColumnRun:
 class PartitionColumns:
     """Memtable and runs of every indexed column of one partition."""
 
-    def __init__(self, fs, manifest_key: str, columns: list[Column]):
+    def __init__(self, fs: TerrascaleFS, manifest_key: str, columns: list[Column]) -> None:
         self.fs, self.key = fs, manifest_key
         self.columns = {c.id: c for c in columns}
         for c in columns:
             index_kind(c)  # refuse unindexable columns up front
-        self.mem: list[tuple[np.ndarray, dict[int, pa.Array]]] = []
-        self.frozen: list[list] = []
+        self.mem: list[MemPiece] = []
+        self.frozen: list[list[MemPiece]] = []
         self._mem_bytes = 0
         self.runs: dict[int, dict[int, ColumnRun]] = {}  # primary-key run inode -> column id -> run
 
     # -- writes -----------------------------------------------------------------------------
 
-    def insert(self, rowids: np.ndarray, batch: pa.RecordBatch, schema, pos: np.ndarray | None = None) -> None:
+    def insert(self, rowids: np.ndarray, batch: pa.RecordBatch, schema: SchemaVersion,
+               pos: np.ndarray | None = None) -> None:
         """Index the values of each indexed column of ``batch`` (whose columns are named as in
         ``schema``: columns are matched by id, so renames do not matter) — with ``pos``, of
         its rows ``pos``, taken only when a query or a checkpoint needs them; tombstones are
         excluded by the caller."""
         if not self.columns or len(rowids) == 0:
             return
-        vals = {}
+        vals: dict[int, pa.Array | _Taken] = {}
         for cid in self.columns:
             col = schema.by_id(cid)
             i = batch.schema.get_field_index(col.name) if col is not None else -1
@@ -145,21 +149,21 @@ class PartitionColumns:
         self.mem.append((np.asarray(rowids, np.uint64), vals))
         self._mem_bytes += _piece_bytes(self.mem[-1])
 
-    def freeze(self) -> list:
+    def freeze(self) -> list[MemPiece]:
         token, self.mem, self._mem_bytes = self.mem, [], 0
         self.frozen.append(token)
         return token
 
-    def thaw(self, token: list) -> None:
+    def thaw(self, token: list[MemPiece]) -> None:
         """A checkpoint failed: its frozen entries go back to the memtable."""
         self.frozen.remove(token)
         self.mem = token + self.mem
         self._mem_bytes += sum(_piece_bytes(p) for p in token)
 
-    def release(self, token: list) -> None:
+    def release(self, token: list[MemPiece]) -> None:
         self.frozen.remove(token)
 
-    async def write_runs(self, pieces: list, keep: np.ndarray | None = None) -> dict[str, int]:
+    async def write_runs(self, pieces: Sequence[MemPiece], keep: np.ndarray | None = None) -> dict[str, int]:
         """Write one run file per indexed column from memtable ``pieces`` (or merged data);
         ``keep``: sorted rowids to keep (a merge drops what the key index purged)."""
         out = {}
@@ -200,7 +204,7 @@ class PartitionColumns:
 
     # -- reads ------------------------------------------------------------------------------
 
-    def forget_missing(self, schema) -> None:
+    def forget_missing(self, schema: SchemaVersion) -> None:
         """Stop indexing columns ``schema`` no longer has (a dropped column leaves its index)."""
         for cid in [c for c in self.columns if schema.by_id(c) is None]:
             del self.columns[cid]
@@ -272,7 +276,8 @@ def _share_rowids(runs: list[ColumnRun]) -> None:
             holder.rowids = same
 
 
-def bitmap_from(col: Column, runs: list[ColumnRun], pieces: list, pred: Pred) -> BitMap64 | None:
+def bitmap_from(col: Column, runs: list[ColumnRun], pieces: list[tuple[np.ndarray, pa.Array]],
+                pred: Pred) -> BitMap64 | None:
     """The rowids of ``runs`` and memtable ``pieces`` (:meth:`PartitionColumns.pieces_of`) that
     ``pred`` may select, as one bitmap; None when a run's structure cannot answer it."""
     parts = []
@@ -292,9 +297,10 @@ class _Taken:
 
     __slots__ = ("state", "nbytes")
 
-    def __init__(self, arr: pa.Array, pos: np.ndarray):
-        self.state = (arr, pos)  # one attribute: a reader in another thread sees both or neither change
-        self.nbytes = pos.nbytes + arr.nbytes * len(pos) // max(len(arr), 1)  # this piece's share
+    def __init__(self, arr: pa.Array, pos: np.ndarray) -> None:
+        # one attribute: a reader in another thread sees both or neither change
+        self.state: tuple[pa.Array, np.ndarray | None] = (arr, pos)
+        self.nbytes: int = pos.nbytes + arr.nbytes * len(pos) // max(len(arr), 1)  # this piece's share
 
     def values(self) -> pa.Array:
         arr, pos = self.state
@@ -304,16 +310,21 @@ class _Taken:
         return arr
 
 
-def _values(v):
+# A memtable piece: rowids, and per indexed column id their values (taken on first use).
+MemPiece = tuple[np.ndarray, dict[int, "pa.Array | _Taken"]]
+
+
+def _values(v: pa.Array | _Taken | None) -> pa.Array | None:
     return v.values() if isinstance(v, _Taken) else v
 
 
-def _piece_bytes(piece) -> int:
+def _piece_bytes(piece: MemPiece) -> int:
     rowids, vals = piece
-    return rowids.nbytes + sum(a.nbytes for a in vals.values())
+    total: int = rowids.nbytes + sum(a.nbytes for a in vals.values())
+    return total
 
 
-def _gather(pieces, cid: int, col: Column) -> tuple[np.ndarray, pa.Array]:
+def _gather(pieces: Sequence[MemPiece], cid: int, col: Column) -> tuple[np.ndarray, pa.Array]:
     ids, vals = [], []
     for rowids, values in pieces:
         arr = _values(values.get(cid)) if isinstance(values, dict) else values
@@ -339,7 +350,8 @@ def _ipc_bytes(col: Column, kind: str, rowids: np.ndarray, values: pa.Array) -> 
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, schema) as w:
         w.write_table(pa.table([pa.array(rowids, pa.uint64()), values], schema=schema))
-    return sink.getvalue().to_pybytes()
+    body: bytes = sink.getvalue().to_pybytes()
+    return body
 
 
 def parse_column_run(raw: bytes, where: str) -> tuple[np.ndarray, pa.Array]:
@@ -357,12 +369,13 @@ def parse_column_run(raw: bytes, where: str) -> tuple[np.ndarray, pa.Array]:
     return rowids, t.column("value").combine_chunks()
 
 
-async def _one(body: bytes):
+async def _one(body: bytes) -> AsyncIterator[bytes]:
     yield body
 
 
 def _f(values: pa.StructArray, name: str) -> np.ndarray:
-    return values.field(name).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    out: np.ndarray = values.field(name).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    return out
 
 
 def _range_bounds(values: pa.StructArray, elem: Kind) -> tuple[np.ndarray, np.ndarray]:
@@ -383,12 +396,12 @@ def _isnull(arr: pa.Array) -> np.ndarray:
     return arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else np.zeros(len(arr), bool)
 
 
-def _value_keys(values: pa.Array, k: Kind):
+def _value_keys(values: pa.Array, k: Kind) -> np.ndarray | pa.Array:
     """What ``ValueIndex`` keys by: Python bools, str for strings, bytes for binary and uuid."""
     if k == Kind.BOOL:
         return values.to_numpy(zero_copy_only=False).astype(bool)
     return values if k == Kind.STRING else values.cast(pa.binary())
 
 
-def _value_key(v, k: Kind):
+def _value_key(v: object, k: Kind) -> object:
     return bool(v) if k == Kind.BOOL else v

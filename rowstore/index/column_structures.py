@@ -15,6 +15,7 @@ from __future__ import annotations
 import array
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 from pyroaring import BitMap64
 
@@ -109,7 +110,7 @@ def _equi_depth(values: np.ndarray, buckets: int) -> np.ndarray:
 class ValueIndex:
     """Exact value -> bitmap, for equality on strings, booleans and low-cardinality numbers."""
 
-    def __init__(self, values, rowids: np.ndarray):
+    def __init__(self, values: np.ndarray | pa.Array | pa.ChunkedArray, rowids: np.ndarray) -> None:
         """``values``: a numpy array, or an Arrow array (dictionary-encoded: Python touches
         each distinct value once, never each row)."""
         rowids = np.asarray(rowids, np.uint64)
@@ -130,10 +131,10 @@ class ValueIndex:
                         for i, k in enumerate(keys)}
         self.all = bitmap(rowids)
 
-    def eq(self, v) -> BitMap64:
+    def eq(self, v: object) -> BitMap64:
         return self.bitmaps.get(v, BitMap64())
 
-    def ne(self, v) -> BitMap64:
+    def ne(self, v: object) -> BitMap64:
         return self.all - self.eq(v)
 
 
@@ -147,6 +148,10 @@ class GridIndex:
     the square root of the selectivity as with per-axis unions.
     """
 
+    rowids: npt.NDArray[np.uint64]  # by cell
+    x: npt.NDArray[np.float64]
+    y: npt.NDArray[np.float64]
+
     def __init__(self, x: np.ndarray, y: np.ndarray, rowids: np.ndarray, g: int = 256):
         ok = ~(np.isnan(x) | np.isnan(y))
         x, y, rowids = x[ok], y[ok], np.asarray(rowids, np.uint64)[ok]
@@ -158,7 +163,7 @@ class GridIndex:
         order = np.argsort(cell, kind="stable")
         self.rowids, self.x, self.y = rowids[order], x[order], y[order]
         self.offsets = np.searchsorted(cell[order], np.arange(max(len(self.bx), 1) * self.ny + 1))
-        self._by_rowid = None
+        self._by_rowid: tuple[np.ndarray, np.ndarray] | None = None
 
     def by_rowid(self) -> tuple[np.ndarray, np.ndarray]:
         """(rowids sorted, the points' positions in that order): built on the first aggregate
@@ -202,7 +207,7 @@ class GridIndex:
         cols = np.arange(x0, x1 + 1, dtype=np.int64) * self.ny
         return np.stack([self.offsets[cols + y0], self.offsets[cols + y1 + 1]], axis=1).astype(np.int64)
 
-    def _refine(self, a: int, b: int, xmin, ymin, xmax, ymax) -> np.ndarray:
+    def _refine(self, a: int, b: int, xmin: float, ymin: float, xmax: float, ymax: float) -> np.ndarray:
         x, y = self.x[a:b], self.y[a:b]
         return self.rowids[a:b][(x >= xmin) & (x <= xmax) & (y >= ymin) & (y <= ymax)]
 

@@ -9,17 +9,21 @@ and may run in a thread.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from rowstore.index.column_index import PartitionColumns, _values, index_kind
+from rowstore.index.column_index import ColumnRun, PartitionColumns, _values, index_kind
 from rowstore.index.rowid_kernels import Positions, match_sorted
 from rowstore.schema import Column
 from rowstore.types import Kind
 
 _GATHERED = {"axis", "value", "grid"}  # kinds whose structures keep every value exactly
+Source = ColumnRun | tuple[np.ndarray, pa.Array]  # a run, or a memtable piece (rowids, values)
+# where a source's side table holds the wanted rowids: (its rowid array, the span [a, b) of the
+# wanted rowids in its range, the position of each of those in it or -1; None when a == b)
+_Found = tuple[np.ndarray, np.intp, np.intp, np.ndarray | None]
 
 
 def gatherable(cols: PartitionColumns, col: Column) -> bool:
@@ -27,13 +31,13 @@ def gatherable(cols: PartitionColumns, col: Column) -> bool:
     return col.id in cols.columns and index_kind(col) in _GATHERED
 
 
-def sources(cols: PartitionColumns, col: Column) -> list:
+def sources(cols: PartitionColumns, col: Column) -> list[Source]:
     """The runs and memtable pieces holding ``col``, as they are now."""
     runs, pieces = cols.pieces_of(col.id)
     return runs + pieces
 
 
-def gather(srcs: list, col: Column, rowids: np.ndarray, memo: dict | None = None,
+def gather(srcs: Sequence[Source], col: Column, rowids: np.ndarray, memo: dict[int, _Found] | None = None,
            positions: Callable[[np.ndarray], Positions] | None = None) -> pa.Array:
     """``col``'s values for the sorted ``rowids`` (null where no source has the row: the
     index leaves nulls out). Only the matched values are taken from each source. ``memo``
@@ -59,6 +63,7 @@ def gather(srcs: list, col: Column, rowids: np.ndarray, memo: dict | None = None
         _, a, b, pos = found
         if a == b:
             continue
+        assert pos is not None  # a < b: matched
         ok = np.zeros(len(rowids), bool)
         ok[a:b] = pos >= 0
         ok &= hits < 0  # the first source wins (a row is in one source, or the same in two)
@@ -76,11 +81,12 @@ def gather(srcs: list, col: Column, rowids: np.ndarray, memo: dict | None = None
     return allv.take(pa.array(np.where(hits < 0, 0, hits), mask=hits < 0))
 
 
-def _side_table(src, col: Column):
+def _side_table(src: Source, col: Column) -> tuple[np.ndarray, Callable[[np.ndarray], pa.Array]]:
     """(rowids sorted, take(positions) -> values) of one run or memtable piece."""
     if isinstance(src, tuple):  # a memtable piece: exact values
         ids, v = src
         arr = _values(v)
+        assert arr is not None  # pieces_of keeps the pieces that hold the column
         if isinstance(arr, pa.ChunkedArray):
             arr = arr.combine_chunks()
         order = np.argsort(ids, kind="stable")

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 from dataclasses import replace
 
 import numpy as np
 
-from catalog.abc import Check, Delete, Put
+from catalog.abc import Check, Delete, Op, Put
 from catalog.errors import CatalogError
 from rowstore.errors import ConflictError, FencedError
+from rowstore.index.column_index import MemPiece, PartitionColumns
 from rowstore.index.key_manifest import Claim, Manifest
 from rowstore.index.key_run import IndexRun, run_bytes
 from rowstore.index.key_memtable import MemTable, Run, merge_runs, small, visible
@@ -28,24 +30,28 @@ from rowstore.index.key_visible import RunsView, overlay
 from terrafs.catalog_ops import commit
 from terrafs.errors import CatalogConflictError, InodeNotFoundError, TerrafsError
 from terrafs.fs import TerrascaleFS
+from terrafs.records import FileRecord
 
 log = logging.getLogger("rowstore.index.key_index")
 _TOMB = int(TOMBSTONE)
 L0_LIMIT = 4  # the 5th L0 run triggers an L0 -> L1 merge
 LEVEL_RATIO = 10
+# What begin_checkpoint froze: the key memtable and the column index's token (None: no columns).
+CheckpointToken = tuple[MemTable, list[MemPiece] | None]
 
 
 class PartitionIndex:
-    def __init__(self, fs: TerrascaleFS, key: str, kind: str, columns=None,
-                 on_purged: Callable[[np.ndarray], Awaitable[None]] | None = None):
+    def __init__(self, fs: TerrascaleFS, key: str, kind: str, columns: PartitionColumns | None = None,
+                 on_purged: Callable[[np.ndarray], Awaitable[None]] | None = None) -> None:
         """``on_purged(rowids)``: told the row versions a merge's purge dropped (the segments'
         live counts move with them)."""
         self.fs, self.key, self.kind = fs, key, kind  # key: the manifest's catalog key
-        self.columns = columns  # rowstore.index.column_index.PartitionColumns: runs published with ours
+        self.columns = columns  # their runs are published with ours
         self.mem = MemTable(kind)
         self._frozen: list[MemTable] = []  # being checkpointed; still read
-        self._view = None  # the runs' part of visible_rowids (key_visible.RunsView)
-        self._visible = None  # the last visible_rowids answer and what it depended on
+        self._view: RunsView | None = None  # the runs' part of visible_rowids
+        # the last visible_rowids answer and what it depended on: (view, memtable runs, as_of, rowids)
+        self._visible: tuple[RunsView, tuple[Run, ...], int, np.ndarray] | None = None
         self._merging = False  # a memtable merge is running in a worker thread
         self.runs: list[tuple[int, IndexRun]] = []  # (level, run), newest first
         self.manifest = Manifest()
@@ -103,7 +109,7 @@ class PartitionIndex:
                 await commit(self.fs.catalog, [Check(e.key, e.version)], [Delete(e.key)])
             except (TerrafsError, CatalogError) as err:
                 log.warning("event=index_pending_kept inode=%d error=%r", inode, err)
-    def insert(self, keys: np.ndarray, ts: int, rowids: np.ndarray) -> None:
+    def insert(self, keys: np.ndarray, ts: int | np.ndarray, rowids: np.ndarray) -> None:
         self.mem.insert(keys, ts, rowids)
 
     @property
@@ -138,7 +144,7 @@ class PartitionIndex:
 
     # -- reads -------------------------------------------------------------------------
 
-    def get_mem(self, key, as_of: int) -> int | None:
+    def get_mem(self, key: int | bytes, as_of: int) -> int | None:
         """``get`` from the memtables alone (no await): the rowid, 0 for a deletion, None when
         the runs must be asked."""
         r = self.mem.get_one(key, as_of)
@@ -151,7 +157,7 @@ class PartitionIndex:
             return 0 if r == _TOMB else r
         return None if self.runs else 0
 
-    def get_cached(self, key, as_of: int) -> int | None:
+    def get_cached(self, key: int | bytes, as_of: int) -> int | None:
         """``get`` without I/O (memtables, then runs whose pages are parsed already); None when
         a run's page must be read first."""
         r = self.get_mem(key, as_of)
@@ -165,7 +171,7 @@ class PartitionIndex:
                 return 0 if r == _TOMB else r
         return 0
 
-    async def get(self, key, as_of: int) -> int:
+    async def get(self, key: int | bytes, as_of: int) -> int:
         """The rowid visible at ``as_of`` for one encoded key (int or bytes); 0 if none."""
         r = self.get_mem(key, as_of)
         if r is not None:
@@ -180,7 +186,7 @@ class PartitionIndex:
         """Per encoded key: the rowid visible at ``as_of``; 0 if absent or deleted."""
         out = np.zeros(len(keys), np.uint64)
         todo = np.arange(len(keys))
-        levels = [self.mem, *reversed(self._frozen)]
+        levels: list[MemTable | IndexRun] = [self.mem, *reversed(self._frozen)]
         for lv in [*levels, *(r for _, r in self.runs)]:
             if len(todo) == 0:
                 break
@@ -240,7 +246,7 @@ class PartitionIndex:
         self._visible = (view, mem, as_of, ids)
         return ids
 
-    async def scan(self, lo, hi, as_of: int) -> Run:
+    async def scan(self, lo: np.generic | None, hi: np.generic | None, as_of: int) -> Run:
         """Visible (key, ts, rowid) with ``lo <= key < hi`` (None: unbounded), in key order."""
         parts = [mt.consolidated() for mt in [self.mem, *self._frozen]]
         for _, run in self.runs:
@@ -253,7 +259,7 @@ class PartitionIndex:
 
     # -- checkpoint and merge -------------------------------------------------------------
 
-    async def checkpoint(self, mark) -> bool:
+    async def checkpoint(self, mark: Sequence[int]) -> bool:
         """Write the memtable as an L0 run (and the column runs of the same rows); the files
         and the manifest naming them (with the replay mark) are published in ONE transaction.
 
@@ -262,36 +268,41 @@ class PartitionIndex:
             return False
         return await self.finish_checkpoint(self.begin_checkpoint(), mark)
 
-    def begin_checkpoint(self):
+    def begin_checkpoint(self) -> CheckpointToken:
         """Freeze the memtables (synchronously: nothing can slip in between key and column
         entries); reads still see the frozen ones until the runs are published."""
         frozen, self.mem = self.mem, MemTable(self.kind)
         self._frozen.append(frozen)
         return frozen, (self.columns.freeze() if self.columns is not None else None)
 
-    async def finish_checkpoint(self, token, mark) -> bool:
+    async def finish_checkpoint(self, token: CheckpointToken, mark: Sequence[int]) -> bool:
         async with self.publish_lock:
             if self.moved:
                 return False
             return await self._finish_checkpoint(token, mark)
 
-    async def _finish_checkpoint(self, token, mark) -> bool:
+    async def _finish_checkpoint(self, token: CheckpointToken, mark: Sequence[int]) -> bool:
         frozen, ctoken = token
         try:
             run = await asyncio.to_thread(frozen.consolidated)  # a sort of the whole memtable
-            cols = await self.columns.write_runs(ctoken) if ctoken is not None else {}
+            cols: dict[str, int] = {}
+            if ctoken is not None:
+                assert self.columns is not None  # a column token comes from self.columns (begin_checkpoint)
+                cols = await self.columns.write_runs(ctoken)
             rec = await self._publish(run, 0, lambda r: replace(
                 self.manifest,
                 runs=[{"inode": r.inode, "level": 0, "entries": len(run), "cols": cols, "unique": _unique(run)}]
                 + self.manifest.runs, mark=list(mark), checkpoints=self.manifest.checkpoints + 1), cols)
             self.runs.insert(0, (0, await IndexRun.open(await self.fs.open_sealed(rec.inode))))
             if ctoken is not None:
+                assert self.columns is not None  # as above
                 await self.columns.attach(rec.inode, cols)
                 self.columns.release(ctoken)
                 ctoken = None
         except BaseException:
             self.mem = _prepend(frozen, self.mem, self.kind)  # still readable; a later checkpoint retries
             if ctoken is not None:
+                assert self.columns is not None  # as above
                 self.columns.thaw(ctoken)
             raise
         finally:
@@ -326,7 +337,7 @@ class PartitionIndex:
         gone = [m["inode"] for m, _ in src] + [i for m, _ in src for i in m.get("cols", {}).values()]
         rest = [m for m in self.manifest.runs if m["inode"] not in gone]
 
-        def manifest(rec):
+        def manifest(rec: FileRecord) -> Manifest:
             entry = {"inode": rec.inode, "level": level + 1, "entries": len(merged), "cols": cols,
                      "unique": _unique(merged)}
             return replace(self.manifest, runs=[m for m in rest if m["level"] < level] + [entry] +
@@ -347,7 +358,7 @@ class PartitionIndex:
             if len(dropped):
                 await self.on_purged(dropped)
 
-    async def _merge_columns(self, src: list[dict], merged: Run) -> dict[str, int]:
+    async def _merge_columns(self, src: list[dict[str, Any]], merged: Run) -> dict[str, int]:
         """Column runs for a merged key run: the sources' pairs minus what the purge dropped."""
         if self.columns is None or not self.columns.columns:
             return {}
@@ -386,8 +397,8 @@ class PartitionIndex:
                 merged = Run(merged.keys[keep], merged.ts[keep], merged.rowids[keep])
         return merged
 
-    async def publish_relocation(self, merged: Run, old: np.ndarray, new: np.ndarray, checks: list,
-                                 ops: list) -> None:
+    async def publish_relocation(self, merged: Run, old: np.ndarray, new: np.ndarray, checks: list[Check],
+                                 ops: list[Op]) -> None:
         """Replace every run by ``merged`` with rowids ``old`` (sorted) moved to ``new``, and the
         column runs likewise, in ONE transaction with the caller's ``checks``/``ops`` (the
         segments' rows). The caller holds ``publish_lock``; the swap is a compare-and-set
@@ -400,7 +411,7 @@ class PartitionIndex:
             [i for m in self.manifest.runs for i in m.get("cols", {}).values()]
         src = list(self.manifest.runs)
 
-        def manifest(rec):
+        def manifest(rec: FileRecord) -> Manifest:
             entry = {"inode": rec.inode, "level": 2, "entries": len(run), "cols": cols, "unique": _unique(run)}
             return replace(self.manifest, runs=[entry], garbage=self.manifest.garbage + gone)
 
@@ -431,14 +442,18 @@ class PartitionIndex:
             if not self.moved:
                 await self._collect()
 
-    async def _publish(self, run: Run, level: int, make_manifest, cols: dict | None = None,
-                       more: tuple[list, list] = ([], [])) -> object:
+    async def _publish(self, run: Run, level: int, make_manifest: Callable[[FileRecord], Manifest],
+                       cols: dict[str, int] | None = None,
+                       more: tuple[Sequence[Check], Sequence[Op]] = ([], [])) -> FileRecord:
         """Create the run's file; its publishing transaction also swaps the manifest (and
         clears the pending marks of the column runs it names), with ``more`` checks/ops."""
         box = {}
-        pending = [Delete(self.columns.pending_key(i)) for i in (cols or {}).values()]
+        pending: list[Op] = []
+        if cols:
+            assert self.columns is not None  # column runs are written by self.columns
+            pending = [Delete(self.columns.pending_key(i)) for i in cols.values()]
 
-        def extra(rec):
+        def extra(rec: FileRecord) -> tuple[list[Check], list[Op]]:
             box["m"] = make_manifest(rec)
             return [Check(self.key, self._version), *more[0]], [Put(self.key, box["m"].to_bytes()), *pending,
                                                               *more[1]]
@@ -448,7 +463,9 @@ class PartitionIndex:
         except CatalogConflictError as e:
             raise ConflictError(f"{self.key} changed under this partition's writer") from e
         self.manifest = box["m"]
-        self._version = (await self.fs.catalog.get(self.key)).version
+        row = await self.fs.catalog.get(self.key)
+        assert row is not None  # the transaction that created the run wrote it
+        self._version = row.version
         return rec
 
     async def _collect(self) -> None:
@@ -460,6 +477,7 @@ class PartitionIndex:
             inode, rest = self.manifest.garbage[0], self.manifest.garbage[1:]
             new = replace(self.manifest, garbage=rest)
             checks, ops = [Check(self.key, self._version)], [Put(self.key, new.to_bytes())]
+            revision: int | None
             try:
                 revision = await self.fs.delete(inode, checks, ops)
             except InodeNotFoundError as e:  # gone already: a crash between its delete and the list's clear

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
 class Manifest:
-    runs: list[dict] = field(default_factory=list)  # {"inode", "level", "entries"}; newest first per level
+    runs: list[dict[str, Any]] = field(default_factory=list)  # {"inode", "level", "entries"}; newest first per level
     mark: list[int] = field(default_factory=lambda: [0, 0])  # (segid, localid) replay starts at
     checkpoints: int = 0
     garbage: list[int] = field(default_factory=list)  # inodes of replaced runs, deleted after the swap

@@ -12,12 +12,15 @@ the sign bit flipped; string and uuid keys as fixed-width bytes (``S``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence, cast
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 from rowstore.rowids import TOMBSTONE
 
+_U64 = npt.NDArray[np.uint64]
 MAX_RUNS = 24  # mini-runs a memtable holds before inserts merge them on the caller's thread
 
 
@@ -26,8 +29,8 @@ class Run:
     """Entries sorted by (key asc, ts desc)."""
 
     keys: np.ndarray
-    ts: np.ndarray  # uint64
-    rowids: np.ndarray  # uint64, TOMBSTONE for deletions
+    ts: npt.NDArray[np.uint64]
+    rowids: npt.NDArray[np.uint64]  # TOMBSTONE for deletions
 
     @property
     def nbytes(self) -> int:
@@ -50,7 +53,7 @@ def sort_run(keys: np.ndarray, ts: np.ndarray, rowids: np.ndarray) -> Run:
 INLINE_MERGE = 1024  # entries a memtable merge may have to run on the event loop
 
 
-def small(runs) -> bool:
+def small(runs: Sequence[Run]) -> bool:
     """Whether merging ``runs`` is cheaper inline than a worker thread's hop."""
     return sum(len(r) for r in runs) <= INLINE_MERGE
 
@@ -70,7 +73,8 @@ def merge_runs(runs: list[Run]) -> Run:
 
 
 @numba.njit(cache=True, nogil=True)
-def _merge2(ak, ats, ar, bk, bts, br):
+def _merge2(ak: np.ndarray, ats: _U64, ar: _U64, bk: np.ndarray, bts: _U64,
+            br: _U64) -> tuple[np.ndarray, _U64, _U64]:
     """Two (key asc, ts desc) runs merged in that order (a's entry first on a tie)."""
     na, nb = ak.shape[0], bk.shape[0]
     k, t, r = np.empty(na + nb, ak.dtype), np.empty(na + nb, ats.dtype), np.empty(na + nb, ar.dtype)
@@ -190,7 +194,7 @@ class MemTable:
             best_r[newer], best_t[newer] = r[newer], t[newer]
         return best_r, best_t
 
-    def get_one(self, key, as_of: int) -> int:
+    def get_one(self, key: int | bytes, as_of: int) -> int:
         """``get`` for one encoded key (a Python int or bytes): no arrays built."""
         runs = self._runs
         if len(runs) > 2:
@@ -202,7 +206,7 @@ class MemTable:
                 best_r, best_t = r, t
         return best_r
 
-    def scan(self, lo: np.ndarray | None, hi: np.ndarray | None, as_of: int) -> Run:
+    def scan(self, lo: np.generic | None, hi: np.generic | None, as_of: int) -> Run:
         """Visible entries with ``lo <= key < hi`` (None: unbounded), in key order."""
         run = self.consolidated()
         a = 0 if lo is None else int(np.searchsorted(run.keys, lo, "left"))
@@ -210,12 +214,15 @@ class MemTable:
         return visible(Run(run.keys[a:b], run.ts[a:b], run.rowids[a:b]), as_of)
 
 
-def find_one(run: Run, key, as_of: int) -> tuple[int, int]:
+def find_one(run: Run, key: int | bytes, as_of: int) -> tuple[int, int]:
     """(rowid, ts) of the first entry of one encoded key (int or bytes) in ``run`` with
     ts <= as_of; (0, 0) if none. int64 keys take one compiled call (two ``searchsorted``
     plus a walk cost ~4x more from Python)."""
+    # The casts: the run's key dtype says which the key is (int64 keys are ints, the others bytes).
     if run.keys.dtype == np.uint64:
-        return _find_u64(run.keys, run.ts, run.rowids, key - _2_64 if key >= _2_63 else key, as_of)
+        k = cast(int, key)
+        return _find_u64(run.keys, run.ts, run.rowids, k - _2_64 if k >= _2_63 else k, as_of)
+    key = cast(bytes, key)
     if len(key) > run.keys.dtype.itemsize:
         return 0, 0  # longer than every key of the run
     lo, hi = int(run.keys.searchsorted(key, "left")), int(run.keys.searchsorted(key, "right"))
@@ -230,7 +237,7 @@ _2_63, _2_64 = 1 << 63, 1 << 64
 
 
 @numba.njit(cache=True, nogil=True)
-def _find_u64(keys, ts, rowids, key_bits, as_of):
+def _find_u64(keys: _U64, ts: _U64, rowids: _U64, key_bits: int | np.int64, as_of: int | np.uint64) -> tuple[int, int]:
     """``find_one`` over uint64 keys. The key comes as the int64 with its bits (a Python int
     above 2**63 would make numba compare as float64), ``as_of`` as a non-negative int64."""
     key, t = np.uint64(key_bits), np.uint64(as_of)
@@ -245,7 +252,7 @@ def _find_u64(keys, ts, rowids, key_bits, as_of):
         if ts[lo] <= t:
             return rowids[lo], ts[lo]
         lo += 1
-    return np.uint64(0), np.uint64(0)
+    return np.uint64(0), np.uint64(0)  # type: ignore[return-value]  # numba returns uint64 scalars as ints
 
 
 def _lookup(run: Run, keys: np.ndarray, as_of: int) -> tuple[np.ndarray, np.ndarray]:
@@ -256,8 +263,8 @@ def _lookup(run: Run, keys: np.ndarray, as_of: int) -> tuple[np.ndarray, np.ndar
         return out, ts_out
     if run.keys.dtype.kind == "S" and keys.dtype.kind == "S" and keys.dtype.itemsize > run.keys.dtype.itemsize:
         fits = np.char.str_len(keys) <= run.keys.dtype.itemsize  # longer keys are in no entry
-        r, t = _lookup(run, keys[fits].astype(run.keys.dtype), as_of)
-        out[fits], ts_out[fits] = r, t
+        r, rt = _lookup(run, keys[fits].astype(run.keys.dtype), as_of)
+        out[fits], ts_out[fits] = r, rt
         return out, ts_out
     if run.keys.dtype == np.uint64 and keys.dtype == np.uint64:
         _lookup_u64(run.keys, run.ts, run.rowids, keys, as_of, out, ts_out)
@@ -277,7 +284,8 @@ def _lookup(run: Run, keys: np.ndarray, as_of: int) -> tuple[np.ndarray, np.ndar
 
 
 @numba.njit(cache=True, nogil=True)
-def _lookup_u64(run_keys, run_ts, run_rowids, keys, as_of, out, ts_out):
+def _lookup_u64(run_keys: _U64, run_ts: _U64, run_rowids: _U64, keys: _U64, as_of: int, out: _U64,
+                ts_out: _U64) -> None:
     """``_lookup`` over uint64 keys in one compiled pass (numpy needs ~20 calls, whose fixed
     costs dominate the small per-partition lookups of a multi-key get)."""
     t = np.uint64(as_of)

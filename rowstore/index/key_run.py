@@ -6,7 +6,7 @@ import struct
 from collections import OrderedDict
 from itertools import accumulate
 from bisect import bisect_right
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, cast
 
 import numpy as np
 
@@ -23,6 +23,9 @@ _WHOLE_SHARE = 8  # a lookup needing over 1/8 of a run's pages parses the whole 
 FOOTER = struct.Struct("<8sHBBQQIQQI8sI")
 FOOTER_LEN = FOOTER.size  # 64
 KINDS = {"int64": 1, "string": 2, "uuid": 3}
+# A fence: each page's offset, its entry count and its first key. The first keys are all ints (int64
+# keys) or all bytes, by the run's kind; Any: mypy cannot tie the kind to them, and they are compared.
+_Fence = tuple[list[int], list[int], list[Any]]
 assert FOOTER_LEN == 64
 
 
@@ -40,7 +43,7 @@ def _page(run: Run, a: int, b: int, kind: str) -> bytes:
             + run.rowids[a:b].astype("<u8").tobytes())
 
 
-def _fence_key(key, kind: str) -> bytes:
+def _fence_key(key: np.uint64 | np.bytes_, kind: str) -> bytes:
     if kind == "int64":
         return struct.pack("<Q", int(key))
     if kind == "uuid":
@@ -85,7 +88,7 @@ async def run_bytes(run: Run, kind: str, level: int) -> AsyncIterator[bytes]:
 class IndexRun:
     """A run opened for point lookups and scans through the block cache."""
 
-    def __init__(self, sf: SealedFile, kind: str, meta: tuple, fence: list):
+    def __init__(self, sf: SealedFile, kind: str, meta: tuple[int, int, int, int, int], fence: _Fence) -> None:
         self.sf, self.kind, self.where = sf, kind, sf.where
         (self.level, self.entries, self.min_ts, self.max_ts, self._fence_off) = meta
         self._offs, self._counts, self._firsts = fence
@@ -139,9 +142,9 @@ class IndexRun:
                 got[j] = await self.page(idx[j])
             elif idx[j] in self._pages:  # reading the others may have evicted it meanwhile
                 self._pages.move_to_end(idx[j])
-        return got
+        return cast(list[Run], got)  # every None was replaced by its page
 
-    def pages_for(self, key) -> range:
+    def pages_for(self, key: int | bytes) -> range:
         """Pages that may hold versions of ``key`` (usually one)."""
         if not self._firsts:
             return range(0)
@@ -155,7 +158,7 @@ class IndexRun:
             lo -= 1
         return range(lo, hi + 1)
 
-    async def get_one(self, key, as_of: int) -> int:
+    async def get_one(self, key: int | bytes, as_of: int) -> int:
         """The newest rowid of ``key`` with ts <= as_of in this run (TOMBSTONE for a deletion),
         0 if none: the scalar path of a point get."""
         if self._whole is not None:
@@ -166,7 +169,7 @@ class IndexRun:
                 return r
         return 0
 
-    def get_cached(self, key, as_of: int) -> int | None:
+    def get_cached(self, key: int | bytes, as_of: int) -> int | None:
         """``get_one`` when the pages it needs are parsed already; None when one must be read."""
         if self._whole is not None:
             return find_one(self._whole, key, as_of)[0]
@@ -180,15 +183,15 @@ class IndexRun:
                 return r
         return 0
 
-    async def versions(self, key) -> Run:
+    async def versions(self, key: int | bytes) -> Run:
         """All entries of ``key`` in this run (ts descending)."""
         runs = [await self.page(i) for i in self.pages_for(key)]
         run = merge_runs(runs) if len(runs) > 1 else (runs[0] if runs else None)
         if run is None:
             return Run(np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.uint64))
         k = np.array([key], dtype=run.keys.dtype) if run.keys.dtype.kind == "S" else np.uint64(key)
-        a, b = np.searchsorted(run.keys, k, "left"), np.searchsorted(run.keys, k, "right")
-        a, b = int(np.atleast_1d(a)[0]), int(np.atleast_1d(b)[0])
+        lo, hi = np.searchsorted(run.keys, k, "left"), np.searchsorted(run.keys, k, "right")
+        a, b = int(np.atleast_1d(lo)[0]), int(np.atleast_1d(hi)[0])
         return Run(run.keys[a:b], run.ts[a:b], run.rowids[a:b])
 
     def _fence_array(self) -> np.ndarray:
@@ -219,6 +222,7 @@ class IndexRun:
         n = len(self._offs)
         if n <= PARSED_PAGES and len(pages) * _WHOLE_SHARE > n:
             await self._parse_whole()
+            assert self._whole is not None  # _parse_whole set it
             return _lookup(self._whole, keys, as_of)
         return _lookup(_concat(await self.pages(pages.tolist())), keys, as_of)  # pages in order: sorted
 
@@ -230,7 +234,7 @@ class IndexRun:
         self._whole = whole
         self._pages.clear()
 
-    async def range(self, lo=None, hi=None) -> Run:
+    async def range(self, lo: np.generic | None = None, hi: np.generic | None = None) -> Run:
         """The entries of the pages that may hold keys in ``[lo, hi)`` (None: unbounded); the
         caller cuts the exact range."""
         if not self._offs:
@@ -273,14 +277,17 @@ def _concat(pages: list[Run]) -> Run:
                np.concatenate([p.rowids for p in pages]))
 
 
-def _cmp_key(key, kind: str):
+def _cmp_key(key: int | bytes, kind: str) -> int | bytes:
     return int(key) if kind == "int64" else bytes(key)
 
 
-def _parse_fence(fence: bytes, kind: str, where: str, at: int):
+def _parse_fence(fence: bytes, kind: str, where: str, at: int) -> _Fence:
     try:
         (n,) = struct.unpack_from("<I", fence, 0)
-        pos, offs, counts, firsts = 4, [], [], []
+        pos = 4
+        offs: list[int] = []
+        counts: list[int] = []
+        firsts: list[Any] = []  # see _Fence
         for _ in range(n):
             off, cnt = struct.unpack_from("<QI", fence, pos)
             pos += 12

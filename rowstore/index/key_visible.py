@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rowstore.index.key_memtable import Run, merge_runs, newest_versions
+from rowstore.index.key_run import IndexRun
 from rowstore.rowids import TOMBSTONE
 from rowstore.index.rowid_kernels import match_sorted
 
@@ -24,14 +25,14 @@ from rowstore.index.rowid_kernels import match_sorted
 class RunsView:
     """The runs' newest entries at ``as_of`` and their live rowids, sorted."""
 
-    runs: tuple  # the IndexRun objects it was made from (immutable; a publish makes new ones)
+    runs: tuple[IndexRun, ...]  # the IndexRun objects it was made from (immutable; a publish makes new ones)
     as_of: int
     newest: int  # the largest commit timestamp in those runs
     latest: Run  # per key, the newest run entry at or below as_of (tombstones kept)
     live: np.ndarray  # the non-tombstone rowids of ``latest``, sorted
 
     @classmethod
-    def of(cls, runs: tuple, entries: list[Run], as_of: int, newest: int) -> RunsView:
+    def of(cls, runs: tuple[IndexRun, ...], entries: list[Run], as_of: int, newest: int) -> RunsView:
         """From every entry of ``runs`` (in run order: newest first); CPU work, run it in a thread."""
         parts = [e for e in entries if len(e)]
         if parts:
@@ -41,7 +42,7 @@ class RunsView:
         live = np.sort(latest.rowids[latest.rowids != TOMBSTONE])
         return cls(runs, as_of, newest, latest, live)
 
-    def serves(self, runs: tuple, as_of: int) -> bool:
+    def serves(self, runs: tuple[IndexRun, ...], as_of: int) -> bool:
         """Whether this view is the runs' answer at ``as_of`` too: the same runs, and no run
         entry between the two timestamps."""
         return len(runs) == len(self.runs) and all(a is b for a, b in zip(runs, self.runs)) \

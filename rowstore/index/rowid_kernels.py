@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 _LOCAL = np.uint64(0xFFFFFFFF)
+_U64 = npt.NDArray[np.uint64]
+_I64 = npt.NDArray[np.int64]
 
 
 @numba.njit(cache=True, nogil=True)
-def match_sorted(hay, wanted):
+def match_sorted(hay: _U64, wanted: _U64) -> _I64:
     """For each of the sorted ``wanted``, its position in the sorted ``hay``, or -1."""
     out = np.full(wanted.shape[0], -1, np.int64)
     n = hay.shape[0]
@@ -52,7 +55,7 @@ def match_sorted(hay, wanted):
 
 
 @numba.njit(cache=True, nogil=True)
-def _layout(ids):
+def _layout(ids: _U64) -> tuple[_U64, _I64]:
     """(segments, each one's first slot with one past the last) of sorted rowids: a slot per local id
     up to the largest one present."""
     nseg = 0
@@ -78,7 +81,7 @@ def _layout(ids):
 
 
 @numba.njit(cache=True, nogil=True)
-def _scatter(ids, segs, base, table, values):
+def _scatter(ids: _U64, segs: _U64, base: _I64, table: np.ndarray, values: np.ndarray) -> None:
     """``table[slot of ids[i]] = values[i]`` for sorted ``ids`` (segments walked in order)."""
     k = 0
     for i in range(ids.shape[0]):
@@ -89,7 +92,7 @@ def _scatter(ids, segs, base, table, values):
 
 
 @numba.njit(cache=True, nogil=True)
-def _lookup(segs, base, table, ids, missing):
+def _lookup(segs: _U64, base: _I64, table: np.ndarray, ids: _U64, missing: np.generic) -> np.ndarray:
     """``table`` at the slot of each of ``ids`` (any order), ``missing`` where it has none."""
     out = np.full(ids.shape[0], missing, table.dtype)
     for i in range(ids.shape[0]):
@@ -99,7 +102,7 @@ def _lookup(segs, base, table, ids, missing):
     return out
 
 
-def _dense(ids: np.ndarray, fill, values: np.ndarray) -> tuple:
+def _dense(ids: np.ndarray, fill: int, values: np.ndarray) -> tuple[_U64, _I64, np.ndarray]:
     """(segments, their first slot, a table of ``values`` by slot, ``fill`` elsewhere) of sorted rowids."""
     ids = np.ascontiguousarray(ids, np.uint64)
     segs, base = _layout(ids)
@@ -109,7 +112,7 @@ def _dense(ids: np.ndarray, fill, values: np.ndarray) -> tuple:
 
 
 @numba.njit(inline="always")
-def _slot(segs, base, rid):
+def _slot(segs: _U64, base: _I64, rid: np.uint64) -> int:
     """The byte of ``rid`` in the set's layout, or -1 when its segment or local id is outside."""
     s = rid >> np.uint64(32)
     lo, hi = 0, segs.shape[0]
@@ -130,12 +133,14 @@ class RowidSet:
 
     __slots__ = ("segs", "base", "bits")
 
-    def __init__(self, ids: np.ndarray):
+    def __init__(self, ids: np.ndarray) -> None:
         self.segs, self.base, self.bits = _dense(ids, 0, np.ones(len(ids), np.uint8))
 
     def contains(self, ids: np.ndarray) -> np.ndarray:
         """Whether each of ``ids`` is in the set (a byte lookup each)."""
-        return _lookup(self.segs, self.base, self.bits, np.ascontiguousarray(ids, np.uint64), np.uint8(0)) != 0
+        found: npt.NDArray[np.bool_] = _lookup(self.segs, self.base, self.bits, np.ascontiguousarray(ids, np.uint64),
+                                               np.uint8(0)) != 0
+        return found
 
     def copy(self) -> RowidSet:
         """Another set of the same rowids (its own bytes; the layout is shared, never written)."""
@@ -145,7 +150,9 @@ class RowidSet:
 
 
 @numba.njit(cache=True, nogil=True)
-def bin_points(rowids, x, y, spans, segs, base, bits, box, edges_x, edges_y, counts):
+def bin_points(rowids: _U64, x: npt.NDArray[np.float64], y: npt.NDArray[np.float64], spans: _I64, segs: _U64,
+               base: _I64, bits: npt.NDArray[np.uint8], box: npt.NDArray[np.float64],
+               edges_x: npt.NDArray[np.float64], edges_y: npt.NDArray[np.float64], counts: _I64) -> None:
     """Count into ``counts`` (ny × nx) each point of ``spans`` (rows [a, b) of the arrays) that
     lies in ``box`` (xmin, ymin, xmax, ymax; edges inclusive) and whose rowid is in the set,
     taking it out of the set. Cells follow ``reads.aggregates._cells_of`` exactly: a guess by
@@ -165,7 +172,7 @@ def bin_points(rowids, x, y, spans, segs, base, bits, box, edges_x, edges_y, cou
 
 
 @numba.njit(inline="always")
-def _cell(v, lo, hi, n, edges):
+def _cell(v: float, lo: float, hi: float, n: int, edges: npt.NDArray[np.float64]) -> int | np.int64:
     if hi > lo:
         g = np.floor((v - lo) * (n / (hi - lo)))
         c = n - 1 if g > n - 1 else (0 if g < 0 else np.int64(g))
@@ -184,7 +191,7 @@ class Positions:
 
     __slots__ = ("segs", "base", "at")
 
-    def __init__(self, ids: np.ndarray):
+    def __init__(self, ids: np.ndarray) -> None:
         self.segs, self.base, self.at = _dense(ids, -1, np.arange(len(ids), dtype=np.int64))
 
     def of(self, wanted: np.ndarray) -> np.ndarray:

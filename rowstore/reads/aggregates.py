@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -52,7 +53,7 @@ class AggSpec:
 
     def nan_max(self, a: Agg) -> bool:
         """Whether ``a`` is a max whose NaN wins (a float column under ``nan: "largest"``)."""
-        return self.nan_largest and a.fn == "max" and a.column.type.kind in _FLOATS
+        return self.nan_largest and a.fn == "max" and a.column is not None and a.column.type.kind in _FLOATS
 
     def columns(self) -> list[Column]:
         """Every column whose values the aggregate needs (group keys first)."""
@@ -66,7 +67,7 @@ def cname(col: Column) -> str:
     return f"c{col.id}"
 
 
-def parse_spec(schema: SchemaVersion, group_by, aggregates, nan=None) -> AggSpec:
+def parse_spec(schema: SchemaVersion, group_by: object, aggregates: object, nan: object = None) -> AggSpec:
     """The request's ``group_by``, ``aggregates`` and ``nan``, checked (QueryError: 400,
     nothing changed)."""
     if nan is not None and (not isinstance(nan, str) or nan not in NAN_ORDERS):
@@ -89,14 +90,14 @@ def parse_spec(schema: SchemaVersion, group_by, aggregates, nan=None) -> AggSpec
     return AggSpec(keys, aggs, nan == "largest")
 
 
-def _column(schema: SchemaVersion, name, what: str) -> Column:
+def _column(schema: SchemaVersion, name: object, what: str) -> Column:
     col = schema.by_name(name) if isinstance(name, str) else None
     if col is None:
         raise QueryError(f"{what}: no column {name!r}")
     return col
 
 
-def _agg(schema: SchemaVersion, a) -> Agg:
+def _agg(schema: SchemaVersion, a: object) -> Agg:
     if not isinstance(a, dict) or set(a) - {"fn", "column"} or a.get("fn") not in FNS:
         raise QueryError(f"aggregate {a!r}: expected {{\"fn\": one of {', '.join(FNS)}, \"column\": name}}")
     fn = a["fn"]
@@ -122,7 +123,8 @@ def partial(rows: pa.Table, spec: AggSpec) -> pa.Table:
     """One place's partial aggregate of ``rows`` (columns named by :func:`cname`)."""
     cols = {f"g{j}": rows.column(cname(c)) for j, c in enumerate(spec.group_by)}
     cols["_k"] = pa.array(np.zeros(rows.num_rows, np.int8))  # one group when there are no keys
-    ops, names = [], {}
+    ops: list[tuple[str | list[str], str]] = []  # (column, or none for count(*); Arrow aggregation)
+    names: dict[str, str] = {}
     for i, a in enumerate(spec.aggs):
         if a.column is None:
             ops.append(([], "count_all"))
@@ -156,7 +158,7 @@ def partial(rows: pa.Table, spec: AggSpec) -> pa.Table:
 _WIDE = pa.decimal128(38, 0)  # integer sums that may leave 64 bits are added in this
 
 
-def _may_overflow(values) -> bool:
+def _may_overflow(values: pa.Array | pa.ChunkedArray) -> bool:
     """Whether summing integer ``values`` (in any grouping) may leave Arrow's 64-bit sum:
     their count times their largest magnitude reaches 2^63 (a bound, never a miss)."""
     if not pa.types.is_integer(values.type) or len(values) == 0:
@@ -166,10 +168,11 @@ def _may_overflow(values) -> bool:
     return lo is not None and len(values) * max(abs(lo), abs(hi)) >= 2**63
 
 
-def _narrow_sum(sums, a: Agg, strict: bool = False) -> pa.Array:
+def _narrow_sum(sums: pa.Array | pa.ChunkedArray, a: Agg, strict: bool = False) -> pa.Array:
     """Exact integer sums back in the column's sum type when they fit; otherwise kept exact
     (a partial's sum may leave 64 bits while the total comes back) — or, ``strict`` (the
     answer's sum), an error: a sum beyond 64 bits is refused, never wrapped."""
+    assert a.column is not None  # a sum or a mean names its column
     typ = pa.uint64() if pa.types.is_unsigned_integer(a.column.type.arrow()) else pa.int64()
     try:
         return sums.cast(typ)
@@ -180,13 +183,13 @@ def _narrow_sum(sums, a: Agg, strict: bool = False) -> pa.Array:
                          f"its mean, or a sum over a narrower filter, can be answered") from None
 
 
-def _quiet(values):
+def _quiet(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     """Every NaN as the one quiet NaN: Arrow's min and max answer by the order of the rows when a
     signalling NaN (or another payload) is among them, as the CPU's min instructions do."""
     return pc.if_else(pc.is_nan(values), pa.scalar(float("nan"), values.type), values)
 
 
-def _nan_wins(maxima, has_nan) -> pa.Array:
+def _nan_wins(maxima: pa.Array | pa.ChunkedArray, has_nan: pa.Array | pa.ChunkedArray) -> pa.Array:
     """Each group's max, NaN where the group held a NaN (Arrow's max left it out)."""
     maxima = maxima.combine_chunks() if isinstance(maxima, pa.ChunkedArray) else maxima
     nan = pa.scalar(float("nan"), maxima.type)
@@ -206,7 +209,8 @@ def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
     ops = [(f"p{i}", _MERGE[a.fn]) for i, a in enumerate(spec.aggs) if a.fn != "count_distinct"]
     ops += [(f"q{i}", "sum") for i, a in enumerate(spec.aggs) if a.fn == "mean"]
     for i, a in enumerate(spec.aggs):
-        if a.fn in ("min", "max") and a.column.type.kind in _FLOATS:  # partials from elsewhere: any NaN
+        if a.fn in ("min", "max") and a.column is not None \
+                and a.column.type.kind in _FLOATS:  # partials from elsewhere: any NaN
             P = P.set_column(P.schema.get_field_index(f"p{i}"), f"p{i}", _quiet(P.column(f"p{i}")))
         if a.fn in ("sum", "mean") and _may_overflow(P.column(f"p{i}")):
             P = P.set_column(P.schema.get_field_index(f"p{i}"), f"p{i}", P.column(f"p{i}").cast(_WIDE))
@@ -219,6 +223,7 @@ def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
         if a.fn == "count_distinct":
             out[f"p{i}"] = _merge_distinct(P.column(f"p{i}"), gid, n)
         else:
+            assert m is not None  # ops holds this aggregate's merge
             out[f"p{i}"] = m.column(f"p{i}_{_MERGE[a.fn]}")
             if spec.nan_max(a):
                 out[f"p{i}"] = _nan_wins(out[f"p{i}"], m.column(f"n{i}_any"))
@@ -241,7 +246,7 @@ def _group_ids(P: pa.Table, keys: list[str]) -> tuple[np.ndarray, pa.Table]:
     return gid, g.select(keys)
 
 
-def _merge_distinct(lists, gid: np.ndarray, n: int) -> pa.Array:
+def _merge_distinct(lists: pa.Array | pa.ChunkedArray, gid: np.ndarray, n: int) -> pa.Array:
     lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
     vals = pc.list_flatten(lists)
     owner = gid[pc.list_parent_indices(lists).to_numpy()]
@@ -273,6 +278,7 @@ def _final(P: pa.Table, i: int, a: Agg) -> tuple[pa.Array, pa.Field]:
     p = P.column(f"p{i}").combine_chunks()
     if a.fn == "count":
         return p.fill_null(0).cast(pa.int64()), pa.field(a.name, pa.int64())
+    assert a.column is not None  # only count(*) names no column
     if a.fn == "count_distinct":
         vals = pc.list_flatten(p)
         valid = vals.is_valid().to_numpy(zero_copy_only=False)
@@ -299,8 +305,10 @@ def _empty_row(spec: AggSpec) -> pa.Table:
         if a.fn == "count":
             cols[f"p{i}"] = pa.array([0], pa.int64())
         elif a.fn == "count_distinct":
+            assert a.column is not None  # only count(*) names no column
             cols[f"p{i}"] = pa.array([[]], pa.list_(a.column.type.arrow()))
         else:
+            assert a.column is not None  # only count(*) names no column
             cols[f"p{i}"] = pa.nulls(1, a.column.type.arrow() if a.fn in ("min", "max") else pa.float64())
             if a.fn == "mean":
                 cols[f"q{i}"] = pa.array([0], pa.int64())
@@ -317,13 +325,14 @@ class Grid:
     ny: int
 
 
-def parse_grid(schema: SchemaVersion, column, bbox, cells) -> Grid:
+def parse_grid(schema: SchemaVersion, column: object, bbox: object, cells: object) -> Grid:
     """The histogram's column, bounding box and cell counts, checked."""
     if not isinstance(bbox, dict) or set(bbox) != {"xmin", "ymin", "xmax", "ymax"}:
         raise QueryError('"bbox" must be an object {xmin, ymin, xmax, ymax}')
     if not isinstance(column, str):
         raise QueryError('"column" must name a point or box column')
     box = parse_bbox(schema, {"column": column, **bbox})
+    assert box is not None  # a bbox object was given
     if not isinstance(cells, list) or len(cells) != 2 or not all(
             isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_CELLS for n in cells):
         raise QueryError(f'"cells" must be [nx, ny], each 1..{MAX_CELLS}, not {str(cells)[:60]}')
@@ -363,7 +372,7 @@ def _cells_of(v: np.ndarray, lo: float, hi: float, n: int) -> np.ndarray:
     (a guess by division, corrected by one where rounding put it across its edge)."""
     edges = cell_edges(lo, hi, n)
     guess = np.floor((v - lo) * (n / (hi - lo))) if hi > lo else np.full(len(v), n - 1.0)
-    c = np.clip(np.nan_to_num(guess, nan=0.0), 0, n - 1).astype(np.int64)
+    c: npt.NDArray[np.int64] = np.clip(np.nan_to_num(guess, nan=0.0), 0, n - 1).astype(np.int64)
     c -= v < edges[c]
     c += v >= edges[c + 1]
     return c

@@ -9,7 +9,7 @@ scan its rows sequentially, keep the visible ones, apply the exact predicates.
 """
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -20,19 +20,21 @@ from rowstore.reads.predicates import BBox, Term, batch_mask
 from rowstore.schema import SchemaVersion
 from rowstore.segments.sealed import SealedSegment
 from terrafs.cache import BlockCache
+from terrafs.abc import ObjectStore
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.sealed import SealedFile
 from terrafs.uri import open_object_store
 
 
-def schemas_lookup(versions: list[SchemaVersion]):
+def schemas_lookup(versions: list[SchemaVersion]) -> Callable[[int], SchemaVersion]:
     by = {v.version: v for v in versions}
     return by.__getitem__
 
 
-async def read_segment(objects_uri: str, part: SegmentSlice, schemas, target: SchemaVersion,
-                       terms: list[Term] = (), bbox: BBox | None = None, kek: KeyEncryptionKey | None = None,
-                       store=None) -> AsyncIterator[pa.RecordBatch]:
+async def read_segment(objects_uri: str, part: SegmentSlice, schemas: Callable[[int], SchemaVersion],
+                       target: SchemaVersion, terms: Sequence[Term] = (), bbox: BBox | None = None,
+                       kek: KeyEncryptionKey | None = None,
+                       store: ObjectStore | None = None) -> AsyncIterator[pa.RecordBatch]:
     """The visible rows of one offloaded segment matching the predicates, in localid order."""
     own = store is None
     store = store or open_object_store(objects_uri)

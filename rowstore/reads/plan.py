@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from pyroaring import BitMap
@@ -25,12 +26,12 @@ class SegmentSlice:
     rows: int
     visible: bytes  # portable roaring bitmap of visible localids
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"segid": self.segid, "key": self.key, "object_size": self.object_size, "rows": self.rows,
                 "visible": base64.b64encode(self.visible).decode()}
 
     @classmethod
-    def from_json(cls, d: dict) -> SegmentSlice:
+    def from_json(cls, d: dict[str, Any]) -> SegmentSlice:
         return cls(d["segid"], d["key"], d["object_size"], d["rows"], base64.b64decode(d["visible"]))
 
 
@@ -59,14 +60,14 @@ class ReadPlan:
     def sealed_segids(self) -> list[int]:
         return sorted(s.segid for s in self.sealed)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"version": PLAN_VERSION, "as_of": self.as_of, "table": self.table, "table_id": self.table_id,
                 "schema": self.schema.to_json(), "versions": [v.to_json() for v in self.versions],
                 "objects": self.objects, "encrypted": self.encrypted,
                 "sealed": [s.to_json() for s in self.sealed], "tail": list(self.tail), "lease": self.lease}
 
     @classmethod
-    def from_json(cls, d: dict) -> ReadPlan:
+    def from_json(cls, d: dict[str, Any]) -> ReadPlan:
         if d.get("version", PLAN_VERSION) != PLAN_VERSION:
             raise QueryError(f"read plan version {d.get('version')!r} is not {PLAN_VERSION}: "
                              f"the reader and the node are of different releases")

@@ -22,8 +22,10 @@ import datetime as dt
 import math
 import uuid as uuidlib
 from dataclasses import dataclass
+from typing import Any, Iterable, cast
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -52,11 +54,11 @@ class Interval:
     hi_inc: bool = True
 
     @classmethod
-    def from_op(cls, op: str, v) -> "Interval":
+    def from_op(cls, op: str, v: float) -> "Interval":
         return {"=": cls(v, v), "<": cls(None, v, hi_inc=False), "<=": cls(None, v),
                 ">": cls(v, None, lo_inc=False), ">=": cls(v, None)}[op]
 
-    def overlaps(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    def overlaps(self, lo: np.ndarray, hi: np.ndarray) -> npt.NDArray[np.bool_]:
         """Which row intervals ``[lo, hi]`` intersect this one (vectorized, exact)."""
         ok = np.ones(len(lo), bool)
         if self.lo is not None:
@@ -70,11 +72,12 @@ class Interval:
 class Term:
     column: Column
     op: str
-    value: object  # in the column's (or range element's) numeric domain: ints, floats, bytes, str, bool
+    value: int | float | str | bytes  # in the column's (or range element's) domain: ints, floats, bytes, str, bool
 
     def interval(self) -> Interval:
         """The term as a closed/open interval over the value domain (None bounds: unbounded)."""
-        return Interval.from_op(self.op, self.value)
+        # cast: only terms on number, time and range columns have intervals; their values are numbers
+        return Interval.from_op(self.op, cast(float, self.value))
 
 
 @dataclass(frozen=True)
@@ -85,14 +88,18 @@ class Between(Term):
     upper: Term | None = None
 
     def interval(self) -> Interval:
-        a, b = Interval.from_op(self.op, self.value), Interval.from_op(self.upper.op, self.upper.value)
+        assert self.upper is not None  # fold_ranges makes every Between with its upper term
+        a = Interval.from_op(self.op, cast(float, self.value))  # cast: as in Term.interval
+        b = Interval.from_op(self.upper.op, cast(float, self.upper.value))
         return Interval(a.lo, b.hi, a.lo_inc, b.hi_inc)
 
 
-def fold_ranges(preds: list) -> list:
+def fold_ranges(preds: Iterable[Term | BBox]) -> list[Term | BBox]:
     """``preds`` with each column's (lower, upper) pair of terms as one :class:`Between` (only
     for plain number/time columns: for a range column two terms are two overlap tests)."""
-    lows, highs, rest = {}, {}, []
+    lows: dict[int, Term] = {}
+    highs: dict[int, Term] = {}
+    rest: list[Term | BBox] = []
     for p in preds:
         if isinstance(p, Term) and not isinstance(p, Between) and p.column.type.kind in NUMERIC \
                 and p.op in (">", ">=") and p.column.id not in lows:
@@ -120,7 +127,7 @@ class BBox:
 # -- parsing ----------------------------------------------------------------------------
 
 
-def parse_where(schema: SchemaVersion, where) -> list[Term]:
+def parse_where(schema: SchemaVersion, where: object) -> list[Term]:
     if where is None:
         return []
     if not isinstance(where, (list, tuple)):
@@ -128,7 +135,7 @@ def parse_where(schema: SchemaVersion, where) -> list[Term]:
     return [_term(schema, t) for t in where]
 
 
-def _term(schema: SchemaVersion, t) -> Term:
+def _term(schema: SchemaVersion, t: object) -> Term:
     if not isinstance(t, (list, tuple)) or len(t) != 3:
         raise QueryError(f"where term {t!r}: expected [column, op, value]")
     name, op, value = t
@@ -149,11 +156,13 @@ def _term(schema: SchemaVersion, t) -> Term:
     if col.id == schema.primary_key:  # a key term: the one key check (no wrapping, no other row)
         return Term(col, op, check_key(value, col))
     elem = col.type.elem if k == Kind.RANGE else k
+    assert elem is not None  # a range column's type has its element kind
     return Term(col, op, coerce(elem, value, name))
 
 
-def coerce(kind: Kind, v, name: str = "value"):
-    """A predicate value in the column's storage domain (timestamps as µs, dates as days)."""
+def coerce(kind: Kind, v: Any, name: str = "value") -> int | float | str | bytes:
+    """A predicate value in the column's storage domain (timestamps as µs, dates as days). ``v``
+    is a JSON value: a conversion's TypeError or ValueError answers a value of another type."""
     try:
         if kind in _INTS:
             if isinstance(v, bool) or not isinstance(v, (int, str)):
@@ -199,7 +208,7 @@ def coerce(kind: Kind, v, name: str = "value"):
     raise QueryError(f"{name}: {kind.value} values cannot be compared")
 
 
-def timestamp_us(v) -> int:
+def timestamp_us(v: object) -> int:
     """Integer microseconds, or an ISO-8601 string (``Z`` or an offset; naive means UTC)."""
     if isinstance(v, int) and not isinstance(v, bool):
         return v
@@ -218,7 +227,7 @@ def _arrow_of(kind: Kind) -> pa.DataType:
     return ColumnType(kind).arrow()
 
 
-def parse_bbox(schema: SchemaVersion, bbox) -> BBox | None:
+def parse_bbox(schema: SchemaVersion, bbox: object) -> BBox | None:
     if bbox is None:
         return None
     if not isinstance(bbox, dict):
@@ -241,7 +250,7 @@ def parse_bbox(schema: SchemaVersion, bbox) -> BBox | None:
             ok = False
         if not ok:
             raise QueryError(f"bbox: {f} must be a finite number, not {repr(v)[:60]}")
-        edges.append(float(v))
+        edges.append(float(cast(float, v)))  # cast: ok says v is an int or a float
     if edges[0] > edges[2] or edges[1] > edges[3]:
         raise QueryError("bbox: xmin must be <= xmax and ymin <= ymax")
     return BBox(col, *edges)
@@ -250,15 +259,17 @@ def parse_bbox(schema: SchemaVersion, bbox) -> BBox | None:
 # -- exact evaluation ------------------------------------------------------------------
 
 
-def term_mask(arr: pa.Array, term: Term) -> np.ndarray:
+def term_mask(arr: pa.Array, term: Term) -> npt.NDArray[np.bool_]:
     """Exact: which values satisfy ``term`` (nulls never do)."""
     if isinstance(term, Between):
+        assert term.upper is not None  # fold_ranges makes every Between with its upper term
         return term_mask(arr, Term(term.column, term.op, term.value)) & term_mask(arr, term.upper)
     k = term.column.type.kind
     if k == Kind.RANGE:
         return _range_mask(arr, term)
     if k in NUMERIC:  # numpy compares with Python ints of any size exactly; floats in float64
-        return _NP[term.op](numeric_values(arr, k), term.value) & ~_nulls(arr)
+        hit: npt.NDArray[np.bool_] = _NP[term.op](numeric_values(arr, k), term.value)
+        return hit & ~_nulls(arr)
     return _bools(_PC[term.op](_comparable(arr, k), _scalar(k, term.value)))
 
 
@@ -273,7 +284,7 @@ def numeric_values(arr: pa.Array, k: Kind) -> np.ndarray:
     return v.astype(np.float64, copy=False) if k in _FLOATS else v
 
 
-def bbox_mask(arr: pa.Array, box: BBox) -> np.ndarray:
+def bbox_mask(arr: pa.Array, box: BBox) -> npt.NDArray[np.bool_]:
     if box.column.type.kind == Kind.POINT:
         x, y = _f64(arr, "x"), _f64(arr, "y")
         m = (x >= box.xmin) & (x <= box.xmax) & (y >= box.ymin) & (y <= box.ymax)
@@ -283,7 +294,7 @@ def bbox_mask(arr: pa.Array, box: BBox) -> np.ndarray:
     return m & ~_nulls(arr)
 
 
-def batch_mask(batch: pa.RecordBatch, terms: list[Term], bbox: BBox | None) -> np.ndarray:
+def batch_mask(batch: pa.RecordBatch, terms: list[Term], bbox: BBox | None) -> npt.NDArray[np.bool_]:
     """Rows of ``batch`` (columns by name, as in the schema the terms were parsed with)."""
     m = np.ones(batch.num_rows, bool)
     for t in terms:
@@ -297,11 +308,11 @@ def _comparable(arr: pa.Array, k: Kind) -> pa.Array:
     return arr.cast(pa.binary()) if k == Kind.UUID else arr
 
 
-def _scalar(k: Kind, v) -> pa.Scalar:
+def _scalar(k: Kind, v: object) -> pa.Scalar:
     return pa.scalar(v, pa.binary()) if k == Kind.UUID else pa.scalar(v, _arrow_of(k))
 
 
-def _range_mask(arr: pa.StructArray, term: Term) -> np.ndarray:
+def _range_mask(arr: pa.StructArray, term: Term) -> npt.NDArray[np.bool_]:
     """Overlap of each stored range (flags honoured, null bound = unbounded) with the term."""
     q = term.interval()
     lo, hi = arr.field("lower"), arr.field("upper")
@@ -323,23 +334,29 @@ def _range_mask(arr: pa.StructArray, term: Term) -> np.ndarray:
 def _np(arr: pa.Array) -> np.ndarray:
     if arr.null_count:
         arr = pc.fill_null(arr, pa.scalar(0, arr.type))
-    return arr.to_numpy(zero_copy_only=False)
+    out: np.ndarray = arr.to_numpy(zero_copy_only=False)
+    return out
 
 
 def _f64(arr: pa.StructArray, name: str) -> np.ndarray:
     a = arr.field(name)
-    return a.to_numpy(zero_copy_only=False) if not a.null_count else _np(a)
+    if a.null_count:
+        return _np(a)
+    out: np.ndarray = a.to_numpy(zero_copy_only=False)
+    return out
 
 
-def _nulls(arr: pa.Array) -> np.ndarray:
+def _nulls(arr: pa.Array) -> npt.NDArray[np.bool_]:
     if arr.null_count == 0:
         return np.zeros(len(arr), bool)
-    return arr.is_null().to_numpy(zero_copy_only=False)
+    out: npt.NDArray[np.bool_] = arr.is_null().to_numpy(zero_copy_only=False)
+    return out
 
 
-def _bools(arr) -> np.ndarray:
+def _bools(arr: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bool_]:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if arr.null_count:
         arr = pc.fill_null(arr, False)
-    return arr.to_numpy(zero_copy_only=False).astype(bool, copy=False)
+    out: npt.NDArray[np.bool_] = arr.to_numpy(zero_copy_only=False).astype(bool, copy=False)
+    return out

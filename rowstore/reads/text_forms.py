@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 from rowstore.errors import QueryError
 
@@ -33,7 +34,7 @@ def parse_where_text(text: str) -> list[list[str]]:
     return out
 
 
-def parse_bbox_text(text: str) -> dict:
+def parse_bbox_text(text: str) -> dict[str, Any]:
     """``loc:13,52,14,53`` -> the HTTP API's bbox object (edges inclusive)."""
     col, sep, rest = text.partition(":")
     try:
@@ -46,7 +47,10 @@ def parse_bbox_text(text: str) -> dict:
 
 
 def _split_and(text: str) -> list[str]:
-    parts, cur, quote, i = [], [], None, 0
+    parts: list[str] = []
+    cur: list[str] = []
+    quote: str | None = None
+    i = 0
     while i < len(text):
         ch = text[i]
         if quote is not None:

@@ -3,13 +3,15 @@ cluster order records the range of its ``cluster_by`` column (footer and catalog
 query drops every candidate row of a segment whose range its bbox or range terms miss."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from rowstore.reads.predicates import BBox, Term
-from rowstore.segments.sealed import CLUSTER_BOX
+from rowstore.segments.sealed import CLUSTER_BOX, ClusterRange
 
 
-def misses(cluster, terms: list[Term], box: BBox | None) -> bool:
+def misses(cluster: ClusterRange | None, terms: list[Term], box: BBox | None) -> bool:
     """Whether no row of a segment with cluster range ``cluster`` ((kind, column id, lo...,
     hi...), or None: unknown) can match the bbox and the terms."""
     if not cluster:
@@ -31,10 +33,12 @@ def misses(cluster, terms: list[Term], box: BBox | None) -> bool:
 
 
 def segments_of(rowids: np.ndarray) -> list[int]:
-    return np.unique((np.asarray(rowids, np.uint64) >> np.uint64(32)).astype(np.uint32)).tolist()
+    segids: list[int] = np.unique((np.asarray(rowids, np.uint64) >> np.uint64(32)).astype(np.uint32)).tolist()
+    return segids
 
 
-def keep_mask(rowids: np.ndarray, clusters: dict, terms: list[Term], box: BBox | None) -> np.ndarray | None:
+def keep_mask(rowids: np.ndarray, clusters: Mapping[int, ClusterRange | None], terms: list[Term],
+              box: BBox | None) -> np.ndarray | None:
     """Which ``rowids`` are in segments whose cluster range the query may hit (None: all)."""
     if len(rowids) == 0 or (box is None and not terms):
         return None

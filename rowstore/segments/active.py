@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +17,8 @@ import pyarrow as pa
 from rowstore.errors import RowstoreError
 from rowstore.codec.rows import Decoded, Encoded, EncodedParts, decode_row_list, encode_rows
 from rowstore.schema import SchemaVersion
-from rowstore.segments.wal import DECIDED, RecordKind, WalReader, WalState, batch_parts, commit_bytes, frame, U64
+from rowstore.segments.wal import (DECIDED, CommittedBatch, RecordKind, WalReader, WalState, batch_parts, commit_bytes,
+                                   frame, U64)
 from rowstore.rowids import rowids, split_rowids
 from terrafs.active import ActiveFile
 
@@ -134,11 +136,12 @@ class ActiveSegment:
         off, ln = int(self._idx.arr[localid]), int(self._idx.lens[localid])
         return await self.file.read(off, ln)
 
-    async def get(self, localids, schemas, target: SchemaVersion) -> Decoded:
+    async def get(self, localids: np.ndarray, schemas: Callable[[int], SchemaVersion],
+                  target: SchemaVersion) -> Decoded:
         raws = [await self.get_raw(int(i)) for i in np.atleast_1d(localids)]
         return decode_row_list(raws, schemas, target, self.where)
 
-    async def batches(self):
+    async def batches(self) -> AsyncIterator[CommittedBatch]:
         """Committed batches in file order (seal/offload, fsck, index rebuilds, change feeds).
 
         Flushes first: a ``COMMIT`` appended lazily (a commit group's) must be durable for
@@ -157,7 +160,8 @@ class ActiveSegment:
     # -- recovery --------------------------------------------------------------------
 
     @classmethod
-    async def recover(cls, segid: int, file: ActiveFile, decide=None) -> "ActiveSegment":
+    async def recover(cls, segid: int, file: ActiveFile,
+                      decide: Callable[[int], Awaitable[bool]] | None = None) -> "ActiveSegment":
         """Rebuild the localid index from the file; batches without COMMIT are dropped — except
         a trailing prepared batch of a decided txn, for which ``await decide(txn)`` says whether
         it committed (then its ``COMMIT`` is appended now)."""
@@ -177,7 +181,7 @@ class ActiveSegment:
         seg.wal = reader.state
         return seg
 
-    def _replayed(self, b) -> None:
+    def _replayed(self, b: CommittedBatch) -> None:
         n = len(b.starts)
         lens = np.diff(np.append(b.starts, b.rows.shape[0]))
         self._idx.put(self._next, b.file_offset + b.starts, lens)

@@ -9,11 +9,14 @@ segment, a sequential scan with a localid mask is cheaper than locating rows.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 
 from rowstore.segments.active import ActiveSegment
+from rowstore.segments.sealed import SealedSegment
+from rowstore.segments.store import SegmentStore
 from rowstore.rowids import split_rowids
 from rowstore.errors import DanglingRowidError, RowstoreError, SegmentNotFoundError
 from rowstore.codec.rows import Decoded, decode_rows
@@ -22,10 +25,11 @@ from rowstore.schema import SchemaVersion
 _SCAN_SHARE = 8  # scan the segment when more than 1/8 of its rows are wanted
 _FEW = 16  # fewer rows than this from a sealed segment: walk the tree for each
 _OFFSET_SEGMENTS = 64
-_OFFSETS: OrderedDict = OrderedDict()
+_OFFSETS: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()  # (where, segid) -> row ends
 
 
-async def fetch(store, rowids: np.ndarray, schemas, target: SchemaVersion, where: str = "") -> Decoded:
+async def fetch(store: SegmentStore, rowids: np.ndarray, schemas: Callable[[int], SchemaVersion], target: SchemaVersion,
+                where: str = "") -> Decoded:
     """Rows for ``rowids`` (any order, no duplicates) decoded into ``target``, in rowid order.
     A rowid no segment has is corruption (DanglingRowidError, naming ``where``: the table and
     partition the rowids came from), never an IndexError or a bare "no segment"."""
@@ -44,7 +48,8 @@ def _dangling(where: str, segid: int, loc: int, reason: str) -> DanglingRowidErr
     return DanglingRowidError(where or f"segment {segid}", (segid << 32) | loc, reason)
 
 
-async def _segment_rows(store, segid: int, locs: np.ndarray, schemas, target, where: str = "") -> Decoded:
+async def _segment_rows(store: SegmentStore, segid: int, locs: np.ndarray, schemas: Callable[[int], SchemaVersion],
+                        target: SchemaVersion, where: str = "") -> Decoded:
     async def from_active(seg: ActiveSegment) -> Decoded:
         if len(locs) and int(locs.max()) >= seg.durable_rows:
             raise _dangling(where, segid, int(locs.max()), f"the active segment has {seg.durable_rows} rows")
@@ -73,7 +78,7 @@ async def _segment_rows(store, segid: int, locs: np.ndarray, schemas, target, wh
     return decode_rows(buf, starts, schemas, target, sealed.where)
 
 
-async def _row_ends(sealed) -> np.ndarray:
+async def _row_ends(sealed: SealedSegment) -> np.ndarray:
     """Row offsets of a sealed segment plus the end of the row section (an LRU of segments:
     4 bytes a row, bounded by ``_OFFSET_SEGMENTS``)."""
     key = (sealed.where, sealed.footer.segid)
@@ -88,14 +93,16 @@ async def _row_ends(sealed) -> np.ndarray:
     return got
 
 
-async def _from_active(seg: ActiveSegment, locs, schemas, target) -> Decoded:
+async def _from_active(seg: ActiveSegment, locs: np.ndarray, schemas: Callable[[int], SchemaVersion],
+                       target: SchemaVersion) -> Decoded:
     if len(locs) and int(locs.max()) >= seg.durable_rows:
         raise RowstoreError(f"segment {seg.segid}: no row {int(locs.max())} (rows: {seg.durable_rows})")
     buf, starts = await seg.file.read_ranges(*seg.locate(locs))
     return decode_rows(buf, starts, schemas, target, seg.where)
 
 
-async def _by_scan(store, segid: int, locs, schemas, target) -> Decoded:
+async def _by_scan(store: SegmentStore, segid: int, locs: np.ndarray, schemas: Callable[[int], SchemaVersion],
+                   target: SchemaVersion) -> Decoded:
     want = np.zeros(int(locs.max()) + 1, bool)
     want[locs] = True
     parts, base = [], 0

@@ -4,16 +4,21 @@ the release of the local files when it stops leading. Mixed into
 :class:`rowstore.segments.store.SegmentStore`."""
 from __future__ import annotations
 
+import builtins
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING, AbstractSet
 
-from catalog.abc import Check, Delete, Put
+from catalog.abc import Catalog, Check, Delete, Op, Put
 from rowstore.errors import ConflictError, RowstoreError
 from rowstore.segments.position import ReplicaRecord, rep_key as rkey
 from rowstore.segments.active import ActiveSegment
-from rowstore.segments.records import SegState
+from rowstore.segments.records import SegmentRecord, SegState
 from terrafs.catalog_ops import commit
+from terrafs.active import ActiveFile
 from terrafs.errors import TerrafsError
+from terrafs.fs import TerrascaleFS
 
 log = logging.getLogger("rowstore.segments.store")
 
@@ -21,6 +26,22 @@ log = logging.getLogger("rowstore.segments.store")
 class Handover:
     """Leadership of a partition moving between nodes (state: the store's ``active``,
     ``_current``, ``_parts``, ``catalog``, ``fs``, ``node``, ``lost``)."""
+
+    # the store's state read and set here (rowstore.segments.store.SegmentStore)
+    fs: TerrascaleFS
+    catalog: Catalog
+    node: str
+    active: dict[int, ActiveSegment]
+    _current: dict[tuple[str, int], ActiveSegment]
+    _parts: dict[int, tuple[str, int]]
+    epochs: dict[tuple[str, int], int]
+    lost: set[int]
+    not_led: set[tuple[str, int]]
+
+    if TYPE_CHECKING:  # the store's methods used here
+        async def list(self, owner: str | None = None, table: str | None = None) -> builtins.list[SegmentRecord]: ...
+
+        async def seal(self, segid: int) -> SegmentRecord: ...
 
     async def own_log(self, table: str, partition: int) -> tuple[int, tuple[int, int]] | None:
         """(epoch, (seq, durable bytes)) of the partition's segments whose rows name this node —
@@ -42,7 +63,8 @@ class Handover:
         return max(r.epoch for r in recs), (top.seq, size)
 
     async def adopt(self, table: str, partition: int, epoch: int, copies: dict[int, tuple[int, int]],
-                    files: dict, rep_key: str | None, rep_version: int, decide=None) -> list[ActiveSegment]:
+                    files: dict[int, ActiveFile], rep_key: str | None, rep_version: int,
+                    decide: Callable[[int], Awaitable[bool]] | None = None) -> builtins.list[ActiveSegment]:
         """Become the partition's leader at ``epoch``: in ONE transaction every unsealed
         segment row of the partition names this node and its copy (``copies``: segid ->
         (seq, inode), handed over by the follower side with ``files``), this node's replica
@@ -51,9 +73,12 @@ class Handover:
         are recovered as active segments (prepared tails decided by ``decide``)."""
         recs = sorted([r for r in await self.list(table=table) if r.partition == partition
                        and r.state in (SegState.ACTIVE, SegState.SEALED)], key=lambda r: r.seq)
-        checks, ops, olds = [], [], {}
+        checks: builtins.list[Check] = []
+        ops: builtins.list[Op] = []
+        olds: dict[str, builtins.list[SegmentRecord]] = {}  # previous owner -> its segments
         for rec in recs:
             e = await self.catalog.get(rec.key)
+            assert e is not None  # listed just above
             if rec.owner == self.node:
                 ops.append(Put(rec.key, replace(rec, epoch=epoch).to_bytes()))
             elif rec.segid in copies:
@@ -126,7 +151,7 @@ class Handover:
             self._current[(table, partition)] = actives[-1][1]
         return live
 
-    def release_local(self, table: str, partition: int, keep: set[int] = frozenset()) -> list[int]:
+    def release_local(self, table: str, partition: int, keep: AbstractSet[int] = frozenset()) -> builtins.list[int]:
         """Stop treating this node's open segments of the partition as its log (another node
         leads it now); returns their inodes for the caller to close."""
         gone = [sid for sid, tp in self._parts.items() if tp == (table, partition) and sid not in keep]

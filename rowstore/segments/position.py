@@ -21,7 +21,7 @@ class Position(NamedTuple):
         return [self.seq, self.offset]
 
     @classmethod
-    def of(cls, raw) -> "Position":
+    def of(cls, raw: object) -> "Position":
         if not (isinstance(raw, (list, tuple)) and len(raw) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
                                                                         and 0 <= x < 2**63 for x in raw)):
             raise ValueError(f"a position is [seq, offset], not {raw!r}"[:200])

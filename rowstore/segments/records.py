@@ -5,6 +5,7 @@ state in its life cycle and what the catalog keeps about it.
 """
 from __future__ import annotations
 
+import builtins
 import enum
 import json
 from dataclasses import asdict, dataclass
@@ -39,18 +40,18 @@ class SegmentRecord:
     copy: bool = False  # written by the garbage collector (rows in cluster order; never replayed)
     deletions: int = 0  # deletion rows (live while newer than the horizon; no index entry names them)
     deletions_max_ts: int = 0  # the newest of them
-    cluster: list | None = None  # [kind, column id, lo..., hi...]: its rows' cluster range (RFC 0009)
+    cluster: list[int | float] | None = None  # [kind, column id, lo..., hi...]: its rows' cluster range (RFC 0009)
     epoch: int = 0  # the partition's leader epoch when ``owner`` took it (replication, RFC 0010)
 
     @property
     def key(self) -> str:
         return f"{SEG_PREFIX}{self.segid:08x}"
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self) -> builtins.bytes:  # (the field ``bytes`` hides the type here)
         return json.dumps(dict(asdict(self), state=self.state.value), separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "SegmentRecord":
+    def from_bytes(cls, raw: builtins.bytes) -> "SegmentRecord":
         d = json.loads(raw)
         return cls(**{k: v for k, v in dict(d, state=SegState(d["state"])).items() if k in _FIELDS})
 

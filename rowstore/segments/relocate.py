@@ -5,10 +5,13 @@ Everything here is vectorized or compiled: no per-row Python."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numba
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from rowstore.codec.rows import decode_run
@@ -16,8 +19,8 @@ from rowstore.errors import RowCorruptionError
 from rowstore.rowids import TOMBSTONE
 from rowstore.tables.keys import encode_keys
 from rowstore.schema import Column, SchemaVersion
-from rowstore.segments.sealed import (CLUSTER_BOX, CLUSTER_FLOAT, CLUSTER_INT, MAX_VERSIONS, SealedSegment,
-                                      sealed_bytes)
+from rowstore.segments.sealed import (CLUSTER_BOX, CLUSTER_FLOAT, CLUSTER_INT, MAX_VERSIONS, ClusterRange,
+                                      SealedSegment, sealed_bytes)
 from rowstore.types import Kind
 
 _INT_KINDS = {Kind.TIMESTAMP, Kind.DATE, Kind.INT8, Kind.INT16, Kind.INT32, Kind.INT64, Kind.UINT8,
@@ -28,7 +31,8 @@ _INT_KINDS = {Kind.TIMESTAMP, Kind.DATE, Kind.INT8, Kind.INT16, Kind.INT32, Kind
 
 
 @numba.njit(cache=True, nogil=True)
-def _mark(rowids, segids, first, bits):
+def _mark(rowids: npt.NDArray[np.uint64], segids: npt.NDArray[np.uint32], first: npt.NDArray[np.int64],
+          bits: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
     """Set ``bits[first[i] + localid]`` for every rowid of segment ``segids[i]`` (segids
     sorted); returns the live count per segment. One pass, no allocation per row."""
     counts = np.zeros(segids.shape[0], np.int64)
@@ -69,7 +73,8 @@ def mark_live(rowids: np.ndarray, rows_of: dict[int, int]) -> dict[int, tuple[in
 
 
 @numba.njit(cache=True, nogil=True)
-def hilbert(x, y, xmin, ymin, xmax, ymax):
+def hilbert(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64], xmin: float, ymin: float, xmax: float,
+            ymax: float) -> npt.NDArray[np.uint64]:
     """The Hilbert index (16 bits per axis) of each (x, y) over the box; NaN sorts last."""
     n = x.shape[0]
     out = np.empty(n, np.uint64)
@@ -109,7 +114,8 @@ class ClusterSpec:
 def _xy(arr: pa.Array, kind: Kind) -> tuple[np.ndarray, np.ndarray]:
     """Points as (x, y); boxes by their centre; nulls as NaN."""
     arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-    f = lambda n: np.asarray(arr.field(n).to_numpy(zero_copy_only=False), np.float64)  # noqa: E731
+    f: Callable[[str], npt.NDArray[np.float64]] = \
+        lambda n: np.asarray(arr.field(n).to_numpy(zero_copy_only=False), np.float64)  # noqa: E731
     if kind == Kind.POINT:
         x, y = f("x").copy(), f("y").copy()
     else:
@@ -155,7 +161,7 @@ def cluster_order(spec: ClusterSpec, batch: pa.RecordBatch, key_name: str) -> np
     return np.argsort(np.where(np.isnan(v), np.inf, v), kind="stable")
 
 
-def cluster_range(spec: ClusterSpec, batch: pa.RecordBatch) -> tuple | None:
+def cluster_range(spec: ClusterSpec, batch: pa.RecordBatch) -> ClusterRange | None:
     """The footer's cluster range of ``batch``'s rows: (kind, column id, lo..., hi...), or None
     (default clustering, or no non-null value). Float32 boxes are rounded outward."""
     if spec.column is None or spec.column.name not in batch.schema.names:
@@ -163,7 +169,8 @@ def cluster_range(spec: ClusterSpec, batch: pa.RecordBatch) -> tuple | None:
     col, kind = batch.column(spec.column.name), spec.column.type.kind
     if kind in (Kind.POINT, Kind.BOX):
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-        f = lambda n: np.asarray(arr.field(n).to_numpy(zero_copy_only=False), np.float64)  # noqa: E731
+        f: Callable[[str], npt.NDArray[np.float64]] = \
+            lambda n: np.asarray(arr.field(n).to_numpy(zero_copy_only=False), np.float64)  # noqa: E731
         ok = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), bool) if arr.null_count else None
         lo_x, lo_y, hi_x, hi_y = (f("x"), f("y"), f("x"), f("y")) if kind == Kind.POINT else \
             (f("xmin"), f("ymin"), f("xmax"), f("ymax"))
@@ -171,8 +178,9 @@ def cluster_range(spec: ClusterSpec, batch: pa.RecordBatch) -> tuple | None:
             lo_x, lo_y, hi_x, hi_y = lo_x[ok], lo_y[ok], hi_x[ok], hi_y[ok]
         if len(lo_x) == 0:
             return None
-        down = lambda v: float(np.nextafter(np.float32(v), np.float32(-np.inf)))  # noqa: E731
-        up = lambda v: float(np.nextafter(np.float32(v), np.float32(np.inf)))  # noqa: E731
+        down: Callable[[float], float] = \
+            lambda v: float(np.nextafter(np.float32(v), np.float32(-np.inf)))  # noqa: E731
+        up: Callable[[float], float] = lambda v: float(np.nextafter(np.float32(v), np.float32(np.inf)))  # noqa: E731
         return (CLUSTER_BOX, spec.column.id, down(np.nanmin(lo_x)), down(np.nanmin(lo_y)),
                 up(np.nanmax(hi_x)), up(np.nanmax(hi_y)))
     v = _numbers(col, kind)
@@ -204,7 +212,7 @@ class VictimRows:
     versions: np.ndarray  # uint32: each row's schema version
 
 
-async def read_live(seg: SealedSegment, live: np.ndarray, horizon: int, schemas,
+async def read_live(seg: SealedSegment, live: np.ndarray, horizon: int, schemas: Callable[[int], SchemaVersion],
                     target: SchemaVersion) -> VictimRows:
     """The rows of ``seg`` that are live: in the mark bitmap, or committed after ``horizon``
     (deletion rows above the horizon stay for the change feed; the index has no rowid for them)."""
@@ -226,7 +234,8 @@ async def read_live(seg: SealedSegment, live: np.ndarray, horizon: int, schemas,
 
 
 @numba.njit(cache=True, nogil=True)
-def _gather(bufs_flat, starts, lens, out, out_starts):
+def _gather(bufs_flat: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lens: npt.NDArray[np.int64],
+            out: npt.NDArray[np.uint8], out_starts: npt.NDArray[np.int64]) -> None:
     pos = 0
     for i in range(starts.shape[0]):
         s, n = starts[i], lens[i]
@@ -307,11 +316,12 @@ def plan_copy(victims: list[VictimRows], spec: ClusterSpec, key_name: str, seal_
     old = np.concatenate([v.rowids for v in victims])[order]
     ts = np.concatenate([v.commit_ts for v in victims])[order]
     dels = np.concatenate([v.deleted for v in victims])[order]
+    assert batch is not None  # the victims hold rows
     return Copy(out, out_starts, lens, old, ts, batch.take(pa.array(order)), dels, cuts)
 
 
-def piece_stream(copy: Copy, a: int, b: int, segid: int, schemas, key_schema: SchemaVersion, spec: ClusterSpec,
-                 stats: dict):
+def piece_stream(copy: Copy, a: int, b: int, segid: int, schemas: Callable[[int], SchemaVersion],
+                 key_schema: SchemaVersion, spec: ClusterSpec, stats: dict[str, Any]) -> AsyncIterator[bytes]:
     """The sealed object bytes of rows ``[a, b)`` of ``copy`` as segment ``segid``."""
     lo = int(copy.starts[a])
     hi = int(copy.starts[b - 1] + copy.lens[b - 1])
@@ -319,7 +329,7 @@ def piece_stream(copy: Copy, a: int, b: int, segid: int, schemas, key_schema: Sc
                    int(copy.commit_ts[a:b].max()))
     rng = cluster_range(spec, copy.batch.slice(a, b - a))
 
-    async def one():
+    async def one() -> AsyncIterator[_Chunk]:
         yield chunk
 
     stats["cluster"] = rng

@@ -14,10 +14,11 @@ import struct
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterable, AsyncIterator, Callable, Protocol
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 from catalog.checksum import crc32c
 from rowstore.errors import RowCorruptionError
@@ -39,6 +40,7 @@ _U32 = struct.Struct("<I")
 FOOTER = struct.Struct("<8sHHIQQQQIQQI8IH24sH24sI24s4sI")
 CLUSTER = struct.Struct("<BBHI16s")  # kind, 0, 0, column id, range (24 bytes at offset 160)
 CLUSTER_NONE, CLUSTER_BOX, CLUSTER_INT, CLUSTER_FLOAT = 0, 1, 2, 3  # part of the format
+ClusterRange = tuple[int | float, ...]  # (kind, column id, lo..., hi...): see ``relocate.cluster_range``
 FOOTER_LEN = FOOTER.size  # 192
 assert FOOTER_LEN == 192
 
@@ -58,7 +60,7 @@ class Footer:
     min_key_len: int
     max_key_len: int
     index_crc: int
-    cluster: tuple | None = None  # (kind, column id, lo..., hi...): see ``cluster_range``
+    cluster: ClusterRange | None = None  # see ``relocate.cluster_range``
 
     def pack(self) -> bytes:
         vers = list(self.versions) + [0] * (MAX_VERSIONS - len(self.versions))
@@ -88,7 +90,7 @@ class Footer:
                    unpack_cluster(f[25], where, at))
 
 
-def pack_cluster(c: tuple | None) -> bytes:
+def pack_cluster(c: ClusterRange | None) -> bytes:
     """The footer's cluster range (docs/format/segment.md §3): a bounding box as float32
     (rounded outward by the caller), or an int64 / float64 value range."""
     if c is None:
@@ -103,7 +105,7 @@ def pack_cluster(c: tuple | None) -> bytes:
     return CLUSTER.pack(kind, 0, 0, cid, body)
 
 
-def unpack_cluster(raw: bytes, where: str, at: int) -> tuple | None:
+def unpack_cluster(raw: bytes, where: str, at: int) -> ClusterRange | None:
     kind, _, _, cid, body = CLUSTER.unpack(raw)
     if kind == CLUSTER_NONE:
         return None
@@ -126,9 +128,23 @@ def key_bytes(keys: np.ndarray) -> bytes:
 # -- writing ----------------------------------------------------------------------------
 
 
-async def sealed_bytes(segid: int, batches, schemas: Callable[[int], SchemaVersion],
-                       key_schema: SchemaVersion, stats: dict | None = None,
-                       cluster: tuple | None = None) -> AsyncIterator[bytes]:
+class RowBatch(Protocol):
+    """Rows :func:`sealed_bytes` writes: a committed batch (``wal.CommittedBatch``), or rows of
+    many commits (``relocate._Chunk``, which also has ``min_ts`` and ``max_ts``)."""
+
+    @property
+    def rows(self) -> np.ndarray: ...  # uint8, the rows back to back
+
+    @property
+    def starts(self) -> np.ndarray: ...  # int64 offset of each row in ``rows``
+
+    @property
+    def commit_ts(self) -> int: ...
+
+
+async def sealed_bytes(segid: int, batches: AsyncIterable[RowBatch], schemas: Callable[[int], SchemaVersion],
+                       key_schema: SchemaVersion, stats: dict[str, Any] | None = None,
+                       cluster: ClusterRange | None = None) -> AsyncIterator[bytes]:
     """Stream a sealed segment: rows of the committed ``batches`` in localid order, then the tree.
 
     A batch has ``rows`` (bytes), ``starts`` and ``commit_ts`` — or, for rows of many commits
@@ -193,7 +209,7 @@ def _tree(offs: np.ndarray, base: int) -> tuple[bytes, int, int]:
 
 
 @numba.njit(cache=True, nogil=True)
-def walk_rows(buf, end):
+def walk_rows(buf: npt.NDArray[np.uint8], end: int) -> tuple[npt.NDArray[np.int64], int]:
     """Starts of the complete rows in ``buf[:end]`` and where the first incomplete one begins."""
     out = np.empty(end // 17 + 1, np.int64)
     n, pos = 0, 0
@@ -303,7 +319,8 @@ class SealedSegment:
         start, ln = await self.locate(localid)
         return await self.sf.read(start, ln)
 
-    async def get(self, localids, schemas, target: SchemaVersion) -> Decoded:
+    async def get(self, localids: np.ndarray, schemas: Callable[[int], SchemaVersion],
+                  target: SchemaVersion) -> Decoded:
         raws = [await self.get_raw(int(i)) for i in np.atleast_1d(localids)]
         return decode_row_list(raws, schemas, target, self.where)
 
@@ -313,11 +330,11 @@ class SealedSegment:
         f = self.footer
         at = f.rows_len
         index = np.frombuffer(await self.sf.read_sequential(at, self.sf.size - FOOTER_LEN - at), np.uint8)
-        if index.shape[0] != self.sf.size - FOOTER_LEN - at or crc32c(index) != f.index_crc:
+        if index.shape[0] != self.sf.size - FOOTER_LEN - at or crc32c(index.data) != f.index_crc:
             raise RowCorruptionError(self.where, at, "index pages do not match the footer's index_crc")
         return _leaf_level(index, f.rows, f.rows_len, self.where, at)
 
-    async def scan(self, schemas, target: SchemaVersion) -> AsyncIterator[Decoded]:
+    async def scan(self, schemas: Callable[[int], SchemaVersion], target: SchemaVersion) -> AsyncIterator[Decoded]:
         """Every row in localid order, as decoded batches.
 
         The leaf level gives every row's offset, so the row section splits into
@@ -342,7 +359,7 @@ class SealedSegment:
             return await asyncio.to_thread(decode_run, np.frombuffer(data, np.uint8), offsets[a:b] - lo,
                                            schemas, target, self.where, lo)
 
-        ahead: deque[asyncio.Future] = deque()
+        ahead: deque[asyncio.Future[Decoded]] = deque()
         try:
             for a, b in itertools.islice(runs, _SCAN_AHEAD):
                 ahead.append(asyncio.ensure_future(run(a, b)))
@@ -358,7 +375,7 @@ class SealedSegment:
                 fut.add_done_callback(_consume)
 
 
-def _consume(fut: asyncio.Future) -> None:
+def _consume(fut: asyncio.Future[Decoded]) -> None:
     if not fut.cancelled():
         fut.exception()  # retrieved, so a failure after an early stop is not logged as unhandled
 
@@ -366,7 +383,8 @@ def _consume(fut: asyncio.Future) -> None:
 def _leaf_level(index: np.ndarray, rows: int, rows_len: int, where: str, at: int) -> np.ndarray:
     """Row offsets from leaf pages packed back to back at the start of the index section."""
     words = index[: index.shape[0] // 4 * 4].view("<u4")
-    parts, pos, expect = [], 0, 0
+    parts: list[np.ndarray] = []
+    pos, expect = 0, 0
     while expect < rows or not parts:
         if pos + 2 > words.shape[0]:
             raise RowCorruptionError(where, at + 4 * pos, "leaf level ends before the footer's row count")

@@ -11,23 +11,28 @@ never disagree after a crash.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import logging
 from dataclasses import replace
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Collection, Sequence
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
+import pyarrow as pa
 
-from catalog.abc import Check, Delete, Put
+from catalog.abc import Check, Delete, Entry, Op, Put
 from rowstore.segments.active import ActiveSegment
 from rowstore.rowids import split_rowids
 from rowstore.errors import DanglingRowidError, RowstoreError, SegmentNotFoundError, UnavailableError
 from rowstore.codec.rows import Decoded, decode_rows
 from rowstore.schema import SchemaVersion
 from rowstore.segments.handover import Handover
-from rowstore.segments.records import PENDING_PREFIX, SEG_PREFIX, SegmentRecord, SegState
-from rowstore.segments.sealed import SealedSegment, sealed_bytes
+from rowstore.segments.records import PENDING_PREFIX as PENDING_PREFIX  # re-exported: the segment table's names
+from rowstore.segments.records import SEG_PREFIX as SEG_PREFIX
+from rowstore.segments.records import SegmentRecord as SegmentRecord
+from rowstore.segments.records import SegState as SegState
+from rowstore.segments.sealed import ClusterRange, SealedSegment, sealed_bytes
 from terrafs.catalog_ops import commit
 from terrafs.errors import CatalogConflictError, ClosedError, MirrorError, NoSpaceError, TerrafsError, failed_error
 from terrafs.fs import TerrascaleFS
@@ -38,11 +43,27 @@ T = TypeVar("T")
 log = logging.getLogger("rowstore.segments.store")
 
 
+class Decider(Protocol):
+    """Whether a prepared batch committed (``Committer.decide_at_recovery``); ``keep``: the
+    catalog keeps the decision (a replicated partition's copy that leads next needs it)."""
+
+    def __call__(self, txn: int, keep: bool = ...) -> Awaitable[bool]: ...
+
+
+class SegmentShipper(Protocol):
+    """What a replicated partition led here is told of its segments (rowstore.replication's
+    ``Shipper``)."""
+
+    def register(self, seq: int, seg: ActiveSegment) -> None: ...
+
+    def unregister(self, segid: int) -> None: ...
+
+
 class SegmentStore(Handover):
     """One node's view of the row store: its active segments and every sealed one."""
 
     def __init__(self, fs: TerrascaleFS, schemas: Callable[[int], SchemaVersion] | None = None,
-                 seal_bytes: int = 256 << 20, lost: frozenset[int] = frozenset()):
+                 seal_bytes: int = 256 << 20, lost: frozenset[int] = frozenset()) -> None:
         """``schemas``: version id -> SchemaVersion, for reads that pass none. A node's store has
         none: its tables each have their own history, and every read passes that table's.
         ``lost``: inodes the file system's recovery found gone or recreated empty."""
@@ -55,29 +76,30 @@ class SegmentStore(Handover):
         self.segids = RangeAllocator(self.catalog, "rs", 1, 2**32 - 1)
         self.active: dict[int, ActiveSegment] = {}
         self._sealed: dict[int, SealedSegment] = {}
-        self._clusters: dict[int, tuple | None] = {}  # segid -> cluster range (immutable per segid)
-        self.shippers: dict[tuple[str, int], object] = {}  # replicated partitions led here -> Shipper
+        self._clusters: dict[int, ClusterRange | None] = {}  # segid -> cluster range (immutable per segid)
+        self.shippers: dict[tuple[str, int], SegmentShipper] = {}  # replicated partitions led here
         self._parts: dict[int, tuple[str, int]] = {}  # segid -> (table, partition) of open segments
 
         self.epochs: dict[tuple[str, int], int] = {}  # their epochs (new segment rows carry it)
         self.lost: set[int] = set(lost)  # inodes whose local files were gone at start (a lost block device)
         self.not_led: set[tuple[str, int]] = set()  # replicated partitions this node stopped leading
 
-    async def open(self, decide=None) -> list[int]:
+    async def open(self, decide: Decider | None = None) -> list[int]:
         """Init the segid table; reopen this node's local segments; finish pending offloads
         is left to the caller (it needs the key schema); returns segids still to offload.
 
         ``decide(txn)`` answers for a segment ending in a prepared batch (RFC 0003)."""
         await self.segids.init()
         self._decide = decide
-        pending = []
+        pending: list[int] = []
         for rec in await self.list(owner=self.node):
             if rec.epoch > 0 and rec.inode in self.lost:
                 continue  # this node's copy of a replicated partition's log is gone: it holds nothing
             if rec.state in (SegState.ACTIVE, SegState.SEALED):
                 # A replicated partition's segment (epoch > 0) is one copy of its log: the
                 # catalog keeps the decisions taken here for the copy that leads it next.
-                dec = decide if decide is None or rec.epoch == 0 else (lambda txn: decide(txn, keep=True))
+                dec: Callable[[int], Awaitable[bool]] | None = \
+                    decide if decide is None or rec.epoch == 0 else (lambda txn: decide(txn, keep=True))
                 self.active[rec.segid] = await ActiveSegment.recover(
                     rec.segid, await self.fs.open_active(rec.inode), dec)
                 self.active[rec.segid].seq = rec.seq
@@ -104,7 +126,7 @@ class SegmentStore(Handover):
                            live_bytes=seg.nbytes)
         return live
 
-    def flush_stats(self) -> list[dict]:
+    def flush_stats(self) -> list[dict[str, float]]:
         """Each local active file's group-commit counters (flushes, bytes, appends, seconds)."""
         return [seg.file.stats for seg in list(self.active.values())]
 
@@ -112,7 +134,7 @@ class SegmentStore(Handover):
         recs = [SegmentRecord.from_bytes(e.value) for e in await self.catalog.scan(SEG_PREFIX)]
         return [r for r in recs if (owner is None or r.owner == owner) and (table is None or r.table == table)]
 
-    async def record(self, segid: int) -> tuple[SegmentRecord, object]:
+    async def record(self, segid: int) -> tuple[SegmentRecord, Entry]:
         e = await self.catalog.get(f"{SEG_PREFIX}{segid:08x}")
         if e is None:
             raise SegmentNotFoundError(f"no segment {segid}")
@@ -130,7 +152,8 @@ class SegmentStore(Handover):
             rec = SegmentRecord(segid, table, partition, SegState.ACTIVE, self.node, 0, seq=seq,
                                 epoch=self.epochs.get((table, partition), 0))
 
-            def extra(f: FileRecord, rec=rec, checks=checks, ops=ops):
+            def extra(f: FileRecord, rec: SegmentRecord = rec, checks: Sequence[Check] = checks,
+                      ops: Sequence[Op] = ops) -> tuple[builtins.list[Check], builtins.list[Op]]:
                 row = replace(rec, inode=f.inode)
                 return [*checks, Check(row.key, 0)], [*ops, Put(row.key, row.to_bytes())]
 
@@ -148,8 +171,8 @@ class SegmentStore(Handover):
             return seg
         raise RowstoreError("could not allocate a segment id")
 
-    async def append(self, table: str, partition: int, batch, schema: SchemaVersion, commit_ts: int,
-                     deleted=None) -> np.ndarray:
+    async def append(self, table: str, partition: int, batch: pa.RecordBatch, schema: SchemaVersion, commit_ts: int,
+                     deleted: np.ndarray | None = None) -> np.ndarray:
         """Append to the partition's current segment; roll over once it reaches ``seal_bytes``.
 
         The full segment is sealed and a new one takes over; offloading it is
@@ -173,7 +196,7 @@ class SegmentStore(Handover):
                     seg = self._current[(table, partition)] = await self.create(table, partition)
         return seg
 
-    def failed_for_space(self) -> list[tuple[str, int]]:
+    def failed_for_space(self) -> builtins.list[tuple[str, int]]:
         """The partitions whose current segment stopped at a full block device."""
         return [k for k, seg in self._current.items() if isinstance(seg.file.failure, NoSpaceError)]
 
@@ -183,10 +206,11 @@ class SegmentStore(Handover):
         and why; not those fenced as leaders (they step down already)."""
         out: dict[tuple[str, int], BaseException] = {}
         for seg in self._failed_segments():
+            assert seg.file.failure is not None  # what _failed_segments picks
             out.setdefault(self._parts[seg.segid], seg.file.failure)
         return out
 
-    def _failed_segments(self, key: tuple[str, int] | None = None) -> list[ActiveSegment]:
+    def _failed_segments(self, key: tuple[str, int] | None = None) -> builtins.list[ActiveSegment]:
         return [seg for segid, seg in self.active.items() if segid in self._parts
                 and (key is None or self._parts[segid] == key)
                 and seg.file.failure is not None and not isinstance(seg.file.failure, MirrorError)]
@@ -242,7 +266,7 @@ class SegmentStore(Handover):
         await self.seal(full.segid)
         log.info("event=segment_sealed segid=%d bytes=%d rows=%d", full.segid, full.nbytes, full.durable_rows)
 
-    async def pending_offload(self) -> list[int]:
+    async def pending_offload(self) -> builtins.list[int]:
         """This node's sealed segments still on its block device and open here (not those of a
         replicated partition it stopped leading: its files were released, the next leader
         offloads its own copy)."""
@@ -269,7 +293,8 @@ class SegmentStore(Handover):
             raise UnavailableError(f"segment {segid} is no longer open here (its partition moved); retry")
         return seg
 
-    async def offload(self, segid: int, key_schema: SchemaVersion, schemas=None) -> SegmentRecord:
+    async def offload(self, segid: int, key_schema: SchemaVersion,
+                      schemas: Callable[[int], SchemaVersion] | None = None) -> SegmentRecord:
         """Rewrite the sealed segment as an object (rows + B+ tree + footer), switch, drop local."""
         rec, e = await self.record(segid)
         if rec.state == SegState.OFFLOADED:
@@ -277,9 +302,9 @@ class SegmentStore(Handover):
         if rec.state != SegState.SEALED:
             raise RowstoreError(f"segment {segid} is {rec.state.value}; seal it first")
         seg = self._open_here(segid)
-        stats: dict = {}
+        stats: dict[str, Any] = {}
 
-        def extra(f: FileRecord):
+        def extra(f: FileRecord) -> tuple[builtins.list[Check], builtins.list[Op]]:
             new = replace(rec, state=SegState.OFFLOADED, bytes=f.size, live_bytes=f.size, location=f.location,
                           deletions=stats.get("deletions", 0), deletions_max_ts=stats.get("deletions_max_ts", 0))
             return [Check(e.key, e.version)], [Put(e.key, new.to_bytes())]
@@ -318,7 +343,8 @@ class SegmentStore(Handover):
                 del self._current[k]
         return True
 
-    async def create_copy(self, table: str, partition: int, content) -> SegmentRecord:
+    async def create_copy(self, table: str, partition: int,
+                          content: Callable[[int], AsyncIterable[bytes]]) -> SegmentRecord:
         """A garbage collector's copy (RFC 0009): the object, its file row, a reserved segid and
         a pending row ``gc/pending/<segid>`` in ONE transaction. The segment row is written
         only by the pass's publishing transaction (:meth:`published_ops`); until then the copy
@@ -328,7 +354,8 @@ class SegmentStore(Handover):
             key = f"{PENDING_PREFIX}{segid:08x}"
             pend = {"segid": segid, "table": table, "partition": partition, "owner": self.node}
 
-            def extra(f: FileRecord, key=key, pend=pend, checks=checks, ops=ops):
+            def extra(f: FileRecord, key: str = key, pend: dict[str, Any] = pend, checks: Sequence[Check] = checks,
+                      ops: Sequence[Op] = ops) -> tuple[builtins.list[Check], builtins.list[Op]]:
                 return [*checks, Check(key, 0)], [*ops, Put(key, json.dumps(dict(pend, inode=f.inode)).encode())]
 
             try:
@@ -339,9 +366,9 @@ class SegmentStore(Handover):
                                  bytes=f.size, live_bytes=f.size, location=f.location)
         raise RowstoreError("could not allocate a segment id for a copy")
 
-    async def drop_pending(self) -> list[int]:
+    async def drop_pending(self) -> builtins.list[int]:
         """Delete this node's unpublished copies (a pass that crashed before publishing)."""
-        gone = []
+        gone: builtins.list[int] = []
         for e in await self.catalog.scan(PENDING_PREFIX):
             p = json.loads(e.value)
             if p["owner"] != self.node:
@@ -370,7 +397,7 @@ class SegmentStore(Handover):
             upd = replace(rec, live_rows=live, live_bytes=rec.bytes * live // rec.rows)
             await commit(self.catalog, [Check(e.key, e.version)], [Put(e.key, upd.to_bytes())])
 
-    async def clusters(self, segids) -> dict[int, tuple | None]:
+    async def clusters(self, segids: Collection[int]) -> dict[int, ClusterRange | None]:
         """segid -> its cluster range (None: none), for query pruning; one catalog scan when a
         segid is new to this node (a segid's range never changes until it is deleted)."""
         if any(s not in self._clusters for s in segids):
@@ -381,7 +408,8 @@ class SegmentStore(Handover):
                 self._clusters.setdefault(s, None)
         return self._clusters
 
-    async def scan(self, segid: int, target: SchemaVersion, schemas=None):
+    async def scan(self, segid: int, target: SchemaVersion,
+                   schemas: Callable[[int], SchemaVersion] | None = None) -> AsyncIterator[Decoded]:
         """Every row of a segment in localid order, as decoded Arrow batches."""
         schemas = self._schemas(schemas)
         seg = self.active.get(segid)
@@ -396,11 +424,13 @@ class SegmentStore(Handover):
             async for d in (await self.sealed(segid)).scan(schemas, target):
                 yield d
 
-    def _schemas(self, given):
+    def _schemas(self, given: Callable[[int], SchemaVersion] | None) -> Callable[[int], SchemaVersion]:
         """The lookup rows are decoded with: the caller's, else the store's own."""
         if given is None and self.schemas is None:
             raise RowstoreError("this segment store decodes rows with their table's schema lookup only; pass it")
-        return given or self.schemas
+        got = given or self.schemas
+        assert got is not None  # (checked above)
+        return got
 
     async def sealed(self, segid: int) -> SealedSegment:
         s = self._sealed.get(segid)
@@ -417,6 +447,7 @@ class SegmentStore(Handover):
     def row_bytes_cached(self, rowid: int) -> tuple[bytes, str] | None:
         """``row_bytes`` without I/O: when the memory cache holds the row's block (and, for an
         offloaded segment, the tree pages on its path are parsed already); else None."""
+        seg: ActiveSegment | SealedSegment | None
         seg = self.active.get(rowid >> 32)
         rows = seg.durable_rows if seg is not None else 0
         if seg is None:
@@ -464,7 +495,8 @@ class SegmentStore(Handover):
             raise DanglingRowidError(where or sealed.where, rowid, f"the segment has {sealed.footer.rows} rows")
         return await sealed.get_raw(loc), sealed.where
 
-    async def get(self, ids, target: SchemaVersion, schemas=None) -> Decoded:
+    async def get(self, ids: np.ndarray, target: SchemaVersion,
+                  schemas: Callable[[int], SchemaVersion] | None = None) -> Decoded:
         """Rows by rowid (all in one segment), from its active file or its object."""
         schemas = self._schemas(schemas)
         segs, locs = split_rowids(np.atleast_1d(ids))

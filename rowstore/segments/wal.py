@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 from rowstore.errors import RowCorruptionError
+from terrafs.abc import Buffer
 
 REC = struct.Struct("<BBHI")  # kind, reserved, reserved, body length — part of the format
 BATCH_HEAD = struct.Struct("<QQI")  # txn id, commit_ts, row count
@@ -40,13 +42,13 @@ SPANS_NODES = 1 << 62
 
 
 def batch_parts(txn: int, commit_ts: int, nrows: int, bufs: list[np.ndarray],
-                commit: bool = True) -> tuple[list, int]:
+                commit: bool = True) -> tuple[list[Buffer], int]:
     """``BATCH`` (+ ``COMMIT`` unless a prepare) for one append, as buffers to write one after
     the other (the rows are not copied here); also the offset of the first row."""
     head = BATCH_HEAD.pack(txn, commit_ts, nrows)
     size = sum(b.shape[0] for b in bufs)
-    parts = [REC.pack(int(RecordKind.BATCH), 0, 0, len(head) + size) + head,
-             *(memoryview(np.ascontiguousarray(b)) for b in bufs)]
+    parts: list[Buffer] = [REC.pack(int(RecordKind.BATCH), 0, 0, len(head) + size) + head,
+                          *(np.ascontiguousarray(b).data for b in bufs)]
     if commit:
         parts.append(commit_bytes(txn))
     return parts, REC.size + BATCH_HEAD.size
@@ -57,7 +59,7 @@ def commit_bytes(txn: int) -> bytes:
 
 
 @numba.njit(cache=True, nogil=True)
-def row_offsets(buf, start, n, end):
+def row_offsets(buf: npt.NDArray[np.uint8], start: int, n: int, end: int) -> npt.NDArray[np.int64]:
     """Offsets of ``n`` consecutive rows from ``start``; -1 if a length runs past ``end``."""
     out = np.empty(n, np.int64)
     pos = start
@@ -121,7 +123,7 @@ class WalReader:
         self._base += pos
         return out
 
-    def _record(self, kind: int, body, at: int) -> CommittedBatch | None:
+    def _record(self, kind: int, body: memoryview, at: int) -> CommittedBatch | None:
         if kind == RecordKind.BATCH:
             if self._open is not None:
                 self.state.dropped += 1  # the previous batch never committed
@@ -141,6 +143,7 @@ class WalReader:
         return None
 
     def _commit(self, at: int | None) -> CommittedBatch:
+        assert self._open is not None  # callers have a BATCH open
         txn, ts, n, rows, off = self._open
         self._open = None
         arr = np.frombuffer(rows, np.uint8)

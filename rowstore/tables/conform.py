@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -116,11 +117,11 @@ def _same_family(got: pa.DataType, want: pa.DataType) -> bool:
 
 
 def _stringish(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
 
 
 def _binaryish(t: pa.DataType) -> bool:
-    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+    return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t))
 
 
 def _uuid_array(arr: pa.Array, col: Column) -> pa.Array:
@@ -151,7 +152,7 @@ def stamp(enc: Encoded, ts: int) -> None:
 
 
 @numba.njit(cache=True, nogil=True)
-def _stamp(buf, starts, ts8):
+def _stamp(buf: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ts8: npt.NDArray[np.uint8]) -> None:
     for i in range(starts.shape[0]):
         s = starts[i] + 8  # commit_ts within a row header (docs/format/segment.md §1)
         for q in range(8):

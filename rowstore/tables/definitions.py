@@ -17,12 +17,12 @@ import json
 from bisect import bisect_right
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
-from catalog.abc import Catalog, Check, Put
+from catalog.abc import Catalog, Check, Entry, Put
 from rowstore.errors import ConflictError, SchemaError, TableExistsError, TableNotFoundError
 from rowstore.hlc import HybridClock
-from rowstore.schema import SchemaVersion, _check_name, parse_schema
+from rowstore.schema import Column, SchemaVersion, _check_name, parse_schema
 from rowstore.types import CLUSTERABLE
 from terrafs.catalog_ops import commit
 
@@ -41,7 +41,7 @@ class TableDef:
     cluster_by: int | None = None  # column id whose order the garbage collector writes rows in (RFC 0009)
 
     @property
-    def cluster_column(self):
+    def cluster_column(self) -> Column | None:
         """The ``cluster_by`` column (None: the primary key orders copies)."""
         return self.schema.by_id(self.cluster_by) if self.schema and self.cluster_by is not None else None
 
@@ -135,7 +135,7 @@ class TableCatalog:
                 out.append(d)
         return out
 
-    async def create(self, name: str, schema: str | SchemaVersion, indexes: list[str] = (),
+    async def create(self, name: str, schema: str | SchemaVersion, indexes: Sequence[str] = (),
                      partitions: int = 8, cluster_by: str | None = None) -> TableDef:
         _check_name(name)
         if not 1 <= partitions <= MAX_PARTITIONS:
@@ -154,6 +154,7 @@ class TableCatalog:
         """A new schema version from ``change(current)`` (add/drop/rename column)."""
         head = await self.catalog.get(f"tbl/{name}/head")
         cur = await self.describe(name)
+        assert cur.schema is not None  # describe() never returns a dropped table
         sv = change(cur.schema)
         idx = tuple(i for i in cur.indexes if sv.by_id(i) is not None)  # a dropped column leaves its index
         cluster = cur.cluster_by if cur.cluster_by is not None and sv.by_id(cur.cluster_by) is not None else None
@@ -166,7 +167,7 @@ class TableCatalog:
         d = TableDef(name, cur.table_id, cur.partitions, (), None, 0, cur.history, cur.cluster_by)
         return await self._write(name, d, head)
 
-    async def _write(self, name: str, d: TableDef, head) -> TableDef:
+    async def _write(self, name: str, d: TableDef, head: Entry | None) -> TableDef:
         ts = await self.clock.now()
         d = TableDef(d.name, d.table_id, d.partitions, d.indexes, d.schema, ts, d.history, d.cluster_by)
         res = await commit(self.catalog, [Check(f"tbl/{name}/head", head.version if head else 0)],
@@ -194,7 +195,7 @@ class TableCatalog:
         return lookup
 
 
-def _index_ids(sv: SchemaVersion, names) -> tuple[int, ...]:
+def _index_ids(sv: SchemaVersion, names: Iterable[str]) -> tuple[int, ...]:
     ids = []
     for n in names:
         c = sv.by_name(n)

@@ -8,9 +8,11 @@ over the bytes *before* parsing, so hostile text never reaches the parser's recu
 from __future__ import annotations
 
 import json
+from typing import Any, NoReturn
 
 import numba
 import numpy as np
+import numpy.typing as npt
 from rowstore.errors import RowstoreError
 
 MAX_VALUE_DEPTH = 500  # a json column's value; well below the parsers' recursion limit
@@ -20,7 +22,7 @@ class JsonTextError(RowstoreError, ValueError):
     """Raised when text is not strict JSON or nests deeper than allowed."""
 
 
-def loads(text: str | bytes, max_depth: int):
+def loads(text: str | bytes, max_depth: int) -> Any:
     """``text`` parsed as strict JSON nested at most ``max_depth`` deep, or JsonTextError."""
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     if depth_over(raw, max_depth):
@@ -31,7 +33,7 @@ def loads(text: str | bytes, max_depth: int):
         raise JsonTextError(f"is not valid JSON: {str(e).splitlines()[0][:200]}") from None
 
 
-def _no_constant(name: str):
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON (a float column takes the string \"{name}\")")
 
 
@@ -45,7 +47,7 @@ def depth_over(body: bytes, limit: int) -> bool:
 
 
 @numba.njit(cache=True, nogil=True)
-def _depth_over(buf, limit):
+def _depth_over(buf: npt.NDArray[np.uint8], limit: int) -> bool:
     depth, in_str, esc = 0, False, False
     for i in range(buf.shape[0]):
         c = buf[i]

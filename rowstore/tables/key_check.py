@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import operator
 import re
+from typing import Iterable, Sequence, SupportsIndex, cast
 
 import numpy as np
 import pyarrow as pa
@@ -40,7 +41,7 @@ _UUID_RE = re.compile(_UUID, re.ASCII)
 _SHOWN = 48  # characters of a bad key quoted in an error
 
 
-def check_key(value, key: Column, text: bool = True):
+def check_key(value: object, key: Column, text: bool = True) -> int | str | bytes:
     """``value`` as the canonical Python value of the key column ``key`` (int, str, or 16
     bytes), or an :class:`InvalidKeyError` naming the key. ``text``: an int64 key may come
     as its decimal text (URLs, ``where`` values); JSON rows and Arrow data may not."""
@@ -75,7 +76,7 @@ def check_key(value, key: Column, text: bool = True):
     raise InvalidKeyError(f"column {key.name!r} is {key.type}, which cannot be a primary key")
 
 
-def _int64(value, key: Column, text: bool) -> int:
+def _int64(value: object, key: Column, text: bool) -> int:
     if text and type(value) is str and len(value) <= 18 and value.isascii() and value.isdigit():
         return int(value)  # a URL's key: 18 ASCII digits are always in range
     if isinstance(value, str):
@@ -90,7 +91,8 @@ def _int64(value, key: Column, text: bool) -> int:
         raise _bad(value, key, "is a boolean, not an integer")
     else:
         try:
-            v = operator.index(value)  # ints and numpy integers; floats are refused
+            # ints and numpy integers; floats are refused (cast: any other type's TypeError is the answer)
+            v = operator.index(cast(SupportsIndex, value))
         except TypeError:
             raise _bad(value, key, f"is {_what(value)}, not an integer") from None
     if not INT64_MIN <= v <= INT64_MAX:
@@ -98,7 +100,7 @@ def _int64(value, key: Column, text: bool) -> int:
     return v
 
 
-def check_keys(values, key: Column, where: str = "keys", text: bool = True) -> pa.Array:
+def check_keys(values: object, key: Column, where: str = "keys", text: bool = True) -> pa.Array:
     """Many keys (a list, or an Arrow array) checked as :func:`check_key` does, as an Arrow
     array of the key's type. Vectorized when the values have the key's own type; a failure
     is then located value by value, so the error names the first bad key and its index
@@ -129,7 +131,7 @@ def check_keys(values, key: Column, where: str = "keys", text: bool = True) -> p
     return pa.array(_locate(values, key, where, text), key.type.arrow())
 
 
-def _fast_list(values: list, key: Column) -> pa.Array | None:
+def _fast_list(values: Sequence[object], key: Column) -> pa.Array | None:
     """The list as an Arrow array at C speed when every value has the key's own type."""
     types = set(map(type, values))
     kind = key.type.kind
@@ -142,7 +144,7 @@ def _fast_list(values: list, key: Column) -> pa.Array | None:
     return None
 
 
-def _locate(values, key: Column, where: str, text: bool) -> list:
+def _locate(values: Iterable[object], key: Column, where: str, text: bool) -> list[int | str | bytes]:
     out = []
     for i, v in enumerate(values):
         try:
@@ -182,15 +184,15 @@ def _arrow_keys(arr: pa.Array, key: Column) -> pa.Array:
     raise InvalidKeyError(f"column {key.name!r} is {key.type}, which cannot be a primary key")
 
 
-def _what(v) -> str:
+def _what(v: object) -> str:
     return {float: "a float", dict: "an object", list: "a list", bytes: "bytes"}.get(type(v), type(v).__name__)
 
 
-def _bad(value, key: Column, why: str) -> InvalidKeyError:
+def _bad(value: object, key: Column, why: str) -> InvalidKeyError:
     return InvalidKeyError(f"primary key {key.name!r} ({key.type}): {show(value)} {why}")
 
 
-def show(value) -> str:
+def show(value: object) -> str:
     """A key as an error quotes it: its repr, cut to a readable length."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
         return f"an integer of {value.bit_length()} bits"  # repr() refuses ints over 4300 digits

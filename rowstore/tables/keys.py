@@ -10,9 +10,11 @@ partition's segments and index, so the hash below must never change.
 from __future__ import annotations
 
 import operator
+from typing import cast
 
 import numba
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -24,7 +26,7 @@ _FNV_PRIME = np.uint64(0x100000001B3)
 
 
 @numba.njit(cache=True, nogil=True)
-def _splitmix(keys, parts):
+def _splitmix(keys: npt.NDArray[np.uint64], parts: int) -> npt.NDArray[np.int64]:
     out = np.empty(keys.shape[0], np.int64)
     for i in range(keys.shape[0]):
         z = keys[i] + np.uint64(0x9E3779B97F4A7C15)
@@ -36,7 +38,7 @@ def _splitmix(keys, parts):
 
 
 @numba.njit(cache=True, nogil=True)
-def _fnv(mat, parts, offset, prime):
+def _fnv(mat: npt.NDArray[np.uint8], parts: int, offset: np.uint64, prime: np.uint64) -> npt.NDArray[np.int64]:
     n, w = mat.shape
     out = np.empty(n, np.int64)
     for i in range(n):
@@ -61,7 +63,7 @@ def partition_of(keys: np.ndarray, parts: int) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill_fixed(data, offsets, out):
+def _fill_fixed(data: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], out: npt.NDArray[np.uint8]) -> None:
     for i in range(out.shape[0]):
         a, b = offsets[i], offsets[i + 1]
         for j in range(b - a):
@@ -99,15 +101,17 @@ def encode_keys(arr: pa.Array, kind: str) -> np.ndarray:
     if want is not None and arr.type != want:
         raise InvalidKeyError(f"{kind} primary keys come as {want}, not {arr.type}")
     if kind == "int64":
-        return arr.to_numpy(zero_copy_only=False).view(np.uint64) ^ np.uint64(1 << 63)
+        flipped: np.ndarray = arr.to_numpy(zero_copy_only=False).view(np.uint64) ^ np.uint64(1 << 63)
+        return flipped
     if kind == "uuid":
         return np.frombuffer(arr.buffers()[1], "S16")[arr.offset : arr.offset + len(arr)].copy()
     return string_keys(arr)
 
 
-def decode_keys(keys: np.ndarray, kind: str) -> list:
+def decode_keys(keys: np.ndarray, kind: str) -> list[int] | list[bytes] | list[str]:
     if kind == "int64":
-        return (keys ^ np.uint64(1 << 63)).view(np.int64).tolist()
+        ints: list[int] = (keys ^ np.uint64(1 << 63)).view(np.int64).tolist()
+        return ints
     if kind == "uuid":
         return [bytes(k).ljust(16, b"\0") for k in keys]
     return [k.decode() for k in keys]
@@ -116,7 +120,7 @@ def decode_keys(keys: np.ndarray, kind: str) -> list:
 _M64 = (1 << 64) - 1
 
 
-def partition_one(key, parts: int) -> int:
+def partition_one(key: int | bytes, parts: int) -> int:
     """:func:`partition_of` for one encoded key (an int, or bytes) without arrays."""
     if isinstance(key, int):
         z = (key + 0x9E3779B97F4A7C15) & _M64
@@ -129,20 +133,23 @@ def partition_one(key, parts: int) -> int:
     return h % parts
 
 
-def encode_one(key, kind: str):
+def encode_one(key: object, kind: str) -> int | bytes:
     """One checked key (``rowstore.tables.key_check.check_key``) as the index's order-preserving scalar
     (int for int64, else bytes). Never wraps or truncates: a key outside its type raises."""
+    # ``key`` is an object: node/http/fast_encoder.index_key passes values unchecked and relies on
+    # the TypeError or AttributeError a value of another type raises here. The casts: ``kind``
+    # says which a checked key is (int, bytes or str).
     if kind == "int64":
-        enc = operator.index(key) + (1 << 63)  # == (key mod 2^64) ^ 2^63 for an int64
+        enc = operator.index(cast(int, key)) + (1 << 63)  # == (key mod 2^64) ^ 2^63 for an int64
         if not 0 <= enc <= _M64:
             raise InvalidKeyError(f"primary key {show(key)} is out of range for int64")
         return enc
     if kind == "uuid":
-        b = bytes(key)
+        b = bytes(cast(bytes, key))
         if len(b) != 16:
             raise InvalidKeyError(f"primary key {show(key)} is not the 16 bytes of a uuid")
         return b
-    b = key.encode()
+    b = cast(str, key).encode()
     if b"\0" in b:
         raise RowValidationError("string primary keys must not contain NUL characters")
     if len(b) > MAX_KEY_BYTES:
