@@ -168,19 +168,26 @@ def encode_tuple(values: Sequence[object], kinds: Sequence[Kind], end: bool = Tr
     for v, k in zip(values, kinds):
         out.append(TAGS[k])
         if k in (Kind.STRING, Kind.BINARY):
-            raw = v.encode() if isinstance(v, str) else bytes(v)  # type: ignore[arg-type]
+            raw = v.encode() if isinstance(v, str) else _bytes(v)
             out += raw.replace(b"\x00", b"\x00\xff") + b"\x00"
         elif k == Kind.UUID:
-            out += bytes(v)  # type: ignore[arg-type]
-        else:
+            out += _bytes(v)
+        elif isinstance(v, int):  # bool included
             width, signed = _FIXED[k]
-            i = int(v)  # type: ignore[call-overload]
-            out += struct.pack(_STRUCT[width], (i + (1 << (8 * width - 1))) if signed else i)
+            out += struct.pack(_STRUCT[width], (v + (1 << (8 * width - 1))) if signed else v)
+        else:
+            raise TypeError(f"a {k.value} key component is an int, not {type(v).__name__}")
     if end:
         out.append(END)
     if len(out) > MAX_KEY_BYTES:
         raise InvalidKeyError(f"a primary key encodes to {len(out)} bytes, over the key limit of {MAX_KEY_BYTES}")
     return bytes(out)
+
+
+def _bytes(v: object) -> bytes:
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    raise TypeError(f"a key component of bytes, not {type(v).__name__}")
 
 
 def decode_tuple(key: bytes, kinds: Sequence[Kind]) -> tuple[object, ...]:

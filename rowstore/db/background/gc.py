@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,7 +28,8 @@ from rowstore.hlc import ms_of
 from rowstore.index.key_manifest import Manifest
 from rowstore.index.key_memtable import Run
 from rowstore.rowids import TOMBSTONE, rowids as make_rowids
-from rowstore.segments.relocate import ClusterSpec, VictimRows, mark_live, piece_stream, plan_copy, read_live
+from rowstore.schema import SchemaVersion
+from rowstore.segments.relocate import ClusterSpec, Copy, VictimRows, mark_live, piece_stream, plan_copy, read_live
 from rowstore.db.read.leaderless import WATERMARK_PREFIX
 from rowstore.replication.epochs import EPOCHS_PREFIX
 from rowstore.segments.records import PENDING_PREFIX, SegmentRecord, SegState
@@ -268,9 +269,8 @@ class GarbageCollector:
         new_ids: list[np.ndarray] = []
         for a, b in copy.cuts:
             stats: dict[str, Any] = {}
-            rec = await self.store.create_copy(
-                p.table_id, p.pid, lambda segid, a=a, b=b, stats=stats: piece_stream(
-                    copy, a, b, segid, schemas, d.schema, spec, stats))
+            rec = await self.store.create_copy(p.table_id, p.pid,
+                                               _piece(copy, a, b, schemas, d.schema, spec, stats))
             cluster = stats.get("cluster")
             dels, ts = copy.deleted[a:b], copy.commit_ts[a:b]
             new.append(replace(rec, rows=b - a, live_rows=b - a, deletions=int(dels.sum()),
@@ -472,3 +472,10 @@ def _with_live(r: SegmentRecord, marks: Marks) -> SegmentRecord:
     live = marks[r.segid][0] if r.segid in marks else r.live_rows
     return replace(r, live_rows=live, live_bytes=r.bytes * live // r.rows if r.rows else 0)
 
+
+def _piece(copy: Copy, a: int, b: int, schemas: Callable[[int], SchemaVersion], target: SchemaVersion,
+           spec: ClusterSpec, stats: dict[str, Any]) -> Callable[[int], AsyncIterator[bytes]]:
+    """The bytes of copy rows ``[a, b)`` as the object of the segment id the store gives it."""
+    def content(segid: int) -> AsyncIterator[bytes]:
+        return piece_stream(copy, a, b, segid, schemas, target, spec, stats)
+    return content
