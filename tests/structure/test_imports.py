@@ -119,7 +119,7 @@ def test_only_the_bridge_imports_pyspark():
 # the HTTP surface drives cluster control, never the daemon; the daemon and the CLI assemble.
 NODE_PARTS = {
     "node.errors": set(),
-    "node.wire": set(),
+    "node.wire": {"node.errors"},
     "node.tasks": set(),
     "node.phase": set(),
     "node.metrics": set(),
