@@ -115,8 +115,10 @@ async def tail(api: Api, request: web.Request) -> web.Response:
     if sealed is not None and (not isinstance(sealed, list) or
                                any(isinstance(s, bool) or not isinstance(s, int) for s in sealed)):
         raise ApiError(400, "bad_request", '"sealed" is a list of segment ids (the plan\'s sealed segids)')
-    t = await api.db.tail(request.match_info["table"], p, as_of_value(doc["as_of"]), where_terms(doc, request),
-                          doc.get("bbox"), sealed)
+    as_of = as_of_value(doc["as_of"])
+    if as_of is None:  # required (the plan's T): null would read the tail as of now
+        raise ApiError(400, "invalid_as_of", "as_of must be a commit timestamp (a non-negative integer), not None")
+    t = await api.db.tail(request.match_info["table"], p, as_of, where_terms(doc, request), doc.get("bbox"), sealed)
     return web.Response(body=await off_loop_if_big(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 
 
