@@ -13,11 +13,13 @@ import json
 import logging
 import os
 import sys
+from typing import Any
 
 from catalog.errors import CatalogError
 from node import config as config_mod
+from node.client.client import Client
 from node.client.output import cell, emit, emit_arrow_table, print_csv, print_table
-from node.errors import NodeError, UsageError
+from node.errors import ConfigError, NodeError, UsageError
 from rowstore.errors import QueryError, RowstoreError
 from rowstore.reads.text_forms import parse_bbox_text, parse_where_text
 from terrafs.errors import TerrafsError
@@ -129,7 +131,7 @@ def _setup_logging() -> None:
 # -- offline commands -----------------------------------------------------------------------------
 
 
-def _node_run(args) -> int:
+def _node_run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from node.daemon.lifecycle import run
@@ -142,14 +144,14 @@ def _node_run(args) -> int:
     return 0
 
 
-def _fsck(args, parser) -> int:
+def _fsck(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from node.client.fsck import fsck
 
     _setup_logging()
     if bool(args.data_dir) == bool(args.config):
         parser.error("fsck takes DATA_DIR or --config FILE")
     if args.data_dir and not os.path.isdir(args.data_dir):
-        raise config_mod.ConfigError(f"DATA_DIR: {args.data_dir} is not a directory")
+        raise ConfigError(f"DATA_DIR: {args.data_dir} is not a directory")
     cfg = config_mod.load(args.config) if args.config else config_mod.defaults(args.data_dir)
     problems = asyncio.run(fsck(cfg, repair=args.repair, emit=lambda line: print(line, flush=True)))
     damaged = [p for p in problems if p.damage]
@@ -160,7 +162,7 @@ def _fsck(args, parser) -> int:
 # -- online commands ------------------------------------------------------------------------------
 
 
-def _schema_columns(text: str):
+def _schema_columns(text: str) -> tuple[list[dict[str, Any]], str]:
     from rowstore.schema import parse_schema
 
     sv = parse_schema(text)
@@ -168,7 +170,7 @@ def _schema_columns(text: str):
     return cols, sv.key.name
 
 
-def _table_cmd(c, args) -> int:
+def _table_cmd(c: Client, args: argparse.Namespace) -> int:
     fmt = args.output
     if args.table_cmd == "create":
         cols, pk = _schema_columns(args.schema)
@@ -193,7 +195,8 @@ def _table_cmd(c, args) -> int:
     return 0
 
 
-def _alter(c, args):
+def _alter(c: Client, args: argparse.Namespace) -> Any:
+    """The table's description (JSON) after the change ``args`` names."""
     a = args.args
     if args.change == "add-column":
         words = " ".join(a).split(None, 1)
@@ -209,7 +212,7 @@ def _alter(c, args):
     return c.rename_column(args.name, a[0], a[1])
 
 
-def _describe_out(d: dict, fmt: str) -> None:
+def _describe_out(d: dict[str, Any], fmt: str) -> None:
     if fmt in ("table", "csv"):
         if fmt == "table":
             print(f"table {d['name']}  (primary key {d['primary_key']}, {d['partitions']} partitions, "
@@ -227,7 +230,7 @@ def _describe_out(d: dict, fmt: str) -> None:
         emit(d, fmt)
 
 
-def _parse_where(expr: str) -> list:
+def _parse_where(expr: str) -> list[list[str]]:
     """One ``--where`` (``rowstore.reads.text_forms``: the Spark bridge's syntax too)."""
     try:
         return parse_where_text(expr)
@@ -235,14 +238,14 @@ def _parse_where(expr: str) -> list:
         raise UsageError(f"--where {expr!r}: {e}") from None
 
 
-def _parse_bbox(text: str) -> dict:
+def _parse_bbox(text: str) -> dict[str, Any]:
     try:
         return parse_bbox_text(text)
     except QueryError as e:
         raise UsageError(f"--bbox: {e}") from None
 
 
-def _query(c, args) -> int:
+def _query(c: Client, args: argparse.Namespace) -> int:
     where = [t for w in args.where for t in _parse_where(w)] or None
     bbox = _parse_bbox(args.bbox) if args.bbox else None
     columns = [x.strip() for x in args.columns.split(",") if x.strip()] if args.columns else None
@@ -259,7 +262,7 @@ def _query(c, args) -> int:
     return 0
 
 
-def _analysis(c, args) -> int:
+def _analysis(c: Client, args: argparse.Namespace) -> int:
     from node.client import analysis
 
     where = [t for w in args.where for t in _parse_where(w)] or None
@@ -277,7 +280,7 @@ def _q(s: str) -> str:
     return quote(s, safe="")
 
 
-def _get(c, args) -> int:
+def _get(c: Client, args: argparse.Namespace) -> int:
     row = c.get(args.name, args.key, args.as_of)
     if row is None:
         print(f"terrascale: error: row_not_found: no row with key {args.key!r} in {args.name!r}", file=sys.stderr)
@@ -291,7 +294,7 @@ def _get(c, args) -> int:
     return 0
 
 
-def _admin(c, args) -> int:
+def _admin(c: Client, args: argparse.Namespace) -> int:
     cmd, fmt = args.admin_cmd, args.output
     if cmd == "status":
         emit(c.status(), fmt)
@@ -335,9 +338,7 @@ def _admin(c, args) -> int:
     return 0
 
 
-def _online(args) -> int:
-    from node.client.client import Client
-
+def _online(args: argparse.Namespace) -> int:
     try:
         c = Client(args.endpoint, args.token)
     except ValueError as e:

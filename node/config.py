@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from node.errors import ConfigError
 
@@ -20,7 +22,7 @@ _DUR = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
 _DUR_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def parse_size(key: str, v) -> int:
+def parse_size(key: str, v: object) -> int:
     if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
         return v
     m = _SIZE.match(str(v)) if isinstance(v, str) else None
@@ -29,14 +31,14 @@ def parse_size(key: str, v) -> int:
     return int(m.group(1)) * _UNITS[m.group(2)]
 
 
-def parse_duration(key: str, v) -> float:
+def parse_duration(key: str, v: object) -> float:
     m = _DUR.match(v) if isinstance(v, str) else None
     if not m:
         raise ConfigError(f"{key}: expected a duration like 7d, 12h or 30s, got {v!r}")
     return int(m.group(1)) * _DUR_S[m.group(2)]
 
 
-def parse_listen(key: str, v) -> tuple[str, int]:
+def parse_listen(key: str, v: object) -> tuple[str, int]:
     host, sep, port = str(v).rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"{key}: expected HOST:PORT, got {v!r}")
@@ -84,19 +86,19 @@ class NodeConfig:
     ack_timeout_s: float = 10.0  # a write waiting this long for a majority answers 503
 
 
-def _str(key: str, v) -> str:
+def _str(key: str, v: object) -> str:
     if not isinstance(v, str) or not v:
         raise ConfigError(f"{key}: expected a non-empty string, got {v!r}")
     return v
 
 
-def _num(key: str, v) -> float:
+def _num(key: str, v: object) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
         raise ConfigError(f"{key}: expected a non-negative number, got {v!r}")
     return float(v)
 
 
-def _read_token(key: str, v) -> str:
+def _read_token(key: str, v: object) -> str:
     try:
         with open(_str(key, v)) as f:
             tok = f.read().strip()
@@ -107,14 +109,14 @@ def _read_token(key: str, v) -> str:
     return tok
 
 
-def _readable(key: str, v) -> str:
+def _readable(key: str, v: object) -> str:
     path = _str(key, v)
     if not os.access(path, os.R_OK):
         raise ConfigError(f"{key}: cannot read {path}")
     return path
 
 
-def _fraction(key: str, v) -> float:
+def _fraction(key: str, v: object) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
         raise ConfigError(f"{key}: expected a number from 0 to 1, got {v!r}")
     return float(v)
@@ -126,21 +128,21 @@ def _positive(key: str, v: float) -> float:
     return v
 
 
-def _count(key: str, v) -> int:
+def _count(key: str, v: object) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1_000_000:
         raise ConfigError(f"{key}: expected an integer 1..1000000, got {v!r}")
     return v
 
 
-def _int_in(lo: int, hi: int):
-    def parse(key: str, v) -> int:
+def _int_in(lo: int, hi: int) -> Callable[[str, object], int]:
+    def parse(key: str, v: object) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise ConfigError(f"{key}: expected an integer {lo}..{hi}, got {v!r}")
         return v
     return parse
 
 
-def _partitions(key: str, v) -> int:
+def _partitions(key: str, v: object) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 256:
         raise ConfigError(f"{key}: expected an integer 1..256, got {v!r}")
     return v
@@ -149,14 +151,14 @@ def _partitions(key: str, v) -> int:
 MAX_REPLICAS = 7
 
 
-def _replicas(key: str, v) -> int:
+def _replicas(key: str, v: object) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_REPLICAS:
         raise ConfigError(f"{key}: expected an integer 1..{MAX_REPLICAS}, got {v!r}")
     return v
 
 
-# section -> key -> (field name, parser)
-_SCHEMA = {
+# section -> key -> (field name, parser of the TOML value)
+_SCHEMA: dict[str, dict[str, tuple[str, Callable[[str, object], object]]]] = {
     "node": {"id": ("node_id", lambda k, v: _str(k, v)), "listen": ("listen", parse_listen),
              "advertise": ("advertise", lambda k, v: "%s:%d" % parse_listen(k, v)),
              "max_body": ("max_body", parse_size),
@@ -211,8 +213,8 @@ def load(path: str) -> NodeConfig:
     return from_dict(doc)
 
 
-def from_dict(doc: dict) -> NodeConfig:
-    values: dict = {}
+def from_dict(doc: dict[str, Any]) -> NodeConfig:
+    values: dict[str, Any] = {}
     for section, body in doc.items():
         if section not in _SCHEMA:
             raise ConfigError(f"{section}: unknown section (known: {', '.join(_SCHEMA)})")

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 
-async def cancel_all(tasks: list) -> None:
+async def cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
     """Cancel background loops and wait for them (their last errors were logged by them)."""
     for t in tasks:
         t.cancel()

@@ -31,6 +31,8 @@ import datetime as dt
 import json
 import math
 import uuid as uuidlib
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -51,6 +53,7 @@ _INT_RANGE = {
 }
 _SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _EPOCH_DAY = dt.date(1970, 1, 1)
+_Conv = Callable[[Any, ColumnType], object]  # a JSON value checked against its column type, as stored
 
 
 class _Bad(NodeError):
@@ -60,7 +63,7 @@ class _Bad(NodeError):
 # -- JSON in --------------------------------------------------------------------------------------
 
 
-def rows_to_table(rows, schema: SchemaVersion) -> pa.Table:
+def rows_to_table(rows: object, schema: SchemaVersion) -> pa.Table:
     """``rows`` (a list of JSON objects) as an Arrow table of the columns they name.
 
     Columns no row names are left out (the engine fills them with nulls); a column
@@ -79,7 +82,8 @@ def rows_to_table(rows, schema: SchemaVersion) -> pa.Table:
                 names[k] = col
     if schema.key.name not in names and rows:
         raise RowValidationError(f"the primary key column {schema.key.name!r} is missing")
-    arrays, fields = [], []
+    arrays: list[pa.Array] = []
+    fields: list[pa.Field] = []
     for name, col in names.items():
         values = [r.get(name) for r in rows]
         key = col.id == schema.primary_key  # keys are checked by the one key check
@@ -90,12 +94,12 @@ def rows_to_table(rows, schema: SchemaVersion) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def column_from_json(values: list, col: Column) -> pa.Array:
+def column_from_json(values: list[Any], col: Column) -> pa.Array:
     fast = _fast_column(values, col)
     if fast is not None:
         return fast
     conv = _IN[col.type.kind]
-    out = []
+    out: list[object] = []
     for i, v in enumerate(values):
         if v is None:
             out.append(None)
@@ -114,7 +118,7 @@ _NONE = type(None)
 _STRUCT_FIELDS = {Kind.POINT: ("x", "y"), Kind.BOX: ("xmin", "ymin", "xmax", "ymax")}
 
 
-def _fast_column(values: list, col: Column) -> pa.Array | None:
+def _fast_column(values: list[Any], col: Column) -> pa.Array | None:
     """The whole column at C speed when every value already has the one right JSON type;
     None sends it to the value-by-value path (which also names the first misfit)."""
     k = col.type.kind
@@ -147,12 +151,12 @@ def _fast_column(values: list, col: Column) -> pa.Array | None:
     return None
 
 
-def _jtype(v) -> str:
+def _jtype(v: object) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
             type(None): "null"}.get(type(v), "a number")
 
 
-def _int(v, t: ColumnType):
+def _int(v: object, t: ColumnType) -> int:
     if type(v) is not int:
         raise _Bad(f"expected an integer ({t}), got {_jtype(v)} {v!r}")
     lo, hi = _INT_RANGE[t.kind]
@@ -161,7 +165,7 @@ def _int(v, t: ColumnType):
     return v
 
 
-def _float(v, t: ColumnType = None):
+def _float(v: Any, t: ColumnType | None = None) -> float:
     if type(v) in (int, float):
         try:
             f = float(v)
@@ -175,7 +179,7 @@ def _float(v, t: ColumnType = None):
     raise _Bad(f"expected a number, got {_jtype(v)} {v!r}")
 
 
-def finite_float(x) -> float | None:
+def finite_float(x: Any) -> float | None:
     """A JSON number as a finite float, or None (not a number, NaN, infinite, or an integer
     beyond any float)."""
     if type(x) not in (int, float):
@@ -187,17 +191,17 @@ def finite_float(x) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _short(x) -> str:
+def _short(x: object) -> str:
     return f"an integer of {x.bit_length()} bits" if type(x) is int and x.bit_length() > 64 else repr(x)[:60]
 
 
-def _bool(v, t):
+def _bool(v: object, t: ColumnType) -> bool:
     if type(v) is not bool:
         raise _Bad(f"expected true or false, got {_jtype(v)} {v!r}")
     return v
 
 
-def _string(v, t):
+def _string(v: object, t: ColumnType) -> str:
     if not isinstance(v, str):
         raise _Bad(f"expected a string, got {_jtype(v)} {v!r}")
     try:
@@ -207,7 +211,7 @@ def _string(v, t):
     return v
 
 
-def _binary(v, t):
+def _binary(v: object, t: ColumnType) -> bytes:
     if not isinstance(v, str):
         raise _Bad(f"expected a base64 string, got {_jtype(v)}")
     try:
@@ -216,7 +220,7 @@ def _binary(v, t):
         raise _Bad(f"{v[:40]!r} is not valid base64") from None
 
 
-def _timestamp(v, t=None):
+def _timestamp(v: object, t: ColumnType | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, str)):
         raise _Bad(f"expected an ISO-8601 string or integer microseconds, got {_jtype(v)} {v!r}")
     try:
@@ -228,7 +232,7 @@ def _timestamp(v, t=None):
     return us
 
 
-def _date(v, t):
+def _date(v: object, t: ColumnType) -> dt.date:
     if not isinstance(v, str) or len(v) != 10:
         raise _Bad(f"expected a date YYYY-MM-DD, got {_jtype(v)} {v!r}")
     try:
@@ -237,7 +241,7 @@ def _date(v, t):
         raise _Bad(f"{v!r} is not a date YYYY-MM-DD") from None
 
 
-def _uuid(v, t):
+def _uuid(v: object, t: ColumnType) -> bytes:
     if not isinstance(v, str):
         raise _Bad(f"expected a uuid string, got {_jtype(v)} {v!r}")
     try:
@@ -246,20 +250,20 @@ def _uuid(v, t):
         raise _Bad(f"{v!r} is not a uuid") from None
 
 
-def _json(v, t):
+def _json(v: object, t: ColumnType) -> str:
     try:
         return json.dumps(v, separators=(",", ":"), allow_nan=False)
     except ValueError:  # NaN or Infinity inside: not JSON
         raise _Bad("NaN and Infinity are not JSON values") from None
 
 
-def _struct(fields):
-    def conv(v, t):
+def _struct(fields: tuple[str, ...]) -> _Conv:
+    def conv(v: object, t: ColumnType) -> dict[str, float]:
         if not isinstance(v, dict):
             raise _Bad(f"expected an object {{{', '.join(fields)}}}, got {_jtype(v)}")
         if set(v) != set(fields):
             raise _Bad(f"expected exactly the fields {', '.join(fields)}; got {', '.join(sorted(v)) or 'none'}")
-        out = {}
+        out: dict[str, float] = {}
         for f in fields:
             x = v[f]
             fx = finite_float(x)
@@ -273,15 +277,17 @@ def _struct(fields):
 _RANGE_FIELDS = ("lower", "upper", "lower_inclusive", "upper_inclusive")
 
 
-def _range(v, t: ColumnType):
+def _range(v: object, t: ColumnType) -> dict[str, object]:
     if not isinstance(v, dict):
         raise _Bad(f"expected an object {{{', '.join(_RANGE_FIELDS)}}}, got {_jtype(v)}")
     extra = set(v) - set(_RANGE_FIELDS)
     if extra:
         raise _Bad(f"unknown range field(s) {', '.join(sorted(extra))}")
-    elem = {Kind.INT64: lambda x: _int(x, ColumnType(Kind.INT64)), Kind.FLOAT64: _float,
-            Kind.TIMESTAMP: _timestamp}[t.elem]
-    out = {}
+    assert t.elem is not None  # a range type always has its element kind (ColumnType.parse)
+    elems: dict[Kind, Callable[[Any], object]] = {
+        Kind.INT64: lambda x: _int(x, ColumnType(Kind.INT64)), Kind.FLOAT64: _float, Kind.TIMESTAMP: _timestamp}
+    elem = elems[t.elem]
+    out: dict[str, object] = {}
     for f in ("lower", "upper"):
         out[f] = None if v.get(f) is None else elem(v[f])
     for f, default in (("lower_inclusive", True), ("upper_inclusive", False)):
@@ -292,7 +298,7 @@ def _range(v, t: ColumnType):
     return out
 
 
-_IN = {
+_IN: dict[Kind, _Conv] = {
     **{k: _int for k in _INT_RANGE}, Kind.FLOAT32: _float, Kind.FLOAT64: _float, Kind.BOOL: _bool,
     Kind.STRING: _string, Kind.BINARY: _binary, Kind.TIMESTAMP: _timestamp, Kind.DATE: _date,
     Kind.UUID: _uuid, Kind.JSON: _json, Kind.POINT: _struct(("x", "y")),
@@ -309,9 +315,9 @@ def column_type(field: pa.Field) -> ColumnType | None:
     return ColumnType.parse(meta[LOGICAL_KEY].decode()) if LOGICAL_KEY in meta else None
 
 
-def table_to_rows(t: pa.Table) -> list[dict]:
+def table_to_rows(t: pa.Table) -> list[dict[str, Any]]:
     """Every row as a JSON-ready dict (columns converted whole)."""
-    cols = {}
+    cols: dict[str, list[Any]] = {}
     for field, arr in zip(t.schema, t.columns):
         ct = column_type(field)
         cols[field.name] = column_to_json(arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr, ct)
@@ -319,12 +325,13 @@ def table_to_rows(t: pa.Table) -> list[dict]:
     return [dict(zip(names, vals)) for vals in zip(*cols.values())] if names else [{} for _ in range(t.num_rows)]
 
 
-def column_to_json(arr: pa.Array, ct: ColumnType | None) -> list:
+def column_to_json(arr: pa.Array, ct: ColumnType | None) -> list[Any]:
     k = ct.kind if ct is not None else None
     if pa.types.is_timestamp(arr.type):
         return _ts_strings(arr)
     if pa.types.is_date(arr.type):
-        return arr.cast(pa.string()).to_pylist()
+        dates: list[Any] = arr.cast(pa.string()).to_pylist()
+        return dates
     if k == Kind.UUID:
         return [None if b is None else str(uuidlib.UUID(bytes=b)) for b in arr.to_pylist()]
     if k == Kind.JSON:
@@ -333,31 +340,33 @@ def column_to_json(arr: pa.Array, ct: ColumnType | None) -> list:
         return [None if b is None else base64.b64encode(b).decode() for b in arr.to_pylist()]
     if pa.types.is_floating(arr.type):
         return [_float_out(x) for x in arr.to_pylist()]
-    if k == Kind.RANGE and ct.elem == Kind.TIMESTAMP:
+    if k == Kind.RANGE and ct is not None and ct.elem == Kind.TIMESTAMP:
         lo, hi = _ts_strings(arr.field("lower")), _ts_strings(arr.field("upper"))
         vals = arr.to_pylist()
         return [None if v is None else dict(v, lower=a, upper=b) for v, a, b in zip(vals, lo, hi)]
     if k in (Kind.POINT, Kind.BOX, Kind.RANGE):
         return [None if v is None else {f: _float_out(x) if isinstance(x, float) else x for f, x in v.items()}
                 for v in arr.to_pylist()]
-    return arr.to_pylist()
+    values: list[Any] = arr.to_pylist()
+    return values
 
 
-def _ts_strings(arr: pa.Array) -> list:
+def _ts_strings(arr: pa.Array) -> list[str | None]:
     if not pa.types.is_timestamp(arr.type):
         arr = arr.cast(pa.timestamp("us", tz="UTC"))
     elif arr.type.tz is None or arr.type.unit != "us":
         arr = arr.cast(pa.timestamp("us", tz="UTC"))
-    return pc.strftime(arr, format="%Y-%m-%dT%H:%M:%SZ").to_pylist()
+    out: list[str | None] = pc.strftime(arr, format="%Y-%m-%dT%H:%M:%SZ").to_pylist()
+    return out
 
 
-def _float_out(x):
+def _float_out(x: float | None) -> float | str | None:
     if x is None or math.isfinite(x):
         return x
     return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
 
 
-def value_to_json(v, ct: ColumnType | None):
+def value_to_json(v: Any, ct: ColumnType | None) -> object:
     """One Python value as the engine's point read returns it (datetime, date, bytes, str
     for json, dicts for point/box/range) in its JSON form."""
     if v is None:
@@ -386,7 +395,7 @@ def iso_z(t: dt.datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.%f") + "Z"
 
 
-def row_to_json(row: dict, schema: SchemaVersion | None) -> dict:
+def row_to_json(row: dict[str, Any], schema: SchemaVersion | None) -> dict[str, object]:
     types = {c.name: c.type for c in schema.columns} if schema is not None else {}
     return {name: value_to_json(v, types.get(name)) for name, v in row.items()}
 
@@ -402,7 +411,7 @@ class BodyError(NodeError):
         self.status, self.code = status, code
 
 
-def parse_json_body(body: bytes, max_depth: int):
+def parse_json_body(body: bytes, max_depth: int) -> Any:
     """A request body as strict JSON nested at most ``max_depth`` deep (``rowstore/tables/json_text.py``:
     no bare NaN / Infinity — a float column takes the strings "NaN", "Infinity", "-Infinity";
     the depth is checked before parsing)."""
@@ -432,8 +441,9 @@ def write_arrow_stream(t: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, t.schema) as w:
         w.write_table(t)
-    return sink.getvalue().to_pybytes()
+    out: bytes = sink.getvalue().to_pybytes()
+    return out
 
 
-def schema_to_json(schema: SchemaVersion) -> list[dict]:
+def schema_to_json(schema: SchemaVersion) -> list[dict[str, Any]]:
     return [{"name": c.name, "type": str(c.type), "nullable": c.nullable, "id": c.id} for c in schema.columns]

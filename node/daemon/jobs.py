@@ -18,9 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+from node.config import NodeConfig
 from node.metrics import Metrics
 from node.tasks import cancel_all
+from rowstore.db.database import Database
 
 log = logging.getLogger("terrascale.node")
 BUDGET_POLL_S = 0.2
@@ -28,19 +32,20 @@ SPACE_EVERY_S = 1.0  # how often a node whose block device filled up looks for s
 
 
 class Jobs:
-    def __init__(self, db, metrics: Metrics, cfg):
+    def __init__(self, db: Database, metrics: Metrics, cfg: NodeConfig):
         self.db, self.m = db, metrics
         self.schedule = {"checkpoint": cfg.checkpoint_every_s, "offload": cfg.offload_every_s,
                          "seal": cfg.seal_every_s, "gc": cfg.gc_interval_s}
         self._locks = {name: asyncio.Lock() for name in self.schedule}
-        self._tasks: list[asyncio.Task] = []
-        self.last: dict[str, dict] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.last: dict[str, dict[str, Any]] = {}
 
-    async def run(self, name: str, trigger: str = "admin", **kw) -> dict:
+    async def run(self, name: str, trigger: str = "admin", **kw: Any) -> dict[str, Any]:
         """Run job ``name`` now; returns what it did (the engine's report)."""
-        work = {"checkpoint": lambda: self.db.checkpoint(force=trigger == "admin"),
-                "offload": self.db.offload, "seal": self.db.seal,
-                "gc": lambda: self.db.collect_garbage(**kw)}[name]
+        jobs: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
+            "checkpoint": lambda: self.db.checkpoint(force=trigger == "admin"), "offload": self.db.offload,
+            "seal": self.db.seal, "gc": lambda: self.db.collect_garbage(**kw)}
+        work = jobs[name]
         async with self._locks[name]:
             t0 = time.perf_counter()
             try:
@@ -100,7 +105,7 @@ class Jobs:
                 log.warning("event=job_failed job=%s error=%r", name, e)
 
 
-def _short(v) -> str:
+def _short(v: object) -> str:
     if isinstance(v, list):
         return str(len(v)) if len(v) > 8 else ",".join(map(str, v)) or "0"
     return str(v)

@@ -24,10 +24,13 @@ import logging
 import signal
 import ssl
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from aiohttp import web
 
 from catalog.errors import CatalogError
+from catalog.raft import RaftCatalog
 from catalog.raft.wire import ConnLimits
 from node.daemon import sdnotify
 from node.http.api import Api
@@ -53,6 +56,7 @@ from terrafs.fs import FsConfig, TerrascaleFS
 from terrafs.uri import open_block_device, open_catalog, open_object_store
 
 log = logging.getLogger("terrascale.node")
+T = TypeVar("T")
 
 
 class Node:
@@ -71,7 +75,7 @@ class Node:
         self.db: Database | None = None  # the engine, once open (tests and the in-process bench read it)
         self._stack = contextlib.AsyncExitStack()
 
-    def refused(self, port: str):
+    def refused(self, port: str) -> Callable[[str], None]:
         return lambda reason: self.metrics.refused.labels(port, reason).inc()
 
     @property
@@ -102,7 +106,7 @@ class Node:
         log.info("event=files_recovered node=%s reopened=%d recreated=%d rolled_back=%d local_deleted=%d",
                  c.node_id, len(report.reopened), len(report.recreated), len(report.rolled_back),
                  len(report.local_deleted))
-        raft = catalog.self_addr if c.catalog.startswith("raft://") else None
+        raft = catalog.self_addr if c.catalog.startswith("raft://") and isinstance(catalog, RaftCatalog) else None
         cluster = Cluster(catalog, c.node_id, self.http_url, raft, token=c.token, incarnation=self.incarnation)
         self._stack.push_async_callback(cluster.close)
         db = self.db = Database(fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes,
@@ -187,14 +191,14 @@ class Node:
         return ctx
 
 
-def _configured(key: str, make):
+def _configured(key: str, make: Callable[[], T]) -> T:
     try:
         return make()
     except (TerrafsError, CatalogError) as e:
         raise ConfigError(f"{key}: {e}") from None
 
 
-async def _reachable(key: str, opening) -> None:
+async def _reachable(key: str, opening: Awaitable[None]) -> None:
     try:
         await opening
     except (TerrafsError, CatalogError, OSError) as e:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Mapping
 
 log = logging.getLogger("terrascale.node")
 
 
-def notify(state: str, env: dict | None = None) -> bool:
+def notify(state: str, env: Mapping[str, str] | None = None) -> bool:
     """Send ``state`` (e.g. ``"READY=1\\nSTATUS=serving"``); True if a socket was there."""
     path = (env if env is not None else os.environ).get("NOTIFY_SOCKET")
     if not path:
@@ -30,7 +31,7 @@ def notify(state: str, env: dict | None = None) -> bool:
     return True
 
 
-def watchdog_interval(env: dict | None = None) -> float | None:
+def watchdog_interval(env: Mapping[str, str] | None = None) -> float | None:
     """Half the watchdog timeout systemd set for this process (seconds), or None."""
     env = env if env is not None else os.environ
     usec, pid = env.get("WATCHDOG_USEC"), env.get("WATCHDOG_PID")

@@ -11,6 +11,8 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from catalog.abc import Catalog
+from catalog.raft import RaftCatalog
 from node.cluster.controller import NodeReplication
 from node.cluster.serving import Serving
 from node.config import NodeConfig
@@ -79,10 +81,11 @@ class Views:
         m.flush_appends.set(sum(s["appends"] for s in stats))
         m.flush_seconds.set(sum(s.get("flush_s", 0.0) for s in stats))
         m.flush_wait_seconds.set(sum(s.get("wait_s", 0.0) for s in stats))
-        if fs.block.fdatasyncs() is not None:
-            m.device_syncs.set(fs.block.fdatasyncs())
-        if fs.block.rounds() is not None:
-            hops, groups = fs.block.rounds()
+        syncs, rounds = fs.block.fdatasyncs(), fs.block.rounds()
+        if syncs is not None:
+            m.device_syncs.set(syncs)
+        if rounds is not None:
+            hops, groups = rounds
             m.device_rounds.set(hops)
             m.device_round_groups.set(groups)
         m.memtable_bytes.set(db.memtable_bytes())
@@ -126,12 +129,11 @@ class Views:
             for p in sorted(led):
                 m.partition_epoch.labels(d.name, str(p)).set(pl.partitions[p].epoch)
 
-    def _raft_metrics(self, catalog: object) -> None:
+    def _raft_metrics(self, catalog: Catalog) -> None:
         """The Raft port's refusals, counted on the replica's thread, into the node's counters."""
-        stats = getattr(catalog, "connection_stats", None)
-        if stats is None:
+        if not isinstance(catalog, RaftCatalog):
             return
-        st = stats()
+        st = catalog.connection_stats()
         self.metrics.raft_write_retries.set(st.pop("write_retries", 0))
         for reason, n in st.items():
             delta = n - self._raft_refused.get(reason, 0)
@@ -176,7 +178,9 @@ class Views:
         """role / leader / term of the catalog, leader as a node id where it is known."""
         if not o.sv.cluster.multi:
             return {"role": "single", "leader": self.cfg.node_id, "term": 1, "members": None}
-        st = await o.sv.catalog.cluster_status()
+        cat = o.sv.catalog
+        assert isinstance(cat, RaftCatalog)  # a cluster's catalog is raft:// (Cluster.multi)
+        st = await cat.cluster_status()
         by_raft = {m.get("raft"): nid for nid, m in (await o.sv.cluster.members()).items()}
         return {"role": st["role"], "leader": by_raft.get(st["leader"], st["leader"]), "term": st["term"],
                 "members": st["members"], "by_raft": by_raft, "has_quorum": st.get("has_quorum")}

@@ -10,8 +10,10 @@ import hmac
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from node.cluster.controller import NodeReplication
 from node.cluster.members import Cluster
@@ -63,7 +65,8 @@ class Api:
         self.views = views
         self._opened: _Opened | None = None
         self._writes: Coalescer | None = None
-        self.streams: set = set()  # open replication streams from leader nodes (closed at shutdown)
+        # open replication streams from leader nodes (closed at shutdown)
+        self.streams: set[web.WebSocketResponse] = set()
 
     def open(self, sv: Serving, replication: NodeReplication, jobs: JobRunner) -> None:
         """The node's stores are open and recovered: requests may reach them (``Node.open``)."""
@@ -108,7 +111,7 @@ class Api:
             self._writes = Coalescer(db, self.metrics)
         return self._writes
 
-    def parsed(self, body: bytes):
+    def parsed(self, body: bytes) -> Any:
         """A small JSON body parsed on the loop (its time counted as the write's parse stage)."""
         t0 = time.perf_counter()
         doc = parse_json(body, self.cfg.max_json_depth)
@@ -134,10 +137,11 @@ class Api:
     # -- the edge: auth, routing to the owner, errors, metrics ------------------------------------
 
     @web.middleware
-    async def _edge(self, request: web.Request, handler):
+    async def _edge(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         self.guard.headed(request.transport)  # a request head arrived: no longer pending
         m = self.metrics
-        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource else "unmatched"
         if route == STREAM:  # a connection's lifetime, not a request: neither in flight nor timed
             return await self._guarded(request, handler)
         t0 = time.perf_counter()
@@ -150,21 +154,21 @@ class Api:
         m.latency.labels(request.method, route).observe(time.perf_counter() - t0)
         return resp
 
-    async def _guarded(self, request: web.Request, handler) -> web.StreamResponse:
+    async def _guarded(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             if request.path != "/healthz" and not public(request) and not self._authorized(request):
                 return error(401, "unauthorized", "missing or wrong bearer token")
-            table = request.match_info.get("table")
-            if table is not None and request.match_info.route.resource.canonical in _WHOLE_TABLE:
+            table, resource = request.match_info.get("table"), request.match_info.route.resource
+            if table is not None and resource is not None and resource.canonical in _WHOLE_TABLE:
                 self.db  # noqa: B018 - 503 before ready (the placement needs the catalog)
-                forwarded = await self.router.whole_table(request, table)
+                forwarded: web.StreamResponse | None = await self.router.whole_table(request, table)
                 if forwarded is not None:
                     return forwarded
             return await handler(request)
         except Exception as e:  # noqa: BLE001 - every failure becomes one error answer (node/http/edge.py)
             return answer(request, e)
 
-    def _authorized(self, request) -> bool:
+    def _authorized(self, request: web.Request) -> bool:
         tok = self.cfg.token
         if tok is None:
             return True

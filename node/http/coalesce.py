@@ -26,19 +26,23 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 
 from node.wire import column_from_json
 from node.http.fast_encoder import NotFast, encoder, index_key
+from node.metrics import Metrics
 from rowstore.codec.rows import Encoded
+from rowstore.db.database import Database
 from rowstore.db.write.committer import WriteResult
 from rowstore.errors import InvalidKeyError
 from rowstore.tables.conform import PartitionShare
 from rowstore.tables.definitions import TableDef
 from rowstore.tables.key_check import check_key
 from rowstore.tables.keys import partition_one
+from rowstore.schema import Column
 
 log = logging.getLogger("terrascale.node")
 FAST_ROWS = 64  # requests with more rows take the full (vectorized) path
@@ -50,68 +54,75 @@ PIPELINE_AT = 16  # queued requests that start another group while one is in fli
 @dataclass
 class _Request:
     d: TableDef
-    rows: list  # encoded rows (bytes)
-    keys: list  # the index's key scalars
-    objs: list  # JSON objects (None for a tombstone): the column index's values
+    rows: list[bytes]  # encoded rows
+    keys: list[int | bytes]  # the index's key scalars
+    objs: list[Any]  # JSON objects (None for a tombstone): the column index's values
     pids: list[int]
     deleted: bool
-    fut: asyncio.Future
+    fut: asyncio.Future[WriteResult]
     t0: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
 class _Queue:
-    pending: list = field(default_factory=list)
+    pending: list[_Request] = field(default_factory=list)
     running: bool = False
 
 
 class Coalescer:
-    def __init__(self, db, metrics=None):
+    def __init__(self, db: Database, metrics: Metrics | None = None):
         self.db, self.metrics = db, metrics
         self._queues: dict[str, _Queue] = {}
 
     # -- the requests --------------------------------------------------------------------------
 
-    async def upsert(self, d: TableDef, rows) -> WriteResult | None:
+    async def upsert(self, d: TableDef, rows: object) -> WriteResult | None:
         """Upsert JSON rows (a request's ``"rows"``); None when the full path must take them."""
         req = self.prepare(d, rows, False)
         return None if req is None else await self.submit(req)
 
-    async def delete(self, d: TableDef, keys) -> WriteResult | None:
+    async def delete(self, d: TableDef, keys: object) -> WriteResult | None:
         """Delete by JSON key values; None when the full path must take them."""
         req = self.prepare(d, keys, True)
         return None if req is None else await self.submit(req)
 
-    def prepare(self, d: TableDef, items, deleted: bool) -> _Request | None:
+    def prepare(self, d: TableDef, items: object, deleted: bool) -> _Request | None:
         """The request encoded (rows, keys checked, partitions), or None for the full path. In
         a cluster the router routes by its ``pids`` before anything else is done with it."""
         t0 = time.perf_counter()
-        enc = encoder(d.schema)
+        schema = d.schema
+        assert schema is not None  # a live table's definition (Database.describe)
+        enc = encoder(schema)
         if enc is None or not isinstance(items, list) or not 0 < len(items) <= FAST_ROWS:
-            return self._full()
-        fn, kind, nparts = (enc.tombstone if deleted else enc.row), d.schema.key.type.kind.value, d.partitions
-        rows, keys, pids = [], [], []
+            self._full()
+            return None
+        fn, kind, nparts = (enc.tombstone if deleted else enc.row), schema.key.type.kind.value, d.partitions
+        rows: list[bytes] = []
+        keys: list[int | bytes] = []
+        pids: list[int] = []
         try:
             for r in items:
                 if not deleted and type(r) is not dict:
-                    return self._full()
+                    self._full()
+                    return None
                 b, k = fn(r)
-                ik = index_key(check_key(k, d.schema.key, text=False), kind)  # the one key check
+                ik = index_key(check_key(k, schema.key, text=False), kind)  # the one key check
                 rows.append(b)
                 keys.append(ik)
                 pids.append(partition_one(ik, nparts))
         except (NotFast, InvalidKeyError):  # the full path answers with its error
-            return self._full()
+            self._full()
+            return None
         if len(set(keys)) != len(keys):
-            return self._full()  # the last row of a key wins: the full path sorts that out
+            self._full()  # the last row of a key wins: the full path sorts that out
+            return None
         self._stage("encode", t0)
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[WriteResult] = asyncio.get_running_loop().create_future()
         return _Request(d, rows, keys, [None] * len(rows) if deleted else items, pids, deleted, fut)
 
     def _full(self) -> None:
         if self.metrics is not None:
             self.metrics.write_path.labels("full").inc()
-        return None
 
     async def submit(self, req: _Request) -> WriteResult:
         """Commit a prepared request with the group it joins; its own result."""
@@ -127,7 +138,7 @@ class Coalescer:
     # -- the committer -------------------------------------------------------------------------
 
     async def _drain(self, q: _Queue) -> None:
-        inflight: set[asyncio.Task] = set()
+        inflight: set[asyncio.Task[None]] = set()
         try:
             while q.pending or inflight:
                 if q.pending and (not inflight or len(inflight) < MAX_GROUPS and len(q.pending) >= PIPELINE_AT):
@@ -149,7 +160,10 @@ class Coalescer:
     def _take(q: _Queue) -> tuple[TableDef, list[_Request]]:
         """The next group: queued requests in order, of one table definition, at most
         GROUP_ROWS rows, no key twice (a later request of a key waits for the next group)."""
-        group, rest, seen, rows = [], [], set(), 0
+        group: list[_Request] = []
+        rest: list[_Request] = []
+        seen: set[int | bytes] = set()
+        rows = 0
         d = q.pending[0].d
         for r in q.pending:
             if r.d is not d or rows + len(r.rows) > GROUP_ROWS or not seen.isdisjoint(r.keys):
@@ -179,20 +193,22 @@ class Coalescer:
             m.group_requests.observe(len(group))
             m.queue_seconds.inc(sum(t0 - r.t0 for r in group))
         single: dict[int, list[_Request]] = {}
-        multi = []
+        multi: list[_Request] = []
         for r in group:
             if len(set(r.pids)) == 1:
                 single.setdefault(r.pids[0], []).append(r)
             else:
                 multi.append(r)
-        kind = d.schema.key.type.kind.value
-        indexed = [c for c in d.schema.columns if c.id in d.indexes and c.id != d.schema.primary_key]
+        schema = d.schema
+        assert schema is not None  # the definition its requests were prepared with
+        kind = schema.key.type.kind.value
+        indexed = [c for c in schema.columns if c.id in d.indexes and c.id != schema.primary_key]
         pieces = [self._piece(pid, [(r, i) for r in reqs for i in range(len(r.rows))], kind, indexed)
                   for pid, reqs in sorted(single.items())]
         existed = await self._existing(d, [(p, [r for r in single[p.pid]]) for p in pieces])
         jobs = [self.db.write_pieces(d, pieces, [[len(r.rows) for r in single[p.pid]] for p in pieces])]
         for r in multi:
-            by_pid: dict[int, list] = {}
+            by_pid: dict[int, list[tuple[_Request, int]]] = {}
             for i, pid in enumerate(r.pids):
                 by_pid.setdefault(pid, []).append((r, i))
             rp = [self._piece(pid, ri, kind, indexed) for pid, ri in sorted(by_pid.items())]
@@ -208,14 +224,15 @@ class Coalescer:
             _answer(r, tss if isinstance(tss, BaseException) else tss[0], existed.get(id(r)))
         self._stage("commit", t0)
 
-    def _piece(self, pid: int, members: list, kind: str, indexed: list) -> PartitionShare:
+    def _piece(self, pid: int, members: list[tuple[_Request, int]], kind: str, indexed: list[Column]) -> PartitionShare:
         """One partition's rows of several requests (``members``: (request, row index))."""
         rows = [r.rows[i] for r, i in members]
         starts = np.zeros(len(rows), np.int64)
         np.cumsum([len(b) for b in rows[:-1]], out=starts[1:])
         buf = np.frombuffer(bytearray(b"".join(rows)), np.uint8)  # writable: stamped in place
         keys = [r.keys[i] for r, i in members]
-        karr = np.array(keys, np.uint64) if kind == "int64" else np.array(keys, f"S{max(map(len, keys))}")
+        karr = np.array(keys, np.uint64) if kind == "int64" else np.array(
+            keys, f"S{max(map(len, cast(list[bytes], keys)))}")  # not int64: bytes keys (encode_one)
         dels = [r.deleted for r, _ in members]
         deleted = np.array(dels, bool) if any(dels) else None
         batch = None
@@ -226,7 +243,7 @@ class Coalescer:
                 schema=pa.schema([c.field() for c in indexed]))
         return PartitionShare(pid, karr, deleted, Encoded(buf, starts), batch, None)
 
-    async def _existing(self, d: TableDef, pieces: list) -> dict[int, int]:
+    async def _existing(self, d: TableDef, pieces: list[tuple[PartitionShare, list[_Request]]]) -> dict[int, int]:
         """Per delete request (by id): how many of its keys have a live row now."""
         out: dict[int, int] = {}
         for p, reqs in pieces:
@@ -246,10 +263,12 @@ class Coalescer:
             self.metrics.write_stage.labels(stage).inc(time.perf_counter() - t0)
 
 
-def _answer(r: _Request, ts, existed) -> None:
+def _answer(r: _Request, ts: int | BaseException, existed: int | None) -> None:
     if r.fut.done():
         return
     if isinstance(ts, BaseException):
         r.fut.set_exception(ts)
     else:
-        r.fut.set_result(WriteResult(existed if r.deleted else len(r.rows), ts))
+        count = existed if r.deleted else len(r.rows)
+        assert count is not None  # a delete's rows are all tombstones, so _existing counted it
+        r.fut.set_result(WriteResult(count, ts))

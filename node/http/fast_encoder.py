@@ -20,7 +20,7 @@ import datetime as dt
 import math
 import re
 import struct
-from typing import Callable
+from typing import Any, Callable
 
 from rowstore.codec.rows import DELETED, layout
 from rowstore.errors import RowstoreError
@@ -38,6 +38,9 @@ _ISO_Z = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
 _EPOCH = dt.datetime(1970, 1, 1)
 _EPOCH_DATE = dt.date(1970, 1, 1)
+
+
+Encode = Callable[[Any], tuple[bytes, Any]]  # a JSON row (or key) -> (row bytes, the key's value)
 
 
 class NotFast(NodeError):
@@ -73,7 +76,7 @@ def _b64(v: str) -> bytes:
         raise NotFast from None
 
 
-def _f32(v) -> float:
+def _f32(v: float) -> float:
     x = float(v)
     if not math.isfinite(x) or abs(x) > _F32_MAX:
         raise NotFast
@@ -150,7 +153,7 @@ def encoder(schema: SchemaVersion) -> RowEncoder | None:
     return got[1]
 
 
-def _make(schema: SchemaVersion, tombstone: bool) -> Callable:
+def _make(schema: SchemaVersion, tombstone: bool) -> Encode:
     """Python source for one schema version, compiled once: check every value, then one
     ``struct.pack`` of header, null bytes, fixed values and var ends, plus the var bytes.
     A tombstone (``r`` is the key) has the key, nulls where the column allows them and zeros
@@ -198,25 +201,26 @@ def _make(schema: SchemaVersion, tombstone: bool) -> Callable:
     tail = "".join(f" + v{j}" for j in range(len(ends)))
     body += [f"return pack({', '.join(args)}){tail}, key"]
     src = "\n".join(["def encode(r):", *("    " + ln for ln in body)])
-    env = {"NotFast": NotFast, "NAMES": frozenset(c.name for c in schema.columns), "pack": struct.Struct(fmt).pack,
-           "_iso_us": _iso_us, "_date_days": _date_days, "_uuid_bytes": _uuid_bytes, "_b64": _b64, "_f32": _f32,
-           "_finite": math.isfinite}
+    env: dict[str, Any] = {
+        "NotFast": NotFast, "NAMES": frozenset(c.name for c in schema.columns), "pack": struct.Struct(fmt).pack,
+        "_iso_us": _iso_us, "_date_days": _date_days, "_uuid_bytes": _uuid_bytes, "_b64": _b64, "_f32": _f32,
+        "_finite": math.isfinite}
     assert struct.calcsize(fmt) == lay.size, "layout and struct disagree"  # part of the format
     exec(compile(src, f"<row encoder v{schema.version}{' tombstone' if tombstone else ''}>", "exec"), env)
     return _guarded(env["encode"])
 
 
-def _guarded(fn: Callable) -> Callable:
-    def encode(r):
+def _guarded(fn: Encode) -> Encode:
+    def encode(r: Any) -> tuple[bytes, Any]:
         try:
             return fn(r)
         except (ValueError, TypeError, OverflowError, UnicodeError, KeyError, struct.error):
             raise NotFast from None
-    encode.__wrapped__ = fn
+    encode.__wrapped__ = fn  # type: ignore[attr-defined]  # an attribute set on a function (inspect.unwrap)
     return encode
 
 
-def index_key(key, kind: str):
+def index_key(key: object, kind: str) -> int | bytes:
     """A key value as the index's order-preserving scalar (``rowstore.tables.keys.encode_one``,
     which never wraps); NotFast for keys the full path has to judge (out of range, NUL in a
     string key, over the size limit, an empty string)."""
@@ -225,6 +229,7 @@ def index_key(key, kind: str):
     if kind == "string" and key == "":
         raise NotFast
     try:
-        return encode_one(key, kind)
+        ik: int | bytes = encode_one(key, kind)
+        return ik
     except (RowstoreError, TypeError, AttributeError, UnicodeError):
         raise NotFast from None

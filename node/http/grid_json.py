@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 
 @numba.njit(cache=True, nogil=True)
-def _write(counts, out):
+def _write(counts: npt.NDArray[np.int64], out: npt.NDArray[np.uint8]) -> int:
     n = 0
     out[n] = 91  # [
     n += 1

@@ -18,6 +18,8 @@ import errno
 import logging
 import time
 from collections.abc import Callable
+from ssl import SSLContext
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -30,12 +32,12 @@ class ConnectionGuard:
 
     def __init__(self, handshake_timeout: float, max_pending: int, refused: Callable[[str], None]):
         self.handshake_timeout, self.max_pending, self._refused = handshake_timeout, max_pending, refused
-        self.pending: dict[asyncio.BaseTransport, tuple[asyncio.TimerHandle, float]] = {}
+        self.pending: dict[asyncio.Transport, tuple[asyncio.TimerHandle, float]] = {}
 
     def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         return lambda: _Guarded(self, inner())
 
-    def admit(self, transport: asyncio.BaseTransport) -> bool:
+    def admit(self, transport: asyncio.Transport) -> bool:
         if len(self.pending) >= self.max_pending:
             self._refused("pending_cap")
             transport.abort()
@@ -52,13 +54,15 @@ class ConnectionGuard:
             self._refused("shed")
             t.abort()
 
-    def _expire(self, transport: asyncio.BaseTransport) -> None:
+    def _expire(self, transport: asyncio.Transport) -> None:
         if self.pending.pop(transport, None) is not None:
             self._refused("handshake_timeout")
             transport.abort()
 
-    def headed(self, transport: asyncio.BaseTransport | None) -> None:
+    def headed(self, transport: asyncio.Transport | None) -> None:
         """The connection delivered a request head: no longer pending."""
+        if transport is None:  # never admitted: not pending
+            return
         got = self.pending.pop(transport, None)
         if got is not None:
             got[0].cancel()
@@ -70,43 +74,50 @@ class _Guarded(asyncio.Protocol):
     """aiohttp's protocol, with the guard told of the connection's start and end."""
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol):
-        self._guard, self._inner, self._transport = guard, inner, None
+        self._guard, self._inner = guard, inner
+        self._transport: asyncio.Transport | None = None
 
-    def connection_made(self, transport):
-        self._transport = transport
-        self._inner.connection_made(transport)
-        self._guard.admit(transport)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # a stream server's connection: asyncio's are Transports (uvloop's have their methods, not the base class)
+        stream = cast(asyncio.Transport, transport)
+        self._transport = stream
+        self._inner.connection_made(stream)
+        self._guard.admit(stream)
 
-    def connection_lost(self, exc):
+    def connection_lost(self, exc: Exception | None) -> None:
         self._guard.forget(self._transport)
         self._inner.connection_lost(exc)
 
-    def data_received(self, data):
+    def data_received(self, data: bytes) -> None:
         self._inner.data_received(data)
 
-    def eof_received(self):
+    def eof_received(self) -> bool | None:
         return self._inner.eof_received()
 
-    def pause_writing(self):
+    def pause_writing(self) -> None:
         self._inner.pause_writing()
 
-    def resume_writing(self):
+    def resume_writing(self) -> None:
         self._inner.resume_writing()
 
 
 class GuardedSite(web.TCPSite):
     """``web.TCPSite`` whose connections pass the guard, with the TLS handshake deadline."""
 
-    def __init__(self, runner, host, port, *, guard: ConnectionGuard, ssl_context=None, backlog: int = 1024):
+    def __init__(self, runner: web.BaseRunner, host: str | None, port: int | None, *, guard: ConnectionGuard,
+                 ssl_context: SSLContext | None = None, backlog: int = 1024):
         super().__init__(runner, host, port, ssl_context=ssl_context, backlog=backlog)
         self._guard = guard
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
-        tls = {"ssl_handshake_timeout": self._guard.handshake_timeout} if self._ssl_context else {}
-        self._server = await loop.create_server(self._guard.factory(self._runner.server), self._host, self._port,
-                                                ssl=self._ssl_context, backlog=self._backlog, **tls)
+        server = self._runner.server
+        assert server is not None  # the runner is set up before its sites start (web.TCPSite asserts it too)
+        handshake = self._guard.handshake_timeout if self._ssl_context else None  # None: asyncio's default
+        self._server = await loop.create_server(self._guard.factory(server), self._host, self._port,
+                                                ssl=self._ssl_context, backlog=self._backlog,
+                                                ssl_handshake_timeout=handshake)
 
 
 def install_accept_handler(loop: asyncio.AbstractEventLoop, refused: Callable[[str], None],
@@ -116,9 +127,10 @@ def install_accept_handler(loop: asyncio.AbstractEventLoop, refused: Callable[[s
     last = [0.0]
     previous = loop.get_exception_handler()
 
-    def handler(lp, context):
+    def handler(lp: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
         if context.get("message") == _ACCEPT_MESSAGE and isinstance(exc, OSError):
+            assert exc.errno is not None  # asyncio reports EMFILE, ENFILE, ENOBUFS and ENOMEM here
             name = errno.errorcode.get(exc.errno, str(exc.errno))
             refused(f"accept_{name.lower()}")
             if guard is not None:

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar, TypeVarTuple
 
 from aiohttp import web
 
+from node.config import NodeConfig
 from node.errors import ApiError
 from node.wire import BodyError, parse_json_body
 from rowstore.hlc import ms_of
@@ -20,8 +23,13 @@ THREAD_ROWS = 2000
 
 MAX_SKEW_MS = 10_000  # how far ahead of this node's clock another node's timestamp may be
 
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
+A = TypeVar("A")  # what a handler is given besides the request (node.http.api.Api, or what it implements)
+R = TypeVar("R", bound=web.StreamResponse)
 
-def int_arg(raw, name: str) -> int:
+
+def int_arg(raw: object, name: str) -> int:
     if isinstance(raw, str) and raw.isdigit() and len(raw) <= 20:
         raw = int(raw)
     if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw < 2**64:
@@ -29,7 +37,7 @@ def int_arg(raw, name: str) -> int:
     return raw
 
 
-def ts_arg(raw, name: str) -> int:
+def ts_arg(raw: object, name: str) -> int:
     """A timestamp from another node: observed by this node's clock, so never far ahead of
     it (a wild one would push every later commit timestamp up with it)."""
     ts = int_arg(raw, name)
@@ -39,47 +47,47 @@ def ts_arg(raw, name: str) -> int:
     return ts
 
 
-def table_arg(raw) -> str:
+def table_arg(raw: object) -> str:
     if not isinstance(raw, str):
         raise ApiError(400, "bad_request", '"table" is a table name')
     return raw
 
 
-def partition_list(raw) -> list[int]:
+def partition_list(raw: object) -> list[int]:
     """The partitions a node-to-node request names: a non-empty list of partition numbers."""
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "bad_request", '"partitions" is a non-empty list of partition numbers')
     return [int_arg(p, "a partition") for p in raw]
 
 
-CONFIG = web.AppKey("config", object)  # the node's NodeConfig: limits for the module-level helpers
+CONFIG = web.AppKey("config", NodeConfig)  # the node's NodeConfig: limits for the module-level helpers
 
 
-async def off_loop_if_big(size: int, fn, *args):
+async def off_loop_if_big(size: int, fn: Callable[[*Args], T], *args: *Args) -> T:
     """Run ``fn`` in a worker thread when the work is big enough to stall the event loop."""
     return await asyncio.to_thread(fn, *args) if size > THREAD_BYTES else fn(*args)
 
 
-def rows_of(doc) -> list:
+def rows_of(doc: object) -> object:
     if not isinstance(doc, dict) or set(doc) != {"rows"}:
         raise ApiError(400, "invalid_rows", 'expected a JSON object {"rows": [...]}')
     return doc["rows"]
 
 
-def parse_json(body: bytes, max_depth: int):
+def parse_json(body: bytes, max_depth: int) -> Any:
     try:
         return parse_json_body(body, max_depth)
     except BodyError as e:
         raise ApiError(e.status, e.code, str(e)) from None
 
 
-async def json_body(request):
+async def json_body(request: web.Request) -> Any:
     """The request's JSON body, parsed off the event loop once it is large."""
     body = await request.read()
     return await off_loop_if_big(len(body), parse_json, body, request.app[CONFIG].max_json_depth)
 
 
-def where_terms(doc: dict, request):
+def where_terms(doc: dict[str, Any], request: web.Request) -> object:
     """A query's ``where`` terms, at most ``node.max_query_terms`` of them (413 beyond)."""
     where = doc.get("where")
     most = request.app[CONFIG].max_query_terms
@@ -89,7 +97,7 @@ def where_terms(doc: dict, request):
     return where
 
 
-async def json_object(request, allowed: set, required=()) -> dict:
+async def json_object(request: web.Request, allowed: set[str], required: Iterable[str] = ()) -> dict[str, Any]:
     doc = await json_body(request)
     if not isinstance(doc, dict):
         raise ApiError(400, "invalid_json", "expected a JSON object")
@@ -102,7 +110,7 @@ async def json_object(request, allowed: set, required=()) -> dict:
     return doc
 
 
-def as_of_value(v):
+def as_of_value(v: object) -> int | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -110,7 +118,7 @@ def as_of_value(v):
     return v
 
 
-def as_of_param(request):
+def as_of_param(request: web.Request) -> int | None:
     raw = request.query.get("as_of")
     if raw is None:
         return None
@@ -119,12 +127,12 @@ def as_of_param(request):
     return int(raw)
 
 
-def schema_from_json(columns, primary_key) -> SchemaVersion:
+def schema_from_json(columns: object, primary_key: object) -> SchemaVersion:
     if not isinstance(columns, list) or not columns:
         raise ApiError(400, "invalid_schema", '"columns" must be a non-empty list')
     if not isinstance(primary_key, str):
         raise ApiError(400, "invalid_schema", '"primary_key" must be a column name')
-    cols = []
+    cols: list[Column] = []
     for i, c in enumerate(columns):
         if not isinstance(c, dict) or not {"name", "type"} <= set(c) or set(c) - {"name", "type", "nullable"}:
             raise ApiError(400, "invalid_schema", f"columns[{i}]: expected {{name, type, nullable}}")
@@ -143,8 +151,8 @@ def schema_from_json(columns, primary_key) -> SchemaVersion:
     return SchemaVersion(1, tuple(cols), pk, len(cols) + 1)
 
 
-def bound(api, handler):
+def bound(api: A, handler: Callable[[A, web.Request], Awaitable[R]]) -> Callable[[web.Request], Awaitable[R]]:
     """``handler(api, request)`` as an aiohttp handler (it wants coroutine functions, not partials)."""
-    async def run(request):
+    async def run(request: web.Request) -> R:
         return await handler(api, request)
     return run

@@ -3,6 +3,7 @@ segments, and the background jobs run now — seal, offload, checkpoint, GC (RFC
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from aiohttp import web
 
@@ -10,11 +11,13 @@ from catalog.errors import CatalogError
 from node.errors import ApiError
 from node.http.edge import error, one_line
 from node.http.params import bound, json_object
+from node.http.ports import HandlerApi
+from rowstore.segments.records import SegmentRecord
 
 JOBS = ("seal", "offload", "checkpoint")
 
 
-def add_admin_routes(api, router) -> None:
+def add_admin_routes(api: HandlerApi, router: web.UrlDispatcher) -> None:
     router.add_get("/healthz", bound(api, healthz))
     router.add_get("/readyz", bound(api, readyz))
     router.add_get("/metrics", bound(api, metrics))
@@ -25,11 +28,11 @@ def add_admin_routes(api, router) -> None:
     router.add_post("/v1/admin/gc", bound(api, gc))
 
 
-async def healthz(api, request):
+async def healthz(api: HandlerApi, request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-async def readyz(api, request):
+async def readyz(api: HandlerApi, request: web.Request) -> web.Response:
     if not api.readiness.ready:
         return error(503, "not_ready", "recovery has not finished" if not api.readiness.stopping
                      else "the node is stopping")
@@ -44,31 +47,31 @@ async def readyz(api, request):
     return web.json_response({"status": "ready", "writes": space["writable"]})
 
 
-async def metrics(api, request):
+async def metrics(api: HandlerApi, request: web.Request) -> web.Response:
     body, ctype = await api.views.render_metrics()
     return web.Response(body=body, headers={"Content-Type": ctype})
 
 
-async def status(api, request):
+async def status(api: HandlerApi, request: web.Request) -> web.Response:
     api.db  # noqa: B018 - 503 before ready
     return web.json_response(await api.views.status())
 
 
-async def segments(api, request):
+async def segments(api: HandlerApi, request: web.Request) -> web.Response:
     table = request.query.get("table")
     db = api.db
     recs = await db.segment_records(table)
     return web.json_response({"segments": [_segment_json(name, r) for name, r in recs]})
 
 
-async def job(api, request):
+async def job(api: HandlerApi, request: web.Request) -> web.Response:
     """``POST /v1/admin/{seal,offload,checkpoint}``: the job now, on this node."""
     name = request.path.rsplit("/", 1)[1]
     api.db  # noqa: B018 - 503 before ready
     return web.json_response({"job": name, **await api.jobs.run(name)})
 
 
-async def gc(api, request):
+async def gc(api: HandlerApi, request: web.Request) -> web.Response:
     """One garbage-collection pass now (RFC 0009); ``{"table": T, "dry_run": bool}`` optional."""
     api.db  # noqa: B018 - 503 before ready
     doc = await json_object(request, {"table", "dry_run"}) if await request.read() else {}
@@ -80,7 +83,7 @@ async def gc(api, request):
     return web.json_response(await api.jobs.run("gc", table=table, dry_run=dry))
 
 
-def _segment_json(table: str, r) -> dict:
+def _segment_json(table: str, r: SegmentRecord) -> dict[str, Any]:
     """A segment row as the node sees it now (``Database.segment_records``: an active segment
     of this node reports its durable rows and bytes so far)."""
     return {"segid": r.segid, "table": table, "partition": r.partition, "state": r.state.value,

@@ -7,39 +7,46 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
 from aiohttp import web
 
 from node.errors import ApiError
+from node.http.api import Api
 from node.http.grid_json import counts_json
 from node.http.params import (as_of_value, bound, json_body, json_object, off_loop_if_big, partition_list,
                               table_arg, ts_arg, where_terms)
 from node.wire import ARROW_STREAM, read_arrow_stream, table_to_rows, write_arrow_stream
+from rowstore.db.database import Database
 from rowstore.db.read.aggregate import add_stats
 from rowstore.reads.aggregates import cell_counts, cname, finish, merge, parse_grid, parse_spec, partial
+from rowstore.tables.definitions import TableDef
 
 _AGG = ("group_by", "aggregates", "where", "bbox", "nan")
 _HIST = ("column", "bbox", "cells", "where")
 INTERNAL = "/v1/internal/aggregate"
+_Partial: TypeAlias = pa.Table | np.ndarray  # one share of an aggregate (Arrow rows) or of a histogram (its counts)
 
 
-def add_aggregate_routes(api, router) -> None:
+def add_aggregate_routes(api: Api, router: web.UrlDispatcher) -> None:
     router.add_post("/v1/tables/{table}/aggregate", bound(api, aggregate))
     router.add_post("/v1/tables/{table}/histogram", bound(api, histogram))
     router.add_post(INTERNAL, bound(api, share))
 
 
-async def aggregate(api, request):
+async def aggregate(api: Api, request: web.Request) -> web.Response:
     table = request.match_info["table"]
     args, as_of = await _request(request, (*_AGG, "partitions"))
     pids = _partitions(args.pop("partitions"), await api.db.describe(table))
     if args["nan"] is None:  # absent: not sent on to other nodes, which may predate it
         del args["nan"]
+    parts: list[pa.Table]  # an aggregate's shares are Arrow rows
     parts, T, stats = await _gathered(api, table, "aggregate", args, as_of, pids)
-    spec = parse_spec((await api.db.describe(table, T, trusted=True)).schema, args["group_by"], args["aggregates"],
-                      args.get("nan"))
+    schema = (await api.db.describe(table, T, trusted=True)).schema
+    assert schema is not None  # a live table's (Database.describe)
+    spec = parse_spec(schema, args["group_by"], args["aggregates"], args.get("nan"))
     t = await off_loop_if_big(sum(p.num_rows for p in parts) * 64, lambda: finish(merge(parts, spec), spec))
     if ARROW_STREAM in request.headers.get("Accept", ""):
         return _arrow(t, T, stats)
@@ -48,7 +55,7 @@ async def aggregate(api, request):
     return web.Response(text=text, content_type="application/json", headers={"X-Terrascale-As-Of": str(T)})
 
 
-async def histogram(api, request):
+async def histogram(api: Api, request: web.Request) -> web.Response:
     table = request.match_info["table"]
     args, as_of = await _request(request, _HIST)
     parts, T, stats = await _gathered(api, table, "histogram", args, as_of)
@@ -60,7 +67,7 @@ async def histogram(api, request):
     return web.Response(text=text, content_type="application/json", headers={"X-Terrascale-As-Of": str(T)})
 
 
-async def _request(request, fields: tuple) -> tuple[dict, int | None]:
+async def _request(request: web.Request, fields: tuple[str, ...]) -> tuple[dict[str, Any], int | None]:
     """The body's fields (anything else is a 400 that changes nothing) and ``as_of``."""
     body = await request.read()
     doc = await json_body(request) if body and not body.isspace() else {}
@@ -73,19 +80,20 @@ async def _request(request, fields: tuple) -> tuple[dict, int | None]:
     return {f: doc.get(f) for f in fields}, as_of_value(doc.get("as_of"))
 
 
-def _partitions(value, d) -> list[int] | None:
+def _partitions(value: object, d: TableDef) -> list[int] | None:
     """The request's ``partitions``: None (all of them), or distinct partition numbers of ``d``."""
     if value is None:
         return None
-    ok = isinstance(value, list) and value and all(
-        isinstance(p, int) and not isinstance(p, bool) and 0 <= p < d.partitions for p in value)
-    if not ok or len(set(value)) != len(value):
+    if not (isinstance(value, list) and value and all(
+            isinstance(p, int) and not isinstance(p, bool) and 0 <= p < d.partitions for p in value)
+            and len(set(value)) == len(value)):
         raise ApiError(400, "invalid_query", f'"partitions" must list distinct partition numbers 0..{d.partitions - 1} '
                                              f"of table {d.name!r}, not {str(value)[:60]}")
     return value
 
 
-async def _gathered(api, table: str, kind: str, args: dict, as_of, pids=None) -> tuple[list, int, dict]:
+async def _gathered(api: Api, table: str, kind: str, args: dict[str, Any], as_of: int | None,
+                    pids: list[int] | None = None) -> tuple[list[_Partial], int, dict[str, Any]]:
     """Every partial (this node's partitions, or every node's at one T; of ``pids`` only when
     given), T and the stats."""
     db = api.db
@@ -94,14 +102,16 @@ async def _gathered(api, table: str, kind: str, args: dict, as_of, pids=None) ->
         got, T, stats = await run(table, **args, as_of=as_of, partitions=pids)
         return [got], T, stats
 
-    async def local(pids, T):
+    async def local(pids: list[int], T: int) -> tuple[_Partial, int, dict[str, Any]]:
         return await run(table, **args, as_of=T, partitions=pids, trusted=True)
-    async def without(pids, T):  # their leader does not answer: their rows at T from their objects
+    async def without(pids: list[int], T: int) -> tuple[_Partial, int, dict[str, Any]]:
+        # their leader does not answer: their rows at T from their objects
         return await _from_objects(db, table, kind, args, pids, T)
     d = await db.describe(table)
     T, answers = await api.router.partials(d, as_of, local, INTERNAL, {"table": table, "kind": kind, "args": args},
                                            without, pids)
-    parts, stats = [], {"path": "index", "decoded_columns": [], "rows": 0, "rows_decoded": 0, "partitions": 0}
+    parts: list[_Partial] = []
+    stats = {"path": "index", "decoded_columns": [], "rows": 0, "rows_decoded": 0, "partitions": 0}
     for _, a in answers:
         part, st = (a[0], a[2]) if isinstance(a, tuple) else await asyncio.to_thread(_decode, a, kind)
         parts.append(part)
@@ -109,10 +119,12 @@ async def _gathered(api, table: str, kind: str, args: dict, as_of, pids=None) ->
     return parts, T, stats
 
 
-async def _from_objects(db, table: str, kind: str, args: dict, pids: list[int], T: int) -> tuple:
+async def _from_objects(db: Database, table: str, kind: str, args: dict[str, Any], pids: list[int],
+                       T: int) -> tuple[_Partial, int, dict[str, Any]]:
     """The partial of partitions read without their leader (an ``as_of`` inside what their
     objects hold, RFC 0010 §6): their rows decoded, then aggregated like any others."""
     schema = (await db.describe(table, T, trusted=True)).schema
+    assert schema is not None  # a live table's (Database.describe)
     if kind == "aggregate":
         spec = parse_spec(schema, args["group_by"], args["aggregates"], args.get("nan"))
         rows = await db.query_without_leader(table, T, pids, args["where"], args["bbox"])
@@ -128,7 +140,7 @@ async def _from_objects(db, table: str, kind: str, args: dict, pids: list[int], 
                     "partitions": len(pids)}
 
 
-async def share(api, request):
+async def share(api: Api, request: web.Request) -> web.Response:
     """A node's partial for its partitions at the coordinator's T (node to node)."""
     doc = await json_object(request, {"table", "kind", "args", "as_of", "partitions"},
                             ("table", "kind", "args", "as_of", "partitions"))
@@ -147,13 +159,13 @@ async def share(api, request):
     return web.Response(body=await asyncio.to_thread(write_arrow_stream, t), content_type=ARROW_STREAM)
 
 
-def _counts_json(counts: np.ndarray, T: int, stats: dict) -> str:
+def _counts_json(counts: np.ndarray, T: int, stats: dict[str, Any]) -> str:
     """The answer's JSON, its counts written by a kernel (4096 × 4096 cells as Python ints
     would take gigabytes)."""
     return f'{{"as_of": {T}, "counts": {counts_json(counts)}, "stats": {json.dumps(stats)}}}'
 
 
-def _decode(payload: bytes, kind: str) -> tuple:
+def _decode(payload: bytes, kind: str) -> tuple[_Partial, dict[str, Any]]:
     t = read_arrow_stream(payload)
     stats = json.loads(t.schema.metadata[b"stats"])
     t = t.replace_schema_metadata(None)
@@ -164,6 +176,6 @@ def _decode(payload: bytes, kind: str) -> tuple:
     return counts.reshape(ny, -1), stats
 
 
-def _arrow(t: pa.Table, T: int, stats: dict):
+def _arrow(t: pa.Table, T: int, stats: dict[str, Any]) -> web.Response:
     return web.Response(body=write_arrow_stream(t), content_type=ARROW_STREAM,
                         headers={"X-Terrascale-As-Of": str(T), "X-Terrascale-Stats": json.dumps(stats)})

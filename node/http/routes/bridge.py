@@ -10,21 +10,25 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+from typing import Any
 
 from aiohttp import web
 
+from node.http.api import Api
 from node.http.params import bound, as_of_param, as_of_value, off_loop_if_big, json_object, where_terms
 from node.errors import ApiError
 from node.wire import ARROW_STREAM, write_arrow_stream
+from rowstore.reads.plan import SegmentSlice
 from rowstore.reads.predicates import parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
+from terrafs.fs import TerrascaleFS
 from terrafs.sealed import SealedFile
 
 # A read plan's client request id: plans of one id share one lease, so the client may repeat one.
 REQUEST_ID = re.compile(r"[A-Za-z0-9._~-]{1,64}")
 
 
-def add_bridge_routes(api, router) -> None:
+def add_bridge_routes(api: Api, router: web.UrlDispatcher) -> None:
     h_snapshot, h_plan, h_tail, h_changes, h_renew, h_release = map(
         lambda h: bound(api, h), (snapshot, plan, tail, changes, renew, release))
     router.add_get("/v1/tables/{table}/snapshot", h_snapshot)
@@ -35,18 +39,19 @@ def add_bridge_routes(api, router) -> None:
     router.add_delete("/v1/leases/{lease}", h_release)
 
 
-async def snapshot(api, request):
+async def snapshot(api: Api, request: web.Request) -> web.Response:
     """The read timestamp T (the closed timestamp, or ``as_of`` once closed), the table's
     schema at T, and ``changed_ts``: the newest commit of the table's rows at or below T (a
     change feed's offset moves only when the table changes, not with an idle clock)."""
     as_of = as_of_param(request)
     T, changed = await api.router.snapshot(request.match_info["table"], as_of)
     d = await api.db.describe(request.match_info["table"], T, trusted=True)  # T: the cluster's, checked
+    assert d.schema is not None  # a live table's (Database.describe)
     return web.json_response({"as_of": T, "table": d.name, "table_id": d.table_id, "schema": d.schema.to_json(),
                               "changed_ts": changed})
 
 
-async def plan(api, request):
+async def plan(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"as_of", "where", "bbox", "sealed_only", "lease_s", "typed", "presign", "keys",
                                       "request_id"})
     flags = {k: doc.get(k, False) for k in ("sealed_only", "typed", "presign", "keys")}
@@ -72,34 +77,36 @@ async def plan(api, request):
     return web.json_response(body)
 
 
-async def _data_key(fs, part) -> str:
+async def _data_key(fs: TerrascaleFS, part: SegmentSlice) -> str:
     """An encrypted object's data key, unwrapped (base64): a reader given it needs no key file.
     It opens that one object only — whoever may ask for the plan may read its rows anyway."""
-    sf = await SealedFile.open(fs.objects, part.key, object_size=part.object_size, kek=fs.kek)
+    kek = fs.kek
+    assert kek is not None  # asked only of a node that encrypts (plan)
+    sf = await SealedFile.open(fs.objects, part.key, object_size=part.object_size, kek=kek)
     p = sf.params
-    return base64.b64encode(fs.kek.unwrap(p.wrapped_key, p.key_id, p.inode, sf.where)).decode()
+    return base64.b64encode(kek.unwrap(p.wrapped_key, p.key_id, p.inode, sf.where)).decode()
 
 
-def typed_predicates(schema: SchemaVersion, where, bbox) -> dict:
+def typed_predicates(schema: SchemaVersion, where: object, bbox: object) -> dict[str, Any]:
     """The plan's ``where``/``bbox`` as the node parsed them: each term's column id, op and value
     in the column's storage domain (integers, floats, booleans, strings; timestamps as µs and
     dates as days since the epoch; binary and uuid values base64), so an external reader
     evaluates exactly the node's predicates without parsing values itself."""
-    terms = []
+    terms: list[dict[str, Any]] = []
     for t in parse_where(schema, where):
         v = t.value
         if isinstance(v, bytes):
             v = base64.b64encode(v).decode()
         terms.append({"column_id": t.column.id, "column": t.column.name, "op": t.op, "value": v})
     box = parse_bbox(schema, bbox)
-    out: dict = {"terms": terms, "bbox": None}
+    out: dict[str, Any] = {"terms": terms, "bbox": None}
     if box is not None:
         out["bbox"] = {"column_id": box.column.id, "column": box.column.name, "xmin": box.xmin, "ymin": box.ymin,
                        "xmax": box.xmax, "ymax": box.ymax}
     return out
 
 
-async def tail(api, request):
+async def tail(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"partition", "as_of", "where", "bbox", "sealed"}, ("partition", "as_of"))
     p = doc["partition"]
     if isinstance(p, bool) or not isinstance(p, int):
@@ -108,31 +115,33 @@ async def tail(api, request):
     if sealed is not None and (not isinstance(sealed, list) or
                                any(isinstance(s, bool) or not isinstance(s, int) for s in sealed)):
         raise ApiError(400, "bad_request", '"sealed" is a list of segment ids (the plan\'s sealed segids)')
-    t = await api.db.tail(request.match_info["table"], p, as_of_value(doc["as_of"]), where_terms(doc, request),
-                          doc.get("bbox"), sealed)
+    as_of = as_of_value(doc["as_of"])
+    if as_of is None:  # required (the plan's T): null would read the tail as of now
+        raise ApiError(400, "invalid_as_of", "as_of must be a commit timestamp (a non-negative integer), not None")
+    t = await api.db.tail(request.match_info["table"], p, as_of, where_terms(doc, request), doc.get("bbox"), sealed)
     return web.Response(body=await off_loop_if_big(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 
 
-async def changes(api, request):
+async def changes(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"after", "upto"}, ("after",))
     t, upto = await api.router.changes(request.match_info["table"], doc["after"], as_of_value(doc.get("upto")))
     return web.Response(body=await off_loop_if_big(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM,
                         headers={"X-Terrascale-As-Of": str(upto)})
 
 
-async def renew(api, request):
+async def renew(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"ttl_s"})
     ttl = _seconds(doc.get("ttl_s", 600))
     await api.db.renew_lease(request.match_info["lease"], ttl)  # an expired lease: 409 lease_expired
     return web.json_response({"lease": request.match_info["lease"], "renewed": True})
 
 
-async def release(api, request):
+async def release(api: Api, request: web.Request) -> web.Response:
     await api.db.release_lease(request.match_info["lease"])
     return web.json_response({"lease": request.match_info["lease"], "released": True})
 
 
-def _seconds(v) -> float:
+def _seconds(v: object) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 86_400:
         raise ApiError(400, "bad_request", f"a lease lasts 0..86400 seconds, not {v!r}")
     return float(v)

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from node.errors import ApiError
 from node.http.params import bound
+from node.http.ports import HandlerApi
 
 STATIC = Path(__file__).resolve().parents[2] / "ui" / "static"
 PREFIX = "/ui/"
@@ -26,13 +27,13 @@ TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".j
          ".svg": "image/svg+xml", ".png": "image/png", ".txt": "text/plain"}
 
 
-def add_console_routes(api, router) -> None:
+def add_console_routes(api: HandlerApi, router: web.UrlDispatcher) -> None:
     files = load(STATIC)
 
-    async def index(api, request):
+    async def index(api: HandlerApi, request: web.Request) -> web.Response:
         return serve(files, "index.html", request)
 
-    async def file(api, request):
+    async def file(api: HandlerApi, request: web.Request) -> web.Response:
         return serve(files, request.match_info["path"], request)
 
     router.add_get("/ui", bound(api, to_index))
@@ -53,7 +54,7 @@ def public(request: web.Request) -> bool:
 def load(root: Path) -> dict[str, tuple[bytes, str, str]]:
     """Every file under ``root`` read once at start: relative path -> (body, type, ETag). Only
     these names are served, so no request path reaches the file system."""
-    out = {}
+    out: dict[str, tuple[bytes, str, str]] = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and not p.name.startswith("."):
             body = p.read_bytes()
@@ -62,11 +63,11 @@ def load(root: Path) -> dict[str, tuple[bytes, str, str]]:
     return out
 
 
-async def to_index(api, request):
+async def to_index(api: HandlerApi, request: web.Request) -> web.Response:
     raise web.HTTPPermanentRedirect(PREFIX)
 
 
-def serve(files: dict, name: str, request: web.Request) -> web.Response:
+def serve(files: dict[str, tuple[bytes, str, str]], name: str, request: web.Request) -> web.Response:
     got = files.get(name)
     if got is None:
         raise ApiError(404, "not_found", f"the console has no file {name!r}")

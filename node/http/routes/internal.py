@@ -4,15 +4,18 @@ their answers follow the documented error shape all the same."""
 from __future__ import annotations
 
 
+from typing import Any
+
 from aiohttp import web
 
+from node.http.api import Api
 from node.http.params import bound, int_arg, json_object, off_loop_if_big, partition_list, table_arg, ts_arg
 from node.errors import ApiError
 from node.cluster.members import FORWARDED, INCARNATION
 from node.wire import ARROW_STREAM, read_arrow_stream, write_arrow_stream
 
 
-def add_internal_routes(api, router) -> None:
+def add_internal_routes(api: Api, router: web.UrlDispatcher) -> None:
     router.add_get("/v1/internal/closed", bound(api, closed))
     router.add_post("/v1/internal/read", bound(api, read))
     router.add_post("/v1/internal/plan", bound(api, plan))
@@ -24,7 +27,7 @@ def add_internal_routes(api, router) -> None:
     router.add_post("/v1/internal/forget", bound(api, forget))
 
 
-async def closed(api, request):
+async def closed(api: Api, request: web.Request) -> web.Response:
     """This node's closed timestamp, after observing the caller's (HLC receive rule)."""
     db = api.db
     if "observe" in request.query:
@@ -33,7 +36,7 @@ async def closed(api, request):
                               "incarnation": api.incarnation})
 
 
-async def read(api, request):
+async def read(api: Api, request: web.Request) -> web.Response:
     """A query restricted to this node's partitions ``partitions`` at T (any columns: the
     caller projects after merging)."""
     doc = await json_object(request, {"table", "partitions", "as_of", "where", "bbox", "limit"},
@@ -45,7 +48,8 @@ async def read(api, request):
     return web.Response(body=await off_loop_if_big(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 
 
-async def _share(api, request, fields: set, required: tuple):
+async def _share(api: Api, request: web.Request, fields: set[str], required: tuple[str, ...]
+                 ) -> tuple[dict[str, Any], list[int]]:
     """A request for this node's share of a table read across nodes: (doc, partitions), the
     partitions checked to be served here (421 otherwise)."""
     doc = await json_object(request, fields | {"table", "partitions"}, ("table", "partitions", *required))
@@ -54,7 +58,7 @@ async def _share(api, request, fields: set, required: tuple):
     return doc, pids
 
 
-async def plan(api, request):
+async def plan(api: Api, request: web.Request) -> web.Response:
     """This node's share of a read plan (no lease: the coordinating node takes it)."""
     doc, pids = await _share(api, request, {"as_of", "where", "bbox"}, ("as_of",))
     out = await api.db.read_plan(doc["table"], ts_arg(doc["as_of"], "as_of"), doc.get("where"), doc.get("bbox"),
@@ -62,7 +66,7 @@ async def plan(api, request):
     return web.json_response(out.to_json())
 
 
-async def changes(api, request):
+async def changes(api: Api, request: web.Request) -> web.Response:
     """This node's share of a change feed, in (after, upto]."""
     doc, pids = await _share(api, request, {"after", "upto"}, ("after", "upto"))
     t, _ = await api.db.changes(doc["table"], int_arg(doc["after"], "after"), ts_arg(doc["upto"], "upto"),
@@ -70,7 +74,7 @@ async def changes(api, request):
     return web.Response(body=await off_loop_if_big(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 
 
-async def reserve(api, request):
+async def reserve(api: Api, request: web.Request) -> web.Response:
     q = request.query
     for k in ("table", "table_id", "schema_version", "floor", "txn"):
         if k not in q:
@@ -88,24 +92,24 @@ async def reserve(api, request):
     return web.json_response({"ts": r.ts, "rows": r.rows, "existed": r.existed})
 
 
-async def prepare(api, request):
+async def prepare(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"txn", "ts"}, ("txn", "ts"))
     await api.db.participant.prepare(int_arg(doc["txn"], "txn"), ts_arg(doc["ts"], "ts"))
     return web.json_response({"prepared": True})
 
 
-async def commit(api, request):
+async def commit(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"txn"}, ("txn",))
     return web.json_response({"commit_ts": await api.db.participant.commit(int_arg(doc["txn"], "txn"))})
 
 
-async def abort(api, request):
+async def abort(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"txn"}, ("txn",))
     await api.db.participant.abort(int_arg(doc["txn"], "txn"))
     return web.json_response({"aborted": True})
 
 
-async def forget(api, request):
+async def forget(api: Api, request: web.Request) -> web.Response:
     """Another node altered or dropped a table: read its definition from the catalog again."""
     doc = await json_object(request, {"table"}, ("table",))
     if not isinstance(doc["table"], str):

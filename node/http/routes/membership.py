@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 from aiohttp import web
 
 from catalog.errors import CatalogConfigError, CatalogError, CatalogTimeoutError, CatalogUnavailableError
+from catalog.raft import RaftCatalog
 from node.cluster.members import RemoteError
 from node.cluster.handoff import call_hand_off, hand_off, single_copy_moves
+from node.http.api import Api
 from node.http.edge import one_line
 from node.http.params import bound, json_object
 from node.errors import ApiError
@@ -20,19 +23,19 @@ from rowstore.errors import RowstoreError
 log = logging.getLogger("terrascale.node")
 
 
-def add_membership_routes(api, router) -> None:
+def add_membership_routes(api: Api, router: web.UrlDispatcher) -> None:
     router.add_get("/v1/admin/cluster", bound(api, cluster))
     router.add_get("/v1/admin/nodes", bound(api, nodes))
     router.add_post("/v1/admin/cluster/members", bound(api, add_member))
     router.add_delete("/v1/admin/cluster/members/{address}", bound(api, remove_member))
 
 
-async def cluster(api, request):
+async def cluster(api: Api, request: web.Request) -> web.Response:
     api.db  # noqa: B018 - 503 before ready
     return web.json_response(await api.views.cluster_view())
 
 
-async def nodes(api, request):
+async def nodes(api: Api, request: web.Request) -> web.Response:
     """Every member's own ``/v1/admin/status`` (version, health, the partitions it leads and
     their followers' lag), asked by this node: a browser may call only the node that served
     the console. A member that does not answer within 3 s is listed with ``"status": null``."""
@@ -41,7 +44,7 @@ async def nodes(api, request):
     return web.json_response({"nodes": await asyncio.gather(*(_node_status(api, m) for m in view["members"]))})
 
 
-async def _node_status(api, member: dict) -> dict:
+async def _node_status(api: Api, member: dict[str, Any]) -> dict[str, Any]:
     out = {"id": member["id"], "address": member.get("address"), "alive": member["alive"]}
     try:
         if member["id"] == api.cfg.node_id:
@@ -54,7 +57,7 @@ async def _node_status(api, member: dict) -> dict:
         return {**out, "status": None, "error": one_line(e) or type(e).__name__}
 
 
-async def add_member(api, request):
+async def add_member(api: Api, request: web.Request) -> web.Response:
     """Add one Raft member (a node started with the current members and ``self=`` its own
     address); one change at a time (docs/raft.md)."""
     doc = await json_object(request, {"raft_address"}, ("raft_address",))
@@ -62,7 +65,7 @@ async def add_member(api, request):
     return web.json_response(await api.views.cluster_view())
 
 
-async def remove_member(api, request):
+async def remove_member(api: Api, request: web.Request) -> web.Response:
     """Remove one Raft member. Partitions it holds the only copy of are moved to the
     others first (through objects, while it can still write the catalog); if one cannot
     be (the node does not answer), 409 and nothing more changes — unless ``force=true``,
@@ -71,12 +74,11 @@ async def remove_member(api, request):
     force = request.query.get("force", "false")
     if force not in ("true", "false"):
         raise ApiError(400, "bad_request", "force is true or false")
-    cluster = api.cluster
-    leaving = set()
+    cluster, cat = api.cluster, api.serving.catalog
+    leaving: set[str] = set()
     if force == "false" and cluster.multi:
         leaving = {n for n, m in (await cluster.members()).items() if m.get("raft") == address}
-    status = getattr(api.serving.catalog, "cluster_status", None)
-    if leaving and status is not None and (await status()).get("leader") == address:
+    if leaving and isinstance(cat, RaftCatalog) and (await cat.cluster_status()).get("leader") == address:
         raise ApiError(409, "membership_refused", f"{address} leads the catalog's Raft group: transfer its "
                                                   "leadership first (docs/raft.md); nothing moved or removed")
     try:
@@ -90,7 +92,7 @@ async def remove_member(api, request):
     return web.json_response(await api.views.cluster_view())
 
 
-async def _move_only_copies(api, leaving: set[str]) -> None:
+async def _move_only_copies(api: Api, leaving: set[str]) -> None:
     """Move every partition a leaving node holds the only copy of to the other members
     (rounds until none is left: a move the driver started meanwhile ends first)."""
     cluster, repl = api.cluster, api.replication
@@ -116,10 +118,10 @@ async def _move_only_copies(api, leaving: set[str]) -> None:
     raise ApiError(409, "membership_refused", f"partitions of {sorted(leaving)} kept arriving; nothing removed")
 
 
-async def _membership(api, op: str, address) -> None:
+async def _membership(api: Api, op: str, address: object) -> None:
     api.db  # noqa: B018 - 503 before ready
     cat = api.serving.catalog
-    if not hasattr(cat, "add_member"):
+    if not isinstance(cat, RaftCatalog):
         raise ApiError(409, "not_a_cluster", "this node's catalog is trkv:// (one node); membership needs raft://")
     if not isinstance(address, str):
         raise ApiError(400, "bad_request", '"raft_address" is "host:port"')

@@ -9,6 +9,8 @@ import asyncio
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Coroutine
+from typing import Any, cast
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -16,14 +18,19 @@ from node.cluster.members import FORWARDED
 from node.cluster.stream import FRAME_ID, STREAM
 from node.cluster.transport import PROMISED, decode, decode_many
 from node.errors import ApiError
+from node.http.api import Api
 from node.http.edge import answer
 from node.http.params import bound, json_object
 from rowstore.errors import FencedError
+from rowstore.replication.follower import SegmentPiece
 
 log = logging.getLogger("terrascale.node")
 
+_Message = tuple[dict[str, Any], list[SegmentPiece]]  # a replication message: header, pieces
+_Order = dict[tuple[str, int], asyncio.Future[None]]  # (table id, partition) -> set once its last message is done
 
-def add_replication_routes(api, router) -> None:
+
+def add_replication_routes(api: Api, router: web.UrlDispatcher) -> None:
     router.add_post("/v1/internal/repl/append", bound(api, append))
     router.add_post("/v1/internal/repl/append_many", bound(api, append_many))
     router.add_get(STREAM, bound(api, stream))
@@ -37,13 +44,13 @@ def _fenced(e: FencedError) -> web.Response:
                              headers={PROMISED: str(e.promised)})
 
 
-def _cluster_node(api) -> None:
+def _cluster_node(api: Api) -> None:
     api.db  # noqa: B018 - 503 while starting or stopping
     if not api.multi:
         raise ApiError(409, "not_a_cluster", "replication needs a cluster (catalog raft://)")
 
 
-async def _partition(api, table_id: str, pid: int) -> None:
+async def _partition(api: Api, table_id: str, pid: int) -> None:
     """404 unless ``table_id`` is a live table of this cluster and ``pid`` one of its
     partitions (a message about anything else must change nothing); 409 on a single node."""
     _cluster_node(api)
@@ -54,7 +61,7 @@ async def _partition(api, table_id: str, pid: int) -> None:
         raise ApiError(400, "bad_request", f"table {table_id} has partitions 0..{parts - 1}")
 
 
-async def append(api, request):
+async def append(api: Api, request: web.Request) -> web.Response:
     """Make the leader's pieces durable here; answer this replica's position."""
     h, pieces = decode(await request.read())
     await _partition(api, h["table"], h["pid"])
@@ -66,7 +73,7 @@ async def append(api, request):
     return web.json_response(out)
 
 
-async def append_many(api, request):
+async def append_many(api: Api, request: web.Request) -> web.Response:
     """Several leaders' messages (of this node's partitions) in one request: each made durable
     here as ``append`` would, the partitions concurrently (their groups meet in one device
     flush) and each partition's messages in order; a list of each message's own answer — the
@@ -77,7 +84,7 @@ async def append_many(api, request):
     return web.json_response({"answers": await _apply(api, request, msgs, via, {})})
 
 
-async def stream(api, request):
+async def stream(api: Api, request: web.Request) -> web.WebSocketResponse:
     """A leader node's replication stream (a websocket): each binary frame is a frame id (u64)
     and an ``append_many`` body, answered — as soon as its messages are durable here, frames
     in any order — by a frame of the same id and the ``append_many`` answer (a malformed body:
@@ -88,7 +95,9 @@ async def stream(api, request):
     ws = web.WebSocketResponse(max_msg_size=api.cfg.max_body, compress=False)
     await ws.prepare(request)
     api.streams.add(ws)
-    via, order, frames = request.headers.get(FORWARDED, ""), {}, set()
+    via = request.headers.get(FORWARDED, "")
+    order: _Order = {}
+    frames: set[asyncio.Task[None]] = set()
     try:
         async for msg in ws:
             if msg.type != WSMsgType.BINARY or len(msg.data) < FRAME_ID.size:
@@ -104,19 +113,21 @@ async def stream(api, request):
     return ws
 
 
-async def close_streams(api) -> None:
+async def close_streams(api: Api) -> None:
     """Close every open stream (the node is stopping; frames in flight still finish)."""
     await asyncio.gather(*(ws.close(code=WSCloseCode.GOING_AWAY, message=b"stopping") for ws in list(api.streams)),
                          return_exceptions=True)
 
 
-async def _frame(api, request, ws, data: bytes, via: str, order: dict) -> None:
+async def _frame(api: Api, request: web.Request, ws: web.WebSocketResponse, data: bytes, via: str,
+                 order: _Order) -> None:
     fid = data[:FRAME_ID.size]
     try:
         try:
-            msgs = [decode(bytes(m)) for m in decode_many(memoryview(data)[FRAME_ID.size:])]
+            # decode_many takes any buffer (it reads through a memoryview): the frame is not copied
+            msgs = [decode(bytes(m)) for m in decode_many(cast(bytes, memoryview(data)[FRAME_ID.size:]))]
         except ApiError as e:
-            out = {"error": {"code": e.code, "message": e.message}}
+            out: dict[str, Any] = {"error": {"code": e.code, "message": e.message}}
         else:
             out = {"answers": await _apply(api, request, msgs, via, order)}
         if not ws.closed:
@@ -128,7 +139,8 @@ async def _frame(api, request, ws, data: bytes, via: str, order: dict) -> None:
         await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"a frame failed")
 
 
-async def _apply(api, request, msgs, via: str, order: dict) -> list[dict]:
+async def _apply(api: Api, request: web.Request, msgs: list[_Message], via: str,
+                 order: _Order) -> list[dict[str, Any]]:
     """Each message's answer, as ``append`` would give it: the partitions concurrently, the
     messages of one partition one after another — after those of earlier calls sharing
     ``order`` (partition -> the future its last message sets when done)."""
@@ -136,9 +148,9 @@ async def _apply(api, request, msgs, via: str, order: dict) -> list[dict]:
     by_partition: dict[tuple[str, int], list[int]] = defaultdict(list)
     for i, (h, _) in enumerate(msgs):
         by_partition[(h["table"], h["pid"])].append(i)
-    answers: list[dict] = [{}] * len(msgs)
+    answers: list[dict[str, Any]] = [{}] * len(msgs)
 
-    async def one(i: int) -> dict:
+    async def one(i: int) -> dict[str, Any]:
         h, pieces = msgs[i]
         try:
             await _partition(api, h["table"], h["pid"])
@@ -148,9 +160,11 @@ async def _apply(api, request, msgs, via: str, order: dict) -> list[dict]:
             return {"status": 409, "body": {"error": {"code": "fenced", "message": str(e)}}, "promised": e.promised}
         except Exception as e:  # noqa: BLE001 - translated as the edge answers a single append
             resp = answer(request, e)
+            assert isinstance(resp.body, bytes)  # a JSON answer's (web.json_response)
             return {"status": resp.status, "body": json.loads(resp.body)}
 
-    async def in_order(key, indexes: list[int], before, done: asyncio.Future) -> None:
+    async def in_order(key: tuple[str, int], indexes: list[int], before: asyncio.Future[None] | None,
+                       done: asyncio.Future[None]) -> None:
         try:
             if before is not None:
                 await asyncio.shield(before)
@@ -161,16 +175,16 @@ async def _apply(api, request, msgs, via: str, order: dict) -> list[dict]:
             if order.get(key) is done:
                 del order[key]
 
-    runs = []
+    runs: list[Coroutine[Any, Any, None]] = []
     for key, indexes in by_partition.items():
-        done = loop.create_future()
+        done: asyncio.Future[None] = loop.create_future()
         runs.append(in_order(key, indexes, order.get(key), done))
         order[key] = done
     await asyncio.gather(*runs)
     return answers
 
 
-async def fence(api, request):
+async def fence(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"table", "pid", "epoch", "force"}, ("table", "pid", "epoch"))
     if not isinstance(doc["table"], str) or not all(isinstance(doc[k], int) and not isinstance(doc[k], bool)
                                                     and 0 <= doc[k] < 2**31 for k in ("pid", "epoch")):
@@ -185,7 +199,7 @@ async def fence(api, request):
     return web.json_response({**out, "writable": api.db.can_write()})
 
 
-async def promote(api, request):
+async def promote(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"table", "pid"}, ("table", "pid"))
     if not isinstance(doc["table"], str) or isinstance(doc["pid"], bool) or not isinstance(doc["pid"], int):
         raise ApiError(400, "bad_request", '"table" is a table name, "pid" an integer')

@@ -7,48 +7,57 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
 import pyarrow as pa
 from aiohttp import web
 
 from node.errors import ApiError
+from node.http.coalesce import _Request
 from node.http.params import (THREAD_BYTES, THREAD_ROWS, as_of_param, as_of_value, bound, json_body, json_object,
                               off_loop_if_big, parse_json, rows_of, where_terms)
+from node.http.ports import HandlerApi
 from node.wire import ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_table, table_to_rows, write_arrow_stream
 from rowstore.db.read.reader import MAX_LIMIT
 from rowstore.tables.conform import conform
+from rowstore.tables.definitions import TableDef
 from rowstore.tables.key_check import check_keys, show
 
 
-def add_row_routes(api, router) -> None:
+def add_row_routes(api: HandlerApi, router: web.UrlDispatcher) -> None:
     router.add_post("/v1/tables/{table}/rows", bound(api, upsert))
     router.add_post("/v1/tables/{table}/delete", bound(api, delete_rows))
     router.add_get("/v1/tables/{table}/rows/{key:[^/]+}", bound(api, get_row))  # braces too: "[^{}/]+" is the default
     router.add_post("/v1/tables/{table}/query", bound(api, query))
 
 
-async def upsert(api, request):
+async def upsert(api: HandlerApi, request: web.Request) -> web.StreamResponse:
     table = request.match_info["table"]
     db = api.db
     body = await request.read()
+    forwarded: web.StreamResponse | None
+    res: tuple[int, int] | None  # (count, commit_ts)
     if request.content_type == ARROW_STREAM:
         data = await off_loop_if_big(len(body), read_arrow_stream, body)
     elif request.content_type in ("application/json", "application/octet-stream", ""):
         d = await db.describe(table)
+        schema = d.schema
+        assert schema is not None  # a live table's (Database.describe)
         if len(body) <= THREAD_BYTES:  # small: on the loop, and coalesced with its neighbours
             rows = rows_of(api.parsed(body))
             req = api.writes.prepare(d, rows, False)
             if req is not None:  # in a cluster the router first finds where its rows go
                 forwarded, res = await _prepared(api, request, d, req, lambda: conform(rows_to_table(
-                    rows, d.schema), d.schema), False)
+                    rows, schema), schema), False)
                 if forwarded is not None:
                     return forwarded
+                assert res is not None  # not forwarded: committed
                 api.metrics.rows_written.labels("upsert").inc(res[0])
                 return web.json_response({"committed": res[0], "commit_ts": res[1]})
-            data = rows_to_table(rows, d.schema)
+            data = rows_to_table(rows, schema)
         else:
             depth = api.cfg.max_json_depth
-            data = await asyncio.to_thread(lambda: rows_to_table(rows_of(parse_json(body, depth)), d.schema))
+            data = await asyncio.to_thread(lambda: rows_to_table(rows_of(parse_json(body, depth)), schema))
     else:
         raise ApiError(415, "unsupported_media_type",
                        f"rows come as application/json or {ARROW_STREAM}, not {request.content_type}")
@@ -56,6 +65,7 @@ async def upsert(api, request):
     forwarded, res = await api.router.upsert(request, table, data)
     if forwarded is not None:
         return forwarded
+    assert res is not None  # not forwarded: committed
     count, ts = res
     m = api.metrics
     m.write_wait.observe(time.perf_counter() - t0)
@@ -64,41 +74,51 @@ async def upsert(api, request):
     return web.json_response({"committed": count, "commit_ts": ts})
 
 
-async def delete_rows(api, request):
+async def delete_rows(api: HandlerApi, request: web.Request) -> web.StreamResponse:
     doc = await json_object(request, {"keys"}, required=("keys",))
     if not isinstance(doc["keys"], list):
         raise ApiError(400, "invalid_rows", '"keys" must be a list')
     table, db = request.match_info["table"], api.db
     d = await db.describe(table)
+    schema = d.schema
+    assert schema is not None  # a live table's (Database.describe)
     keys = doc["keys"]
     req = api.writes.prepare(d, keys, True)
+    forwarded: web.StreamResponse | None
+    res: tuple[int, int] | None  # (count, commit_ts)
     if req is not None:  # coalesced, routed by the partitions it computed
         forwarded, res = await _prepared(api, request, d, req, lambda: pa.RecordBatch.from_arrays(
-            [check_keys(keys, d.schema.key)], names=[d.schema.key.name]), True)
+            [check_keys(keys, schema.key)], names=[schema.key.name]), True)
         if forwarded is not None:
             return forwarded
     else:
         forwarded, res = await api.router.delete(request, table, doc["keys"])
         if forwarded is not None:
             return forwarded
+    assert res is not None  # not forwarded: committed
     api.metrics.rows_written.labels("delete").inc(len(doc["keys"]))
     return web.json_response({"deleted": res[0], "commit_ts": res[1]})
 
 
-async def _prepared(api, request, d, req, batch_of, delete: bool):
+async def _prepared(api: HandlerApi, request: web.Request, d: TableDef, req: _Request,
+                    batch_of: Callable[[], pa.RecordBatch], delete: bool
+                    ) -> tuple[web.StreamResponse | None, tuple[int, int] | None]:
     """A prepared small write: (forwarded response, None) or (None, (count, commit_ts))."""
     if not api.router.multi:
         res = await api.writes.submit(req)
         return None, (res.count, res.commit_ts)
-    return await api.router.write(request, d, req.pids, lambda: api.writes.submit(req), batch_of, delete)
+    out: tuple[web.StreamResponse | None, tuple[int, int] | None] = await api.router.write(
+        request, d, req.pids, lambda: api.writes.submit(req), batch_of, delete)
+    return out
 
 
-async def get_row(api, request):
+async def get_row(api: HandlerApi, request: web.Request) -> web.StreamResponse:
     table, raw = request.match_info["table"], request.match_info["key"]
     as_of = as_of_param(request)
     db = api.db
     d = await db.describe(table)
-    forwarded = await api.router.get(request, d, raw)  # to the node serving the key's partition
+    # to the node serving the key's partition
+    forwarded: web.StreamResponse | None = await api.router.get(request, d, raw)
     if forwarded is not None:
         return forwarded
     row = await db.get(table, raw, as_of)  # the key's text, checked against its type there
@@ -106,12 +126,13 @@ async def get_row(api, request):
         raise ApiError(404, "row_not_found", f"no row with key {show(raw)} in {table!r}"
                        + (f" as of {as_of}" if as_of is not None else ""))
     schema = d.schema
+    assert schema is not None  # a live table's (Database.describe)
     if as_of is not None or set(row) != {c.name for c in schema.columns}:
         schema = (await db.describe(table, as_of)).schema
     return web.json_response(row_to_json(row, schema))
 
 
-async def query(api, request):
+async def query(api: HandlerApi, request: web.Request) -> web.StreamResponse:
     table = request.match_info["table"]
     body = await request.read()
     doc = await json_body(request) if body and not body.isspace() else {}  # no body: every row
@@ -125,10 +146,13 @@ async def query(api, request):
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ApiError(400, "invalid_query", f'"limit" must be a non-negative integer, not {limit!r}')
     api.db  # noqa: B018 - 503 before ready
+    forwarded: web.StreamResponse | None
+    res: tuple[pa.Table, int] | None  # (rows, T)
     forwarded, res = await api.router.query(request, table, where_terms(doc, request), doc.get("bbox"),
                                              doc.get("columns"), limit if limit <= MAX_LIMIT else None, as_of)
     if forwarded is not None:
         return forwarded
+    assert res is not None  # not forwarded: read here or across the nodes
     t, T = res
     if t.num_rows > limit:
         t = t.slice(0, limit)

@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from aiohttp import web
 
 from node.config import MAX_REPLICAS
 from node.errors import ApiError
 from node.http.params import as_of_param, bound, json_object, schema_from_json
+from node.http.ports import HandlerApi
 from node.wire import schema_to_json
+from rowstore.db.database import Database
 from rowstore.errors import TableNotFoundError
 from rowstore.schema import _check_name
+from rowstore.tables.definitions import TableDef
 
 log = logging.getLogger("terrascale.node")
 
 
-def add_table_routes(api, router) -> None:
+def add_table_routes(api: HandlerApi, router: web.UrlDispatcher) -> None:
     router.add_post("/v1/tables", bound(api, create_table))
     router.add_get("/v1/tables", bound(api, list_tables))
     router.add_get("/v1/tables/{table}", bound(api, describe))
@@ -28,7 +32,7 @@ def add_table_routes(api, router) -> None:
     router.add_patch("/v1/tables/{table}/columns/{column}", bound(api, rename_column))
 
 
-async def create_table(api, request):
+async def create_table(api: HandlerApi, request: web.Request) -> web.Response:
     doc = await json_object(request, {"name", "columns", "primary_key", "indexes", "partitions", "replicas",
                                        "cluster_by"},
                              required=("name", "columns", "primary_key"))
@@ -64,7 +68,7 @@ async def create_table(api, request):
     return web.json_response(_table_json(d), status=201)
 
 
-async def list_tables(api, request):
+async def list_tables(api: HandlerApi, request: web.Request) -> web.Response:
     as_of = as_of_param(request)
     db = api.db
     if api.multi:
@@ -72,7 +76,7 @@ async def list_tables(api, request):
     return web.json_response({"tables": [_table_json(d) for d in await db.list_tables(as_of)]})
 
 
-async def describe(api, request):
+async def describe(api: HandlerApi, request: web.Request) -> web.Response:
     d = await api.db.describe(request.match_info["table"], as_of_param(request))
     out = _table_json(d)
     out["placement"] = (await api.cluster.placement(d.name, d.partitions)).json()  # leaders, replicas
@@ -82,14 +86,14 @@ async def describe(api, request):
     return web.json_response(out)
 
 
-async def drop_table(api, request):
+async def drop_table(api: HandlerApi, request: web.Request) -> web.Response:
     d = await api.db.drop_table(request.match_info["table"])
     await _announce(api, d.name)
     log.info("event=table_dropped table=%s", d.name)
     return web.json_response({"dropped": d.name, "commit_ts": d.ts})
 
 
-async def add_column(api, request):
+async def add_column(api: HandlerApi, request: web.Request) -> web.Response:
     doc = await json_object(request, {"name", "type", "nullable"}, required=("name", "type"))
     name, type_text = doc["name"], doc["type"]
     if not isinstance(name, str) or not isinstance(type_text, str):
@@ -101,14 +105,14 @@ async def add_column(api, request):
     return web.json_response(_table_json(d))
 
 
-async def drop_column(api, request):
+async def drop_column(api: HandlerApi, request: web.Request) -> web.Response:
     col = request.match_info["column"]
     d = await api.db.alter_table(request.match_info["table"], lambda s: s.drop_column(col))
     await _announce(api, d.name)
     return web.json_response(_table_json(d))
 
 
-async def rename_column(api, request):
+async def rename_column(api: HandlerApi, request: web.Request) -> web.Response:
     doc = await json_object(request, {"name"}, required=("name",))
     new, old = doc["name"], request.match_info["column"]
     if not isinstance(new, str):
@@ -118,7 +122,7 @@ async def rename_column(api, request):
     return web.json_response(_table_json(d))
 
 
-async def _announce(api, name: str) -> None:
+async def _announce(api: HandlerApi, name: str) -> None:
     """A table's definition changed: every other member drops its cached one (best effort —
     a member that misses it reads the catalog again when its placement row is re-read)."""
     if not api.multi:
@@ -132,7 +136,7 @@ async def _announce(api, name: str) -> None:
             log.warning("event=forget_unsent table=%s node=%s error=%r", name, n, g)
 
 
-async def _exists(db, name: str) -> bool:
+async def _exists(db: Database, name: str) -> bool:
     try:
         await db.describe(name)
         return True
@@ -140,8 +144,10 @@ async def _exists(db, name: str) -> bool:
         return False
 
 
-def _table_json(d) -> dict:
-    return {"name": d.name, "table_id": d.table_id, "columns": schema_to_json(d.schema),
-            "primary_key": d.schema.key.name, "indexes": d.index_names(), "partitions": d.partitions,
-            "cluster_by": d.cluster_column.name if d.cluster_column is not None else d.schema.key.name,
-            "schema_version": d.schema.version, "ts": d.ts}
+def _table_json(d: TableDef) -> dict[str, Any]:
+    schema = d.schema
+    assert schema is not None  # a live table's (Database.describe, list_tables, create_table, alter_table)
+    return {"name": d.name, "table_id": d.table_id, "columns": schema_to_json(schema),
+            "primary_key": schema.key.name, "indexes": d.index_names(), "partitions": d.partitions,
+            "cluster_by": d.cluster_column.name if d.cluster_column is not None else schema.key.name,
+            "schema_version": schema.version, "ts": d.ts}

@@ -65,6 +65,7 @@ def test_plan_tail_changes_and_leases(node):
     assert c._call("DELETE", f"/v1/leases/{plan['lease']}")["released"]
     for path, doc in [("/v1/tables/s/plan", {"as_of": "x"}), ("/v1/tables/s/plan", {"nope": 1}),
                       ("/v1/tables/s/tail", {"as_of": 1}), ("/v1/tables/s/tail", {"partition": 99, "as_of": 0}),
+                      ("/v1/tables/s/tail", {"partition": 0, "as_of": None}),
                       ("/v1/tables/s/changes", {"after": -1}), ("/v1/tables/zz/plan", {}),
                       ("/v1/tables/s/plan", {"where": [["v", "~", 1]]}),
                       ("/v1/tables/s/plan", {"request_id": ""}), ("/v1/tables/s/plan", {"request_id": 7}),
