@@ -376,7 +376,7 @@ class NodeReplication:
             await asyncio.sleep(lease_wait(ok.values(), self.lease_s))
         chosen = choose_leader(ok, need, prefer, p.leader)
         new = PartitionPlace((chosen, *[n for n in p.replicas if n != chosen]), epoch, int(ok[chosen]["last"]),
-                             cast(tuple[int, int], tuple(Position.of(ok[chosen]["pos"]))), p.leaving)  # two ints
+                             cast(tuple[int, int], tuple(Position.of(ok[chosen]["pos"]))), p.leaving)  # (seq, offset)
         if not await self._write_place(d.name, pid, p, new, d.table_id, clock_floor(ok.values(), self.lease_s)):
             self.elections["failed"] += 1
             return False
