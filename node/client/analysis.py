@@ -2,19 +2,26 @@
 their answers printed like every other command's (``--output`` table, csv, json, arrow)."""
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
 import pyarrow as pa
 
+from node.client.client import Client
+from node.client.endpoints import Where
 from node.client.output import emit, emit_arrow_table
 from node.errors import NodeError
 
 FNS = ("count", "sum", "min", "max", "mean", "count_distinct")
+N = TypeVar("N", int, float)
 
 
 class ArgumentError(NodeError, ValueError):
     """A command-line argument that is not well formed (the CLI's usage error)."""
 
 
-def aggregates_of(specs: list[str]) -> list[dict]:
+def aggregates_of(specs: list[str] | None) -> list[dict[str, str]]:
     """``--agg count`` (rows), ``--agg FN:COLUMN`` -> the request's ``aggregates``."""
     out = []
     for s in specs or ["count"]:
@@ -25,7 +32,15 @@ def aggregates_of(specs: list[str]) -> list[dict]:
     return out
 
 
-def numbers(text: str, n: int, what: str, kind=float) -> list:
+@overload
+def numbers(text: str, n: int, what: str) -> list[float]: ...
+
+
+@overload
+def numbers(text: str, n: int, what: str, kind: Callable[[str], N]) -> list[N]: ...
+
+
+def numbers(text: str, n: int, what: str, kind: Callable[[str], Any] = float) -> list[Any]:
     parts = [p.strip() for p in text.split(",")]
     try:
         vals = [kind(p) for p in parts]
@@ -36,7 +51,7 @@ def numbers(text: str, n: int, what: str, kind=float) -> list:
     return vals
 
 
-def aggregate(c, args, where, bbox) -> int:
+def aggregate(c: Client, args: argparse.Namespace, where: Where | None, bbox: Any) -> int:
     group_by = [g.strip() for g in args.group_by.split(",") if g.strip()] if args.group_by else None
     aggs = aggregates_of(args.agg)
     if args.output in ("arrow", "table", "csv"):  # typed columns: the Arrow answer
@@ -48,7 +63,7 @@ def aggregate(c, args, where, bbox) -> int:
     return 0
 
 
-def histogram(c, args, where) -> int:
+def histogram(c: Client, args: argparse.Namespace, where: Where | None) -> int:
     xmin, ymin, xmax, ymax = numbers(args.bbox, 4, "--bbox")
     cells = numbers(args.cells, 2, "--cells", int)
     doc = c.histogram(args.name, args.column, {"xmin": xmin, "ymin": ymin, "xmax": xmax, "ymax": ymax}, cells,

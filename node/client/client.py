@@ -18,10 +18,15 @@ import http.client
 import ssl
 import threading
 import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlsplit
 
 from catalog.retry import Retry, call
 from node.client.endpoints import IDEMPOTENT, Endpoints, Request, headers
+
+if TYPE_CHECKING:  # imported when an AsyncClient first sends: the blocking client and the CLI start without it
+    import aiohttp
 
 IDLE_RECONNECT_S = 30  # below the server's keep-alive timeout (aiohttp: 75 s): never reuse a connection it may drop
 # A kept-alive connection the server closed meanwhile: open a new one and send again at once
@@ -30,11 +35,11 @@ _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 _RECONNECT = Retry(attempts=2, base=0)
 
 
-class Client(Endpoints):
+class Client(Endpoints[Any]):
     """Blocking client. ``Client("http://127.0.0.1:7400", token=None)``."""
 
     def __init__(self, endpoint: str = "http://127.0.0.1:7400", token: str | None = None, timeout: float = 300,
-                 verify: bool | str = True):
+                 verify: bool | str = True) -> None:
         u = urlsplit(endpoint)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"endpoint must be http(s)://host:port, not {endpoint!r}")
@@ -51,10 +56,10 @@ class Client(Endpoints):
             self._conn.close()
             self._conn = None
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _connect(self) -> http.client.HTTPConnection:
@@ -66,7 +71,7 @@ class Client(Endpoints):
         return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
 
     def request(self, method: str, path: str, body: bytes | None = None, content_type: str | None = None,
-                accept: str | None = None) -> tuple[int, bytes, dict]:
+                accept: str | None = None) -> tuple[int, bytes, dict[str, str]]:
         """One raw request; returns (status, body, headers) without raising on error statuses."""
         h = headers(self.token, content_type, accept)
         stale = (lambda e: isinstance(e, _STALE)) if method in IDEMPOTENT else (lambda e: False)
@@ -80,7 +85,8 @@ class Client(Endpoints):
             except OSError as e:
                 raise ConnectionError(f"cannot reach {self.endpoint}: {e.strerror or e}") from e
 
-    def _exchange(self, method, path, body, h) -> tuple[int, bytes, dict]:
+    def _exchange(self, method: str, path: str, body: bytes | None,
+                  h: dict[str, str]) -> tuple[int, bytes, dict[str, str]]:
         if self._conn is None:
             self._conn = self._connect()
         try:
@@ -93,24 +99,24 @@ class Client(Endpoints):
         self._last = time.monotonic()
         return r.status, data, {k.lower(): v for k, v in r.getheaders()}
 
-    def _send(self, req: Request):
+    def _send(self, req: Request) -> Any:
         status, data, _ = self.request(req.method, req.path, req.body, req.content_type, req.accept)
         return req.result(status, data)
 
 
-class AsyncClient(Endpoints):
+class AsyncClient(Endpoints[Coroutine[Any, Any, Any]]):
     """asyncio client with the same methods (``await``-ed)."""
 
     def __init__(self, endpoint: str = "http://127.0.0.1:7400", token: str | None = None, timeout: float = 300,
-                 connections: int = 100):
+                 connections: int = 100) -> None:
         self.endpoint, self.token = endpoint.rstrip("/"), token
         self._timeout, self._limit = timeout, connections
-        self._session = None
+        self._session: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -118,7 +124,8 @@ class AsyncClient(Endpoints):
             await self._session.close()
             self._session = None
 
-    async def request(self, method, path, body=None, content_type=None, accept=None) -> tuple[int, bytes, dict]:
+    async def request(self, method: str, path: str, body: bytes | None = None, content_type: str | None = None,
+                      accept: str | None = None) -> tuple[int, bytes, dict[str, str]]:
         """One raw request; returns (status, body, headers) without raising on error statuses."""
         import aiohttp
 
@@ -132,6 +139,6 @@ class AsyncClient(Endpoints):
         except aiohttp.ClientConnectionError as e:
             raise ConnectionError(f"cannot reach {self.endpoint}: {e}") from e
 
-    async def _send(self, req: Request):
+    async def _send(self, req: Request) -> Any:
         status, data, _ = await self.request(req.method, req.path, req.body, req.content_type, req.accept)
         return req.result(status, data)

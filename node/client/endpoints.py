@@ -11,7 +11,9 @@ from __future__ import annotations
 import abc
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, Generic, TypeAlias, TypeVar
 from urllib.parse import quote, urlencode
 
 import pyarrow as pa
@@ -22,16 +24,21 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 # RFC 9110 §9.2.2: repeating one of these changes nothing the first did not; the rule aiohttp
 # applies to AsyncClient's connections, and Client to its own.
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+R = TypeVar("R")  # what ``_send`` makes of a request: the answer (Client) or a coroutine of it (AsyncClient)
+Columns: TypeAlias = Iterable[dict[str, Any] | Sequence[str]]  # {"name", "type", ...} documents or (name, type) pairs
+Where: TypeAlias = Iterable[Sequence[Any]]  # [column, op, value...] terms (docs/openapi.yaml)
+Rows: TypeAlias = pa.Table | pa.RecordBatch | dict[str, Any] | Iterable[dict[str, Any]]  # Arrow, or JSON rows
 
 
-def arrow_body(data) -> bytes:
+def arrow_body(data: pa.Table | pa.RecordBatch) -> bytes:
     """A pyarrow Table or RecordBatch as one Arrow IPC stream."""
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, data.schema) as w:
         w.write_table(data)
-    return sink.getvalue().to_pybytes()
+    out: bytes = sink.getvalue().to_pybytes()
+    return out
 
 
 def read_arrow(body: bytes) -> pa.Table:
@@ -49,7 +56,7 @@ def api_error(status: int, body: bytes) -> ApiError:
         return ApiError(status, "http_error", body[:200].decode(errors="replace") or f"HTTP {status}")
 
 
-def headers(token, content_type, accept) -> dict:
+def headers(token: str | None, content_type: str | None, accept: str | None) -> dict[str, str]:
     h = {"Authorization": f"Bearer {token}"} if token else {}
     if content_type:
         h["Content-Type"] = content_type
@@ -72,7 +79,7 @@ class Request:
     absent: str | None = None
 
     @classmethod
-    def of(cls, method: str, path: str, doc=None, body: bytes | None = None, content_type: str | None = None,
+    def of(cls, method: str, path: str, doc: Any = None, body: bytes | None = None, content_type: str | None = None,
            answer: str = "json", absent: str | None = None) -> Request:
         """A request with a JSON ``doc`` as its body, or a raw ``body``."""
         if doc is not None:
@@ -83,7 +90,7 @@ class Request:
     def accept(self) -> str | None:
         return ARROW_STREAM if self.answer == "arrow" else None
 
-    def result(self, status: int, body: bytes):
+    def result(self, status: int, body: bytes) -> Any:
         """What the endpoint's method returns for this answer; an error answer raises ApiError."""
         if status >= 400:
             err = api_error(status, body)
@@ -95,7 +102,7 @@ class Request:
         return body.decode() if self.answer == "text" else json.loads(body)
 
 
-def _rows(rows) -> tuple[bytes, str]:
+def _rows(rows: Rows) -> tuple[bytes, str]:
     """An Arrow table goes as an IPC stream; rows as dicts (or one dict: one row) go as JSON —
     the node coalesces small JSON writes with their neighbours (docs/rfcs/0008-point-writes.md)."""
     if isinstance(rows, (pa.Table, pa.RecordBatch)):
@@ -105,135 +112,144 @@ def _rows(rows) -> tuple[bytes, str]:
     return json.dumps({"rows": list(rows)}).encode(), "application/json"
 
 
-def _q(**params) -> str:
+def _q(**params: object) -> str:
     p = {k: v for k, v in params.items() if v is not None}
     return "?" + urlencode(p) if p else ""
 
 
-def _seg(s) -> str:
+def _seg(s: object) -> str:
     return quote(str(s), safe="")
 
 
-def _query_doc(where, bbox, as_of, columns, limit) -> dict:
-    doc = {}
-    for k, v in (("where", where), ("bbox", bbox), ("as_of", as_of), ("columns", columns), ("limit", limit)):
+def _query_doc(where: Where | None, bbox: Any, as_of: int | None, columns: Iterable[str] | None,
+               limit: int | None) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    fields: tuple[tuple[str, Any], ...] = (("where", where), ("bbox", bbox), ("as_of", as_of), ("columns", columns),
+                                           ("limit", limit))
+    for k, v in fields:
         if v is not None:
             doc[k] = [list(t) for t in v] if k == "where" else (list(v) if k == "columns" else v)
     return doc
 
 
-class Endpoints(abc.ABC):
+class Endpoints(abc.ABC, Generic[R]):
     """One method per endpoint. Each returns what the client's ``_send`` makes of its request:
     the answer (``Client``) or a coroutine of it (``AsyncClient``). Answers are dicts, a
     ``pyarrow.Table`` for ``query``, text for ``metrics``; error answers raise ApiError."""
 
     @abc.abstractmethod
-    def _send(self, req: Request):
+    def _send(self, req: Request) -> R:
         """The transport: ``Client`` sends over http.client, ``AsyncClient`` over aiohttp."""
 
-    def _call(self, method, path, doc=None, body=None, content_type=None, arrow=False):
+    def _call(self, method: str, path: str, doc: Any = None, body: bytes | None = None,
+              content_type: str | None = None, arrow: bool = False) -> R:
         """One request by path: a JSON ``doc`` or a raw ``body``; a pyarrow.Table back with ``arrow``."""
         return self._send(Request.of(method, path, doc, body, content_type, "arrow" if arrow else "json"))
 
     # health
-    def healthz(self):
+    def healthz(self) -> R:
         return self._call("GET", "/healthz")
 
-    def readyz(self):
+    def readyz(self) -> R:
         return self._call("GET", "/readyz")
 
-    def metrics(self):
+    def metrics(self) -> R:
         """The Prometheus text exposition."""
         return self._send(Request("GET", "/metrics", answer="text"))
 
     # tables
-    def create_table(self, name, columns, primary_key, indexes=(), partitions=None, cluster_by=None, replicas=None):
+    def create_table(self, name: str, columns: Columns, primary_key: str, indexes: Iterable[str] = (),
+                     partitions: int | None = None, cluster_by: str | None = None, replicas: int | None = None) -> R:
         cols = [c if isinstance(c, dict) else {"name": c[0], "type": c[1]} for c in columns]
-        doc = {"name": name, "columns": cols, "primary_key": primary_key, "indexes": list(indexes)}
+        doc: dict[str, Any] = {"name": name, "columns": cols, "primary_key": primary_key, "indexes": list(indexes)}
         for k, v in (("partitions", partitions), ("cluster_by", cluster_by), ("replicas", replicas)):
             if v is not None:
                 doc[k] = v
         return self._call("POST", "/v1/tables", doc)
 
-    def list_tables(self, as_of=None):
+    def list_tables(self, as_of: int | None = None) -> R:
         return self._call("GET", "/v1/tables" + _q(as_of=as_of))
 
-    def describe(self, table, as_of=None):
+    def describe(self, table: str, as_of: int | None = None) -> R:
         return self._call("GET", f"/v1/tables/{_seg(table)}" + _q(as_of=as_of))
 
-    def drop_table(self, table):
+    def drop_table(self, table: str) -> R:
         return self._call("DELETE", f"/v1/tables/{_seg(table)}")
 
-    def add_column(self, table, name, type):
+    def add_column(self, table: str, name: str, type: str) -> R:
         return self._call("POST", f"/v1/tables/{_seg(table)}/columns", {"name": name, "type": type})
 
-    def drop_column(self, table, column):
+    def drop_column(self, table: str, column: str) -> R:
         return self._call("DELETE", f"/v1/tables/{_seg(table)}/columns/{_seg(column)}")
 
-    def rename_column(self, table, column, new_name):
+    def rename_column(self, table: str, column: str, new_name: str) -> R:
         return self._call("PATCH", f"/v1/tables/{_seg(table)}/columns/{_seg(column)}", {"name": new_name})
 
     # rows
-    def upsert(self, table, rows):
+    def upsert(self, table: str, rows: Rows) -> R:
         """Rows as a pyarrow Table / RecordBatch, a list of dicts, or one dict."""
         body, ctype = _rows(rows)
         return self._call("POST", f"/v1/tables/{_seg(table)}/rows", body=body, content_type=ctype)
 
-    def delete(self, table, keys):
+    def delete(self, table: str, keys: Iterable[Any]) -> R:
         return self._call("POST", f"/v1/tables/{_seg(table)}/delete", {"keys": list(keys)})
 
-    def get(self, table, key, as_of=None):
+    def get(self, table: str, key: object, as_of: int | None = None) -> R:
         """The row as a dict (the JSON forms of the column types), or None if absent at T."""
         path = f"/v1/tables/{_seg(table)}/rows/{_seg(key)}" + _q(as_of=as_of)
         return self._send(Request("GET", path, absent="row_not_found"))
 
-    def query(self, table, where=None, bbox=None, as_of=None, columns=None, limit=None):
+    def query(self, table: str, where: Where | None = None, bbox: Any = None, as_of: int | None = None,
+              columns: Iterable[str] | None = None, limit: int | None = None) -> R:
         """The matching rows as a pyarrow.Table (Arrow IPC on the wire: types survive exactly)."""
         doc = _query_doc(where, bbox, as_of, columns, limit)
         return self._call("POST", f"/v1/tables/{_seg(table)}/query", doc, arrow=True)
 
-    def query_json(self, table, where=None, bbox=None, as_of=None, columns=None, limit=None):
+    def query_json(self, table: str, where: Where | None = None, bbox: Any = None, as_of: int | None = None,
+                   columns: Iterable[str] | None = None, limit: int | None = None) -> R:
         return self._call("POST", f"/v1/tables/{_seg(table)}/query", _query_doc(where, bbox, as_of, columns, limit))
 
-    def aggregate(self, table, aggregates, group_by=None, where=None, bbox=None, as_of=None, arrow=False,
-                  partitions=None, nan=None):
+    def aggregate(self, table: str, aggregates: list[dict[str, Any]], group_by: list[str] | None = None,
+                  where: Where | None = None, bbox: Any = None, as_of: int | None = None, arrow: bool = False,
+                  partitions: list[int] | None = None, nan: str | None = None) -> R:
         """Grouped aggregates (``{"as_of", "rows", "stats"}``; ``arrow``: a pyarrow.Table); ``partitions``:
         only those table partitions' rows; ``nan``: ``"ignore"`` or ``"largest"`` (docs/openapi.yaml)."""
         doc = {"aggregates": aggregates} | _present(group_by=group_by, where=where, bbox=bbox, as_of=as_of,
                                                     partitions=partitions, nan=nan)
         return self._call("POST", f"/v1/tables/{_seg(table)}/aggregate", doc, arrow=arrow)
 
-    def histogram(self, table, column, bbox, cells, where=None, as_of=None):
+    def histogram(self, table: str, column: str, bbox: Any, cells: Iterable[int], where: Where | None = None,
+                  as_of: int | None = None) -> R:
         """Counts per cell of a grid over ``bbox`` (``{"as_of", "counts", "stats"}``)."""
         doc = {"column": column, "bbox": bbox, "cells": list(cells)} | _present(where=where, as_of=as_of)
         return self._call("POST", f"/v1/tables/{_seg(table)}/histogram", doc)
 
     # admin
-    def status(self):
+    def status(self) -> R:
         return self._call("GET", "/v1/admin/status")
 
-    def segments(self, table=None):
+    def segments(self, table: str | None = None) -> R:
         return self._call("GET", "/v1/admin/segments" + _q(table=table))
 
-    def admin(self, job: str):
+    def admin(self, job: str) -> R:
         """Run a background job now: ``seal``, ``offload``, ``checkpoint`` or ``gc``."""
         return self._call("POST", f"/v1/admin/{job}")
 
-    def gc(self, table=None, dry_run=False):
+    def gc(self, table: str | None = None, dry_run: bool = False) -> R:
         """One garbage-collection pass now (or, ``dry_run``, its victims only)."""
         doc = {"dry_run": bool(dry_run)} | ({"table": table} if table is not None else {})
         return self._call("POST", "/v1/admin/gc", doc)
 
-    def cluster(self):
+    def cluster(self) -> R:
         return self._call("GET", "/v1/admin/cluster")
 
-    def add_member(self, raft_address: str):
+    def add_member(self, raft_address: str) -> R:
         return self._call("POST", "/v1/admin/cluster/members", {"raft_address": raft_address})
 
-    def remove_member(self, raft_address: str, force: bool = False):
+    def remove_member(self, raft_address: str, force: bool = False) -> R:
         force_q = "?force=true" if force else ""
         return self._call("DELETE", f"/v1/admin/cluster/members/{_seg(raft_address)}{force_q}")
 
 
-def _present(**fields) -> dict:
+def _present(**fields: Any) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}

@@ -12,17 +12,21 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
+from catalog.abc import Catalog, Entry
 from catalog.errors import CatalogCorruptionError, CatalogError
 from catalog.local import LocalCatalog
+from catalog.raft.offline import OfflineRaftCatalog
 from node.config import NodeConfig
 from node.errors import ConfigError
 from rowstore.errors import RowCorruptionError
 from rowstore.index.column_index import parse_column_run
 from rowstore.rowids import TOMBSTONE
+from rowstore.index.key_memtable import Run
 from rowstore.index.key_run import IndexRun
 from rowstore.segments.fsck import check_segments
 from rowstore.segments.position import REP_PREFIX, ReplicaRecord
@@ -38,12 +42,10 @@ log = logging.getLogger("node.fsck")
 IDX_PREFIX = "idx/"  # partition manifests: idx/<table id>/<partition>/manifest (docs/format/index-run.md)
 
 
-def _open_catalog(cfg: NodeConfig):
+def _open_catalog(cfg: NodeConfig) -> LocalCatalog | OfflineRaftCatalog:
     if cfg.catalog.startswith("trkv://"):
         return LocalCatalog(local_path(cfg.catalog), read_only=True, uri=cfg.catalog)
     if cfg.catalog.startswith("raft://"):
-        from catalog.raft.offline import OfflineRaftCatalog
-
         if not cfg.catalog_dir:
             raise ConfigError("catalog.dir: required with a raft:// catalog")
         return OfflineRaftCatalog(cfg.catalog_dir, cfg.catalog)
@@ -74,12 +76,15 @@ async def fsck(cfg: NodeConfig, *, repair: bool = False,
         await catalog.close()
 
 
-async def _check_all(cfg: NodeConfig, catalog, kek) -> list[Problem]:
-    problems, also_named, node_id = [], [], None
+async def _check_all(cfg: NodeConfig, catalog: LocalCatalog | OfflineRaftCatalog,
+                     kek: KeyEncryptionKey | None) -> list[Problem]:
+    problems: list[Problem] = []
+    also_named: list[tuple[int, int]] = []
+    node_id: str | None = None
     if catalog.torn_tail is not None:
         problems.append(Problem(catalog.torn_tail[0], catalog.torn_tail[1],
                                 "torn tail (an unacknowledged write; cut at the next start)", damage=False))
-    files = getattr(catalog, "files", None)
+    files = catalog.files if isinstance(catalog, OfflineRaftCatalog) else None
     if files is not None:  # raft://: the replica's view, and rows its uncommitted entries put
         log.info("event=fsck_raft %s refused_entries=%d", files.summary(), files.refused)
         node_id = cfg.node_id
@@ -132,7 +137,7 @@ async def check_index_runs(fs: TerrascaleFS) -> list[Problem]:
     return out
 
 
-def _segment_rows_by_id(entries) -> tuple[np.ndarray, np.ndarray]:
+def _segment_rows_by_id(entries: Iterable[Entry]) -> tuple[np.ndarray, np.ndarray]:
     """(segids sorted, their row counts; -1 while the count is not known: an active segment)."""
     got = sorted((d["segid"], d.get("rows", 0) if d.get("state") != "active" else -1)
                  for d in (json.loads(e.value) for e in entries))
@@ -160,8 +165,10 @@ def _dangling(rowids: np.ndarray, segs: tuple[np.ndarray, np.ndarray], manifest:
     return out
 
 
-async def _check_run(fs: TerrascaleFS, manifest: str, r: dict, segs) -> list[Problem]:
+async def _check_run(fs: TerrascaleFS, manifest: str, r: dict[str, Any],
+                     segs: tuple[np.ndarray, np.ndarray]) -> list[Problem]:
     inode, where = r.get("inode"), f"catalog {manifest}"
+    assert inode is not None  # every run a manifest names has its inode (docs/format/index-run.md)
     try:
         run = await IndexRun.open(await fs.open_sealed(inode))
         where = run.where
@@ -184,7 +191,7 @@ async def _check_run(fs: TerrascaleFS, manifest: str, r: dict, segs) -> list[Pro
                         f"index run (inode {inode}) of {manifest}: {getattr(err, 'reason', err)}")]
 
 
-def _check_entries(run: IndexRun, e, r: dict) -> None:
+def _check_entries(run: IndexRun, e: Run, r: dict[str, Any]) -> None:
     n = len(e.keys)
     if n != run.entries or ("entries" in r and r["entries"] != n):
         raise RowCorruptionError(run.where, None, f"{n} entries; the footer says {run.entries}, "
@@ -200,7 +207,7 @@ def _check_entries(run: IndexRun, e, r: dict) -> None:
         raise RowCorruptionError(run.where, None, "a commit timestamp lies outside the footer's range")
 
 
-async def check_references(catalog) -> list[Problem]:
+async def check_references(catalog: Catalog) -> list[Problem]:
     """Every file row is named by a segment row, a follower's replica row, a partition manifest
     (runs, column runs, runs awaiting deletion) or a pending row (a column run or a GC copy not yet published, removed
     at the owner's next start); a sealed file nothing names is leaked space."""
@@ -232,12 +239,13 @@ async def check_references(catalog) -> list[Problem]:
 # -- repair --------------------------------------------------------------------------------------
 
 
-async def _repair(cfg: NodeConfig, catalog, problems: list[Problem], emit) -> None:
+async def _repair(cfg: NodeConfig, catalog: LocalCatalog | OfflineRaftCatalog, problems: list[Problem],
+                  emit: Callable[[str], None]) -> None:
     orphans = [p.orphan for p in problems if p.orphan is not None]
     if not orphans:
         emit("repair: no orphans")
         return
-    if cfg.catalog.startswith("raft://"):
+    if isinstance(catalog, OfflineRaftCatalog):  # a raft:// catalog (_open_catalog)
         up = _members_up(cfg, catalog)
         if up:
             raise ConfigError(f"--repair: Raft members {', '.join(up)} are running; their catalog may name "
@@ -256,9 +264,10 @@ async def _repair(cfg: NodeConfig, catalog, problems: list[Problem], emit) -> No
         await objects.close()
 
 
-def _members_up(cfg: NodeConfig, catalog) -> list[str]:
+def _members_up(cfg: NodeConfig, catalog: OfflineRaftCatalog) -> list[str]:
     from catalog.raft import parse_raft_uri
 
+    assert catalog.files is not None  # read by open()
     members, me, _ = parse_raft_uri(cfg.catalog)
     up = []
     for addr in sorted(set(members) | set(catalog.files.members)):

@@ -26,15 +26,19 @@ serves the partition) gets its piece through ``--endpoint``, which routes it.
 """
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import json
 import os
 import sys
 import time
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from node.client.client import Client
 from node.errors import ApiError, NodeError, UsageError
 from node.wire import column_from_json, rows_to_table
 from rowstore.errors import RowValidationError
@@ -52,7 +56,7 @@ class IngestError(NodeError):
     """Raised when the input file cannot be read or does not fit the table."""
 
 
-def schema_of(desc: dict) -> SchemaVersion:
+def schema_of(desc: dict[str, Any]) -> SchemaVersion:
     """The table's current schema from ``GET /v1/tables/{t}``."""
     from rowstore.schema import Column
 
@@ -75,11 +79,13 @@ def count_rows(path: str, fmt: str) -> int | None:
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        return pq.ParquetFile(path).metadata.num_rows
+        rows: int = pq.ParquetFile(path).metadata.num_rows
+        return rows
     if fmt == "arrow":
         try:
             with pa.ipc.open_file(path) as r:
-                return sum(r.get_record_batch(i).num_rows for i in range(r.num_record_batches))
+                rows = sum(r.get_record_batch(i).num_rows for i in range(r.num_record_batches))
+                return rows
         except pa.ArrowInvalid:
             return None  # a stream: no footer to count from
     n, last = 0, b"\n"
@@ -91,7 +97,7 @@ def count_rows(path: str, fmt: str) -> int | None:
     return max(n - (fmt == "csv"), 0)
 
 
-def batches(path: str, fmt: str, schema: SchemaVersion, batch_rows: int):
+def batches(path: str, fmt: str, schema: SchemaVersion, batch_rows: int) -> Iterator[pa.Table]:
     """Yield Arrow tables of at most ``batch_rows`` rows, in file order."""
     if fmt == "parquet":
         import pyarrow.parquet as pq
@@ -106,7 +112,7 @@ def batches(path: str, fmt: str, schema: SchemaVersion, batch_rows: int):
         yield from _ndjson(path, schema, batch_rows)
 
 
-def _arrow_batches(path: str):
+def _arrow_batches(path: str) -> Iterator[pa.RecordBatch]:
     try:
         r = pa.ipc.open_file(path)
         for i in range(r.num_record_batches):
@@ -116,8 +122,9 @@ def _arrow_batches(path: str):
             yield from s
 
 
-def _rebatch(it, n: int):
-    buf, have = [], 0
+def _rebatch(it: Iterable[pa.RecordBatch], n: int) -> Iterator[pa.Table]:
+    buf: list[pa.RecordBatch] = []
+    have = 0
     for b in it:
         while b.num_rows:
             take = min(n - have, b.num_rows)
@@ -131,7 +138,7 @@ def _rebatch(it, n: int):
         yield pa.Table.from_batches(buf)
 
 
-def _csv_batches(path: str, schema: SchemaVersion):
+def _csv_batches(path: str, schema: SchemaVersion) -> Iterator[pa.RecordBatch]:
     import pyarrow.csv as pacsv
 
     types = {c.name: c.type.arrow() if c.type.kind in _CSV_NATIVE else pa.string() for c in schema.columns}
@@ -161,8 +168,9 @@ def _csv_convert(b: pa.RecordBatch, schema: SchemaVersion, base: int) -> pa.Reco
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def _ndjson(path: str, schema: SchemaVersion, n: int):
-    rows, first = [], 1
+def _ndjson(path: str, schema: SchemaVersion, n: int) -> Iterator[pa.Table]:
+    rows: list[dict[str, Any]] = []
+    first = 1
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -178,14 +186,14 @@ def _ndjson(path: str, schema: SchemaVersion, n: int):
         yield _ndjson_table(rows, schema, path, first)
 
 
-def _ndjson_table(rows, schema, path, first):
+def _ndjson_table(rows: list[dict[str, Any]], schema: SchemaVersion, path: str, first: int) -> pa.Table:
     try:
         return rows_to_table(rows, schema)
     except RowValidationError as e:
         raise IngestError(f"{path} (batch from line {first}): {e}") from None
 
 
-def ingest(client, args) -> int:
+def ingest(client: Client, args: argparse.Namespace) -> int:
     if args.batch_rows < 1:
         raise UsageError("--batch-rows must be at least 1")
     if not os.path.isfile(args.file):
@@ -227,11 +235,11 @@ def ingest(client, args) -> int:
     return 0
 
 
-def _next(it):
+def _next(it: Iterator[pa.Table]) -> pa.Table | None:
     return next(it, None)
 
 
-def _one(client, name: str, t: pa.Table) -> tuple[int, int]:
+def _one(client: Client, name: str, t: pa.Table) -> tuple[int, int]:
     res = client.upsert(name, t)
     return res["committed"], res["commit_ts"]
 
@@ -240,14 +248,14 @@ class Routes:
     """Which node serves each partition of a table placed across a cluster, and a client for
     each: a batch is split by node and the pieces sent at once."""
 
-    def __init__(self, client, leaders: list[str], addresses: dict[str, str], key: str, kind: str):
+    def __init__(self, client: Client, leaders: list[str], addresses: dict[str, str], key: str, kind: str) -> None:
         self.client, self.leaders, self.key, self.kind = client, np.array(leaders), key, kind
         self.nodes = {n: type(client)(addresses[n], token=client.token, timeout=client.timeout)
                       for n in set(leaders)}
         self.pool = concurrent.futures.ThreadPoolExecutor(len(self.nodes))
 
     @classmethod
-    def of(cls, client, name: str, schema: SchemaVersion) -> "Routes | None":
+    def of(cls, client: Client, name: str, schema: SchemaVersion) -> "Routes | None":
         """Routes when the table's partitions are on several nodes with known addresses."""
         place = client.describe(name).get("placement") or []
         leaders = [p["leader"] for p in place]

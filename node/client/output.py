@@ -5,9 +5,12 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from typing import Any
+
+import pyarrow as pa
 
 
-def emit(doc, fmt: str, rows_key: str | None = None) -> None:
+def emit(doc: Any, fmt: str, rows_key: str | None = None) -> None:
     """Print an API answer: a list of rows under ``rows_key`` as a table/CSV/JSON/Arrow, or a document."""
     rows = doc.get(rows_key) if rows_key and isinstance(doc, dict) else None
     if fmt == "json":
@@ -18,8 +21,6 @@ def emit(doc, fmt: str, rows_key: str | None = None) -> None:
     if rows is None:
         _print_doc(doc)
     elif fmt == "arrow":
-        import pyarrow as pa
-
         from node.client.endpoints import arrow_body
 
         sys.stdout.buffer.write(arrow_body(pa.Table.from_pylist([_flat(r) for r in rows])))
@@ -30,7 +31,7 @@ def emit(doc, fmt: str, rows_key: str | None = None) -> None:
         print_table(rows)
 
 
-def emit_arrow_table(t, fmt: str, as_of=None) -> None:
+def emit_arrow_table(t: pa.Table, fmt: str, as_of: int | None = None) -> None:
     if fmt == "arrow":
         from node.client.endpoints import arrow_body
 
@@ -50,11 +51,11 @@ def emit_arrow_table(t, fmt: str, as_of=None) -> None:
               file=sys.stderr)
 
 
-def _flat(r: dict) -> dict:
+def _flat(r: dict[str, Any]) -> dict[str, Any]:
     return {k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()}
 
 
-def cell(v) -> str:
+def cell(v: object) -> str:
     if v is None:
         return ""
     if isinstance(v, (dict, list)):
@@ -62,7 +63,7 @@ def cell(v) -> str:
     return str(v)
 
 
-def print_table(rows: list[dict], cols: list[str] | None = None) -> None:
+def print_table(rows: list[dict[str, Any]], cols: list[str] | None = None) -> None:
     cols = cols or list(dict.fromkeys(k for r in rows for k in r))
     cells = [[cell(r.get(c)) for c in cols] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
@@ -71,7 +72,7 @@ def print_table(rows: list[dict], cols: list[str] | None = None) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
 
 
-def print_csv(rows: list[dict], cols: list[str] | None = None) -> None:
+def print_csv(rows: list[dict[str, Any]], cols: list[str] | None = None) -> None:
     cols = cols or list(dict.fromkeys(k for r in rows for k in r))
     w = csv.writer(sys.stdout)
     w.writerow(cols)
@@ -79,7 +80,7 @@ def print_csv(rows: list[dict], cols: list[str] | None = None) -> None:
         w.writerow([cell(r.get(c)) for c in cols])
 
 
-def _print_doc(doc, indent: int = 0) -> None:
+def _print_doc(doc: dict[str, Any], indent: int = 0) -> None:
     pad = "  " * indent
     for k, v in doc.items():
         if isinstance(v, dict) and v and all(not isinstance(x, (dict, list)) for x in v.values()):

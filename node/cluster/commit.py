@@ -24,18 +24,21 @@ import json
 import logging
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from catalog.abc import Check, Delete, Put
 from node.cluster.members import raise_remote
+from node.cluster.placement import Placement, schema_of
 from node.cluster.serving import Serving
 from node.wire import ARROW_STREAM, write_arrow_stream
 from rowstore.db.write.committer import COMMITTED, txn_key
 from rowstore.errors import UnavailableError
 from rowstore.hlc import ts_from_ms
 from rowstore.segments.wal import DECIDED, SPANS_NODES
+from rowstore.tables.definitions import TableDef
 from terrafs.catalog_ops import commit
 
 log = logging.getLogger("terrascale.node")
@@ -48,11 +51,11 @@ class Outcome:
     commit_ts: int
 
 
-async def commit_across(sv: Serving, d, batch: pa.RecordBatch, pids: np.ndarray, placement,
+async def commit_across(sv: Serving, d: TableDef, batch: pa.RecordBatch, pids: np.ndarray, placement: Placement,
                         delete: bool) -> Outcome:
     """Commit ``batch`` (for ``delete``: the keys to delete) whose rows hash to ``pids`` on
     the nodes ``placement`` names, atomically, with one commit timestamp."""
-    shares = {}
+    shares: dict[str, pa.RecordBatch] = {}
     for who, mine in placement.by_node(np.unique(pids).tolist()).items():
         shares[who] = batch.filter(pa.array(np.isin(pids, mine)))
     # the remote shares as Arrow IPC before any lock is taken (a reservation holds locks)
@@ -62,7 +65,7 @@ async def commit_across(sv: Serving, d, batch: pa.RecordBatch, pids: np.ndarray,
     clock = sv.db.clock
     txn = DECIDED | SPANS_NODES | secrets.randbits(62)
     floor = max(ts_from_ms(clock.now_ms()), clock.last + 1)
-    got: list[tuple[str, dict]] = []
+    got: list[tuple[str, dict[str, Any]]] = []
     sent: list[str] = []  # the nodes a reserve went to (one that failed or timed out may still reserve)
     try:
         for who in sorted(shares):  # one node at a time: locks in one global order
@@ -81,7 +84,8 @@ async def commit_across(sv: Serving, d, batch: pa.RecordBatch, pids: np.ndarray,
     return await _decide_and_commit(sv, d, got, txn, ts)
 
 
-async def _decide_and_commit(sv: Serving, d, got, txn: int, ts: int) -> Outcome:
+async def _decide_and_commit(sv: Serving, d: TableDef, got: list[tuple[str, dict[str, Any]]], txn: int,
+                             ts: int) -> Outcome:
     key = txn_key(txn)
     # A failure here leaves the outcome to the catalog: each participant resolves it after
     # its prepare timeout, and the caller got no acknowledgement.
@@ -96,9 +100,9 @@ async def _decide_and_commit(sv: Serving, d, got, txn: int, ts: int) -> Outcome:
     answers = await asyncio.gather(*(_commit(sv, who, txn) for who, _ in got), return_exceptions=True)
     failed = [(who, a) for (who, _), a in zip(got, answers) if isinstance(a, BaseException)]
     if failed:
-        who, e = failed[0]
-        log.warning("event=txn_commit_unconfirmed txn=%s node=%s error=%r", key, who, e)
-        raise UnavailableError(f"the batch is committed (txn {key}) but node {who} did not confirm it: {e}; it is "
+        who, err = failed[0]
+        log.warning("event=txn_commit_unconfirmed txn=%s node=%s error=%r", key, who, err)
+        raise UnavailableError(f"the batch is committed (txn {key}) but node {who} did not confirm it: {err}; it is "
                                "applied when that node recovers")
     # Every share has its COMMIT X — unless a participant answered 0: it had restarted and
     # found X decided by its recovery, which for a replicated partition is one copy of the
@@ -108,17 +112,18 @@ async def _decide_and_commit(sv: Serving, d, got, txn: int, ts: int) -> Outcome:
     return Outcome(sum(a["rows"] for _, a in got), sum(a["existed"] for _, a in got), ts)
 
 
-async def _reserve(sv: Serving, who: str, d, rows: pa.RecordBatch, body: bytes | None, floor: int, txn: int,
-                   delete: bool) -> dict:
+async def _reserve(sv: Serving, who: str, d: TableDef, rows: pa.RecordBatch, body: bytes | None, floor: int,
+                   txn: int, delete: bool) -> dict[str, Any]:
     if who == sv.cluster.node_id:
-        r = await sv.db.participant.reserve(d.name, d.table_id, d.schema.version, rows, floor, txn, delete)
+        r = await sv.db.participant.reserve(d.name, d.table_id, schema_of(d).version, rows, floor, txn, delete)
         return {"ts": r.ts, "rows": r.rows, "existed": r.existed}
-    q = (f"/v1/internal/txn/reserve?table={d.name}&table_id={d.table_id}&schema_version={d.schema.version}"
+    q = (f"/v1/internal/txn/reserve?table={d.name}&table_id={d.table_id}&schema_version={schema_of(d).version}"
          f"&floor={floor}&txn={txn}&delete={int(delete)}")
     status, _, payload = await sv.cluster.call(who, "POST", q, body=body, headers={"Content-Type": ARROW_STREAM})
     if status != 200:
         raise_remote(status, payload, who)
-    return json.loads(payload)
+    ans: dict[str, Any] = json.loads(payload)
+    return ans
 
 
 async def _prepare(sv: Serving, who: str, txn: int, ts: int) -> None:

@@ -21,9 +21,12 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 from catalog.abc import Check, Put
 from catalog.errors import CatalogError
+from catalog.raft import RaftCatalog
 from node.cluster.members import RemoteError
 from node.cluster.handoff import call_hand_off, hand_off, reconcile as take_placed, single_copy_moves
 from node.tasks import cancel_all
@@ -35,7 +38,8 @@ from node.cluster.transport import PROMISED, HttpTransport
 from rowstore.errors import FencedError, RowstoreError, TableNotFoundError
 from rowstore.replication.epochs import Epoch, History, epochs_key, replica_lasts
 from rowstore.segments.position import NOTHING, REP_PREFIX, Position
-from rowstore.replication.leader import clock_floor, lease_wait
+from rowstore.replication.leader import Shipper, clock_floor, lease_wait
+from rowstore.tables.definitions import TableDef
 from terrafs.catalog_ops import commit
 from terrafs.errors import TerrafsError
 
@@ -44,7 +48,7 @@ ALIVE = "node/alive/"
 PRUNE_EVERY_S = 5.0
 
 
-def choose_leader(answers: dict[str, dict], need: int, prefer: str | None, was: str) -> str:
+def choose_leader(answers: dict[str, dict[str, Any]], need: int, prefer: str | None, was: str) -> str:
     """The longest log among a majority of promises (it holds every acknowledged write). A node
     that cannot take writes (its block device is full) is passed over while the others still
     make a majority: the longest log among *them* holds every acknowledged write too."""
@@ -58,7 +62,7 @@ def majority(n: int) -> int:
 
 
 class NodeReplication:
-    def __init__(self, sv: Serving):
+    def __init__(self, sv: Serving) -> None:
         self.sv, self.cfg, self.catalog = sv, sv.cfg, sv.catalog
         self.db, self.cluster = sv.db, sv.cluster
         self.me = self.cfg.node_id
@@ -69,15 +73,15 @@ class NodeReplication:
         self._observed = -1e9  # monotonic time of the last look at every counter
         self._driving = False
         self._pruned = 0.0
-        self._moving = None  # the one-copy partition move under way (a task), if any
+        self._moving: asyncio.Task[None] | None = None  # the one-copy partition move under way, if any
         self._busy: set[tuple[str, int]] = set()
         self._outvoted: dict[tuple[str, int], int] = {}  # (table id, pid) -> epoch a follower fenced us with
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self.elections = {"won": 0, "failed": 0}
         self.dead: set[str] = set()
         self._known: dict[str, int] = {}  # table id -> partitions (replication messages are checked against it)
         self.rebalancer = Rebalancer(self)
-        self.suspected: list | None = None  # what this node last wrote under node/suspect/ (suspicion.py)
+        self.suspected: list[list[str | int]] | None = None  # what this node last wrote under node/suspect/
 
     async def partitions_of(self, table_id: str) -> int | None:
         """How many partitions live table ``table_id`` has (None: no such table); the list of
@@ -98,7 +102,7 @@ class NodeReplication:
     async def stop(self) -> None:
         await cancel_all(self._tasks)
 
-    async def _loop(self, step) -> None:
+    async def _loop(self, step: Callable[[], Awaitable[None]]) -> None:
         while True:
             try:
                 await step()
@@ -129,11 +133,12 @@ class NodeReplication:
     # -- the driver -----------------------------------------------------------------------------
 
     async def _is_driver(self) -> bool:
+        assert isinstance(self.catalog, RaftCatalog)  # replication runs in a cluster: its catalog is Raft's
         try:
             st = await self.catalog.cluster_status()
         except (CatalogError, asyncio.TimeoutError):
             return False
-        driving = st.get("role") == "leader"
+        driving: bool = st.get("role") == "leader"
         self._driving = driving
         return driving
 
@@ -165,7 +170,7 @@ class NodeReplication:
         now = time.monotonic()
         return {n for n, (_, t) in self._seen.items() if now - t > self.cfg.failure_timeout_s}
 
-    async def _move_single(self, dead: set[str], placed) -> None:
+    async def _move_single(self, dead: set[str], placed: list[tuple[TableDef, Placement]]) -> None:
         """Even out one-copy partitions over the live members (a member joined), one move at a
         time in the background: a move seals and offloads a partition, which may take long,
         and must not hold up failure detection."""
@@ -188,7 +193,7 @@ class NodeReplication:
             log.warning("event=single_move_failed table=%s partition=%d from=%s to=%s error=%r", table, pid, owner,
                         to, e)
 
-    async def _placed(self):
+    async def _placed(self) -> list[tuple[TableDef, Placement]]:
         """(TableDef, its placement, read fresh) for every table."""
         return [(d, await self.cluster.placement(d.name, d.partitions, fresh=True))
                 for d in await self.db.list_tables()]
@@ -196,7 +201,7 @@ class NodeReplication:
     async def reconcile(self) -> None:
         """Lead what the placement says this node leads; stop leading anything else; serve the
         one-copy partitions moved here."""
-        seen = set()
+        seen: set[tuple[str, int]] = set()
         placed = await self._placed()
         await take_placed(self.sv, placed)
         tables = [(d, pl) for d, pl in placed if pl.replicated]
@@ -219,7 +224,7 @@ class NodeReplication:
             self._pruned = time.monotonic()
             await self._prune(tables)
 
-    async def _prune(self, tables) -> None:
+    async def _prune(self, tables: list[tuple[TableDef, Placement]]) -> None:
         """Drop this node's copies of segments their leaders offloaded or deleted, and every
         copy of a partition this node no longer replicates (moved away, or its table dropped)."""
         places = {d.table_id: pl for d, pl in tables}
@@ -252,7 +257,7 @@ class NodeReplication:
         await self.take(d, pid, pl)
         return self.db.leadership.shipper(d.table_id, pid) is not None
 
-    async def take(self, d, pid: int, pl: Placement) -> None:
+    async def take(self, d: TableDef, pid: int, pl: Placement) -> None:
         """Lead ``pid``: at once when its epoch came from an election naming this node (or the
         table is new), else through an election (after a restart: another replica may hold
         more than this node, which may even have lost its disk)."""
@@ -283,15 +288,15 @@ class NodeReplication:
         finally:
             self._busy.discard(key)
 
-    def _fenced(self, sh) -> None:
+    def _fenced(self, sh: Shipper) -> None:
         key = (sh.table_id, sh.pid)
         self._outvoted[key] = max(self._outvoted.get(key, 0), sh.fenced or 0)
         self.db.tasks.spawn(self.db.leadership.demote(sh.table_id, sh.pid))
 
-    async def started(self, d) -> None:
+    async def started(self, d: TableDef) -> None:
         """A replicated table was just created: each partition's leader takes it (epoch 1)."""
         pl = await self.cluster.placement(d.name, d.partitions, fresh=True)
-        calls = []
+        calls: list[Awaitable[None]] = []
         for pid, p in enumerate(pl.partitions):
             if p.leader == self.me:
                 calls.append(self.take(d, pid, pl))
@@ -310,7 +315,7 @@ class NodeReplication:
 
     # -- elections ------------------------------------------------------------------------------
 
-    async def elect(self, d, pid: int, exclude: set[str], handoff: str | None = None, force: bool = False,
+    async def elect(self, d: TableDef, pid: int, exclude: set[str], handoff: str | None = None, force: bool = False,
                     prefer: str | None = None) -> bool:
         """Fence ``pid``'s live replicas at the next epoch, choose the longest log among a
         majority, write the placement (CAS) and tell the chosen node to lead. ``handoff``: a
@@ -340,7 +345,7 @@ class NodeReplication:
         self.elections["failed"] += 1
         return False
 
-    async def _elect_at(self, d, pid: int, p: PartitionPlace, voters: list[str], need: int, epoch: int,
+    async def _elect_at(self, d: TableDef, pid: int, p: PartitionPlace, voters: list[str], need: int, epoch: int,
                         handoff: str | None, force: bool, prefer: str | None) -> bool | int:
         """One election at ``epoch``: True / False, or the highest epoch a replica had
         already promised (≥ ``epoch``) when that is why too few answered."""
@@ -371,7 +376,7 @@ class NodeReplication:
             await asyncio.sleep(lease_wait(ok.values(), self.lease_s))
         chosen = choose_leader(ok, need, prefer, p.leader)
         new = PartitionPlace((chosen, *[n for n in p.replicas if n != chosen]), epoch, int(ok[chosen]["last"]),
-                             tuple(Position.of(ok[chosen]["pos"])), p.leaving)
+                             cast(tuple[int, int], tuple(Position.of(ok[chosen]["pos"]))), p.leaving)  # (seq, offset)
         if not await self._write_place(d.name, pid, p, new, d.table_id, clock_floor(ok.values(), self.lease_s)):
             self.elections["failed"] += 1
             return False
@@ -385,12 +390,12 @@ class NodeReplication:
                 await self._tell(chosen, d.name, pid)  # else it takes it at its next reconcile
         return True
 
-    async def _fence(self, node: str, table_id: str, pid: int, epoch: int, force: bool = False) -> dict:
+    async def _fence(self, node: str, table_id: str, pid: int, epoch: int, force: bool = False) -> dict[str, Any]:
         status, headers, payload = await asyncio.wait_for(
             self.cluster.call(node, "POST", "/v1/internal/repl/fence",
                               doc={"table": table_id, "pid": pid, "epoch": epoch, "force": force}),
             self.cfg.failure_timeout_s)
-        doc = json.loads(payload)
+        doc: dict[str, Any] = json.loads(payload)
         promised = headers.get(PROMISED, "")
         if status == 409 and doc.get("error", {}).get("code") == "fenced" and promised.isdigit():
             raise FencedError(f"node {node}: {doc['error'].get('message', '')}"[:200], int(promised))
@@ -427,7 +432,7 @@ class NodeReplication:
                 return True
         return False
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         return {"driving": self._driving, "dead": sorted(self.dead), "elections": dict(self.elections),
                 "moves": dict(self.rebalancer.moves), "led": self.db.leadership.status(),
                 "transport": {"requests": self.transport.requests, "messages": self.transport.messages}}

@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Iterable, Set
+from typing import Any
 
 from catalog.abc import Check, Put
 from catalog.errors import CatalogError
@@ -24,12 +26,13 @@ from node.cluster.serving import Serving
 from node.cluster.placement import PLACE, PartitionPlace, Placement, counts
 from terrafs.catalog_ops import commit
 from rowstore.errors import TableNotFoundError
+from rowstore.tables.definitions import TableDef
 
 log = logging.getLogger("terrascale.node.handoff")
 CALL_TIMEOUT_S = 600.0  # a release seals and offloads the partition's rows: bounded by their size
 
 
-async def hand_off(sv: Serving, table: str, pid: int, to: str) -> dict:
+async def hand_off(sv: Serving, table: str, pid: int, to: str) -> dict[str, Any]:
     """Move one-copy partition ``pid`` of ``table`` from this node to ``to``."""
     db, cluster = sv.db, sv.cluster
     d = await db.describe(table)
@@ -85,7 +88,7 @@ async def take_if_placed(sv: Serving, table: str, pid: int) -> bool:
     return await sv.db.handoffs.take(d, pid, pl.partitions[pid].epoch)
 
 
-async def reconcile(sv: Serving, tables) -> None:
+async def reconcile(sv: Serving, tables: Iterable[tuple[TableDef, Placement]]) -> None:
     """Take the one-copy partitions ``tables`` (``[(TableDef, Placement)]``) place here that
     an open table of this node does not serve yet (a move whose message was lost)."""
     me = sv.cluster.node_id
@@ -98,19 +101,20 @@ async def reconcile(sv: Serving, tables) -> None:
                 await sv.db.handoffs.take(d, pid, p.epoch)
 
 
-async def call_hand_off(sv: Serving, owner: str, table: str, pid: int, to: str) -> dict:
+async def call_hand_off(sv: Serving, owner: str, table: str, pid: int, to: str) -> dict[str, Any]:
     """Ask ``owner`` to move one of its one-copy partitions to ``to``."""
     status, _, payload = await asyncio.wait_for(
         sv.cluster.call(owner, "POST", "/v1/internal/handoff", doc={"table": table, "pid": pid, "to": to}),
         CALL_TIMEOUT_S)
-    doc = json.loads(payload or b"{}")
+    doc: dict[str, Any] = json.loads(payload or b"{}")
     if status != 200:
         msg = doc.get("error", {}).get("message", "") if isinstance(doc, dict) else ""
         raise RemoteError(status, (doc.get("error") or {}).get("code", "unavailable"), f"node {owner}: {msg}"[:300])
     return doc
 
 
-def single_copy_moves(tables, live: set[str], leaving: set[str] = frozenset()) -> list[tuple[str, int, str, str]]:
+def single_copy_moves(tables: Iterable[tuple[TableDef, Placement]], live: Set[str],
+                      leaving: Set[str] = frozenset()) -> list[tuple[str, int, str, str]]:
     """One-copy partitions to move now, as ``(table, pid, from, to)``: every one on a node in
     ``leaving``, then (when nothing leaves) one from the member serving the most to the one
     serving the fewest while they differ by more than one. Targets are the least loaded."""
@@ -119,7 +123,7 @@ def single_copy_moves(tables, live: set[str], leaving: set[str] = frozenset()) -
     load = {m: sum(1 for _, pl in tables for p in pl.partitions if p.replicas == (m,)) for m in live - leaving}
     if not load:
         return []
-    out = []
+    out: list[tuple[str, int, str, str]] = []
     for d, pl in tables:
         for pid, p in enumerate(pl.partitions):
             if len(p.replicas) == 1 and p.leader in leaving:

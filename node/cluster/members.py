@@ -25,15 +25,19 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, NoReturn
 
 import aiohttp
+from aiohttp import web
 
-from catalog.abc import Check, Delete, Put
+from catalog.abc import Catalog, Check, Delete, Put
 from catalog.errors import CatalogError
+from catalog.raft import RaftCatalog
 from node.cluster.placement import PLACE, Placement, counts, plan
 from node.errors import ApiError
 from rowstore.errors import ConflictError, SchemaError, TableExistsError
+from rowstore.tables.definitions import TableDef
 from terrafs.failpoints import cut_to, slow_to
 from terrafs.catalog_ops import commit
 
@@ -49,7 +53,7 @@ class RemoteError(ApiError):
     """Raised with another node's error answer, to be answered as it is."""
 
 
-def raise_remote(status: int, payload: bytes, node: str) -> None:
+def raise_remote(status: int, payload: bytes, node: str) -> NoReturn:
     """Another node's error answer as a RemoteError (its status and code kept)."""
     try:
         err = json.loads(payload)["error"]
@@ -62,15 +66,15 @@ def raise_remote(status: int, payload: bytes, node: str) -> None:
 
 
 class Cluster:
-    def __init__(self, catalog, node_id: str, http_url: str, raft_addr: str | None, token: str | None = None,
-                 incarnation: str = ""):
+    def __init__(self, catalog: Catalog, node_id: str, http_url: str, raft_addr: str | None, token: str | None = None,
+                 incarnation: str = "") -> None:
         self.catalog, self.node_id, self.http_url, self.raft_addr = catalog, node_id, http_url, raft_addr
         self.token, self.incarnation = token, incarnation
         self.multi = raft_addr is not None
         self._places: dict[str, tuple[Placement | None, float, int]] = {}  # table -> (placement, when, version)
         self._forget: Callable[[str], None] | None = None  # the engine's hooks (``open``)
         self._leads: Callable[[str, int], bool] | None = None
-        self._members: dict[str, dict] = {}
+        self._members: dict[str, dict[str, Any]] = {}
         self._session: aiohttp.ClientSession | None = None
 
     def open(self, forget: Callable[[str], None], leads: Callable[[str, int], bool]) -> None:
@@ -91,7 +95,7 @@ class Cluster:
         if self._session is not None:
             await self._session.close()
 
-    async def members(self) -> dict[str, dict]:
+    async def members(self) -> dict[str, dict[str, Any]]:
         """node id -> {"http", "raft"} for every registered node."""
         if not self.multi:
             return {self.node_id: {"http": self.http_url, "raft": None}}
@@ -101,7 +105,8 @@ class Cluster:
 
     # -- placement ------------------------------------------------------------------------------
 
-    async def place(self, table: str, partitions: int, exists, replicas: int = 1) -> Placement:
+    async def place(self, table: str, partitions: int, exists: Callable[[], Awaitable[bool]],
+                    replicas: int = 1) -> Placement:
         """Place a new table's partitions over the members (balanced by count, RFC 0010 §1)
         before creating it, by compare-and-set; ``await exists()`` says whether the name is
         taken (then nothing is written: the live table's placement stays)."""
@@ -138,11 +143,10 @@ class Cluster:
         the second, and a table's placement stays."""
         gone = {e.key[len(LEAVING):] for e in await self.catalog.scan(LEAVING)} if self.multi else set()
         members = {n: m for n, m in (await self.members()).items() if n not in gone}
-        status = getattr(self.catalog, "cluster_status", None)
-        if status is None:
+        if not isinstance(self.catalog, RaftCatalog):
             return sorted(members)
         try:
-            st = await status()
+            st = await self.catalog.cluster_status()
             live = {m["address"] for m in st["members"]}
         except (CatalogError, asyncio.TimeoutError, KeyError, TypeError):
             return sorted(members)
@@ -174,7 +178,7 @@ class Cluster:
             return Placement.single(self.node_id, partitions)
         return pl
 
-    async def owns(self, d) -> dict[int, int]:
+    async def owns(self, d: TableDef) -> dict[int, int]:
         """The partitions of table ``d`` this node serves now (fresh), with their placement
         epochs: those it leads — a replicated one only once promoted in this process
         (``leads(table id, pid)``)."""
@@ -182,7 +186,7 @@ class Cluster:
         return {p: pl.partitions[p].epoch for p in pl.led_by(self.node_id)
                 if len(pl.partitions[p].replicas) == 1 or (self._leads is not None and self._leads(d.table_id, p))}
 
-    async def partitions(self, tables) -> dict:
+    async def partitions(self, tables: Iterable[TableDef]) -> dict[str, dict[str, str]]:
         """``{table: {partition: leader}}`` for the given TableDefs."""
         out = {}
         for d in tables:
@@ -202,10 +206,11 @@ class Cluster:
         m = members.get(node)
         if m is None:
             raise ConnectionError(f"node {node} has not registered an address")
-        return m["http"]
+        url: str = m["http"]
+        return url
 
-    async def call(self, node: str, method: str, path: str, *, body: bytes | None = None, doc=None,
-                   headers: dict | None = None) -> tuple[int, dict, bytes]:
+    async def call(self, node: str, method: str, path: str, *, body: bytes | None = None, doc: Any = None,
+                   headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
         """One internal request to ``node`` (with this node's token when it has one): (status,
         headers, body). A node that does not answer is a ConnectionError (503 to callers)."""
         url = await self.address(node) + path
@@ -241,7 +246,7 @@ class Cluster:
         if delay:
             await asyncio.sleep(delay)
 
-    def _internal(self, headers: dict | None) -> dict:
+    def _internal(self, headers: dict[str, str] | None) -> dict[str, str]:
         h = dict(headers or {})
         h[FORWARDED] = self.node_id
         h[INCARNATION] = self.incarnation
@@ -263,12 +268,11 @@ class Cluster:
             return True
         return status == 200 and json.loads(payload).get("incarnation") != incarnation
 
-    async def forward(self, request, owner: str, body: bytes, again=None):
+    async def forward(self, request: web.Request, owner: str, body: bytes,
+                      again: Callable[[], Awaitable[str]] | None = None) -> web.Response | None:
         """Send the request to ``owner``; its answer as a Response (None: ``again()``, asked
         after a 421, found this node is the owner after all). A node that does not answer is
         a ConnectionError (503)."""
-        from aiohttp import web
-
         for attempt in (0, 1):
             url = await self.address(owner)
             headers = {h: request.headers[h] for h in _HOP_HEADERS if h in request.headers}

@@ -10,12 +10,16 @@ racing to create a name: one CAS fails). A table from before placements has only
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 
 from catalog.errors import CorruptionError
+from rowstore.schema import SchemaVersion
+from rowstore.tables.definitions import TableDef
 from rowstore.tables.keys import encode_keys, partition_of
 
 PLACE = "node/place/"
@@ -34,8 +38,8 @@ class PartitionPlace:
     def leader(self) -> str:
         return self.replicas[0]
 
-    def doc(self) -> dict:
-        out = {"replicas": list(self.replicas), "epoch": self.epoch}
+    def doc(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"replicas": list(self.replicas), "epoch": self.epoch}
         if self.base or any(self.start):
             out.update(base=self.base, start=list(self.start))
         if self.leaving:
@@ -58,7 +62,7 @@ class Placement:
     def leaders(self) -> list[str]:
         return [p.leader for p in self.partitions]
 
-    def by_node(self, pids=None) -> dict[str, list[int]]:
+    def by_node(self, pids: Iterable[int] | None = None) -> dict[str, list[int]]:
         """node id -> the partitions (of ``pids``, default all) it leads, in order."""
         out: dict[str, list[int]] = {}
         for pid in range(len(self.partitions)) if pids is None else pids:
@@ -80,8 +84,10 @@ class Placement:
             doc = json.loads(raw)
             if doc.get("format") != FORMAT:
                 raise ValueError(f"format {doc.get('format')!r}")
+            # cast: a start of another length is refused just below
             parts = tuple(PartitionPlace(tuple(str(r) for r in p["replicas"]), int(p["epoch"]), int(p.get("base", 0)),
-                                         tuple(int(x) for x in p.get("start", (0, 0))), str(p.get("leaving", "")))
+                                         cast(tuple[int, int], tuple(int(x) for x in p.get("start", (0, 0)))),
+                                         str(p.get("leaving", "")))
                           for p in doc["partitions"])
             if not parts or any(not p.replicas or len(set(p.replicas)) != len(p.replicas) or len(p.start) != 2
                                 or (p.leaving and p.leaving not in p.replicas) for p in parts):
@@ -94,7 +100,7 @@ class Placement:
     def single(cls, node: str, partitions: int) -> "Placement":
         return cls(tuple(PartitionPlace((node,)) for _ in range(partitions)))
 
-    def json(self) -> list[dict]:
+    def json(self) -> list[dict[str, Any]]:
         return [{"partition": i, "leader": p.leader, "replicas": list(p.replicas), "epoch": p.epoch,
                  **({"leaving": p.leaving} if p.leaving else {})}
                 for i, p in enumerate(self.partitions)]
@@ -139,7 +145,7 @@ def plan(members: list[str], partitions: int, replicas: int, led: dict[str, int]
     return Placement(tuple(out))
 
 
-def counts(placements) -> tuple[dict[str, int], dict[str, int]]:
+def counts(placements: Iterable[Placement]) -> tuple[dict[str, int], dict[str, int]]:
     """(partitions led, replicas held) per node over ``placements``."""
     led: dict[str, int] = {}
     held: dict[str, int] = {}
@@ -151,9 +157,15 @@ def counts(placements) -> tuple[dict[str, int], dict[str, int]]:
     return led, held
 
 
-def key_partitions(d, keys) -> np.ndarray:
+def schema_of(d: TableDef) -> SchemaVersion:
+    """The schema of a described table ``d`` (``describe()`` never returns a dropped one: no schema)."""
+    assert d.schema is not None
+    return d.schema
+
+
+def key_partitions(d: TableDef, keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """The partition of each key of table ``d`` (the format's hash, rowstore/tables/keys.py)."""
-    kind = d.schema.key.type.kind.value
+    kind = schema_of(d).key.type.kind.value
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
     return partition_of(encode_keys(keys, kind), d.partitions)

@@ -25,18 +25,38 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
-from node.cluster.placement import PartitionPlace
+from node.cluster.members import Cluster
+from node.cluster.placement import PartitionPlace, Placement
+from node.config import NodeConfig
+from rowstore.tables.definitions import TableDef
 
 log = logging.getLogger("terrascale.node.rebalance")
+Placed = Sequence[tuple[TableDef, Placement]]  # the replicated tables with their placements, as read this tick
+
+
+class Driver(Protocol):
+    """What rebalancing asks of the placement driver: the node's replication (node/cluster/controller.py)."""
+
+    cluster: Cluster
+    cfg: NodeConfig
+    dead: set[str]
+
+    async def elect(self, d: TableDef, pid: int, exclude: set[str], handoff: str | None = None, force: bool = False,
+                    prefer: str | None = None) -> bool: ...
+
+    async def _write_place(self, name: str, pid: int, was: PartitionPlace, new: PartitionPlace,
+                           table_id: str | None = None, floor: int = 0) -> bool: ...
 
 
 class Rebalancer:
-    def __init__(self, repl):
+    def __init__(self, repl: Driver) -> None:
         self.repl = repl
         self.moves = {"started": 0, "handed_over": 0, "finished": 0, "given_up": 0, "leaders_moved": 0}
 
-    async def step(self, tables) -> bool:
+    async def step(self, tables: Placed) -> bool:
         """At most one step of one move over ``tables`` (the replicated ones with their
         placements, as the driver read them this tick); whether something was done."""
         repl = self.repl
@@ -75,7 +95,7 @@ class Rebalancer:
                             return await self._start(d, pid, p, hi, held, {lo})
         return await self._balance_leaders(tables, live)
 
-    async def _balance_leaders(self, tables, live: set[str]) -> bool:
+    async def _balance_leaders(self, tables: Placed, live: set[str]) -> bool:
         """Leadership back to a node that returned (failovers pile leaders on the survivors):
         a planned hand-over from the node leading the most partitions to a caught-up follower
         leading the fewest, while they differ by more than one."""
@@ -99,7 +119,8 @@ class Rebalancer:
                         return True
         return False
 
-    async def _start(self, d, pid: int, p: PartitionPlace, leaving: str, held: dict, candidates) -> bool:
+    async def _start(self, d: TableDef, pid: int, p: PartitionPlace, leaving: str, held: dict[str, int],
+                     candidates: Iterable[str]) -> bool:
         pool = [m for m in candidates if m not in p.replicas]
         if not pool:
             return False
@@ -111,7 +132,7 @@ class Rebalancer:
         log.warning("event=replica_move_started table=%s partition=%d from=%s to=%s", d.name, pid, leaving, target)
         return True
 
-    async def _advance(self, d, pid: int, p: PartitionPlace, members: set[str]) -> bool:
+    async def _advance(self, d: TableDef, pid: int, p: PartitionPlace, members: set[str]) -> bool:
         repl = self.repl
         # The newcomer or a third replica left while the move ran; the leaving one stays until
         # its successor caught up (a copy more meanwhile), unless it is dead too.
@@ -135,7 +156,7 @@ class Rebalancer:
                     newcomer)
         return True
 
-    async def _give_up(self, d, pid: int, p: PartitionPlace, drop: str) -> bool:
+    async def _give_up(self, d: TableDef, pid: int, p: PartitionPlace, drop: str) -> bool:
         """End a move that cannot finish as planned (a replica left the membership, or the
         leader left and the others cannot elect with four): ``drop`` (a follower) leaves the
         set and ``leaving`` is cleared. Safe from any of the four (RFC 0010 §7): an acknowledged
@@ -154,7 +175,7 @@ class Rebalancer:
         """The follower a move given up drops: one that is not live, else the newest."""
         return next((r for r in reversed(p.replicas[1:]) if r not in live), p.replicas[-1])
 
-    async def _caught_up(self, d, pid: int, leader: str, followers: list[str]) -> bool:
+    async def _caught_up(self, d: TableDef, pid: int, leader: str, followers: list[str]) -> bool:
         """Whether the leader reports every one of ``followers`` at its own log end."""
         try:
             status, _, payload = await asyncio.wait_for(

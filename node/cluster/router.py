@@ -19,26 +19,33 @@ import asyncio
 import dataclasses
 import json
 import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
+from aiohttp import web
 
 from node.cluster.members import FORWARDED, RemoteError, raise_remote
 from node.wire import read_arrow_stream
 from node.errors import ApiError, NodeError
-from node.cluster.commit import commit_across
+from node.cluster.commit import Outcome, commit_across
 from node.cluster.serving import Serving
 from node.metrics import Metrics
 from node.phase import Readiness
-from node.cluster.placement import key_partitions as _pids
+from node.cluster.placement import Placement, key_partitions as _pids, schema_of
 from rowstore.db.database import Database
+from rowstore.db.write.committer import WriteResult
 from rowstore.errors import UnavailableError
-from rowstore.reads.plan import ReadPlan
+from rowstore.reads.plan import ReadPlan, SegmentSlice
 from rowstore.tables.conform import conform
+from rowstore.tables.definitions import TableDef
 from rowstore.tables.key_check import check_keys
 
-
 log = logging.getLogger("node.router")
+R = TypeVar("R")  # what a request served here answers
+L = TypeVar("L")  # a node's share of a read across nodes, asked of it
+W = TypeVar("W")  # that share when the partitions' leader does not answer (from their objects)
 
 
 class Misdirected(NodeError):
@@ -49,7 +56,7 @@ class Router:
     """Made when the node's stores are open (``Api.open``); ``readiness`` turns requests away
     while the node stops, ``metrics`` counts forwards and batches across nodes."""
 
-    def __init__(self, sv: Serving, readiness: Readiness, metrics: Metrics):
+    def __init__(self, sv: Serving, readiness: Readiness, metrics: Metrics) -> None:
         self.sv, self.cluster, self.readiness, self.metrics = sv, sv.cluster, readiness, metrics
 
     @property
@@ -62,10 +69,10 @@ class Router:
     def multi(self) -> bool:
         return self.cluster.multi
 
-    async def _placement(self, d, fresh: bool = False):
+    async def _placement(self, d: TableDef, fresh: bool = False) -> Placement:
         return await self.cluster.placement(d.name, d.partitions, fresh=fresh)
 
-    async def _where(self, request, d, pids, fresh: bool = False) -> str | None:
+    async def _where(self, request: web.Request, d: TableDef, pids: np.ndarray, fresh: bool = False) -> str | None:
         """The one node serving all of ``pids`` (None: several). Serving here is confirmed by
         the leases of replicated partitions led here (no other leader while a majority answered
         within the lease), the engine's set of one-copy ones, or a fresh look; a forwarded
@@ -85,7 +92,7 @@ class Router:
                               f"{', '.join(sorted(nodes))}")
         return nodes.pop() if len(nodes) == 1 else None
 
-    def _owned_here(self, d, pl, pids) -> bool:
+    def _owned_here(self, d: TableDef, pl: Placement, pids: np.ndarray) -> bool:
         """One-copy partitions the engine serves: only their release here moves them (retired,
         every write refused, before the placement switches; no election without their one
         replica), so no linearizable placement read (a Raft barrier) is needed per request."""
@@ -94,7 +101,7 @@ class Router:
             int(p) < len(pl.partitions) and pl.partitions[int(p)].replicas == (me,) and int(p) in t.owned
             for p in pids)
 
-    def _leased_here(self, d, pids) -> bool:
+    def _leased_here(self, d: TableDef, pids: np.ndarray) -> bool:
         lead = self.db.leadership
         for p in pids:
             sh = lead.shipper(d.table_id, int(p))
@@ -102,16 +109,17 @@ class Router:
                 return False
         return len(pids) > 0
 
-    async def _forward(self, request, d, who: str, pids):
+    async def _forward(self, request: web.Request, d: TableDef, who: str, pids: np.ndarray) -> web.Response | None:
         """The answer of ``who``; None when, after a 421, a fresh placement says the request
         is no longer for one other node (the caller routes it again)."""
         self.metrics.forwarded.labels(who).inc()
 
-        async def again():
+        async def again() -> str:
             return await self._where(request, d, pids, fresh=True) or self.cluster.node_id
         return await self.cluster.forward(request, who, await request.read(), again)
 
-    async def _dispatch(self, request, d, pids, here, across):
+    async def _dispatch(self, request: web.Request, d: TableDef, pids: np.ndarray, here: Callable[[], Awaitable[R]],
+                        across: Callable[[], Awaitable[R]]) -> tuple[web.Response | None, R | None]:
         """Route by the partitions ``pids``: ``here()`` when this node serves them all, the
         request forwarded when one other node does, ``across()`` when several do."""
         fresh = False
@@ -131,14 +139,14 @@ class Router:
         """A participant's check: every row of a reservation hashes to a partition led here."""
         d = await self.db.describe(table)
         if delete:
-            col = rows.column(d.schema.key.name)
+            col = rows.column(schema_of(d).key.name)
             pids = _pids(d, check_keys(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col,
-                                      d.schema.key))
+                                      schema_of(d).key))
         else:
-            pids = _pids(d, conform(rows, d.schema).column(d.schema.key.name))
+            pids = _pids(d, conform(rows, schema_of(d)).column(schema_of(d).key.name))
         await self._mine(d, np.unique(pids))
 
-    async def _mine(self, d, pids) -> None:
+    async def _mine(self, d: TableDef, pids: Iterable[int] | np.ndarray) -> None:
         pl = await self._placement(d, fresh=True)
         others = sorted({int(p) for p in pids if pl.leader(int(p)) != self.cluster.node_id})
         if others:
@@ -151,13 +159,14 @@ class Router:
             raise Misdirected(f"table {table!r} has partitions 0..{d.partitions - 1}")
         await self._mine(d, pids)
 
-    async def local_read(self, table: str, pids: list[int], T: int, where, bbox, limit):
+    async def local_read(self, table: str, pids: list[int], T: int, where: Any, bbox: Any,
+                         limit: int | None) -> tuple[pa.Table, int]:
         """This node's share of a read across nodes, at the coordinator's T."""
         await self.mine(table, pids)
         return await self.db.query(table, where=where, bbox=bbox, limit=limit, as_of=T, partitions=pids,
                                    trusted=True)
 
-    async def whole_table(self, request, table: str):
+    async def whole_table(self, request: web.Request, table: str) -> web.Response | None:
         """Requests about a whole table that are not scattered (the bridge's snapshot, plan and
         change feed; a partition's tail): to the one node serving every partition (or the
         named one), else None — served here."""
@@ -187,26 +196,30 @@ class Router:
 
     # -- writes ---------------------------------------------------------------------------------
 
-    async def upsert(self, request, table: str, data: pa.Table):
+    async def upsert(self, request: web.Request, table: str,
+                     data: pa.Table) -> tuple[web.Response | None, tuple[int, int] | None]:
         """(forwarded response, None) or (None, (count, commit_ts))."""
         d = await self.db.describe(table)
         if not self.multi or data.num_rows == 0:
             res = await self.db.upsert(table, data)
             return None, (res.count, res.commit_ts)
-        batch = conform(data, d.schema)  # bad rows are refused here, before anything moves
-        return await self.write(request, d, _pids(d, batch.column(d.schema.key.name)),
+        batch = conform(data, schema_of(d))  # bad rows are refused here, before anything moves
+        return await self.write(request, d, _pids(d, batch.column(schema_of(d).key.name)),
                                 lambda: self.db.upsert(table, batch), lambda: batch, False)
 
-    async def delete(self, request, table: str, keys: list):
+    async def delete(self, request: web.Request, table: str,
+                     keys: list[Any]) -> tuple[web.Response | None, tuple[int, int] | None]:
         d = await self.db.describe(table)
         if not self.multi or not keys:
             res = await self.db.delete(table, keys)
             return None, (res.count, res.commit_ts)
-        karr = check_keys(keys, d.schema.key)
+        karr = check_keys(keys, schema_of(d).key)
         return await self.write(request, d, _pids(d, karr), lambda: self.db.delete(table, keys),
-                                lambda: pa.RecordBatch.from_arrays([karr], names=[d.schema.key.name]), True)
+                                lambda: pa.RecordBatch.from_arrays([karr], names=[schema_of(d).key.name]), True)
 
-    async def write(self, request, d, pids, commit, batch_of, delete: bool):
+    async def write(self, request: web.Request, d: TableDef, pids: list[int] | np.ndarray,
+                    commit: Callable[[], Awaitable[WriteResult]], batch_of: Callable[[], pa.RecordBatch],
+                    delete: bool) -> tuple[web.Response | None, tuple[int, int] | None]:
         """A write whose rows fall in partitions ``pids`` (checked already), routed:
         ``commit()`` when this node serves them all, the request forwarded as it came when one
         other node does, ``batch_of()`` (the rows, or for a delete the keys, as Arrow)
@@ -214,16 +227,16 @@ class Router:
         coalescer (RFC 0008), so the usual path converts no row twice."""
         pids = np.asarray(pids, np.int64)
 
-        async def here():
+        async def here() -> tuple[int, int]:
             res = await commit()
             return res.count, res.commit_ts
 
-        async def across():
+        async def across() -> tuple[int, int]:
             out = await self._across(d, batch_of(), pids, delete)
             return (out.existed if delete else out.rows), out.commit_ts
         return await self._dispatch(request, d, pids, here, across)
 
-    async def _across(self, d, batch, pids, delete: bool):
+    async def _across(self, d: TableDef, batch: pa.RecordBatch, pids: np.ndarray, delete: bool) -> Outcome:
         try:
             out = await commit_across(self.sv, d, batch, pids, await self._placement(d, fresh=True), delete)
         except BaseException:
@@ -234,31 +247,32 @@ class Router:
 
     # -- reads ----------------------------------------------------------------------------------
 
-    async def get(self, request, d, key):
+    async def get(self, request: web.Request, d: TableDef, key: object) -> web.Response | None:
         """The forwarded response, or None: read here."""
         if not self.multi:
             return None
-        pids = _pids(d, check_keys([key], d.schema.key))
+        pids = _pids(d, check_keys([key], schema_of(d).key))
 
-        async def here():
+        async def here() -> None:
             return None
 
-        async def across():
+        async def across() -> None:
             raise AssertionError("one key is in one partition")
         resp, _ = await self._dispatch(request, d, pids, here, across)
         return resp
 
-    async def query(self, request, table: str, where, bbox, columns, limit, as_of):
+    async def query(self, request: web.Request, table: str, where: Any, bbox: Any, columns: Any, limit: int | None,
+                    as_of: int | None) -> tuple[web.Response | None, tuple[pa.Table, int] | None]:
         """(forwarded response, None) or (None, (rows, T))."""
         d = await self.db.describe(table)
 
-        async def here():
+        async def here() -> tuple[pa.Table, int]:
             return await self.db.query(table, where=where, bbox=bbox, columns=columns, limit=limit, as_of=as_of,
                                        partitions=self._all(d))
         if not self.multi:
             return None, await here()
 
-        async def across():
+        async def across() -> tuple[pa.Table, int]:
             return await self._scatter(d, where, bbox, columns, limit, as_of)
         try:
             resp, out = await self._dispatch(request, d, np.arange(d.partitions), here, across)
@@ -270,7 +284,7 @@ class Router:
             return None, await across()
         return resp, out
 
-    async def cluster_ts(self, nodes) -> int:
+    async def cluster_ts(self, nodes: Iterable[str]) -> int:
         """A read timestamp that sees every commit acknowledged anywhere before now: the
         largest closed timestamp of ``nodes`` (each observes this node's clock first)."""
         mine = self.db.closed_ts
@@ -284,7 +298,8 @@ class Router:
             return int(json.loads(payload)["closed_ts"])
         return max(await asyncio.gather(*(closed(n) for n in nodes)))
 
-    async def _scatter(self, d, where, bbox, columns, limit, as_of):
+    async def _scatter(self, d: TableDef, where: Any, bbox: Any, columns: Any, limit: int | None,
+                       as_of: int | None) -> tuple[pa.Table, int]:
         """Every node's partitions at one T, merged in key order (RFC 0010 §4)."""
         pl = await self._placement(d, fresh=True)
         by_node = pl.by_node()
@@ -294,7 +309,7 @@ class Router:
             T = await self.db.snapshot(as_of)  # the caller's T: checked against the horizon here
         if columns is not None:  # checked here once, with the schema of T
             td = await self.db.describe(d.name, T, trusted=True)
-            missing = [c for c in columns if not isinstance(c, str) or td.schema.by_name(c) is None]
+            missing = [c for c in columns if not isinstance(c, str) or schema_of(td).by_name(c) is None]
             if not isinstance(columns, list) or missing:
                 from rowstore.errors import QueryError
                 raise QueryError(f"no column {missing[0]!r}" if missing else "columns must be a list of names")
@@ -320,7 +335,7 @@ class Router:
             return await asyncio.to_thread(read_arrow_stream, payload)
         got = await asyncio.gather(*(read(n, p) for n, p in sorted(by_node.items())))
         t = pa.concat_tables([g for g in got if g.num_rows] or got[:1], promote_options="default")
-        key = (await self.db.describe(d.name, T, trusted=True)).schema.key.name
+        key = schema_of(await self.db.describe(d.name, T, trusted=True)).key.name
         if t.num_rows > 1:
             t = t.sort_by([(key, "ascending")])
         if limit is not None:
@@ -330,27 +345,29 @@ class Router:
 
     # -- the bridge's reads across nodes (RFC 0010 §6) -------------------------------------------
 
-    def _all(self, d) -> list[int] | None:
+    def _all(self, d: TableDef) -> list[int] | None:
         """Every partition of ``d``, named, for a read served whole by this node in a cluster:
         a partition the placement gives this node but that it has not taken over yet (a
         restart, an election just won) is then refused (503) instead of read as empty."""
         return list(range(d.partitions)) if self.multi else None
 
-    async def _spread(self, d) -> dict[str, list[int]] | None:
+    async def _spread(self, d: TableDef) -> dict[str, list[int]] | None:
         """node -> partitions, when ``d``'s partitions are on several nodes (else None)."""
         if not self.multi:
             return None
         by_node = (await self._placement(d, fresh=True)).by_node()
         return by_node if len(by_node) > 1 or self.cluster.node_id not in by_node else None
 
-    async def _T(self, by_node, as_of) -> int:
+    async def _T(self, by_node: dict[str, list[int]], as_of: int | None) -> int:
         return await self.cluster_ts(sorted(by_node)) if as_of is None else await self.db.snapshot(as_of)
 
-    async def _each(self, by_node, local, path: str, doc: dict, without=None):
+    async def _each(self, by_node: dict[str, list[int]], local: Callable[[list[int]], Awaitable[L]], path: str,
+                    doc: dict[str, Any], without: Callable[[list[int]], Awaitable[W]] | None = None,
+                    ) -> list[tuple[str, L | W | bytes]]:
         """``local(pids)`` here and ``path`` with ``doc`` + ``partitions`` on the other nodes,
         in parallel: [(node, answer)] (remote answers as raw bytes). ``without(pids)``: the
         answer for partitions whose node does not answer or does not lead them now."""
-        async def ask(n: str, pids: list[int]):
+        async def ask(n: str, pids: list[int]) -> L | bytes:
             if n == self.cluster.node_id:
                 return await local(pids)
             status, _, payload = await self.cluster.call(n, "POST", path, doc={**doc, "partitions": pids})
@@ -358,7 +375,7 @@ class Router:
                 raise_remote(status, payload, n)
             return payload
 
-        async def one(n: str, pids: list[int]):
+        async def one(n: str, pids: list[int]) -> L | W | bytes:
             try:
                 return await ask(n, pids)
             except (ConnectionError, UnavailableError, RemoteError) as e:
@@ -369,7 +386,9 @@ class Router:
         items = sorted(by_node.items())
         return list(zip([n for n, _ in items], await asyncio.gather(*(one(n, p) for n, p in items))))
 
-    async def partials(self, d, as_of, local, path: str, doc: dict, without=None, pids=None) -> tuple[int, list]:
+    async def partials(self, d: TableDef, as_of: int | None, local: Callable[[list[int], int], Awaitable[L]], path: str,
+                       doc: dict[str, Any], without: Callable[[list[int], int], Awaitable[W]] | None = None,
+                       pids: list[int] | None = None) -> tuple[int, list[tuple[str, L | W | bytes]]]:
         """Every node's share at one T (RFC 0012), of ``pids`` (default all): (T, [(node, answer)]);
         ``local(pids, T)`` here, ``without(pids, T)`` for partitions whose leader does not answer
         (an ``as_of`` read)."""
@@ -378,7 +397,7 @@ class Router:
         other = None if without is None or as_of is None else (lambda pids: without(pids, T))
         return T, await self._each(by_node, lambda pids: local(pids, T), path, {**doc, "as_of": T}, other)
 
-    async def snapshot(self, table: str, as_of):
+    async def snapshot(self, table: str, as_of: int | None) -> tuple[int, int]:
         """(T, changed_ts) of the bridge's snapshot: every node's share when spread."""
         d = await self.db.describe(table)
         by_node = await self._spread(d)
@@ -388,8 +407,8 @@ class Router:
         T = await self._T(by_node, as_of)
         return T, await self.db.changed_ts(d.table_id, T)
 
-    async def plan(self, table: str, as_of, where, bbox, sealed_only: bool, lease_s: float,
-                   request_id: str | None = None):
+    async def plan(self, table: str, as_of: int | None, where: Any, bbox: Any, sealed_only: bool, lease_s: float,
+                   request_id: str | None = None) -> ReadPlan:
         """A read plan: one node's, or every node's share at one T, merged, with one lease (the
         same lease for every plan of one client ``request_id``)."""
         d = await self.db.describe(table)
@@ -400,10 +419,11 @@ class Router:
             return await self.db.read_plan(table, as_of, where, bbox, sealed_only, lease_s, request_id=request_id)
         T = await self._T(by_node, as_of)
 
-        async def local(pids):
+        async def local(pids: list[int]) -> ReadPlan:
             return await self.db.read_plan(table, T, where, bbox, False, lease_s, partitions=pids, trusted=True)
 
-        async def without(pids):  # their leader does not answer: from their objects, T at most their watermark
+        async def without(pids: list[int]) -> list[SegmentSlice]:
+            # their leader does not answer: from their objects, T at most their watermark
             if as_of is None:
                 raise UnavailableError(f"table {table!r}: partitions {pids} have no leader answering; "
                                        "a plan without their leader needs an as_of")
@@ -421,7 +441,7 @@ class Router:
         lease = await self.db.acquire_lease(segids, lease_s, request_id)
         return dataclasses.replace(plans[0], sealed=tuple(sealed), tail=tail, lease=lease)
 
-    async def changes(self, table: str, after, upto):
+    async def changes(self, table: str, after: int, upto: int | None) -> tuple[pa.Table, int]:
         """The change feed: one node's, or every node's share in (after, T], merged in commit
         order, then key."""
         d = await self.db.describe(table)
@@ -430,13 +450,13 @@ class Router:
             return await self.db.changes(table, after, upto, partitions=self._all(d))
         T = await self._T(by_node, upto)
 
-        async def local(pids):
+        async def local(pids: list[int]) -> pa.Table:
             t, _ = await self.db.changes(table, after, T, partitions=pids, trusted=True)
             return t
         got = await self._each(by_node, local, "/v1/internal/changes", {"table": table, "after": after, "upto": T})
         tables = [g if isinstance(g, pa.Table) else await asyncio.to_thread(read_arrow_stream, g) for _, g in got]
         t = pa.concat_tables(tables, promote_options="default")
-        key = (await self.db.describe(table, T, trusted=True)).schema.key.name
+        key = schema_of(await self.db.describe(table, T, trusted=True)).key.name
         return t.sort_by([("commit_ts", "ascending"), (key, "ascending")]), T
 
 

@@ -10,6 +10,8 @@ import asyncio
 import json
 import logging
 import struct
+from collections.abc import Iterable
+from typing import Any
 
 import aiohttp
 from node.errors import NodeError
@@ -21,7 +23,7 @@ STREAM = "/v1/internal/repl/stream"
 IN_FLIGHT = 4  # frames sent and not yet answered, per follower node
 
 
-_CLOSING: set[asyncio.Future] = set()
+_CLOSING: set[asyncio.Task[bool]] = set()
 
 
 class StreamClosed(NodeError, ConnectionError):
@@ -35,15 +37,15 @@ class Stream:
     not answered in time makes the transport close the stream (a peer that stopped answering
     is not trusted with the next frame: the next one opens a new stream)."""
 
-    def __init__(self, node: str, ws: aiohttp.ClientWebSocketResponse):
+    def __init__(self, node: str, ws: aiohttp.ClientWebSocketResponse) -> None:
         self.node, self.ws = node, ws
         self.slots = asyncio.Semaphore(IN_FLIGHT)
-        self.pending: dict[int, list[asyncio.Future]] = {}
+        self.pending: dict[int, list[asyncio.Future[dict[str, Any]]]] = {}
         self.next_id = 0
         self.closed = False
         self.reader = asyncio.ensure_future(self._read())
 
-    async def send(self, body: bytes, futs: list[asyncio.Future]) -> None:
+    async def send(self, body: bytes, futs: list[asyncio.Future[dict[str, Any]]]) -> None:
         """Send one frame (an ``append_many`` body) whose answers go to ``futs``, in order."""
         await self.slots.acquire()
         if self.closed:
@@ -82,7 +84,7 @@ class Stream:
             if not f.done():
                 f.set_result(a)
 
-    def _finish(self, fid: int) -> list[asyncio.Future] | None:
+    def _finish(self, fid: int) -> list[asyncio.Future[dict[str, Any]]] | None:
         futs = self.pending.pop(fid, None)
         if futs is not None:
             self.slots.release()
@@ -99,13 +101,13 @@ class Stream:
             _fail(self._finish(fid) or (), err)
 
 
-def _fail(futs, err: Exception) -> None:
+def _fail(futs: Iterable[asyncio.Future[dict[str, Any]]], err: Exception) -> None:
     for f in futs:
         if not f.done():
             f.set_exception(err)
 
 
-def batch_answers(node: str, payload: bytes, n: int) -> list[dict]:
+def batch_answers(node: str, payload: bytes, n: int) -> list[dict[str, Any]]:
     """The per-message answers of a frame or an ``append_many`` request, or ConnectionError."""
     try:
         doc = json.loads(payload)

@@ -10,16 +10,32 @@ the old leader's reads have stopped by then (its rounds reach nobody)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from typing import Protocol
 
-from catalog.abc import Put
+from catalog.abc import Catalog, Put
+from node.cluster.placement import Placement
+from node.config import NodeConfig
+from rowstore.db.database import Database
+from rowstore.tables.definitions import TableDef
 from terrafs.catalog_ops import commit
 
 SUSPECT = "node/suspect/"
 
 
-async def publish(repl, tables, silent: set[str]) -> None:
+class Watcher(Protocol):
+    """What suspicion reads and keeps of the node's replication (node/cluster/controller.py)."""
+
+    me: str
+    cfg: NodeConfig
+    catalog: Catalog
+    db: Database
+    suspected: list[list[str | int]] | None  # what this node last wrote under node/suspect/
+
+
+async def publish(repl: Watcher, tables: Iterable[tuple[TableDef, Placement]], silent: set[str]) -> None:
     """Write this node's list when it changed: ``[[table id, pid, epoch], ...]``."""
-    mine = []
+    mine: list[list[str | int]] = []
     for d, pl in tables:
         for pid, p in enumerate(pl.partitions):
             if repl.me not in p.replicas[1:] or p.leader in silent:
@@ -33,7 +49,8 @@ async def publish(repl, tables, silent: set[str]) -> None:
         repl.suspected = mine
 
 
-async def unreachable(repl, replicated, dead: set[str]) -> list[tuple[object, int]]:
+async def unreachable(repl: Watcher, replicated: Iterable[tuple[TableDef, Placement]],
+                      dead: set[str]) -> list[tuple[TableDef, int]]:
     """(table, pid) of every partition whose live leader too few of its followers hear."""
     said: dict[tuple[str, int, int], set[str]] = {}
     for e in await repl.catalog.scan(SUSPECT):
@@ -43,7 +60,7 @@ async def unreachable(repl, replicated, dead: set[str]) -> list[tuple[object, in
             continue
         for tid, pid, epoch in entries:
             said.setdefault((tid, pid, epoch), set()).add(e.key[len(SUSPECT):])
-    out = []
+    out: list[tuple[TableDef, int]] = []
     for d, pl in replicated:
         for pid, p in enumerate(pl.partitions):
             if p.leader in dead:

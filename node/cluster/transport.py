@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
+from typing import Any
 
 import aiohttp
 
@@ -24,12 +25,12 @@ MAX_HEADER = 1 << 20
 PROMISED = "X-Terrascale-Promised"  # a fenced answer: the epoch the replica promised
 
 
-def encode(header: dict, data: list[bytes]) -> bytes:
+def encode(header: dict[str, Any], data: list[bytes]) -> bytes:
     head = json.dumps(header, separators=(",", ":")).encode()
     return b"".join([_LEN.pack(len(head)), head, *data])
 
 
-def decode(body: bytes) -> tuple[dict, list[SegmentPiece]]:
+def decode(body: bytes) -> tuple[dict[str, Any], list[SegmentPiece]]:
     """The header and its pieces, checked against the body (400 on any mismatch)."""
     if len(body) < 4:
         raise ApiError(400, "bad_request", "a replication message starts with its header's length")
@@ -105,9 +106,9 @@ class HttpTransport(Transport):
     lacks that too. The protocol stays per partition (each link keeps one message in flight);
     a follower runs a frame's partitions concurrently, so their groups share its device flushes."""
 
-    def __init__(self, cluster: Cluster, timeout_s: float, streams: bool = True):
+    def __init__(self, cluster: Cluster, timeout_s: float, streams: bool = True) -> None:
         self.cluster, self.timeout_s = cluster, timeout_s
-        self._queued: dict[str, list[tuple[bytes, asyncio.Future]]] = {}
+        self._queued: dict[str, list[tuple[bytes, asyncio.Future[dict[str, Any]]]]] = {}
         self._sending: set[str] = set()
         self._streams: dict[str, Stream] = {}
         self.streams = streams  # False: HTTP requests only (the tests of that path)
@@ -115,8 +116,8 @@ class HttpTransport(Transport):
         self._single_only: set[str] = set()  # nodes without append_many (an older version)
         self.requests = self.messages = 0  # append requests (or frames) sent, and the messages they carried
 
-    async def append(self, node: str, header: dict, data: list[bytes]) -> dict:
-        fut = asyncio.get_running_loop().create_future()
+    async def append(self, node: str, header: dict[str, Any], data: list[bytes]) -> dict[str, Any]:
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._queued.setdefault(node, []).append((encode(header, data), fut))
         if node not in self._sending:
             self._sending.add(node)
@@ -145,7 +146,7 @@ class HttpTransport(Transport):
         finally:
             self._sending.discard(node)
 
-    async def _send(self, node: str, batch: list[tuple[bytes, asyncio.Future]]) -> None:
+    async def _send(self, node: str, batch: list[tuple[bytes, asyncio.Future[dict[str, Any]]]]) -> None:
         try:
             stream = await self._open(node)
             if stream is not None:
@@ -177,7 +178,7 @@ class HttpTransport(Transport):
         self._streams[node] = s = Stream(node, ws)
         return s
 
-    async def _send_http(self, node: str, batch: list[tuple[bytes, asyncio.Future]]) -> None:
+    async def _send_http(self, node: str, batch: list[tuple[bytes, asyncio.Future[dict[str, Any]]]]) -> None:
         if len(batch) == 1 or node in self._single_only:
             for body, fut in batch:
                 status, headers, payload = await self._call(node, APPEND, body)
@@ -195,7 +196,7 @@ class HttpTransport(Transport):
             if not fut.done():
                 fut.set_result(a)
 
-    async def _call(self, node: str, path: str, body: bytes) -> tuple[int, dict, bytes]:
+    async def _call(self, node: str, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
         self.requests += 1
         self.messages += _LEN.unpack_from(body)[0] if path == APPEND_MANY else 1
         return await asyncio.wait_for(self.cluster.call(node, "POST", path, body=body, headers={
@@ -205,7 +206,7 @@ class HttpTransport(Transport):
 MAX_FRAME = 1 << 30  # the largest frame a stream carries (a node's max_body bounds what it accepts)
 
 
-def _single(status: int, headers: dict, payload: bytes) -> dict:
+def _single(status: int, headers: dict[str, str], payload: bytes) -> dict[str, Any]:
     """A single ``append``'s HTTP answer in the form of one answer of a batch."""
     try:
         body = json.loads(payload)
@@ -214,7 +215,7 @@ def _single(status: int, headers: dict, payload: bytes) -> dict:
     return {"status": status, "body": body, "promised": int(headers.get(PROMISED, "0") or 0)}
 
 
-def _answer(node: str, a: dict) -> dict:
+def _answer(node: str, a: dict[str, Any]) -> dict[str, Any]:
     """One append's answer: the follower's document, FencedError, or ConnectionError."""
     body = a.get("body")
     if a["status"] == 409 and isinstance(body, dict) and body.get("error", {}).get("code") == "fenced":
