@@ -107,6 +107,7 @@ chromium:
 test: $(STAMP) java17 strace chromium jvm jvm-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/vulture
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: $(STAMP) chromium

@@ -16,7 +16,6 @@ answered 421 — never forwarded again.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -37,7 +36,6 @@ from node.cluster.placement import Placement, key_partitions as _pids, schema_of
 from rowstore.db.database import Database
 from rowstore.db.write.committer import WriteResult
 from rowstore.errors import UnavailableError
-from rowstore.reads.plan import ReadPlan, SegmentSlice
 from rowstore.tables.conform import conform
 from rowstore.tables.definitions import TableDef
 from rowstore.tables.key_check import check_keys
@@ -69,7 +67,7 @@ class Router:
     def multi(self) -> bool:
         return self.cluster.multi
 
-    async def _placement(self, d: TableDef, fresh: bool = False) -> Placement:
+    async def placement(self, d: TableDef, fresh: bool = False) -> Placement:
         return await self.cluster.placement(d.name, d.partitions, fresh=fresh)
 
     async def _where(self, request: web.Request, d: TableDef, pids: np.ndarray, fresh: bool = False) -> str | None:
@@ -79,13 +77,13 @@ class Router:
         request for partitions elsewhere is Misdirected."""
         if self._leased_here(d, pids):
             return self.cluster.node_id
-        pl = await self._placement(d, fresh)
+        pl = await self.placement(d, fresh)
         nodes = {pl.leader(int(p)) for p in pids}
         forwarded = FORWARDED in request.headers
         if not forwarded and not fresh and self._owned_here(d, pl, pids):
             return self.cluster.node_id
         if forwarded or self.cluster.node_id in nodes:
-            pl = await self._placement(d, fresh=True)
+            pl = await self.placement(d, fresh=True)
             nodes = {pl.leader(int(p)) for p in pids}
         if forwarded and nodes != {self.cluster.node_id}:
             raise Misdirected(f"table {d.name!r}: partitions {sorted(set(map(int, pids)))} are served by "
@@ -147,7 +145,7 @@ class Router:
         await self._mine(d, np.unique(pids))
 
     async def _mine(self, d: TableDef, pids: Iterable[int] | np.ndarray) -> None:
-        pl = await self._placement(d, fresh=True)
+        pl = await self.placement(d, fresh=True)
         others = sorted({int(p) for p in pids if pl.leader(int(p)) != self.cluster.node_id})
         if others:
             raise Misdirected(f"table {d.name!r}: partitions {others} are not served by {self.cluster.node_id}")
@@ -238,7 +236,7 @@ class Router:
 
     async def _across(self, d: TableDef, batch: pa.RecordBatch, pids: np.ndarray, delete: bool) -> Outcome:
         try:
-            out = await commit_across(self.sv, d, batch, pids, await self._placement(d, fresh=True), delete)
+            out = await commit_across(self.sv, d, batch, pids, await self.placement(d, fresh=True), delete)
         except BaseException:
             self.metrics.txn_across.labels("failed").inc()
             raise
@@ -268,7 +266,7 @@ class Router:
 
         async def here() -> tuple[pa.Table, int]:
             return await self.db.query(table, where=where, bbox=bbox, columns=columns, limit=limit, as_of=as_of,
-                                       partitions=self._all(d))
+                                       partitions=self.every_partition(d))
         if not self.multi:
             return None, await here()
 
@@ -301,7 +299,7 @@ class Router:
     async def _scatter(self, d: TableDef, where: Any, bbox: Any, columns: Any, limit: int | None,
                        as_of: int | None) -> tuple[pa.Table, int]:
         """Every node's partitions at one T, merged in key order (RFC 0010 §4)."""
-        pl = await self._placement(d, fresh=True)
+        pl = await self.placement(d, fresh=True)
         by_node = pl.by_node()
         if as_of is None:
             T = await self.cluster_ts(sorted(by_node))
@@ -318,7 +316,7 @@ class Router:
             try:
                 return await share(n, pids)
             except (ConnectionError, UnavailableError, RemoteError) as e:
-                if as_of is None or not _unled(e):
+                if as_of is None or not unled(e):
                     raise
                 log.info("event=read_without_leader table=%s node=%s partitions=%s", d.name, n, pids)
                 return await self.db.query_without_leader(d.name, T, pids, where, bbox, limit)
@@ -342,125 +340,14 @@ class Router:
             t = t.slice(0, limit)
         return (t.select(list(columns)) if columns is not None else t), T
 
-
-    # -- the bridge's reads across nodes (RFC 0010 §6) -------------------------------------------
-
-    def _all(self, d: TableDef) -> list[int] | None:
+    def every_partition(self, d: TableDef) -> list[int] | None:
         """Every partition of ``d``, named, for a read served whole by this node in a cluster:
         a partition the placement gives this node but that it has not taken over yet (a
         restart, an election just won) is then refused (503) instead of read as empty."""
         return list(range(d.partitions)) if self.multi else None
 
-    async def _spread(self, d: TableDef) -> dict[str, list[int]] | None:
-        """node -> partitions, when ``d``'s partitions are on several nodes (else None)."""
-        if not self.multi:
-            return None
-        by_node = (await self._placement(d, fresh=True)).by_node()
-        return by_node if len(by_node) > 1 or self.cluster.node_id not in by_node else None
 
-    async def _T(self, by_node: dict[str, list[int]], as_of: int | None) -> int:
-        return await self.cluster_ts(sorted(by_node)) if as_of is None else await self.db.snapshot(as_of)
-
-    async def _each(self, by_node: dict[str, list[int]], local: Callable[[list[int]], Awaitable[L]], path: str,
-                    doc: dict[str, Any], without: Callable[[list[int]], Awaitable[W]] | None = None,
-                    ) -> list[tuple[str, L | W | bytes]]:
-        """``local(pids)`` here and ``path`` with ``doc`` + ``partitions`` on the other nodes,
-        in parallel: [(node, answer)] (remote answers as raw bytes). ``without(pids)``: the
-        answer for partitions whose node does not answer or does not lead them now."""
-        async def ask(n: str, pids: list[int]) -> L | bytes:
-            if n == self.cluster.node_id:
-                return await local(pids)
-            status, _, payload = await self.cluster.call(n, "POST", path, doc={**doc, "partitions": pids})
-            if status != 200:
-                raise_remote(status, payload, n)
-            return payload
-
-        async def one(n: str, pids: list[int]) -> L | W | bytes:
-            try:
-                return await ask(n, pids)
-            except (ConnectionError, UnavailableError, RemoteError) as e:
-                if without is None or not _unled(e):
-                    raise
-                log.info("event=plan_without_leader node=%s partitions=%s error=%s", n, pids, e)
-                return await without(pids)
-        items = sorted(by_node.items())
-        return list(zip([n for n, _ in items], await asyncio.gather(*(one(n, p) for n, p in items))))
-
-    async def partials(self, d: TableDef, as_of: int | None, local: Callable[[list[int], int], Awaitable[L]], path: str,
-                       doc: dict[str, Any], without: Callable[[list[int], int], Awaitable[W]] | None = None,
-                       pids: list[int] | None = None) -> tuple[int, list[tuple[str, L | W | bytes]]]:
-        """Every node's share at one T (RFC 0012), of ``pids`` (default all): (T, [(node, answer)]);
-        ``local(pids, T)`` here, ``without(pids, T)`` for partitions whose leader does not answer
-        (an ``as_of`` read)."""
-        by_node = (await self._placement(d, fresh=True)).by_node(pids)
-        T = await self._T(by_node, as_of)
-        other = None if without is None or as_of is None else (lambda pids: without(pids, T))
-        return T, await self._each(by_node, lambda pids: local(pids, T), path, {**doc, "as_of": T}, other)
-
-    async def snapshot(self, table: str, as_of: int | None) -> tuple[int, int]:
-        """(T, changed_ts) of the bridge's snapshot: every node's share when spread."""
-        d = await self.db.describe(table)
-        by_node = await self._spread(d)
-        if by_node is None:
-            T = await self.db.snapshot(as_of)
-            return T, await self.db.changed_ts(d.table_id, T)
-        T = await self._T(by_node, as_of)
-        return T, await self.db.changed_ts(d.table_id, T)
-
-    async def plan(self, table: str, as_of: int | None, where: Any, bbox: Any, sealed_only: bool, lease_s: float,
-                   request_id: str | None = None) -> ReadPlan:
-        """A read plan: one node's, or every node's share at one T, merged, with one lease (the
-        same lease for every plan of one client ``request_id``)."""
-        d = await self.db.describe(table)
-        by_node = await self._spread(d)
-        if by_node is None:
-            if self.multi and len(await self.cluster.owns(d)) < d.partitions:  # see _all
-                raise UnavailableError(f"table {table!r}: a partition is not taken over by its leader yet; retry")
-            return await self.db.read_plan(table, as_of, where, bbox, sealed_only, lease_s, request_id=request_id)
-        T = await self._T(by_node, as_of)
-
-        async def local(pids: list[int]) -> ReadPlan:
-            return await self.db.read_plan(table, T, where, bbox, False, lease_s, partitions=pids, trusted=True)
-
-        async def without(pids: list[int]) -> list[SegmentSlice]:
-            # their leader does not answer: from their objects, T at most their watermark
-            if as_of is None:
-                raise UnavailableError(f"table {table!r}: partitions {pids} have no leader answering; "
-                                       "a plan without their leader needs an as_of")
-            return list(await self.db.plan_without_leader(table, T, pids))
-        got = await self._each(by_node, local, "/v1/internal/plan",
-                               {"table": table, "as_of": T, "where": where, "bbox": bbox}, without)
-        plans = [g if isinstance(g, ReadPlan) else ReadPlan.from_json(json.loads(g))
-                 for _, g in got if not isinstance(g, list)]
-        if not plans:  # every partition without its leader: the plan's frame (schema, versions) from here
-            plans = [await self.db.read_plan(table, T, None, None, True, lease_s, partitions=[], trusted=True)]
-        sealed = sorted([*(s for p in plans for s in p.sealed), *(s for _, g in got if isinstance(g, list) for s in g)],
-                        key=lambda s: s.segid)
-        tail = () if sealed_only else tuple(sorted({t for p in plans for t in p.tail}))
-        segids = sorted({r.segid for _, r in await self.db.segment_records(table) if r.table == d.table_id})
-        lease = await self.db.acquire_lease(segids, lease_s, request_id)
-        return dataclasses.replace(plans[0], sealed=tuple(sealed), tail=tail, lease=lease)
-
-    async def changes(self, table: str, after: int, upto: int | None) -> tuple[pa.Table, int]:
-        """The change feed: one node's, or every node's share in (after, T], merged in commit
-        order, then key."""
-        d = await self.db.describe(table)
-        by_node = await self._spread(d)
-        if by_node is None:
-            return await self.db.changes(table, after, upto, partitions=self._all(d))
-        T = await self._T(by_node, upto)
-
-        async def local(pids: list[int]) -> pa.Table:
-            t, _ = await self.db.changes(table, after, T, partitions=pids, trusted=True)
-            return t
-        got = await self._each(by_node, local, "/v1/internal/changes", {"table": table, "after": after, "upto": T})
-        tables = [g if isinstance(g, pa.Table) else await asyncio.to_thread(read_arrow_stream, g) for _, g in got]
-        t = pa.concat_tables(tables, promote_options="default")
-        key = schema_of(await self.db.describe(table, T, trusted=True)).key.name
-        return t.sort_by([("commit_ts", "ascending"), (key, "ascending")]), T
-
-
-def _unled(e: BaseException) -> bool:
+def unled(e: BaseException) -> bool:
     """Whether a node's failure to serve its partitions says they have no leader answering
     (down, or 503: not leading them now) — not that the request itself was wrong."""
     return not isinstance(e, RemoteError) or e.status == 503

@@ -1,5 +1,5 @@
 """The HTTP API (docs/REFERENCE.md §3; OpenAPI: docs/openapi.yaml): what every handler
-shares — the node, its router and write coalescer — and the edge every request passes:
+shares — the engine once open, its router and write coalescer — and the edge every request passes:
 the bearer token, whole-table requests sent to the node serving them, metrics, and errors
 translated once (``node/http/edge.py``) into ``{"error": {"code", "message"}}``. The
 handlers live in ``node/http/routes/``, one module per route set, each ``async (api,
@@ -18,6 +18,7 @@ from aiohttp.typedefs import Handler
 from node.cluster.controller import NodeReplication
 from node.cluster.members import Cluster
 from node.cluster.router import Router
+from node.cluster.spread import Spread
 from node.cluster.serving import Serving
 from node.config import NodeConfig
 from node.metrics import Metrics
@@ -50,6 +51,7 @@ class _Opened:
 
     sv: Serving
     router: Router
+    spread: Spread
     replication: NodeReplication
     jobs: JobRunner
 
@@ -70,7 +72,8 @@ class Api:
 
     def open(self, sv: Serving, replication: NodeReplication, jobs: JobRunner) -> None:
         """The node's stores are open and recovered: requests may reach them (``Node.open``)."""
-        self._opened = _Opened(sv, Router(sv, self.readiness, self.metrics), replication, jobs)
+        router = Router(sv, self.readiness, self.metrics)
+        self._opened = _Opened(sv, router, Spread(router), replication, jobs)
 
     @property
     def _parts(self) -> _Opened:
@@ -85,6 +88,11 @@ class Api:
     @property
     def router(self) -> Router:
         return self._parts.router
+
+    @property
+    def spread(self) -> Spread:
+        """Reads of a whole table across the nodes (node/cluster/spread.py)."""
+        return self._parts.spread
 
     @property
     def replication(self) -> NodeReplication:

@@ -26,6 +26,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from collections.abc import Awaitable
 from typing import Any, cast
 
 import numpy as np
@@ -206,7 +207,8 @@ class Coalescer:
         pieces = [self._piece(pid, [(r, i) for r in reqs for i in range(len(r.rows))], kind, indexed)
                   for pid, reqs in sorted(single.items())]
         existed = await self._existing(d, [(p, [r for r in single[p.pid]]) for p in pieces])
-        jobs = [self.db.write_pieces(d, pieces, [[len(r.rows) for r in single[p.pid]] for p in pieces])]
+        jobs: list[Awaitable[Any]] = [self.db.write_pieces(d, pieces, [[len(r.rows) for r in single[p.pid]]
+                                                                       for p in pieces])]
         for r in multi:
             by_pid: dict[int, list[tuple[_Request, int]]] = {}
             for i, pid in enumerate(r.pids):

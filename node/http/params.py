@@ -87,8 +87,8 @@ async def json_body(request: web.Request) -> Any:
     return await off_loop_if_big(len(body), parse_json, body, request.app[CONFIG].max_json_depth)
 
 
-def where_terms(doc: dict[str, Any], request: web.Request) -> object:
-    """A query's ``where`` terms, at most ``node.max_query_terms`` of them (413 beyond)."""
+def where_terms(doc: dict[str, Any], request: web.Request) -> Any:
+    """A query's ``where`` terms (JSON the engine checks), at most ``node.max_query_terms`` (413 beyond)."""
     where = doc.get("where")
     most = request.app[CONFIG].max_query_terms
     if isinstance(where, list) and len(where) > most:

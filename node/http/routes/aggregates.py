@@ -108,7 +108,7 @@ async def _gathered(api: Api, table: str, kind: str, args: dict[str, Any], as_of
         # their leader does not answer: their rows at T from their objects
         return await _from_objects(db, table, kind, args, pids, T)
     d = await db.describe(table)
-    T, answers = await api.router.partials(d, as_of, local, INTERNAL, {"table": table, "kind": kind, "args": args},
+    T, answers = await api.spread.partials(d, as_of, local, INTERNAL, {"table": table, "kind": kind, "args": args},
                                            without, pids)
     parts: list[_Partial] = []
     stats = {"path": "index", "decoded_columns": [], "rows": 0, "rows_decoded": 0, "partitions": 0}
@@ -150,11 +150,13 @@ async def share(api: Api, request: web.Request) -> web.Response:
     if fields is None or not isinstance(args, dict) or set(args) - set(fields):
         raise ApiError(400, "bad_request", '"kind" is aggregate or histogram, with its "args"')
     await api.router.mine(table, pids)
-    run = api.db.aggregate if kind == "aggregate" else api.db.histogram
-    got, _, stats = await run(table, **{f: args.get(f) for f in fields}, as_of=ts_arg(doc["as_of"], "as_of"),
-                              partitions=pids, trusted=True)
-    t = got if kind == "aggregate" else pa.table({"counts": pa.array(got.ravel()),
-                                                   "_ny": pa.array(np.full(got.size, got.shape[0]))})
+    kw: dict[str, Any] = {f: args.get(f) for f in fields}
+    as_of = ts_arg(doc["as_of"], "as_of")
+    if kind == "aggregate":
+        t, _, stats = await api.db.aggregate(table, **kw, as_of=as_of, partitions=pids, trusted=True)
+    else:
+        counts, _, stats = await api.db.histogram(table, **kw, as_of=as_of, partitions=pids, trusted=True)
+        t = pa.table({"counts": pa.array(counts.ravel()), "_ny": pa.array(np.full(counts.size, counts.shape[0]))})
     t = t.replace_schema_metadata({b"stats": json.dumps(stats).encode()})
     return web.Response(body=await asyncio.to_thread(write_arrow_stream, t), content_type=ARROW_STREAM)
 

@@ -44,7 +44,7 @@ async def snapshot(api: Api, request: web.Request) -> web.Response:
     schema at T, and ``changed_ts``: the newest commit of the table's rows at or below T (a
     change feed's offset moves only when the table changes, not with an idle clock)."""
     as_of = as_of_param(request)
-    T, changed = await api.router.snapshot(request.match_info["table"], as_of)
+    T, changed = await api.spread.snapshot(request.match_info["table"], as_of)
     d = await api.db.describe(request.match_info["table"], T, trusted=True)  # T: the cluster's, checked
     assert d.schema is not None  # a live table's (Database.describe)
     return web.json_response({"as_of": T, "table": d.name, "table_id": d.table_id, "schema": d.schema.to_json(),
@@ -62,7 +62,7 @@ async def plan(api: Api, request: web.Request) -> web.Response:
     rid = doc.get("request_id")
     if rid is not None and not (isinstance(rid, str) and REQUEST_ID.fullmatch(rid)):
         raise ApiError(400, "bad_request", '"request_id" is 1 to 64 letters, digits and ._~-')
-    out = await api.router.plan(request.match_info["table"], as_of_value(doc.get("as_of")),
+    out = await api.spread.plan(request.match_info["table"], as_of_value(doc.get("as_of")),
                                 where_terms(doc, request), doc.get("bbox"), flags["sealed_only"], lease_s, rid)
     body = out.to_json()  # rowstore.reads.plan.ReadPlan: "version" is the plan format's
     if flags["typed"]:
@@ -111,10 +111,7 @@ async def tail(api: Api, request: web.Request) -> web.Response:
     p = doc["partition"]
     if isinstance(p, bool) or not isinstance(p, int):
         raise ApiError(400, "bad_request", '"partition" is an integer')
-    sealed = doc.get("sealed")
-    if sealed is not None and (not isinstance(sealed, list) or
-                               any(isinstance(s, bool) or not isinstance(s, int) for s in sealed)):
-        raise ApiError(400, "bad_request", '"sealed" is a list of segment ids (the plan\'s sealed segids)')
+    sealed = _segids(doc.get("sealed"))
     as_of = as_of_value(doc["as_of"])
     if as_of is None:  # required (the plan's T): null would read the tail as of now
         raise ApiError(400, "invalid_as_of", "as_of must be a commit timestamp (a non-negative integer), not None")
@@ -124,7 +121,7 @@ async def tail(api: Api, request: web.Request) -> web.Response:
 
 async def changes(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"after", "upto"}, ("after",))
-    t, upto = await api.router.changes(request.match_info["table"], doc["after"], as_of_value(doc.get("upto")))
+    t, upto = await api.spread.changes(request.match_info["table"], doc["after"], as_of_value(doc.get("upto")))
     return web.Response(body=await off_loop_if_big(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM,
                         headers={"X-Terrascale-As-Of": str(upto)})
 
@@ -145,3 +142,12 @@ def _seconds(v: object) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 86_400:
         raise ApiError(400, "bad_request", f"a lease lasts 0..86400 seconds, not {v!r}")
     return float(v)
+
+
+def _segids(raw: object) -> list[int] | None:
+    """A request's ``sealed``: None, or the plan's sealed segment ids."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or any(isinstance(s, bool) or not isinstance(s, int) for s in raw):
+        raise ApiError(400, "bad_request", '"sealed" is a list of segment ids (the plan\'s sealed segids)')
+    return [int(s) for s in raw]

@@ -85,10 +85,10 @@ async def reserve(api: Api, request: web.Request) -> web.Response:
     rows = await off_loop_if_big(len(body), read_arrow_stream, body)
     delete = q.get("delete") == "1"
     await api.router.served_here(q["table"], rows, delete)
-    coordinator = (request.headers.get(FORWARDED), request.headers.get(INCARNATION))
+    by, incarnation = request.headers.get(FORWARDED), request.headers.get(INCARNATION)
     r = await api.db.participant.reserve(q["table"], q["table_id"], int_arg(q["schema_version"], "schema_version"),
                                          rows, ts_arg(q["floor"], "floor"), int_arg(q["txn"], "txn"), delete,
-                                         coordinator if all(coordinator) else None)
+                                         (by, incarnation) if by and incarnation else None)
     return web.json_response({"ts": r.ts, "rows": r.rows, "existed": r.existed})
 
 

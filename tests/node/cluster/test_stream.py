@@ -44,14 +44,23 @@ class Engine:
         return {"pos": [1, pid * 10 + epoch], "via": via}
 
 
+class _Known:
+    """The tables a follower knows (``NodeReplication.partitions_of``)."""
+
+    def __init__(self, known: dict[str, int]):
+        self.known = known
+
+    async def partitions_of(self, table_id: str) -> int | None:
+        return self.known.get(table_id)
+
+
 class Follower:
     """The real follower routes (append_many and stream) on loopback over an Engine."""
 
     def __init__(self, with_stream: bool = True):
         self.engine = Engine()
-        node = SimpleNamespace(cfg=SimpleNamespace(max_body=1 << 20), ready=True,
-                               cluster=SimpleNamespace(multi=True), replication=SimpleNamespace(known={"T": 8}))
-        self.api = SimpleNamespace(node=node, db=SimpleNamespace(leadership=self.engine), streams=set())
+        self.api = SimpleNamespace(cfg=SimpleNamespace(max_body=1 << 20), multi=True, replication=_Known({"T": 8}),
+                                   db=SimpleNamespace(leadership=self.engine), streams=set())
         self.with_stream = with_stream
         self.http_calls: list[str] = []
 
