@@ -44,10 +44,10 @@ import numpy as np
 import pyarrow as pa
 
 from bench.common import Result, print_table, write_json
+from bench.ports import free_port
 from bench.raft_bench import ensure_etcd
 from node.wire import table_to_rows, write_arrow_stream
 from node.config import defaults
-from tests.fixtures.moto import free_port
 
 BATCH_ROWS = 10_000
 BATCHES = int(os.environ.get("NODE_BENCH_BATCHES", "30"))

@@ -8,9 +8,9 @@ import subprocess
 import sys
 import time
 
+from bench.ports import free_port
 from node.client.client import Client
 from node.errors import ApiError
-from tests.fixtures.moto import free_port
 
 TERRASCALE = os.path.join(os.path.dirname(sys.executable), "terrascale")
 SCHEMA = "id int64 primary key, ts timestamp, loc point, name string, v float64, n int64"

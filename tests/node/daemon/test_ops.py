@@ -15,10 +15,10 @@ import tomllib
 
 import pytest
 
+from bench.ports import free_port
 from node.client.client import Client
 from node.errors import ApiError
 from node.config import from_dict
-from tests.fixtures.moto import free_port
 from tests.node.proc import TERRASCALE, eventually, holds, NodeProc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -20,7 +20,7 @@ from schemathesis.checks import load_all_checks
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from tests.fixtures.moto import free_port
+from bench.ports import free_port
 from tests.node.proc import NodeProc
 from tests.node.http.test_api import ALL_TYPES, ROW
 
