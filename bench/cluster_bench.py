@@ -64,11 +64,11 @@ from bench.common import Result, print_table, write_json
 from bench.node_bench import (ARROW, BATCH_ROWS, SCHEMA, SYNC_METRIC, _PointPeers, _sensor_row, _write_load, batch,
                               cpu_seconds,
                               fsyncs)
+from bench.node_proc import raft_cluster, start_all
 from bench.raft_bench import Etcd
 from node.wire import write_arrow_stream
 from rowstore.index.key_memtable import encode_keys
 from rowstore.tables.keys import partition_of
-from tests.node.proc import raft_cluster, start_all
 
 QUICK = os.environ.get("CLUSTER_BENCH_QUICK") == "1"
 ROUNDS = int(os.environ.get("CLUSTER_BENCH_ROUNDS", "1" if QUICK else "2"))
@@ -91,7 +91,7 @@ def keys_of(parts: int, first: int, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Cluster:
-    """Three node processes (tests/node/proc.py) and one aiohttp session for the load."""
+    """Three node processes (bench/node_proc.py) and one aiohttp session for the load."""
 
     def __init__(self, root: Path):
         self.nodes = raft_cluster(root, 3)  # no [cluster] section: the node's defaults

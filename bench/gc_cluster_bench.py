@@ -33,11 +33,11 @@ from rocksdict import Options, Rdict
 
 from bench.common import Result, Timer, print_table, write_json
 from bench.gc_bench import BATCH, ROUNDS, ROWS, SCHEMA, _dir_bytes, _rows
+from bench.node_proc import raft_cluster, start_all
 from node.cluster.controller import PRUNE_EVERY_S
 from node.errors import ApiError
 from rowstore.codec.rows import encode_rows
 from rowstore.schema import parse_schema
-from tests.node.proc import raft_cluster, start_all
 
 REPLICAS = [int(r) for r in os.environ.get("BENCH_GC_REPLICAS", "1,3").split(",")]
 EXTRA = """

@@ -9,10 +9,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import joiner, raft_cluster, start_all
 from node.errors import ApiError
 from rowstore.index.key_memtable import encode_keys
 from rowstore.tables.keys import partition_of
-from tests.node.proc import FAST_CLUSTER, eventually, joiner, raft_cluster, start_all
+from tests.node.proc import FAST_CLUSTER, eventually
 
 FAST = FAST_CLUSTER
 

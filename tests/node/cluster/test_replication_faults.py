@@ -21,11 +21,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import raft_cluster, start_all
 from node.client.client import Client
 from node.errors import ApiError
 from rowstore.index.key_memtable import encode_keys
 from rowstore.tables.keys import partition_of
-from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
+from tests.node.proc import FAST_CLUSTER, eventually
 
 FAST = FAST_CLUSTER
 FAILURE_S = 1.5
