@@ -61,9 +61,8 @@ import numpy as np
 import pyarrow as pa
 
 from bench.common import Result, print_table, write_json
-from bench.node_bench import (ARROW, BATCH_ROWS, SCHEMA, SYNC_METRIC, _PointPeers, _sensor_row, _write_load, batch,
-                              cpu_seconds,
-                              fsyncs)
+from bench.http_load import PointPeers, sensor_row, write_load
+from bench.node_bench import ARROW, BATCH_ROWS, SCHEMA, SYNC_METRIC, batch, cpu_seconds, fsyncs
 from bench.node_proc import raft_cluster, start_all
 from bench.raft_bench import Etcd
 from node.wire import write_arrow_stream
@@ -280,7 +279,7 @@ async def latency(cl: Cluster, etcd: Etcd) -> list[Result]:
     leaders = {3: await cl.create("lat_r3", 3), 1: await cl.create("lat_r1", 1)}
     await cl.caught_up()
     e_lead = await etcd.leader()
-    peers = _PointPeers(cl.http, "", etcd.client[e_lead])
+    peers = PointPeers(cl.http, "", etcd.client[e_lead])
     span = 1 << 18  # distinct keys per case (more than a case writes)
 
     def ours(r: int, base: int):
@@ -290,7 +289,7 @@ async def latency(cl: Cluster, etcd: Etcd) -> list[Result]:
 
         async def send(i: int) -> None:
             j = i % span
-            await cl.post(urls[parts[j]], json.dumps({"rows": [_sensor_row(keys[j])]}).encode())
+            await cl.post(urls[parts[j]], json.dumps({"rows": [sensor_row(keys[j])]}).encode())
         return send
 
     got: dict = collections.defaultdict(list)
@@ -303,7 +302,7 @@ async def latency(cl: Cluster, etcd: Etcd) -> list[Result]:
                 pids = [p.pid for p in etcd.procs] if who == "etcd" else [n.proc.pid for n in cl.live()]
                 before = await _syncs(cl.http, urls, SYNC_METRIC["etcd" if who == "etcd" else "ours"])
                 cpu0 = sum(cpu_seconds(p) for p in pids)
-                st = await _write_load(cl.http, clients, LAT_SECONDS, send)
+                st = await write_load(cl.http, clients, LAT_SECONDS, send)
                 n = max(st["requests"], 1)
                 st["cpu_us"] = (sum(cpu_seconds(p) for p in pids) - cpu0) * 1e6 / n  # every member's CPU
                 st["syncs_per_req"] = (await _syncs(cl.http, urls, SYNC_METRIC["etcd" if who == "etcd" else "ours"])
