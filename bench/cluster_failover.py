@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
 import statistics
 import time
 
-from bench.cluster_bench import JSON_CT, KILLS, PARTITIONS, TIMINGS, Cluster, keys_of
+from bench.cluster_harness import PARTITIONS, QUICK, TIMINGS, Cluster, keys_of
 from bench.common import Result
 from bench.http_load import PointPeers, sensor_row
 from bench.raft_bench import Etcd
 
+KILLS = int(os.environ.get("CLUSTER_BENCH_KILLS", "3" if QUICK else "10"))
+JSON_CT = {"Content-Type": "application/json"}
 ATTEMPT_S = 0.1  # a failover writer starts another attempt beside one pending this long
 RETRY_S = 0.02  # between a failover writer's attempts
 
