@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.common import Result, print_table, write_json
-from bench.node_bench import NodeProcess, _post, cpu_seconds
+from bench.http_load import post
+from bench.node_bench import NodeProcess, cpu_seconds
 from node.wire import write_arrow_stream
 
 ROWS = int(os.environ.get("TERRASCALE_BENCH_AGG_ROWS", "1000000"))
@@ -54,17 +55,17 @@ def rows(start: int, n: int, seed: int) -> pa.Table:
 
 
 async def _load(http, url: str) -> pa.Table:
-    await _post(http, url + "/v1/tables", json.dumps({
+    await post(http, url + "/v1/tables", json.dumps({
         "name": "r", "primary_key": "id", "partitions": 4, "indexes": ["sensor", "kind", "v", "loc"],
         "columns": [{"name": n, "type": t} for n, t in COLUMNS]}).encode(), "application/json")
     parts = []
     for i in range(0, ROWS, BATCH):
         t = rows(i, min(BATCH, ROWS - i), seed=i)
         parts.append(t)
-        await _post(http, url + "/v1/tables/r/rows", write_arrow_stream(t), ARROW)
-    await _post(http, url + "/v1/admin/checkpoint", b"", "application/json")
+        await post(http, url + "/v1/tables/r/rows", write_arrow_stream(t), ARROW)
+    await post(http, url + "/v1/admin/checkpoint", b"", "application/json")
     again = rows(0, 1000, seed=7)  # overwrites that stay in the memtables
-    await _post(http, url + "/v1/tables/r/rows", write_arrow_stream(again), ARROW)
+    await post(http, url + "/v1/tables/r/rows", write_arrow_stream(again), ARROW)
     whole = pa.concat_tables(parts)
     keep = ~np.isin(whole.column("id").to_numpy(), again.column("id").to_numpy())
     return pa.concat_tables([whole.filter(pa.array(keep)), again])
@@ -251,7 +252,7 @@ async def _live(http, url: str, agg_url: str) -> float:
     times = []
     for i in range(REPEAT):
         row = {"id": ROWS + i, "sensor": "s000", "kind": "k3", "v": 1.0, "loc": {"x": 1.0, "y": 1.0}}
-        await _post(http, url + "/v1/tables/r/rows", json.dumps({"rows": [row]}).encode(), "application/json")
+        await post(http, url + "/v1/tables/r/rows", json.dumps({"rows": [row]}).encode(), "application/json")
         times.append((await _ask(http, agg_url, REQ_AGG))[1])
     return statistics.median(times)
 

@@ -57,195 +57,19 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-
+from bench.cluster_catchup import catch_up, returning_leader
+from bench.cluster_failover import failover_etcd, failover_ours, failover_results
+from bench.cluster_harness import PARTITIONS, QUICK, Cluster, keys_of, send_batches, split_by_leader
 from bench.common import Result, print_table, write_json
-from bench.node_bench import (ARROW, BATCH_ROWS, SCHEMA, SYNC_METRIC, _PointPeers, _sensor_row, _write_load, batch,
-                              cpu_seconds,
-                              fsyncs)
+from bench.http_load import PointPeers, sensor_row, write_load
+from bench.node_bench import BATCH_ROWS, SYNC_METRIC, batch, cpu_seconds, fsyncs
 from bench.raft_bench import Etcd
-from node.wire import write_arrow_stream
-from rowstore.tables.keys import encode_keys, partition_of
-from tests.node.proc import raft_cluster, start_all
 
-QUICK = os.environ.get("CLUSTER_BENCH_QUICK") == "1"
 ROUNDS = int(os.environ.get("CLUSTER_BENCH_ROUNDS", "1" if QUICK else "2"))
 BATCHES = int(os.environ.get("CLUSTER_BENCH_BATCHES", "20" if QUICK else "30"))
 LAT_SECONDS = float(os.environ.get("CLUSTER_BENCH_LAT_SECONDS", "2" if QUICK else "3"))
-KILLS = int(os.environ.get("CLUSTER_BENCH_KILLS", "3" if QUICK else "10"))
-CATCHUP_BATCHES = int(os.environ.get("CLUSTER_BENCH_CATCHUP_BATCHES", "20" if QUICK else "60"))
-PARTITIONS = 8
 LAT_CLIENTS = (1, 16, 64)  # the latency part's concurrencies
-COLUMNS = [{"name": c.split()[0], "type": c.split()[1]} for c in SCHEMA.split(", ")]
-JSON_CT = {"Content-Type": "application/json"}
-TIMINGS = "default [cluster] timings: heartbeat 500 ms, failure_timeout 2 s"
 ETCD3 = "etcd 3.4, 3 members, put via its v3 JSON gateway to the leader (same client)"
-
-
-def keys_of(parts: int, first: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """int64 keys first..first+n-1 and the partition of each."""
-    keys = np.arange(first, first + n, dtype=np.int64)
-    return keys, partition_of(encode_keys(pa.array(keys), "int64"), parts)
-
-
-class Cluster:
-    """Three node processes (tests/node/proc.py) and one aiohttp session for the load."""
-
-    def __init__(self, root: Path):
-        self.nodes = raft_cluster(root, 3)  # no [cluster] section: the node's defaults
-        self.by_id = {n.node_id: n for n in self.nodes}
-        self.replicated: dict[str, int] = {}  # table -> partitions, R > 1
-
-    async def open(self) -> None:
-        import aiohttp
-
-        await asyncio.to_thread(start_all, self.nodes)
-        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                          timeout=aiohttp.ClientTimeout(total=120))
-
-    async def close(self) -> None:
-        if getattr(self, "http", None) is not None:
-            await self.http.close()
-        for n in self.nodes:
-            n.ensure_stopped()
-
-    def url(self, node_id: str) -> str:
-        return self.by_id[node_id].base
-
-    def live(self) -> list:
-        return [n for n in self.nodes if n.proc is not None]
-
-    async def get(self, node_id: str, path: str) -> dict:
-        async with self.http.get(self.url(node_id) + path) as r:
-            doc = await r.json(content_type=None)
-            if r.status != 200:
-                raise RuntimeError(f"GET {path} on {node_id}: {r.status} {doc}")
-            return doc
-
-    async def post(self, url: str, body: bytes, ctype: str = "application/json") -> None:
-        async with self.http.post(url, data=body, headers={"Content-Type": ctype}) as r:
-            payload = await r.read()
-            if r.status not in (200, 201):
-                raise RuntimeError(f"POST {url}: {r.status} {payload[:300]!r}")
-
-    async def create(self, name: str, replicas: int) -> list[str]:
-        """Create ``name`` with ``replicas`` replicas; the leader of each partition."""
-        n0 = self.live()[0]
-        await self.post(n0.base + "/v1/tables", json.dumps({
-            "name": name, "primary_key": "id", "columns": COLUMNS, "partitions": PARTITIONS,
-            "replicas": replicas}).encode())
-        if replicas > 1:
-            self.replicated[name] = PARTITIONS
-        return await self.leaders(name)
-
-    async def drop(self, name: str) -> None:
-        n0 = self.live()[0]
-        async with self.http.delete(f"{n0.base}/v1/tables/{name}") as r:
-            if r.status != 200:
-                raise RuntimeError(f"drop {name}: {r.status} {await r.text()}")
-        self.replicated.pop(name, None)
-
-    async def leaders(self, name: str, via: str | None = None) -> list[str]:
-        d = await self.get(via or self.live()[0].node_id, f"/v1/tables/{name}")
-        return [p["leader"] for p in d["placement"]]
-
-    async def wait_ready(self, node, timeout: float = 120) -> None:
-        import aiohttp
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if node.proc.poll() is not None:
-                raise RuntimeError(f"node {node.node_id} exited: {node.log()[-2000:]}")
-            try:
-                async with self.http.get(node.base + "/readyz") as r:
-                    if r.status == 200:
-                        return
-            except (aiohttp.ClientError, OSError):
-                pass
-            await asyncio.sleep(0.05)
-        raise RuntimeError(f"node {node.node_id} never became ready")
-
-    async def shippers(self) -> dict[str, dict]:
-        """Each replicated partition ("table/pid") -> the status of its newest live shipper,
-        with ``node`` (its leader)."""
-        import aiohttp
-
-        out: dict[str, dict] = {}
-        for n in self.live():
-            try:
-                st = await self.get(n.node_id, "/v1/admin/status")
-            except (aiohttp.ClientError, OSError, RuntimeError):
-                continue
-            for key, sh in ((st.get("replication") or {}).get("led") or {}).items():
-                if sh["fenced"] is None and (key not in out or sh["epoch"] > out[key]["epoch"]):
-                    out[key] = dict(sh, node=n.node_id)
-        return out
-
-    def _all_caught_up(self, shippers: dict[str, dict]) -> bool:
-        for name, parts in self.replicated.items():
-            for pid in range(parts):
-                sh = shippers.get(f"{name}/{pid}")
-                if sh is None or not sh["lease"]:
-                    return False
-                if any(f["pos"] is None or f["pos"] != sh["end"] for f in sh["followers"].values()):
-                    return False
-        return True
-
-    async def caught_up(self, timeout: float = 120, every: float = 0.1) -> dict[str, dict]:
-        """Wait until every replicated partition has a leader holding its lease and every
-        follower's durable position equals the leader's log end; the shippers then."""
-        deadline = time.monotonic() + timeout
-        while True:
-            sh = await self.shippers()
-            if self._all_caught_up(sh):
-                return sh
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"replicas not caught up after {timeout} s: {sh}")
-            await asyncio.sleep(every)
-
-
-def split_by_leader(tables: list[pa.Table], leaders: list[str]) -> list[list[tuple[str, bytes]]]:
-    """Each batch as (leader, Arrow IPC body) pieces, one per node (as ``terrascale ingest``)."""
-    lead = np.array(leaders)
-    out = []
-    for t in tables:
-        who = lead[partition_of(encode_keys(t.column("id"), "int64"), len(leaders))]
-        out.append([(n, write_arrow_stream(t.filter(pa.array(who == n)))) for n in np.unique(who).tolist()])
-    return out
-
-
-async def send_batches(cl: Cluster, name: str, pieces: list[list[tuple[str, bytes]]], inflight: int,
-                       retry_s: float = 0.0) -> float:
-    """Post every batch's pieces at once, ``inflight`` batches at a time; seconds taken.
-    With ``retry_s``, a refused piece is sent again (through any node) until it is acknowledged
-    (also when its node died under it: the connection drops)."""
-    import aiohttp
-
-    nxt = iter(range(len(pieces)))
-
-    async def piece(node: str, body: bytes):
-        url = f"/v1/tables/{name}/rows"
-        target = cl.url(node)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                await cl.post(target + url, body, ARROW)
-                return
-            except (RuntimeError, OSError, asyncio.TimeoutError, aiohttp.ClientError):
-                if not retry_s or time.monotonic() > deadline:
-                    raise
-                live = cl.live()
-                target = live[int(time.monotonic() * 1000) % len(live)].base
-                await asyncio.sleep(retry_s)
-
-    async def worker():
-        for i in nxt:
-            await asyncio.gather(*(piece(n, b) for n, b in pieces[i]))
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(inflight)))
-    return time.perf_counter() - t0
 
 
 # -- 1. ingest ---------------------------------------------------------------------------------------
@@ -279,7 +103,7 @@ async def latency(cl: Cluster, etcd: Etcd) -> list[Result]:
     leaders = {3: await cl.create("lat_r3", 3), 1: await cl.create("lat_r1", 1)}
     await cl.caught_up()
     e_lead = await etcd.leader()
-    peers = _PointPeers(cl.http, "", etcd.client[e_lead])
+    peers = PointPeers(cl.http, "", etcd.client[e_lead])
     span = 1 << 18  # distinct keys per case (more than a case writes)
 
     def ours(r: int, base: int):
@@ -289,7 +113,7 @@ async def latency(cl: Cluster, etcd: Etcd) -> list[Result]:
 
         async def send(i: int) -> None:
             j = i % span
-            await cl.post(urls[parts[j]], json.dumps({"rows": [_sensor_row(keys[j])]}).encode())
+            await cl.post(urls[parts[j]], json.dumps({"rows": [sensor_row(keys[j])]}).encode())
         return send
 
     got: dict = collections.defaultdict(list)
@@ -302,7 +126,7 @@ async def latency(cl: Cluster, etcd: Etcd) -> list[Result]:
                 pids = [p.pid for p in etcd.procs] if who == "etcd" else [n.proc.pid for n in cl.live()]
                 before = await _syncs(cl.http, urls, SYNC_METRIC["etcd" if who == "etcd" else "ours"])
                 cpu0 = sum(cpu_seconds(p) for p in pids)
-                st = await _write_load(cl.http, clients, LAT_SECONDS, send)
+                st = await write_load(cl.http, clients, LAT_SECONDS, send)
                 n = max(st["requests"], 1)
                 st["cpu_us"] = (sum(cpu_seconds(p) for p in pids) - cpu0) * 1e6 / n  # every member's CPU
                 st["syncs_per_req"] = (await _syncs(cl.http, urls, SYNC_METRIC["etcd" if who == "etcd" else "ours"])
@@ -373,9 +197,6 @@ def simulation() -> list[Result]:
 # -- the run -----------------------------------------------------------------------------------------
 
 async def run(root: str) -> list[Result]:
-    from bench.cluster_catchup import catch_up, returning_leader  # they import this module
-    from bench.cluster_failover import failover_etcd, failover_ours, failover_results
-
     cl = Cluster(Path(root) / "nodes")
     etcd = None
     try:

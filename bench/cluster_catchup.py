@@ -4,11 +4,14 @@ shipped to a leader returning after kill -9 and a failover; the workloads are de
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
-from bench.cluster_bench import CATCHUP_BATCHES, Cluster, send_batches, split_by_leader
+from bench.cluster_harness import QUICK, Cluster, send_batches, split_by_leader
 from bench.common import Result
 from bench.node_bench import BATCH_ROWS, batch
+
+CATCHUP_BATCHES = int(os.environ.get("CLUSTER_BENCH_CATCHUP_BATCHES", "20" if QUICK else "60"))
 
 
 # -- 4. catch-up -------------------------------------------------------------------------------------
@@ -43,7 +46,7 @@ async def catch_up(cl: Cluster) -> list[Result]:
         if t_contact is None and any(s["followers"].get(victim.node_id, {}).get("pos") is not None
                                      for s in sh.values()):
             t_contact = time.perf_counter()
-        if cl._all_caught_up(sh):
+        if cl.all_caught_up(sh):
             break
         if time.perf_counter() - t_ready > 120:
             raise RuntimeError(f"{victim.node_id} not caught up after 120 s: {sh}")

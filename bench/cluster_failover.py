@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
 import statistics
 import time
 
-from bench.cluster_bench import JSON_CT, KILLS, PARTITIONS, TIMINGS, Cluster, keys_of
+from bench.cluster_harness import PARTITIONS, QUICK, TIMINGS, Cluster, keys_of
 from bench.common import Result
-from bench.node_bench import _PointPeers, _sensor_row
+from bench.http_load import PointPeers, sensor_row
 from bench.raft_bench import Etcd
 
+KILLS = int(os.environ.get("CLUSTER_BENCH_KILLS", "3" if QUICK else "10"))
+JSON_CT = {"Content-Type": "application/json"}
 ATTEMPT_S = 0.1  # a failover writer starts another attempt beside one pending this long
 RETRY_S = 0.02  # between a failover writer's attempts
 
@@ -77,7 +80,7 @@ async def failover_ours(cl: Cluster) -> list[dict]:
             url = f"{survivor.base}/v1/tables/fo/rows"
 
             def send(url=url, mine=of_pid[pid]):
-                return _status_of(cl.http, "POST", url, json.dumps({"rows": [_sensor_row(next(mine))]}).encode())
+                return _status_of(cl.http, "POST", url, json.dumps({"rows": [sensor_row(next(mine))]}).encode())
 
             # the partition takes writes before the kill (a leadership moving back to a
             # returned node answers 503 for a moment: retried), and is still led by the victim
@@ -109,7 +112,7 @@ async def failover_etcd(etcd: Etcd, http) -> list[dict]:
         lead = await etcd.leader()
         survivor = (lead + 1) % 3
         n = iter(range(1 << 40))
-        put = _PointPeers(http, "", etcd.client[survivor]).put(f"fo{k}/")
+        put = PointPeers(http, "", etcd.client[survivor]).put(f"fo{k}/")
 
         async def send(put=put, n=n):
             try:

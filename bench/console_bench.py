@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from bench.common import Result, print_table, write_json
-from tests.node.proc import NodeProc
+from bench.node_proc import NodeProc
 
 TABLES = int(os.environ.get("BENCH_CONSOLE_TABLES", 100))
 SEGMENTS = int(os.environ.get("BENCH_CONSOLE_SEGMENTS", 10_000))

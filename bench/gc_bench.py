@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from rocksdict import Options, Rdict
 
 from bench.common import Result, Timer, print_table, write_json
+from bench.gc_workload import BATCH, ROUNDS, ROWS, SCHEMA, dir_bytes, rows_of
 from catalog.memory import MemoryCatalog
 from rowstore.codec.rows import encode_rows
 from rowstore.db.database import Database, TablesConfig
@@ -38,15 +39,7 @@ from rowstore.db.background.gc import GcConfig
 from terrafs.backends.local import LocalBlockDevice, LocalObjectStore
 from terrafs.fs import FsConfig, TerrascaleFS
 
-ROWS = int(os.environ.get("BENCH_GC_ROWS", 200_000))
-ROUNDS = int(os.environ.get("BENCH_GC_ROUNDS", 5))
 POINTS = int(os.environ.get("BENCH_GC_POINTS", 1_000_000))
-BATCH = 20_000
-SCHEMA = "id int64 primary key, v int64, pad string"
-
-
-def _dir_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
 async def _open(root: str, **cfg) -> tuple[TerrascaleFS, Database]:
@@ -57,12 +50,6 @@ async def _open(root: str, **cfg) -> tuple[TerrascaleFS, Database]:
     db = Database(fs, TablesConfig(**cfg))
     await db.open()
     return fs, db
-
-
-def _rows(keys: np.ndarray, gen: int, rng) -> pa.Table:
-    pad = [f"{gen:04d}" + rng.bytes(56).hex() for _ in range(len(keys))]  # ~116 random chars
-    return pa.table({"id": pa.array(keys, pa.int64()), "v": pa.array(np.full(len(keys), gen), pa.int64()),
-                     "pad": pa.array(pad)})
 
 
 async def _gc_to_quiescence(db: Database) -> tuple[int, float]:
@@ -85,7 +72,7 @@ async def space_and_ingest(root: str) -> list[Result]:
 
     async def write(keys: np.ndarray, gen: int, both: bool = True) -> None:
         for i in range(0, len(keys), BATCH):
-            t = _rows(keys[i:i + BATCH], gen, rng)
+            t = rows_of(keys[i:i + BATCH], gen, rng)
             await db.upsert("s", t)
             if both:
                 enc = encode_rows(t, schema, 1)
@@ -133,11 +120,11 @@ async def space_and_ingest(root: str) -> list[Result]:
     phases = {k: round(v, 3) for k, v in db.gc.phases.items()}
     await db.checkpoint()
     live = encode_rows(final, schema, 1).nbytes
-    ours = (_dir_bytes(f"{root}/objects") + _dir_bytes(f"{root}/block")) / live
+    ours = (dir_bytes(f"{root}/objects") + dir_bytes(f"{root}/block")) / live
     rocks.compact_range(None, None)
     rocks.flush()
     rocks.close()
-    peer = _dir_bytes(f"{root}/rocks") / live
+    peer = dir_bytes(f"{root}/rocks") / live
     await db.close()
     await fs.close()
     rate = copied_bytes / secs / 1e6 if secs else 0.0

@@ -32,12 +32,12 @@ import pyarrow as pa
 from rocksdict import Options, Rdict
 
 from bench.common import Result, Timer, print_table, write_json
-from bench.gc_bench import BATCH, ROUNDS, ROWS, SCHEMA, _dir_bytes, _rows
+from bench.gc_workload import BATCH, ROUNDS, ROWS, SCHEMA, dir_bytes, rows_of
+from bench.node_proc import raft_cluster, start_all
 from node.cluster.controller import PRUNE_EVERY_S
 from node.errors import ApiError
 from rowstore.codec.rows import encode_rows
 from rowstore.schema import parse_schema
-from tests.node.proc import raft_cluster, start_all
 
 REPLICAS = [int(r) for r in os.environ.get("BENCH_GC_REPLICAS", "1,3").split(",")]
 EXTRA = """
@@ -106,7 +106,7 @@ def run_cluster(root: Path, replicas: int) -> list[Result]:
 
         def write(keys: np.ndarray, gen: int, both: bool = True) -> None:
             for i in range(0, len(keys), BATCH):
-                t = _rows(keys[i:i + BATCH], gen, rng)
+                t = rows_of(keys[i:i + BATCH], gen, rng)
                 c0.upsert("s", t)
                 last[keys[i:i + BATCH]] = gen
                 if both:
@@ -159,8 +159,8 @@ def run_cluster(root: Path, replicas: int) -> list[Result]:
         assert final.num_rows == ROWS, final.num_rows
         assert (final.column("v").to_numpy() == last).all(), "a key reads another value than its last write"
         live = encode_rows(final, schema, 1).nbytes
-        where = {"objects": _dir_bytes(str(root / "nodes" / "objects"))}
-        where.update({f"{n.node_id} block": _dir_bytes(str(n.data / "block")) for n in nodes})
+        where = {"objects": dir_bytes(str(root / "nodes" / "objects"))}
+        where.update({f"{n.node_id} block": dir_bytes(str(n.data / "block")) for n in nodes})
         where["block, allocated (du)"] = sum(_allocated(str(n.data / "block")) for n in nodes)
         ours = sum(v for k, v in where.items() if "allocated" not in k) / live
         for c in clients:
@@ -171,7 +171,7 @@ def run_cluster(root: Path, replicas: int) -> list[Result]:
     rocks.compact_range(None, None)
     rocks.flush()
     rocks.close()
-    peer = _dir_bytes(str(root / "rocks")) / live
+    peer = dir_bytes(str(root / "rocks")) / live
     return [
         Result(f"3 nodes, R={replicas}: space amplification, {ROWS / 1e6:g}M rows x {ROUNDS} rounds of 30% "
                "overwrites, GC on every node to quiescence", ours,

@@ -23,7 +23,7 @@ import sys
 import time
 
 from bench.node_bench import cpu_seconds
-from tests.fixtures.moto import free_port
+from bench.ports import free_port
 
 BODY = json.dumps({"rows": [{"id": 1, "ts": "2026-01-01T00:00:00Z", "loc": [13.4, 52.5], "v": 1.5}]}).encode()
 ANSWER = b'{"committed": 1, "commit_ts": 117690000000000000}'

@@ -30,7 +30,6 @@ numbers are low; the ratios compare like with like.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import random
@@ -44,10 +43,11 @@ import numpy as np
 import pyarrow as pa
 
 from bench.common import Result, print_table, write_json
+from bench.http_load import PointPeers, b64, post, write_load
+from bench.ports import free_port
 from bench.raft_bench import ensure_etcd
 from node.wire import table_to_rows, write_arrow_stream
 from node.config import defaults
-from tests.fixtures.moto import free_port
 
 BATCH_ROWS = 10_000
 BATCHES = int(os.environ.get("NODE_BENCH_BATCHES", "30"))
@@ -103,13 +103,6 @@ class NodeProcess:
         self.log.close()
 
 
-async def _post(http, url, body, ctype):
-    async with http.post(url, data=body, headers={"Content-Type": ctype}) as r:
-        payload = await r.read()
-        if r.status not in (200, 201):
-            raise RuntimeError(f"{url}: {r.status} {payload[:200]!r}")
-
-
 async def _run_batches(send, n: int, inflight: int) -> float:
     """rows/s of ``send(i)`` for i in 0..n-1 with ``inflight`` at a time (in order per worker)."""
     nxt = iter(range(n))
@@ -145,13 +138,13 @@ async def ingest(root: str) -> list[Result]:
                     await local.db.create_table(name, SCHEMA)
                     rate = await _run_batches(lambda i, n=name: local.db.upsert(n, tables[i]), BATCHES, int(kind[-1]))
                 else:
-                    await _post(http, server.url + "/v1/tables", json.dumps({
+                    await post(http, server.url + "/v1/tables", json.dumps({
                         "name": name, "primary_key": "id",
                         "columns": [{"name": c.split()[0], "type": c.split()[1]} for c in SCHEMA.split(", ")]}
                     ).encode(), "application/json")
                     bodies, ctype = (jsons, "application/json") if kind.startswith("json") else (arrow, ARROW)
                     url = f"{server.url}/v1/tables/{name}/rows"
-                    rate = await _run_batches(lambda i, u=url, b=bodies, c=ctype: _post(http, u, b[i], c), BATCHES,
+                    rate = await _run_batches(lambda i, u=url, b=bodies, c=ctype: post(http, u, b[i], c), BATCHES,
                                               int(kind[-1]))
                 got[kind].append(rate)
                 print(f"  round {rnd} {kind}: {rate:,.0f} rows/s", flush=True)
@@ -225,10 +218,6 @@ class EtcdOne:
         self.proc.wait()
 
 
-def _b64(s: bytes) -> str:
-    return base64.b64encode(s).decode()
-
-
 async def point_gets(root: str) -> list[Result]:
     import aiohttp
 
@@ -239,26 +228,26 @@ async def point_gets(root: str) -> list[Result]:
     try:
         await server.wait_ready(http)
         await etcd.open(http)
-        await _post(http, server.url + "/v1/tables", json.dumps({
+        await post(http, server.url + "/v1/tables", json.dumps({
             "name": "g", "primary_key": "id",
             "columns": [{"name": c.split()[0], "type": c.split()[1]} for c in SCHEMA.split(", ")]}).encode(),
             "application/json")
         sample_row = None
         for start in range(0, GET_KEYS, BATCH_ROWS):
             t = batch(start)
-            await _post(http, server.url + "/v1/tables/g/rows", write_arrow_stream(t), ARROW)
+            await post(http, server.url + "/v1/tables/g/rows", write_arrow_stream(t), ARROW)
             if sample_row is None:
                 sample_row = json.dumps(table_to_rows(t.slice(0, 1))[0]).encode()
         async with http.post(server.url + "/v1/admin/checkpoint") as r:
             await r.read()
-        value = _b64(sample_row)  # etcd values as big as our JSON row
+        value = b64(sample_row)  # etcd values as big as our JSON row
         for start in range(0, GET_KEYS, 128):  # etcd's default --max-txn-ops is 128
-            ops = [{"request_put": {"key": _b64(f"k{k:08d}".encode()), "value": value}}
+            ops = [{"request_put": {"key": b64(f"k{k:08d}".encode()), "value": value}}
                    for k in range(start, min(start + 128, GET_KEYS))]
-            await _post(http, etcd.url + "/v3/kv/txn", json.dumps({"success": ops}).encode(), "application/json")
+            await post(http, etcd.url + "/v3/kv/txn", json.dumps({"success": ops}).encode(), "application/json")
         ours = (lambda k: f"{server.url}/v1/tables/g/rows/{k}", "GET", lambda k: None)
         theirs = (lambda k: f"{etcd.url}/v3/kv/range", "POST",
-                  lambda k: json.dumps({"key": _b64(f"k{k:08d}".encode())}).encode())
+                  lambda k: json.dumps({"key": b64(f"k{k:08d}".encode())}).encode())
         for rnd in range(ROUNDS):
             for who, (url_of, method, body_of) in (("ours", ours), ("etcd", theirs)):
                 st = await _get_load(http, url_of, method, body_of, GET_SECONDS)
@@ -289,34 +278,6 @@ PW_SECONDS = float(os.environ.get("NODE_BENCH_PW_SECONDS", "4"))
 PW_BATCH = 10  # rows per request of the batched case (64 clients)
 
 
-def _sensor_row(i: int) -> dict:
-    """One sensor reading of the bench's row shape (as a JSON-ready dict)."""
-    return {"id": i, "ts": 1_714_564_800_000_000 + i, "loc": {"x": (i * 7919 % 10_000) / 100.0,
-            "y": (i * 104_729 % 10_000) / 100.0}, "name": f"sensor-{i % 997}", "v": (i % 1000) / 10.0, "n": i % 17}
-
-
-async def _write_load(http, clients: int, seconds: float, send) -> dict:
-    """``clients`` keep-alive workers calling ``send(i)`` with distinct i for ``seconds``:
-    requests/s, p50/p99 in µs."""
-    lat: list[int] = []
-    stop = time.perf_counter() + seconds
-    counter = iter(range(1 << 62))
-
-    async def worker():
-        while time.perf_counter() < stop:
-            i = next(counter)
-            t0 = time.perf_counter_ns()
-            await send(i)
-            lat.append(time.perf_counter_ns() - t0)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*[worker() for _ in range(clients)])
-    took = time.perf_counter() - t0
-    lat.sort()
-    return {"req_s": len(lat) / took, "p50_us": lat[len(lat) // 2] / 1000, "p99_us": lat[int(len(lat) * 0.99)] / 1000,
-            "requests": len(lat)}
-
-
 async def fsyncs(http, url: str, name: str) -> float:
     """The sum of the samples of metric ``name`` at ``url``/metrics (0.0 when absent)."""
     async with http.get(url + "/metrics") as r:
@@ -338,50 +299,6 @@ def cpu_seconds(pid: int) -> float:
 SYNC_METRIC = {"ours": "terrascale_device_fdatasyncs", "etcd": "etcd_disk_wal_fsync_duration_seconds_count"}
 
 
-async def _ok(resp) -> None:
-    payload = await resp.read()
-    if resp.status != 200:
-        raise RuntimeError(f"{resp.status} {payload[:200]!r}")
-
-
-class _PointPeers:
-    """The requests each side serves: single-row upserts / deletes / 10-row batches as
-    ``POST /v1/tables/pw{n}/rows`` bodies, and etcd's put / delete-range / 10-put txn with
-    values as big as our JSON row."""
-
-    def __init__(self, http, ours: str, etcd: str):
-        self.http, self.ours, self.etcd = http, ours, etcd
-        self.hdr = {"Content-Type": "application/json"}
-
-    async def _post(self, url: str, body: bytes) -> None:
-        async with self.http.post(url, data=body, headers=self.hdr) as r:
-            await _ok(r)
-
-    def upsert(self, table: str, base: int, rows: int = 1):
-        url = f"{self.ours}/v1/tables/{table}/rows"
-        return lambda i: self._post(url, json.dumps({"rows": [_sensor_row(base + i * rows + j)
-                                                              for j in range(rows)]}).encode())
-
-    def delete(self, table: str, base: int):
-        url = f"{self.ours}/v1/tables/{table}/delete"
-        return lambda i: self._post(url, json.dumps({"keys": [base + i]}).encode())
-
-    def put(self, prefix: str, rows: int = 1):
-        def body(i: int, j: int) -> dict:
-            k = i * rows + j
-            return {"key": _b64(f"{prefix}{k:012d}".encode()), "value": _b64(json.dumps(_sensor_row(k)).encode())}
-        if rows == 1:
-            url = f"{self.etcd}/v3/kv/put"
-            return lambda i: self._post(url, json.dumps(body(i, 0)).encode())
-        url = f"{self.etcd}/v3/kv/txn"
-        return lambda i: self._post(url, json.dumps({"success": [{"request_put": body(i, j)}
-                                                                  for j in range(rows)]}).encode())
-
-    def delete_range(self, prefix: str):
-        url = f"{self.etcd}/v3/kv/deleterange"
-        return lambda i: self._post(url, json.dumps({"key": _b64(f"{prefix}{i:012d}".encode())}).encode())
-
-
 async def point_writes(root: str) -> list[Result]:
     """Single-row JSON upserts from 1..256 clients, single-key deletes and 10-row batches
     from 64 clients, against etcd (1 member, fsync per commit), each case ours then etcd."""
@@ -394,10 +311,10 @@ async def point_writes(root: str) -> list[Result]:
     try:
         await server.wait_ready(http)
         await etcd.open(http)
-        peers = _PointPeers(http, server.url, etcd.url)
+        peers = PointPeers(http, server.url, etcd.url)
         cols = [{"name": c.split()[0], "type": c.split()[1]} for c in SCHEMA.split(", ")]
-        await _post(http, server.url + "/v1/tables", json.dumps({"name": "pw", "primary_key": "id",
-                                                                  "columns": cols}).encode(), "application/json")
+        await post(http, server.url + "/v1/tables", json.dumps({"name": "pw", "primary_key": "id",
+                                                                 "columns": cols}).encode(), "application/json")
         for n, (case, clients) in enumerate(cases):
             kind = case.split()[0]
             base = n << 40  # each case writes its own ids (deletes take the previous case's)
@@ -409,7 +326,7 @@ async def point_writes(root: str) -> list[Result]:
                 url = server.url if who == "ours" else etcd.url
                 pid = (server if who == "ours" else etcd).proc.pid
                 before, cpu0 = await fsyncs(http, url, SYNC_METRIC[who]), cpu_seconds(pid)
-                st = await _write_load(http, clients, PW_SECONDS, send)
+                st = await write_load(http, clients, PW_SECONDS, send)
                 st["rows_s"] = st["req_s"] * (PW_BATCH if kind == "batch10" else 1)
                 st["cpu_us"] = (cpu_seconds(pid) - cpu0) * 1e6 / max(st["requests"], 1)
                 st["syncs_per_req"] = (await fsyncs(http, url, SYNC_METRIC[who]) - before) / max(st["requests"], 1)

@@ -20,7 +20,8 @@ import sys
 import tempfile
 import time
 
-from bench.node_bench import SCHEMA, NodeProcess, _PointPeers, _post, _write_load
+from bench.http_load import PointPeers, post, write_load
+from bench.node_bench import SCHEMA, NodeProcess
 
 # (stage, substrings of "function (file)" that mark it) — the innermost (deepest) match wins
 STAGES = [
@@ -79,10 +80,10 @@ async def run(clients: int, seconds: float, flame: str | None) -> None:
         try:
             await server.wait_ready(http)
             cols = [{"name": c.split()[0], "type": c.split()[1]} for c in SCHEMA.split(", ")]
-            await _post(http, server.url + "/v1/tables", __import__("json").dumps(
+            await post(http, server.url + "/v1/tables", __import__("json").dumps(
                 {"name": "pw", "primary_key": "id", "columns": cols}).encode(), "application/json")
-            peers = _PointPeers(http, server.url, "")
-            await _write_load(http, clients, 1.0, peers.upsert("pw", 1 << 40))  # warm up
+            peers = PointPeers(http, server.url, "")
+            await write_load(http, clients, 1.0, peers.upsert("pw", 1 << 40))  # warm up
             out = os.path.join(root, "stacks.txt")
             rec = subprocess.Popen([spy, "record", "--pid", str(server.proc.pid), "--duration", str(int(seconds)),
                                     "--rate", str(RATE), "--format", "raw", "--output", out, "--threads",
@@ -91,7 +92,7 @@ async def run(clients: int, seconds: float, flame: str | None) -> None:
             async with http.get(server.url + "/metrics") as r:
                 before = _counters(await r.text())
             c0, n0 = time.process_time(), _cpu_seconds(server.proc.pid)
-            st = await _write_load(http, clients, seconds, peers.upsert("pw", 2 << 40))
+            st = await write_load(http, clients, seconds, peers.upsert("pw", 2 << 40))
             st["client_cpu"] = (time.process_time() - c0) / seconds
             st["node_cpu"] = (_cpu_seconds(server.proc.pid) - n0) / seconds
             await asyncio.to_thread(rec.wait)

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.node.proc import TERRASCALE, NodeProc
+from bench.node_proc import TERRASCALE, NodeProc
 
 TOKEN = "cli-token"
 

@@ -8,11 +8,11 @@ from urllib.parse import quote
 
 import pytest
 
+from bench.node_proc import TERRASCALE, NodeProc
 from node.errors import ApiError
 from spark_bridge.errors import BridgeError
 from spark_bridge.options import Options
 from spark_bridge.remote import Remote
-from tests.node.proc import TERRASCALE, NodeProc
 
 U = "12345678-1234-5678-1234-567812345678"
 MIN, MAX = -(2**63), 2**63 - 1

@@ -9,8 +9,8 @@ import uuid
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import NodeProc
 from spark_bridge.session import local_session
-from tests.node.proc import NodeProc
 
 
 @pytest.fixture(scope="session")

@@ -9,10 +9,10 @@ import threading
 
 from aiohttp import web
 
+from bench.node_proc import NodeProc
 from node.http.app import make_app
 from node.config import load
 from node.daemon.lifecycle import Node
-from tests.node.proc import NodeProc
 
 
 class InProcessNode:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.node.proc import NodeProc, eventually, holds
+from bench.node_proc import NodeProc
+from tests.node.proc import eventually, holds
 from tests.spark_bridge.conftest import api_rows, spark_rows
 from tests.spark_bridge.test_read import COLUMNS, make_rows
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
+from bench.node_proc import raft_cluster, start_all
+from tests.node.proc import FAST_CLUSTER, eventually
 from tests.node.cluster.test_replication import rows
 from tests.spark_bridge.test_jvm_reader import read
 

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
+from bench.node_proc import NodeProc
 from tests.fixtures.moto import make_bucket, s3_uri
-from tests.node.proc import NodeProc
 from tests.spark_bridge.conftest import api_rows, spark_rows
 from tests.spark_bridge.test_read import COLUMNS, make_rows
 

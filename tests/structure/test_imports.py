@@ -1,6 +1,6 @@
 """The layers of docs/ARCHITECTURE.md, checked on the source: every import of a project
 module (at module level or inside a function) points down or within its own package, and
-no modules import each other in a circle."""
+no modules import each other in a circle. And ``bench/`` stands alone (the last section)."""
 from __future__ import annotations
 
 import ast
@@ -17,30 +17,44 @@ ALLOWED = {
 }
 
 
-def _modules() -> dict[str, Path]:
+def _modules_of(top: str) -> dict[str, Path]:
+    """The modules under the folder ``top`` by dotted name."""
     out = {}
-    for pkg in ALLOWED:
-        for p in (ROOT / pkg).rglob("*.py"):
-            parts = list(p.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            out[".".join(parts)] = p
+    for p in (ROOT / top).rglob("*.py"):
+        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = p
+    return out
+
+
+def _modules() -> dict[str, Path]:
+    return {m: p for pkg in ALLOWED for m, p in _modules_of(pkg).items()}
+
+
+def _import_statements(name: str, path: Path) -> list[tuple[str, list[str]]]:
+    """Every import in module ``name`` (module level or inside functions): (the module, the names
+    ``from`` it imports, none for ``import a.b``), relative imports resolved."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+            out.append((base, [a.name for a in node.names]))
     return out
 
 
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     """Project modules ``name`` imports (``from a import b`` is module ``a.b`` when that is one)."""
     got = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            got.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
-            for a in node.names:
-                got.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+    for base, names in _import_statements(name, path):
+        if not names:
+            got.add(base)
+        got.update(f"{base}.{n}" if f"{base}.{n}" in known else base for n in names)
     return {m for m in got if m in known and m != name}
 
 
@@ -242,3 +256,63 @@ def test_only_the_daemon_and_the_cli_name_the_daemon():
                    if not (m.startswith("node.daemon") or m == "node.cli")
                    for d in deps if d == "node.daemon" or d.startswith("node.daemon."))
     assert not named, "modules that name the daemon:\n" + "\n".join(named)
+
+
+# ``bench/`` stands alone: it imports the packages and nothing of ``tests/``, no private name of
+# another benchmark module, and its modules import each other in no circle. The tests take from it
+# only the harness of real processes on loopback, which imports no benchmark (docs/ARCHITECTURE.md).
+BENCH_HARNESS = {"bench.ports", "bench.node_proc"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _bench_graph() -> dict[str, set[str]]:
+    mods = _modules_of("bench")
+    return {m: _imports(m, p, set(mods)) for m, p in mods.items()}
+
+
+def test_bench_imports_nothing_from_tests():
+    bad = sorted(f"{m} imports {base}" for m, p in _modules_of("bench").items()
+                 for base, _ in _import_statements(m, p) if base.split(".")[0] == "tests")
+    assert not bad, "benchmarks importing from the tests (what both use belongs in bench/):\n" + "\n".join(bad)
+
+
+def test_no_bench_module_imports_a_private_name_of_another():
+    """``from bench.node_bench import _post`` — and ``node_bench._post`` after ``from bench import
+    node_bench`` or ``import bench.node_bench as nb``: what modules share is public, in the module
+    named for it."""
+    mods = _modules_of("bench")
+    bad = []
+    for m, p in mods.items():
+        bound = {}  # a name in ``m`` -> the bench module it stands for
+        for base, names in _import_statements(m, p):
+            bad += [f"{m} imports {base}.{n}" for n in names if base in mods and base != m and _private(n)]
+            bound.update({n: f"{base}.{n}" for n in names if f"{base}.{n}" in mods})
+        tree = ast.parse(p.read_text(), str(p))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                bound.update({a.asname: a.name for a in node.names if a.asname and a.name in mods})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr) \
+                    and bound.get(node.value.id, m) != m:
+                bad.append(f"{m} uses {bound[node.value.id]}.{node.attr}")
+    assert not bad, "private names of one bench module used by another:\n" + "\n".join(sorted(bad))
+
+
+def test_no_import_cycles_in_bench():
+    cycles = [c for c in _strongly_connected(_bench_graph()) if len(c) > 1]
+    assert not cycles, "bench modules importing each other in a circle:\n" + "\n".join(
+        " <-> ".join(sorted(c)) for c in cycles)
+
+
+def test_the_tests_take_only_the_harness_from_bench():
+    """The tests import no benchmark, only the harness of real processes (a free port, node
+    processes), and the harness imports no benchmark either."""
+    bench = set(_modules_of("bench"))
+    assert BENCH_HARNESS <= bench, f"the harness is gone from bench/: {sorted(BENCH_HARNESS - bench)}"
+    bad = sorted(f"{m} imports {d}" for m, p in _modules_of("tests").items()
+                 for d in _imports(m, p, bench) if d not in BENCH_HARNESS)
+    bad += sorted(f"{m} imports {d}" for m in BENCH_HARNESS for d in _bench_graph()[m] if d not in BENCH_HARNESS)
+    assert not bad, "bench/ beyond its harness in the tests, or a benchmark in the harness:\n" + "\n".join(bad)

@@ -13,6 +13,7 @@ import pytest
 from aiobotocore.session import get_session
 from aiohttp import ClientSession, web
 
+from bench.ports import free_port
 from catalog.memory import MemoryCatalog
 from terrafs.backends.memory import MemoryBlockDevice
 from terrafs.backends.s3 import S3ObjectStore
@@ -24,7 +25,7 @@ from terrafs.errors import (
 )
 from terrafs.fs import FsConfig, TerrascaleFS
 from terrafs.uri import open_object_store
-from tests.fixtures.moto import free_port, make_bucket, s3_uri
+from tests.fixtures.moto import make_bucket, s3_uri
 from tests.terrafs.conformance import ObjectStoreSuite
 
 MIB = 1 << 20

@@ -7,7 +7,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from tests.node.proc import NodeProc
+from bench.node_proc import NodeProc
 from tests.node.test_cli import ts
 
 TOKEN = "cli-token"

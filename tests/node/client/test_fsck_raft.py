@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.node.proc import TERRASCALE, raft_cluster, start_all
+from bench.node_proc import TERRASCALE, raft_cluster, start_all
 
 
 def fsck(node, *args):

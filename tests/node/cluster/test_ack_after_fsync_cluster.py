@@ -15,10 +15,11 @@ import shutil
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import raft_cluster
 from rowstore.tables.keys import encode_keys, partition_of
 from tests.node.http.test_ack_after_fsync import FD_PATH, _syscalls, post_rows
 from tests.node.cluster.test_replication_faults import caught_up
-from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster
+from tests.node.proc import FAST_CLUSTER, eventually
 
 CLIENTS, PER_CLIENT, PARTITIONS = 6, 10, 2
 STRACE = ("strace", "-f", "-qq", "-ttt", "-T", "-yy", "-s", "65536", "-e", "signal=none",

@@ -5,9 +5,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import raft_cluster, start_all
 from node.errors import ApiError
 from tests.fixtures.aggregate_model import grouped, same
-from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
+from tests.node.proc import FAST_CLUSTER, eventually
 
 COLUMNS = [("id", "int64"), ("g", "string"), ("k", "int64"), ("v", "float64"), ("p", "point")]
 

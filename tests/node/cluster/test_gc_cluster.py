@@ -14,8 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import raft_cluster, start_all
 from node.errors import ApiError
-from tests.node.proc import FAST_CLUSTER, eventually, holds, metric, raft_cluster, start_all
+from tests.node.proc import FAST_CLUSTER, eventually, holds, metric
 
 KEYS = 1500
 JOBS = """

@@ -30,9 +30,10 @@ import time
 import numpy as np
 import pytest
 
+from bench.node_proc import joiner, raft_cluster
 from node.errors import ApiError
 from tests.fixtures.tmpfs import SmallDisk, can_mount
-from tests.node.proc import FAST_CLUSTER, eventually, joiner, raft_cluster
+from tests.node.proc import FAST_CLUSTER, eventually
 from tests.node.cluster.test_replication_faults import RETRY, Writers, caught_up, check_batches, counts
 
 ROUNDS = int(os.environ.get("NEMESIS_ROUNDS", "30"))

@@ -14,9 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 from pyroaring import BitMap
 
+from bench.node_proc import TERRASCALE, raft_cluster, start_all
 from node.errors import ApiError
 from rowstore.tables.keys import encode_keys, partition_of
-from tests.node.proc import TERRASCALE, eventually, holds, raft_cluster, start_all
+from tests.node.proc import eventually, holds
 
 N = 60  # rows per batch: with 6 partitions over 3 nodes every batch spans every node
 

@@ -75,9 +75,9 @@ def test_leaders_stay_balanced_whatever_the_tables(n_members, partitions, data):
 def test_replicas_beyond_what_the_cluster_has_are_refused_with_the_reason(tmp_path):
     """R copies need R nodes: the config takes 1..7; a single node (trkv:// catalog) refuses
     R > 1 on table create with the reason, and nothing is created."""
+    from bench.node_proc import NodeProc
     from node.config import from_dict
     from node.errors import ConfigError
-    from tests.node.proc import NodeProc
 
     assert from_dict({"tables": {"replicas": 3}}).replicas == 3
     for bad in (0, 8, True, "2"):

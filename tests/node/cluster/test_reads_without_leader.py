@@ -5,8 +5,9 @@ answers 503 instead of answering short."""
 import numpy as np
 import pytest
 
+from bench.node_proc import raft_cluster, start_all
 from node.errors import ApiError
-from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
+from tests.node.proc import FAST_CLUSTER, eventually
 from tests.node.http.test_bridge_api import call, plan_rows
 from tests.node.cluster.test_replication import counts, rows
 

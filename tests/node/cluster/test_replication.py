@@ -9,9 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import joiner, raft_cluster, start_all
 from node.errors import ApiError
 from rowstore.tables.keys import encode_keys, partition_of
-from tests.node.proc import FAST_CLUSTER, eventually, joiner, raft_cluster, start_all
+from tests.node.proc import FAST_CLUSTER, eventually
 
 FAST = FAST_CLUSTER
 

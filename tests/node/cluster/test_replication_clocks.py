@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster
+from bench.node_proc import raft_cluster
+from tests.node.proc import FAST_CLUSTER, eventually
 from tests.node.cluster.test_replication import rows
 
 SKEW = {"TERRASCALE_FAILPOINT_CLOCK_SKEW_MS": "8000"}

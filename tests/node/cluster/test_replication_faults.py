@@ -21,10 +21,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import raft_cluster, start_all
 from node.client.client import Client
 from node.errors import ApiError
 from rowstore.tables.keys import encode_keys, partition_of
-from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster, start_all
+from tests.node.proc import FAST_CLUSTER, eventually
 
 FAST = FAST_CLUSTER
 FAILURE_S = 1.5

@@ -6,8 +6,9 @@ import time
 
 import pytest
 
+from bench.node_proc import joiner, raft_cluster, start_all
 from node.errors import ApiError
-from tests.node.proc import eventually, joiner, raft_cluster, start_all
+from tests.node.proc import eventually
 from tests.node.cluster.test_replication import FAST, batches, rows
 
 

@@ -123,8 +123,9 @@ def test_three_nodes_carry_several_partitions_appends_per_request_and_lose_nothi
     requests), and every acknowledged batch reads back whole from every node."""
     import threading
 
+    from bench.node_proc import raft_cluster
     from tests.node.cluster.test_replication import FAST, batches, rows
-    from tests.node.proc import eventually, raft_cluster
+    from tests.node.proc import eventually
 
     nodes = raft_cluster(tmp_path, 3, extra=FAST)
     try:

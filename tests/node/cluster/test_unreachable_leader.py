@@ -6,7 +6,8 @@ followers say they do not hear it, the driver elects another, writes go on throu
 two with every acknowledged batch kept; once the cut is lifted the old leader follows again."""
 import pytest
 
-from tests.node.proc import FAST_CLUSTER, eventually, raft_cluster
+from bench.node_proc import raft_cluster
+from tests.node.proc import FAST_CLUSTER, eventually
 from tests.node.cluster.test_replication import batches, upsert_retrying
 
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from bench.node_proc import NodeProc, raft_cluster, start_all
 from node.client.client import Client
 from tests.node.http.test_api import _self_signed
-from tests.node.proc import FAST_CLUSTER, NodeProc, eventually, raft_cluster, start_all
+from tests.node.proc import FAST_CLUSTER, eventually
 
 TOKEN = "console-test-token"
 SHOTS = Path(__file__).resolve().parents[3] / "test-artifacts" / "console"

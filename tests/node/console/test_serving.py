@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.node_proc import NodeProc
 from node.http.routes.console import STATIC
-from tests.node.proc import NodeProc
 
 TOKEN = "console-token"
 

@@ -6,8 +6,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import NodeProc, raft_cluster, start_all
 from node.errors import ApiError
-from tests.node.proc import eventually, holds, NodeProc, raft_cluster, start_all
+from tests.node.proc import eventually, holds
 
 CLIENTS, BATCH = 8, 400
 

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from tests.fixtures.moto import free_port
+from bench.ports import free_port
 from tests.node.proc import eventually, holds
 
 TERRASCALE = os.path.join(os.path.dirname(sys.executable), "terrascale")

@@ -6,9 +6,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import NodeProc
 from node.errors import ApiError
 from tests.fixtures.tmpfs import SmallDisk, can_mount
-from tests.node.proc import NodeProc, eventually
+from tests.node.proc import eventually
 
 pytestmark = pytest.mark.skipif(not can_mount(), reason="mounting a tmpfs needs root (CAP_SYS_ADMIN)")
 ROWS = 500
@@ -78,7 +79,8 @@ def test_a_leader_whose_disk_fills_steps_down_and_the_others_take_the_writes(tmp
     """R = 3, the leader's block device is a 24 MB tmpfs: once it fills, the leader steps down
     (a disk error is a reason to), an election passes it over, and writes go on through the
     other two with nothing acknowledged lost; once its disk grows it follows again."""
-    from tests.node.proc import FAST_CLUSTER, raft_cluster
+    from bench.node_proc import raft_cluster
+    from tests.node.proc import FAST_CLUSTER
 
     nodes = raft_cluster(tmp_path, 3, extra=FAST_CLUSTER + '[jobs]\noffload_every = "0s"\n')
     disk = SmallDisk(nodes[0].data / "block", 24)

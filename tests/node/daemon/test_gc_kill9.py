@@ -7,9 +7,9 @@ import subprocess
 import numpy as np
 import pytest
 
+from bench.node_proc import TERRASCALE, NodeProc
 from node.errors import ApiError
 from tests.fixtures.moto import make_bucket, s3_uri
-from tests.node.proc import TERRASCALE, NodeProc
 
 POINTS = ["gc.after_copy", "gc.after_publish", "gc.after_index_checkpoint", "gc.after_retire", "gc.after_delete"]
 EXTRA = """

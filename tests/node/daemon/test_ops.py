@@ -15,11 +15,12 @@ import tomllib
 
 import pytest
 
+from bench.node_proc import TERRASCALE, NodeProc
+from bench.ports import free_port
 from node.client.client import Client
 from node.errors import ApiError
 from node.config import from_dict
-from tests.fixtures.moto import free_port
-from tests.node.proc import TERRASCALE, eventually, holds, NodeProc
+from tests.node.proc import eventually, holds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 OPS = os.path.join(ROOT, "ops")

@@ -5,10 +5,11 @@ a 500 — and everything works again, nothing lost, once the store is back."""
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import NodeProc
 from node.errors import ApiError
 from tests.fixtures.moto import make_bucket, s3_uri
 from tests.fixtures.proxy import Proxy
-from tests.node.proc import NodeProc, eventually
+from tests.node.proc import eventually
 
 
 def rows(lo: int, hi: int, v: int) -> pa.Table:

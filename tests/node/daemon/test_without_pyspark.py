@@ -1,6 +1,6 @@
 """A node is a storage engine, not a Spark job: it runs where pyspark is not installed
 (pyspark is the ``spark`` extra, for the bridge)."""
-from tests.node.proc import NodeProc
+from bench.node_proc import NodeProc
 
 
 def test_a_node_serves_with_pyspark_absent(tmp_path):

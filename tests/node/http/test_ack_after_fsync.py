@@ -14,7 +14,7 @@ import shutil
 import aiohttp
 import pytest
 
-from tests.node.proc import NodeProc
+from bench.node_proc import NodeProc
 
 CLIENTS, PER_CLIENT = 8, 15
 LINE = re.compile(r"^(\d+)\s+(\d+\.\d+) (?:<\.\.\. (\w+) resumed>(.*)|(\w+)\((.*))$")

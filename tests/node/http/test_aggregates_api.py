@@ -7,9 +7,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import NodeProc
 from node.errors import ApiError
 from tests.fixtures.aggregate_model import grouped, same
-from tests.node.proc import NodeProc
 
 TOKEN = "t0ken-for-tests"
 COLUMNS = [("id", "int64"), ("ts", "timestamp"), ("loc", "point"), ("name", "string"), ("v", "float64"),

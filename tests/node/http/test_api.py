@@ -9,9 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import NodeProc
 from node.client.client import AsyncClient, Client
 from node.errors import ApiError
-from tests.node.proc import eventually, NodeProc
+from tests.node.proc import eventually
 
 TOKEN = "t0ken-for-tests"
 ALL_TYPES = [

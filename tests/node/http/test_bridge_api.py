@@ -6,10 +6,10 @@ import asyncio
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import NodeProc
 from node.errors import ApiError
 from rowstore.reads.external import SegmentSlice, read_segment, schemas_lookup
 from rowstore.schema import SchemaVersion
-from tests.node.proc import NodeProc
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from schemathesis.checks import load_all_checks
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from tests.fixtures.moto import free_port
-from tests.node.proc import NodeProc
+from bench.node_proc import NodeProc
+from bench.ports import free_port
 from tests.node.http.test_api import ALL_TYPES, ROW
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "openapi.yaml")

@@ -8,7 +8,8 @@ import socket
 
 import pytest
 
-from tests.node.proc import NodeProc, eventually, holds, metric, raft_cluster, start_all
+from bench.node_proc import NodeProc, raft_cluster, start_all
+from tests.node.proc import eventually, holds, metric
 
 
 def closed_by_peer(s: socket.socket, within: float) -> bool:

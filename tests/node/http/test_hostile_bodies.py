@@ -16,13 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.node_proc import NodeProc
 from node.wire import (BodyError, json_depth_over, parse_json_body, read_arrow_stream, row_to_json, rows_to_table,
                         table_to_rows)
 from rowstore.errors import RowstoreError
 from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
 from rowstore.schema import parse_schema
 from rowstore.tables.conform import conform
-from tests.node.proc import NodeProc
 from tests.node.http.test_api import ALL_TYPES, ROW
 from tests.rowstore.tables_world import TablesWorld
 

@@ -7,8 +7,8 @@ import time
 import pyarrow as pa
 import pytest
 
+from bench.node_proc import NodeProc
 from rowstore.hlc import ts_from_ms
-from tests.node.proc import NodeProc
 from tests.node.http.test_api import ALL_TYPES, ROW
 
 ARROW = "application/vnd.apache.arrow.stream"

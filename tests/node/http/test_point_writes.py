@@ -8,7 +8,7 @@ import re
 import aiohttp
 import pytest
 
-from tests.node.proc import NodeProc
+from bench.node_proc import NodeProc
 
 COLS = [{"name": "id", "type": "int64"}, {"name": "name", "type": "string"}, {"name": "v", "type": "float64"},
         {"name": "loc", "type": "point"}, {"name": "g", "type": "int64"}]
