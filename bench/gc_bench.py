@@ -107,7 +107,7 @@ async def space_and_ingest(root: str) -> list[Result]:
     stop.set()
     await gc_task
     # write the same last versions to RocksDB (the ingest rounds above only went to us)
-    final, _ = await db.scan("s", limit=None)
+    final, _ = await db.read_all("s")
     enc = encode_rows(final, schema, 1)
     for k, a, b in zip(final.column("id").to_pylist(), enc.starts, np.append(enc.starts[1:], enc.nbytes)):
         rocks[int(k).to_bytes(8, "big")] = enc.buf[a:b].tobytes()

@@ -46,7 +46,11 @@ def _parser() -> argparse.ArgumentParser:
         dest="table_cmd", required=True)
     c = table.add_parser("create", parents=[out], help="create a table")
     c.add_argument("name")
-    c.add_argument("--schema", required=True, help="'id int64 primary key, ts timestamp, loc point, name string'")
+    c.add_argument("--schema", required=True, help="'id int64 primary key, ts timestamp, loc point, name string', "
+                                                    "or a key of several columns: 'sensor string, ts timestamp, "
+                                                    "v float64, primary key (sensor, ts)'")
+    c.add_argument("--partition-key", help="the leading key columns whose hash picks the partition, "
+                                           "comma-separated (default: the first key column)")
     c.add_argument("--index", default="", help="columns to index, comma-separated")
     c.add_argument("--partitions", type=int, help="number of partitions (default: the node's)")
     c.add_argument("--cluster-by", help="column whose order the garbage collector rewrites rows in "
@@ -162,12 +166,13 @@ def _fsck(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 # -- online commands ------------------------------------------------------------------------------
 
 
-def _schema_columns(text: str) -> tuple[list[dict[str, Any]], str]:
+def _schema_columns(text: str) -> tuple[list[dict[str, Any]], str | list[str]]:
     from rowstore.schema import parse_schema
 
     sv = parse_schema(text)
     cols = [{"name": c.name, "type": str(c.type), "nullable": c.nullable} for c in sv.columns]
-    return cols, sv.key.name
+    names = sv.pk.names
+    return cols, names[0] if len(names) == 1 else names
 
 
 def _table_cmd(c: Client, args: argparse.Namespace) -> int:
@@ -175,7 +180,8 @@ def _table_cmd(c: Client, args: argparse.Namespace) -> int:
     if args.table_cmd == "create":
         cols, pk = _schema_columns(args.schema)
         idx = [i.strip() for i in args.index.split(",") if i.strip()]
-        d = c.create_table(args.name, cols, pk, idx, args.partitions, args.cluster_by, args.replicas)
+        part = [p.strip() for p in args.partition_key.split(",")] if args.partition_key else None
+        d = c.create_table(args.name, cols, pk, idx, args.partitions, args.cluster_by, args.replicas, part)
         _describe_out(d, fmt)
     elif args.table_cmd == "list":
         doc = c.list_tables(args.as_of)

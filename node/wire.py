@@ -80,14 +80,16 @@ def rows_to_table(rows: object, schema: SchemaVersion) -> pa.Table:
                 if col is None:
                     raise RowValidationError(f"rows[{i}]: unknown column {k!r}")
                 names[k] = col
-    if schema.key.name not in names and rows:
-        raise RowValidationError(f"the primary key column {schema.key.name!r} is missing")
+    missing = [k for k in schema.pk.names if k not in names]
+    if missing and rows:
+        raise RowValidationError(f"the primary key column {missing[0]!r} is missing")
     arrays: list[pa.Array] = []
     fields: list[pa.Field] = []
     for name, col in names.items():
         values = [r.get(name) for r in rows]
-        key = col.id == schema.primary_key  # keys are checked by the one key check
-        arrays.append(check_keys(values, col, "rows", text=False) if key else column_from_json(values, col))
+        key = col.id in schema.primary_key  # keys are checked by the one key check
+        arrays.append(check_keys(values, col, "rows", False, schema.pk.kind == "tuple") if key
+                      else column_from_json(values, col))
         fields.append(col.field())
     if not rows:
         return schema.arrow().empty_table()

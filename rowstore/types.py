@@ -55,7 +55,12 @@ _STORAGE: dict[Kind, str | tuple[str, tuple[int]]] = {
     Kind.DATE: "<i4", Kind.UUID: ("u1", (16,)), Kind.POINT: ("<f8", (2,)), Kind.BOX: ("<f8", (4,)),
 }
 VARIABLE = {Kind.STRING, Kind.BINARY, Kind.JSON}
+# a key of one column of these types keeps its single-column encoding (docs/format/keys.md)
 PRIMARY_KEY_KINDS = {Kind.INT64, Kind.STRING, Kind.UUID}
+# the types a primary key's columns may have (any key of others is tuple-encoded)
+KEY_KINDS = {Kind.INT8, Kind.INT16, Kind.INT32, Kind.INT64, Kind.UINT8, Kind.UINT16, Kind.UINT32, Kind.UINT64,
+             Kind.STRING, Kind.BINARY, Kind.UUID, Kind.TIMESTAMP, Kind.DATE, Kind.BOOL}
+MAX_KEY_COLUMNS = 16
 # the kinds a table may cluster its segments by (``cluster_by``; docs/rfcs/0009-gc.md)
 CLUSTERABLE = {Kind.TIMESTAMP, Kind.DATE, Kind.INT8, Kind.INT16, Kind.INT32, Kind.INT64, Kind.UINT8, Kind.UINT16,
                Kind.UINT32, Kind.UINT64, Kind.FLOAT32, Kind.FLOAT64, Kind.POINT, Kind.BOX}

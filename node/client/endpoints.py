@@ -158,11 +158,15 @@ class Endpoints(abc.ABC, Generic[R]):
         return self._send(Request("GET", "/metrics", answer="text"))
 
     # tables
-    def create_table(self, name: str, columns: Columns, primary_key: str, indexes: Iterable[str] = (),
-                     partitions: int | None = None, cluster_by: str | None = None, replicas: int | None = None) -> R:
+    def create_table(self, name: str, columns: Columns, primary_key: str | list[str], indexes: Iterable[str] = (),
+                     partitions: int | None = None, cluster_by: str | None = None, replicas: int | None = None,
+                     partition_key: str | list[str] | None = None) -> R:
+        """``primary_key``: a column, or the columns of a composite key in key order;
+        ``partition_key``: a leading run of them (default: the first)."""
         cols = [c if isinstance(c, dict) else {"name": c[0], "type": c[1]} for c in columns]
         doc: dict[str, Any] = {"name": name, "columns": cols, "primary_key": primary_key, "indexes": list(indexes)}
-        for k, v in (("partitions", partitions), ("cluster_by", cluster_by), ("replicas", replicas)):
+        for k, v in (("partitions", partitions), ("cluster_by", cluster_by), ("replicas", replicas),
+                     ("partition_key", partition_key)):
             if v is not None:
                 doc[k] = v
         return self._call("POST", "/v1/tables", doc)

@@ -42,8 +42,9 @@ from node.client.client import Client
 from node.errors import ApiError, NodeError, UsageError
 from node.wire import column_from_json, rows_to_table
 from rowstore.errors import RowValidationError
-from rowstore.tables.keys import encode_keys, partition_of
-from rowstore.schema import SchemaVersion
+from rowstore.tables.key_check import check_key_columns
+from rowstore.tables.keys import key_arrays, partitions_of
+from rowstore.schema import PrimaryKey, SchemaVersion
 from rowstore.types import ColumnType, Kind
 
 _FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".arrow": "arrow", ".arrows": "arrow",
@@ -61,8 +62,11 @@ def schema_of(desc: dict[str, Any]) -> SchemaVersion:
     from rowstore.schema import Column
 
     cols = tuple(Column(c["id"], c["name"], ColumnType.parse(c["type"]), c["nullable"]) for c in desc["columns"])
-    pk = next(c.id for c in cols if c.name == desc["primary_key"])
-    return SchemaVersion(desc["schema_version"], cols, pk, max(c.id for c in cols) + 1)
+    ids = {c.name: c.id for c in cols}
+    keys = [desc["primary_key"]] if isinstance(desc["primary_key"], str) else desc["primary_key"]
+    parts = len(desc.get("partition_key") or keys[:1])
+    return SchemaVersion(desc["schema_version"], cols, tuple(ids[k] for k in keys), max(c.id for c in cols) + 1,
+                         parts)
 
 
 def detect_format(path: str, given: str | None) -> str:
@@ -248,8 +252,8 @@ class Routes:
     """Which node serves each partition of a table placed across a cluster, and a client for
     each: a batch is split by node and the pieces sent at once."""
 
-    def __init__(self, client: Client, leaders: list[str], addresses: dict[str, str], key: str, kind: str) -> None:
-        self.client, self.leaders, self.key, self.kind = client, np.array(leaders), key, kind
+    def __init__(self, client: Client, leaders: list[str], addresses: dict[str, str], pk: PrimaryKey) -> None:
+        self.client, self.leaders, self.pk = client, np.array(leaders), pk
         self.nodes = {n: type(client)(addresses[n], token=client.token, timeout=client.timeout)
                       for n in set(leaders)}
         self.pool = concurrent.futures.ThreadPoolExecutor(len(self.nodes))
@@ -267,12 +271,12 @@ class Routes:
             return None
         if any(not addresses.get(n) for n in leaders):
             return None
-        return cls(client, leaders, addresses, schema.key.name, schema.key.type.kind.value)
+        return cls(client, leaders, addresses, schema.pk)
 
     def upsert(self, name: str, t: pa.Table) -> tuple[int, int]:
         """(rows committed, the largest commit_ts) once every node's piece is acknowledged."""
-        keys = t.column(self.key).combine_chunks()
-        who = self.leaders[partition_of(encode_keys(keys, self.kind), len(self.leaders))]
+        arrays = check_key_columns(key_arrays(self.pk, t), self.pk, "rows")
+        who = self.leaders[partitions_of(self.pk, arrays, len(self.leaders))]
         pieces = [(n, t.filter(pa.array(who == n))) for n in np.unique(who).tolist()]
         got = [f.result() for f in [self.pool.submit(self._send, n, name, piece) for n, piece in pieces]]
         return sum(n for n, _ in got), max(ts for _, ts in got)

@@ -10,7 +10,7 @@ racing to create a name: one CAS fails). A table from before placements has only
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -20,7 +20,7 @@ import pyarrow as pa
 from catalog.errors import CorruptionError
 from rowstore.schema import SchemaVersion
 from rowstore.tables.definitions import TableDef
-from rowstore.tables.keys import encode_keys, partition_of
+from rowstore.tables.keys import key_arrays, partitions_of
 
 PLACE = "node/place/"
 FORMAT = 1  # part of the record's format
@@ -163,9 +163,9 @@ def schema_of(d: TableDef) -> SchemaVersion:
     return d.schema
 
 
-def key_partitions(d: TableDef, keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """The partition of each key of table ``d`` (the format's hash, rowstore/tables/keys.py)."""
-    kind = schema_of(d).key.type.kind.value
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    return partition_of(encode_keys(keys, kind), d.partitions)
+def key_partitions(d: TableDef, keys: Sequence[pa.Array] | pa.RecordBatch | pa.Table) -> np.ndarray:
+    """The partition of each key of table ``d`` (the format's hash, docs/format/keys.md): its
+    checked key columns, or rows holding them."""
+    pk = schema_of(d).pk
+    arrays = keys if isinstance(keys, (list, tuple)) else key_arrays(pk, keys)
+    return partitions_of(pk, arrays, d.partitions)

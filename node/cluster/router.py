@@ -38,7 +38,8 @@ from rowstore.db.write.committer import WriteResult
 from rowstore.errors import UnavailableError
 from rowstore.tables.conform import conform
 from rowstore.tables.definitions import TableDef
-from rowstore.tables.key_check import check_keys
+from rowstore.tables.key_check import check_key_columns, check_key_lists, check_key_tuple
+from rowstore.tables.keys import key_arrays, partition_of_key
 
 log = logging.getLogger("node.router")
 R = TypeVar("R")  # what a request served here answers
@@ -116,7 +117,7 @@ class Router:
             return await self._where(request, d, pids, fresh=True) or self.cluster.node_id
         return await self.cluster.forward(request, who, await request.read(), again)
 
-    async def _dispatch(self, request: web.Request, d: TableDef, pids: np.ndarray, here: Callable[[], Awaitable[R]],
+    async def dispatch(self, request: web.Request, d: TableDef, pids: np.ndarray, here: Callable[[], Awaitable[R]],
                         across: Callable[[], Awaitable[R]]) -> tuple[web.Response | None, R | None]:
         """Route by the partitions ``pids``: ``here()`` when this node serves them all, the
         request forwarded when one other node does, ``across()`` when several do."""
@@ -136,12 +137,11 @@ class Router:
     async def served_here(self, table: str, rows: pa.Table, delete: bool) -> None:
         """A participant's check: every row of a reservation hashes to a partition led here."""
         d = await self.db.describe(table)
+        pk = schema_of(d).pk
         if delete:
-            col = rows.column(schema_of(d).key.name)
-            pids = _pids(d, check_keys(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col,
-                                      schema_of(d).key))
+            pids = _pids(d, check_key_columns(key_arrays(pk, rows), pk))
         else:
-            pids = _pids(d, conform(rows, schema_of(d)).column(schema_of(d).key.name))
+            pids = _pids(d, conform(rows, schema_of(d)))
         await self._mine(d, np.unique(pids))
 
     async def _mine(self, d: TableDef, pids: Iterable[int] | np.ndarray) -> None:
@@ -202,8 +202,8 @@ class Router:
             res = await self.db.upsert(table, data)
             return None, (res.count, res.commit_ts)
         batch = conform(data, schema_of(d))  # bad rows are refused here, before anything moves
-        return await self.write(request, d, _pids(d, batch.column(schema_of(d).key.name)),
-                                lambda: self.db.upsert(table, batch), lambda: batch, False)
+        return await self.write(request, d, _pids(d, batch), lambda: self.db.upsert(table, batch), lambda: batch,
+                                False)
 
     async def delete(self, request: web.Request, table: str,
                      keys: list[Any]) -> tuple[web.Response | None, tuple[int, int] | None]:
@@ -211,9 +211,10 @@ class Router:
         if not self.multi or not keys:
             res = await self.db.delete(table, keys)
             return None, (res.count, res.commit_ts)
-        karr = check_keys(keys, schema_of(d).key)
-        return await self.write(request, d, _pids(d, karr), lambda: self.db.delete(table, keys),
-                                lambda: pa.RecordBatch.from_arrays([karr], names=[schema_of(d).key.name]), True)
+        pk = schema_of(d).pk
+        karrs = check_key_lists(keys, pk)
+        return await self.write(request, d, _pids(d, karrs), lambda: self.db.delete(table, keys),
+                                lambda: pa.RecordBatch.from_arrays(karrs, names=pk.names), True)
 
     async def write(self, request: web.Request, d: TableDef, pids: list[int] | np.ndarray,
                     commit: Callable[[], Awaitable[WriteResult]], batch_of: Callable[[], pa.RecordBatch],
@@ -232,7 +233,7 @@ class Router:
         async def across() -> tuple[int, int]:
             out = await self._across(d, batch_of(), pids, delete)
             return (out.existed if delete else out.rows), out.commit_ts
-        return await self._dispatch(request, d, pids, here, across)
+        return await self.dispatch(request, d, pids, here, across)
 
     async def _across(self, d: TableDef, batch: pa.RecordBatch, pids: np.ndarray, delete: bool) -> Outcome:
         try:
@@ -249,14 +250,15 @@ class Router:
         """The forwarded response, or None: read here."""
         if not self.multi:
             return None
-        pids = _pids(d, check_keys([key], schema_of(d).key))
+        pk = schema_of(d).pk
+        pids = np.array([partition_of_key(pk, check_key_tuple(key, pk), d.partitions)])
 
         async def here() -> None:
             return None
 
         async def across() -> None:
             raise AssertionError("one key is in one partition")
-        resp, _ = await self._dispatch(request, d, pids, here, across)
+        resp, _ = await self.dispatch(request, d, pids, here, across)
         return resp
 
     async def query(self, request: web.Request, table: str, where: Any, bbox: Any, columns: Any, limit: int | None,
@@ -273,7 +275,7 @@ class Router:
         async def across() -> tuple[pa.Table, int]:
             return await self._scatter(d, where, bbox, columns, limit, as_of)
         try:
-            resp, out = await self._dispatch(request, d, np.arange(d.partitions), here, across)
+            resp, out = await self.dispatch(request, d, np.arange(d.partitions), here, across)
         except (ConnectionError, UnavailableError):
             if as_of is None:
                 raise
@@ -333,9 +335,9 @@ class Router:
             return await asyncio.to_thread(read_arrow_stream, payload)
         got = await asyncio.gather(*(read(n, p) for n, p in sorted(by_node.items())))
         t = pa.concat_tables([g for g in got if g.num_rows] or got[:1], promote_options="default")
-        key = schema_of(await self.db.describe(d.name, T, trusted=True)).key.name
+        keys = schema_of(await self.db.describe(d.name, T, trusted=True)).pk.names
         if t.num_rows > 1:
-            t = t.sort_by([(key, "ascending")])
+            t = t.sort_by([(k, "ascending") for k in keys])
         if limit is not None:
             t = t.slice(0, limit)
         return (t.select(list(columns)) if columns is not None else t), T

@@ -12,18 +12,24 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
+from aiohttp import web
 
 from node.cluster.members import Cluster, RemoteError, raise_remote
 from node.cluster.placement import schema_of
 from node.cluster.router import Router, unled
 from node.wire import read_arrow_stream
 from rowstore.db.database import Database
+from rowstore.db.read.reader import ScanPage, merge_pages
 from rowstore.errors import UnavailableError
 from rowstore.reads.plan import ReadPlan, SegmentSlice
 from rowstore.tables.definitions import TableDef
+from rowstore.tables.key_check import check_key_lists, check_prefix
+from rowstore.tables.keys import partitions_of
 
 log = logging.getLogger("node.router")
+DEFAULT_LIMIT = 10_000  # a scan page's rows when the request names no limit
 L = TypeVar("L")  # a node's share of a read across nodes, asked of it
 W = TypeVar("W")  # that share when the partitions' leader does not answer (from their objects)
 
@@ -151,5 +157,103 @@ class Spread:
         got = await self._each(by_node, local, "/v1/internal/changes", {"table": table, "after": after, "upto": T})
         tables = [g if isinstance(g, pa.Table) else await asyncio.to_thread(read_arrow_stream, g) for _, g in got]
         t = pa.concat_tables(tables, promote_options="default")
-        key = schema_of(await self.db.describe(table, T, trusted=True)).key.name
-        return t.sort_by([("commit_ts", "ascending"), (key, "ascending")]), T
+        keys = schema_of(await self.db.describe(table, T, trusted=True)).pk.names
+        return t.sort_by([("commit_ts", "ascending"), *((k, "ascending") for k in keys)]), T
+
+    # -- ordered scans (docs/rfcs/0013-measurement-keys.md §4) -------------------------------------
+
+    async def scan(self, request: web.Request, d: TableDef, req: dict[str, Any], as_of: int | None,
+                   after: int | bytes | None) -> tuple[web.Response | None, ScanPage | None]:
+        """One page of a scan: (forwarded response, None) when one other node serves what it
+        reads, else (None, page). A scan whose prefix names the whole partition key reads one
+        partition (on its node); otherwise every partition, each node's at one T, merged."""
+        pk = schema_of(d).pk
+        pids = self.db.scan_partitions(d, check_prefix(req.get("prefix"), pk, "prefix"))
+        one = len(pids) == 1
+
+        async def here() -> ScanPage:
+            return await self.db.scan(d.name, **req, after=after, as_of=as_of,
+                                      partitions=pids if one else self.router.every_partition(d))
+        if not self.multi:
+            return None, await here()
+
+        async def across() -> ScanPage:
+            by_node = (await self.router.placement(d, fresh=True)).by_node(pids)
+            T = await self._T(by_node, as_of)
+            doc = {"table": d.name, "as_of": T, "after": _key_json(after), **req}
+            got = await self._each(by_node, lambda ps: self.db.scan(d.name, **req, after=after, as_of=T,
+                                                                    partitions=ps, trusted=True),
+                                   "/v1/internal/scan", doc)
+            pages = [g if isinstance(g, ScanPage) else await asyncio.to_thread(page_of, g, T) for _, g in got]
+            td = schema_of(await self.db.describe(d.name, T, trusted=True))
+            return merge_pages(pages, req.get("limit", DEFAULT_LIMIT), td, req.get("columns"), T)
+        resp, page = await self.router.dispatch(request, d, np.array(pids), here, across)
+        return resp, page
+
+    async def get_many(self, d: TableDef, keys: list[Any], columns: list[str] | None,
+                       as_of: int | None) -> tuple[int, pa.Table]:
+        """Many rows by key: (T, the rows found, each with ``__pos``, its key's place in
+        ``keys``) — every node asked for its keys' rows at one T."""
+        pk = schema_of(d).pk
+        if not self.multi:
+            t, T = await self.db.get_rows(d.name, keys, as_of, columns)
+            return T, t
+        karrs = check_key_lists(keys, pk)
+        pids = partitions_of(pk, karrs, d.partitions)
+        by_node = (await self.router.placement(d, fresh=True)).by_node(np.unique(pids).tolist())
+        T = await self._T(by_node, as_of)
+
+        async def one(n: str, ps: list[int]) -> pa.Table:
+            at = np.flatnonzero(np.isin(pids, ps))
+            mine = [keys[i] for i in at]
+            if n == self.cluster.node_id:
+                t, _ = await self.db.get_rows(d.name, mine, T, columns, ps, trusted=True)
+            else:
+                doc = {"table": d.name, "keys": mine, "as_of": T, "columns": columns, "partitions": ps}
+                status, _, payload = await self.cluster.call(n, "POST", "/v1/internal/get", doc=doc)
+                if status != 200:
+                    raise_remote(status, payload, n)
+                t = await asyncio.to_thread(read_arrow_stream, payload)
+            return t.set_column(t.schema.get_field_index("__pos"), "__pos",
+                                pa.array(at[t.column("__pos").to_numpy()], pa.int64()))
+        got = await asyncio.gather(*(one(n, ps) for n, ps in sorted(by_node.items())))
+        return T, pa.concat_tables(got, promote_options="default")
+
+
+KEY_COLUMN = "__key"  # a node's share of a scan: each row's encoded key, for the merge
+
+
+def page_arrow(page: ScanPage) -> pa.Table:
+    """A node's share of a scan as Arrow: its rows, each row's encoded key, and ``more``."""
+    keys = pa.array(page.keys.astype(np.uint64)) if page.keys.dtype == np.uint64 else \
+        pa.array([bytes(k) for k in page.keys], pa.binary())
+    t = page.rows.append_column(KEY_COLUMN, keys)
+    return t.replace_schema_metadata({b"more": b"1" if page.more else b"0"})
+
+
+def page_of(payload: bytes, T: int) -> ScanPage:
+    """``page_arrow``'s table, read back."""
+    t = read_arrow_stream(payload)
+    col = t.column(KEY_COLUMN).combine_chunks()
+    keys = col.to_numpy() if pa.types.is_uint64(col.type) else np.array(col.to_pylist() or [b""], dtype="S")[
+        : len(col)]
+    more = (t.schema.metadata or {}).get(b"more") == b"1"
+    return ScanPage(t.drop_columns([KEY_COLUMN]).replace_schema_metadata(None), keys, T, more)
+
+
+def _key_json(key: int | bytes | None) -> dict[str, Any] | None:
+    return None if key is None else {"i": key} if isinstance(key, int) else {"b": key.hex()}
+
+
+def key_of_json(doc: object) -> int | bytes | None:
+    """``_key_json`` read back (another node's ``after``)."""
+    if doc is None:
+        return None
+    if isinstance(doc, dict) and isinstance(doc.get("i"), int) and not isinstance(doc["i"], bool):
+        return int(doc["i"])
+    if isinstance(doc, dict) and isinstance(doc.get("b"), str):
+        try:
+            return bytes.fromhex(doc["b"])
+        except ValueError:
+            pass
+    raise ValueError(f"an encoded key is {{\"i\": int}} or {{\"b\": hex}}, not {doc!r}"[:200])

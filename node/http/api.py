@@ -29,6 +29,7 @@ from rowstore.db.database import Database
 from node.cluster.stream import STREAM
 from node.errors import ApiError
 from node.http.coalesce import Coalescer
+from node.http.cursors import CursorKeys
 from node.http.edge import answer, error
 from node.http.params import CONFIG, parse_json
 from node.http.routes.admin import add_admin_routes
@@ -52,6 +53,7 @@ class _Opened:
     sv: Serving
     router: Router
     spread: Spread
+    cursor_keys: CursorKeys
     replication: NodeReplication
     jobs: JobRunner
 
@@ -73,7 +75,7 @@ class Api:
     def open(self, sv: Serving, replication: NodeReplication, jobs: JobRunner) -> None:
         """The node's stores are open and recovered: requests may reach them (``Node.open``)."""
         router = Router(sv, self.readiness, self.metrics)
-        self._opened = _Opened(sv, router, Spread(router), replication, jobs)
+        self._opened = _Opened(sv, router, Spread(router), CursorKeys(sv.catalog), replication, jobs)
 
     @property
     def _parts(self) -> _Opened:
@@ -88,6 +90,11 @@ class Api:
     @property
     def router(self) -> Router:
         return self._parts.router
+
+    @property
+    def cursor_keys(self) -> CursorKeys:
+        """The cluster's key for scan cursors (node/http/cursors.py)."""
+        return self._parts.cursor_keys
 
     @property
     def spread(self) -> Spread:

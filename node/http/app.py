@@ -14,10 +14,12 @@ from node.http.routes.internal import add_internal_routes
 from node.http.routes.membership import add_membership_routes
 from node.http.routes.handoff import add_handoff_routes
 from node.http.routes.replication import add_replication_routes, close_streams
+from node.http.routes.scans import add_scan_routes
 
 
 def make_app(api: Api) -> web.Application:
     app = api.app()
+    add_scan_routes(api, app.router)  # ordered scans by key with cursors, many rows by key (RFC 0013)
     add_aggregate_routes(api, app.router)  # aggregates and histograms, merged across nodes (RFC 0012)
     add_membership_routes(api, app.router)  # the cluster view and membership changes
     add_bridge_routes(api, app.router)  # read plans, tails, change feed, leases

@@ -97,7 +97,8 @@ class Coalescer:
         if enc is None or not isinstance(items, list) or not 0 < len(items) <= FAST_ROWS:
             self._full()
             return None
-        fn, kind, nparts = (enc.tombstone if deleted else enc.row), schema.key.type.kind.value, d.partitions
+        key = schema.pk.columns[0]  # an encoder exists: a key of one int64, string or uuid column
+        fn, kind, nparts = (enc.tombstone if deleted else enc.row), schema.pk.kind, d.partitions
         rows: list[bytes] = []
         keys: list[int | bytes] = []
         pids: list[int] = []
@@ -107,7 +108,7 @@ class Coalescer:
                     self._full()
                     return None
                 b, k = fn(r)
-                ik = index_key(check_key(k, schema.key, text=False), kind)  # the one key check
+                ik = index_key(check_key(k, key, text=False), kind)  # the one key check
                 rows.append(b)
                 keys.append(ik)
                 pids.append(partition_one(ik, nparts))
@@ -202,8 +203,8 @@ class Coalescer:
                 multi.append(r)
         schema = d.schema
         assert schema is not None  # the definition its requests were prepared with
-        kind = schema.key.type.kind.value
-        indexed = [c for c in schema.columns if c.id in d.indexes and c.id != schema.primary_key]
+        kind = schema.pk.kind
+        indexed = [c for c in schema.columns if c.id in d.indexes and c.id not in schema.primary_key]
         pieces = [self._piece(pid, [(r, i) for r in reqs for i in range(len(r.rows))], kind, indexed)
                   for pid, reqs in sorted(single.items())]
         existed = await self._existing(d, [(p, [r for r in single[p.pid]]) for p in pieces])

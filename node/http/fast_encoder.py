@@ -143,12 +143,13 @@ _ENCODERS: dict[int, tuple[SchemaVersion, RowEncoder | None]] = {}
 
 def encoder(schema: SchemaVersion) -> RowEncoder | None:
     """The encoders of ``schema`` (cached by identity), or None when one of its column types
-    has no fast path (json, range): such tables always take the full path."""
+    has no fast path (json, range), or its key is a tuple (docs/format/keys.md): such tables
+    always take the full path."""
     got = _ENCODERS.get(id(schema))
     if got is None or got[0] is not schema:
         if len(_ENCODERS) > 1024:
             _ENCODERS.clear()
-        ok = all(c.type.kind in SUPPORTED for c in schema.columns)
+        ok = all(c.type.kind in SUPPORTED for c in schema.columns) and schema.pk.kind != "tuple"
         got = _ENCODERS[id(schema)] = (schema, RowEncoder(schema) if ok else None)
     return got[1]
 
@@ -160,7 +161,7 @@ def _make(schema: SchemaVersion, tombstone: bool) -> Encode:
     (or empty bytes) elsewhere, as ``Database.delete`` writes it."""
     lay = layout(schema)
     nb = (len(schema.columns) + 7) // 8
-    key = schema.key
+    key = schema.pk.columns[0]  # a key of one column (``encoder``)
     body = [] if tombstone else ["for k in r:", "    if k not in NAMES: raise NotFast"]
     nulls: list[tuple[int, str]] = []  # (column position, expression of its null bit)
     vals: dict[int, str] = {}  # column id -> the packed value(s) / the var bytes

@@ -127,11 +127,15 @@ def as_of_param(request: web.Request) -> int | None:
     return int(raw)
 
 
-def schema_from_json(columns: object, primary_key: object) -> SchemaVersion:
+def schema_from_json(columns: object, primary_key: object, partition_key: object = None) -> SchemaVersion:
+    """A new table's schema from ``POST /v1/tables``: ``primary_key`` is a column name or a list
+    of them (in key order); ``partition_key`` a leading run of those (default: the first)."""
     if not isinstance(columns, list) or not columns:
         raise ApiError(400, "invalid_schema", '"columns" must be a non-empty list')
-    if not isinstance(primary_key, str):
-        raise ApiError(400, "invalid_schema", '"primary_key" must be a column name')
+    keys = [primary_key] if isinstance(primary_key, str) else primary_key
+    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+        raise ApiError(400, "invalid_schema", '"primary_key" must be a column name or a list of column names')
+    parts = 1 if partition_key is None else _partition_key(partition_key, keys)
     cols: list[Column] = []
     for i, c in enumerate(columns):
         if not isinstance(c, dict) or not {"name", "type"} <= set(c) or set(c) - {"name", "type", "nullable"}:
@@ -140,15 +144,25 @@ def schema_from_json(columns: object, primary_key: object) -> SchemaVersion:
         if not isinstance(name, str) or not isinstance(type_text, str) or not isinstance(nullable, bool):
             raise ApiError(400, "invalid_schema", f"columns[{i}]: name and type are strings, nullable a boolean")
         _check_name(name)
-        if name == primary_key:
+        if name in keys:
             if "nullable" in c and nullable:
-                raise ApiError(400, "invalid_schema", f"the primary key {name!r} cannot be nullable")
+                raise ApiError(400, "invalid_schema", f"the primary key column {name!r} cannot be nullable")
             nullable = False
         cols.append(Column(i + 1, name, ColumnType.parse(type_text), nullable))
-    pk = next((c.id for c in cols if c.name == primary_key), None)
-    if pk is None:
-        raise ApiError(400, "invalid_schema", f"primary_key {primary_key!r} is not one of the columns")
-    return SchemaVersion(1, tuple(cols), pk, len(cols) + 1)
+    ids = {c.name: c.id for c in cols}
+    missing = [k for k in keys if k not in ids]
+    if missing:
+        raise ApiError(400, "invalid_schema", f"primary_key {missing[0]!r} is not one of the columns")
+    return SchemaVersion(1, tuple(cols), tuple(ids[k] for k in keys), len(cols) + 1, parts)
+
+
+def _partition_key(value: object, keys: list[str]) -> int:
+    """``partition_key``: a leading run of the key's columns, as how many lead."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or names != keys[: len(names)]:
+        raise ApiError(400, "invalid_schema", f'"partition_key" must be a leading run of the primary key {keys} '
+                                              f"(such as {keys[:1]}), not {value!r}"[:300])
+    return len(names)
 
 
 def bound(api: A, handler: Callable[[A, web.Request], Awaitable[R]]) -> Callable[[web.Request], Awaitable[R]]:

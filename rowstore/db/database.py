@@ -37,7 +37,7 @@ from rowstore.db.serving.leadership import Leadership
 from rowstore.db.read.leases import Leases
 from rowstore.db.background.maintenance import Maintenance
 from rowstore.db.write.participant import Participant
-from rowstore.db.read.reader import PURGE_LAG_MS, Reader
+from rowstore.db.read.reader import PURGE_LAG_MS, Reader, ScanPage
 from rowstore.db.registry import Owns, TableRegistry
 from rowstore.db.tasks import BackgroundTasks
 from rowstore.hlc import HybridClock
@@ -48,6 +48,7 @@ from rowstore.segments.records import SegmentRecord
 from rowstore.segments.store import SegmentStore
 from rowstore.tables.conform import PartitionShare
 from rowstore.tables.definitions import TableCatalog, TableDef
+from rowstore.tables.key_check import Key
 from rowstore.timeline import Timeline
 from terrafs.errors import NoSpaceError, TerrafsError
 from terrafs.fs import TerrascaleFS
@@ -216,9 +217,36 @@ class Database:
     async def get_many(self, name: str, keys: Sequence[object] | pa.Array, as_of: int | None = None) -> pa.Table:
         return await self.reader.get_many(name, keys, as_of)
 
-    async def scan(self, name: str, lo: object = None, hi: object = None, as_of: int | None = None,
-                   columns: list[str] | None = None, limit: int | None = None) -> tuple[pa.Table, int]:
-        return await self.reader.scan(name, lo, hi, as_of, columns, limit)
+    async def scan(self, name: str, prefix: object = None, start: object = None, end: object = None,
+                   after: int | bytes | None = None, where: list[Any] | None = None,
+                   bbox: dict[str, Any] | None = None, columns: list[str] | None = None, limit: int = 10_000,
+                   as_of: int | None = None, partitions: list[int] | None = None,
+                   trusted: bool = False) -> ScanPage:
+        """One page of an ordered scan by key (docs/rfcs/0013): ``Reader.scan``."""
+        return await self.reader.scan(name, prefix, start, end, after, where, bbox, columns, limit, as_of,
+                                      partitions, trusted)
+
+    async def get_rows(self, name: str, keys: Sequence[object], as_of: int | None = None,
+                       columns: list[str] | None = None, partitions: list[int] | None = None,
+                       trusted: bool = False) -> tuple[pa.Table, int]:
+        """Many rows by key, each with ``__pos`` (``Reader.get_rows``)."""
+        return await self.reader.get_rows(name, keys, as_of, columns, partitions, trusted)
+
+    async def read_all(self, name: str, prefix: object = None, start: object = None, end: object = None,
+                       as_of: int | None = None, columns: list[str] | None = None) -> tuple[pa.Table, int]:
+        """Every row of a scan at one T, in key order, page by page (tools and tests; a client
+        pages with cursors instead): (rows, T)."""
+        page = await self.scan(name, prefix, start, end, as_of=as_of, columns=columns)
+        T, parts, last = page.T, [page.rows], page.last
+        while page.more and last is not None:
+            page = await self.scan(name, prefix, start, end, after=last, as_of=T, columns=columns)
+            parts.append(page.rows)
+            last = page.last if page.last is not None else last
+        return pa.concat_tables(parts), T
+
+    def scan_partitions(self, d: TableDef, prefix: Sequence[Key]) -> list[int]:
+        """The partitions a scan of ``prefix`` (checked components) reads: one, or all."""
+        return self.reader.scan_partitions(d, prefix)
 
     async def query(self, name: str, where: list[Any] | None = None, bbox: dict[str, Any] | None = None,
                     columns: list[str] | None = None, limit: int | None = 10_000, as_of: int | None = None,

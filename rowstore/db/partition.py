@@ -21,7 +21,7 @@ from terrafs.errors import ClosedError
 from rowstore.segments.active import ActiveSegment
 from rowstore.rowids import rowids as make_rowids, TOMBSTONE
 from rowstore.index.column_index import PartitionColumns
-from rowstore.tables.keys import encode_keys
+from rowstore.tables.keys import encode_columns, key_arrays
 from rowstore.index.key_index import PartitionIndex
 from rowstore.index.key_manifest import Claim
 from rowstore.codec.rows import Encoded, EncodedParts
@@ -98,7 +98,7 @@ class Partition:
         ids = make_rowids(segid, np.asarray(localids, np.uint32))
         if keys is None:
             rows = batch if pos is None else batch.take(pa.array(pos))
-            keys = encode_keys(rows.column(rows.schema.get_field_index(schema.key.name)), self.kind)
+            keys = encode_columns(schema.pk, key_arrays(schema.pk, rows))
         deleted = np.asarray(deleted, bool)
         self.index.insert(keys, ts, np.where(deleted, TOMBSTONE, ids))
         if self.columns.columns:

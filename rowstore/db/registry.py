@@ -29,7 +29,7 @@ class Table:
         self.epochs = dict.fromkeys(range(d.partitions), 0) if owned is None else dict(owned)
         self.owned = set(self.epochs)
         assert d.schema is not None  # the registry opens a table by its newest definition with a schema
-        self.kind: str = d.schema.key.type.kind.value
+        self.kind: str = d.schema.pk.kind
         self.indexed = [c for c in d.schema.columns if c.id in d.indexes]
         self.parts = [Partition(store, d.table_id, p, self.kind, self.indexed) for p in range(d.partitions)]
 

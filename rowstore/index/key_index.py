@@ -27,6 +27,7 @@ from rowstore.index.key_memtable import MemTable, Run, merge_runs, small, visibl
 from rowstore.rowids import TOMBSTONE
 from rowstore.index.key_purge import dropped_rowids, purge
 from rowstore.index.key_visible import RunsView, overlay
+from rowstore.tables.keys import KeyRange
 from terrafs.catalog_ops import commit
 from terrafs.errors import CatalogConflictError, InodeNotFoundError, TerrafsError
 from terrafs.fs import TerrascaleFS
@@ -245,6 +246,35 @@ class PartitionIndex:
             ids = overlay(view, list(mem), as_of)
         self._visible = (view, mem, as_of, ids)
         return ids
+
+    async def scan_chunk(self, rng: KeyRange[int] | KeyRange[bytes], as_of: int,
+                         entries: int) -> tuple[Run, KeyRange[int] | KeyRange[bytes] | None]:
+        """A scan's round (docs/rfcs/0013): the entries visible at ``as_of`` in a first part of
+        ``rng``, in key order, read from about ``entries`` entries of each source (memtables and
+        runs); and the rest of ``rng`` (None: nothing left). Entries below the smallest last key
+        of a source cut short are complete — every version of those keys is in the round —
+        so the round ends there; memory is bounded by ``entries``, not by the range."""
+        sources: list[tuple[Run, bool]] = []
+        for mt in [self.mem, *self._frozen]:
+            run = mt.consolidated()
+            a, b = rng.slice_of(run.keys)
+            end = min(b, a + entries)
+            sources.append((Run(run.keys[a:end], run.ts[a:end], run.rowids[a:end]), end < b))
+        for _, irun in self.runs:
+            if irun.min_ts <= as_of:  # a run made only of later versions holds nothing visible at T
+                sources.append(await irun.chunk(rng, entries))
+        cut: Any = None
+        for r, more in sources:
+            if more and len(r) and (cut is None or r.keys[-1] < cut):
+                cut = r.keys[-1]
+        parts = [r for r, _ in sources if len(r)]
+        merged = merge_runs(parts) if parts else sources[0][0]
+        if cut is None:
+            return visible(merged, as_of), None
+        k = int(np.searchsorted(merged.keys, cut, "left"))
+        bound: Any = int(cut) if merged.keys.dtype == np.uint64 else bytes(cut)  # the range's own key type
+        rest = rng.starting_at(bound)
+        return visible(Run(merged.keys[:k], merged.ts[:k], merged.rowids[:k]), as_of), rest
 
     async def scan(self, lo: np.generic | None, hi: np.generic | None, as_of: int) -> Run:
         """Visible (key, ts, rowid) with ``lo <= key < hi`` (None: unbounded), in key order."""

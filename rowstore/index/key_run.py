@@ -13,6 +13,7 @@ import numpy as np
 from catalog.checksum import crc32c
 from rowstore.errors import RowCorruptionError
 from rowstore.index.key_memtable import Run, find_one, merge_runs
+from rowstore.tables.keys import KeyRange, key_scalar
 from terrafs.sealed import SealedFile
 
 RUN_MAGIC = b"TRIDXRN1"  # part of the format
@@ -22,7 +23,7 @@ PARSED_PAGES = 512  # per open run: memory is bounded by configuration, not by t
 _WHOLE_SHARE = 8  # a lookup needing over 1/8 of a run's pages parses the whole run (when it fits)
 FOOTER = struct.Struct("<8sHBBQQIQQI8sI")
 FOOTER_LEN = FOOTER.size  # 64
-KINDS = {"int64": 1, "string": 2, "uuid": 3}
+KINDS = {"int64": 1, "string": 2, "uuid": 3, "tuple": 4}  # tuple keys are laid out as string keys (docs/format/keys.md)
 # A fence: each page's offset, its entry count and its first key. The first keys are all ints (int64
 # keys) or all bytes, by the run's kind; Any: mypy cannot tie the kind to them, and they are compared.
 _Fence = tuple[list[int], list[int], list[Any]]
@@ -249,6 +250,28 @@ class IndexRun:
         b = len(self._offs) if hi is None else max(int(np.searchsorted(firsts, hi, "left")), 1)
         return _concat(await self.pages(list(range(a, b))))
 
+    async def chunk(self, rng: KeyRange[int] | KeyRange[bytes], entries: int) -> tuple[Run, bool]:
+        """Whole pages from the start of ``rng``, holding at least ``entries`` entries where the
+        run has them (a scan's round: bounded by ``entries``, not by the range), cut to ``rng``;
+        and whether the run may hold more of ``rng`` after them."""
+        if not self._offs:
+            return _empty(self.kind), False
+        if self._whole is not None:
+            a, b = rng.slice_of(self._whole.keys)
+            end = min(b, a + entries)
+            return Run(self._whole.keys[a:end], self._whole.ts[a:end], self._whole.rowids[a:end]), end < b
+        firsts = self._fence_array()
+        first = 0 if rng.lo is None else max(int(np.searchsorted(firsts, key_scalar(firsts, rng.lo), "left")) - 1, 0)
+        stop = len(self._offs) if rng.hi is None else max(int(np.searchsorted(
+            firsts, key_scalar(firsts, rng.hi), "right" if rng.hi_inc else "left")), 1)
+        last, n = first, 0
+        while last < stop and (n < entries or last == first):
+            n += self._counts[last]
+            last += 1
+        run = _concat(await self.pages(list(range(first, last))))
+        a, b = rng.slice_of(run.keys)
+        return Run(run.keys[a:b], run.ts[a:b], run.rowids[a:b]), last < stop
+
     async def _scan_all(self) -> Run:
         """Every entry: the pages' bytes in one read, parsed in a worker thread — a full scan
         (visible sets, merges, GC views) takes no loop hop per page, parses nothing on the
@@ -265,6 +288,10 @@ class IndexRun:
     async def all(self) -> Run:
         """Every entry (merges, checks)."""
         return await self.range()
+
+
+def _empty(kind: str) -> Run:
+    return Run(np.zeros(0, np.uint64 if kind == "int64" else "S1"), np.zeros(0, np.uint64), np.zeros(0, np.uint64))
 
 
 def _concat(pages: list[Run]) -> Run:

@@ -153,8 +153,8 @@ def _term(schema: SchemaVersion, t: object) -> Term:
         raise QueryError(f"column {name!r} is a range: != is not defined on ranges")
     if value is None:
         raise QueryError(f"where term {t!r}: comparing with null matches nothing; null is not a value")
-    if col.id == schema.primary_key:  # a key term: the one key check (no wrapping, no other row)
-        return Term(col, op, check_key(value, col))
+    if col.id in schema.primary_key:  # a key term: the one key check (no wrapping, no other row)
+        return Term(col, op, check_key(value, col, nul_ok=schema.pk.kind == "tuple"))
     elem = col.type.elem if k == Kind.RANGE else k
     assert elem is not None  # a range column's type has its element kind
     return Term(col, op, coerce(elem, value, name))

@@ -17,8 +17,8 @@ import pyarrow as pa
 from rowstore.codec.rows import decode_run
 from rowstore.errors import RowCorruptionError
 from rowstore.rowids import TOMBSTONE
-from rowstore.tables.keys import encode_keys
-from rowstore.schema import Column, SchemaVersion
+from rowstore.tables.keys import encode_columns, key_arrays
+from rowstore.schema import Column, PrimaryKey, SchemaVersion
 from rowstore.segments.sealed import (CLUSTER_BOX, CLUSTER_FLOAT, CLUSTER_INT, MAX_VERSIONS, ClusterRange,
                                       SealedSegment, sealed_bytes)
 from rowstore.types import Kind
@@ -108,7 +108,7 @@ class ClusterSpec:
     """How a table's rows are ordered when copied: by ``column`` (None: the primary key)."""
 
     column: Column | None
-    key_kind: str
+    key: PrimaryKey
 
 
 def _xy(arr: pa.Array, kind: Kind) -> tuple[np.ndarray, np.ndarray]:
@@ -142,10 +142,10 @@ def _ints(arr: pa.Array, kind: Kind) -> pa.Array:
     return arr.cast(pa.int64())
 
 
-def cluster_order(spec: ClusterSpec, batch: pa.RecordBatch, key_name: str) -> np.ndarray:
+def cluster_order(spec: ClusterSpec, batch: pa.RecordBatch) -> np.ndarray:
     """Row positions of ``batch`` in cluster order (stable)."""
     if spec.column is None or spec.column.name not in batch.schema.names:
-        return np.argsort(encode_keys(batch.column(key_name), spec.key_kind), kind="stable")
+        return np.argsort(encode_columns(spec.key, key_arrays(spec.key, batch)), kind="stable")
     col, kind = batch.column(spec.column.name), spec.column.type.kind
     if kind in (Kind.POINT, Kind.BOX):
         x, y = _xy(col, kind)
@@ -272,7 +272,7 @@ class Copy:
     cuts: list[tuple[int, int]]  # [a, b) row ranges, one per new segment
 
 
-def plan_copy(victims: list[VictimRows], spec: ClusterSpec, key_name: str, seal_bytes: int) -> Copy:
+def plan_copy(victims: list[VictimRows], spec: ClusterSpec, seal_bytes: int) -> Copy:
     """Concatenate the victims' live rows, order them by the cluster key, gather the bytes."""
     victims = [v for v in victims if len(v.starts)]
     if not victims:
@@ -289,7 +289,7 @@ def plan_copy(victims: list[VictimRows], spec: ClusterSpec, key_name: str, seal_
     lens = np.concatenate([v.lens for v in victims]) if victims else np.zeros(0, np.int64)
     batch = pa.Table.from_batches([v.batch for v in victims]).combine_chunks().to_batches()
     batch = batch[0] if batch else None
-    order = cluster_order(spec, batch, key_name) if batch is not None else np.zeros(0, np.int64)
+    order = cluster_order(spec, batch) if batch is not None else np.zeros(0, np.int64)
     # a segment names at most MAX_VERSIONS schema versions: rows of more are grouped by version
     # (cluster order within a group) and no copy spans two groups
     vers = np.concatenate([v.versions for v in victims])

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from catalog.checksum import crc32c
 from rowstore.errors import RowCorruptionError
-from rowstore.tables.keys import encode_keys
+from rowstore.tables.keys import encode_columns, key_arrays
 from rowstore.codec.rows import Decoded, decode_row_list, decode_rows, decode_run
 from rowstore.schema import SchemaVersion
 from terrafs.sealed import SealedFile
@@ -118,6 +118,12 @@ def unpack_cluster(raw: bytes, where: str, at: int) -> ClusterRange | None:
     raise RowCorruptionError(where, at + 160, f"unknown cluster range kind {kind}")
 
 
+def key_columns_schema(schema: SchemaVersion) -> SchemaVersion:
+    """``schema`` with only its key columns: what a segment's key range is decoded into."""
+    pk = schema.pk
+    return SchemaVersion(schema.version, pk.columns, pk.ids, schema.next_column_id, pk.partition_columns)
+
+
 def key_bytes(keys: np.ndarray) -> bytes:
     """One encoded key (``memtable.encode_keys``) as bytes whose order is the key order."""
     if keys.dtype == np.uint64:
@@ -153,12 +159,14 @@ async def sealed_bytes(segid: int, batches: AsyncIterable[RowBatch], schemas: Ca
     deletions, deletions_max_ts = 0, 0
     versions: set[int] = set()
     kmin = kmax = None
+    keys_only = key_columns_schema(key_schema)
     async for b in batches:
         if len(b.starts) == 0:
             continue
         offsets.append(pos + b.starts)
-        dec = decode_rows(b.rows, b.starts, schemas, key_schema)
-        enc = encode_keys(dec.batch.column(0), str(key_schema.key.type))  # vectorized, order-preserving
+        dec = decode_rows(b.rows, b.starts, schemas, keys_only)
+        pk = keys_only.pk
+        enc = encode_columns(pk, key_arrays(pk, dec.batch))  # vectorized, order-preserving
         srt = np.sort(enc)  # numpy has no min/max for bytes; a sort is vectorized either way
         lo, hi = key_bytes(srt[0]), key_bytes(srt[-1])
         kmin = lo if kmin is None else min(kmin, lo)

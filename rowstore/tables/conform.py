@@ -37,16 +37,19 @@ def conform(data: pa.RecordBatch | pa.Table, schema: SchemaVersion) -> pa.Record
     unknown = [n for n in names if schema.by_name(n) is None]
     if unknown:
         raise RowValidationError(f"unknown column(s): {', '.join(sorted(unknown))}")
-    key = schema.key
-    if key.name not in names:
-        raise RowValidationError(f"the primary key column {key.name!r} is missing")
+    pk = schema.pk
+    missing = [n for n in pk.names if n not in names]
+    if missing:
+        raise RowValidationError(f"the primary key column {missing[0]!r} is missing")
+    key_ids, nul_ok = set(pk.ids), pk.kind == "tuple"
     cols = []
     for c in schema.columns:
         i = data.schema.get_field_index(c.name)
         arr = data.column(i) if i >= 0 else pa.nulls(data.num_rows, c.type.arrow())
-        arr = check_keys(arr, c, "rows", text=False) if c.id == key.id else _in_range(_cast(arr, c), c)
-        if arr.null_count and (not c.nullable or c.id == key.id):
-            what = "the primary key" if c.id == key.id else "a not-null column"
+        key = c.id in key_ids
+        arr = check_keys(arr, c, "rows", False, nul_ok) if key else _in_range(_cast(arr, c), c)
+        if arr.null_count and (not c.nullable or key):
+            what = "the primary key" if key else "a not-null column"
             raise RowValidationError(f"column {c.name!r} is {what} and has null values")
         cols.append(arr)
     return pa.RecordBatch.from_arrays(cols, schema=schema.arrow())

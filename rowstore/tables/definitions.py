@@ -207,7 +207,7 @@ def _index_ids(sv: SchemaVersion, names: Iterable[str]) -> tuple[int, ...]:
 
 def _cluster_id(sv: SchemaVersion, name: str | None) -> int | None:
     """The column id of ``cluster_by`` (None: the primary key); a clear error if unusable."""
-    if name is None or name == sv.key.name:
+    if name is None or sv.pk.names == [name]:
         return None
     col = next((c for c in sv.columns if c.name == name), None)
     if col is None:

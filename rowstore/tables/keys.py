@@ -10,7 +10,9 @@ partition's segments and index, so the hash below must never change.
 from __future__ import annotations
 
 import operator
-from typing import cast
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Generic, TypeVar, cast
 
 import numba
 import numpy as np
@@ -19,7 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rowstore.errors import InvalidKeyError, RowValidationError
-from rowstore.tables.key_check import MAX_KEY_BYTES, show
+from rowstore.schema import PrimaryKey
+from rowstore.tables.key_check import MAX_KEY_BYTES, Key, show
+from rowstore.tables.tuple_keys import encode_tuple, encode_tuples, prefix_end
+from rowstore.types import Kind
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -155,3 +160,137 @@ def encode_one(key: object, kind: str) -> int | bytes:
     if len(b) > MAX_KEY_BYTES:
         raise InvalidKeyError(f"primary key {show(key)} is over the key limit of {MAX_KEY_BYTES} bytes")
     return b
+
+
+# -- a table's key, whatever its kind (docs/format/keys.md) ---------------------------------------
+
+def key_arrays(pk: PrimaryKey, data: pa.RecordBatch | pa.Table) -> list[pa.Array]:
+    """The key columns of ``data``, in key order."""
+    out = []
+    for name in pk.names:
+        col = data.column(data.schema.get_field_index(name))
+        out.append(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
+    return out
+
+
+def _kinds(pk: PrimaryKey) -> list[Kind]:
+    return [c.type.kind for c in pk.columns]
+
+
+def encode_columns(pk: PrimaryKey, arrays: Sequence[pa.Array]) -> np.ndarray:
+    """Checked key columns as the index's order-preserving keys (``u64`` or ``S``)."""
+    if pk.kind != "tuple":
+        return encode_keys(arrays[0], pk.kind)
+    return encode_tuples(arrays, _kinds(pk))
+
+
+def partitions_of(pk: PrimaryKey, arrays: Sequence[pa.Array], parts: int,
+                  encoded: np.ndarray | None = None) -> np.ndarray:
+    """The partition of each key (``encoded``: the keys' encoding, when the caller has it)."""
+    n = pk.partition_columns
+    if pk.kind != "tuple" or n == len(pk.columns):
+        return partition_of(encoded if encoded is not None else encode_columns(pk, arrays), parts)
+    return partition_of(encode_tuples(arrays[:n], _kinds(pk)[:n]), parts)
+
+
+def encode_key(pk: PrimaryKey, values: Sequence[Key]) -> int | bytes:
+    """One checked key (``check_key_tuple``) as the index's scalar: an int (kind int64) or bytes."""
+    if pk.kind != "tuple":
+        return encode_one(values[0], pk.kind)
+    return encode_tuple(values, _kinds(pk))
+
+
+def partition_of_key(pk: PrimaryKey, values: Sequence[Key], parts: int) -> int:
+    n = pk.partition_columns
+    if pk.kind != "tuple":
+        return partition_one(encode_one(values[0], pk.kind), parts)
+    return partition_one(encode_tuple(values[:n], _kinds(pk)[:n]), parts)
+
+
+K = TypeVar("K", int, bytes)  # one kind's encoded keys: ints (kind int64) or bytes
+
+
+@dataclass(frozen=True)
+class KeyRange(Generic[K]):
+    """Encoded keys between two bounds, each inclusive or not (None: unbounded)."""
+
+    lo: K | None = None
+    lo_inc: bool = True
+    hi: K | None = None
+    hi_inc: bool = False
+
+    def slice_of(self, keys: np.ndarray) -> tuple[int, int]:
+        """``[a, b)``: where the range lies in sorted ``keys``."""
+        a = 0 if self.lo is None else int(np.searchsorted(keys, key_scalar(keys, self.lo),
+                                                          "left" if self.lo_inc else "right"))
+        b = len(keys) if self.hi is None else int(np.searchsorted(keys, key_scalar(keys, self.hi),
+                                                                  "right" if self.hi_inc else "left"))
+        return a, max(a, b)
+
+    def holds(self, key: K) -> bool:
+        return (self.lo is None or (key >= self.lo if self.lo_inc else key > self.lo)) and \
+            (self.hi is None or (key <= self.hi if self.hi_inc else key < self.hi))
+
+    def after(self, key: K) -> KeyRange[K]:
+        """The part of this range above ``key`` (a scan's next page starts there)."""
+        if self.lo is not None and (key < self.lo or key == self.lo and self.lo_inc):
+            return self
+        return KeyRange(key, False, self.hi, self.hi_inc)
+
+    def starting_at(self, key: K) -> KeyRange[K]:
+        """This range from ``key`` on, inclusive (a scan's next round)."""
+        return replace(self, lo=key, lo_inc=True)
+
+    def empty(self) -> bool:
+        if self.lo is None or self.hi is None:
+            return False
+        return self.lo > self.hi or self.lo == self.hi and not (self.lo_inc and self.hi_inc)
+
+
+def key_scalar(keys: np.ndarray, key: int | bytes) -> np.generic:
+    """``key`` as numpy compares it with ``keys``: a u64, or bytes (numpy drops a bound's
+    trailing NULs, and pads what it compares with NULs: the same order)."""
+    return np.uint64(key) if keys.dtype == np.uint64 else np.bytes_(key)
+
+
+def key_range(pk: PrimaryKey, prefix: Sequence[Key] = (), start: Sequence[Key] | None = None,
+              end: Sequence[Key] | None = None) -> KeyRange[int] | KeyRange[bytes]:
+    """The encoded keys that start with the components ``prefix`` and lie in ``[start, end)``,
+    each a leading run of the key's components (checked values)."""
+    if pk.kind == "int64":
+        return _range(prefix, start, end, lambda v: cast(int, encode_one(v[0], "int64")))
+    if pk.kind != "tuple":  # string, uuid: one component is the key itself
+        return _range(prefix, start, end, lambda v: cast(bytes, encode_one(v[0], pk.kind)))
+    kinds = _kinds(pk)
+    enc: Callable[[Sequence[Key]], bytes] = lambda v: encode_tuple(v, kinds[: len(v)], end=False)  # noqa: E731
+    r: KeyRange[bytes] = KeyRange()
+    if prefix:
+        p = enc(prefix)
+        r = KeyRange(p, True, prefix_end(p), False)
+    if start:
+        r = _lower(r, enc(start))
+    if end:
+        r = _upper(r, enc(end))
+    return r
+
+
+def _range(prefix: Sequence[Key], start: Sequence[Key] | None, end: Sequence[Key] | None,
+           enc: Callable[[Sequence[Key]], K]) -> KeyRange[K]:
+    """A one-column key's range: its prefix is the key itself, its bounds are keys."""
+    r: KeyRange[K] = KeyRange()
+    if prefix:
+        k = enc(prefix)
+        r = KeyRange(k, True, k, True)
+    if start:
+        r = _lower(r, enc(start))
+    if end:
+        r = _upper(r, enc(end))
+    return r
+
+
+def _lower(r: KeyRange[K], lo: K) -> KeyRange[K]:
+    return r if r.lo is not None and r.lo >= lo else KeyRange(lo, True, r.hi, r.hi_inc)
+
+
+def _upper(r: KeyRange[K], hi: K) -> KeyRange[K]:
+    return r if r.hi is not None and (r.hi < hi or r.hi == hi and not r.hi_inc) else KeyRange(r.lo, r.lo_inc, hi, False)

@@ -12,6 +12,7 @@ from node.http.api import Api
 from node.http.params import bound, int_arg, json_object, off_loop_if_big, partition_list, table_arg, ts_arg
 from node.errors import ApiError
 from node.cluster.members import FORWARDED, INCARNATION
+from node.cluster.spread import DEFAULT_LIMIT, key_of_json, page_arrow
 from node.wire import ARROW_STREAM, read_arrow_stream, write_arrow_stream
 
 
@@ -19,6 +20,8 @@ def add_internal_routes(api: Api, router: web.UrlDispatcher) -> None:
     router.add_get("/v1/internal/closed", bound(api, closed))
     router.add_post("/v1/internal/read", bound(api, read))
     router.add_post("/v1/internal/plan", bound(api, plan))
+    router.add_post("/v1/internal/scan", bound(api, scan))
+    router.add_post("/v1/internal/get", bound(api, get))
     router.add_post("/v1/internal/changes", bound(api, changes))
     router.add_post("/v1/internal/txn/reserve", bound(api, reserve))
     router.add_post("/v1/internal/txn/prepare", bound(api, prepare))
@@ -45,6 +48,31 @@ async def read(api: Api, request: web.Request) -> web.Response:
     limit = doc.get("limit")
     t, _ = await api.router.local_read(table_arg(doc["table"]), pids, ts_arg(doc["as_of"], "as_of"), doc.get("where"),
                                        doc.get("bbox"), None if limit is None else int_arg(limit, "limit"))
+    return web.Response(body=await off_loop_if_big(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
+
+
+async def scan(api: Api, request: web.Request) -> web.Response:
+    """This node's share of a scan across nodes: its partitions' page at T, with each row's
+    encoded key for the caller's merge (``node/cluster/spread.py``)."""
+    doc, pids = await _share(api, request, {"as_of", "after", "prefix", "start", "end", "where", "bbox", "columns",
+                                            "limit"}, ("as_of",))
+    try:
+        after = key_of_json(doc.get("after"))
+    except ValueError as e:
+        raise ApiError(400, "bad_request", str(e)) from None
+    page = await api.db.scan(doc["table"], doc.get("prefix"), doc.get("start"), doc.get("end"), after,
+                             doc.get("where"), doc.get("bbox"), doc.get("columns"),
+                             int_arg(doc.get("limit", DEFAULT_LIMIT), "limit"), ts_arg(doc["as_of"], "as_of"),
+                             partitions=pids, trusted=True)
+    t = page_arrow(page)
+    return web.Response(body=await off_loop_if_big(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
+
+
+async def get(api: Api, request: web.Request) -> web.Response:
+    """This node's rows of some keys at T (a multi-get across nodes), with ``__pos``."""
+    doc, pids = await _share(api, request, {"keys", "as_of", "columns"}, ("keys", "as_of"))
+    t, _ = await api.db.get_rows(doc["table"], doc["keys"], ts_arg(doc["as_of"], "as_of"), doc.get("columns"), pids,
+                                 trusted=True)
     return web.Response(body=await off_loop_if_big(t.nbytes, write_arrow_stream, t), content_type=ARROW_STREAM)
 
 

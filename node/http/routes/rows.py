@@ -8,6 +8,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
+from urllib.parse import unquote
 
 import pyarrow as pa
 from aiohttp import web
@@ -21,13 +22,13 @@ from node.wire import ARROW_STREAM, read_arrow_stream, row_to_json, rows_to_tabl
 from rowstore.db.read.reader import MAX_LIMIT
 from rowstore.tables.conform import conform
 from rowstore.tables.definitions import TableDef
-from rowstore.tables.key_check import check_keys, show
+from rowstore.tables.key_check import check_key_lists, show
 
 
 def add_row_routes(api: HandlerApi, router: web.UrlDispatcher) -> None:
     router.add_post("/v1/tables/{table}/rows", bound(api, upsert))
     router.add_post("/v1/tables/{table}/delete", bound(api, delete_rows))
-    router.add_get("/v1/tables/{table}/rows/{key:[^/]+}", bound(api, get_row))  # braces too: "[^{}/]+" is the default
+    router.add_get("/v1/tables/{table}/rows/{key:.+}", bound(api, get_row))  # one path segment per key component
     router.add_post("/v1/tables/{table}/query", bound(api, query))
 
 
@@ -88,7 +89,7 @@ async def delete_rows(api: HandlerApi, request: web.Request) -> web.StreamRespon
     res: tuple[int, int] | None  # (count, commit_ts)
     if req is not None:  # coalesced, routed by the partitions it computed
         forwarded, res = await _prepared(api, request, d, req, lambda: pa.RecordBatch.from_arrays(
-            [check_keys(keys, schema.key)], names=[schema.key.name]), True)
+            check_key_lists(keys, schema.pk), names=schema.pk.names), True)
         if forwarded is not None:
             return forwarded
     else:
@@ -112,8 +113,16 @@ async def _prepared(api: HandlerApi, request: web.Request, d: TableDef, req: _Re
     return out
 
 
+def key_of_path(request: web.Request) -> object:
+    """The key of ``…/rows/{k1}/{k2}…``: one URL-encoded path segment per component, in key
+    order (a key of one column: its one segment, as before composite keys)."""
+    raw = request.rel_url.raw_path.split("/rows/", 1)[1]
+    parts = [unquote(p) for p in raw.split("/")]
+    return parts[0] if len(parts) == 1 else parts
+
+
 async def get_row(api: HandlerApi, request: web.Request) -> web.StreamResponse:
-    table, raw = request.match_info["table"], request.match_info["key"]
+    table, raw = request.match_info["table"], key_of_path(request)
     as_of = as_of_param(request)
     db = api.db
     d = await db.describe(table)

@@ -33,14 +33,14 @@ def add_table_routes(api: HandlerApi, router: web.UrlDispatcher) -> None:
 
 
 async def create_table(api: HandlerApi, request: web.Request) -> web.Response:
-    doc = await json_object(request, {"name", "columns", "primary_key", "indexes", "partitions", "replicas",
-                                       "cluster_by"},
+    doc = await json_object(request, {"name", "columns", "primary_key", "partition_key", "indexes", "partitions",
+                                       "replicas", "cluster_by"},
                              required=("name", "columns", "primary_key"))
     name = doc["name"]
     if not isinstance(name, str):
         raise ApiError(400, "invalid_schema", '"name" must be a string')
     _check_name(name)
-    schema = schema_from_json(doc["columns"], doc["primary_key"])
+    schema = schema_from_json(doc["columns"], doc["primary_key"], doc.get("partition_key"))
     indexes = doc.get("indexes") or []
     if not isinstance(indexes, list) or not all(isinstance(i, str) for i in indexes):
         raise ApiError(400, "invalid_schema", '"indexes" must be a list of column names')
@@ -147,7 +147,10 @@ async def _exists(db: Database, name: str) -> bool:
 def _table_json(d: TableDef) -> dict[str, Any]:
     schema = d.schema
     assert schema is not None  # a live table's (Database.describe, list_tables, create_table, alter_table)
+    pk = schema.pk
+    key: str | list[str] = pk.names[0] if len(pk.names) == 1 else pk.names  # a key of one column: its name
     return {"name": d.name, "table_id": d.table_id, "columns": schema_to_json(schema),
-            "primary_key": schema.key.name, "indexes": d.index_names(), "partitions": d.partitions,
-            "cluster_by": d.cluster_column.name if d.cluster_column is not None else schema.key.name,
+            "primary_key": key, "partition_key": pk.partition_names, "indexes": d.index_names(),
+            "partitions": d.partitions,
+            "cluster_by": d.cluster_column.name if d.cluster_column is not None else key,
             "schema_version": schema.version, "ts": d.ts}

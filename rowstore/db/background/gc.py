@@ -261,8 +261,8 @@ class GarbageCollector:
             rows.append(await read_live(await self.store.sealed(r.segid), marks[r.segid][1], H, schemas, d.schema))
         t1 = time.perf_counter()
         self.phases["read"] += t1 - t0
-        spec = ClusterSpec(d.cluster_column, d.schema.key.type.kind.value)
-        copy = await asyncio.to_thread(plan_copy, rows, spec, d.schema.key.name, self.store.seal_bytes)
+        spec = ClusterSpec(d.cluster_column, d.schema.pk)
+        copy = await asyncio.to_thread(plan_copy, rows, spec, self.store.seal_bytes)
         t0 = time.perf_counter()
         self.phases["order"] += t0 - t1
         new: list[SegmentRecord] = []

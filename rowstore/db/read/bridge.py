@@ -164,7 +164,7 @@ class ExternalReads:
             schema = c.d.schema.arrow().append(pa.field("commit_ts", pa.int64())).append(pa.field("op", pa.string()))
             return schema.empty_table(), c.T
         t = pa.Table.from_batches(parts)
-        return t.sort_by([("commit_ts", "ascending"), (c.d.schema.key.name, "ascending")]), c.T
+        return t.sort_by([("commit_ts", "ascending"), *((k, "ascending") for k in c.d.schema.pk.names)]), c.T
 
 
 def _has(schemas: Callable[[int], SchemaVersion], v: int) -> bool:

@@ -28,6 +28,7 @@ from rowstore.schema import SchemaVersion
 from rowstore.segments.records import SegmentRecord, SegState
 from rowstore.segments.store import SegmentStore
 from rowstore.tables.definitions import TableDef
+from rowstore.tables.keys import encode_columns, key_arrays
 from rowstore.timeline import Timeline
 from terrafs.catalog_ops import commit
 from terrafs.fs import TerrascaleFS
@@ -131,7 +132,7 @@ async def visible_offloaded(store: SegmentStore, d: TableDef, schemas: Callable[
             m = dec.batch.num_rows
             rid = rowids(r.segid, np.arange(n, n + m, dtype=np.uint32))
             n += m
-            keys.append(dec.batch.column(d.schema.key.name))
+            keys.append(pa.array(encode_columns(d.schema.pk, key_arrays(d.schema.pk, dec.batch))))
             ts.append(dec.commit_ts)
             dead.append(dec.deleted)
             ids.append(rid)

@@ -15,14 +15,16 @@ import pyarrow as pa
 from rowstore.codec.point_decoder import PointDecoder
 from rowstore.errors import FutureTimestampError, HistoryPurgedError, QueryError, UnavailableError
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
-from rowstore.tables.keys import encode_keys, encode_one, partition_of, partition_one
+from rowstore.tables.keys import (KeyRange, encode_columns, encode_key, encode_one, key_arrays, key_range,
+                                  partition_of_key, partition_one, partitions_of)
 from rowstore.reads.zones import keep_mask, segments_of
 from rowstore.reads.predicates import BBox, Term, batch_mask, fold_ranges, parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
 from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegmentStore
 from rowstore.tables.definitions import TableCatalog, TableDef
-from rowstore.tables.key_check import check_key, check_keys
+from rowstore.tables.key_check import (INT64_MAX, INT64_MIN, Key, check_key_lists, check_key_tuple, check_keys,
+                                       check_prefix)
 from rowstore.db.partition import Partition
 from rowstore.timeline import Timeline
 from rowstore.db.registry import Table, TableRegistry
@@ -129,8 +131,7 @@ class Reader:
                 T, pt = await self._point_table(name, as_of)
         else:
             T, pt = await self._point_table(name, as_of)
-        k = _point_key(pt, key)
-        pid = partition_one(k, pt.nparts)
+        k, pid = _point_key(pt, key)
         if pid not in pt.owned:
             raise UnavailableError(f"table {name!r}: partition {pid} is not served by this node")
         self.leases_of(pt.d.table_id, (pid,))
@@ -165,8 +166,11 @@ class Reader:
         keys are left out."""
         c = await self.context(name, as_of)
         assert c.d.schema is not None  # describe() refuses a dropped table
-        enc = encode_keys(check_keys(keys, c.d.schema.key), c.table.kind)
-        pids = partition_of(enc, len(c.table.parts))
+        pk = c.d.schema.pk
+        karrs = check_key_lists(keys, pk) if not isinstance(keys, pa.Array) else \
+            [check_keys(keys, pk.columns[0], nul_ok=pk.kind == "tuple")]
+        enc = encode_columns(pk, karrs)
+        pids = partitions_of(pk, karrs, len(c.table.parts), enc)
         ids: list[np.ndarray] = []
         for p in np.unique(pids):
             index = c.table.parts[p].index
@@ -178,18 +182,108 @@ class Reader:
         return finish([(await fetch(self.store, rowids, c.schemas, c.d.schema, f"table {name!r}")).batch],
                       c.d.schema, None, None)
 
-    async def scan(self, name: str, lo: object = None, hi: object = None, as_of: int | None = None,
-                   columns: list[str] | None = None, limit: int | None = None) -> tuple[pa.Table, int]:
-        """Rows with ``lo <= key < hi`` (None: unbounded) visible at T, in key order."""
-        c = await self.context(name, as_of)
+    async def get_rows(self, name: str, keys: Sequence[object], as_of: int | None = None,
+                       columns: list[str] | None = None, partitions: list[int] | None = None,
+                       trusted: bool = False) -> tuple[pa.Table, int]:
+        """The rows of many keys (users' keys) at T, each with ``__pos``, its key's position in
+        ``keys`` (a key with no row at T has none; a key asked twice, two); ``partitions``:
+        the keys' partitions must be among those (a read across nodes)."""
+        c = await self.context(name, as_of, trusted)
         assert c.d.schema is not None  # describe() refuses a dropped table
-        bounds = [None if b is None else encode_keys(check_keys([b], c.d.schema.key, "bounds"), c.table.kind)[0]
-                  for b in (lo, hi)]
-        parts: list[pa.RecordBatch] = []
-        for part in c.table.served():
-            vis = await part.index.scan(bounds[0], bounds[1], c.T)
-            parts.append((await fetch(self.store, vis.rowids, c.schemas, c.d.schema, _where(c, part))).batch)
-        return finish(parts, c.d.schema, columns, limit), c.T
+        _check_columns(c.d.schema, columns)
+        pk = c.d.schema.pk
+        karrs = check_key_lists(keys, pk)
+        enc = encode_columns(pk, karrs)
+        pids = partitions_of(pk, karrs, len(c.table.parts), enc)
+        allowed = c.table.owned if partitions is None else c.table.owned & set(partitions)
+        found = np.zeros(len(enc), np.uint64)
+        for p in np.unique(pids).tolist():
+            if p not in allowed:
+                raise UnavailableError(f"table {name!r}: partition {p} is not served by this node")
+            at = np.flatnonzero(pids == p)
+            found[at] = await c.table.parts[p].index.get_many(enc[at], c.T)
+        pos = np.flatnonzero(found)
+        ids = np.unique(found[pos])
+        rows = (await fetch(self.store, ids, c.schemas, c.d.schema, f"table {name!r}")).batch
+        t = pa.Table.from_batches([rows]).take(pa.array(np.searchsorted(ids, found[pos])))
+        if columns is not None:
+            t = t.select(columns)
+        return t.append_column("__pos", pa.array(pos, pa.int64())), c.T
+
+    async def scan(self, name: str, prefix: object = None, start: object = None, end: object = None,
+                   after: int | bytes | None = None, where: list[Any] | None = None,
+                   bbox: dict[str, Any] | None = None, columns: list[str] | None = None, limit: int = 10_000,
+                   as_of: int | None = None, partitions: list[int] | None = None,
+                   trusted: bool = False) -> ScanPage:
+        """One page of an ordered scan (docs/rfcs/0013): the rows visible at T whose key starts
+        with ``prefix`` and lies in ``[start, end)`` (each a leading run of the key's components),
+        after the encoded key ``after`` (a cursor's), matching ``where``/``bbox``, in key order,
+        at most ``limit``. ``partitions``: only those (a scan across nodes asks each node for
+        its own); otherwise every partition served here — or only the one a prefix naming the
+        whole partition key picks."""
+        c = await self.context(name, as_of, trusted)
+        assert c.d.schema is not None  # describe() refuses a dropped table
+        pk = c.d.schema.pk
+        terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
+        _check_columns(c.d.schema, columns)
+        _check_limit(limit)
+        pre = check_prefix(prefix, pk, "prefix")
+        rng = key_range(pk, pre, check_prefix(start, pk, "start") or None, check_prefix(end, pk, "end") or None)
+        if after is not None:
+            rng = rng.after(after)  # type: ignore[arg-type]  # a cursor's key is of the table's kind
+        pids = partitions if partitions is not None else self.scan_partitions(c.d, pre, c.table)
+        if any(p not in c.table.owned for p in pids):
+            raise UnavailableError(f"table {name!r}: partitions {sorted(set(pids) - c.table.owned)} are not "
+                                   "served by this node")
+        got = [] if rng.empty() or limit == 0 else \
+            [await self._scan_partition(c, c.table.parts[p], rng, terms, box, limit) for p in pids]
+        return merge_pages([ScanPage(t.select(columns) if columns is not None else t, k, c.T, more)
+                            for t, k, more in got], limit, c.d.schema, columns, c.T)
+
+    def scan_partitions(self, d: TableDef, prefix: Sequence[Key], table: Table | None = None) -> list[int]:
+        """The partitions a scan reads: the one its prefix picks when the prefix covers the
+        partition key, else all (of those served here, given ``table``)."""
+        assert d.schema is not None  # a described table
+        pk = d.schema.pk
+        if len(prefix) >= pk.partition_columns:
+            return [partition_of_key(pk, prefix, d.partitions)]
+        return sorted(table.owned) if table is not None else list(range(d.partitions))
+
+    async def _scan_partition(self, c: ReadContext, part: Partition, rng: KeyRange[int] | KeyRange[bytes],
+                              terms: list[Term], box: BBox | None, limit: int) -> tuple[pa.Table, np.ndarray, bool]:
+        """Up to ``limit`` matching rows of one partition in key order, their encoded keys, and
+        whether it may hold more: rounds of the key index (``scan_chunk``), growing, until the
+        page is full or the range ends — never the whole range at once."""
+        schema = c.d.schema
+        assert schema is not None  # a described table
+        batches: list[pa.RecordBatch] = []
+        keys: list[np.ndarray] = []
+        n, entries = 0, max(2 * limit, 1024)
+        rest: KeyRange[int] | KeyRange[bytes] | None = rng
+        while rest is not None and n < limit:
+            vis, nxt = await part.index.scan_chunk(rest, c.T, entries)
+            if nxt is not None and not len(vis) and (nxt.lo, nxt.lo_inc) == (rest.lo, rest.lo_inc):
+                entries *= 4  # one key's versions fill a round: read further
+                continue
+            rest, entries = nxt, min(2 * entries, _MAX_ROUND)
+            if not len(vis):
+                continue
+            order = np.argsort(vis.rowids, kind="stable")
+            rows = await fetch(self.store, vis.rowids[order], c.schemas, schema, _where(c, part))
+            inv = np.empty_like(order)
+            inv[order] = np.arange(len(order))
+            batch, ks = rows.batch.take(pa.array(inv)), vis.keys  # back in key order
+            if terms or box is not None:
+                m = np.asarray(batch_mask(batch, terms, box), bool)
+                batch, ks = batch.filter(pa.array(m)), ks[m]
+            take = min(limit - n, batch.num_rows)
+            batches.append(batch.slice(0, take))
+            keys.append(ks[:take])
+            n += take
+            if take < batch.num_rows:
+                return pa.Table.from_batches(batches), np.concatenate(keys), True
+        table = pa.Table.from_batches(batches, schema=schema.arrow())
+        return table, np.concatenate(keys) if keys else _no_keys(part.kind), rest is not None
 
     async def query(self, name: str, where: list[Any] | None = None, bbox: dict[str, Any] | None = None,
                     columns: list[str] | None = None, limit: int | None = 10_000, as_of: int | None = None,
@@ -220,7 +314,7 @@ class Reader:
         if keep is not None:
             cands, srcs = cands[keep], srcs[keep]
         rows = await fetch(self.store, cands, c.schemas, c.d.schema, _where(c, part))  # in rowid order, as cands
-        keys = encode_keys(rows.batch.column(c.d.schema.key.name), part.kind)
+        keys = encode_columns(c.d.schema.pk, key_arrays(c.d.schema.pk, rows.batch))
         visible = (rows.commit_ts <= np.uint64(c.T)) & ~rows.deleted
         idx = np.flatnonzero(visible)
         visible[idx] = ~await part.index.superseded(keys[idx], rows.commit_ts[idx], srcs[idx], c.T)
@@ -263,11 +357,15 @@ def _where(c: ReadContext, part: Partition) -> str:
     return f"table {c.d.name!r} partition {part.pid}"
 
 
-def _point_key(pt: _PointTable, key: object) -> int | bytes:
-    """One user key, checked against its column's type, as the index's scalar."""
+def _point_key(pt: _PointTable, key: object) -> tuple[int | bytes, int]:
+    """One user key, checked against its columns' types, as the index's scalar, and its partition."""
     assert pt.d.schema is not None  # _point_table() checked it
-    k: int | bytes = encode_one(check_key(key, pt.d.schema.key), pt.kind)
-    return k
+    pk = pt.d.schema.pk
+    if pk.kind == "int64" and type(key) is int and INT64_MIN <= key <= INT64_MAX:  # the common case, first
+        k: int | bytes = encode_one(key, "int64")
+        return k, partition_one(k, pt.nparts)
+    values = check_key_tuple(key, pk)
+    return encode_key(pk, values), partition_of_key(pk, values, pt.nparts)
 
 
 def candidates(part: Partition, preds: list[Term | BBox]) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -304,6 +402,50 @@ def _check_limit(limit: int | None) -> None:
         raise QueryError(f"limit must be a non-negative integer, not {limit!r}")
 
 
+_MAX_ROUND = 1 << 20  # index entries a scan's round reads per source, at most
+
+
+@dataclass(frozen=True)
+class ScanPage:
+    """One page of a scan: its rows (key order, the asked columns), their encoded keys, the
+    snapshot, and whether rows may follow the last one (a full page: continue after it)."""
+
+    rows: pa.Table
+    keys: np.ndarray
+    T: int
+    more: bool
+
+    @property
+    def last(self) -> int | bytes | None:
+        """The encoded key of the page's last row (where the next page starts after)."""
+        if not len(self.keys):
+            return None
+        k = self.keys[-1]
+        return int(k) if self.keys.dtype == np.uint64 else bytes(k)
+
+
+def _no_keys(kind: str) -> np.ndarray:
+    return np.zeros(0, np.uint64 if kind == "int64" else "S1")
+
+
+def merge_pages(pages: list[ScanPage], limit: int, schema: SchemaVersion, columns: list[str] | None,
+                T: int) -> ScanPage:
+    """Pages of several partitions (or nodes) at one T merged in key order, cut to ``limit``:
+    rows may follow when any page was full or rows were cut."""
+    full = [p for p in pages if p.rows.num_rows]
+    more = any(p.more for p in pages)
+    if not full:
+        empty = schema.arrow().empty_table()
+        return ScanPage(empty.select(columns) if columns is not None else empty, _no_keys(schema.pk.kind), T, more)
+    t = pa.concat_tables([p.rows for p in full], promote_options="default")
+    keys = np.concatenate([p.keys for p in full])
+    more = more or t.num_rows > limit
+    if len(full) > 1:
+        order = np.argsort(keys, kind="stable")[:limit]
+        t, keys = t.take(pa.array(order)), keys[order]
+    return ScanPage(t.slice(0, limit), keys[:limit], T, more)
+
+
 def _empty_batch(schema: SchemaVersion) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array([], c.type.arrow()) for c in schema.columns], schema=schema.arrow())
 
@@ -314,7 +456,7 @@ def finish(parts: list[pa.RecordBatch], schema: SchemaVersion, columns: list[str
     t = pa.Table.from_batches([p for p in parts if p.num_rows], schema=schema.arrow()) if any(
         p.num_rows for p in parts) else schema.arrow().empty_table()
     if t.num_rows > 1:
-        t = t.sort_by([(schema.key.name, "ascending")])
+        t = t.sort_by([(k, "ascending") for k in schema.pk.names])
     if limit is not None:
         t = t.slice(0, limit)
     return t.select(list(columns)) if columns is not None else t

@@ -16,14 +16,14 @@ import pyarrow as pa
 
 from catalog.abc import Catalog, Check, Delete, Put
 from rowstore.errors import ConflictError, UnavailableError
-from rowstore.tables.keys import encode_keys, partition_of
+from rowstore.tables.keys import encode_columns, key_arrays, partitions_of
 from rowstore.codec.rows import Encoded, EncodedParts
 from rowstore.schema import Column, SchemaVersion
 from rowstore.rowids import split_rowids
 from rowstore.segments.active import ActiveSegment
 from rowstore.segments.wal import DECIDED, SPANS_NODES
 from rowstore.tables.conform import PartitionShare, conform, split_by_partition, stamp
-from rowstore.tables.key_check import check_keys
+from rowstore.tables.key_check import check_key_columns, check_key_lists
 from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.db.partition import Partition
 from rowstore.timeline import Timeline
@@ -149,22 +149,27 @@ class Committer:
         res = await self.write(d, batch, deleted)
         return WriteResult(existed, res.commit_ts)
 
-    async def tombstones(self, d: TableDef,
-                         keys: Sequence[object] | pa.Array) -> tuple[pa.RecordBatch, np.ndarray, int]:
-        """Deletion rows for ``keys``, and how many of the keys exist now."""
+    async def tombstones(self, d: TableDef, keys: Sequence[object] | pa.RecordBatch | pa.Table,
+                         ) -> tuple[pa.RecordBatch, np.ndarray, int]:
+        """Deletion rows for ``keys`` (users' keys, or rows holding the key columns), and how
+        many of the keys exist now."""
         assert d.schema is not None  # a described table: not dropped
-        karr = check_keys(keys, d.schema.key)
+        pk = d.schema.pk
+        karrs = check_key_columns(key_arrays(pk, keys), pk) if isinstance(keys, (pa.RecordBatch, pa.Table)) \
+            else check_key_lists(keys, pk)
         table = await self.tables.table(d)
-        enc = encode_keys(karr, table.kind)
+        enc = encode_columns(pk, karrs)
         existed = 0
-        pids = partition_of(enc, len(table.parts))
+        pids = partitions_of(pk, karrs, len(table.parts), enc)
         served(table, pids)
         T = self.timeline.closed
         for p in np.unique(pids):
             existed += int(np.count_nonzero(await table.parts[p].index.get_many(enc[pids == p], T)))
-        cols = [karr if c.id == d.schema.primary_key else _filler(c, len(karr)) for c in d.schema.columns]
+        by_id = dict(zip(pk.ids, karrs))
+        n = len(karrs[0])
+        cols = [by_id[c.id] if c.id in by_id else _filler(c, n) for c in d.schema.columns]
         batch = pa.RecordBatch.from_arrays(cols, schema=d.schema.arrow())
-        return batch, np.ones(len(karr), bool), existed
+        return batch, np.ones(n, bool), existed
 
     async def write(self, d: TableDef, batch: pa.RecordBatch, deleted: np.ndarray | None) -> WriteResult:
         table, pieces, n = await self.split(d, batch, deleted)
@@ -182,17 +187,17 @@ class Committer:
         needs, validated (nothing is written if a key is bad or a partition served elsewhere)."""
         assert d.schema is not None  # a described table: not dropped
         table = await self.tables.table(d)
-        keys = encode_keys(batch.column(batch.schema.get_field_index(d.schema.key.name)), table.kind)
+        pk = d.schema.pk
+        keys = encode_columns(pk, key_arrays(pk, batch))
         batch, keys, deleted = _last_wins(batch, keys, deleted)
         if batch.num_rows == 0:
             return table, [], 0
-        pids = partition_of(keys, len(table.parts))
+        pids = partitions_of(pk, key_arrays(pk, batch), len(table.parts), keys)
         served(table, pids)
         # One sort into (partition, key) order and one encode straight into it (a worker hop
         # for big batches); applying gets the key and indexed columns with each piece's row
         # positions — nothing is taken (copied) on the way.
-        keep = [d.schema.key.name] + [c.name for c in d.schema.columns if c.id in d.indexes
-                                      and c.id != d.schema.primary_key]
+        keep = pk.names + [c.name for c in d.schema.columns if c.id in d.indexes and c.id not in pk.ids]
         args = (batch, d.schema, keys, deleted, pids, keep)
         pieces: list[PartitionShare] = await asyncio.to_thread(split_by_partition, *args) \
             if batch.num_rows > THREAD_ROWS else split_by_partition(*args)

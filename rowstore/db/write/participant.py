@@ -112,9 +112,7 @@ class Participant:
             raise ConflictError(f"table {name!r} changed while the batch was on its way; retry")
         existed = 0
         if delete:
-            keys = rows.column(d.schema.key.name)
-            keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-            batch, deleted, existed = await self.committer.tombstones(d, keys)
+            batch, deleted, existed = await self.committer.tombstones(d, rows)
         else:
             batch, deleted = conform(rows, d.schema), None
         table, pieces, n = await self.committer.split(d, batch, deleted)

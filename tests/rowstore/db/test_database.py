@@ -18,7 +18,7 @@ async def make(partitions=4, **cfg):
 
 
 async def ids_at(db, T=None):
-    t, _ = await db.scan("m", as_of=T)
+    t, _ = await db.read_all("m", as_of=T)
     return t.column("id").to_pylist()
 
 
@@ -192,7 +192,7 @@ async def test_string_and_uuid_keys():
     us = [uuid.UUID(int=i << 64) for i in range(5)]
     await db.upsert("u", pa.table({"k": pa.array([u.bytes for u in us], pa.binary(16)), "v": list(range(5))}))
     assert (await db.get("u", str(us[3])))["v"] == 3
-    t, _ = await db.scan("s", "a", "c")
+    t, _ = await db.read_all("s", start=["a"], end=["c"])
     assert t.column("k").to_pylist() == ["a", "bb"]
     with pytest.raises(RowValidationError):
         await db.upsert("s", pa.table({"k": ["x\x00"], "v": [1]}))
@@ -237,7 +237,7 @@ async def test_rows_of_several_versions_in_one_fetch():
     await db.upsert("t", pa.table({"id": pa.array([32], pa.int64()), "e1": pa.array([5], pa.int64())}))
     await db.alter_table("t", lambda s: s.drop_column("e1"))
     await db.upsert("t", pa.table({"id": pa.array([0], pa.int64()), "v": [1.0]}))
-    t, _ = await db.scan("t")
+    t, _ = await db.read_all("t")
     assert t.to_pylist() == [{"id": 0, "v": 1.0}, {"id": 32, "v": None}]
 
 
@@ -253,7 +253,7 @@ async def test_a_checkpoint_under_the_budget_brings_the_memtables_within_it():
     assert any(p.index.runs for p in db.tables.partitions())
     assert await ids_at(db) == list(range(1000))
     t, _ = await db.query("m", where=[["v", ">", 0.0]], limit=None)
-    assert t.num_rows == sum(1 for v in (await db.scan("m"))[0].column("v").to_pylist() if v > 0)
+    assert t.num_rows == sum(1 for v in (await db.read_all("m"))[0].column("v").to_pylist() if v > 0)
 
 
 async def test_concurrent_batches_commit_in_groups_each_with_its_own_timestamp():

@@ -50,7 +50,7 @@ async def test_a_retired_partition_object_neither_rolls_nor_records_progress_in_
     await db.seal()
     await db.offload()
     assert (await db.store.record(seg.segid))[0].state == SegState.OFFLOADED
-    got, _ = await db.scan("m")
+    got, _ = await db.read_all("m")
     assert got.column("id").to_pylist() == [*range(10), *range(100, 106)]
     for k in (0, 9, 100, 105):
         assert (await db.get("m", k))["id"] == k

@@ -205,7 +205,7 @@ class TableMachine(RuleBasedStateMachine):
         below = [t for t in ts if t < horizon]
         if below:  # purged history is refused, never answered from what is left
             try:
-                self.run(self.db.scan("t", as_of=below[picks[0] % len(below)]))
+                self.run(self.db.read_all("t", as_of=below[picks[0] % len(below)]))
                 raise AssertionError("a read below the horizon was answered")
             except HistoryPurgedError:
                 pass
@@ -217,7 +217,7 @@ class TableMachine(RuleBasedStateMachine):
         for at in self._times(data):
             T = self.db.timeline.closed if at is None else at
             want = self.model.rows_at(T)
-            got, _ = self.run(self.db.scan("t", as_of=at))
+            got, _ = self.run(self.db.read_all("t", as_of=at))
             assert got.to_pylist() == want, T
             for k in data.draw(st.lists(st.integers(0, 41), max_size=3)):
                 row = self.run(self.db.get("t", k, as_of=at))

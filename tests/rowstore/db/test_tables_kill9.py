@@ -128,7 +128,7 @@ async def test_kill9_during_checkpoint_and_merge(tmp_path, marker, nth, delay):
     for rnd in range(2):  # kill, restart and write on (batches numbered from 0 again), kill again
         acked, _ = run_child(root, marker, nth, delay)
         db = await open_db(root)
-        got = {r["id"]: r["v"] for r in (await db.scan("t"))[0].to_pylist()}
+        got = {r["id"]: r["v"] for r in (await db.read_all("t"))[0].to_pylist()}
         without = apply(range(acked), state)
         if got != without:  # then the batch in flight made it, whole
             assert got == apply(range(acked + 1), state), f"round {rnd}: a partial or lost batch"

@@ -163,7 +163,7 @@ async def _tables():
 
 
 async def _state(db):
-    return [(await db.scan(t))[0] for t in ("ki", "ks", "ku")]
+    return [(await db.read_all(t))[0] for t in ("ki", "ks", "ku")]
 
 
 async def test_boundary_keys_are_their_own_rows():
@@ -194,7 +194,7 @@ async def test_every_path_refuses_a_key_outside_its_type_and_changes_nothing(tab
     before = await _state(db)
     for k in BAD_BY_TABLE[table]:
         for call in (lambda k=k: db.get(table, k), lambda k=k: db.get_many(table, [k]),
-                     lambda k=k: db.delete(table, [k]), lambda k=k: db.scan(table, lo=k),
+                     lambda k=k: db.delete(table, [k]), lambda k=k: db.read_all(table, start=[k]),
                      lambda k=k: db.query(table, where=[["id", "=", k]])):
             with pytest.raises(InvalidKeyError):
                 await call()

@@ -44,7 +44,7 @@ async def churn(db, model: dict, rounds=3, n=400, seed=0):
 
 async def check(db, model: dict):
     """get, scan, query with the column index, and index == scan."""
-    t, _ = await db.scan("m")
+    t, _ = await db.read_all("m")
     assert t.column("id").to_pylist() == sorted(model)
     assert dict(zip(t.column("id").to_pylist(), t.column("v").to_pylist())) == model
     for k in list(model)[:25]:
@@ -143,12 +143,12 @@ async def test_time_travel_above_the_horizon_survives_a_pass():
     assert sum(r.deletions for r in await db.store.list()) == 50  # counted at offload (2 partitions)
     t, _ = await db.changes("m", 0)
     assert sorted(t.column("op").to_pylist()) == ["delete"] * 50 + ["upsert"] * 200  # the feed is whole
-    t, _ = await db.scan("m", as_of=r2.commit_ts)
+    t, _ = await db.read_all("m", as_of=r2.commit_ts)
     assert t.column("v").to_pylist() == [2.0] * 100
     db.reader.retention_ms = db.reader.purge_lag_ms = 0
     res = await db.collect_garbage()
     assert res["segments_collected"] >= 2
-    t, _ = await db.scan("m")
+    t, _ = await db.read_all("m")
     assert t.column("id").to_pylist() == list(range(50, 100)) and set(t.column("v").to_pylist()) == {2.0}
 
 
@@ -265,7 +265,7 @@ async def test_clustered_rewrite_records_ranges_and_queries_skip_segments(col):
         assert plan.sealed and not {r.segid for r in skipped} & set(plan.sealed_segids)
         await db.release_lease(plan.lease)
     assert skipped, "a small window misses most clustered segments"
-    t, _ = await db.scan("m")
+    t, _ = await db.read_all("m")
     assert q.num_rows <= t.num_rows
     # a second pass does not rewrite clustered copies without garbage
     res2 = await db.collect_garbage()
@@ -423,7 +423,7 @@ async def test_cluster_keys_of_every_clusterable_type(typ, values):
     assert res["segments_collected"] >= 1
     copies = [r for r in await db.store.list() if r.copy and r.state == SegState.OFFLOADED]
     assert copies and all(r.cluster for r in copies)
-    got, _ = await db.scan("c")
+    got, _ = await db.read_all("c")
     assert got.column("k").to_pylist() == t.column("k").to_pylist()
     d = await db.describe("c")
     if typ == "box":  # a box far from every row misses; one over some rows does not

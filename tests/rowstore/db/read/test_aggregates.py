@@ -114,7 +114,7 @@ async def _property(seed, rounds):
                                                           (await db.describe("a")).schema))).commit_ts)
     for T in [stamps[0], stamps[len(stamps) // 2], stamps[-1]]:
         d = await db.describe("a", T)
-        rows, _ = await db.scan("a", as_of=T)
+        rows, _ = await db.read_all("a", as_of=T)
         for _ in range(4):
             req = random_request(rng, d.schema)
             got, stats = await answer(db, *req, T)
@@ -162,7 +162,7 @@ async def _histogram(seed, nx, ny, box, filtered):
     where = [["k", ">=", 0]] if filtered else None
     for T in (stamps[len(stamps) // 2], stamps[-1]):
         counts, got_T, stats = await db.histogram("a", "p", bb, [nx, ny], where, as_of=T)
-        rows, _ = await db.scan("a", as_of=T)
+        rows, _ = await db.read_all("a", as_of=T)
         want = np.zeros((ny, nx), np.int64)
         for r in rows.to_pylist():
             p = r["p"]

@@ -97,7 +97,7 @@ async def _agree(seed, rounds, queries):
             await db.delete(name, dels)
         if rng.random() < 0.6:
             await db.checkpoint()
-    everything, _ = await db.scan("b")
+    everything, _ = await db.read_all("b")
     d = await db.describe("b")
     for where, bbox in queries:
         ta, _ = await db.query("a", where=where, bbox=bbox, limit=None)

@@ -48,7 +48,7 @@ async def test_an_abort_during_an_inflight_prepare_rolls_back_when_the_append_la
     db = await w.start()  # replay drops the aborted BATCH X: the index must agree with it
     for k in range(20, 25):
         assert (await db.get("m", k))["v"] == 7.0, k
-    got, _ = await db.scan("m")
+    got, _ = await db.read_all("m")
     assert got.column("id").to_pylist() == list(range(10)) + list(range(20, 25))
     assert pa.compute.all(pa.compute.equal(got.column("v").slice(10), 7.0)).as_py()
 
@@ -76,7 +76,7 @@ async def test_a_prepare_sent_twice_appends_its_batch_once():
         assert (await db.get("m", k))["id"] == k
     w.crash()
     db = await w.start()
-    got, _ = await db.scan("m")
+    got, _ = await db.read_all("m")
     assert got.column("id").to_pylist() == [*range(10), *range(20, 25), *range(100, 105)]
 
 
@@ -131,7 +131,7 @@ async def test_an_abort_before_the_prepare_appends_keeps_its_batch_out_of_the_lo
     assert await db.get("m", 100) is None
     w.crash()
     db = await w.start()
-    got, _ = await db.scan("m")
+    got, _ = await db.read_all("m")
     assert got.column("id").to_pylist() == list(range(10)) + list(range(20, 25))
 
 
@@ -160,7 +160,7 @@ async def test_an_abort_that_overtakes_its_reserve_keeps_the_partition_free():
     await db.participant.abort(late)  # the abort may even arrive before its reserve does
     with pytest.raises(UnavailableError):
         await db.participant.reserve("m", d.table_id, d.schema.version, rows(range(30, 35)), 0, late)
-    assert r.rows == 5 and (await db.scan("m"))[0].column("id").to_pylist() == list(range(20, 25))
+    assert r.rows == 5 and (await db.read_all("m"))[0].column("id").to_pylist() == list(range(20, 25))
 
 
 async def test_a_batch_being_committed_counts_as_held_until_its_rows_are_applied():
