@@ -86,9 +86,8 @@ def rows_to_table(rows: object, schema: SchemaVersion) -> pa.Table:
     arrays: list[pa.Array] = []
     fields: list[pa.Field] = []
     for name, col in names.items():
-        values = [r.get(name) for r in rows]
-        key = col.id in schema.primary_key  # keys are checked by the one key check
-        arrays.append(check_keys(values, col, "rows", False, schema.pk.kind == "tuple") if key
+        values, nul_ok = [r.get(name) for r in rows], schema.pk.kind == "tuple"  # keys: the one key check
+        arrays.append(check_keys(values, col, "rows", False, nul_ok) if col.id in schema.primary_key
                       else column_from_json(values, col))
         fields.append(col.field())
     if not rows:

@@ -18,12 +18,14 @@ import http.client
 import ssl
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlsplit
 
+import pyarrow as pa
+
 from catalog.retry import Retry, call
-from node.client.endpoints import IDEMPOTENT, Endpoints, Request, headers
+from node.client.endpoints import IDEMPOTENT, Endpoints, Request, ScanResult, headers
 
 if TYPE_CHECKING:  # imported when an AsyncClient first sends: the blocking client and the CLI start without it
     import aiohttp
@@ -99,9 +101,21 @@ class Client(Endpoints[Any]):
         self._last = time.monotonic()
         return r.status, data, {k.lower(): v for k, v in r.getheaders()}
 
+    def scan(self, table: str, prefix: Any = None, start: Any = None, end: Any = None, where: Any = None,
+             bbox: Any = None, columns: Any = None, as_of: int | None = None,
+             page_rows: int = 10_000) -> Iterator[pa.RecordBatch]:
+        """Every row of an ordered scan (``scan_page``), in key order, as Arrow record batches
+        — page by page at one snapshot, never the whole answer in memory."""
+        page: ScanResult = self.scan_page(table, prefix, start, end, where, bbox, columns, page_rows, as_of)
+        while True:
+            yield from page.rows.to_batches()
+            if page.next is None:
+                return
+            page = self.scan_page(table, after=page.next)
+
     def _send(self, req: Request) -> Any:
-        status, data, _ = self.request(req.method, req.path, req.body, req.content_type, req.accept)
-        return req.result(status, data)
+        status, data, h = self.request(req.method, req.path, req.body, req.content_type, req.accept)
+        return req.result(status, data, h)
 
 
 class AsyncClient(Endpoints[Coroutine[Any, Any, Any]]):
@@ -139,6 +153,18 @@ class AsyncClient(Endpoints[Coroutine[Any, Any, Any]]):
         except aiohttp.ClientConnectionError as e:
             raise ConnectionError(f"cannot reach {self.endpoint}: {e}") from e
 
+    async def scan(self, table: str, prefix: Any = None, start: Any = None, end: Any = None, where: Any = None,
+                   bbox: Any = None, columns: Any = None, as_of: int | None = None,
+                   page_rows: int = 10_000) -> AsyncIterator[pa.RecordBatch]:
+        """``Client.scan``, asynchronously."""
+        page: ScanResult = await self.scan_page(table, prefix, start, end, where, bbox, columns, page_rows, as_of)
+        while True:
+            for b in page.rows.to_batches():
+                yield b
+            if page.next is None:
+                return
+            page = await self.scan_page(table, after=page.next)
+
     async def _send(self, req: Request) -> Any:
-        status, data, _ = await self.request(req.method, req.path, req.body, req.content_type, req.accept)
-        return req.result(status, data)
+        status, data, h = await self.request(req.method, req.path, req.body, req.content_type, req.accept)
+        return req.result(status, data, h)

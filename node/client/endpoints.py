@@ -9,11 +9,14 @@ path, body, and what its answer becomes — and hands it to the client's ``_send
 from __future__ import annotations
 
 import abc
+import base64
+import datetime as dt
 
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar
+import uuid
 from urllib.parse import quote, urlencode
 
 import pyarrow as pa
@@ -66,6 +69,16 @@ def headers(token: str | None, content_type: str | None, accept: str | None) -> 
 
 
 @dataclass(frozen=True)
+class ScanResult:
+    """One page of ``POST /v1/tables/{t}/scan``: its rows, the snapshot T it read, and the
+    cursor that continues after it (None: the scan is done)."""
+
+    rows: pa.Table
+    as_of: int
+    next: str | None
+
+
+@dataclass(frozen=True)
 class Request:
     """One call: what to send, and what its answer becomes — ``answer`` "json" (the decoded
     document), "arrow" (asks for an Arrow IPC stream: a pyarrow.Table) or "text"; an error
@@ -88,17 +101,18 @@ class Request:
 
     @property
     def accept(self) -> str | None:
-        return ARROW_STREAM if self.answer == "arrow" else None
+        return ARROW_STREAM if self.answer in ("arrow", "page") else None
 
-    def result(self, status: int, body: bytes) -> Any:
+    def result(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> Any:
         """What the endpoint's method returns for this answer; an error answer raises ApiError."""
         if status >= 400:
             err = api_error(status, body)
             if err.code == self.absent:
                 return None
             raise err
-        if self.answer == "arrow":
-            return read_arrow(body)
+        if self.answer == "page":  # an Arrow page of a scan, its snapshot and next cursor in headers
+            h = {k.lower(): v for k, v in (headers or {}).items()}
+            return ScanResult(read_arrow(body), int(h.get("x-terrascale-as-of", "0")), h.get("x-terrascale-next"))
         return body.decode() if self.answer == "text" else json.loads(body)
 
 
@@ -196,12 +210,34 @@ class Endpoints(abc.ABC, Generic[R]):
         return self._call("POST", f"/v1/tables/{_seg(table)}/rows", body=body, content_type=ctype)
 
     def delete(self, table: str, keys: Iterable[Any]) -> R:
-        return self._call("POST", f"/v1/tables/{_seg(table)}/delete", {"keys": list(keys)})
+        return self._call("POST", f"/v1/tables/{_seg(table)}/delete", {"keys": [_key_doc(k) for k in keys]})
 
     def get(self, table: str, key: object, as_of: int | None = None) -> R:
-        """The row as a dict (the JSON forms of the column types), or None if absent at T."""
-        path = f"/v1/tables/{_seg(table)}/rows/{_seg(key)}" + _q(as_of=as_of)
+        """The row as a dict (the JSON forms of the column types), or None if absent at T.
+        A key of several columns is a list or tuple of its components, in key order."""
+        parts = key if isinstance(key, (list, tuple)) else [key]
+        path = f"/v1/tables/{_seg(table)}/rows/" + "/".join(_seg(key_json(p)) for p in parts) + _q(as_of=as_of)
         return self._send(Request("GET", path, absent="row_not_found"))
+
+    def get_many(self, table: str, keys: Iterable[Any], columns: Iterable[str] | None = None,
+                 as_of: int | None = None) -> R:
+        """``{"as_of": T, "rows": [row or None, ...]}``: the rows of ``keys``, in the order asked."""
+        doc = _present(keys=[_key_doc(k) for k in keys], columns=None if columns is None else list(columns),
+                       as_of=as_of)
+        return self._call("POST", f"/v1/tables/{_seg(table)}/get", doc)
+
+    def scan_page(self, table: str, prefix: Any = None, start: Any = None, end: Any = None,
+                  where: Where | None = None, bbox: Any = None, columns: Iterable[str] | None = None,
+                  limit: int | None = None, as_of: int | None = None, after: str | None = None) -> R:
+        """One page of an ordered scan (a ``ScanResult``): the rows whose key starts with ``prefix``
+        and lies in ``[start, end)`` (each a list of leading key components), in key order;
+        ``after``: a page's ``next``, which continues that scan at its snapshot."""
+        if after is not None:
+            doc: dict[str, Any] = {"after": after}
+        else:
+            doc = {**_query_doc(where, bbox, as_of, columns, limit),
+                   **_present(prefix=_key_doc(prefix, True), start=_key_doc(start, True), end=_key_doc(end, True))}
+        return self._send(Request.of("POST", f"/v1/tables/{_seg(table)}/scan", doc, answer="page"))
 
     def query(self, table: str, where: Where | None = None, bbox: Any = None, as_of: int | None = None,
               columns: Iterable[str] | None = None, limit: int | None = None) -> R:
@@ -257,3 +293,26 @@ class Endpoints(abc.ABC, Generic[R]):
 
 def _present(**fields: Any) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
+
+
+def key_json(v: object) -> object:
+    """A key component as JSON (and URLs) carry it: a datetime as ISO-8601 (UTC when naive), a
+    date as YYYY-MM-DD, bytes as base64, a uuid as its text; anything else as it is."""
+    if isinstance(v, dt.datetime):
+        return (v if v.tzinfo else v.replace(tzinfo=dt.timezone.utc)).isoformat()
+    if isinstance(v, dt.date):
+        return v.isoformat()
+    if isinstance(v, (bytes, bytearray)):
+        return base64.b64encode(bytes(v)).decode()
+    if isinstance(v, uuid.UUID):
+        return str(v)
+    return v
+
+
+def _key_doc(key: object, prefix: bool = False) -> object:
+    """A key (or, ``prefix``, leading components) in a JSON body."""
+    if key is None:
+        return None
+    if isinstance(key, (list, tuple)):
+        return [key_json(v) for v in key]
+    return [key_json(key)] if prefix else key_json(key)

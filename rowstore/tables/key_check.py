@@ -125,9 +125,10 @@ def _component(value: object, key: Column, text: bool) -> Key:
             except (binascii.Error, ValueError):
                 raise _bad(value, key, "is not base64") from None
         raise _bad(value, key, "is not bytes (or their base64 text)")
-    if kind == Kind.TIMESTAMP and not isinstance(value, (int, np.integer)):
+    digits = text and isinstance(value, str) and _DECIMAL.fullmatch(value) is not None  # a URL's integer
+    if kind == Kind.TIMESTAMP and not isinstance(value, (int, np.integer)) and not digits:
         value = _timestamp_of(value, key)
-    elif kind == Kind.DATE and not isinstance(value, (int, np.integer)):
+    elif kind == Kind.DATE and not isinstance(value, (int, np.integer)) and not digits:
         value = _date_of(value, key)
     v = _int64(value, key, text) if kind != Kind.UINT64 else _uint64(value, key, text)
     lo, hi = _INT_RANGES[kind]
