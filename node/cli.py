@@ -78,8 +78,27 @@ def _parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("get", parents=[out], help="one row by primary key")
     g.add_argument("name")
-    g.add_argument("key")
+    g.add_argument("key", nargs="+", help="the key; a key of several columns: its components in key order")
     g.add_argument("--as-of", type=int)
+    dl = sub.add_parser("delete", parents=[out], help="delete one row by primary key (its components in order)")
+    dl.add_argument("name")
+    dl.add_argument("key", nargs="+")
+    sc = sub.add_parser("scan", parents=[out], help="rows in key order: a key prefix, a range [start, end)")
+    ex = sub.add_parser("export", help="one scan at one snapshot to .parquet, .csv or .arrow; restartable")
+    for sp in (sc, ex):
+        sp.add_argument("name")
+        sp.add_argument("--prefix", action="append", help="a leading key component (repeat for more)")
+        sp.add_argument("--where", action="append", default=[], help="'col op value', op in = != < <= > >=")
+        sp.add_argument("--bbox", help="COL:XMIN,YMIN,XMAX,YMAX")
+        sp.add_argument("--columns", help="a,b,c")
+        sp.add_argument("--as-of", type=int)
+    sc.add_argument("--start", action="append", help="the first key's leading component (repeat for more)")
+    sc.add_argument("--end", action="append", help="the key before which the scan ends (components, repeat)")
+    sc.add_argument("--limit", type=int, help="at most this many rows")
+    ex.add_argument("file")
+    ex.add_argument("--resume", action="store_true", help="continue an interrupted export of FILE")
+    ex.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ex.add_argument("--page-rows", type=int, default=50_000, help="rows per scan page (and per saved page)")
 
     q = sub.add_parser("query", parents=[out], help="filtered read")
     q.add_argument("name")
@@ -286,7 +305,15 @@ def _q(s: str) -> str:
     return quote(s, safe="")
 
 
+def _key(parts: list[str]) -> object:
+    return parts[0] if len(parts) == 1 else parts
+
+
 def _get(c: Client, args: argparse.Namespace) -> int:
+    if args.cmd == "delete":
+        emit(c.delete(args.name, [_key(args.key)]), args.output)
+        return 0
+    args.key = _key(args.key)
     row = c.get(args.name, args.key, args.as_of)
     if row is None:
         print(f"terrascale: error: row_not_found: no row with key {args.key!r} in {args.name!r}", file=sys.stderr)
@@ -352,8 +379,17 @@ def _online(args: argparse.Namespace) -> int:
     with c:
         if args.cmd == "table":
             return _table_cmd(c, args)
-        if args.cmd == "get":
+        if args.cmd in ("get", "delete"):
             return _get(c, args)
+        if args.cmd == "scan":
+            from node.client.export import scan
+
+            return scan(c, args, [t for w in args.where for t in _parse_where(w)] or None,
+                        _parse_bbox(args.bbox) if args.bbox else None)
+        if args.cmd == "export":
+            from node.client.export import export
+
+            return export(c, args)
         if args.cmd == "query":
             return _query(c, args)
         if args.cmd in ("aggregate", "histogram"):
