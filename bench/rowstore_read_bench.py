@@ -28,8 +28,7 @@ from bench.common import Result, Timer, print_table, write_json
 from bench.rowcodec_bench import SCHEMA, sample
 from catalog.memory import MemoryCatalog
 from rowstore.codec.rows import encode_rows
-from rowstore.schema import SchemaVersion
-from rowstore.segments.sealed import SealedSegment
+from rowstore.segments.sealed import key_columns_schema, SealedSegment
 from rowstore.segments.store import SegmentStore
 from terrafs.backends.local import LocalBlockDevice, LocalObjectStore
 from terrafs.cache import BlockCache
@@ -38,7 +37,7 @@ from terrafs.sealed import SealedFile
 
 N = 300_000
 GETS = 20_000
-KEYS = SchemaVersion(0, (SCHEMA.key,), SCHEMA.key.id, 99)
+KEYS = key_columns_schema(SCHEMA)
 
 
 async def main() -> list[Result]:

@@ -150,7 +150,8 @@ def load(root: str) -> tuple[NodeProcess, dict]:
     node.wait_ready()
     info = {}
     with Client(node.base, timeout=600) as c:
-        c.create_table("bench", [{"name": col.name, "type": str(col.type)} for col in SCHEMA.columns], SCHEMA.key.name)
+        c.create_table("bench", [{"name": col.name, "type": str(col.type)} for col in SCHEMA.columns],
+                       SCHEMA.pk.names[0])
         spent = 0.0
         for off in range(0, N, CHUNK):
             t = chunk(off, min(CHUNK, N - off))

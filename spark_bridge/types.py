@@ -85,7 +85,7 @@ def select_columns(schema: SchemaVersion, names, table: str = "the table") -> li
 def decoding_schema(schema: SchemaVersion, keep: list[Column]) -> SchemaVersion:
     """``schema`` narrowed to ``keep`` plus the primary key (rows decode by column id, and a
     column the target lacks is skipped: fewer columns, less decoding)."""
-    ids = {c.id for c in keep} | {schema.primary_key}
+    ids = {c.id for c in keep} | set(schema.primary_key)
     return replace(schema, columns=tuple(c for c in schema.columns if c.id in ids))
 
 
@@ -170,9 +170,9 @@ def to_table_batch(batch: pa.RecordBatch, schema: SchemaVersion) -> pa.RecordBat
             raise BridgeError(f"column {name!r} is not a column of the table (columns: "
                               f"{', '.join(c.name for c in schema.columns)})")
         arr = _from_spark(arr, col.type, col.name)
-        if col.id == schema.primary_key:  # the node's one key check, here before anything is sent
+        if col.id in schema.primary_key:  # the node's one key check, here before anything is sent
             try:
-                arr = check_keys(arr, col, "rows", text=False)
+                arr = check_keys(arr, col, "rows", False, schema.pk.kind == "tuple")
             except RowValidationError as e:
                 raise BridgeError(f"column {name!r}: {e}") from None
         cols.append(arr)

@@ -49,8 +49,9 @@ class TerrascaleWriter(DataSourceArrowWriter):
         if extra:
             raise BridgeError(f"table {opts.table!r} has no column(s) {', '.join(extra)} "
                               f"(its columns: {', '.join(c.name for c in table.columns)})")
-        if table.key.name.lower() not in {f.name.lower() for f in schema.fields}:
-            raise BridgeError(f"the DataFrame has no column {table.key.name!r}, the table's primary key")
+        missing = [k for k in table.pk.names if k.lower() not in {f.name.lower() for f in schema.fields}]
+        if missing:
+            raise BridgeError(f"the DataFrame has no column {missing[0]!r}, of the table's primary key")
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
         from pyspark import TaskContext

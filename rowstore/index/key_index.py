@@ -276,16 +276,22 @@ class PartitionIndex:
         rest = rng.starting_at(bound)
         return visible(Run(merged.keys[:k], merged.ts[:k], merged.rowids[:k]), as_of), rest
 
-    async def scan(self, lo: np.generic | None, hi: np.generic | None, as_of: int) -> Run:
-        """Visible (key, ts, rowid) with ``lo <= key < hi`` (None: unbounded), in key order."""
-        parts = [mt.consolidated() for mt in [self.mem, *self._frozen]]
-        for _, run in self.runs:
-            if run.min_ts <= as_of:  # a run made only of later versions holds nothing visible at T
-                parts.append(await run.range(lo, hi))  # only the pages overlapping [lo, hi)
-        merged = merge_runs([p for p in parts if len(p)]) if any(len(p) for p in parts) else parts[0]
-        a = 0 if lo is None else int(np.searchsorted(merged.keys, lo, "left"))
-        b = len(merged) if hi is None else int(np.searchsorted(merged.keys, hi, "left"))
-        return visible(Run(merged.keys[a:b], merged.ts[a:b], merged.rowids[a:b]), as_of)
+    async def scan(self, as_of: int, rng: KeyRange[int] | KeyRange[bytes] | None = None) -> Run:
+        """Visible (key, ts, rowid) in ``rng`` (None: every key), in key order: all of it at
+        once (read plans, a query without an index); a scan by pages uses ``scan_chunk``."""
+        if rng is None:
+            parts = [mt.consolidated() for mt in [self.mem, *self._frozen]]
+            for _, run in self.runs:
+                if run.min_ts <= as_of:  # a run made only of later versions holds nothing visible at T
+                    parts.append(await run.range())
+            merged = merge_runs([p for p in parts if len(p)]) if any(len(p) for p in parts) else parts[0]
+            return visible(merged, as_of)
+        got: list[Run] = []
+        rest: KeyRange[int] | KeyRange[bytes] | None = rng
+        while rest is not None:
+            vis, rest = await self.scan_chunk(rest, as_of, 1 << 20)
+            got.append(vis)
+        return merge_runs(got) if len(got) > 1 and any(len(g) for g in got) else got[0]
 
     # -- checkpoint and merge -------------------------------------------------------------
 

@@ -264,13 +264,20 @@ class IndexRun:
         first = 0 if rng.lo is None else max(int(np.searchsorted(firsts, key_scalar(firsts, rng.lo), "left")) - 1, 0)
         stop = len(self._offs) if rng.hi is None else max(int(np.searchsorted(
             firsts, key_scalar(firsts, rng.hi), "right" if rng.hi_inc else "left")), 1)
+        got: list[Run] = []
         last, n = first, 0
-        while last < stop and (n < entries or last == first):
-            n += self._counts[last]
-            last += 1
-        run = _concat(await self.pages(list(range(first, last))))
-        a, b = rng.slice_of(run.keys)
-        return Run(run.keys[a:b], run.ts[a:b], run.rowids[a:b]), last < stop
+        while last < stop and n < entries:  # n: entries in the range so far (the first page may start below it)
+            upto, want = last, 0
+            while upto < stop and (want < entries - n or upto == last):
+                want += self._counts[upto]
+                upto += 1
+            run = _concat(await self.pages(list(range(last, upto))))  # pages in order: sorted
+            last = upto
+            a, b = rng.slice_of(run.keys)
+            if b > a:
+                got.append(Run(run.keys[a:b], run.ts[a:b], run.rowids[a:b]))
+                n += b - a
+        return (_concat(got) if got else _empty(self.kind)), last < stop
 
     async def _scan_all(self) -> Run:
         """Every entry: the pages' bytes in one read, parsed in a worker thread — a full scan

@@ -30,8 +30,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rowstore.errors import QueryError
-from rowstore.tables.key_check import check_key, show
-from rowstore.schema import Column, SchemaVersion
+from rowstore.tables.key_check import Key, check_key, show
+from rowstore.tables.keys import KeyRange, bounded_range
+from rowstore.schema import Column, PrimaryKey, SchemaVersion
 from rowstore.types import Kind
 
 OPS = ("=", "!=", "<", "<=", ">", ">=")
@@ -113,6 +114,31 @@ def fold_ranges(preds: Iterable[Term | BBox]) -> list[Term | BBox]:
         hi = highs.pop(cid, None)
         rest.append(lo if hi is None else Between(lo.column, lo.op, lo.value, hi))
     return rest + list(highs.values())
+
+
+def key_bounds(pk: PrimaryKey, terms: Iterable[Term]) -> tuple[list[Key], KeyRange[int] | KeyRange[bytes]]:
+    """What ``where`` terms say of the key: the leading components ``=`` fixes, and the key
+    range they and the next component's bounds allow (every row a read may keep is in it).
+    A scan of that range reads only the keys the terms can match — and, when the fixed
+    components cover the partition key, only their partition."""
+    by_col: dict[int, list[Term]] = {}
+    for t in terms:
+        by_col.setdefault(t.column.id, []).append(t)
+    equal: list[Key] = []
+    for c in pk.columns:
+        eq = [t for t in by_col.get(c.id, []) if t.op == "="]
+        if not eq:
+            break
+        equal.append(cast(Key, eq[0].value))
+    lower = upper = None
+    if len(equal) < len(pk.columns):
+        for t in by_col.get(pk.columns[len(equal)].id, []):
+            v = cast(Key, t.value)
+            if t.op in (">", ">=") and (lower is None or v > lower[0]):  # type: ignore[operator]
+                lower = (v, t.op == ">=")
+            elif t.op in ("<", "<=") and (upper is None or v < upper[0]):  # type: ignore[operator]
+                upper = (v, t.op == "<=")
+    return equal, bounded_range(pk, equal, lower, upper)
 
 
 @dataclass(frozen=True)

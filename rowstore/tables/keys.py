@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Generic, TypeVar, cast
+from typing import Any, Callable, Generic, TypeVar, cast
 
 import numba
 import numpy as np
@@ -294,3 +294,29 @@ def _lower(r: KeyRange[K], lo: K) -> KeyRange[K]:
 
 def _upper(r: KeyRange[K], hi: K) -> KeyRange[K]:
     return r if r.hi is not None and (r.hi < hi or r.hi == hi and not r.hi_inc) else KeyRange(r.lo, r.lo_inc, hi, False)
+
+
+def bounded_range(pk: PrimaryKey, equal: Sequence[Key], lower: tuple[Key, bool] | None = None,
+                  upper: tuple[Key, bool] | None = None) -> KeyRange[int] | KeyRange[bytes]:
+    """The keys whose leading components are ``equal`` and whose next component lies within
+    ``lower`` and ``upper`` (each a value and whether it is included): what a read's ``where``
+    terms on the key's leading columns allow (docs/format/keys.md, "A prefix bounds its keys")."""
+    n = len(equal)
+    if pk.kind != "tuple":  # one column; Any: an int or bytes, by the kind (one type per range)
+        if n:
+            k: Any = encode_one(equal[0], pk.kind)
+            return KeyRange(k, True, k, True)
+        lo: Any = None if lower is None else encode_one(lower[0], pk.kind)
+        hi: Any = None if upper is None else encode_one(upper[0], pk.kind)
+        return KeyRange(lo, lower is None or lower[1], hi, upper is not None and upper[1])
+    kinds = _kinds(pk)
+    p = encode_tuple(equal, kinds[:n], end=False)
+    r: KeyRange[bytes] = KeyRange(p or None, True, prefix_end(p) if p else None, False)
+    if n < len(kinds):
+        if lower is not None:
+            b = encode_tuple([*equal, lower[0]], kinds[: n + 1], end=False)
+            r = replace(r, lo=b if lower[1] else prefix_end(b), lo_inc=True)
+        if upper is not None:
+            b = encode_tuple([*equal, upper[0]], kinds[: n + 1], end=False)
+            r = replace(r, hi=prefix_end(b) if upper[1] else b, hi_inc=False)
+    return r

@@ -33,8 +33,8 @@ from rowstore.codec.rows import encode_rows
 from rowstore.reads.external import read_segment
 from rowstore.reads.plan import SegmentSlice, visible_bitmap
 from rowstore.reads.predicates import parse_bbox, parse_where
+from rowstore.segments.sealed import key_columns_schema, sealed_bytes
 from rowstore.schema import SchemaVersion, parse_schema
-from rowstore.segments.sealed import sealed_bytes
 from terrafs import crypto
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.blocks import HEADER_LEN, Codec
@@ -137,7 +137,7 @@ def _seeded_randomness(seed: int):
 
 
 async def _write(commits, schemas, codec: Codec, kek: KeyEncryptionKey | None, segid: int) -> bytes:
-    keys = SchemaVersion(0, (schemas[1].key,), schemas[1].key.id, 99)
+    keys = key_columns_schema(schemas[1])
 
     async def batches():
         for c in commits:

@@ -193,7 +193,7 @@ class Aggregator:
             if cands is not None:
                 narrow = cands
                 ids, cands = await asyncio.to_thread(lambda: self._narrowed(part, ids, narrow())), None
-            keep = {d.id for d in decode} | {c.d.schema.primary_key}
+            keep = {d.id for d in decode} | set(c.d.schema.primary_key)
             target = replace(c.d.schema, columns=tuple(x for x in c.d.schema.columns if x.id in keep))
             if len(ids):
                 decoded = (await fetch(self.reader.store, ids, c.schemas, target, f"table {c.d.name!r} "

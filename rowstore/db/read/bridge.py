@@ -10,9 +10,10 @@ import pyarrow as pa
 
 from rowstore.errors import ConflictError, HistoryPurgedError, QueryError, UnavailableError
 from rowstore.reads.plan import ReadPlan, SegmentSlice, visible_bitmap
-from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
+from rowstore.reads.predicates import batch_mask, key_bounds, parse_bbox, parse_where
 from rowstore.rowids import split_rowids
 from rowstore.schema import SchemaVersion
+from rowstore.tables.keys import partition_of_key
 from rowstore.segments.fetch import fetch
 from rowstore.segments.records import SegState
 from rowstore.segments.store import SegmentStore
@@ -52,12 +53,17 @@ class ExternalReads:
         preds = terms + ([box] if box is not None else [])
         by_seg: dict[int, list[np.ndarray]] = {}
         parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
+        pk = c.d.schema.pk
+        equal, keys = key_bounds(pk, terms)  # the key range the terms allow; one partition when they name it
+        if len(equal) >= pk.partition_columns:
+            one = partition_of_key(pk, equal, len(c.table.parts))
+            parts = [p for p in parts if p.pid == one]
         if any(p.pid not in c.table.owned for p in parts):
             assert partitions is not None  # the served ones are owned
             raise UnavailableError(f"table {name!r}: partitions {sorted(set(partitions) - c.table.owned)} "
                                    "are not served by this node")
         for part in parts:
-            ids = (await part.index.scan(None, None, c.T)).rowids
+            ids = (await part.index.scan(c.T, keys)).rowids
             cands, _ = candidates(part, preds)
             if cands is not None:
                 ids = np.intersect1d(ids, cands, assume_unique=True)
@@ -121,7 +127,7 @@ class ExternalReads:
         if not 0 <= partition < len(c.table.parts):
             raise QueryError(f"table {name!r} has partitions 0..{len(c.table.parts) - 1}")
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
-        ids = (await c.table.parts[partition].index.scan(None, None, c.T)).rowids
+        ids = (await c.table.parts[partition].index.scan(c.T)).rowids
         if sealed is not None:
             offloaded = set(sealed)
         else:

@@ -325,7 +325,7 @@ class Reader:
         """Visible rows in key order, fetched in growing chunks until ``limit`` of them match:
         the answer is the first ``limit`` keys overall, so no partition needs more."""
         assert c.d.schema is not None  # describe() refuses a dropped table
-        ids = (await part.index.scan(None, None, c.T)).rowids  # key order
+        ids = (await part.index.scan(c.T)).rowids  # key order
         keep = await self.zone_mask(c, ids, terms, box)
         if keep is not None:
             ids = ids[keep]

@@ -40,7 +40,7 @@ def plan_rows(c, plan) -> pa.Table:
         batches += call(c, f"/v1/tables/{plan['table']}/tail", {"partition": p, "as_of": plan["as_of"]},
                         arrow=True).to_batches()
     t = pa.Table.from_batches(batches, schema=target.arrow())
-    return t.sort_by([(target.key.name, "ascending")])
+    return t.sort_by([(k, "ascending") for k in target.pk.names])
 
 
 def test_plan_tail_changes_and_leases(node):

@@ -32,8 +32,8 @@ def _full(rows, schema=SCHEMA) -> list[bytes]:
 
 
 def _tomb_full(key, schema=SCHEMA) -> bytes:
-    karr = check_keys([key], schema.key)
-    cols = [karr if c.id == schema.primary_key else _filler(c, 1) for c in schema.columns]
+    karr = check_keys([key], schema.pk.columns[0])
+    cols = [karr if c.id in schema.primary_key else _filler(c, 1) for c in schema.columns]
     b = pa.RecordBatch.from_arrays(cols, schema=schema.arrow())
     return encode_rows(b, schema, 0, np.ones(1, bool)).buf.tobytes()
 

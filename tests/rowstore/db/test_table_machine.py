@@ -100,7 +100,7 @@ class TableMachine(RuleBasedStateMachine):
             row = {}
             for c in s.columns:
                 t = str(c.type)
-                if c.id == s.primary_key:
+                if c.id in s.primary_key:
                     row[c.id] = k
                 elif t == "point":
                     row[c.id] = None if i % 7 == 3 else {"x": float(vals[i] % 10), "y": float(vals[-i - 1] % 10)}
@@ -113,7 +113,7 @@ class TableMachine(RuleBasedStateMachine):
             rows.append(row)
         table = pa.table({c.name: pa.array([r[c.id] for r in rows], c.type.arrow()) for c in s.columns})
         res = self.run(self.db.upsert("t", table))
-        self.model.writes.append((res.commit_ts, {r[s.primary_key]: r for r in rows}))
+        self.model.writes.append((res.commit_ts, {r[s.primary_key[0]]: r for r in rows}))
 
     @rule(keys=KEYS)
     def delete(self, keys):

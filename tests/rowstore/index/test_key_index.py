@@ -9,7 +9,7 @@ from catalog.abc import Put
 from catalog.memory import MemoryCatalog
 from rowstore.index.key_memtable import Run
 from rowstore.rowids import TOMBSTONE
-from rowstore.tables.keys import decode_keys, encode_keys
+from rowstore.tables.keys import KeyRange, decode_keys, encode_keys
 from rowstore.index.key_index import PartitionIndex
 from rowstore.index.key_purge import purge
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
@@ -61,7 +61,7 @@ async def check(idx, model, times, keys=range(-205, 205, 7)):
     for t in times:
         for k in keys:
             assert await idx.get(int(enc([k])[0]), t) == model.at(k, t), (k, t)
-        run = await idx.scan(None, None, t)
+        run = await idx.scan(t)
         want = sorted((k, model.at(k, t)) for k in model.v if model.at(k, t))
         assert list(zip(decode_keys(run.keys, "int64"), run.rowids.tolist())) == want
         assert (await idx.visible_rowids(t)).tolist() == sorted(r for _, r in want)
@@ -199,9 +199,19 @@ async def test_range_scans_read_only_overlapping_pages_and_match_the_model():
     for _ in range(40):
         lo, hi = sorted(rng.sample(range(-220, 220), 2))
         t = rng.randrange(100, ts + 2)
-        got = await idx.scan(enc([lo])[0], enc([hi])[0], t)
+        rng_ = KeyRange(int(enc([lo])[0]), True, int(enc([hi])[0]), False)
+        got = await idx.scan(t, rng_)
         want = [(k, m.at(k, t)) for k in range(lo, hi) if m.at(k, t)]
         assert list(zip(decode_keys(got.keys, "int64"), got.rowids.tolist())) == want, (lo, hi, t)
+        rounds, rest, entries = [], rng_, rng.randrange(1, 40)  # the same range by small rounds (scans)
+        while rest is not None:
+            vis, nxt = await idx.scan_chunk(rest, t, entries)
+            if nxt is not None and not len(vis) and nxt.lo == rest.lo:
+                entries *= 2  # one key's versions fill a round
+                continue
+            rounds += list(zip(decode_keys(vis.keys, "int64"), vis.rowids.tolist()))
+            rest = nxt
+        assert rounds == want, (lo, hi, t, entries)
 
 
 async def test_a_stale_server_collects_nothing_once_another_claimed_the_manifest(monkeypatch):

@@ -22,7 +22,7 @@ async def plan_rows(db, plan: ReadPlan, where=None, bbox=None) -> pa.Table:
     for p in plan.tail:
         out.extend((await db.tail(plan.table, p, plan.as_of, where, bbox)).to_batches())
     t = pa.Table.from_batches(out, schema=target.arrow()) if out else target.arrow().empty_table()
-    return t.sort_by([(target.key.name, "ascending")]) if t.num_rows else t
+    return t.sort_by([(k, "ascending") for k in target.pk.names]) if t.num_rows else t
 
 
 async def test_plan_equals_query_now_and_in_the_past():

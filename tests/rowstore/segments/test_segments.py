@@ -9,8 +9,8 @@ from catalog.memory import MemoryCatalog
 from rowstore.segments.active import ActiveSegment
 from rowstore.rowids import split_rowids
 from rowstore.errors import RowCorruptionError
-from rowstore.schema import SchemaVersion, parse_schema
-from rowstore.segments.sealed import FOOTER_LEN, LEAF_CAP, Footer, SealedSegment, sealed_bytes
+from rowstore.segments.sealed import key_columns_schema, FOOTER_LEN, LEAF_CAP, Footer, SealedSegment, sealed_bytes
+from rowstore.schema import parse_schema
 from rowstore.segments.wal import RecordKind, U64
 from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
@@ -19,7 +19,7 @@ from terrafs.fs import FsConfig, TerrascaleFS
 S1 = parse_schema("id int64 primary key, lat float64, name string")
 S2 = S1.add_column("alt", "float32")
 SCHEMAS = {1: S1, 2: S2}
-KEYS = SchemaVersion(0, (S1.key,), S1.key.id, 99)
+KEYS = key_columns_schema(S1)
 
 
 def batch(lo, hi, schema=S1):
@@ -133,7 +133,7 @@ async def test_footer_min_max_keys_for_string_and_int_keys():
         ("id int64 primary key, v int64", [5, -3, 9], flip(-3), flip(9)),
     ):
         s = parse_schema(text)
-        keys_schema = SchemaVersion(0, (s.key,), s.key.id, 99)
+        keys_schema = key_columns_schema(s)
         w = await new_world()
         af = await w.fs.create()
         seg = ActiveSegment(4, af, af.where)

@@ -9,13 +9,15 @@ import java.util.ArrayList;
 import java.util.List;
 
 /**
- * A schema version (rowstore/schema.py ``SchemaVersion``): its number, primary key and columns in
- * order — rows of the version are laid out in this order (docs/format/segment.md §1).
+ * A schema version (rowstore/schema.py ``SchemaVersion``): its number, primary key (its column ids
+ * in key order: one for a key of one column, several for a composite key, docs/format/keys.md) and
+ * columns in order — rows of the version are laid out in this order (docs/format/segment.md §1).
  */
-public record Schema(int version, int primaryKey, List<Column> columns) implements Serializable {
+public record Schema(int version, List<Integer> primaryKey, List<Column> columns) implements Serializable {
     private static final ObjectMapper JSON = new ObjectMapper();
 
     public Schema {
+        primaryKey = List.copyOf(primaryKey);
         columns = List.copyOf(columns);
     }
 
@@ -28,7 +30,14 @@ public record Schema(int version, int primaryKey, List<Column> columns) implemen
                 cols.add(Column.of(required(c, "id").asInt(), required(c, "name").asText(), required(c, "type").asText(),
                         required(c, "nullable").asBoolean()));
             }
-            return new Schema(required(d, "version").asInt(), required(d, "primary_key").asInt(), cols);
+            JsonNode pk = required(d, "primary_key");
+            List<Integer> keys = new ArrayList<>();
+            if (pk.isArray()) {
+                for (JsonNode k : pk) keys.add(k.asInt());
+            } else {
+                keys.add(pk.asInt());  // a key of one column, as schemas were written before composite keys
+            }
+            return new Schema(required(d, "version").asInt(), keys, cols);
         } catch (IOException e) {
             throw new BridgeException("the node sent a schema that is not JSON: " + e.getMessage(), e);
         }
