@@ -113,6 +113,8 @@ class Request:
         if self.answer == "page":  # an Arrow page of a scan, its snapshot and next cursor in headers
             h = {k.lower(): v for k, v in (headers or {}).items()}
             return ScanResult(read_arrow(body), int(h.get("x-terrascale-as-of", "0")), h.get("x-terrascale-next"))
+        if self.answer == "arrow":
+            return read_arrow(body)
         return body.decode() if self.answer == "text" else json.loads(body)
 
 
