@@ -47,6 +47,7 @@ FORWARDED = "X-Terrascale-Forwarded-By"
 INCARNATION = "X-Terrascale-Incarnation"  # the calling process (a restarted node is a new one)
 PLACE_TTL_S = 2.0
 _HOP_HEADERS = ("Authorization", "Content-Type", "Accept")
+_ANSWER_HEADERS = ("Content-Type", "X-Terrascale-As-Of", "X-Terrascale-Next")  # a forwarded answer keeps these
 
 
 class RemoteError(ApiError):
@@ -291,6 +292,5 @@ class Cluster:
             if status == 421:
                 raise ConnectionError(f"node {owner} no longer serves this and the placement moved again; retry")
             return web.Response(status=status, body=payload,
-                                headers={k: v for k, v in rheaders.items()
-                                         if k in ("Content-Type", "X-Terrascale-As-Of")})
+                                headers={k: v for k, v in rheaders.items() if k in _ANSWER_HEADERS})
         raise ConnectionError("the placement changed twice while forwarding")
