@@ -244,6 +244,11 @@ class Database:
             last = page.last if page.last is not None else last
         return pa.concat_tables(parts), T
 
+    async def get_dicts(self, name: str, keys: Sequence[object], as_of: int | None = None,
+                        columns: list[str] | None = None) -> tuple[int, list[dict[str, Any] | None]]:
+        """Many rows by key, in the order asked, as dicts (``Reader.get_dicts``)."""
+        return await self.reader.get_dicts(name, keys, as_of, columns)
+
     def scan_partitions(self, d: TableDef, prefix: Sequence[Key]) -> list[int]:
         """The partitions a scan of ``prefix`` (checked components) reads: one, or all."""
         return self.reader.scan_partitions(d, prefix)

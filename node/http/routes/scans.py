@@ -11,7 +11,7 @@ from node.errors import ApiError
 from node.http.api import Api
 from node.http.cursors import Cursor, CursorKeys
 from node.http.params import as_of_value, bound, json_object, off_loop_if_big, where_terms
-from node.wire import ARROW_STREAM, table_to_rows, write_arrow_stream
+from node.wire import ARROW_STREAM, row_to_json, table_to_rows, write_arrow_stream
 from rowstore.db.read.reader import ScanPage
 
 NEXT = "X-Terrascale-Next"  # an Arrow page's cursor (JSON answers carry it as "next")
@@ -82,10 +82,16 @@ async def get_many(api: Api, request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "bad_request", '"keys" must be a list of primary keys')
     if len(keys) > MAX_PAGE:
         raise ApiError(413, "too_large", f"{len(keys)} keys; a request takes at most {MAX_PAGE}")
+    columns, as_of = doc.get("columns"), as_of_value(doc.get("as_of"))
+    if not api.multi:  # the point-read path per key: cached blocks, generated decoders
+        T, found = await api.db.get_dicts(table, keys, as_of, columns)
+        schema = (await api.db.describe(table, T, trusted=True)).schema
+        return web.json_response({"as_of": T, "rows": [None if r is None else row_to_json(r, schema)
+                                                        for r in found]})
     d = await api.db.describe(table)
-    T, rows = await api.spread.get_many(d, keys, doc.get("columns"), as_of_value(doc.get("as_of")))
+    T, rows = await api.spread.get_many(d, keys, columns, as_of)
     out: list[dict[str, Any] | None] = [None] * len(keys)
-    found = await off_loop_if_big(rows.nbytes, table_to_rows, rows.drop_columns(["__pos"]))
-    for pos, row in zip(rows.column("__pos").to_pylist(), found):
+    got = await off_loop_if_big(rows.nbytes, table_to_rows, rows.drop_columns(["__pos"]))
+    for pos, row in zip(rows.column("__pos").to_pylist(), got):
         out[pos] = row
     return web.json_response({"as_of": T, "rows": out})
