@@ -264,10 +264,59 @@ class Reader:
         if any(p not in c.table.owned for p in pids):
             raise UnavailableError(f"table {name!r}: partitions {sorted(set(pids) - c.table.owned)} are not "
                                    "served by this node")
-        got = [] if rng.empty() or limit == 0 else \
-            [await self._scan_partition(c, c.table.parts[p], rng, terms, box, limit) for p in pids]
-        return merge_pages([ScanPage(t.select(columns) if columns is not None else t, k, c.T, more)
-                            for t, k, more in got], limit, c.d.schema, columns, c.T)
+        if rng.empty() or limit == 0 or not pids:
+            return merge_pages([], limit, c.d.schema, columns, c.T)
+        if len(pids) == 1:
+            t, k, more = await self._scan_partition(c, c.table.parts[pids[0]], rng, terms, box, limit)
+            page = ScanPage(t, k, c.T, more)
+        else:
+            page = await self._merged(c, pids, rng, terms, box, limit)
+        return ScanPage(page.rows.select(columns) if columns is not None else page.rows, page.keys, c.T, page.more)
+
+    async def _merged(self, c: ReadContext, pids: list[int], rng: KeyRange[int] | KeyRange[bytes],
+                      terms: list[Term], box: BBox | None, limit: int) -> ScanPage:
+        """A page of several partitions merged in key order, each read in rounds of a share of
+        the page: rows below the smallest last key of the partitions not exhausted are final
+        (none of those partitions holds a smaller key it has not read), so each row is read
+        about once — not every partition's whole page to keep one partition's share of it."""
+        schema = c.d.schema
+        assert schema is not None  # a described table
+        per = max(2 * limit // len(pids), 64)
+        bufs: dict[int, tuple[pa.Table, np.ndarray]] = {}
+        ranges: dict[int, KeyRange[int] | KeyRange[bytes]] = dict.fromkeys(pids, rng)
+        done: set[int] = set()
+        out: list[ScanPage] = []
+        n = 0
+        while n < limit:
+            for p in pids:
+                if p not in done and (p not in bufs or not len(bufs[p][1])):
+                    t, k, more = await self._scan_partition(c, c.table.parts[p], ranges[p], terms, box, per)
+                    bufs[p] = (t, k)
+                    if more and len(k):
+                        last: Any = int(k[-1]) if k.dtype == np.uint64 else bytes(k[-1])  # the range's key type
+                        ranges[p] = ranges[p].after(last)
+                    else:
+                        done.add(p)
+            live = [p for p in pids if len(bufs[p][1])]
+            if not live:
+                break
+            open_ = [bufs[p][1][-1] for p in pids if p not in done]
+            cut = min(open_) if open_ else None
+            final: list[ScanPage] = []
+            for p in live:
+                t, k = bufs[p]
+                j = len(k) if cut is None else int(np.searchsorted(k, cut, "right"))
+                final.append(ScanPage(t.slice(0, j), k[:j], c.T, False))
+                bufs[p] = (t.slice(j), k[j:])
+            page = merge_pages(final, limit - n, schema, None, c.T)
+            out.append(page)
+            n += page.rows.num_rows
+            if page.more:  # the merged rows ran past the page: rows are left
+                break
+        left = n >= limit and (len(done) < len(pids) or any(len(bufs[p][1]) for p in pids))
+        merged = merge_pages(out, limit, schema, None, c.T) if len(out) > 1 else out[0] if out else \
+            merge_pages([], limit, schema, None, c.T)
+        return ScanPage(merged.rows, merged.keys, c.T, left or merged.more)
 
     def scan_partitions(self, d: TableDef, prefix: Sequence[Key], table: Table | None = None) -> list[int]:
         """The partitions a scan reads: the one its prefix picks when the prefix covers the
