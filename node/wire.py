@@ -44,6 +44,7 @@ from rowstore.reads.predicates import timestamp_us
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import LOGICAL_KEY, ColumnType, Kind
 from node.errors import NodeError
+from node.iso_times import iso_strings
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _INT_RANGE = {
@@ -329,7 +330,7 @@ def table_to_rows(t: pa.Table) -> list[dict[str, Any]]:
 def column_to_json(arr: pa.Array, ct: ColumnType | None) -> list[Any]:
     k = ct.kind if ct is not None else None
     if pa.types.is_timestamp(arr.type):
-        return _ts_strings(arr)
+        return iso_strings(arr)
     if pa.types.is_date(arr.type):
         dates: list[Any] = arr.cast(pa.string()).to_pylist()
         return dates
@@ -342,7 +343,7 @@ def column_to_json(arr: pa.Array, ct: ColumnType | None) -> list[Any]:
     if pa.types.is_floating(arr.type):
         return [_float_out(x) for x in arr.to_pylist()]
     if k == Kind.RANGE and ct is not None and ct.elem == Kind.TIMESTAMP:
-        lo, hi = _ts_strings(arr.field("lower")), _ts_strings(arr.field("upper"))
+        lo, hi = iso_strings(arr.field("lower")), iso_strings(arr.field("upper"))
         vals = arr.to_pylist()
         return [None if v is None else dict(v, lower=a, upper=b) for v, a, b in zip(vals, lo, hi)]
     if k in (Kind.POINT, Kind.BOX, Kind.RANGE):
@@ -350,15 +351,6 @@ def column_to_json(arr: pa.Array, ct: ColumnType | None) -> list[Any]:
                 for v in arr.to_pylist()]
     values: list[Any] = arr.to_pylist()
     return values
-
-
-def _ts_strings(arr: pa.Array) -> list[str | None]:
-    if not pa.types.is_timestamp(arr.type):
-        arr = arr.cast(pa.timestamp("us", tz="UTC"))
-    elif arr.type.tz is None or arr.type.unit != "us":
-        arr = arr.cast(pa.timestamp("us", tz="UTC"))
-    out: list[str | None] = pc.strftime(arr, format="%Y-%m-%dT%H:%M:%SZ").to_pylist()
-    return out
 
 
 def _float_out(x: float | None) -> float | str | None:

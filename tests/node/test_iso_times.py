@@ -1,0 +1,45 @@
+"""The numba ISO-8601 writer against Arrow's strftime (the formatting it replaces): the same
+text for every microsecond timestamp, nulls, years outside 0001-9999 and other zones/units."""
+from __future__ import annotations
+
+import datetime as dt
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from hypothesis import given, settings, strategies as st
+
+from node.iso_times import iso_strings
+
+_US = pa.timestamp("us", tz="UTC")
+
+
+def _arrow(arr: pa.Array) -> list[str | None]:
+    return pc.strftime(arr.cast(_US), format="%Y-%m-%dT%H:%M:%SZ").to_pylist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.integers(-62135596800000000, 253402300799999999)), max_size=50))
+def test_same_text_as_arrow(values):
+    arr = pa.array(values, _US)
+    assert iso_strings(arr) == _arrow(arr)
+
+
+def test_known_answers_and_edges():
+    arr = pa.array([0, -1, 951782400000000, 1782907200123456, -62135596800000000, 253402300799999999], _US)
+    assert iso_strings(arr) == [
+        "1970-01-01T00:00:00.000000Z", "1969-12-31T23:59:59.999999Z", "2000-02-29T00:00:00.000000Z",
+        "2026-07-01T12:00:00.123456Z", "0001-01-01T00:00:00.000000Z", "9999-12-31T23:59:59.999999Z"]
+
+
+def test_other_units_and_zones_are_utc_microseconds():
+    t = dt.datetime(2026, 5, 1, 12, 0, 0, 500000, tzinfo=dt.timezone.utc)
+    for typ in (pa.timestamp("ms", tz="UTC"), pa.timestamp("us"), pa.timestamp("s", tz="Europe/Berlin"),
+                pa.timestamp("ns", tz="America/New_York")):
+        arr = pa.array([t.replace(microsecond=0 if typ.unit == "s" else 500000)], typ)
+        assert iso_strings(arr) == _arrow(arr)
+    assert iso_strings(pa.array([], _US)) == []
+
+
+def test_years_past_9999_take_arrows_text():
+    arr = pa.array([253402300800000000, None, 0], _US)
+    assert iso_strings(arr) == _arrow(arr)
