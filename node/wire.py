@@ -44,7 +44,7 @@ from rowstore.reads.predicates import timestamp_us
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import LOGICAL_KEY, ColumnType, Kind
 from node.errors import NodeError
-from node.iso_times import iso_strings
+from node.json_columns import iso_strings, rows_of_columns
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _INT_RANGE = {
@@ -323,8 +323,9 @@ def table_to_rows(t: pa.Table) -> list[dict[str, Any]]:
     for field, arr in zip(t.schema, t.columns):
         ct = column_type(field)
         cols[field.name] = column_to_json(arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr, ct)
-    names = list(cols)
-    return [dict(zip(names, vals)) for vals in zip(*cols.values())] if names else [{} for _ in range(t.num_rows)]
+    if not cols:
+        return [{} for _ in range(t.num_rows)]
+    return rows_of_columns(list(cols), list(cols.values()))
 
 
 def column_to_json(arr: pa.Array, ct: ColumnType | None) -> list[Any]:
@@ -341,6 +342,9 @@ def column_to_json(arr: pa.Array, ct: ColumnType | None) -> list[Any]:
     if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type) or pa.types.is_fixed_size_binary(arr.type):
         return [None if b is None else base64.b64encode(b).decode() for b in arr.to_pylist()]
     if pa.types.is_floating(arr.type):
+        if pc.all(pc.is_finite(arr)).as_py() in (True, None):  # no NaN or infinity: the values as they are
+            floats: list[Any] = arr.to_pylist()
+            return floats
         return [_float_out(x) for x in arr.to_pylist()]
     if k == Kind.RANGE and ct is not None and ct.elem == Kind.TIMESTAMP:
         lo, hi = iso_strings(arr.field("lower")), iso_strings(arr.field("upper"))

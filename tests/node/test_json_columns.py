@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import given, settings, strategies as st
 
-from node.iso_times import iso_strings
+from node.json_columns import iso_strings, rows_of_columns
 
 _US = pa.timestamp("us", tz="UTC")
 
@@ -43,3 +43,16 @@ def test_other_units_and_zones_are_utc_microseconds():
 def test_years_past_9999_take_arrows_text():
     arr = pa.array([253402300800000000, None, 0], _US)
     assert iso_strings(arr) == _arrow(arr)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(), min_size=1, max_size=6), st.integers(0, 5))
+def test_rows_of_columns_are_dicts_of_the_columns(names, n):
+    cols = [[f"{j}:{i}" for i in range(n)] for j in range(len(names))]
+    assert rows_of_columns(names, cols) == [dict(zip(names, vals)) for vals in zip(*cols)]
+
+
+def test_a_name_is_never_code():
+    names = ["'); import os; os._exit(1); ('", "a\\", '"\n', "__import__('os')"]
+    assert rows_of_columns(names, [[1], [2], [3], [4]]) == [dict(zip(names, [1, 2, 3, 4]))]
+    assert rows_of_columns([], []) == []
