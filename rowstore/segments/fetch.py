@@ -112,7 +112,8 @@ async def _by_scan(store: SegmentStore, segid: int, locs: np.ndarray, schemas: C
         if len(m) < n:
             m = np.r_[m, np.zeros(n - len(m), bool)]
         if m.any():
-            parts.append(take(d, np.flatnonzero(m)))
+            idx = np.flatnonzero(m)
+            parts.append(_slice(d, int(idx[0]), len(idx)) if idx[-1] - idx[0] + 1 == len(idx) else take(d, idx))
         base += n
         if base >= len(want):
             break
@@ -121,6 +122,13 @@ async def _by_scan(store: SegmentStore, segid: int, locs: np.ndarray, schemas: C
 
 def take(d: Decoded, idx: np.ndarray) -> Decoded:
     return Decoded(d.batch.take(pa.array(idx)), d.commit_ts[idx], d.deleted[idx], d.schema_ver[idx])
+
+
+def _slice(d: Decoded, a: int, n: int) -> Decoded:
+    """Rows ``a..a+n`` of ``d`` without copying (a stretch of a segment wanted whole)."""
+    if a == 0 and n == d.batch.num_rows:
+        return d
+    return Decoded(d.batch.slice(a, n), d.commit_ts[a : a + n], d.deleted[a : a + n], d.schema_ver[a : a + n])
 
 
 def concat(parts: list[Decoded], target: SchemaVersion) -> Decoded:

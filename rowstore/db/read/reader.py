@@ -346,11 +346,7 @@ class Reader:
             rest, entries = nxt, min(2 * entries, _MAX_ROUND)
             if not len(vis):
                 continue
-            order = np.argsort(vis.rowids, kind="stable")
-            rows = await fetch(self.store, vis.rowids[order], c.schemas, schema, _where(c, part))
-            inv = np.empty_like(order)
-            inv[order] = np.arange(len(order))
-            batch, ks = rows.batch.take(pa.array(inv)), vis.keys  # back in key order
+            batch, ks = await self._in_key_order(c, part, vis.rowids), vis.keys
             if terms or box is not None:
                 m = np.asarray(batch_mask(batch, terms, box), bool)
                 batch, ks = batch.filter(pa.array(m)), ks[m]
@@ -362,6 +358,18 @@ class Reader:
                 return pa.Table.from_batches(batches), np.concatenate(keys), True
         table = pa.Table.from_batches(batches, schema=schema.arrow())
         return table, np.concatenate(keys) if keys else _no_keys(part.kind), rest is not None
+
+    async def _in_key_order(self, c: ReadContext, part: Partition, rowids: np.ndarray) -> pa.RecordBatch:
+        """The rows of ``rowids`` (in key order) in that order: fetched in rowid order, put back
+        unless the rowids rise already (a source's readings are appended in time order)."""
+        assert c.d.schema is not None  # a described table
+        if len(rowids) < 2 or bool((rowids[1:] > rowids[:-1]).all()):
+            return (await fetch(self.store, rowids, c.schemas, c.d.schema, _where(c, part))).batch
+        order = np.argsort(rowids, kind="stable")
+        rows = await fetch(self.store, rowids[order], c.schemas, c.d.schema, _where(c, part))
+        inv = np.empty_like(order)
+        inv[order] = np.arange(len(order))
+        return rows.batch.take(pa.array(inv))
 
     async def query(self, name: str, where: list[Any] | None = None, bbox: dict[str, Any] | None = None,
                     columns: list[str] | None = None, limit: int | None = 10_000, as_of: int | None = None,
