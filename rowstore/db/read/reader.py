@@ -5,6 +5,7 @@ deletion (RFC 0003). Point gets take a scalar path; many keys, ranges and querie
 vectorized, the column index narrowing candidates that are then re-checked exactly."""
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ import pyarrow as pa
 from rowstore.codec.point_decoder import PointDecoder
 from rowstore.errors import FutureTimestampError, HistoryPurgedError, QueryError, UnavailableError
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
-from rowstore.tables.keys import (KeyRange, encode_columns, encode_key, encode_one, key_arrays, key_range,
+from rowstore.tables.keys import (KeyRange, encode_columns, encode_one, key_and_partition, key_arrays, key_range,
                                   partition_of_key, partition_one, partitions_of)
 from rowstore.reads.zones import keep_mask, segments_of
 from rowstore.reads.predicates import BBox, Term, batch_mask, fold_ranges, parse_bbox, parse_where
@@ -161,19 +162,28 @@ class Reader:
         if missing:
             raise UnavailableError(f"table {name!r}: partitions {missing} are not served by this node")
         self.leases_of(pt.d.table_id, {pid for _, pid in located})
-        out: list[dict[str, Any] | None] = []
-        for k, pid in located:
-            part = pt.parts[pid]
-            rowid = part.index.get_cached(k, T)
-            if rowid is None:
-                rowid = await part.index.get(k, T)
-            if rowid == 0:
-                out.append(None)
-                continue
-            raw, where = self.store.row_bytes_cached(rowid) or await self.store.row_bytes(
-                rowid, f"table {name!r} partition {pid}")
-            row = pt.decode(raw, where)
-            out.append(row if columns is None else {c: row[c] for c in columns})
+        out: list[dict[str, Any] | None] = [None] * len(located)
+        cold: list[int] = []  # keys whose index page or row block is not in memory
+        for i, (k, pid) in enumerate(located):
+            rowid = pt.parts[pid].index.get_cached(k, T)
+            hit = self.store.row_bytes_cached(rowid) if rowid else None
+            if rowid is None or (rowid and hit is None):
+                cold.append(i)
+            elif hit is not None:
+                out[i] = _project(pt.decode(*hit), columns)
+
+        async def read(i: int, gate: asyncio.Semaphore) -> None:
+            async with gate:
+                k, pid = located[i]
+                rowid = await pt.parts[pid].index.get(k, T)
+                if rowid:
+                    raw, where = await self.store.row_bytes(rowid, f"table {name!r} partition {pid}")
+                    out[i] = _project(pt.decode(raw, where), columns)
+        if cold:  # their reads overlap: each waits on an object or the disk cache, off the loop
+            gate = asyncio.Semaphore(_COLD_READS)
+            async with asyncio.TaskGroup() as tg:
+                for i in cold:
+                    tg.create_task(read(i, gate))
         return T, out
 
     async def _point_table(self, name: str, as_of: int | None) -> tuple[int, _PointTable]:
@@ -438,6 +448,10 @@ class Reader:
         return keep_mask(ids, await self.store.clusters(segments_of(ids)), terms, box)
 
 
+def _project(row: dict[str, Any], columns: list[str] | None) -> dict[str, Any]:
+    return row if columns is None else {c: row[c] for c in columns}
+
+
 def _where(c: ReadContext, part: Partition) -> str:
     """What a corruption found reading ``part`` names."""
     return f"table {c.d.name!r} partition {part.pid}"
@@ -450,8 +464,7 @@ def _point_key(pt: _PointTable, key: object) -> tuple[int | bytes, int]:
     if pk.kind == "int64" and type(key) is int and INT64_MIN <= key <= INT64_MAX:  # the common case, first
         k: int | bytes = encode_one(key, "int64")
         return k, partition_one(k, pt.nparts)
-    values = check_key_tuple(key, pk)
-    return encode_key(pk, values), partition_of_key(pk, values, pt.nparts)
+    return key_and_partition(pk, check_key_tuple(key, pk), pt.nparts)
 
 
 def candidates(part: Partition, preds: list[Term | BBox]) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -489,6 +502,7 @@ def _check_limit(limit: int | None) -> None:
 
 
 _MAX_ROUND = 1 << 20  # index entries a scan's round reads per source, at most
+_COLD_READS = 16  # a multi-get's reads of keys not in memory, in flight at once
 
 
 @dataclass(frozen=True)
