@@ -14,7 +14,8 @@ to a local object store, four ways:
   object's logical bytes, TerrascaleFS's per-block checksums and encryption around it.
 
 Measured: bytes at rest; a scan of 3 of the 10 columns into Arrow (time and bytes fetched
-from the store); point reads of random rowids with a cold block cache (p50, p99, bytes);
+from the store); point reads of random rowids to a row (a dict: the row-wise bytes through the
+node's generated decoder) with a cold block cache (p50, p99, bytes);
 the time to write each object. ``python -m bench.segment_formats_bench [ROWS]``.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ import pyarrow.parquet as pq
 from bench.common import Result, print_table, write_json
 from catalog.memory import MemoryCatalog
 from rowstore.codec.columns import decode_page, encode_page
+from rowstore.codec.point_decoder import PointDecoder
 from rowstore.codec.rows import encode_rows
 from rowstore.schema import parse_schema
 from rowstore.segments.columnar import BLOCK_SIZE, ColumnarSegment, columnar_bytes
@@ -48,6 +50,7 @@ SCHEMA = parse_schema("id int64 primary key, sensor string, ts timestamp, lat fl
                       "speed float32, alt float64, status int32, note string, ok bool")
 KEYS = key_columns_schema(SCHEMA)
 SCAN = ["ts", "lat", "speed"]
+POINT = PointDecoder(lambda v: SCHEMA, SCHEMA)
 PAX_ROWS = 8192
 POINTS = 300
 
@@ -222,12 +225,12 @@ async def _parquet_read(sf: SealedFile, columns: list[str] | None, row: int | No
 
 
 async def point(name: str, sf: SealedFile, extra: Any, loc: int) -> Any:
-    if name == "rows":
+    if name == "rows":  # as a node's point read: the row's bytes, then the generated decoder
         seg = await SealedSegment.open(sf)
-        return await seg.get_raw(loc)
-    if name == "columnar":
+        return POINT(await seg.get_raw(loc), seg.where)
+    if name == "columnar":  # the row from its pages, decoded
         seg = await ColumnarSegment.open(sf)
-        return await seg.row_bytes(loc)
+        return await seg.row(loc, SCHEMA)
     if name == "pax":
         b = loc // PAX_ROWS
         block = np.frombuffer(await sf.read(b * 0 + _pax_off(extra, b), sum(ln for _, ln in extra[b])), np.uint8)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import struct
-from collections import deque
+from bisect import bisect_right
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -425,6 +426,33 @@ def is_columnar(tail: bytes) -> bool:
     return tail[-8:] == COL_MAGIC
 
 
+class DecodedPages:
+    """Decoded pages of point reads, least recently used first out, bounded in bytes: a hot
+    row's pages are decoded once, not at every read (scans never enter it)."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.used = capacity, 0
+        self._d: OrderedDict[tuple[str, int], pa.Array] = OrderedDict()
+
+    def get(self, key: tuple[str, int]) -> pa.Array | None:
+        arr = self._d.get(key)
+        if arr is not None:
+            self._d.move_to_end(key)
+        return arr
+
+    def put(self, key: tuple[str, int], arr: pa.Array) -> None:
+        if key in self._d:
+            return
+        self._d[key] = arr
+        self.used += arr.nbytes
+        while self.used > self.capacity and self._d:
+            _, old = self._d.popitem(last=False)
+            self.used -= old.nbytes
+
+
+DECODED = DecodedPages(32 << 20)  # a node's decoded pages of columnar segments (object key, page)
+
+
 class ColumnarSegment:
     format = COL_VERSION
 
@@ -433,6 +461,7 @@ class ColumnarSegment:
         self._cols: dict[tuple[int, str], int] = {(int(i), str(t)): n for n, (i, t) in
                                                   enumerate(zip(meta.ids.tolist(), meta.types))}
         self.union = _union(meta)
+        self._firsts: dict[tuple[int, int], list[int]] = {}  # (group, column index) -> its pages' first rows
 
     @property
     def segid(self) -> int:
@@ -482,19 +511,37 @@ class ColumnarSegment:
         return decode_page(raw, self.meta.types[ci], self.column_where(ci), off)
 
     async def _pages(self, need: list[tuple[int, int]]) -> list[pa.Array]:
-        """Pages (index, column index) read at once (``SealedFile.read_spans``) and decoded."""
-        spans = [(int(self.meta.pages["off"][p]), int(self.meta.pages["len"][p])) for p, _ in need]
+        """Pages (index, column index): decoded ones from ``DECODED``, the others read at once
+        (``SealedFile.read_spans``), decoded and kept there."""
+        got: dict[int, pa.Array] = {}
+        for p, _ in need:
+            hit = DECODED.get((self.where, p))
+            if hit is not None:
+                got[p] = hit
+        todo = [(p, ci) for p, ci in need if p not in got]
+        spans = [(int(self.meta.pages["off"][p]), int(self.meta.pages["len"][p])) for p, _ in todo]
         try:
-            raws = await self.sf.read_spans(spans)
+            raws = await self.sf.read_spans(spans) if todo else []
         except FileCorruptionError:  # a damaged block: read page by page, so the error names its column
-            return [await self._page(p, ci) for p, ci in need]
-        return [decode_page(raw, self.meta.types[ci], self.column_where(ci), off)
-                for raw, (p, ci), (off, _) in zip(raws, need, spans)]
+            raws = None
+        for i, (p, ci) in enumerate(todo):
+            arr = await self._page(p, ci) if raws is None else \
+                decode_page(raws[i], self.meta.types[ci], self.column_where(ci), spans[i][0])
+            DECODED.put((self.where, p), arr)
+            got[p] = arr
+        return [got[p] for p, _ in need]
 
     def _page_cached(self, p: int, ci: int) -> pa.Array | None:
+        hit = DECODED.get((self.where, p))
+        if hit is not None:
+            return hit
         off, ln = int(self.meta.pages["off"][p]), int(self.meta.pages["len"][p])
         raw = self.sf.read_cached(off, ln)
-        return None if raw is None else decode_page(raw, self.meta.types[ci], self.column_where(ci), off)
+        if raw is None:
+            return None
+        arr = decode_page(raw, self.meta.types[ci], self.column_where(ci), off)
+        DECODED.put((self.where, p), arr)
+        return arr
 
     async def chunk_bytes(self, g: int, ci: int) -> tuple[memoryview, int]:
         """A chunk's pages with one sequential read (not cached): (bytes, their offset)."""
@@ -683,6 +730,41 @@ class ColumnarSegment:
         dec = await self.take(np.array([localid]), self.union)
         buf, _ = self._version_rows(dec)
         return buf.tobytes()
+
+    def row_cached(self, localid: int, target: SchemaVersion) -> dict[str, Any] | None:
+        """One row as a dict of ``target``'s columns, exactly as ``take(...).batch.to_pylist()[0]``
+        gives it, from decoded pages (``DECODED``) or pages in the block cache; None when a
+        page must be read. A point read's hot path: no Arrow batch, no row bytes."""
+        g = localid // self.meta.group_rows
+        out: dict[str, Any] = {}
+        for c in target.columns:
+            ci = self.index_of(c)
+            if ci < 0:
+                out[c.name] = None
+                continue
+            a, b = self._page_span(g, ci)
+            if a == b:
+                out[c.name] = None
+                continue
+            firsts = self._firsts.get((g, ci))
+            if firsts is None:
+                firsts = self._firsts[(g, ci)] = self.meta.pages["first"][a:b].tolist()
+            p = a + bisect_right(firsts, localid) - 1
+            page = self._page_cached(p, ci)
+            if page is None:
+                return None
+            out[c.name] = page[localid - firsts[p - a]].as_py()
+        return out
+
+    async def row(self, localid: int, target: SchemaVersion) -> dict[str, Any]:
+        """``row_cached``, reading what it needs."""
+        got = self.row_cached(localid, target)
+        if got is None:
+            await self.take(np.array([localid]), target)  # its pages read and decoded at once
+            got = self.row_cached(localid, target)
+        if got is None:  # evicted in between by other reads: decode from the batch
+            got = (await self.take(np.array([localid]), target)).batch.to_pylist()[0]
+        return got
 
     def row_bytes_cached(self, localid: int) -> bytes | None:
         """``row_bytes`` without I/O: when every page it needs is in the memory cache."""

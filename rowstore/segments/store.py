@@ -482,6 +482,38 @@ class SegmentStore(Handover):
             raw = seg.get_raw_cached(rowid & 0xFFFFFFFF)
         return None if raw is None else (raw, seg.where)
 
+    def row_cached(self, rowid: int, target: SchemaVersion,
+                   decode: Callable[[bytes, str], dict[str, Any]]) -> dict[str, Any] | None:
+        """One row as a dict of ``target``'s columns without I/O (None: something must be read).
+        Row bytes are decoded by ``decode`` (the point decoders); a columnar segment's row is
+        taken from its decoded pages."""
+        seg = self._sealed.get(rowid >> 32)
+        if isinstance(seg, ColumnarSegment) and rowid >> 32 not in self.active:
+            loc = rowid & 0xFFFFFFFF
+            return seg.row_cached(loc, target) if loc < seg.footer.rows else None
+        got = self.row_bytes_cached(rowid)
+        return None if got is None else decode(*got)
+
+    async def row(self, rowid: int, target: SchemaVersion, decode: Callable[[bytes, str], dict[str, Any]],
+                  where: str = "") -> dict[str, Any]:
+        """``row_cached``, reading what it needs; a rowid no segment holds is DanglingRowidError."""
+        got = self.row_cached(rowid, target, decode)
+        if got is not None:
+            return got
+        if rowid >> 32 not in self.active:
+            try:
+                seg = await self.sealed(rowid >> 32)
+            except SegmentNotFoundError:
+                seg = None  # row_bytes says so, naming where
+            except RowstoreError:
+                seg = None  # not offloaded (yet): an active segment's row, read below
+            if isinstance(seg, ColumnarSegment):
+                loc = rowid & 0xFFFFFFFF
+                if loc >= seg.footer.rows:
+                    raise DanglingRowidError(where or seg.where, rowid, f"the segment has {seg.footer.rows} rows")
+                return await seg.row(loc, target)
+        return decode(*await self.row_bytes(rowid, where))
+
     async def read_active(self, segid: int, read: Callable[[ActiveSegment], Awaitable[T]]) -> T | None:
         """``read(seg)`` of segment ``segid`` while it is active here; None when it is not, or
         when it stopped being active during the read (sealed, offloaded, or its partition

@@ -143,9 +143,10 @@ class Reader:
             self.tasks.spawn(part.index.merge_memtable())
         if rowid == 0:
             return None
-        raw, where = self.store.row_bytes_cached(rowid) or await self.store.row_bytes(
-            rowid, f"table {name!r} partition {pid}")
-        return pt.decode(raw, where)
+        schema = pt.d.schema
+        assert schema is not None  # describe() refuses a dropped table
+        return self.store.row_cached(rowid, schema, pt.decode) or await self.store.row(
+            rowid, schema, pt.decode, f"table {name!r} partition {pid}")
 
     async def _point_table(self, name: str, as_of: int | None) -> tuple[int, _PointTable]:
         """The read timestamp and the table as point reads need it; kept for reads at the

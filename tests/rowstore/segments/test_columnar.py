@@ -3,6 +3,7 @@ the same rows: scans, rows by localid, row bytes, statistics and group skipping,
 versions mixed in one segment, deletions, an empty segment; damage named by segment and
 column; the collector's input from either format."""
 import struct
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +15,7 @@ from rowstore.errors import ColumnCorruptionError, RowCorruptionError
 from rowstore.reads.predicates import parse_bbox, parse_where
 from rowstore.reads.zones import group_keep, group_mask
 from rowstore.schema import parse_schema
+import rowstore.segments.columnar as columnar
 from rowstore.segments.active import ActiveSegment
 from rowstore.segments.columnar import (BLOCK_SIZE, COL_MAGIC, GROUP_ROWS, KIND_CODES, TRAILER_LEN, ColumnarSegment,
                                         columnar_bytes, open_segment)
@@ -268,3 +270,18 @@ async def test_the_collectors_input_is_the_same_from_either_format():
     ra = [a.buf[s : s + ln].tobytes() for s, ln in zip(a.starts, a.lens)]
     rb = [b.buf[s : s + ln].tobytes() for s, ln in zip(b.starts, b.lens)]
     assert ra == rb  # the same row bytes: a copy of either is the same copy
+
+
+async def test_a_point_read_from_decoded_pages_equals_the_batch():
+    """``row_cached`` (a point read's hot path: decoded pages, no batch) gives exactly the row
+    the vectorized read gives, for every target version; None before its pages were read."""
+    w = await new_world()
+    _, cols, _, _, _ = await _both(w, 30000)
+    locs = [0, 6999, 7000, 14001, 29999]
+    with mock.patch.object(columnar, "DECODED", columnar.DecodedPages(1 << 20)):
+        fresh = await ColumnarSegment.open(await SealedFile.open(w.objects, cols.sf.key, cache=BlockCache(1 << 20)))
+        assert fresh.row_cached(locs[1], S3) is None  # its pages are neither decoded nor cached
+        for target in (S1, S2, S3):
+            batch = (await fresh.take(np.array(locs), target)).batch.to_pylist()
+            for loc, want in zip(locs, batch):
+                assert fresh.row_cached(loc, target) == want == await fresh.row(loc, target)
