@@ -9,7 +9,8 @@ The same rows as columnar segments (version 2, docs/format/segment.md §7; rowst
 columnar) are under ``columnar_objects``, each naming its row-wise ``twin``, in groups of 50 rows
 and small pages so that a few rows make many groups and pages; with them the worked example of
 §7.3 (``columnar-example.obj``) and a columnar object with a flipped byte in one column's page.
-(The JVM reader reads version 1 only so far: its tests read ``objects``.)
+The JVM reader's tests read both (GoldenRowsTest), and hold each columnar object's rows equal to
+its twin's.
 
 ``python -m tests.spark_bridge.golden [DIR]`` writes them (default: spark_bridge/jvm/testdata/).
 The bytes are the same on every run: values are arithmetic, not random, and the writer's key
