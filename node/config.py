@@ -63,7 +63,7 @@ class NodeConfig:
     catalog_secret_file: str | None = None
     catalog_dir: str | None = None
     seal_bytes: int = 256 << 20
-    columnar: bool = False  # offloaded segments columnar (docs/format/segment.md §7, RFC 0014)
+    columnar: bool = True  # offloaded segments columnar (docs/format/segment.md §7, RFC 0014)
     flush_bytes: int = 64 << 10
     flush_ms: float = 2.0
     token: str | None = None

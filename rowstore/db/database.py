@@ -61,7 +61,9 @@ log = logging.getLogger("rowstore.database")
 class TablesConfig:
     partitions: int = 8
     seal_bytes: int = 256 << 20
-    columnar: bool = False  # offload and the collector write version 2, columnar (docs/format/segment.md §7)
+    # offload and the collector write version 2, columnar (docs/format/segment.md §7); a node's
+    # config (segments.columnar) turns it on by default, the engine alone (tests, tools) does not
+    columnar: bool = False
     memtable_bytes: int = 64 << 20  # all partitions' key memtables together
     retention_ms: int = 7 * 86_400_000
     closed_wait_s: float = 2.0

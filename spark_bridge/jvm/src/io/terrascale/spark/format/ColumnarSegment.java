@@ -32,6 +32,8 @@ public final class ColumnarSegment {
     private final Kind[] elems;
     private final int[] chunkFirst; // groups x columns
     private final int[] chunkPages;
+    private final ByteBuffer meta; // the metadata: chunk statistics are read from it where skipping asks
+    private final int chunksAt; // where the chunk entries start in it
     private final long[] pageOff;
     private final int[] pageLen;
     private final int[] pageRows;
@@ -84,6 +86,8 @@ public final class ColumnarSegment {
         }
         chunkFirst = new int[groups * ncol];
         chunkPages = new int[groups * ncol];
+        this.meta = m;
+        chunksAt = p;
         for (int i = 0; i < groups * ncol; i++, p += CHUNK) {
             chunkFirst[i] = m.getInt(p);
             chunkPages[i] = m.getInt(p + 4);
@@ -134,6 +138,68 @@ public final class ColumnarSegment {
     /** Every row of group {@code g} null in {@code c}: a column the segment does not have. */
     public ColumnData nulls(Column c, int g) {
         return ColumnData.nulls(c.kind(), c.elem(), groupLen(g));
+    }
+
+    /**
+     * Whether no row of group {@code g} can match {@code t} by the chunk's null count and bounds
+     * (docs/format/segment.md §7.2); false when unsure. A column the segment lacks is null: it
+     * matches nothing.
+     */
+    public boolean misses(int g, Predicates.Term t) {
+        int ci = indexOf(t.column());
+        if (ci < 0) return true;
+        int at = chunksAt + (g * ids.length + ci) * CHUNK;
+        if ((meta.getInt(at + 8) & 0xffffffffL) == groupLen(g)) return true; // every row null
+        if ((meta.get(at + 16) & 1) == 0) return false;
+        Op op = t.op();
+        Kind k = kinds[ci];
+        int lo, hi; // sign(bound - value)
+        switch (k) {
+            case STRING: case BINARY: case UUID: case JSON: {
+                if (!(t.value() instanceof Predicates.Bytes v)) return false;
+                byte[] arr = meta.array();
+                int base = meta.arrayOffset();
+                lo = Predicates.compareBytes(arr, base + at + 20, meta.get(at + 17) & 0xff, v.v());
+                hi = Predicates.compareBytes(arr, base + at + 52, meta.get(at + 18) & 0xff, v.v());
+                break;
+            }
+            case FLOAT32: case FLOAT64: {
+                if (!(t.value() instanceof Predicates.Real v) || Double.isNaN(v.v())) return false;
+                lo = Double.compare(meta.getDouble(at + 20), v.v());
+                hi = Double.compare(meta.getDouble(at + 52), v.v());
+                if (meta.getDouble(at + 20) == v.v()) lo = 0; // -0.0 == 0.0 as the predicates compare
+                if (meta.getDouble(at + 52) == v.v()) hi = 0;
+                break;
+            }
+            case POINT: case BOX: case RANGE: return false;
+            default: {
+                java.math.BigInteger v;
+                if (t.value() instanceof Predicates.Int i) v = i.v();
+                else if (t.value() instanceof Predicates.Bool b) v = java.math.BigInteger.valueOf(b.v() ? 1 : 0);
+                else return false;
+                lo = Predicates.compareInt(meta.getLong(at + 20), k.unsigned(), v);
+                hi = Predicates.compareInt(meta.getLong(at + 52), k.unsigned(), v);
+            }
+        }
+        switch (op) {
+            case EQ: return lo > 0 || hi < 0;
+            case LT: return lo >= 0;
+            case LE: return lo > 0;
+            case GT: return hi <= 0;
+            case GE: return hi < 0;
+            default: return lo == 0 && hi == 0;
+        }
+    }
+
+    /** Whether no point or box of group {@code g} lies in (overlaps) the bbox, by the chunk's extent. */
+    public boolean misses(int g, Predicates.BBox box) {
+        int ci = indexOf(box.column());
+        if (ci < 0) return true;
+        int at = chunksAt + (g * ids.length + ci) * CHUNK;
+        if ((meta.getInt(at + 8) & 0xffffffffL) == groupLen(g)) return true;
+        if ((meta.get(at + 16) & 1) == 0) return false;
+        return box.xmax() < meta.getDouble(at + 20) || box.ymax() < meta.getDouble(at + 28)
+                || box.xmin() > meta.getDouble(at + 52) || box.ymin() > meta.getDouble(at + 60);
     }
 
     /** Group {@code g}'s values of column index {@code ci}: its pages with one read, decoded. */

@@ -27,6 +27,7 @@ final class ColumnarRows implements SegmentSource {
     private final List<Column> output;
     private final List<Column> want;
     private final ColumnFilter filter;
+    private final Predicates preds;
     private final ColumnWriter writer = new ColumnWriter();
     private final int end;
     private int row; // next localid to look at
@@ -34,6 +35,7 @@ final class ColumnarRows implements SegmentSource {
     private ColumnData[] cols; // the group's data per wanted column
     private ColumnData flags;
     private long decodeNanos;
+    private int skipped; // groups the statistics ruled out
 
     ColumnarRows(SealedObject obj, List<Column> output, Predicates preds, byte[] visibleBitmap, long first, long end)
             throws IOException {
@@ -51,6 +53,7 @@ final class ColumnarRows implements SegmentSource {
         for (Predicates.Term t : preds.terms()) addColumn(want, t.column());
         if (preds.bbox() != null) addColumn(want, preds.bbox().column());
         filter = new ColumnFilter(preds);
+        this.preds = preds;
     }
 
     private static void addColumn(List<Column> want, Column c) {
@@ -71,7 +74,9 @@ final class ColumnarRows implements SegmentSource {
             int g = row / gr;
             if (g != group) {
                 int gEnd = Math.min(end, (g + 1) * gr);
-                if (!anyVisible(row, gEnd)) { // nothing of this group to read
+                boolean ruledOut = anyVisible(row, gEnd) && misses(g);
+                if (ruledOut) skipped++;
+                if (ruledOut || !anyVisible(row, gEnd)) { // nothing of this group to read
                     row = gEnd;
                     continue;
                 }
@@ -88,6 +93,12 @@ final class ColumnarRows implements SegmentSource {
         }
         decodeNanos += System.nanoTime() - t0 - loading;
         return n;
+    }
+
+    /** Whether the group's statistics show that no row of it matches the predicates. */
+    private boolean misses(int g) {
+        for (Predicates.Term t : preds.terms()) if (seg.misses(g, t)) return true;
+        return preds.bbox() != null && seg.misses(g, preds.bbox());
     }
 
     private boolean anyVisible(int a, int b) {
@@ -108,6 +119,11 @@ final class ColumnarRows implements SegmentSource {
         flags = seg.read(g, ColumnarSegment.FLAGS);
         filter.bind(c -> byId.get(c.id()));
         group = g;
+    }
+
+    /** Groups whose statistics showed no row could match (not read). */
+    int skipped() {
+        return skipped;
     }
 
     @Override

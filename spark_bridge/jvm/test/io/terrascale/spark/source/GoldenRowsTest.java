@@ -12,6 +12,7 @@ import io.terrascale.spark.CorruptObjectException;
 import io.terrascale.spark.Golden;
 import io.terrascale.spark.format.Column;
 import io.terrascale.spark.format.Kek;
+import io.terrascale.spark.format.Op;
 import io.terrascale.spark.format.Predicates;
 import io.terrascale.spark.format.Schema;
 import io.terrascale.spark.format.SealedObject;
@@ -155,6 +156,30 @@ class GoldenRowsTest {
         assertEquals("corrupt object " + Golden.where("columnar-corrupt.obj") + " at offset " + err.get("offset").asLong()
                 + ": " + err.get("what").asText() + " (segment " + err.get("segment").asInt() + " column id "
                 + err.get("column").asInt() + ")", e.getMessage());
+    }
+
+    @Test
+    void groupsTheStatisticsRuleOutAreNotRead() throws IOException {
+        // columnar-stored.obj: groups of 50 rows; ids 0..49 in group 0, 50..99 in group 1, the rest in group 2
+        JsonNode entry = Golden.manifest().get("columnar_objects").get("columnar-stored.obj");
+        Schema target = Schema.parse(entry.get("schema").asText());
+        JsonNode every = entry.get("reads").get(0);
+        Predicates idFrom100 = new Predicates(List.of(new Predicates.Term(target.byName("id"), Op.GE,
+                new Predicates.Int(BigInteger.valueOf(100)))), null);
+        long want = 0;
+        for (JsonNode row : every.get("rows")) if (row.get(0).asLong() >= 100) want++;
+        byte[] raw = Golden.bytes("columnar-stored.obj");
+        try (SealedObject obj = new SealedObject(Golden.where("columnar-stored.obj"), new Golden.Bytes(raw), raw.length,
+                null, null)) {
+            ColumnarRows rows = new ColumnarRows(obj, target.columns(), idFrom100,
+                    Base64.getDecoder().decode(every.get("visible").asText()), 0, Long.MAX_VALUE);
+            OnHeapColumnVector[] vectors = OnHeapColumnVector.allocateColumns(4096, SparkTypes.sparkSchema(target.columns()));
+            int n = 0;
+            while (rows.more()) n += rows.fill(vectors, 4096);
+            assertEquals(want, n);
+            assertTrue(want > 0);
+            assertEquals(2, rows.skipped()); // groups 0 and 1 hold no id >= 100: never read
+        }
     }
 
     @Test
