@@ -46,8 +46,9 @@ from terrafs.crypto import KeyEncryptionKey
 from terrafs.fs import FsConfig, TerrascaleFS
 from terrafs.sealed import Aligned, SealedFile
 
-SCHEMA = parse_schema("id int64 primary key, sensor string, ts timestamp, lat float64, lon float64, "
+SAMPLE_SCHEMA_TEXT = ("id int64 primary key, sensor string, ts timestamp, lat float64, lon float64, "
                       "speed float32, alt float64, status int32, note string, ok bool")
+SCHEMA = parse_schema(SAMPLE_SCHEMA_TEXT)
 KEYS = key_columns_schema(SCHEMA)
 SCAN = ["ts", "lat", "speed"]
 POINT = PointDecoder(lambda v: SCHEMA, SCHEMA)
