@@ -121,6 +121,11 @@ class BlockDevice(abc.ABC):
         groups into rounds (``terrafs/rounds.py``); None when each file flushes alone."""
         return None
 
+    def space(self) -> tuple[int, int] | None:
+        """(bytes the device holds on its host, bytes its files use) where it keeps space of its
+        own beyond its files (the log device's extents); None otherwise."""
+        return None
+
     async def write_file(self, name: str, data: bytes) -> None:
         """Atomically replace ``name`` with ``data``: temp file, sync, rename."""
         tmp = name + ".tmp"
