@@ -565,8 +565,12 @@ class SegmentStore(Handover):
         if seg is not None:
             return await seg.get(locs, schemas, target)
         sealed = await self.sealed(segid)
-        if isinstance(sealed, ColumnarSegment):
-            return await sealed.take(np.sort(locs.astype(np.int64)), target)
+        if isinstance(sealed, ColumnarSegment):  # rows in the order asked
+            order = np.argsort(locs, kind="stable")
+            d = await sealed.take(locs[order].astype(np.int64), target)
+            back = np.empty_like(order)
+            back[order] = np.arange(len(order))
+            return Decoded(d.batch.take(pa.array(back)), d.commit_ts[back], d.deleted[back], d.schema_ver[back])
         return await sealed.get(locs, schemas, target)
 
 

@@ -285,3 +285,19 @@ async def test_a_point_read_from_decoded_pages_equals_the_batch():
             batch = (await fresh.take(np.array(locs), target)).batch.to_pylist()
             for loc, want in zip(locs, batch):
                 assert fresh.row_cached(loc, target) == want == await fresh.row(loc, target)
+
+
+async def test_the_store_gives_rows_of_a_columnar_segment_in_the_order_asked():
+    from rowstore.segments.store import SegmentStore
+
+    w = await new_world()
+    st = SegmentStore(w.fs, ALL_SCHEMAS.__getitem__, columnar=True)
+    await st.open()
+    seg = await st.create("t", 0)
+    await seg.append(_batch(0, 500, S2), S2, 7)
+    await st.seal(seg.segid)
+    rec = await st.offload(seg.segid, KEYS)
+    assert rec.format == 2
+    ids = (np.uint64(seg.segid) << np.uint64(32)) | np.array([400, 3, 250, 3 + 1], np.uint64)
+    got = await st.get(ids, S2)
+    assert got.batch.column("id").to_pylist() == [400, 3, 250, 4]
