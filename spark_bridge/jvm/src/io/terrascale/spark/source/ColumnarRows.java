@@ -36,6 +36,7 @@ final class ColumnarRows implements SegmentSource {
     private ColumnData flags;
     private long decodeNanos;
     private int skipped; // groups the statistics ruled out
+    private int[] sel = new int[0]; // the rows of the group a fill outputs
 
     ColumnarRows(SealedObject obj, List<Column> output, Predicates preds, byte[] visibleBitmap, long first, long end)
             throws IOException {
@@ -70,10 +71,11 @@ final class ColumnarRows implements SegmentSource {
         long t0 = System.nanoTime();
         long loading = 0;
         int gr = seg.groupRows();
+        if (sel.length < max) sel = new int[max];
         while (n < max && row < end) {
             int g = row / gr;
+            int gEnd = Math.min(end, (g + 1) * gr);
             if (g != group) {
-                int gEnd = Math.min(end, (g + 1) * gr);
                 boolean ruledOut = anyVisible(row, gEnd) && misses(g);
                 if (ruledOut) skipped++;
                 if (ruledOut || !anyVisible(row, gEnd)) { // nothing of this group to read
@@ -84,12 +86,16 @@ final class ColumnarRows implements SegmentSource {
                 load(g);
                 loading += System.nanoTime() - t1;
             }
-            int k = row - g * gr;
-            if (visible[row] && (flags.ints[0][k] & 1) == 0 && (filter.isEmpty() || filter.matches(k))) {
-                for (int j = 0; j < vectors.length; j++) writer.put(cols[j], k, vectors[j], n);
-                n++;
+            // the group's rows to output, then each column's values of them in one loop
+            int base = g * gr, m = 0;
+            long[] del = flags.ints[0];
+            boolean all = filter.isEmpty();
+            for (; row < gEnd && n + m < max; row++) {
+                int k = row - base;
+                if (visible[row] && (del[k] & 1) == 0 && (all || filter.matches(k))) sel[m++] = k;
             }
-            row++;
+            for (int j = 0; j < vectors.length; j++) writer.putMany(cols[j], sel, m, vectors[j], n);
+            n += m;
         }
         decodeNanos += System.nanoTime() - t0 - loading;
         return n;
