@@ -62,7 +62,7 @@ def sample(n: int, seed: int = 7) -> pa.RecordBatch:
     words = np.array(["ok", "late", "gps", "drift", "battery", "low", "signal", "lost", "reset", "calibrated"])
     notes = [" ".join(words[rng.integers(0, 10, 5)]) + f" #{i}" for i in range(n)]
     ts = 1_767_225_600_000_000 + np.cumsum(rng.integers(0, 20_000, n))
-    return pa.record_batch({
+    cols = {
         "id": pa.array(np.arange(n, dtype=np.int64)),
         "sensor": pa.array(sensors[rng.integers(0, 1000, n)]),
         "ts": pa.array(ts, pa.timestamp("us", "UTC")),
@@ -73,7 +73,8 @@ def sample(n: int, seed: int = 7) -> pa.RecordBatch:
         "status": pa.array(rng.choice([200, 200, 200, 201, 404, 500], n).astype(np.int32)),
         "note": pa.array(notes),
         "ok": pa.array(rng.random(n) < 0.9),
-    }, schema=SCHEMA.arrow())
+    }
+    return pa.Table.from_pydict(cols, schema=SCHEMA.arrow()).combine_chunks().to_batches(max_chunksize=n or None)[0]
 
 
 class _Rows:
