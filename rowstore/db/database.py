@@ -61,6 +61,9 @@ log = logging.getLogger("rowstore.database")
 class TablesConfig:
     partitions: int = 8
     seal_bytes: int = 256 << 20
+    # offload and the collector write version 2, columnar (docs/format/segment.md §7); a node's
+    # config (segments.columnar) turns it on by default, the engine alone (tests, tools) does not
+    columnar: bool = False
     memtable_bytes: int = 64 << 20  # all partitions' key memtables together
     retention_ms: int = 7 * 86_400_000
     closed_wait_s: float = 2.0
@@ -98,7 +101,8 @@ class Database:
         self.timeline = Timeline(self.clock)
         self.tasks = BackgroundTasks()
         self.catalog_tables = TableCatalog(self.catalog, self.clock)
-        self.store = SegmentStore(fs, seal_bytes=cfg.seal_bytes, lost=lost)  # each read passes its table's schemas
+        # each read passes its table's schemas
+        self.store = SegmentStore(fs, seal_bytes=cfg.seal_bytes, lost=lost, columnar=cfg.columnar)
         self.tables = TableRegistry(self.catalog_tables, self.store, self.clock.observe)
         # serving/
         self.replicas = ReplicaStore(fs, cfg.replica_lease_s, monotonic, cfg.resume_free_bytes, lost)

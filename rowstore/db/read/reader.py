@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,7 @@ from rowstore.errors import FutureTimestampError, HistoryPurgedError, QueryError
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
 from rowstore.tables.keys import (KeyRange, encode_columns, encode_one, key_and_partition, key_arrays, key_range,
                                   partition_of_key, partition_one, partitions_of)
-from rowstore.reads.zones import keep_mask, segments_of
+from rowstore.reads.zones import group_keep, keep_mask, segments_of
 from rowstore.reads.predicates import BBox, Term, batch_mask, fold_ranges, parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
 from rowstore.segments.fetch import fetch
@@ -144,9 +144,10 @@ class Reader:
             self.tasks.spawn(part.index.merge_memtable())
         if rowid == 0:
             return None
-        raw, where = self.store.row_bytes_cached(rowid) or await self.store.row_bytes(
-            rowid, f"table {name!r} partition {pid}")
-        return pt.decode(raw, where)
+        schema = pt.d.schema
+        assert schema is not None  # describe() refuses a dropped table
+        return self.store.row_cached(rowid, schema, pt.decode) or await self.store.row(
+            rowid, schema, pt.decode, f"table {name!r} partition {pid}")
 
     async def get_dicts(self, name: str, keys: Sequence[object], as_of: int | None = None,
                         columns: list[str] | None = None) -> tuple[int, list[dict[str, Any] | None]]:
@@ -396,20 +397,23 @@ class Reader:
             assert partitions is not None  # the served ones are owned
             raise UnavailableError(f"table {name!r}: partitions {sorted(set(partitions) - c.table.owned)} "
                                    "are not served by this node")
-        out = [await self._query_part(c, part, terms, box, limit) for part in parts]
+        target = narrowed(c.d.schema, columns, terms, box)
+        out = [widened(await self._query_part(c, part, terms, box, limit, target), c.d.schema) for part in parts]
         return finish(out, c.d.schema, columns, limit), c.T
 
     async def _query_part(self, c: ReadContext, part: Partition, terms: list[Term], box: BBox | None,
-                          limit: int | None) -> pa.RecordBatch:
+                          limit: int | None, target: SchemaVersion) -> pa.RecordBatch:
+        """The partition's matching rows with ``target``'s columns (the key and the terms'
+        columns among them): a columnar segment reads only those."""
         assert c.d.schema is not None  # describe() refuses a dropped table
         cands, srcs = candidates(part, terms + ([box] if box is not None else []))
         if cands is None:  # no index applies: the partition's visible rows, in key order
-            return await self._scan_part(c, part, terms, box, limit)
+            return await self._scan_part(c, part, terms, box, limit, target)
         assert srcs is not None  # set with cands
         keep = await self.zone_mask(c, cands, terms, box)
         if keep is not None:
             cands, srcs = cands[keep], srcs[keep]
-        rows = await fetch(self.store, cands, c.schemas, c.d.schema, _where(c, part))  # in rowid order, as cands
+        rows = await fetch(self.store, cands, c.schemas, target, _where(c, part))  # in rowid order, as cands
         keys = encode_columns(c.d.schema.pk, key_arrays(c.d.schema.pk, rows.batch))
         visible = (rows.commit_ts <= np.uint64(c.T)) & ~rows.deleted
         idx = np.flatnonzero(visible)
@@ -417,7 +421,7 @@ class Reader:
         return rows.batch.filter(pa.array(visible & batch_mask(rows.batch, terms, box)))
 
     async def _scan_part(self, c: ReadContext, part: Partition, terms: list[Term], box: BBox | None,
-                         limit: int | None) -> pa.RecordBatch:
+                         limit: int | None, target: SchemaVersion) -> pa.RecordBatch:
         """Visible rows in key order, fetched in growing chunks until ``limit`` of them match:
         the answer is the first ``limit`` keys overall, so no partition needs more."""
         assert c.d.schema is not None  # describe() refuses a dropped table
@@ -429,23 +433,31 @@ class Reader:
         while at < len(ids):
             chunk = ids[at : at + step] if limit is not None else ids
             at += len(chunk)
-            rows = await fetch(self.store, chunk, c.schemas, c.d.schema, _where(c, part))  # rowid order
+            rows = await fetch(self.store, chunk, c.schemas, target, _where(c, part))  # rowid order
             got.append(rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box))))
             if limit is not None and sum(x.num_rows for x in got) >= limit:
                 break
             step *= 4
         got = [b for b in got if b.num_rows]
         if not got:
-            return _empty_batch(c.d.schema)
+            return _empty_batch(target)
         return got[0] if len(got) == 1 else pa.Table.from_batches(got).combine_chunks().to_batches()[0]
 
 
     async def zone_mask(self, c: ReadContext, ids: np.ndarray, terms: list[Term],
                         box: BBox | None) -> np.ndarray | None:
-        """Rows of segments whose cluster range the query misses are left out (RFC 0009)."""
-        if c.d.cluster_by is None or len(ids) == 0 or (box is None and not terms):
+        """Rows of segments whose cluster range the query misses are left out (RFC 0009), and
+        rows of columnar segments' groups whose column statistics it misses (RFC 0014)."""
+        if len(ids) == 0 or (box is None and not terms):
             return None
-        return keep_mask(ids, await self.store.clusters(segments_of(ids)), terms, box)
+        keep = None
+        segids = segments_of(ids)
+        if c.d.cluster_by is not None:
+            keep = keep_mask(ids, await self.store.clusters(segids), terms, box)
+        groups = group_keep(ids, await self.store.columnar_segments(segids), terms, box)
+        if groups is not None:
+            keep = groups if keep is None else keep & groups
+        return keep
 
 
 def _project(row: dict[str, Any], columns: list[str] | None) -> dict[str, Any]:
@@ -544,6 +556,24 @@ def merge_pages(pages: list[ScanPage], limit: int, schema: SchemaVersion, column
         order = np.argsort(keys, kind="stable")[:limit]
         t, keys = t.take(pa.array(order)), keys[order]
     return ScanPage(t.slice(0, limit), keys[:limit], T, more)
+
+
+def narrowed(schema: SchemaVersion, columns: list[str] | None, terms: list[Term], box: BBox | None) -> SchemaVersion:
+    """``schema`` with only what a read returns and tests: ``columns`` (all when None), the
+    key and the columns of the terms and the bbox."""
+    if columns is None:
+        return schema
+    keep = {*columns, *schema.pk.names, *(t.column.name for t in terms), *([box.column.name] if box else [])}
+    return replace(schema, columns=tuple(x for x in schema.columns if x.name in keep))
+
+
+def widened(batch: pa.RecordBatch, schema: SchemaVersion) -> pa.RecordBatch:
+    """``batch`` with every column of ``schema`` (those it lacks: nulls, never returned)."""
+    if batch.num_columns == len(schema.columns):
+        return batch
+    return pa.RecordBatch.from_arrays(
+        [batch.column(x.name) if batch.schema.get_field_index(x.name) >= 0 else pa.nulls(batch.num_rows, x.type.arrow())
+         for x in schema.columns], schema=schema.arrow())
 
 
 def _empty_batch(schema: SchemaVersion) -> pa.RecordBatch:
