@@ -21,8 +21,9 @@ the end (every version of every row, with its ``commit_ts``):
   aborted or never made counts as failed, so it must be absent; one decided committed, or
   acknowledged, must be present, with the ``commit_ts`` it was acknowledged at;
 * **linearizability** of the present reads (partition scans, key ranges, point gets, the
-  read at the end) with the writes: per batch (a write-once register: absent, then
-  present), Wing & Gong's search (``tests/history/linearizable.py``);
+  read at the end) with the writes: per share of a batch — its rows in one partition, a
+  write-once register (absent, then present) — Wing & Gong's search
+  (``tests/history/linearizable.py``);
 * **snapshots**: a read at T saw exactly the batches it covers whose first version has
   ``commit_ts <= T`` (``as_of`` reads and present reads alike);
 * **real time**: a present read's T is at or above the ``commit_ts`` of every write
@@ -43,6 +44,7 @@ from tests.history.linearizable import Model, Operation, check as linearizable
 
 OK, FAILED, UNKNOWN, PENDING = "ok", "failed", "unknown", "pending"
 INF = float("inf")
+Share = tuple[int, int]  # (batch, partition): a batch's rows in one partition
 
 
 class HistoryViolation(AssertionError):
@@ -175,10 +177,11 @@ class Layout:
             got = self._keys[b] = {int(p): frozenset(ks[pids == p].tolist()) for p in np.unique(pids)}
         return got
 
-    def covered(self, b: int, region: Region) -> frozenset[int]:
-        """The keys of batch ``b`` a read of ``region`` covers."""
+    def covered(self, b: int, region: Region, pid: int | None = None) -> frozenset[int]:
+        """The keys of batch ``b`` a read of ``region`` covers (only in partition ``pid``, given)."""
         ks = self.keys(b)
-        out: frozenset[int] = frozenset().union(*(ks.get(p, frozenset()) for p in region.pids))
+        pids = region.pids if pid is None else region.pids & {pid}
+        out: frozenset[int] = frozenset().union(*(ks.get(p, frozenset()) for p in pids))
         if region.keys is not None:
             out &= region.keys
         if region.lo is not None or region.hi is not None:
@@ -196,17 +199,22 @@ class Summary:
     decided_aborted: int = 0
     present_reads: int = 0
     as_of_reads: int = 0
-    batches: int = 0  # batches whose sub-history went through the linearizability search
+    batches: int = 0  # shares (batch, partition) whose sub-history went through the linearizability search
 
     def __str__(self) -> str:
         return (f"{self.acked} batches acknowledged, {self.unknown} writes unknown ({self.decided_committed} decided "
                 f"committed, {self.decided_aborted} aborted), {self.failed} failed; {self.present_reads} present and "
-                f"{self.as_of_reads} as_of reads; {self.batches} batches searched")
+                f"{self.as_of_reads} as_of reads; {self.batches} shares searched")
 
 
 class _Register(Model[bool]):
-    """One batch: absent, then present once any write of it takes effect (a retry writes the
-    same rows). Reads answer whether they saw it."""
+    """One share of a batch (its rows in one partition): absent, then present once any write of
+    the batch takes effect there (a retry writes the same rows). Reads answer whether they saw
+    it. Partitioned per share: a batch spanning nodes becomes visible on each of its nodes at its
+    own moment between its call and its return — a read of one partition may see it while a
+    later read of another does not yet (its commit did not reach that node): what reads of the
+    present promise across partitions is the snapshot at their T and every batch acknowledged
+    before they began (the snapshot and real-time checks), not one instant for the whole batch."""
 
     def init(self) -> bool:
         return False
@@ -230,9 +238,9 @@ REGISTER = _Register()
 
 
 def reduce_batch(writes: list[Write], absent: list[Read], present: list[Read]) -> tuple[list[Write], list[Read]]:
-    """The operations of one batch's sub-history that decide whether it is linearizable: its
-    writes that may have taken effect, the read that did not see it called last, and the read
-    that saw it returning first. Sound and complete for a write-once register: the history is
+    """The operations of one share's sub-history that decide whether it is linearizable: the
+    batch's writes that may have taken effect, the read that did not see it called last, and
+    the read that saw it returning first. Sound and complete for a write-once register: the history is
     linearizable iff some instant t (when the first write takes effect; never, when no write
     was acknowledged) is after some write's call and no later than every acknowledged write's
     return, after the call of every read that did not see it and before the return of every
@@ -247,12 +255,12 @@ def reduce_batch(writes: list[Write], absent: list[Read], present: list[Read]) -
     return [w for w in writes if w.effective], keep
 
 
-def as_operation(batch: int, x: Write | Read, saw: bool | None = None) -> Operation:
-    """A write or a read as an operation of batch ``batch``'s register; a write that did not
-    return ok never returned (it may take effect at any moment after its call)."""
+def as_operation(share: Share, x: Write | Read, saw: bool | None = None) -> Operation:
+    """A write or a read as an operation of ``share``'s register; a write that did not return
+    ok never returned (it may take effect at any moment after its call)."""
     ret = x.ret if not isinstance(x, Write) or x.status == OK else None
-    return Operation(x.call, ret, ("write" if isinstance(x, Write) else "read", batch), saw, x.client,
-                     note=str(x) + ("" if saw is None else f" saw batch {batch}: {saw}"))
+    return Operation(x.call, ret, ("write" if isinstance(x, Write) else "read", share), saw, x.client,
+                     note=str(x) + ("" if saw is None else f" saw batch {share[0]} in partition {share[1]}: {saw}"))
 
 
 def check(h: History, layout: Layout, feed: Iterable[tuple[int, int]], *, min_acked: int = 0,
@@ -413,30 +421,38 @@ def _check_real_time(reads: list[Read], writes: dict[int, list[Write]], layout: 
 def _check_linearizable(present: list[Read], seen: dict[int, dict[int, frozenset[int]]],
                         writes: dict[int, list[Write]], universe: set[int], layout: Layout,
                         problems: list[str]) -> int:
-    """Per batch, the present reads that cover it with its writes (reduced: ``reduce_batch``),
-    through Wing & Gong's search."""
-    saw_first: dict[int, Read] = {}  # batch -> the read that saw it returning first
+    """Per share — a batch's rows in one partition — the present reads that cover it with the
+    batch's writes (reduced: ``reduce_batch``), through Wing & Gong's search."""
+    saw_first: dict[Share, Read] = {}  # share -> the read that saw it returning first
     for r in present:
-        for b in seen[id(r)]:
-            cur = saw_first.get(b)
+        for sh in _shares(r, seen[id(r)], layout):
+            cur = saw_first.get(sh)
             if cur is None or (r.ret or INF) < (cur.ret or INF):
-                saw_first[b] = r
-    missed_last: dict[int, Read] = {}  # batch -> the read that did not see it called last
+                saw_first[sh] = r
+    missed_last: dict[Share, Read] = {}  # share -> the read that did not see it called last
     by_pid = _by_pid(universe, layout)
-    left = set(universe)
+    left = {(b, p) for b in universe for p in layout.keys(b)}
+    shares = sorted(left)
     for r in sorted(present, key=lambda r: -r.call):
         if not left:
             break
-        newly = (_candidates(r, left, by_pid, layout) & left) - set(seen[id(r)])
-        for b in newly:
-            missed_last[b] = r
+        cand = _candidates(r, universe, by_pid, layout)
+        newly = {(b, p) for b in cand for p in r.region.pids if (b, p) in left and layout.covered(b, r.region, p)}
+        newly -= _shares(r, seen[id(r)], layout)
+        for sh in newly:
+            missed_last[sh] = r
         left -= newly
     ops: list[Operation] = []
-    for b in sorted(universe):
-        ws, rs = reduce_batch(writes.get(b, []), [missed_last[b]] if b in missed_last else [],
-                              [saw_first[b]] if b in saw_first else [])
-        ops += [as_operation(b, w) for w in ws] + [as_operation(b, r, r is saw_first.get(b)) for r in rs]
+    for sh in shares:
+        ws, rs = reduce_batch(writes.get(sh[0], []), [missed_last[sh]] if sh in missed_last else [],
+                              [saw_first[sh]] if sh in saw_first else [])
+        ops += [as_operation(sh, w) for w in ws] + [as_operation(sh, r, r is saw_first.get(sh)) for r in rs]
     res = linearizable(REGISTER, ops, timeout_s=60)
     if not res.ok:
         problems.append(res.explain(REGISTER))
     return res.parts
+
+
+def _shares(r: Read, seen: dict[int, frozenset[int]], layout: Layout) -> set[Share]:
+    """The shares a read saw (rows of)."""
+    return {(b, p) for b, ks in seen.items() for p, pks in layout.keys(b).items() if ks & pks}

@@ -11,7 +11,7 @@ from tests.history.batches import (FAILED, OK, REGISTER, History, HistoryViolati
 from tests.history.linearizable import check as linearizable
 
 LAYOUT = Layout(4, lambda keys: keys % 2)  # batch b: keys 4b..4b+3; even keys in partition 0, odd in 1
-P0, BOTH = Region(frozenset({0})), Region(frozenset({0, 1}))
+P0, P1, BOTH = Region(frozenset({0})), Region(frozenset({1})), Region(frozenset({0, 1}))
 
 
 class Clock:
@@ -66,7 +66,7 @@ def test_a_clean_history_passes_and_is_counted(hc):
     read(h, c, Region(frozenset({0, 1}), keys=frozenset({4})), 9, 10, None, [(4, 1)])  # a point get
     s = check(h, LAYOUT, feed((0, 100), (1, 155)), min_acked=1, min_reads=3)
     assert (s.acked, s.unknown, s.present_reads, s.as_of_reads) == (1, 1, 3, 1)
-    assert s.batches == 2
+    assert s.batches == 4  # two batches, two partitions each
 
 
 def test_a_read_that_misses_a_write_acknowledged_before_it_began(hc):
@@ -76,6 +76,22 @@ def test_a_read_that_misses_a_write_acknowledged_before_it_began(hc):
     with pytest.raises(HistoryViolation, match="not linearizable") as e:
         check(h, LAYOUT, feed((0, 100)))
     assert "not the snapshot at its T" in str(e.value)
+
+
+def test_a_batch_may_reach_one_partition_before_another_but_never_leave_one(hc):
+    """A batch spanning nodes, decided and committing: partition 0's node applied it, partition
+    1's not yet (its closed timestamp, and so its reads' T, still below the batch). Each
+    partition on its own must never go back."""
+    h, c = hc
+    write(h, c, 0, 0, 10)  # the client learns nothing (its coordinator vanished)
+    read(h, c, P0, 1, 2, 150, rows(0, (0,)))
+    read(h, c, P1, 3, 4, 120, [])
+    read(h, c, P1, 5, 6, 160, rows(0, (1,)))
+    check(h, LAYOUT, feed((0, 140)))
+    read(h, c, P0, 7, 8, 139, [])  # partition 0 again, at a T that excludes it: a stale read
+    with pytest.raises(HistoryViolation, match="not linearizable") as e:
+        check(h, LAYOUT, feed((0, 140)))
+    assert "saw batch 0 in partition 0: False" in str(e.value)
 
 
 def test_a_stale_snapshot_that_is_consistent_in_itself_is_caught_by_real_time(hc):
@@ -209,10 +225,10 @@ def test_the_reduced_sub_history_decides_as_the_whole_one(hist):
     writes, reads = hist
     absent = [r for r in reads if not r.rows]
     present = [r for r in reads if r.rows]
-    whole = [as_operation(0, w) for w in writes if w.status != FAILED] + [as_operation(0, r, bool(r.rows))
+    whole = [as_operation((0, 0), w) for w in writes if w.status != FAILED] + [as_operation((0, 0), r, bool(r.rows))
                                                                           for r in reads]
     ws, rs = reduce_batch(writes, absent, present)
-    reduced = [as_operation(0, w) for w in ws] + [as_operation(0, r, bool(r.rows)) for r in rs]
+    reduced = [as_operation((0, 0), w) for w in ws] + [as_operation((0, 0), r, bool(r.rows)) for r in rs]
     assert len(rs) <= 2
     assert bool(linearizable(REGISTER, whole).ok) == bool(linearizable(REGISTER, reduced).ok)
 
