@@ -80,6 +80,7 @@ class Write:
     commit_ts: int | None = None
     txn: int | None = None  # a cross-node batch's decision row (``txn/X``), when the client knows X
     decided: str | None = None  # what that row said once the faults healed: "committed" or "aborted"
+    note: str = ""  # what a report says of it instead (a write standing for several: ``reduce_batch``)
     _h: "History | None" = field(default=None, repr=False)
 
     def ok(self, commit_ts: int) -> None:
@@ -100,6 +101,8 @@ class Write:
         return self.status != FAILED and self.decided != "aborted"
 
     def __str__(self) -> str:
+        if self.note:
+            return self.note
         end = "never" if self.ret is None or self.status in (UNKNOWN, PENDING) else f"{self.ret:.3f}"
         ts = f" commit_ts {self.commit_ts}" if self.commit_ts is not None else ""
         dec = f" decided {self.decided}" if self.decided else ""
@@ -238,21 +241,38 @@ REGISTER = _Register()
 
 
 def reduce_batch(writes: list[Write], absent: list[Read], present: list[Read]) -> tuple[list[Write], list[Read]]:
-    """The operations of one share's sub-history that decide whether it is linearizable: the
-    batch's writes that may have taken effect, the read that did not see it called last, and
-    the read that saw it returning first. Sound and complete for a write-once register: the history is
-    linearizable iff some instant t (when the first write takes effect; never, when no write
-    was acknowledged) is after some write's call and no later than every acknowledged write's
-    return, after the call of every read that did not see it and before the return of every
-    read that did. Those bounds are the extremes: the latest call among the reads that missed
-    it and the earliest return among those that saw it — every other read is implied
-    (``tests/history/test_batches.py`` holds this against the whole sub-history)."""
+    """The operations of one share's sub-history that decide whether it is linearizable: one
+    write standing for the batch's writes that may have taken effect (called when the first of
+    them was, returned when the first acknowledged one did: never, when none was), the read
+    that did not see it called last, and the read that saw it returning first.
+
+    Sound and complete for a write-once register: the history is linearizable iff some instant
+    t (when the first write takes effect; never, when none was acknowledged) is at or after
+    some write's call, at or before every acknowledged write's return, after the call of every
+    read that missed it and before the return of every read that saw it. Only the extremes
+    bound t: the first call among the writes, the first return among the acknowledged ones,
+    the latest call among the reads that missed it and the earliest return among those that
+    saw it — every other write is a no-op placed after t, every other read is implied. Without
+    the writes merged the search tries every subset of a batch's unknown retries (a writer
+    retrying through a partition sends dozens); ``tests/history/test_batches.py`` holds the
+    reduction against the whole sub-history."""
     keep: list[Read] = []
     if absent:
         keep.append(max(absent, key=lambda r: r.call))
     if present:
         keep.append(min(present, key=lambda r: INF if r.ret is None else r.ret))
-    return [w for w in writes if w.effective], keep
+    live = [w for w in writes if w.effective]
+    if not live:
+        return [], keep
+    first = min(live, key=lambda w: w.call)
+    acked = [w for w in live if w.status == OK]
+    one = Write(first.client, first.batch, first.call, note=f"{len(live)} writes, the first {first}")
+    if acked:
+        done = min(acked, key=lambda w: w.ret or INF)
+        one.ret, one.status, one.commit_ts = done.ret, OK, done.commit_ts
+    else:
+        one.status = UNKNOWN
+    return [one], keep
 
 
 def as_operation(share: Share, x: Write | Read, saw: bool | None = None) -> Operation:

@@ -53,7 +53,7 @@ SEED = int(os.environ.get("NEMESIS_SEED", "23"))
 PARTS = 3
 ALL = frozenset(range(PARTS))
 # A run that acknowledged fewer batches, or answered fewer reads of the present, proves too
-# little (the default seed's 30 rounds acknowledge thousands, and answer hundreds)
+# little (the default seed's 30 rounds acknowledge about 500, and answer about 150)
 MIN_ACKED, MIN_READS = 200, 50
 JOBS = """
 [jobs]
@@ -356,12 +356,14 @@ def test_nemesis_rounds_lose_nothing_and_agree(tmp_path):
         reading.set()
         reader.join(30)
         w.stop(finish_s=60)  # each writer's last batch acknowledged: no outcome left unknown
+        nem.log("writers stopped")
         assert not w.bad, f"answers no fault excuses: {w.bad[:5]}"
         assert not nem.bad_reads, f"reads answered what no fault excuses: {nem.bad_reads[:5]}"
         assert not w.unacked(), f"batches left with no outcome a minute after healing: {sorted(w.unacked())[:10]}"
         acked = w.acked_ids()
         members = nem.nodes
         eventually(lambda: caught_up(members, 3), 90)
+        nem.log("caught up")
         for n in members:
             with n.client(timeout=60) as c:
                 got = eventually(lambda c=c: counts(c), 30)
@@ -375,8 +377,10 @@ def test_nemesis_rounds_lose_nothing_and_agree(tmp_path):
                 assert dict(zip(*(a.tolist() for a in again))) == seen, f"as_of {T} changed"
             pairs = eventually(lambda: feed_check(c, acked, ROWS), 30)  # 503 while a leadership moves
             eventually(lambda: nem.read_at(c, None), 30)  # the present, once all is written
+        nem.log("history read")
         summary = check_history(nem.history, Layout(ROWS, lambda keys: pids_of(keys, PARTS)), pairs,
                                 min_acked=MIN_ACKED, min_reads=MIN_READS)
+        nem.log("history checked")
         # the replicas hold it all: kill -9 the node leading the most partitions, read again
         led = eventually(lambda: caught_up(members, 3), 90)  # leader balancing may be moving one
         top = max(members, key=lambda n: sum(1 for who, _ in led.values() if who == n.node_id))
