@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("file")
     ex.add_argument("--resume", action="store_true", help="continue an interrupted export of FILE")
     ex.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ex.add_argument("--page-rows", type=int, default=50_000, help="rows per scan page (and per saved page)")
+    ex.add_argument("--page-rows", type=int, default=100_000, help="rows per scan page (and per saved page)")
 
     q = sub.add_parser("query", parents=[out], help="filtered read")
     q.add_argument("name")

@@ -63,6 +63,7 @@ class NodeConfig:
     catalog_secret_file: str | None = None
     catalog_dir: str | None = None
     seal_bytes: int = 256 << 20
+    columnar: bool = True  # offloaded segments columnar (docs/format/segment.md §7, RFC 0014)
     flush_bytes: int = 64 << 10
     flush_ms: float = 2.0
     token: str | None = None
@@ -89,6 +90,12 @@ class NodeConfig:
 def _str(key: str, v: object) -> str:
     if not isinstance(v, str) or not v:
         raise ConfigError(f"{key}: expected a non-empty string, got {v!r}")
+    return v
+
+
+def _flag(key: str, v: object) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key}: expected true or false, got {v!r}")
     return v
 
 
@@ -173,6 +180,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, Callable[[str, object], object]]]] = {
                 "secret_file": ("catalog_secret_file", lambda k, v: _str(k, v)),
                 "dir": ("catalog_dir", lambda k, v: _str(k, v))},
     "segments": {"seal_bytes": ("seal_bytes", parse_size), "flush_bytes": ("flush_bytes", parse_size),
+                 "columnar": ("columnar", _flag),
                  "flush_ms": ("flush_ms", lambda k, v: _num(k, v))},
     "security": {"token": ("token", lambda k, v: _str(k, v)), "token_file": ("token", _read_token),
                  "encryption_key_file": ("encryption_key_file", lambda k, v: _str(k, v)),

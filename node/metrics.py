@@ -52,6 +52,11 @@ class Metrics:
                                          "carried", registry=r)
         self.flush_wait_seconds = Gauge("terrascale_flush_wait_seconds", "Appenders' total wait for their "
                                         "group commit (open active files)", registry=r)
+        self.device_allocated = Gauge("terrascale_device_allocated_bytes", "Bytes the log device's file holds on "
+                                      "its host file system (extents given back after offload are not)",
+                                      registry=r)
+        self.device_used = Gauge("terrascale_device_used_bytes", "Bytes of the log device's extents that active "
+                                 "files use", registry=r)
         self.segments = Gauge("terrascale_segments", "Segments by state", ["state"], registry=r)
         self.files = Gauge("terrascale_files", "TerrascaleFS files by state and tier", ["state", "tier"],
                            registry=r)

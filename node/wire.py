@@ -44,6 +44,7 @@ from rowstore.reads.predicates import timestamp_us
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import LOGICAL_KEY, ColumnType, Kind
 from node.errors import NodeError
+from node.json_columns import iso_strings, rows_of_columns
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _INT_RANGE = {
@@ -322,14 +323,15 @@ def table_to_rows(t: pa.Table) -> list[dict[str, Any]]:
     for field, arr in zip(t.schema, t.columns):
         ct = column_type(field)
         cols[field.name] = column_to_json(arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr, ct)
-    names = list(cols)
-    return [dict(zip(names, vals)) for vals in zip(*cols.values())] if names else [{} for _ in range(t.num_rows)]
+    if not cols:
+        return [{} for _ in range(t.num_rows)]
+    return rows_of_columns(list(cols), list(cols.values()))
 
 
 def column_to_json(arr: pa.Array, ct: ColumnType | None) -> list[Any]:
     k = ct.kind if ct is not None else None
     if pa.types.is_timestamp(arr.type):
-        return _ts_strings(arr)
+        return iso_strings(arr)
     if pa.types.is_date(arr.type):
         dates: list[Any] = arr.cast(pa.string()).to_pylist()
         return dates
@@ -340,9 +342,12 @@ def column_to_json(arr: pa.Array, ct: ColumnType | None) -> list[Any]:
     if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type) or pa.types.is_fixed_size_binary(arr.type):
         return [None if b is None else base64.b64encode(b).decode() for b in arr.to_pylist()]
     if pa.types.is_floating(arr.type):
+        if pc.all(pc.is_finite(arr)).as_py() in (True, None):  # no NaN or infinity: the values as they are
+            floats: list[Any] = arr.to_pylist()
+            return floats
         return [_float_out(x) for x in arr.to_pylist()]
     if k == Kind.RANGE and ct is not None and ct.elem == Kind.TIMESTAMP:
-        lo, hi = _ts_strings(arr.field("lower")), _ts_strings(arr.field("upper"))
+        lo, hi = iso_strings(arr.field("lower")), iso_strings(arr.field("upper"))
         vals = arr.to_pylist()
         return [None if v is None else dict(v, lower=a, upper=b) for v, a, b in zip(vals, lo, hi)]
     if k in (Kind.POINT, Kind.BOX, Kind.RANGE):
@@ -350,15 +355,6 @@ def column_to_json(arr: pa.Array, ct: ColumnType | None) -> list[Any]:
                 for v in arr.to_pylist()]
     values: list[Any] = arr.to_pylist()
     return values
-
-
-def _ts_strings(arr: pa.Array) -> list[str | None]:
-    if not pa.types.is_timestamp(arr.type):
-        arr = arr.cast(pa.timestamp("us", tz="UTC"))
-    elif arr.type.tz is None or arr.type.unit != "us":
-        arr = arr.cast(pa.timestamp("us", tz="UTC"))
-    out: list[str | None] = pc.strftime(arr, format="%Y-%m-%dT%H:%M:%SZ").to_pylist()
-    return out
 
 
 def _float_out(x: float | None) -> float | str | None:

@@ -82,3 +82,8 @@ class FencedError(UnavailableError):
 class LeaderAliveError(UnavailableError):
     """Raised when a replica refuses a fence because it heard from the current leader within
     the leader's lease (the leader may still be serving)."""
+
+
+class ColumnCorruptionError(RowCorruptionError):
+    """Raised when a columnar segment's page, statistics or metadata fail an invariant
+    (docs/format/segment.md §7); ``where`` names the object, the segment and the column."""

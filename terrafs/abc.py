@@ -10,6 +10,7 @@ Blocking I/O never runs on the event loop: local backends call
 from __future__ import annotations
 
 import abc
+import asyncio
 import builtins
 from dataclasses import dataclass
 from typing import AsyncIterable, Callable, Protocol, Sequence, Union
@@ -120,6 +121,11 @@ class BlockDevice(abc.ABC):
         groups into rounds (``terrafs/rounds.py``); None when each file flushes alone."""
         return None
 
+    def space(self) -> tuple[int, int] | None:
+        """(bytes the device holds on its host, bytes its files use) where it keeps space of its
+        own beyond its files (the log device's extents); None otherwise."""
+        return None
+
     async def write_file(self, name: str, data: bytes) -> None:
         """Atomically replace ``name`` with ``data``: temp file, sync, rename."""
         tmp = name + ".tmp"
@@ -187,6 +193,11 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     async def get_range(self, key: str, offset: int, length: int) -> bytes:
         """``length`` bytes from ``offset`` (short at the end of the object)."""
+
+    async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Several ``(offset, length)`` ranges of one object, requested at once (a backend
+        that can serves them in one round trip or one thread hop)."""
+        return list(await asyncio.gather(*(self.get_range(key, o, n) for o, n in ranges)))
 
     @abc.abstractmethod
     async def head(self, key: str) -> ObjectInfo:

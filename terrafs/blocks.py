@@ -40,6 +40,9 @@ class Flags(enum.IntFlag):
     PAD = 0x08
 
 
+_PAD, _AESGCM, _ZSTD = int(Flags.PAD), int(Flags.AESGCM), int(Flags.ZSTD)  # plain ints: a block's read tests them
+
+
 @dataclass(frozen=True, slots=True)
 class BlockHeader:
     flags: int
@@ -151,10 +154,10 @@ def decode_payload(h: BlockHeader, payload: Buffer, *, cipher: DataCipher | None
         raise FileCorruptionError(where, pos, "truncated block payload")
     if crc32c(payload) != h.payload_crc:
         raise FileCorruptionError(where, pos, "block payload checksum mismatch")
-    if h.flags & Flags.PAD:
+    if h.flags & _PAD:
         return b""
     data = payload
-    if h.flags & Flags.AESGCM:
+    if h.flags & _AESGCM:
         if cipher is None:
             raise EncryptionKeyError(f"{where}: block at offset {pos} is encrypted and no key is configured")
         aad = HEADER.pack(BLOCK_MAGIC, BLOCK_VERSION, h.flags, 0, h.logical_off, h.group,
@@ -166,7 +169,7 @@ def decode_payload(h: BlockHeader, payload: Buffer, *, cipher: DataCipher | None
             # the block was moved from another file/offset.
             raise EncryptionKeyError(f"{where}: block at offset {pos} does not decrypt "
                                      "(wrong key or block moved)") from None
-    if h.flags & Flags.ZSTD:
+    if h.flags & _ZSTD:
         try:
             data = _zd().decompress(data, max_output_size=h.raw_len)
         except zstandard.ZstdError as e:

@@ -249,12 +249,13 @@ class TerrascaleFS:
             return new
 
     async def offload(self, inode: int, content: AsyncIterable[bytes] | None = None,
-                      extra: Extra | None = None) -> FileRecord:
+                      extra: Extra | None = None, block_size: int | None = None) -> FileRecord:
         """Rewrite a sealed local file as an object, switch the catalog, drop the local file.
 
         ``content`` replaces the file's bytes in the object (the row store drops
         its write-ahead bookkeeping this way); by default the bytes are copied.
-        ``extra(new_record)`` adds checks/ops to the switching transaction.
+        ``extra(new_record)`` adds checks/ops to the switching transaction; ``block_size``
+        replaces ``sealed_block_size`` for this object (a columnar segment's pages).
         """
         async with self._locks[inode]:
             e = await self._entry(inode)
@@ -265,7 +266,7 @@ class TerrascaleFS:
                 raise FileStateError(f"inode {inode} is {rec.state.value}; seal it before offload")
             af = await self.open_active(inode)
             src = content if content is not None else _bytes_of(af.scan())
-            key, size, logical = await self._build_and_upload(rec, src)
+            key, size, logical = await self._build_and_upload(rec, src, block_size)
             new = rec.evolve(tier=FileTier.OBJECT, location=key, object_size=size, size=logical,
                              codec=self.cfg.sealed_codec)
             await self._switch(e, new, extra)
@@ -274,7 +275,8 @@ class TerrascaleFS:
             log.info("event=offloaded inode=%d object=%s bytes=%d logical=%d", inode, key, size, logical)
             return new
 
-    async def create_sealed(self, content: AsyncIterable[bytes], extra: Extra | None = None) -> FileRecord:
+    async def create_sealed(self, content: AsyncIterable[bytes], extra: Extra | None = None,
+                            block_size: int | None = None) -> FileRecord:
         """Build a sealed file straight from a stream (no active phase).
 
         ``extra(record)`` joins the transaction that publishes the file, so a
@@ -282,15 +284,16 @@ class TerrascaleFS:
         """
         rec = await self._allocate(FileState.BUILDING, FileTier.OBJECT, self.cfg.sealed_codec)
         e = await self._entry(rec.inode)
-        key, size, logical = await self._build_and_upload(rec, content)
+        key, size, logical = await self._build_and_upload(rec, content, block_size)
         new = rec.evolve(state=FileState.SEALED, object_size=size, size=logical)
         await self._switch(e, new, extra)
         return new
 
-    async def _build_and_upload(self, rec: FileRecord, content: AsyncIterable[bytes]) -> tuple[str, int, int]:
+    async def _build_and_upload(self, rec: FileRecord, content: AsyncIterable[bytes],
+                                block_size: int | None = None) -> tuple[str, int, int]:
         """Write the sealed object on the volatile device's staging area, then upload it."""
         params = new_params(rec.inode, rec.gen, codec=self.cfg.sealed_codec,
-                            block_size=self.cfg.sealed_block_size, kek=self.kek)
+                            block_size=block_size or self.cfg.sealed_block_size, kek=self.kek)
         name = f"{STAGING}/{rec.inode:08x}-{uuid.uuid4().hex}"
         out = await self.volatile.create(name)
         try:

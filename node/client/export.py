@@ -5,16 +5,18 @@ restartable (docs/rfcs/0013).
 The scan's pages (``POST /v1/tables/{t}/scan``, cursors pinned to the first page's T) are
 saved one by one in a work directory beside the file (``FILE.export/``): each page an Arrow
 IPC file, written then renamed, then the state (the table, the request, the next cursor,
-the pages and rows so far) written then renamed. Interrupted — Ctrl-C, ``kill -9``, the node
-restarting — ``--resume`` reads the state and continues from its cursor: a page saved but not
-yet in the state is fetched again and written over itself (the same rows: the same cursor at
-the same T). When the last page is saved, the file is written from the pages (to
-``FILE.tmp``, synced, renamed) and the work directory removed: the finished file holds
-exactly the rows of an uninterrupted run, in key order.
+the pages and rows so far) written then renamed — and appended to the file being written,
+``FILE.tmp``, while the next page is fetched. Interrupted — Ctrl-C, ``kill -9``, the node
+restarting — ``--resume`` reads the state, writes ``FILE.tmp`` again from the saved pages and
+continues from the cursor: a page saved but not yet in the state is fetched again and
+written over itself (the same rows: the same cursor at the same T). After the last page,
+``FILE.tmp`` is synced and renamed to ``FILE`` and the work directory removed: the finished
+file holds exactly the rows of an uninterrupted run, in key order.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -46,17 +48,28 @@ def export(c: Client, args: argparse.Namespace) -> int:
     work = out.with_name(out.name + ".export")
     request = _request(args)
     state = _resume(work, args.name, request) if args.resume else _begin(out, work, args.name, request)
+    sink = _Sink(fmt, out.with_name(out.name + ".tmp"))
+    for t in _pages(work, state["pages"]):  # a resumed export: the file again from the saved pages
+        sink.write(t)
     bar = _bar(args, state)
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="export-fetch")
     try:
-        while state["next"] is not None or state["pages"] == 0:
-            page = _page(c, args.name, request, state["next"], args.as_of)
+        more = state["next"] is not None or state["pages"] == 0
+        fut = pool.submit(_page, c, args.name, request, state["next"], args.as_of) if more else None
+        while fut is not None:
+            page = fut.result()
+            # the next page is fetched while this one is saved and written (one request at a time)
+            fut = pool.submit(_page, c, args.name, request, page.next, args.as_of) if page.next else None
             _save(work, state, page)
+            sink.write(page.rows)
             if bar is not None:
                 bar.update(page.rows.num_rows)
     finally:
+        pool.shutdown(cancel_futures=True)
         if bar is not None:
             bar.close()
-    rows = _finish(out, work, fmt, state)
+    rows = sink.finish(out)
+    shutil.rmtree(work)
     print(f"exported {rows} rows of {args.name!r} as of {state['as_of']} to {out}", file=sys.stderr)
     return 0
 
@@ -158,24 +171,27 @@ def _pages(work: Path, count: int) -> Iterator[pa.Table]:
             yield pa.ipc.open_file(f).read_all()
 
 
-def _finish(out: Path, work: Path, fmt: str, state: dict[str, Any]) -> int:
-    """The file from the saved pages, in order: written beside, synced, renamed into place."""
-    tmp = out.with_name(out.name + ".tmp")
-    pages = _pages(work, state["pages"])
-    first = next(pages)
-    writer = _writer(fmt, tmp, first.schema)
-    rows = 0
-    try:
-        for t in (first, *pages):
-            writer.write_table(t)
-            rows += t.num_rows
-    finally:
-        writer.close()
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, out)
-    shutil.rmtree(work)
-    return rows
+class _Sink:
+    """The file being written, beside its final name (``FILE.tmp``), opened with the first
+    page's schema; ``finish`` syncs it and renames it into place."""
+
+    def __init__(self, fmt: str, tmp: Path):
+        self.fmt, self.tmp, self.rows = fmt, tmp, 0
+        self.writer: Any = None
+
+    def write(self, t: pa.Table) -> None:
+        if self.writer is None:
+            self.writer = _writer(self.fmt, self.tmp, t.schema)
+        self.writer.write_table(t)
+        self.rows += t.num_rows
+
+    def finish(self, out: Path) -> int:
+        assert self.writer is not None  # a scan answers at least one page
+        self.writer.close()
+        with open(self.tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(self.tmp, out)
+        return self.rows
 
 
 def _writer(fmt: str, path: Path, schema: pa.Schema) -> Any:

@@ -109,7 +109,7 @@ class Node:
         raft = catalog.self_addr if c.catalog.startswith("raft://") and isinstance(catalog, RaftCatalog) else None
         cluster = Cluster(catalog, c.node_id, self.http_url, raft, token=c.token, incarnation=self.incarnation)
         self._stack.push_async_callback(cluster.close)
-        db = self.db = Database(fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes,
+        db = self.db = Database(fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes, columnar=c.columnar,
                                                  memtable_bytes=c.memtable_bytes,
                                                  retention_ms=int(c.retention_s * 1000),
                                                  purge_lag_ms=int(c.purge_lag_s * 1000),

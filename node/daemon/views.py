@@ -81,7 +81,10 @@ class Views:
         m.flush_appends.set(sum(s["appends"] for s in stats))
         m.flush_seconds.set(sum(s.get("flush_s", 0.0) for s in stats))
         m.flush_wait_seconds.set(sum(s.get("wait_s", 0.0) for s in stats))
-        syncs, rounds = fs.block.fdatasyncs(), fs.block.rounds()
+        syncs, rounds, space = fs.block.fdatasyncs(), fs.block.rounds(), fs.block.space()
+        if space is not None:
+            m.device_allocated.set(space[0])
+            m.device_used.set(space[1])
         if syncs is not None:
             m.device_syncs.set(syncs)
         if rounds is not None:

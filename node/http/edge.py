@@ -16,6 +16,7 @@ from catalog.errors import (CatalogError, CatalogTimeoutError, CatalogUnavailabl
                             InvalidTransactionError)
 from node.cluster.router import Misdirected
 from node.errors import ApiError
+from node.http.answers import json_answer
 from rowstore.errors import (ConflictError, FutureTimestampError, HistoryPurgedError, InvalidKeyError,
                              ReadLeaseExpiredError, QueryError,
                              RowstoreError, RowValidationError, SchemaError, TableExistsError, TableNotFoundError,
@@ -40,7 +41,7 @@ _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 
 
 
 def error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+    return json_answer({"error": {"code": code, "message": message}}, status=status)
 
 
 def _where(e: BaseException) -> str:

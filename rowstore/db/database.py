@@ -61,6 +61,9 @@ log = logging.getLogger("rowstore.database")
 class TablesConfig:
     partitions: int = 8
     seal_bytes: int = 256 << 20
+    # offload and the collector write version 2, columnar (docs/format/segment.md §7); a node's
+    # config (segments.columnar) turns it on by default, the engine alone (tests, tools) does not
+    columnar: bool = False
     memtable_bytes: int = 64 << 20  # all partitions' key memtables together
     retention_ms: int = 7 * 86_400_000
     closed_wait_s: float = 2.0
@@ -98,7 +101,8 @@ class Database:
         self.timeline = Timeline(self.clock)
         self.tasks = BackgroundTasks()
         self.catalog_tables = TableCatalog(self.catalog, self.clock)
-        self.store = SegmentStore(fs, seal_bytes=cfg.seal_bytes, lost=lost)  # each read passes its table's schemas
+        # each read passes its table's schemas
+        self.store = SegmentStore(fs, seal_bytes=cfg.seal_bytes, lost=lost, columnar=cfg.columnar)
         self.tables = TableRegistry(self.catalog_tables, self.store, self.clock.observe)
         # serving/
         self.replicas = ReplicaStore(fs, cfg.replica_lease_s, monotonic, cfg.resume_free_bytes, lost)
@@ -243,6 +247,11 @@ class Database:
             parts.append(page.rows)
             last = page.last if page.last is not None else last
         return pa.concat_tables(parts), T
+
+    async def get_dicts(self, name: str, keys: Sequence[object], as_of: int | None = None,
+                        columns: list[str] | None = None) -> tuple[int, list[dict[str, Any] | None]]:
+        """Many rows by key, in the order asked, as dicts (``Reader.get_dicts``)."""
+        return await self.reader.get_dicts(name, keys, as_of, columns)
 
     def scan_partitions(self, d: TableDef, prefix: Sequence[Key]) -> list[int]:
         """The partitions a scan of ``prefix`` (checked components) reads: one, or all."""

@@ -8,7 +8,9 @@ from itertools import accumulate
 from bisect import bisect_right
 from typing import Any, AsyncIterator, cast
 
+import numba
 import numpy as np
+import numpy.typing as npt
 
 from catalog.checksum import crc32c
 from rowstore.errors import RowCorruptionError
@@ -136,14 +138,41 @@ class IndexRun:
         return p
 
     async def pages(self, idx: list[int]) -> list[Run]:
-        """Parsed pages ``idx``: those parsed already without a coroutine each, then the rest."""
+        """Parsed pages ``idx``: those parsed already without a coroutine each; the rest read
+        a stretch of neighbouring pages at a time (one read, parsed together)."""
         got = [self._pages.get(i) for i in idx]
         for j, p in enumerate(got):
-            if p is None:
-                got[j] = await self.page(idx[j])
-            elif idx[j] in self._pages:  # reading the others may have evicted it meanwhile
+            if p is not None and idx[j] in self._pages:
                 self._pages.move_to_end(idx[j])
+        j = 0
+        while j < len(got):
+            if got[j] is not None:
+                j += 1
+                continue
+            k = j + 1  # a stretch of missing pages, consecutive in the run
+            while k < len(got) and got[k] is None and idx[k] == idx[k - 1] + 1:
+                k += 1
+            got[j:k] = await self._read_pages(idx[j], idx[k - 1] + 1)
+            j = k
         return cast(list[Run], got)  # every None was replaced by its page
+
+    async def _read_pages(self, lo: int, hi: int) -> list[Run]:
+        """Pages ``lo..hi-1`` by one read; parsed off the loop when there are many."""
+        if hi - lo == 1:
+            return [await self.page(lo)]
+        start = self._offs[lo]
+        ends = [*self._offs[lo + 1 : hi], self._offs[hi] if hi < len(self._offs) else self._fence_off]
+        raw = await self.sf.read(start, ends[-1] - start)
+
+        def parse() -> list[Run]:
+            return [_parse_page(raw[a - start : b - start], self.kind, self._counts[i], self.where, a)
+                    for i, a, b in zip(range(lo, hi), self._offs[lo:hi], ends)]
+        runs = await asyncio.to_thread(parse) if hi - lo > 8 else parse()
+        for i, r in zip(range(lo, hi), runs):
+            self._pages[i] = r
+        while len(self._pages) > PARSED_PAGES:
+            self._pages.popitem(last=False)
+        return runs
 
     def pages_for(self, key: int | bytes) -> range:
         """Pages that may hold versions of ``key`` (usually one)."""
@@ -345,6 +374,39 @@ def _parse_fence(fence: bytes, kind: str, where: str, at: int) -> _Fence:
     return offs, counts, firsts
 
 
+def _fixed_width(raw: bytes, pos: int, ends: npt.NDArray[np.int64], where: str, at: int) -> npt.NDArray[Any]:
+    """Variable-length keys (their end offsets after ``pos``) as one ``S{longest}`` array,
+    copied by one kernel (a page's entries are not sliced one by one)."""
+    if not len(ends):
+        return np.zeros(0, "S1")
+    w = int(ends[0])
+    if w and int(ends[-1]) == w * len(ends) and pos + w * len(ends) <= len(raw) and \
+            bool((np.diff(ends) == w).all()):  # keys of one length (a sensor name, a timestamp): no copy loop
+        return np.frombuffer(raw, f"S{w}", len(ends), pos).copy()
+    buf = np.frombuffer(raw, np.uint8)
+    out = _scatter(buf, pos, ends)
+    if out is None:
+        raise RowCorruptionError(where, at, "malformed index page: key offsets out of order or past the page")
+    return out.view(f"S{out.shape[1]}").ravel()
+
+
+@numba.njit(cache=True, nogil=True)
+def _scatter(buf: npt.NDArray[np.uint8], pos: int, ends: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8] | None:
+    width, start = 1, 0
+    for e in ends:
+        if e < start or pos + e > buf.shape[0]:
+            return None
+        width = max(width, e - start)
+        start = e
+    out = np.zeros((ends.shape[0], width), np.uint8)
+    start = 0
+    for i in range(ends.shape[0]):
+        for j in range(ends[i] - start):
+            out[i, j] = buf[pos + start + j]
+        start = ends[i]
+    return out
+
+
 def _parse_page(raw: bytes, kind: str, count: int, where: str, at: int) -> Run:
     try:
         (n,) = struct.unpack_from("<I", raw, 0)
@@ -360,9 +422,7 @@ def _parse_page(raw: bytes, kind: str, count: int, where: str, at: int) -> Run:
         else:
             ends = np.frombuffer(raw, "<u4", n, pos).astype(np.int64)
             pos += 4 * n
-            starts = np.concatenate([[0], ends[:-1]])
-            keys = np.array([raw[pos + a : pos + b] for a, b in zip(starts, ends)], dtype="S") if n else \
-                np.zeros(0, "S1")
+            keys = _fixed_width(raw, pos, ends, where, at)
             pos += int(ends[-1]) if n else 0
         ts = np.frombuffer(raw, "<u8", n, pos).astype(np.uint64)
         rowids = np.frombuffer(raw, "<u8", n, pos + 8 * n).astype(np.uint64)

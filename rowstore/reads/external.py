@@ -3,13 +3,17 @@ executors) need, straight from object storage (docs/rfcs/0006-external-reads.md)
 
 A node plans a read (``Database.read_plan``, a :class:`rowstore.reads.plan.ReadPlan`): for
 each offloaded segment of the table, its object and a roaring bitmap of the localids visible
-at the read's timestamp. This module turns one such entry into Arrow record batches: open the sealed object (footer,
-block map; blocks checksummed, decrypted with the node's key if the data is encrypted),
-scan its rows sequentially, keep the visible ones, apply the exact predicates.
+at the read's timestamp. This module turns one such entry into Arrow record batches: open
+the sealed object (footer, block map; blocks checksummed, decrypted with the node's key if
+the data is encrypted), scan its rows sequentially, keep the visible ones, apply the exact
+predicates. A columnar segment (docs/format/segment.md §7) is read only in ``target``'s
+columns, and groups of rows whose statistics the predicates miss are not read.
 """
 from __future__ import annotations
 
 from typing import AsyncIterator, Callable, Sequence
+
+from rowstore.codec.rows import Decoded
 
 import numpy as np
 import pyarrow as pa
@@ -17,8 +21,9 @@ from pyroaring import BitMap
 
 from rowstore.reads.plan import SegmentSlice
 from rowstore.reads.predicates import BBox, Term, batch_mask
+from rowstore.reads.zones import group_mask
 from rowstore.schema import SchemaVersion
-from rowstore.segments.sealed import SealedSegment
+from rowstore.segments.columnar import ColumnarSegment, open_segment
 from terrafs.cache import BlockCache
 from terrafs.abc import ObjectStore
 from terrafs.crypto import KeyEncryptionKey
@@ -42,15 +47,17 @@ async def read_segment(objects_uri: str, part: SegmentSlice, schemas: Callable[[
         await store.open_store()
     try:
         sf = await SealedFile.open(store, part.key, object_size=part.object_size, kek=kek, cache=BlockCache(8 << 20))
-        seg = await SealedSegment.open(sf)
+        seg = await open_segment(sf)
         want = np.zeros(seg.footer.rows, bool)
         vis = np.frombuffer(BitMap.deserialize(part.visible).to_array(), np.uint32)
         want[vis[vis < len(want)]] = True
-        base = 0
-        async for d in seg.scan(schemas, target):
+        if isinstance(seg, ColumnarSegment):
+            scan = _columnar_rows(seg, want, target, terms, bbox)
+        else:
+            scan = _all_rows(seg.scan(schemas, target))
+        async for base, d in scan:
             n = d.batch.num_rows
             m = want[base : base + n] & ~d.deleted
-            base += n
             if not m.any():
                 continue
             b = d.batch.filter(pa.array(m))
@@ -61,3 +68,20 @@ async def read_segment(objects_uri: str, part: SegmentSlice, schemas: Callable[[
     finally:
         if own:
             await store.close()
+
+
+async def _all_rows(scan: AsyncIterator[Decoded]) -> AsyncIterator[tuple[int, Decoded]]:
+    base = 0
+    async for d in scan:
+        yield base, d
+        base += d.batch.num_rows
+
+
+async def _columnar_rows(seg: ColumnarSegment, want: np.ndarray, target: SchemaVersion, terms: Sequence[Term],
+                         bbox: BBox | None) -> AsyncIterator[tuple[int, Decoded]]:
+    """The groups holding visible rows that the predicates may match: (first localid, rows)."""
+    g = seg.meta.group_rows
+    keep = np.array([want[i * g : (i + 1) * g].any() for i in range(seg.groups)], bool)
+    keep &= group_mask(seg, list(terms), bbox)
+    async for i, d in seg.scan_groups(target, keep):
+        yield i * g, d

@@ -1,13 +1,18 @@
-"""Skipping segments by their cluster range (docs/rfcs/0009-gc.md): a copy written in
-cluster order records the range of its ``cluster_by`` column (footer and catalog row); a
-query drops every candidate row of a segment whose range its bbox or range terms miss."""
+"""Skipping rows without reading them. By cluster range (docs/rfcs/0009-gc.md): a copy
+written in cluster order records the range of its ``cluster_by`` column (footer and catalog
+row); a query drops every candidate row of a segment whose range its bbox or range terms
+miss. By column statistics (docs/format/segment.md §7): a columnar segment keeps, per group
+of rows and column, the null count and bounds; a query drops the rows of every group whose
+statistics one of its terms (on any column) or its bbox cannot match."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from rowstore.reads.predicates import BBox, Term
+from rowstore.reads.predicates import BBox, Between, Term
+from rowstore.segments.columnar import HAS_MINMAX, ColumnarSegment, bounds
 from rowstore.segments.sealed import CLUSTER_BOX, ClusterRange
 
 
@@ -47,3 +52,59 @@ def keep_mask(rowids: np.ndarray, clusters: Mapping[int, ClusterRange | None], t
     if not skip:
         return None
     return ~np.isin(segs, np.array(skip, np.uint32))
+
+
+def group_mask(seg: ColumnarSegment, terms: list[Term], box: BBox | None) -> np.ndarray:
+    """Which groups of a columnar segment the terms and bbox may match, by each column's
+    null count and bounds (docs/format/segment.md §7.2): False only where no row can."""
+    keep = np.ones(seg.groups, bool)
+    preds: list[Term | BBox] = [*terms, *([box] if box is not None else [])]
+    for p in preds:
+        for t in ([p, p.upper] if isinstance(p, Between) and p.upper is not None else [p]):
+            ci = seg.index_of(t.column)
+            if ci < 0:  # no row of the segment has the column: null everywhere, which nothing matches
+                return np.zeros(seg.groups, bool)
+            for g in np.flatnonzero(keep).tolist():
+                if _chunk_misses(seg.meta.chunks[g, ci], seg.group_len(g), t):
+                    keep[g] = False
+    return keep
+
+
+def _chunk_misses(entry: np.ndarray, rows: int, p: Term | BBox) -> bool:
+    if int(entry["nulls"]) == rows:
+        return True  # nulls match no term and no bbox
+    if not int(entry["flags"]) & HAS_MINMAX:
+        return False
+    lo, hi = bounds(entry, p.column.type)
+    if isinstance(p, BBox):
+        return bool(p.xmax < lo[0] or p.xmin > hi[0] or p.ymax < lo[1] or p.ymin > hi[1])
+    v: Any = p.value
+    if isinstance(v, str):
+        v = v.encode()
+    if isinstance(v, bool):
+        v = int(v)
+    if isinstance(v, float) and v != v:
+        return False  # NaN: compare nothing
+    if isinstance(lo, bytes) != isinstance(v, bytes) or isinstance(lo, tuple):
+        return False
+    op = p.op
+    return bool((op == "=" and (v < lo or v > hi)) or (op == "<" and lo >= v) or (op == "<=" and lo > v)
+                or (op == ">" and hi <= v) or (op == ">=" and hi < v) or (op == "!=" and lo == hi == v))
+
+
+def group_keep(rowids: np.ndarray, segs: Mapping[int, ColumnarSegment], terms: list[Term],
+               box: BBox | None) -> np.ndarray | None:
+    """Which ``rowids`` lie in groups of columnar segments the query may match (None: all)."""
+    if len(rowids) == 0 or (box is None and not terms) or not segs:
+        return None
+    ids = np.asarray(rowids, np.uint64)
+    seg_of = (ids >> np.uint64(32)).astype(np.uint32)
+    keep = np.ones(len(ids), bool)
+    for segid, seg in segs.items():
+        mask = group_mask(seg, terms, box)
+        if mask.all():
+            continue
+        sel = seg_of == segid
+        groups = (ids[sel] & np.uint64(0xFFFFFFFF)).astype(np.int64) // seg.meta.group_rows
+        keep[sel] = mask[np.minimum(groups, len(mask) - 1)]
+    return None if keep.all() else keep

@@ -4,7 +4,9 @@ Rows of one segment are located (active: the in-memory offset index; sealed: the
 B+ tree, or for many rows its whole leaf level, cached), their bytes gathered from
 the blocks they lie in (each block fetched once: ``terrafs.gather``), then decoded
 in one call. When a query wants a large share of a
-segment, a sequential scan with a localid mask is cheaper than locating rows.
+segment, a sequential scan with a localid mask is cheaper than locating rows. A columnar
+segment (version 2) reads only the target's columns: the pages holding the rows, or
+whole groups of rows when a large share of a group is wanted.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from rowstore.segments.active import ActiveSegment
+from rowstore.segments.columnar import ColumnarSegment
 from rowstore.segments.sealed import SealedSegment
 from rowstore.segments.store import SegmentStore
 from rowstore.rowids import split_rowids
@@ -64,6 +67,8 @@ async def _segment_rows(store: SegmentStore, segid: int, locs: np.ndarray, schem
         raise _dangling(where, segid, int(locs[0]), "no such segment exists (deleted, or never written)") from None
     if int(locs.max()) >= sealed.footer.rows:
         raise _dangling(where, segid, int(locs.max()), f"the segment has {sealed.footer.rows} rows")
+    if isinstance(sealed, ColumnarSegment):
+        return await _from_columnar(sealed, locs.astype(np.int64), target)
     if len(locs) * _SCAN_SHARE > sealed.footer.rows:
         return await _by_scan(store, segid, locs, schemas, target)
     if len(locs) < _FEW:
@@ -76,6 +81,25 @@ async def _segment_rows(store: SegmentStore, segid: int, locs: np.ndarray, schem
         lens = ends[locs.astype(np.int64) + 1] - offs
     buf, starts = await sealed.sf.read_ranges(offs, lens)
     return decode_rows(buf, starts, schemas, target, sealed.where)
+
+
+async def _from_columnar(seg: ColumnarSegment, locs: np.ndarray, target: SchemaVersion) -> Decoded:
+    """Rows of a columnar segment: groups of which a large share is wanted are read whole
+    (their chunks of the target's columns, sequentially), the others page by page."""
+    gs = locs // seg.meta.group_rows
+    ids, counts = np.unique(gs, return_counts=True)
+    whole = {int(g) for g, n in zip(ids.tolist(), counts.tolist()) if n * _SCAN_SHARE > seg.group_len(int(g))}
+    if not whole:
+        return await seg.take(locs, target)
+    parts = []
+    for g in ids.tolist():
+        sel = locs[gs == g]
+        if g in whole:
+            d = await seg.read_group(g, target)
+            parts.append(take(d, sel - g * seg.meta.group_rows))
+        else:
+            parts.append(await seg.take(sel, target))
+    return concat(parts, target)
 
 
 async def _row_ends(sealed: SealedSegment) -> np.ndarray:
@@ -112,7 +136,8 @@ async def _by_scan(store: SegmentStore, segid: int, locs: np.ndarray, schemas: C
         if len(m) < n:
             m = np.r_[m, np.zeros(n - len(m), bool)]
         if m.any():
-            parts.append(take(d, np.flatnonzero(m)))
+            idx = np.flatnonzero(m)
+            parts.append(_slice(d, int(idx[0]), len(idx)) if idx[-1] - idx[0] + 1 == len(idx) else take(d, idx))
         base += n
         if base >= len(want):
             break
@@ -121,6 +146,13 @@ async def _by_scan(store: SegmentStore, segid: int, locs: np.ndarray, schemas: C
 
 def take(d: Decoded, idx: np.ndarray) -> Decoded:
     return Decoded(d.batch.take(pa.array(idx)), d.commit_ts[idx], d.deleted[idx], d.schema_ver[idx])
+
+
+def _slice(d: Decoded, a: int, n: int) -> Decoded:
+    """Rows ``a..a+n`` of ``d`` without copying (a stretch of a segment wanted whole)."""
+    if a == 0 and n == d.batch.num_rows:
+        return d
+    return Decoded(d.batch.slice(a, n), d.commit_ts[a : a + n], d.deleted[a : a + n], d.schema_ver[a : a + n])
 
 
 def concat(parts: list[Decoded], target: SchemaVersion) -> Decoded:

@@ -1,6 +1,7 @@
 """Segment invariants for `terrascale fsck` (docs/format/segment.md §4), read-only.
 
-Offloaded segments: footer, every index page (localids dense, counts sum to
+Offloaded segments of version 2 (columnar): ``ColumnarSegment.verify``. Version 1:
+footer, every index page (localids dense, counts sum to
 the row count, offsets increasing inside the row section, ``index_crc``, the
 leaf level packed where scans read it), every row header
 (lengths chain exactly through the row section, schema version listed in the
@@ -13,6 +14,7 @@ import numpy as np
 
 from rowstore.errors import RowCorruptionError
 from rowstore.codec.rows import row_versions
+from rowstore.segments.columnar import ColumnarSegment, SealedReader, open_segment
 from rowstore.segments.sealed import SealedSegment, walk_rows
 from rowstore.segments.store import SEG_PREFIX, SegmentRecord, SegState
 from rowstore.segments.wal import WalReader
@@ -28,7 +30,7 @@ async def check_segments(fs: TerrascaleFS) -> list[Problem]:
         rec = SegmentRecord.from_bytes(e.value)
         try:
             if rec.state == SegState.OFFLOADED or (rec.state == SegState.RETIRED and rec.location):
-                await check_sealed_segment(await SealedSegment.open(await fs.open_sealed(rec.inode)), rec)
+                await check_sealed_segment(await open_segment(await fs.open_sealed(rec.inode)), rec)
             elif rec.state in (SegState.ACTIVE, SegState.SEALED):
                 frec = await fs.stat(rec.inode)
                 if frec.owner == fs.cfg.node_id:
@@ -51,12 +53,16 @@ async def check_wal(af: ActiveFile) -> None:
     reader.finish()
 
 
-async def check_sealed_segment(seg: SealedSegment, rec: SegmentRecord | None = None) -> None:
+async def check_sealed_segment(seg: SealedReader, rec: SegmentRecord | None = None) -> None:
     f, where = seg.footer, seg.where
     if rec is not None and f.segid != rec.segid:
         raise RowCorruptionError(where, None, f"footer names segment {f.segid}")
     if rec is not None and rec.cluster and (f.cluster is None or list(f.cluster) != list(rec.cluster)):
         raise RowCorruptionError(where, None, f"footer cluster range {f.cluster} is not the catalog's {rec.cluster}")
+    if isinstance(seg, ColumnarSegment):
+        await seg.verify()
+        return
+    f = seg.footer
     offsets = await _leaf_offsets(seg)
     if len(offsets) != f.rows:
         raise RowCorruptionError(where, f.root_off, f"index holds {len(offsets)} rows; footer says {f.rows}")

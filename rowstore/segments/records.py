@@ -42,6 +42,7 @@ class SegmentRecord:
     deletions_max_ts: int = 0  # the newest of them
     cluster: list[int | float] | None = None  # [kind, column id, lo..., hi...]: its rows' cluster range (RFC 0009)
     epoch: int = 0  # the partition's leader epoch when ``owner`` took it (replication, RFC 0010)
+    format: int = 1  # of its object: 1 row-wise, 2 columnar (docs/format/segment.md §3, §7)
 
     @property
     def key(self) -> str:

@@ -19,8 +19,9 @@ from rowstore.errors import RowCorruptionError
 from rowstore.rowids import TOMBSTONE
 from rowstore.tables.keys import encode_columns, key_arrays
 from rowstore.schema import Column, PrimaryKey, SchemaVersion
+from rowstore.segments.columnar import ColumnarSegment, SealedReader, columnar_bytes
 from rowstore.segments.sealed import (CLUSTER_BOX, CLUSTER_FLOAT, CLUSTER_INT, MAX_VERSIONS, ClusterRange,
-                                      SealedSegment, sealed_bytes)
+                                      sealed_bytes)
 from rowstore.types import Kind
 
 _INT_KINDS = {Kind.TIMESTAMP, Kind.DATE, Kind.INT8, Kind.INT16, Kind.INT32, Kind.INT64, Kind.UINT8,
@@ -212,17 +213,22 @@ class VictimRows:
     versions: np.ndarray  # uint32: each row's schema version
 
 
-async def read_live(seg: SealedSegment, live: np.ndarray, horizon: int, schemas: Callable[[int], SchemaVersion],
+async def read_live(seg: SealedReader, live: np.ndarray, horizon: int, schemas: Callable[[int], SchemaVersion],
                     target: SchemaVersion) -> VictimRows:
     """The rows of ``seg`` that are live: in the mark bitmap, or committed after ``horizon``
-    (deletion rows above the horizon stay for the change feed; the index has no rowid for them)."""
-    offsets = await seg.row_offsets()
-    n, rows_len = len(offsets), seg.footer.rows_len
+    (deletion rows above the horizon stay for the change feed; the index has no rowid for them).
+    A columnar segment's rows are re-encoded as row bytes, each in its own schema version."""
+    if isinstance(seg, ColumnarSegment):
+        buf, offsets = await seg.as_rows()
+        rows_len = len(buf)
+    else:
+        offsets = await seg.row_offsets()
+        rows_len = seg.footer.rows_len
+        buf = np.frombuffer(await seg.sf.read_sequential(0, rows_len), np.uint8)
+    n = len(offsets)
     if len(live) != n:  # the mark pass counted another segment's rows under this segid
         raise RowCorruptionError(seg.where, None, f"segment {seg.segid} holds {n} rows; its catalog row says "
                                                   f"{len(live)}")
-    data = await seg.sf.read_sequential(0, rows_len)
-    buf = np.frombuffer(data, np.uint8)
     dec = await asyncio.to_thread(decode_run, buf, offsets, schemas, target, seg.where, 0)
     keep = np.asarray(live[:n], bool) | (dec.commit_ts > np.uint64(horizon))
     idx = np.flatnonzero(keep)
@@ -321,8 +327,10 @@ def plan_copy(victims: list[VictimRows], spec: ClusterSpec, seal_bytes: int) -> 
 
 
 def piece_stream(copy: Copy, a: int, b: int, segid: int, schemas: Callable[[int], SchemaVersion],
-                 key_schema: SchemaVersion, spec: ClusterSpec, stats: dict[str, Any]) -> AsyncIterator[bytes]:
-    """The sealed object bytes of rows ``[a, b)`` of ``copy`` as segment ``segid``."""
+                 key_schema: SchemaVersion, spec: ClusterSpec, stats: dict[str, Any],
+                 columnar: bool = False) -> AsyncIterator[bytes]:
+    """The sealed object bytes of rows ``[a, b)`` of ``copy`` as segment ``segid`` (version 2,
+    columnar, when ``columnar``)."""
     lo = int(copy.starts[a])
     hi = int(copy.starts[b - 1] + copy.lens[b - 1])
     chunk = _Chunk(copy.buf[lo:hi], copy.starts[a:b] - lo, int(copy.commit_ts[a:b].min()),
@@ -333,7 +341,8 @@ def piece_stream(copy: Copy, a: int, b: int, segid: int, schemas: Callable[[int]
         yield chunk
 
     stats["cluster"] = rng
-    return sealed_bytes(segid, one(), schemas, key_schema, stats, cluster=rng)
+    write = columnar_bytes if columnar else sealed_bytes
+    return write(segid, one(), schemas, key_schema, stats, cluster=rng)
 
 
 def remap(rowids: np.ndarray, old: np.ndarray, new: np.ndarray) -> np.ndarray:

@@ -32,7 +32,8 @@ from rowstore.segments.records import PENDING_PREFIX as PENDING_PREFIX  # re-exp
 from rowstore.segments.records import SEG_PREFIX as SEG_PREFIX
 from rowstore.segments.records import SegmentRecord as SegmentRecord
 from rowstore.segments.records import SegState as SegState
-from rowstore.segments.sealed import ClusterRange, SealedSegment, sealed_bytes
+from rowstore.segments.columnar import BLOCK_SIZE, ColumnarSegment, SealedReader, columnar_bytes, open_segment
+from rowstore.segments.sealed import ClusterRange, sealed_bytes
 from terrafs.catalog_ops import commit
 from terrafs.errors import CatalogConflictError, ClosedError, MirrorError, NoSpaceError, TerrafsError, failed_error
 from terrafs.fs import TerrascaleFS
@@ -63,19 +64,21 @@ class SegmentStore(Handover):
     """One node's view of the row store: its active segments and every sealed one."""
 
     def __init__(self, fs: TerrascaleFS, schemas: Callable[[int], SchemaVersion] | None = None,
-                 seal_bytes: int = 256 << 20, lost: frozenset[int] = frozenset()) -> None:
+                 seal_bytes: int = 256 << 20, lost: frozenset[int] = frozenset(), columnar: bool = False) -> None:
         """``schemas``: version id -> SchemaVersion, for reads that pass none. A node's store has
         none: its tables each have their own history, and every read passes that table's.
-        ``lost``: inodes the file system's recovery found gone or recreated empty."""
+        ``lost``: inodes the file system's recovery found gone or recreated empty. ``columnar``:
+        offload (and the collector's copies) write version 2, columnar (docs/format/segment.md §7)."""
         self.fs, self.catalog = fs, fs.catalog
         self.schemas = schemas
         self.seal_bytes = seal_bytes
+        self.columnar = columnar
         self._current: dict[tuple[str, int], ActiveSegment] = {}
         self._rolling: dict[tuple[str, int], asyncio.Lock] = {}
         self.node = fs.cfg.node_id
         self.segids = RangeAllocator(self.catalog, "rs", 1, 2**32 - 1)
         self.active: dict[int, ActiveSegment] = {}
-        self._sealed: dict[int, SealedSegment] = {}
+        self._sealed: dict[int, SealedReader] = {}
         self._clusters: dict[int, ClusterRange | None] = {}  # segid -> cluster range (immutable per segid)
         self.shippers: dict[tuple[str, int], SegmentShipper] = {}  # replicated partitions led here
         self._parts: dict[int, tuple[str, int]] = {}  # segid -> (table, partition) of open segments
@@ -306,11 +309,13 @@ class SegmentStore(Handover):
 
         def extra(f: FileRecord) -> tuple[builtins.list[Check], builtins.list[Op]]:
             new = replace(rec, state=SegState.OFFLOADED, bytes=f.size, live_bytes=f.size, location=f.location,
-                          deletions=stats.get("deletions", 0), deletions_max_ts=stats.get("deletions_max_ts", 0))
+                          deletions=stats.get("deletions", 0), deletions_max_ts=stats.get("deletions_max_ts", 0),
+                          format=stats.get("format", 1))
             return [Check(e.key, e.version)], [Put(e.key, new.to_bytes())]
 
-        await self.fs.offload(rec.inode, sealed_bytes(segid, seg.batches(), self._schemas(schemas), key_schema, stats),
-                              extra=extra)
+        write = columnar_bytes if self.columnar else sealed_bytes
+        await self.fs.offload(rec.inode, write(segid, seg.batches(), self._schemas(schemas), key_schema, stats),
+                              extra=extra, block_size=BLOCK_SIZE if self.columnar else None)
         self.active.pop(segid, None)
         sh = self.shippers.get((rec.table, rec.partition))
         if sh is not None:
@@ -343,8 +348,8 @@ class SegmentStore(Handover):
                 del self._current[k]
         return True
 
-    async def create_copy(self, table: str, partition: int,
-                          content: Callable[[int], AsyncIterable[bytes]]) -> SegmentRecord:
+    async def create_copy(self, table: str, partition: int, content: Callable[[int], AsyncIterable[bytes]],
+                          columnar: bool = False) -> SegmentRecord:
         """A garbage collector's copy (RFC 0009): the object, its file row, a reserved segid and
         a pending row ``gc/pending/<segid>`` in ONE transaction. The segment row is written
         only by the pass's publishing transaction (:meth:`published_ops`); until then the copy
@@ -359,11 +364,12 @@ class SegmentStore(Handover):
                 return [*checks, Check(key, 0)], [*ops, Put(key, json.dumps(dict(pend, inode=f.inode)).encode())]
 
             try:
-                f = await self.fs.create_sealed(content(segid), extra=extra)
+                f = await self.fs.create_sealed(content(segid), extra=extra,
+                                                block_size=BLOCK_SIZE if columnar else None)
             except CatalogConflictError:
                 continue  # another allocator took this segid range row first (the copy is rebuilt)
             return SegmentRecord(segid, table, partition, SegState.OFFLOADED, self.node, f.inode,
-                                 bytes=f.size, live_bytes=f.size, location=f.location)
+                                 bytes=f.size, live_bytes=f.size, location=f.location, format=2 if columnar else 1)
         raise RowstoreError("could not allocate a segment id for a copy")
 
     async def drop_pending(self) -> builtins.list[int]:
@@ -432,7 +438,7 @@ class SegmentStore(Handover):
         assert got is not None  # (checked above)
         return got
 
-    async def sealed(self, segid: int) -> SealedSegment:
+    async def sealed(self, segid: int) -> SealedReader:
         s = self._sealed.get(segid)
         if s is None:
             rec, _ = await self.record(segid)
@@ -441,13 +447,28 @@ class SegmentStore(Handover):
                     raise UnavailableError(f"partition {rec.partition} is no longer led by this node (its "
                                            f"{rec.state.value} segment {segid} was released during the read); retry")
                 raise RowstoreError(f"segment {segid} is {rec.state.value}, not offloaded")
-            s = self._sealed[segid] = await SealedSegment.open(await self.fs.open_sealed(rec.inode))
+            s = self._sealed[segid] = await open_segment(await self.fs.open_sealed(rec.inode))
         return s
+
+    async def columnar_segments(self, segids: Collection[int]) -> dict[int, ColumnarSegment]:
+        """The offloaded columnar segments among ``segids``, opened (their metadata read once):
+        what reads skip groups of rows with. Others (active, row-wise, gone) are left out."""
+        out: dict[int, ColumnarSegment] = {}
+        for s in segids:
+            seg = self._sealed.get(s)
+            if seg is None and s not in self.active:
+                try:
+                    seg = await self.sealed(s)
+                except (RowstoreError, TerrafsError):
+                    continue  # not offloaded (sealed on its way, retired and gone): nothing to skip with
+            if isinstance(seg, ColumnarSegment):
+                out[s] = seg
+        return out
 
     def row_bytes_cached(self, rowid: int) -> tuple[bytes, str] | None:
         """``row_bytes`` without I/O: when the memory cache holds the row's block (and, for an
         offloaded segment, the tree pages on its path are parsed already); else None."""
-        seg: ActiveSegment | SealedSegment | None
+        seg: ActiveSegment | SealedReader | None
         seg = self.active.get(rowid >> 32)
         rows = seg.durable_rows if seg is not None else 0
         if seg is None:
@@ -455,8 +476,43 @@ class SegmentStore(Handover):
             rows = seg.footer.rows if seg is not None else 0
         if seg is None or (rowid & 0xFFFFFFFF) >= rows:
             return None  # (a localid past the end: row_bytes reports it)
-        raw = seg.get_raw_cached(rowid & 0xFFFFFFFF)
+        if isinstance(seg, ColumnarSegment):
+            raw = seg.row_bytes_cached(rowid & 0xFFFFFFFF)
+        else:
+            raw = seg.get_raw_cached(rowid & 0xFFFFFFFF)
         return None if raw is None else (raw, seg.where)
+
+    def row_cached(self, rowid: int, target: SchemaVersion,
+                   decode: Callable[[bytes, str], dict[str, Any]]) -> dict[str, Any] | None:
+        """One row as a dict of ``target``'s columns without I/O (None: something must be read).
+        Row bytes are decoded by ``decode`` (the point decoders); a columnar segment's row is
+        taken from its decoded pages."""
+        seg = self._sealed.get(rowid >> 32)
+        if isinstance(seg, ColumnarSegment) and rowid >> 32 not in self.active:
+            loc = rowid & 0xFFFFFFFF
+            return seg.row_cached(loc, target) if loc < seg.footer.rows else None
+        got = self.row_bytes_cached(rowid)
+        return None if got is None else decode(*got)
+
+    async def row(self, rowid: int, target: SchemaVersion, decode: Callable[[bytes, str], dict[str, Any]],
+                  where: str = "") -> dict[str, Any]:
+        """``row_cached``, reading what it needs; a rowid no segment holds is DanglingRowidError."""
+        got = self.row_cached(rowid, target, decode)
+        if got is not None:
+            return got
+        if rowid >> 32 not in self.active:
+            try:
+                seg = await self.sealed(rowid >> 32)
+            except SegmentNotFoundError:
+                seg = None  # row_bytes says so, naming where
+            except RowstoreError:
+                seg = None  # not offloaded (yet): an active segment's row, read below
+            if isinstance(seg, ColumnarSegment):
+                loc = rowid & 0xFFFFFFFF
+                if loc >= seg.footer.rows:
+                    raise DanglingRowidError(where or seg.where, rowid, f"the segment has {seg.footer.rows} rows")
+                return await seg.row(loc, target)
+        return decode(*await self.row_bytes(rowid, where))
 
     async def read_active(self, segid: int, read: Callable[[ActiveSegment], Awaitable[T]]) -> T | None:
         """``read(seg)`` of segment ``segid`` while it is active here; None when it is not, or
@@ -493,6 +549,8 @@ class SegmentStore(Handover):
             raise DanglingRowidError(where or f"segment {segid}", rowid, "no such segment exists") from None
         if loc >= sealed.footer.rows:
             raise DanglingRowidError(where or sealed.where, rowid, f"the segment has {sealed.footer.rows} rows")
+        if isinstance(sealed, ColumnarSegment):
+            return await sealed.row_bytes(loc), sealed.where
         return await sealed.get_raw(loc), sealed.where
 
     async def get(self, ids: np.ndarray, target: SchemaVersion,
@@ -506,7 +564,14 @@ class SegmentStore(Handover):
         seg = self.active.get(segid)
         if seg is not None:
             return await seg.get(locs, schemas, target)
-        return await (await self.sealed(segid)).get(locs, schemas, target)
+        sealed = await self.sealed(segid)
+        if isinstance(sealed, ColumnarSegment):  # rows in the order asked
+            order = np.argsort(locs, kind="stable")
+            d = await sealed.take(locs[order].astype(np.int64), target)
+            back = np.empty_like(order)
+            back[order] = np.arange(len(order))
+            return Decoded(d.batch.take(pa.array(back)), d.commit_ts[back], d.deleted[back], d.schema_ver[back])
+        return await sealed.get(locs, schemas, target)
 
 
 def _refuse_failed(seg: ActiveSegment) -> None:

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from rowstore.errors import InvalidKeyError, RowValidationError
 from rowstore.schema import PrimaryKey
 from rowstore.tables.key_check import MAX_KEY_BYTES, Key, show
-from rowstore.tables.tuple_keys import encode_tuple, encode_tuples, prefix_end
+from rowstore.tables.tuple_keys import encode_tuple, encode_tuple_and_head, encode_tuples, prefix_end
 from rowstore.types import Kind
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
@@ -198,6 +198,16 @@ def encode_key(pk: PrimaryKey, values: Sequence[Key]) -> int | bytes:
     if pk.kind != "tuple":
         return encode_one(values[0], pk.kind)
     return encode_tuple(values, _kinds(pk))
+
+
+def key_and_partition(pk: PrimaryKey, values: Sequence[Key], parts: int) -> tuple[int | bytes, int]:
+    """:func:`encode_key` and :func:`partition_of_key` of one checked key, encoded once."""
+    n = pk.partition_columns
+    if pk.kind != "tuple" or n == len(pk.columns):
+        k = encode_key(pk, values)
+        return k, partition_one(k, parts)
+    k, head = encode_tuple_and_head(values, _kinds(pk), n)
+    return k, partition_one(head, parts)
 
 
 def partition_of_key(pk: PrimaryKey, values: Sequence[Key], parts: int) -> int:

@@ -165,6 +165,28 @@ def encode_tuple(values: Sequence[object], kinds: Sequence[Kind], end: bool = Tr
     """One key (``end``) or prefix from checked values: ints (timestamps in microseconds, dates in
     days), bool, str, bytes (binary, and a uuid's 16 bytes)."""
     out = bytearray()
+    _put(out, values, kinds)
+    if end:
+        out.append(END)
+    if len(out) > MAX_KEY_BYTES:
+        raise InvalidKeyError(f"a primary key encodes to {len(out)} bytes, over the key limit of {MAX_KEY_BYTES}")
+    return bytes(out)
+
+
+def encode_tuple_and_head(values: Sequence[object], kinds: Sequence[Kind], n: int) -> tuple[bytes, bytes]:
+    """One whole key, and its first ``n`` components as a whole key (the partition hash's
+    input), encoded once: the head's bytes are the key's first bytes."""
+    out = bytearray()
+    _put(out, values[:n], kinds[:n])
+    head = bytes(out) + bytes((END,))
+    _put(out, values[n:], kinds[n:])
+    out.append(END)
+    if len(out) > MAX_KEY_BYTES:
+        raise InvalidKeyError(f"a primary key encodes to {len(out)} bytes, over the key limit of {MAX_KEY_BYTES}")
+    return bytes(out), head
+
+
+def _put(out: bytearray, values: Sequence[object], kinds: Sequence[Kind]) -> None:
     for v, k in zip(values, kinds):
         out.append(TAGS[k])
         if k in (Kind.STRING, Kind.BINARY):
@@ -177,11 +199,6 @@ def encode_tuple(values: Sequence[object], kinds: Sequence[Kind], end: bool = Tr
             out += struct.pack(_STRUCT[width], (v + (1 << (8 * width - 1))) if signed else v)
         else:
             raise TypeError(f"a {k.value} key component is an int, not {type(v).__name__}")
-    if end:
-        out.append(END)
-    if len(out) > MAX_KEY_BYTES:
-        raise InvalidKeyError(f"a primary key encodes to {len(out)} bytes, over the key limit of {MAX_KEY_BYTES}")
-    return bytes(out)
 
 
 def _bytes(v: object) -> bytes:

@@ -281,6 +281,19 @@ class LocalObjectStore(ObjectStore):
     async def get_range(self, key: str, offset: int, length: int) -> bytes:
         return await asyncio.to_thread(self._read, key, offset, length)
 
+    async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        return await asyncio.to_thread(self._read_many, key, list(ranges))
+
+    def _read_many(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFoundError(f"{self.uri}/{key} not found") from None
+        try:
+            return [os.pread(fd, max(n, 0), o) for o, n in ranges]
+        finally:
+            os.close(fd)
+
     def _read(self, key: str, offset: int, length: int | None) -> bytes:
         try:
             fd = os.open(self._path(key), os.O_RDONLY)

@@ -12,7 +12,10 @@ one started after them, or starts the next.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import errno
+import functools
 import os
 import threading
 from typing import Callable, Sequence, TypeVar
@@ -28,6 +31,8 @@ from terrafs.rounds import DeviceRounds
 
 EXTENT_SIZE = 1 << 20  # a new device's extent size (each device records its own)
 GROW = 16  # extents added at a time
+SPARE = GROW  # free extents kept written (zeros) for the next files; the rest go back to the host
+_PUNCH = 0x01 | 0x02  # fallocate: FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE (Linux)
 _ZERO = memoryview(b"\0" * (1 << 20))
 T = TypeVar("T")
 
@@ -55,6 +60,7 @@ class LogDevice(BlockDevice):
         self._lock = threading.Lock()
         self._chains: dict[str, Chain] = {}
         self._free: list[int] = []  # zero on the disk: handed out in order
+        self._holes: set[int] = set()  # free extents given back to the host file system (read as zeros)
         self._count = 0  # extents in the file
         self._seq = 0
         self._opening: asyncio.Future[None] | None = None
@@ -126,6 +132,8 @@ class LogDevice(BlockDevice):
             os.fdatasync(fd)
             self._free.extend(stray)
         self._free.sort()
+        if not self.read_only:
+            self._give_back(fd)
 
     # -- extents -------------------------------------------------------------------
 
@@ -144,11 +152,53 @@ class LogDevice(BlockDevice):
         self._pwrite(encode_header(chain, k, seq, used), self._offset(chain.extents[k]))
 
     def _take(self) -> int:
-        """A free extent (zero on the disk), growing the file when none is left."""
+        """A free extent (zero on the disk), growing the file when none is left. One given back
+        to the host is written as zeros again first (and made durable): its first group then
+        costs no metadata commit, as a grown extent's does not (docs/format/logdev.md)."""
         with self._lock:
             if not self._free:
                 self._grow()
-            return self._free.pop(0)
+            e = self._free.pop(0)
+            if e in self._holes:
+                try:
+                    _write_zeros(self._fd, self._offset(e), self.extent_size)
+                    os.fsync(self._fd)
+                except OSError:
+                    self._free.insert(0, e)
+                    raise
+                self._holes.discard(e)
+            return e
+
+    def _give_back(self, fd: int | None = None) -> None:
+        """Return the free extents beyond ``SPARE`` to the host file system: a free tail is cut
+        off the file, others are punched out (they still read as zeros: free, as the format
+        says). Called with the free list just grown; rare (a burst's files deleted)."""
+        fd = self._fd if fd is None else fd
+        with self._lock:
+            extra = len(self._free) - SPARE
+            if extra <= 0:
+                return
+            free = set(self._free)
+            cut = self._count
+            while cut > 0 and cut - 1 in free and self._count - cut < extra:
+                cut -= 1
+            if cut < self._count:
+                os.ftruncate(fd, self._offset(cut))
+                os.fsync(fd)
+                self._free = [e for e in self._free if e < cut]
+                self._holes = {e for e in self._holes if e < cut}
+                self._count = cut
+            for e in self._free[SPARE:]:  # the highest: handed out last
+                if e not in self._holes and _punch(fd, self._offset(e), self.extent_size):
+                    self._holes.add(e)
+
+    def space(self) -> tuple[int, int]:
+        """(bytes the device's file holds on the host file system, bytes of extents files use)."""
+        st = os.fstat(self._fd) if self._fd >= 0 else None
+        allocated = st.st_blocks * 512 if st is not None else 0
+        with self._lock:
+            used = sum(len(c.extents) for c in self._chains.values()) * self.extent_size
+        return allocated, used
 
     def _grow(self) -> None:
         """Up to GROW more extents (fewer when the host file system is short of room), written
@@ -181,6 +231,7 @@ class LogDevice(BlockDevice):
         with self._lock:
             self._free.extend(extents)
             self._free.sort()
+        self._give_back()
 
     # -- writes and the device flush ---------------------------------------------
 
@@ -352,7 +403,7 @@ class LogDevice(BlockDevice):
 
     def free_bytes(self) -> int | None:
         st = os.statvfs(os.path.dirname(self.path))
-        return st.f_bavail * st.f_frsize + len(self._free) * self.payload
+        return st.f_bavail * st.f_frsize + (len(self._free) - len(self._holes)) * self.payload
 
     def rounds(self) -> tuple[int, int] | None:
         return self.device_rounds.hops, self.device_rounds.works
@@ -463,3 +514,21 @@ def _write_zeros(fd: int, offset: int, length: int) -> None:
     while length > 0:
         n = os.pwrite(fd, _ZERO[: min(length, len(_ZERO))], offset)
         offset, length = offset + n, length - n
+
+
+def _punch(fd: int, offset: int, length: int) -> bool:
+    """Deallocate ``[offset, offset + length)`` of the file, keeping its size (it reads as zeros);
+    False where the host cannot (no fallocate, or a file system without holes)."""
+    try:
+        libc = _libc()
+        if libc is None:
+            return False
+        return int(libc.fallocate(fd, _PUNCH, ctypes.c_long(offset), ctypes.c_long(length))) == 0
+    except (AttributeError, OSError):
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name, use_errno=True) if name else None

@@ -70,3 +70,6 @@ class LoggedBlockDevice(BlockDevice):
 
     def rounds(self) -> tuple[int, int] | None:
         return self.log.rounds()
+
+    def space(self) -> tuple[int, int] | None:
+        return self.log.space()

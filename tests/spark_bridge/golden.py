@@ -5,6 +5,13 @@ zstd, encrypted, several schema versions, and one with a flipped byte — and a 
 returns for given visible bitmaps, row ranges and predicates (the node's typed form), or the
 error a damaged object must fail with.
 
+The same rows as columnar segments (version 2, docs/format/segment.md §7; rowstore.segments.
+columnar) are under ``columnar_objects``, each naming its row-wise ``twin``, in groups of 50 rows
+and small pages so that a few rows make many groups and pages; with them the worked example of
+§7.3 (``columnar-example.obj``) and a columnar object with a flipped byte in one column's page.
+The JVM reader's tests read both (GoldenRowsTest), and hold each columnar object's rows equal to
+its twin's.
+
 ``python -m tests.spark_bridge.golden [DIR]`` writes them (default: spark_bridge/jvm/testdata/).
 The bytes are the same on every run: values are arithmetic, not random, and the writer's key
 and nonces come from a seeded generator while it runs. tests/spark_bridge/test_golden_segments.py
@@ -33,6 +40,8 @@ from rowstore.codec.rows import encode_rows
 from rowstore.reads.external import read_segment
 from rowstore.reads.plan import SegmentSlice, visible_bitmap
 from rowstore.reads.predicates import parse_bbox, parse_where
+import rowstore.segments.columnar as columnar
+from rowstore.segments.columnar import columnar_bytes
 from rowstore.segments.sealed import key_columns_schema, sealed_bytes
 from rowstore.schema import SchemaVersion, parse_schema
 from terrafs import crypto
@@ -48,6 +57,8 @@ STORE = "memory://golden"  # the object names in error messages: <STORE>/<file>
 KEK = bytes(range(32))
 INODE = 7
 BLOCK = 4096  # small blocks: a read spans several, and starts and ends inside some
+GOLDEN_GROUP_ROWS = 50  # columnar objects: groups of 50 rows (readers take the trailer's count)
+GOLDEN_PAGE_BYTES = 512  # and pages of ~512 plain bytes: several pages per chunk
 
 ALL_TYPES = parse_schema(
     "id int64 primary key, i8 int8, i16 int16, i32 int32, u8 uint8, u16 uint16, u32 uint32, u64 uint64, "
@@ -136,8 +147,9 @@ def _seeded_randomness(seed: int):
         yield
 
 
-async def _write(commits, schemas, codec: Codec, kek: KeyEncryptionKey | None, segid: int) -> bytes:
-    keys = key_columns_schema(schemas[1])
+async def _write(commits, schemas, codec: Codec, kek: KeyEncryptionKey | None, segid: int,
+                 version: int = 1) -> bytes:
+    keys = key_columns_schema(schemas[min(schemas)])
 
     async def batches():
         for c in commits:
@@ -146,8 +158,11 @@ async def _write(commits, schemas, codec: Codec, kek: KeyEncryptionKey | None, s
     dev = MemoryBlockDevice()
     out = await dev.create("stage")
     w = SealedWriter(out, new_params(INODE, 1, codec=codec, block_size=BLOCK, kek=kek), kek)
-    async for chunk in sealed_bytes(segid, batches(), schemas.__getitem__, keys):
-        await w.write(chunk)
+    write = columnar_bytes if version == 2 else sealed_bytes
+    with mock.patch.object(columnar, "GROUP_ROWS", GOLDEN_GROUP_ROWS), \
+            mock.patch.object(columnar, "PAGE_BYTES", GOLDEN_PAGE_BYTES):
+        async for chunk in write(segid, batches(), schemas.__getitem__, keys):
+            await w.write(chunk)
     size = await w.finish()
     return bytes(await out.pread(0, size))
 
@@ -199,7 +214,7 @@ async def read_back(folder: Path, manifest: dict) -> dict[str, list[list]]:
     store = MemoryObjectStore(STORE)
     kek = KeyEncryptionKey.load(str(folder / manifest["kek_file"]))
     out = {}
-    for name, entry in manifest["objects"].items():
+    for name, entry in [*manifest["objects"].items(), *manifest.get("columnar_objects", {}).items()]:
         await store.put(name, (folder / name).read_bytes())
         for r in entry.get("reads", []):
             out[f"{name}/{r['name']}"] = await _expect(store, name, entry, r, kek)
@@ -272,6 +287,7 @@ async def build(out_dir: Path) -> dict:
         for r in entry["reads"]:
             r["rows"] = rows[f"{name}/{r['name']}"]
     manifest["objects"]["corrupt.obj"] = await _corrupt(out_dir, store)
+    manifest["columnar_objects"] = await _columnar(out_dir, store, kek, specs)
     (out_dir / "golden.json").write_text(json.dumps(manifest, sort_keys=True, separators=(",", ":")) + "\n")
     return manifest
 
@@ -286,6 +302,61 @@ async def _corrupt(out_dir: Path, store) -> dict:
     (out_dir / "corrupt.obj").write_bytes(bytes(raw))
     return {"object_size": len(raw), "error": {"offset": block, "what": "block payload checksum mismatch"},
             "flipped": block + HEADER_LEN + 100}
+
+
+def _example_commits() -> tuple[list[_Commit], dict[int, SchemaVersion]]:
+    """docs/format/segment.md §7.3's segment: (7, null, "ab") at 100 and (8, 1.5, "ab") at 101."""
+    s = parse_schema("id int64 primary key, temp float32, name string", version=3)
+    return [_Commit([{"id": 7, "temp": None, "name": "ab"}], s, 100),
+            _Commit([{"id": 8, "temp": 1.5, "name": "ab"}], s, 101)], {3: s}
+
+
+async def _columnar(out_dir: Path, store, kek: KeyEncryptionKey, specs: list) -> dict:
+    """The row-wise objects' rows again as columnar segments (each names its ``twin``), the
+    worked example, and a columnar object with a flipped byte in one column's page."""
+    out: dict = {}
+    twins = [(f"columnar-{name}", name, make, codec, key, preds, subsets)
+             for name, make, codec, key, preds, subsets in specs]
+    twins.append(("columnar-example.obj", None, _example_commits, Codec.NONE, None, [], False))
+    for segid, (name, twin, make, codec, key, preds, subsets) in enumerate(twins, 11):
+        commits, schemas = make()
+        with _seeded_randomness(segid):
+            raw = await _write(commits, schemas, codec, key, 5 if twin is None else segid, version=2)
+        (out_dir / name).write_bytes(raw)
+        await store.put(name, raw)
+        rows = sum(len(c.starts) for c in commits)
+        target = schemas[max(schemas)]
+        out[name] = {"object_size": len(raw), "rows": rows, "codec": codec.name.lower(), "encrypted": key is not None,
+                     "versions": [schemas[v].to_json() for v in sorted(schemas)], "schema": target.to_json(),
+                     "reads": _reads(rows, target, preds, subsets), "format": 2, "twin": twin,
+                     "group_rows": GOLDEN_GROUP_ROWS}
+    rows = await read_back(out_dir, {"kek_file": "kek.hex", "objects": {}, "columnar_objects": out})
+    for name, entry in out.items():
+        for r in entry["reads"]:
+            r["rows"] = rows[f"{name}/{r['name']}"]
+    out["columnar-corrupt.obj"] = await _columnar_corrupt(out_dir, store)
+    return out
+
+
+async def _columnar_corrupt(out_dir: Path, store) -> dict:
+    """columnar-stored.obj with one bit flipped in the payload of the block of the first page of
+    column ``f64``: a reader must refuse it naming the segment and the column."""
+    from rowstore.segments.columnar import ColumnarSegment
+    raw = bytearray((out_dir / "columnar-stored.obj").read_bytes())
+    sf = await SealedFile.open(store, "columnar-stored.obj")
+    seg = await ColumnarSegment.open(sf)
+    col = ALL_TYPES.by_name("f64")
+    assert col is not None
+    ci = seg.index_of(col)
+    page = int(seg.meta.chunks[0, ci]["first"])
+    logical = int(seg.meta.pages["off"][page])
+    block = int(np.searchsorted(sf._logical, logical, "right")) - 1
+    phys = int(sf._blocks["physical"][block])
+    raw[phys + HEADER_LEN + 3] ^= 0x10
+    (out_dir / "columnar-corrupt.obj").write_bytes(bytes(raw))
+    return {"object_size": len(raw), "format": 2, "error": {"offset": phys, "what": "block payload checksum mismatch",
+                                                             "segment": seg.segid, "column": col.id},
+            "flipped": phys + HEADER_LEN + 3}
 
 
 if __name__ == "__main__":

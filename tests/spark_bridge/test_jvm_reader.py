@@ -211,11 +211,12 @@ def _sealed(node, key):
 
 
 def _open_segment(node, key):
-    from rowstore.segments.sealed import SealedSegment
+    """A sealed segment of either format (a node writes columnar ones by default)."""
+    from rowstore.segments.columnar import open_segment
 
     async def go():
         store = LocalObjectStore(str(node.data / "objects"))
-        return await SealedSegment.open(await SealedFile.open(store, key))
+        return await open_segment(await SealedFile.open(store, key))
     return asyncio.run(go())
 
 

@@ -133,7 +133,8 @@ def test_only_the_bridge_imports_pyspark():
 # the HTTP surface drives cluster control, never the daemon; the daemon and the CLI assemble.
 NODE_PARTS = {
     "node.errors": set(),
-    "node.wire": {"node.errors"},
+    "node.json_columns": set(),
+    "node.wire": {"node.errors", "node.json_columns"},
     "node.tasks": set(),
     "node.phase": set(),
     "node.metrics": set(),

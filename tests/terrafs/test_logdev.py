@@ -353,3 +353,44 @@ def test_header_layout_is_the_documented_one():
     from terrafs.backends.logdev_format import HEAD as _HEAD, SUPER as _SUPER
     assert (_SUPER.size, _HEAD.size) == (32, 40)
     assert struct.calcsize("<8sHHIQQII") == 40
+
+
+async def test_a_burst_gives_its_space_back_once_deleted(tmp_path):
+    """A burst of writes grows the device; once its files are deleted (offloaded), every free
+    extent beyond the spare ones goes back to the host — a free tail cut off the file, free
+    extents below a live file punched out — the files left read what they hold, before and
+    after a reopen, and extents given back are taken again as zeros."""
+    from terrafs.backends.logdev import SPARE
+
+    dev = LogDevice(str(tmp_path / "logdev"), extent_size=SMALL)
+    keep = await dev.create("keep")
+    await keep.append(b"k" * 100)
+    burst = []
+    for i in range(6):
+        f = await dev.create(f"burst{i}")
+        await f.append(os.urandom(10 * SMALL))  # 11 extents each
+        burst.append(f)
+    late = await dev.create("late")  # a live file above the burst: the burst's extents are no tail
+    await late.append(b"l" * 100)
+    await keep.sync()
+    await late.sync()
+    allocated, used = dev.space()
+    assert used == 2 * SMALL + 6 * 11 * SMALL and allocated >= used
+    size_before = os.path.getsize(dev.path)
+    for i in range(6):
+        await dev.delete(f"burst{i}")
+    allocated_after, used_after = dev.space()
+    assert used_after == 2 * SMALL
+    # what is left on the host: the two files' extents and the spare ones (plus the superblock)
+    assert allocated_after <= PAGE + (2 + SPARE) * SMALL + 4096, (allocated_after, allocated)
+    assert os.path.getsize(dev.path) <= size_before  # the free tail past "late" was cut
+    assert len(dev._holes) > 0  # free extents below "late" were punched out
+    assert await (await dev.open("keep")).pread(0, 100) == b"k" * 100
+    assert await (await dev.open("late")).pread(0, 100) == b"l" * 100
+    again = reopen(dev)
+    assert await contents(again) == {"keep": b"k" * 100, "late": b"l" * 100}
+    g = await again.create("next")  # takes free extents, punched ones last, written as zeros again
+    await g.append(os.urandom(20 * SMALL))
+    await g.sync()
+    assert await contents(reopen(again)) == {"keep": b"k" * 100, "late": b"l" * 100,
+                                             "next": await g.pread(0, g.size())}

@@ -13,6 +13,7 @@ from node.http.edge import error, one_line
 from node.http.params import bound, json_object
 from node.http.ports import HandlerApi
 from rowstore.segments.records import SegmentRecord
+from node.http.answers import json_answer
 
 JOBS = ("seal", "offload", "checkpoint")
 
@@ -29,7 +30,7 @@ def add_admin_routes(api: HandlerApi, router: web.UrlDispatcher) -> None:
 
 
 async def healthz(api: HandlerApi, request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    return json_answer({"status": "ok"})
 
 
 async def readyz(api: HandlerApi, request: web.Request) -> web.Response:
@@ -44,7 +45,7 @@ async def readyz(api: HandlerApi, request: web.Request) -> web.Response:
     if not space["writable"] and request.query.get("for") == "writes":
         return error(503, "not_ready", f"the block device is full ({space['partitions_full']} partitions "
                      "stopped); reads are served, writes resume once space is freed")
-    return web.json_response({"status": "ready", "writes": space["writable"]})
+    return json_answer({"status": "ready", "writes": space["writable"]})
 
 
 async def metrics(api: HandlerApi, request: web.Request) -> web.Response:
@@ -54,21 +55,21 @@ async def metrics(api: HandlerApi, request: web.Request) -> web.Response:
 
 async def status(api: HandlerApi, request: web.Request) -> web.Response:
     api.db  # noqa: B018 - 503 before ready
-    return web.json_response(await api.views.status())
+    return json_answer(await api.views.status())
 
 
 async def segments(api: HandlerApi, request: web.Request) -> web.Response:
     table = request.query.get("table")
     db = api.db
     recs = await db.segment_records(table)
-    return web.json_response({"segments": [_segment_json(name, r) for name, r in recs]})
+    return json_answer({"segments": [_segment_json(name, r) for name, r in recs]})
 
 
 async def job(api: HandlerApi, request: web.Request) -> web.Response:
     """``POST /v1/admin/{seal,offload,checkpoint}``: the job now, on this node."""
     name = request.path.rsplit("/", 1)[1]
     api.db  # noqa: B018 - 503 before ready
-    return web.json_response({"job": name, **await api.jobs.run(name)})
+    return json_answer({"job": name, **await api.jobs.run(name)})
 
 
 async def gc(api: HandlerApi, request: web.Request) -> web.Response:
@@ -80,7 +81,7 @@ async def gc(api: HandlerApi, request: web.Request) -> web.Response:
         raise ApiError(400, "bad_request", '"table" must be a table name')
     if not isinstance(dry, bool):
         raise ApiError(400, "bad_request", '"dry_run" must be true or false')
-    return web.json_response(await api.jobs.run("gc", table=table, dry_run=dry))
+    return json_answer(await api.jobs.run("gc", table=table, dry_run=dry))
 
 
 def _segment_json(table: str, r: SegmentRecord) -> dict[str, Any]:

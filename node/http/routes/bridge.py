@@ -21,6 +21,7 @@ from node.wire import ARROW_STREAM, write_arrow_stream
 from rowstore.reads.plan import SegmentSlice
 from rowstore.reads.predicates import parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
+from node.http.answers import json_answer
 from terrafs.fs import TerrascaleFS
 from terrafs.sealed import SealedFile
 
@@ -47,7 +48,7 @@ async def snapshot(api: Api, request: web.Request) -> web.Response:
     T, changed = await api.spread.snapshot(request.match_info["table"], as_of)
     d = await api.db.describe(request.match_info["table"], T, trusted=True)  # T: the cluster's, checked
     assert d.schema is not None  # a live table's (Database.describe)
-    return web.json_response({"as_of": T, "table": d.name, "table_id": d.table_id, "schema": d.schema.to_json(),
+    return json_answer({"as_of": T, "table": d.name, "table_id": d.table_id, "schema": d.schema.to_json(),
                               "changed_ts": changed})
 
 
@@ -74,7 +75,7 @@ async def plan(api: Api, request: web.Request) -> web.Response:
         keys = await asyncio.gather(*(_data_key(api.db.fs, s) for s in out.sealed))
         for s, key in zip(body["sealed"], keys):
             s["data_key"] = key
-    return web.json_response(body)
+    return json_answer(body)
 
 
 async def _data_key(fs: TerrascaleFS, part: SegmentSlice) -> str:
@@ -130,12 +131,12 @@ async def renew(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"ttl_s"})
     ttl = _seconds(doc.get("ttl_s", 600))
     await api.db.renew_lease(request.match_info["lease"], ttl)  # an expired lease: 409 lease_expired
-    return web.json_response({"lease": request.match_info["lease"], "renewed": True})
+    return json_answer({"lease": request.match_info["lease"], "renewed": True})
 
 
 async def release(api: Api, request: web.Request) -> web.Response:
     await api.db.release_lease(request.match_info["lease"])
-    return web.json_response({"lease": request.match_info["lease"], "released": True})
+    return json_answer({"lease": request.match_info["lease"], "released": True})
 
 
 def _seconds(v: object) -> float:

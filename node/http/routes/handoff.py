@@ -12,6 +12,7 @@ from node.cluster.handoff import hand_off, take_if_placed
 from node.errors import ApiError
 from node.http.api import Api
 from node.http.params import bound, json_object
+from node.http.answers import json_answer
 
 
 def add_handoff_routes(api: Api, router: web.UrlDispatcher) -> None:
@@ -33,9 +34,9 @@ async def handoff(api: Api, request: web.Request) -> web.Response:
     doc = await _doc(api, request, {"table", "pid", "to"}, ("table", "pid", "to"))
     if not isinstance(doc["to"], str):
         raise ApiError(400, "bad_request", '"to" is a node id')
-    return web.json_response(await hand_off(api.serving, doc["table"], doc["pid"], doc["to"]))
+    return json_answer(await hand_off(api.serving, doc["table"], doc["pid"], doc["to"]))
 
 
 async def take(api: Api, request: web.Request) -> web.Response:
     doc = await _doc(api, request, {"table", "pid"}, ("table", "pid"))
-    return web.json_response({"taken": await take_if_placed(api.serving, doc["table"], doc["pid"])})
+    return json_answer({"taken": await take_if_placed(api.serving, doc["table"], doc["pid"])})

@@ -14,6 +14,7 @@ from node.errors import ApiError
 from node.cluster.members import FORWARDED, INCARNATION
 from node.cluster.spread import DEFAULT_LIMIT, key_of_json, page_arrow
 from node.wire import ARROW_STREAM, read_arrow_stream, write_arrow_stream
+from node.http.answers import json_answer
 
 
 def add_internal_routes(api: Api, router: web.UrlDispatcher) -> None:
@@ -35,7 +36,7 @@ async def closed(api: Api, request: web.Request) -> web.Response:
     db = api.db
     if "observe" in request.query:
         db.clock.observe(ts_arg(request.query["observe"], "observe"))
-    return web.json_response({"closed_ts": db.closed_ts, "node": api.cfg.node_id,
+    return json_answer({"closed_ts": db.closed_ts, "node": api.cfg.node_id,
                               "incarnation": api.incarnation})
 
 
@@ -91,7 +92,7 @@ async def plan(api: Api, request: web.Request) -> web.Response:
     doc, pids = await _share(api, request, {"as_of", "where", "bbox"}, ("as_of",))
     out = await api.db.read_plan(doc["table"], ts_arg(doc["as_of"], "as_of"), doc.get("where"), doc.get("bbox"),
                                  False, 600.0, partitions=pids, trusted=True)
-    return web.json_response(out.to_json())
+    return json_answer(out.to_json())
 
 
 async def changes(api: Api, request: web.Request) -> web.Response:
@@ -117,24 +118,24 @@ async def reserve(api: Api, request: web.Request) -> web.Response:
     r = await api.db.participant.reserve(q["table"], q["table_id"], int_arg(q["schema_version"], "schema_version"),
                                          rows, ts_arg(q["floor"], "floor"), int_arg(q["txn"], "txn"), delete,
                                          (by, incarnation) if by and incarnation else None)
-    return web.json_response({"ts": r.ts, "rows": r.rows, "existed": r.existed})
+    return json_answer({"ts": r.ts, "rows": r.rows, "existed": r.existed})
 
 
 async def prepare(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"txn", "ts"}, ("txn", "ts"))
     await api.db.participant.prepare(int_arg(doc["txn"], "txn"), ts_arg(doc["ts"], "ts"))
-    return web.json_response({"prepared": True})
+    return json_answer({"prepared": True})
 
 
 async def commit(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"txn"}, ("txn",))
-    return web.json_response({"commit_ts": await api.db.participant.commit(int_arg(doc["txn"], "txn"))})
+    return json_answer({"commit_ts": await api.db.participant.commit(int_arg(doc["txn"], "txn"))})
 
 
 async def abort(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"txn"}, ("txn",))
     await api.db.participant.abort(int_arg(doc["txn"], "txn"))
-    return web.json_response({"aborted": True})
+    return json_answer({"aborted": True})
 
 
 async def forget(api: Api, request: web.Request) -> web.Response:
@@ -143,5 +144,5 @@ async def forget(api: Api, request: web.Request) -> web.Response:
     if not isinstance(doc["table"], str):
         raise ApiError(400, "bad_request", '"table" is a name')
     api.db.forget_cached_definitions(doc["table"])
-    return web.json_response({"forgotten": doc["table"]})
+    return json_answer({"forgotten": doc["table"]})
 

@@ -19,6 +19,7 @@ from node.http.edge import one_line
 from node.http.params import bound, json_object
 from node.errors import ApiError
 from rowstore.errors import RowstoreError
+from node.http.answers import json_answer
 
 log = logging.getLogger("terrascale.node")
 
@@ -32,7 +33,7 @@ def add_membership_routes(api: Api, router: web.UrlDispatcher) -> None:
 
 async def cluster(api: Api, request: web.Request) -> web.Response:
     api.db  # noqa: B018 - 503 before ready
-    return web.json_response(await api.views.cluster_view())
+    return json_answer(await api.views.cluster_view())
 
 
 async def nodes(api: Api, request: web.Request) -> web.Response:
@@ -41,7 +42,7 @@ async def nodes(api: Api, request: web.Request) -> web.Response:
     the console. A member that does not answer within 3 s is listed with ``"status": null``."""
     api.db  # noqa: B018 - 503 before ready
     view = await api.views.cluster_view()
-    return web.json_response({"nodes": await asyncio.gather(*(_node_status(api, m) for m in view["members"]))})
+    return json_answer({"nodes": await asyncio.gather(*(_node_status(api, m) for m in view["members"]))})
 
 
 async def _node_status(api: Api, member: dict[str, Any]) -> dict[str, Any]:
@@ -62,7 +63,7 @@ async def add_member(api: Api, request: web.Request) -> web.Response:
     address); one change at a time (docs/raft.md)."""
     doc = await json_object(request, {"raft_address"}, ("raft_address",))
     await _membership(api, "add", doc["raft_address"])
-    return web.json_response(await api.views.cluster_view())
+    return json_answer(await api.views.cluster_view())
 
 
 async def remove_member(api: Api, request: web.Request) -> web.Response:
@@ -89,7 +90,7 @@ async def remove_member(api: Api, request: web.Request) -> web.Response:
     finally:
         if leaving:  # once out of the membership it is not placeable anyway
             await cluster.leaving(leaving, False)
-    return web.json_response(await api.views.cluster_view())
+    return json_answer(await api.views.cluster_view())
 
 
 async def _move_only_copies(api: Api, leaving: set[str]) -> None:

@@ -23,6 +23,7 @@ from node.http.edge import answer
 from node.http.params import bound, json_object
 from rowstore.errors import FencedError
 from rowstore.replication.follower import SegmentPiece
+from node.http.answers import json_answer
 
 log = logging.getLogger("terrascale.node")
 
@@ -40,7 +41,7 @@ def add_replication_routes(api: Api, router: web.UrlDispatcher) -> None:
 
 def _fenced(e: FencedError) -> web.Response:
     """409 ``fenced``; the promised epoch in a header (the error body has its fixed shape)."""
-    return web.json_response({"error": {"code": "fenced", "message": str(e)}}, status=409,
+    return json_answer({"error": {"code": "fenced", "message": str(e)}}, status=409,
                              headers={PROMISED: str(e.promised)})
 
 
@@ -70,7 +71,7 @@ async def append(api: Api, request: web.Request) -> web.Response:
                                            request.headers.get("X-Terrascale-Forwarded-By", ""), h["clock"])
     except FencedError as e:
         return _fenced(e)
-    return web.json_response(out)
+    return json_answer(out)
 
 
 async def append_many(api: Api, request: web.Request) -> web.Response:
@@ -81,7 +82,7 @@ async def append_many(api: Api, request: web.Request) -> web.Response:
     applies nothing."""
     msgs = [decode(bytes(m)) for m in decode_many(await request.read())]
     via = request.headers.get(FORWARDED, "")
-    return web.json_response({"answers": await _apply(api, request, msgs, via, {})})
+    return json_answer({"answers": await _apply(api, request, msgs, via, {})})
 
 
 async def stream(api: Api, request: web.Request) -> web.WebSocketResponse:
@@ -196,7 +197,7 @@ async def fence(api: Api, request: web.Request) -> web.Response:
         out = await api.db.leadership.fence(doc["table"], doc["pid"], doc["epoch"], doc.get("force", False))
     except FencedError as e:
         return _fenced(e)
-    return web.json_response({**out, "writable": api.db.can_write()})
+    return json_answer({**out, "writable": api.db.can_write()})
 
 
 async def promote(api: Api, request: web.Request) -> web.Response:
@@ -205,4 +206,4 @@ async def promote(api: Api, request: web.Request) -> web.Response:
         raise ApiError(400, "bad_request", '"table" is a table name, "pid" an integer')
     _cluster_node(api)
     led = await api.replication.take_if_mine(doc["table"], doc["pid"])
-    return web.json_response({"leading": led})
+    return json_answer({"leading": led})

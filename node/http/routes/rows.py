@@ -5,7 +5,6 @@ and encoded in a worker thread, so one big request never stalls the others."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from urllib.parse import unquote
@@ -23,6 +22,7 @@ from rowstore.db.read.reader import MAX_LIMIT
 from rowstore.tables.conform import conform
 from rowstore.tables.definitions import TableDef
 from rowstore.tables.key_check import check_key_lists, show
+from node.http.answers import json_answer, json_text
 
 
 def add_row_routes(api: HandlerApi, router: web.UrlDispatcher) -> None:
@@ -54,7 +54,7 @@ async def upsert(api: HandlerApi, request: web.Request) -> web.StreamResponse:
                     return forwarded
                 assert res is not None  # not forwarded: committed
                 api.metrics.rows_written.labels("upsert").inc(res[0])
-                return web.json_response({"committed": res[0], "commit_ts": res[1]})
+                return json_answer({"committed": res[0], "commit_ts": res[1]})
             data = rows_to_table(rows, schema)
         else:
             depth = api.cfg.max_json_depth
@@ -72,7 +72,7 @@ async def upsert(api: HandlerApi, request: web.Request) -> web.StreamResponse:
     m.write_wait.observe(time.perf_counter() - t0)
     m.batch_rows.observe(data.num_rows)
     m.rows_written.labels("upsert").inc(count)
-    return web.json_response({"committed": count, "commit_ts": ts})
+    return json_answer({"committed": count, "commit_ts": ts})
 
 
 async def delete_rows(api: HandlerApi, request: web.Request) -> web.StreamResponse:
@@ -98,7 +98,7 @@ async def delete_rows(api: HandlerApi, request: web.Request) -> web.StreamRespon
             return forwarded
     assert res is not None  # not forwarded: committed
     api.metrics.rows_written.labels("delete").inc(len(doc["keys"]))
-    return web.json_response({"deleted": res[0], "commit_ts": res[1]})
+    return json_answer({"deleted": res[0], "commit_ts": res[1]})
 
 
 async def _prepared(api: HandlerApi, request: web.Request, d: TableDef, req: _Request,
@@ -138,7 +138,7 @@ async def get_row(api: HandlerApi, request: web.Request) -> web.StreamResponse:
     assert schema is not None  # a live table's (Database.describe)
     if as_of is not None or set(row) != {c.name for c in schema.columns}:
         schema = (await db.describe(table, as_of)).schema
-    return web.json_response(row_to_json(row, schema))
+    return json_answer(row_to_json(row, schema))
 
 
 async def query(api: HandlerApi, request: web.Request) -> web.StreamResponse:
@@ -169,5 +169,5 @@ async def query(api: HandlerApi, request: web.Request) -> web.StreamResponse:
         payload = await off_loop_if_big(t.nbytes, write_arrow_stream, t)
         return web.Response(body=payload, content_type=ARROW_STREAM, headers={"X-Terrascale-As-Of": str(T)})
     text = await off_loop_if_big(t.num_rows * (THREAD_BYTES // THREAD_ROWS),
-                      lambda: json.dumps({"rows": table_to_rows(t), "as_of": T}, allow_nan=False))
-    return web.Response(text=text, content_type="application/json", headers={"X-Terrascale-As-Of": str(T)})
+                                 lambda: json_text({"rows": table_to_rows(t), "as_of": T}))
+    return web.Response(body=text, content_type="application/json", headers={"X-Terrascale-As-Of": str(T)})

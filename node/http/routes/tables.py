@@ -18,6 +18,7 @@ from rowstore.db.database import Database
 from rowstore.errors import TableNotFoundError
 from rowstore.schema import _check_name
 from rowstore.tables.definitions import TableDef
+from node.http.answers import json_answer
 
 log = logging.getLogger("terrascale.node")
 
@@ -65,7 +66,7 @@ async def create_table(api: HandlerApi, request: web.Request) -> web.Response:
     if replicas > 1:
         await api.replication.started(d)  # each leader takes its partitions at epoch 1
     log.info("event=table_created table=%s partitions=%d", name, d.partitions)
-    return web.json_response(_table_json(d), status=201)
+    return json_answer(_table_json(d), status=201)
 
 
 async def list_tables(api: HandlerApi, request: web.Request) -> web.Response:
@@ -73,7 +74,7 @@ async def list_tables(api: HandlerApi, request: web.Request) -> web.Response:
     db = api.db
     if api.multi:
         db.forget_cached_definitions()  # other nodes change the catalog too
-    return web.json_response({"tables": [_table_json(d) for d in await db.list_tables(as_of)]})
+    return json_answer({"tables": [_table_json(d) for d in await db.list_tables(as_of)]})
 
 
 async def describe(api: HandlerApi, request: web.Request) -> web.Response:
@@ -83,14 +84,14 @@ async def describe(api: HandlerApi, request: web.Request) -> web.Response:
     marks = await api.db.watermarks(d.table_id)
     for p in out["placement"]:  # reads as of T <= it are served without the leader (RFC 0010 §6)
         p["watermark"] = marks.get(p["partition"])
-    return web.json_response(out)
+    return json_answer(out)
 
 
 async def drop_table(api: HandlerApi, request: web.Request) -> web.Response:
     d = await api.db.drop_table(request.match_info["table"])
     await _announce(api, d.name)
     log.info("event=table_dropped table=%s", d.name)
-    return web.json_response({"dropped": d.name, "commit_ts": d.ts})
+    return json_answer({"dropped": d.name, "commit_ts": d.ts})
 
 
 async def add_column(api: HandlerApi, request: web.Request) -> web.Response:
@@ -102,14 +103,14 @@ async def add_column(api: HandlerApi, request: web.Request) -> web.Response:
         raise ApiError(400, "invalid_schema", "an added column is nullable (existing rows have no value)")
     d = await api.db.alter_table(request.match_info["table"], lambda s: s.add_column(name, type_text))
     await _announce(api, d.name)
-    return web.json_response(_table_json(d))
+    return json_answer(_table_json(d))
 
 
 async def drop_column(api: HandlerApi, request: web.Request) -> web.Response:
     col = request.match_info["column"]
     d = await api.db.alter_table(request.match_info["table"], lambda s: s.drop_column(col))
     await _announce(api, d.name)
-    return web.json_response(_table_json(d))
+    return json_answer(_table_json(d))
 
 
 async def rename_column(api: HandlerApi, request: web.Request) -> web.Response:
@@ -119,7 +120,7 @@ async def rename_column(api: HandlerApi, request: web.Request) -> web.Response:
         raise ApiError(400, "invalid_schema", '"name" must be a string')
     d = await api.db.alter_table(request.match_info["table"], lambda s: s.rename_column(old, new))
     await _announce(api, d.name)
-    return web.json_response(_table_json(d))
+    return json_answer(_table_json(d))
 
 
 async def _announce(api: HandlerApi, name: str) -> None:

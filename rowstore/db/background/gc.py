@@ -235,7 +235,8 @@ class GarbageCollector:
                 continue
             ratio = _ratio(r, marks)
             unclustered = d.cluster_by is not None and not r.copy  # never rewritten in cluster order
-            if ratio >= self.cfg.min_garbage or unclustered:
+            row_wise = self.store.columnar and r.format < 2  # rewritten columnar (docs/format/segment.md §7)
+            if ratio >= self.cfg.min_garbage or unclustered or row_wise:
                 cands.append((ratio, r))
         cands.sort(key=lambda x: (-x[0], x[1].segid))
         out: list[SegmentRecord] = []
@@ -269,8 +270,9 @@ class GarbageCollector:
         new_ids: list[np.ndarray] = []
         for a, b in copy.cuts:
             stats: dict[str, Any] = {}
+            columnar = self.store.columnar
             rec = await self.store.create_copy(p.table_id, p.pid,
-                                               _piece(copy, a, b, schemas, d.schema, spec, stats))
+                                               _piece(copy, a, b, schemas, d.schema, spec, stats, columnar), columnar)
             cluster = stats.get("cluster")
             dels, ts = copy.deleted[a:b], copy.commit_ts[a:b]
             new.append(replace(rec, rows=b - a, live_rows=b - a, deletions=int(dels.sum()),
@@ -474,8 +476,8 @@ def _with_live(r: SegmentRecord, marks: Marks) -> SegmentRecord:
 
 
 def _piece(copy: Copy, a: int, b: int, schemas: Callable[[int], SchemaVersion], target: SchemaVersion,
-           spec: ClusterSpec, stats: dict[str, Any]) -> Callable[[int], AsyncIterator[bytes]]:
+           spec: ClusterSpec, stats: dict[str, Any], columnar: bool) -> Callable[[int], AsyncIterator[bytes]]:
     """The bytes of copy rows ``[a, b)`` as the object of the segment id the store gives it."""
     def content(segid: int) -> AsyncIterator[bytes]:
-        return piece_stream(copy, a, b, segid, schemas, target, spec, stats)
+        return piece_stream(copy, a, b, segid, schemas, target, spec, stats, columnar)
     return content

@@ -193,6 +193,9 @@ class Aggregator:
             if cands is not None:
                 narrow = cands
                 ids, cands = await asyncio.to_thread(lambda: self._narrowed(part, ids, narrow())), None
+            skip = await self.reader.zone_mask(c, ids, terms, box)  # groups no row of which can match
+            if skip is not None:
+                ids = ids[skip]
             keep = {d.id for d in decode} | set(c.d.schema.primary_key)
             target = replace(c.d.schema, columns=tuple(x for x in c.d.schema.columns if x.id in keep))
             if len(ids):

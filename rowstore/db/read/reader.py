@@ -5,8 +5,9 @@ deletion (RFC 0003). Point gets take a scalar path; many keys, ranges and querie
 vectorized, the column index narrowing candidates that are then re-checked exactly."""
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -15,9 +16,9 @@ import pyarrow as pa
 from rowstore.codec.point_decoder import PointDecoder
 from rowstore.errors import FutureTimestampError, HistoryPurgedError, QueryError, UnavailableError
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
-from rowstore.tables.keys import (KeyRange, encode_columns, encode_key, encode_one, key_arrays, key_range,
+from rowstore.tables.keys import (KeyRange, encode_columns, encode_one, key_and_partition, key_arrays, key_range,
                                   partition_of_key, partition_one, partitions_of)
-from rowstore.reads.zones import keep_mask, segments_of
+from rowstore.reads.zones import group_keep, keep_mask, segments_of
 from rowstore.reads.predicates import BBox, Term, batch_mask, fold_ranges, parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
 from rowstore.segments.fetch import fetch
@@ -154,9 +155,49 @@ class Reader:
             self.tasks.spawn(part.index.merge_memtable())
         if rowid == 0:
             return None
-        raw, where = self.store.row_bytes_cached(rowid) or await self.store.row_bytes(
-            rowid, f"table {name!r} partition {pid}")
-        return pt.decode(raw, where)
+        schema = pt.d.schema
+        assert schema is not None  # describe() refuses a dropped table
+        return self.store.row_cached(rowid, schema, pt.decode) or await self.store.row(
+            rowid, schema, pt.decode, f"table {name!r} partition {pid}")
+
+    async def get_dicts(self, name: str, keys: Sequence[object], as_of: int | None = None,
+                        columns: list[str] | None = None) -> tuple[int, list[dict[str, Any] | None]]:
+        """The rows of many keys at one T, in the order asked (None: no row), by the scalar path
+        of :meth:`get` for each: random keys land in as many segments as keys, where a point
+        read's cached blocks and generated decoder beat a vectorized gather per segment. Every
+        key is checked before any is read (one bad key: nothing is read)."""
+        T, pt = await self._point_table(name, as_of)
+        assert pt.d.schema is not None  # _point_table() checked it
+        _check_columns(pt.d.schema, columns)
+        located = [_point_key(pt, k) for k in keys]
+        missing = sorted({pid for _, pid in located} - pt.owned)
+        if missing:
+            raise UnavailableError(f"table {name!r}: partitions {missing} are not served by this node")
+        if (wait := self.leases_of(pt.d.table_id, {pid for _, pid in located}, T)) is not None:
+            await wait
+        out: list[dict[str, Any] | None] = [None] * len(located)
+        cold: list[int] = []  # keys whose index page or row block is not in memory
+        for i, (k, pid) in enumerate(located):
+            rowid = pt.parts[pid].index.get_cached(k, T)
+            hit = self.store.row_bytes_cached(rowid) if rowid else None
+            if rowid is None or (rowid and hit is None):
+                cold.append(i)
+            elif hit is not None:
+                out[i] = _project(pt.decode(*hit), columns)
+
+        async def read(i: int, gate: asyncio.Semaphore) -> None:
+            async with gate:
+                k, pid = located[i]
+                rowid = await pt.parts[pid].index.get(k, T)
+                if rowid:
+                    raw, where = await self.store.row_bytes(rowid, f"table {name!r} partition {pid}")
+                    out[i] = _project(pt.decode(raw, where), columns)
+        if cold:  # their reads overlap: each waits on an object or the disk cache, off the loop
+            gate = asyncio.Semaphore(_COLD_READS)
+            async with asyncio.TaskGroup() as tg:
+                for i in cold:
+                    tg.create_task(read(i, gate))
+        return T, out
 
     async def _point_table(self, name: str, as_of: int | None) -> tuple[int, _PointTable]:
         """The read timestamp and the table as point reads need it; kept for reads at the
@@ -246,10 +287,59 @@ class Reader:
         if any(p not in c.table.owned for p in pids):
             raise UnavailableError(f"table {name!r}: partitions {sorted(set(pids) - c.table.owned)} are not "
                                    "served by this node")
-        got = [] if rng.empty() or limit == 0 else \
-            [await self._scan_partition(c, c.table.parts[p], rng, terms, box, limit) for p in pids]
-        return merge_pages([ScanPage(t.select(columns) if columns is not None else t, k, c.T, more)
-                            for t, k, more in got], limit, c.d.schema, columns, c.T)
+        if rng.empty() or limit == 0 or not pids:
+            return merge_pages([], limit, c.d.schema, columns, c.T)
+        if len(pids) == 1:
+            t, k, more = await self._scan_partition(c, c.table.parts[pids[0]], rng, terms, box, limit)
+            page = ScanPage(t, k, c.T, more)
+        else:
+            page = await self._merged(c, pids, rng, terms, box, limit)
+        return ScanPage(page.rows.select(columns) if columns is not None else page.rows, page.keys, c.T, page.more)
+
+    async def _merged(self, c: ReadContext, pids: list[int], rng: KeyRange[int] | KeyRange[bytes],
+                      terms: list[Term], box: BBox | None, limit: int) -> ScanPage:
+        """A page of several partitions merged in key order, each read in rounds of a share of
+        the page: rows below the smallest last key of the partitions not exhausted are final
+        (none of those partitions holds a smaller key it has not read), so each row is read
+        about once — not every partition's whole page to keep one partition's share of it."""
+        schema = c.d.schema
+        assert schema is not None  # a described table
+        per = max(2 * limit // len(pids), 64)
+        bufs: dict[int, tuple[pa.Table, np.ndarray]] = {}
+        ranges: dict[int, KeyRange[int] | KeyRange[bytes]] = dict.fromkeys(pids, rng)
+        done: set[int] = set()
+        out: list[ScanPage] = []
+        n = 0
+        while n < limit:
+            for p in pids:
+                if p not in done and (p not in bufs or not len(bufs[p][1])):
+                    t, k, more = await self._scan_partition(c, c.table.parts[p], ranges[p], terms, box, per)
+                    bufs[p] = (t, k)
+                    if more and len(k):
+                        last: Any = int(k[-1]) if k.dtype == np.uint64 else bytes(k[-1])  # the range's key type
+                        ranges[p] = ranges[p].after(last)
+                    else:
+                        done.add(p)
+            live = [p for p in pids if len(bufs[p][1])]
+            if not live:
+                break
+            open_ = [bufs[p][1][-1] for p in pids if p not in done]
+            cut = min(open_) if open_ else None
+            final: list[ScanPage] = []
+            for p in live:
+                t, k = bufs[p]
+                j = len(k) if cut is None else int(np.searchsorted(k, cut, "right"))
+                final.append(ScanPage(t.slice(0, j), k[:j], c.T, False))
+                bufs[p] = (t.slice(j), k[j:])
+            page = merge_pages(final, limit - n, schema, None, c.T)
+            out.append(page)
+            n += page.rows.num_rows
+            if page.more:  # the merged rows ran past the page: rows are left
+                break
+        left = n >= limit and (len(done) < len(pids) or any(len(bufs[p][1]) for p in pids))
+        merged = merge_pages(out, limit, schema, None, c.T) if len(out) > 1 else out[0] if out else \
+            merge_pages([], limit, schema, None, c.T)
+        return ScanPage(merged.rows, merged.keys, c.T, left or merged.more)
 
     def scan_partitions(self, d: TableDef, prefix: Sequence[Key], table: Table | None = None) -> list[int]:
         """The partitions a scan reads: the one its prefix picks when the prefix covers the
@@ -279,11 +369,7 @@ class Reader:
             rest, entries = nxt, min(2 * entries, _MAX_ROUND)
             if not len(vis):
                 continue
-            order = np.argsort(vis.rowids, kind="stable")
-            rows = await fetch(self.store, vis.rowids[order], c.schemas, schema, _where(c, part))
-            inv = np.empty_like(order)
-            inv[order] = np.arange(len(order))
-            batch, ks = rows.batch.take(pa.array(inv)), vis.keys  # back in key order
+            batch, ks = await self._in_key_order(c, part, vis.rowids), vis.keys
             if terms or box is not None:
                 m = np.asarray(batch_mask(batch, terms, box), bool)
                 batch, ks = batch.filter(pa.array(m)), ks[m]
@@ -295,6 +381,18 @@ class Reader:
                 return pa.Table.from_batches(batches), np.concatenate(keys), True
         table = pa.Table.from_batches(batches, schema=schema.arrow())
         return table, np.concatenate(keys) if keys else _no_keys(part.kind), rest is not None
+
+    async def _in_key_order(self, c: ReadContext, part: Partition, rowids: np.ndarray) -> pa.RecordBatch:
+        """The rows of ``rowids`` (in key order) in that order: fetched in rowid order, put back
+        unless the rowids rise already (a source's readings are appended in time order)."""
+        assert c.d.schema is not None  # a described table
+        if len(rowids) < 2 or bool((rowids[1:] > rowids[:-1]).all()):
+            return (await fetch(self.store, rowids, c.schemas, c.d.schema, _where(c, part))).batch
+        order = np.argsort(rowids, kind="stable")
+        rows = await fetch(self.store, rowids[order], c.schemas, c.d.schema, _where(c, part))
+        inv = np.empty_like(order)
+        inv[order] = np.arange(len(order))
+        return rows.batch.take(pa.array(inv))
 
     async def query(self, name: str, where: list[Any] | None = None, bbox: dict[str, Any] | None = None,
                     columns: list[str] | None = None, limit: int | None = 10_000, as_of: int | None = None,
@@ -311,20 +409,23 @@ class Reader:
             assert partitions is not None  # the served ones are owned
             raise UnavailableError(f"table {name!r}: partitions {sorted(set(partitions) - c.table.owned)} "
                                    "are not served by this node")
-        out = [await self._query_part(c, part, terms, box, limit) for part in parts]
+        target = narrowed(c.d.schema, columns, terms, box)
+        out = [widened(await self._query_part(c, part, terms, box, limit, target), c.d.schema) for part in parts]
         return finish(out, c.d.schema, columns, limit), c.T
 
     async def _query_part(self, c: ReadContext, part: Partition, terms: list[Term], box: BBox | None,
-                          limit: int | None) -> pa.RecordBatch:
+                          limit: int | None, target: SchemaVersion) -> pa.RecordBatch:
+        """The partition's matching rows with ``target``'s columns (the key and the terms'
+        columns among them): a columnar segment reads only those."""
         assert c.d.schema is not None  # describe() refuses a dropped table
         cands, srcs = candidates(part, terms + ([box] if box is not None else []))
         if cands is None:  # no index applies: the partition's visible rows, in key order
-            return await self._scan_part(c, part, terms, box, limit)
+            return await self._scan_part(c, part, terms, box, limit, target)
         assert srcs is not None  # set with cands
         keep = await self.zone_mask(c, cands, terms, box)
         if keep is not None:
             cands, srcs = cands[keep], srcs[keep]
-        rows = await fetch(self.store, cands, c.schemas, c.d.schema, _where(c, part))  # in rowid order, as cands
+        rows = await fetch(self.store, cands, c.schemas, target, _where(c, part))  # in rowid order, as cands
         keys = encode_columns(c.d.schema.pk, key_arrays(c.d.schema.pk, rows.batch))
         visible = (rows.commit_ts <= np.uint64(c.T)) & ~rows.deleted
         idx = np.flatnonzero(visible)
@@ -332,7 +433,7 @@ class Reader:
         return rows.batch.filter(pa.array(visible & batch_mask(rows.batch, terms, box)))
 
     async def _scan_part(self, c: ReadContext, part: Partition, terms: list[Term], box: BBox | None,
-                         limit: int | None) -> pa.RecordBatch:
+                         limit: int | None, target: SchemaVersion) -> pa.RecordBatch:
         """Visible rows in key order, fetched in growing chunks until ``limit`` of them match:
         the answer is the first ``limit`` keys overall, so no partition needs more."""
         assert c.d.schema is not None  # describe() refuses a dropped table
@@ -344,23 +445,35 @@ class Reader:
         while at < len(ids):
             chunk = ids[at : at + step] if limit is not None else ids
             at += len(chunk)
-            rows = await fetch(self.store, chunk, c.schemas, c.d.schema, _where(c, part))  # rowid order
+            rows = await fetch(self.store, chunk, c.schemas, target, _where(c, part))  # rowid order
             got.append(rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box))))
             if limit is not None and sum(x.num_rows for x in got) >= limit:
                 break
             step *= 4
         got = [b for b in got if b.num_rows]
         if not got:
-            return _empty_batch(c.d.schema)
+            return _empty_batch(target)
         return got[0] if len(got) == 1 else pa.Table.from_batches(got).combine_chunks().to_batches()[0]
 
 
     async def zone_mask(self, c: ReadContext, ids: np.ndarray, terms: list[Term],
                         box: BBox | None) -> np.ndarray | None:
-        """Rows of segments whose cluster range the query misses are left out (RFC 0009)."""
-        if c.d.cluster_by is None or len(ids) == 0 or (box is None and not terms):
+        """Rows of segments whose cluster range the query misses are left out (RFC 0009), and
+        rows of columnar segments' groups whose column statistics it misses (RFC 0014)."""
+        if len(ids) == 0 or (box is None and not terms):
             return None
-        return keep_mask(ids, await self.store.clusters(segments_of(ids)), terms, box)
+        keep = None
+        segids = segments_of(ids)
+        if c.d.cluster_by is not None:
+            keep = keep_mask(ids, await self.store.clusters(segids), terms, box)
+        groups = group_keep(ids, await self.store.columnar_segments(segids), terms, box)
+        if groups is not None:
+            keep = groups if keep is None else keep & groups
+        return keep
+
+
+def _project(row: dict[str, Any], columns: list[str] | None) -> dict[str, Any]:
+    return row if columns is None else {c: row[c] for c in columns}
 
 
 def _where(c: ReadContext, part: Partition) -> str:
@@ -375,8 +488,7 @@ def _point_key(pt: _PointTable, key: object) -> tuple[int | bytes, int]:
     if pk.kind == "int64" and type(key) is int and INT64_MIN <= key <= INT64_MAX:  # the common case, first
         k: int | bytes = encode_one(key, "int64")
         return k, partition_one(k, pt.nparts)
-    values = check_key_tuple(key, pk)
-    return encode_key(pk, values), partition_of_key(pk, values, pt.nparts)
+    return key_and_partition(pk, check_key_tuple(key, pk), pt.nparts)
 
 
 def candidates(part: Partition, preds: list[Term | BBox]) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -414,6 +526,7 @@ def _check_limit(limit: int | None) -> None:
 
 
 _MAX_ROUND = 1 << 20  # index entries a scan's round reads per source, at most
+_COLD_READS = 16  # a multi-get's reads of keys not in memory, in flight at once
 
 
 @dataclass(frozen=True)
@@ -455,6 +568,24 @@ def merge_pages(pages: list[ScanPage], limit: int, schema: SchemaVersion, column
         order = np.argsort(keys, kind="stable")[:limit]
         t, keys = t.take(pa.array(order)), keys[order]
     return ScanPage(t.slice(0, limit), keys[:limit], T, more)
+
+
+def narrowed(schema: SchemaVersion, columns: list[str] | None, terms: list[Term], box: BBox | None) -> SchemaVersion:
+    """``schema`` with only what a read returns and tests: ``columns`` (all when None), the
+    key and the columns of the terms and the bbox."""
+    if columns is None:
+        return schema
+    keep = {*columns, *schema.pk.names, *(t.column.name for t in terms), *([box.column.name] if box else [])}
+    return replace(schema, columns=tuple(x for x in schema.columns if x.name in keep))
+
+
+def widened(batch: pa.RecordBatch, schema: SchemaVersion) -> pa.RecordBatch:
+    """``batch`` with every column of ``schema`` (those it lacks: nulls, never returned)."""
+    if batch.num_columns == len(schema.columns):
+        return batch
+    return pa.RecordBatch.from_arrays(
+        [batch.column(x.name) if batch.schema.get_field_index(x.name) >= 0 else pa.nulls(batch.num_rows, x.type.arrow())
+         for x in schema.columns], schema=schema.arrow())
 
 
 def _empty_batch(schema: SchemaVersion) -> pa.RecordBatch:

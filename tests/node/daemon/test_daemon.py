@@ -48,7 +48,8 @@ def test_node_lifecycle_over_http(tmp_path):
     proc = _start(["--data-dir", str(tmp_path / "data"), "--listen", f"127.0.0.1:{port}"], tmp_path)
     try:
         _wait_ready(base, proc)
-        assert _get(base + "/healthz") == (200, b'{"status": "ok"}')
+        status, body = _get(base + "/healthz")
+        assert (status, json.loads(body)) == (200, {"status": "ok"})
         status, body = _get(base + "/v1/admin/status")
         st = json.loads(body)
         assert status == 200 and st["node_id"] == "n1" and st["ready"] is True

@@ -73,7 +73,8 @@ def test_health_ready_metrics(node, c):
     for name in ("terrascale_http_requests_total", "terrascale_http_request_seconds_bucket", "terrascale_segments",
                  "terrascale_block_cache_hit_ratio", "terrascale_job_seconds", "terrascale_flushes",
                  "terrascale_closed_timestamp", "terrascale_files", "terrascale_device_fdatasyncs",
-                 "terrascale_device_rounds", "terrascale_device_round_groups"):
+                 "terrascale_device_rounds", "terrascale_device_round_groups", "terrascale_device_allocated_bytes",
+                 "terrascale_device_used_bytes"):
         assert name in text, name
 
 

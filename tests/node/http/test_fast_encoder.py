@@ -124,7 +124,7 @@ def test_string_keys_the_full_path_judges():
         with pytest.raises(NotFast):
             index_key(k, "string")
     with pytest.raises(RowValidationError):
-        check_keys(["a\0b"], parse_schema("k string primary key").key)
+        check_keys(["a\0b"], parse_schema("k string primary key").pk.columns[0])
     with pytest.raises(RowValidationError):
         encode_one("a\0b", "string")
     for k in (2**63, -(2**63) - 1, 2**64 + 5):  # the fast path never wraps a key either

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from catalog.memory import MemoryCatalog
 from rowstore.errors import RowCorruptionError
-from rowstore.index.key_run import IndexRun, run_bytes
+from rowstore.index.key_run import IndexRun, _fixed_width, run_bytes
 from rowstore.index.key_memtable import MemTable
 from rowstore.tables.keys import encode_keys, encode_one
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
@@ -149,3 +149,21 @@ async def test_a_full_scan_reads_every_page_at_once_and_equals_the_pages(kind):
     assert len(run._pages) == 0
     pages = await run.pages(list(range(len(run._offs))))
     assert np.array_equal(np.concatenate([p.rowids for p in pages]), whole.rowids)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=40).filter(lambda b: not b.endswith(b"\0")), max_size=60),
+       st.binary(max_size=5))
+def test_variable_length_keys_of_a_page_are_copied_whole(keys, before):
+    """The page kernel gives every key back, whatever its length (against slicing one by one)."""
+    raw = before + b"".join(keys)
+    ends = np.cumsum([len(k) for k in keys], dtype=np.int64)
+    got = _fixed_width(raw, len(before), ends, "w", 0)
+    assert got.tolist() == keys
+
+
+def test_key_offsets_out_of_order_or_past_the_page_are_corruption():
+    with pytest.raises(RowCorruptionError, match="out of order"):
+        _fixed_width(b"abcdef", 0, np.array([3, 2], np.int64), "w", 0)
+    with pytest.raises(RowCorruptionError, match="past the page"):
+        _fixed_width(b"abcdef", 2, np.array([3, 5], np.int64), "w", 0)

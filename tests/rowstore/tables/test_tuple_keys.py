@@ -12,8 +12,8 @@ from hypothesis import given, settings, strategies as st
 
 from rowstore.errors import InvalidKeyError
 from rowstore.tables.keys import partition_of
-from rowstore.tables.tuple_keys import (END, KINDS, MAX_KEY_BYTES, TAGS, decode_tuple, encode_tuple, encode_tuples,
-                                        prefix_end)
+from rowstore.tables.tuple_keys import (END, KINDS, MAX_KEY_BYTES, TAGS, decode_tuple, encode_tuple,
+                                        encode_tuple_and_head, encode_tuples, prefix_end)
 from rowstore.types import TS, Kind
 
 # (kinds, values, encoding): part of the format — a change here is a new format version
@@ -161,3 +161,14 @@ def test_dates_and_timestamps_encode_their_integers():
     days = (day - dt.date(1970, 1, 1)).days
     arr = pa.array([day], pa.date32())
     assert bytes(encode_tuples([arr], [Kind.DATE])[0]) == encode_tuple((days,), (Kind.DATE,))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_tables(), st.integers(1, 3))
+def test_a_key_and_its_head_encoded_once_are_the_two_encodings(table, n):
+    """``encode_tuple_and_head``: the key, and its first n components as a key of their own
+    (the partition hash's input), as the two separate encodings give them."""
+    kinds, rows = table
+    n = min(n, len(kinds))
+    for r in rows:
+        assert encode_tuple_and_head(r, kinds, n) == (encode_tuple(r, kinds), encode_tuple(r[:n], kinds[:n]))

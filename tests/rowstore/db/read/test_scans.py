@@ -145,3 +145,20 @@ def test_the_partition_key_is_a_leading_run_of_the_key():
         parse_schema("sensor string, ts timestamp, primary key (sensor, ts)", partition_key=3)
     with pytest.raises(SchemaError, match="cannot be nullable|cannot be of type"):
         parse_schema("sensor string, loc point, primary key (sensor, loc)")
+
+
+async def test_a_page_across_many_partitions_merges_rounds_of_each():
+    """Pages far larger than a partition's share: each partition is read in rounds and the
+    rounds merged, every row once and in key order, with a where filter thinning them out."""
+    w, db = await world(partitions=8)
+    keys = [(f"s{i % 50}", i) for i in range(1200)]
+    await db.upsert("r", readings(keys, 1.0))
+    await db.delete("r", [[s, t] for s, t in keys[::7]])
+    await db.seal()
+    await db.offload()
+    T = (await db.upsert("r", readings([("s1", -5)], 2.0))).commit_ts
+    model = {k: 1.0 for i, k in enumerate(keys) if i % 7} | {("s1", -5): 2.0}
+    for size in (7, 150, 2000):
+        assert await pages(db, T, size) == expected(model)
+    got = await pages(db, T, 111, where=[["ts", ">=", 600]])
+    assert got == [r for r in expected(model) if r[1] >= 600]

@@ -6,8 +6,21 @@ package io.terrascale.spark;
  */
 public class CorruptObjectException extends BridgeException {
     private static final long serialVersionUID = 1L;
+    private final String where;
+    private final long offset;
+    private final String what;
 
     public CorruptObjectException(String where, long offset, String what) {
         super("corrupt object " + where + " at offset " + offset + ": " + what);
+        this.where = where;
+        this.offset = offset;
+        this.what = what;
+    }
+
+    /** The same failure with {@code context} (which segment and column) after what failed. */
+    public CorruptObjectException in(String context) {
+        CorruptObjectException e = new CorruptObjectException(where, offset, what + " (" + context + ")");
+        e.initCause(this);
+        return e;
     }
 }

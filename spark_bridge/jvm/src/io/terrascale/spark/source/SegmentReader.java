@@ -28,7 +28,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
 
     private final Lease lease;
     private final SealedObject obj;
-    private final SegmentRows rows;
+    private final SegmentSource rows;
     private final OnHeapColumnVector[] vectors;
     private final ColumnarBatch batch;
     private long rowsOut;
@@ -39,7 +39,8 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
         try {
             Kek kek = spec.opts().keyFile() == null ? null : Kek.load(spec.opts().keyFile());
             o = new SealedObject(spec.objects() + "/" + p.key(), source(spec.objects(), p), p.objectSize(), kek, p.dataKey());
-            rows = new SegmentRows(o, spec.output(), spec.versions(), spec.preds(), p.visible(), p.firstRow(), p.endRow());
+            rows = SegmentSource.open(o, spec.output(), spec.versions(), spec.preds(), p.visible(), p.firstRow(),
+                    p.endRow());
             vectors = OnHeapColumnVector.allocateColumns(BATCH_ROWS, SparkTypes.sparkSchema(spec.output()));
             batch = new ColumnarBatch(Arrays.copyOf(vectors, vectors.length, ColumnVector[].class));
         } catch (IOException | RuntimeException e) {

@@ -21,7 +21,7 @@ import org.roaringbitmap.RoaringBitmap;
  * bitmap marks visible at T, not deletions, matching the predicates, in localid order, decoded into
  * the output columns (plus, for the predicates only, the columns they need).
  */
-final class SegmentRows {
+final class SegmentRows implements SegmentSource {
     private final Segment seg;
     private final boolean[] visible;
     private final RowDecoder dec;
@@ -60,8 +60,8 @@ final class SegmentRows {
         want.add(c);
     }
 
-    /** Fills {@code vectors} (the output columns) with up to {@code max} rows; returns how many. */
-    int fill(WritableColumnVector[] vectors, int max) throws IOException {
+    @Override
+    public int fill(WritableColumnVector[] vectors, int max) throws IOException {
         if (vectors.length != outputs) throw new BridgeException("expected " + outputs + " column vectors, not " + vectors.length);
         int n = 0;
         long t0 = System.nanoTime();
@@ -87,12 +87,13 @@ final class SegmentRows {
         return n;
     }
 
-    /** Whether rows remain to be looked at. */
-    boolean more() {
+    @Override
+    public boolean more() {
         return row < end;
     }
 
-    long decodeNanos() {
+    @Override
+    public long decodeNanos() {
         return decodeNanos;
     }
 

@@ -12,6 +12,7 @@ import io.terrascale.spark.CorruptObjectException;
 import io.terrascale.spark.Golden;
 import io.terrascale.spark.format.Column;
 import io.terrascale.spark.format.Kek;
+import io.terrascale.spark.format.Op;
 import io.terrascale.spark.format.Predicates;
 import io.terrascale.spark.format.Schema;
 import io.terrascale.spark.format.SealedObject;
@@ -55,12 +56,15 @@ class GoldenRowsTest {
     @TestFactory
     Stream<DynamicTest> everyReadOfTheManifestFindsItsRows() {
         List<DynamicTest> tests = new ArrayList<>();
-        for (Map.Entry<String, JsonNode> e : Golden.manifest().get("objects").properties()) {
+        List<Map.Entry<String, JsonNode>> objects = new ArrayList<>();
+        Golden.manifest().get("objects").properties().forEach(objects::add);
+        Golden.manifest().get("columnar_objects").properties().forEach(objects::add); // version 2: the same rows
+        for (Map.Entry<String, JsonNode> e : objects) {
             for (JsonNode read : e.getValue().path("reads")) {
                 tests.add(DynamicTest.dynamicTest(e.getKey() + ": " + read.get("name").asText(), () -> check(e.getKey(), e.getValue(), read)));
             }
         }
-        assertTrue(tests.size() >= 15, "the manifest has " + tests.size() + " reads");
+        assertTrue(tests.size() >= 30, "the manifest has " + tests.size() + " reads");
         return tests.stream();
     }
 
@@ -73,7 +77,7 @@ class GoldenRowsTest {
         for (int i = 0; i < want.size(); i++) assertEquals(want.get(i), got.get(i), "row " + i);
     }
 
-    /** The rows of {@code read} through SegmentRows, each as a JSON array in the target's column order. */
+    /** The rows of {@code read} through the segment path (either format), each as a JSON array in the target's column order. */
     static List<JsonNode> rows(String name, JsonNode entry, JsonNode read, Kek kek, byte[] dataKey) throws IOException {
         Schema target = Schema.parse(entry.get("schema").asText());
         List<Schema> versions = new ArrayList<>();
@@ -83,7 +87,7 @@ class GoldenRowsTest {
         StructType schema = SparkTypes.sparkSchema(target.columns());
         List<JsonNode> out = new ArrayList<>();
         try (SealedObject obj = new SealedObject(Golden.where(name), new Golden.Bytes(raw), raw.length, kek, dataKey)) {
-            SegmentRows rows = new SegmentRows(obj, target.columns(), versions, preds,
+            SegmentSource rows = SegmentSource.open(obj, target.columns(), versions, preds,
                     Base64.getDecoder().decode(read.get("visible").asText()), read.path("first_row").asLong(0),
                     read.has("end_row") ? read.get("end_row").asLong() : Long.MAX_VALUE);
             OnHeapColumnVector[] vectors = OnHeapColumnVector.allocateColumns(16, schema); // small: many batches
@@ -141,6 +145,57 @@ class GoldenRowsTest {
                 () -> rows("corrupt.obj", stored, stored.get("reads").get(0), null, null));
         assertEquals("corrupt object " + Golden.where("corrupt.obj") + " at offset " + err.get("offset").asLong() + ": "
                 + err.get("what").asText(), e.getMessage());
+    }
+
+    @Test
+    void theCorruptColumnarObjectFailsNamingTheSegmentAndColumn() {
+        JsonNode stored = Golden.manifest().get("columnar_objects").get("columnar-stored.obj");
+        JsonNode err = Golden.manifest().get("columnar_objects").get("columnar-corrupt.obj").get("error");
+        CorruptObjectException e = assertThrows(CorruptObjectException.class,
+                () -> rows("columnar-corrupt.obj", stored, stored.get("reads").get(0), null, null));
+        assertEquals("corrupt object " + Golden.where("columnar-corrupt.obj") + " at offset " + err.get("offset").asLong()
+                + ": " + err.get("what").asText() + " (segment " + err.get("segment").asInt() + " column id "
+                + err.get("column").asInt() + ")", e.getMessage());
+    }
+
+    @Test
+    void groupsTheStatisticsRuleOutAreNotRead() throws IOException {
+        // columnar-stored.obj: groups of 50 rows; ids 0..49 in group 0, 50..99 in group 1, the rest in group 2
+        JsonNode entry = Golden.manifest().get("columnar_objects").get("columnar-stored.obj");
+        Schema target = Schema.parse(entry.get("schema").asText());
+        JsonNode every = entry.get("reads").get(0);
+        Predicates idFrom100 = new Predicates(List.of(new Predicates.Term(target.byName("id"), Op.GE,
+                new Predicates.Int(BigInteger.valueOf(100)))), null);
+        long want = 0;
+        for (JsonNode row : every.get("rows")) if (row.get(0).asLong() >= 100) want++;
+        byte[] raw = Golden.bytes("columnar-stored.obj");
+        try (SealedObject obj = new SealedObject(Golden.where("columnar-stored.obj"), new Golden.Bytes(raw), raw.length,
+                null, null)) {
+            ColumnarRows rows = new ColumnarRows(obj, target.columns(), idFrom100,
+                    Base64.getDecoder().decode(every.get("visible").asText()), 0, Long.MAX_VALUE);
+            OnHeapColumnVector[] vectors = OnHeapColumnVector.allocateColumns(4096, SparkTypes.sparkSchema(target.columns()));
+            int n = 0;
+            while (rows.more()) n += rows.fill(vectors, 4096);
+            assertEquals(want, n);
+            assertTrue(want > 0);
+            assertEquals(2, rows.skipped()); // groups 0 and 1 hold no id >= 100: never read
+        }
+    }
+
+    @Test
+    void columnarObjectsReadTheirTwinsRows() throws IOException {
+        JsonNode columnar = Golden.manifest().get("columnar_objects");
+        int twins = 0;
+        for (Map.Entry<String, JsonNode> e : columnar.properties()) {
+            if (!e.getValue().hasNonNull("twin")) continue;
+            JsonNode twin = Golden.object(e.getValue().get("twin").asText());
+            JsonNode read = twin.get("reads").get(0);
+            List<JsonNode> a = rows(e.getValue().get("twin").asText(), twin, read, Kek.load(Golden.kekFile()), null);
+            List<JsonNode> b = rows(e.getKey(), e.getValue(), e.getValue().get("reads").get(0), Kek.load(Golden.kekFile()), null);
+            assertEquals(Golden.canonical(JSON.valueToTree(a)), Golden.canonical(JSON.valueToTree(b)), e.getKey());
+            twins++;
+        }
+        assertEquals(4, twins);
     }
 
     @Test
