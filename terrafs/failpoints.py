@@ -18,6 +18,18 @@ A test's child process may also be given, in its environment (never set in produ
     (``slow_to``; the larger of the two when both are there). Write it whole (a temporary
     name, then rename): content that is not a number (empty, half-written) delays nothing.
     A cut wins over a slow link.
+
+**Mutations** are the other kind of switch: a deliberate bug a test turns on (``mutate``) to
+show that its checker finds it — the seeded simulation's ``--mutate`` (tests/sim, and
+docs/rfcs/0010-replication.md, "Histories"). Production never turns one on; one that is off
+costs a set lookup where it binds:
+
+* ``lagging_read`` — a read of the present is served 300 ms behind the closed timestamp, as
+  a replica that lags would serve it (``rowstore/db/read/reader.py``);
+* ``lease_outlives_term`` — a leader serves reads without a current lease, for as long as it
+  leads (``rowstore/db/serving/leadership.py``, ``check_lease``);
+* ``commit_below_read`` — a new leader's clock does not observe its election's floor, so it
+  may commit below a read its predecessor served (``Leadership._promote``).
 """
 from __future__ import annotations
 
@@ -80,6 +92,22 @@ def skewed_wall_clock() -> Callable[[], int] | None:
     if not CLOCK_SKEW_MS:
         return None
     return lambda: time.time_ns() // 1_000_000 + CLOCK_SKEW_MS
+
+
+MUTATIONS = ("lagging_read", "lease_outlives_term", "commit_below_read")
+_mutated: set[str] = set()
+
+
+def mutate(name: str) -> None:
+    """Turn mutation ``name`` on, for the rest of the process (a test's)."""
+    if name not in MUTATIONS:
+        raise ValueError(f"no mutation called {name!r} (there are {', '.join(MUTATIONS)})")
+    _mutated.add(name)
+
+
+def mutated(name: str) -> bool:
+    """Whether a test turned mutation ``name`` on (never in production)."""
+    return name in _mutated
 
 
 def failpoint(name: str) -> None:

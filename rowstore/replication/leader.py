@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from rowstore.errors import FencedError
-from rowstore.hlc import ts_from_ms
+from rowstore.hlc import MAX_TS, ts_from_ms
 from rowstore.segments.active import ActiveSegment
 from rowstore.segments.position import NOTHING, Position
 from rowstore.segments.wal import REC
@@ -79,6 +79,7 @@ class Shipper:
         self.inflight: dict[int, tuple[int, int, bytes]] = {}  # seq -> (segid, offset, bytes)
         self.fenced: int | None = None
         self.closed = False
+        self.want_clock = 0  # reads wait for a round carrying this clock to a majority (``cover``)
         self._progress = asyncio.Event()
         self._links = {n: _Link(self, n) for n in self.followers}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -161,6 +162,36 @@ class Shipper:
         floor = self.monotonic() - self.lease_s
         return sum(1 for link in self._links.values() if link.acked_at >= floor) >= self.needed
 
+    def reach(self) -> int:
+        """The highest read T this leader may serve now (RFC 0010 §5, "Clocks"): the clock its
+        latest rounds within the lease carried, as a majority of its replicas took them, plus
+        the lease — what the next election's floor (``clock_floor``, from the clocks a majority
+        of the replicas answer) lies above, whatever this node's clock did since those rounds
+        (it may have jumped ahead, or observed a T from a node ahead of it). 0: no lease."""
+        if self.needed == 0:
+            return MAX_TS
+        floor = self.monotonic() - self.lease_s
+        clocks = sorted((link.acked_clock for link in self._links.values() if link.acked_at >= floor), reverse=True)
+        if len(clocks) < self.needed:
+            return 0
+        return clocks[self.needed - 1] + ts_from_ms(int(self.lease_s * 1000 * LEASE_DRIFT))
+
+    async def cover(self, T: int, timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until a read at T lies within :meth:`reach`: a round
+        carrying this node's present (at or above T: the clock observed T) acknowledged by a
+        majority. False when it did not come (no majority answers, or no longer leading)."""
+        self.want_clock = max(self.want_clock, T)
+        self.wake()
+        try:
+            async with asyncio.timeout(timeout):
+                while self.reach() < T:
+                    if self.fenced is not None or self.closed:
+                        return False
+                    await self._progress.wait()
+        except TimeoutError:
+            return False
+        return True
+
     def status(self) -> dict[str, Any]:
         now = self.monotonic()
         return {"epoch": self.epoch, "lease": self.lease_ok(), "fenced": self.fenced, "end": list(self.end()),
@@ -197,6 +228,7 @@ class _Link:
         self.sh, self.node = sh, node
         self.pos: Position | None = None  # unknown until it answered
         self.acked_at = -1e9
+        self.acked_clock = 0  # the leader's clock the round acknowledged at ``acked_at`` carried
         self.wake = asyncio.Event()
         self.sent_bytes = 0
 
@@ -216,7 +248,8 @@ class _Link:
         while not self.sh.closed and self.sh.fenced is None:
             try:
                 header, data = await self._collect() if self.pos is not None else (self._header([]), [])
-                if not data and self.pos is not None and self.sh.monotonic() - self.acked_at < beat:
+                if not data and self.pos is not None and self.sh.monotonic() - self.acked_at < beat and \
+                        self.acked_clock >= self.sh.want_clock:  # else a read waits for a round (cover)
                     self.wake.clear()
                     try:  # asyncio.timeout, not wait_for: on 3.11 a cancel that meets the wake
                         async with asyncio.timeout(beat):  # was swallowed, and the link lived on
@@ -227,7 +260,7 @@ class _Link:
                 t0 = self.sh.monotonic()
                 got = await self.sh.transport.append(self.node, header, data)
                 self.pos = Position.of(got["pos"])
-                self.acked_at = t0
+                self.acked_at, self.acked_clock = t0, int(header["clock"])
                 self.sent_bytes += sum(len(d) for d in data)
                 self.sh.progressed()
                 delay = 0.05

@@ -1,5 +1,5 @@
 """Run the seeded fault simulation: ``python -m tests.sim --seeds 0-99 [--seconds 30]
-[--revert s1] [--trace]``. Each seed is one run on virtual time (tests/sim/world.py); a failing
+[--revert s1] [--mutate lagging_read] [--trace]``. Each seed is one run on virtual time (tests/sim/world.py); a failing
 seed prints its violation, the end of its trace and the command that replays it exactly (run
 with ``PYTHONHASHSEED=0``, as ``make test`` does). Exit status 1 when any seed failed."""
 from __future__ import annotations
@@ -17,9 +17,16 @@ import time
 import traceback
 import uuid
 
+from terrafs.failpoints import MUTATIONS, mutate
 from tests.sim.loop import SimLoop
 from tests.sim.nodes import PARTS
 from tests.sim.world import Faults, Violation, World
+
+
+# A run of FLOOR_SEEDS seeds or more fails when it acknowledged fewer than FLOOR_PER_SEED batches a
+# seed (seeds 0-59 acknowledge 45 on average, the fewest 6; each seed on its own must
+# acknowledge the batches it writes once every fault healed).
+FLOOR_SEEDS, FLOOR_PER_SEED = 20, 20
 
 
 def _determinism(seed: int) -> None:
@@ -118,13 +125,13 @@ def run_seed(seed: int, seconds: float, show_trace: bool, faults: Faults, parts:
             t.get_coro().close()
         loop.close()
     stats = {"seed": seed, "acked": len(w.ledger.acked), "maybe": len(w.ledger.maybe),
-             "elections": w.elections, "virtual_s": round(loop.now, 1)}
+             "elections": w.elections, "virtual_s": round(loop.now, 1), "history": w.summary}
     if not ok:
         print(f"seed {seed}: VIOLATION {why}")
         print("\n".join(w.trace[-60:] if not show_trace else w.trace))
         print(f"replay: PYTHONHASHSEED=0 python -m tests.sim --seeds {seed} --seconds {seconds} --parts {parts} "
-              f"--crash {faults.crash} --slow {faults.slow} --slow-node {faults.slow_node} "
-              f"--catalog-stall {faults.catalog_stall} --trace")
+              f"--crash {faults.crash} --slow {faults.slow} --slow-node {faults.slow_node} --pause {faults.pause} "
+              f"--clock-jump {faults.clock_jump} --catalog-stall {faults.catalog_stall} --trace")
     return ok, stats
 
 
@@ -133,10 +140,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0-19", help="a seed, or a range a-b (inclusive)")
     ap.add_argument("--seconds", type=float, default=30.0, help="virtual seconds of faults per seed")
     ap.add_argument("--revert", action="append", default=[], help="put a fixed bug back (s1, s2, s2-early)")
+    ap.add_argument("--mutate", action="append", default=[], choices=MUTATIONS,
+                    help="turn a deliberate bug on (terrafs/failpoints.py): the checks must find it")
     ap.add_argument("--trace", action="store_true", help="print the whole trace of a failing seed")
     ap.add_argument("--crash", type=float, default=Faults.crash, help="kills per virtual second")
     ap.add_argument("--slow", type=float, default=Faults.slow, help="slow links per virtual second")
     ap.add_argument("--slow-node", type=float, default=Faults.slow_node, help="slow nodes per virtual second")
+    ap.add_argument("--pause", type=float, default=Faults.pause, help="processes stopped (SIGSTOP) per virtual second")
+    ap.add_argument("--clock-jump", type=float, default=Faults.clock_jump, help="wall-clock jumps per virtual second")
     ap.add_argument("--catalog-stall", type=float, default=Faults.catalog_stall,
                     help="catalog stalls (0.2-1.5 s, a Raft election) per virtual second")
     ap.add_argument("--stop", action="store_true", help="stop at the first failing seed")
@@ -148,9 +159,12 @@ def main(argv=None) -> int:
     scale()
     for name in a.revert:
         revert(name)
+    for name in a.mutate:
+        mutate(name)
     failed, t0, acked, elections = [], time.perf_counter(), 0, 0
     for seed in seeds:
         ok, st = run_seed(seed, a.seconds, a.trace, Faults(crash=a.crash, slow=a.slow, slow_node=a.slow_node,
+                                                           pause=a.pause, clock_jump=a.clock_jump,
                                                            catalog_stall=a.catalog_stall), a.parts)
         acked += st["acked"]
         elections += st["elections"]
@@ -162,6 +176,10 @@ def main(argv=None) -> int:
     n = len(seeds) if not failed or not a.stop else seeds.index(failed[-1]) + 1  # the seeds run
     print(f"{n} seeds in {took:.1f} s ({n / took:.2f} seeds/s): {len(failed)} failed {failed[:20]}; "
           f"{acked} batches acknowledged, {elections} elections")
+    if n >= FLOOR_SEEDS and acked < FLOOR_PER_SEED * n:
+        print(f"only {acked} batches acknowledged in {n} seeds (at least {FLOOR_PER_SEED} a seed wanted): "
+              "a run whose writes fail proves nothing")
+        return 1
     return 1 if failed else 0
 
 

@@ -7,14 +7,24 @@ import asyncio
 import pyarrow as pa
 
 from rowstore.db.database import Database
+from rowstore.db.write.committer import COMMITTED, txn_key
 from rowstore.errors import UnavailableError
 from rowstore.segments.position import NOTHING, Position
+from tests.history.batches import UNKNOWN, HistoryViolation, Region, check as check_history
 from tests.sim.nodes import ROWS, Violation
+
+# A seed that acknowledged fewer batches (the world writes 4 once every fault healed, each
+# retried until acknowledged), or answered fewer reads of the present, proves too little to
+# pass: a change that failed every write, or every read, would otherwise pass every check.
+MIN_ACKED, MIN_READS = 4, 10
 
 
 class Checks:
     """Mixed into World: ``self.nodes``, ``self.place``, ``self.table``, ``self.parts``,
-    ``self.ledger``, ``self.settled_at``, ``self._batch`` and ``self._shipper`` are its."""
+    ``self.ledger``, ``self.history``, ``self.layout``, ``self.reader``, ``self.catalog``,
+    ``self.settled_at``, ``self._batch`` and ``self._shipper`` are its."""
+
+    summary = None  # what the history check counted (tests/history/batches.py, Summary)
 
     async def _watch_leases(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -38,9 +48,15 @@ class Checks:
         # batch whose commit lands between two partitions' reads at their own closed timestamps
         # would look half applied (seed 6482: both on one leader, committed between the reads).
         T = max(self._leader(pid).timeline.closed for pid in range(self.parts))
+        final = self.history.read("checker", Region(frozenset(range(self.parts))), note="at the end, every partition")
         for pid in range(self.parts):
-            t, _ = await self._leader(pid).query("t", limit=None, partitions=[pid], as_of=T, trusted=True)
+            try:
+                t, _ = await self._leader(pid).query("t", limit=None, partitions=[pid], as_of=T, trusted=True)
+            except BaseException:
+                final.failed()
+                raise
             got |= _rows(t)
+        final.ok(T, got)
         batches: dict[int, int] = {}
         for k, b in got:
             if k // ROWS != b:
@@ -55,18 +71,32 @@ class Checks:
         half = sorted(b for b, n in batches.items() if n != ROWS)
         if half:
             raise Violation(f"batches half applied: { {b: batches[b] for b in half[:10]} } of {ROWS} rows")
-        for pid, T, seen in self.ledger.reads:
-            again, _ = await self._leader(pid).query("t", limit=None, as_of=T, partitions=[pid])
-            if _rows(again) != seen:
-                raise Violation(f"as_of {T} of partition {pid} read {len(seen)} rows then, {len(_rows(again))} now")
-        await self.check_feed()
+        feed = await self.check_feed(T)
+        await self.reader.repeat()
         for pid in range(self.parts):
             await self.check_replicas(pid)
+        await self.check_history(feed)
 
-    async def check_feed(self) -> None:
+    async def check_history(self, feed: list[tuple[int, int]]) -> None:
+        """The history (tests/history/batches.py): every write whose outcome the client did not
+        learn and whose decision row it knows (a batch spanning nodes) resolved from the row
+        — committed, or aborted (the row says so, or there is none: nothing can commit it any
+        more, no participant holds it); then every check of the history against the feed."""
+        for w in self.history.writes:
+            if w.txn is not None and w.status == UNKNOWN and w.decided is None:
+                e = await self.catalog.get(txn_key(w.txn))
+                w.decided = "committed" if e is not None and e.value == COMMITTED else "aborted"
+        try:
+            self.summary = check_history(self.history, self.layout, feed, min_acked=MIN_ACKED, min_reads=MIN_READS)
+        except HistoryViolation as e:
+            raise Violation(str(e)) from None
+
+    async def check_feed(self, T: int) -> list[tuple[int, int]]:
+        """The change feed up to T (the snapshot of the checks): every acknowledged write exactly
+        once; its (key, commit_ts) pairs."""
         pairs = []
         for pid in range(self.parts):
-            t, _ = await self._leader(pid).changes("t", 0, partitions=[pid])
+            t, _ = await self._leader(pid).changes("t", 0, upto=T, partitions=[pid], trusted=True)
             pairs += list(zip(t.column("id").to_pylist(), t.column("commit_ts").to_pylist()))
         if len(set(pairs)) != len(pairs):
             raise Violation("the change feed holds a write twice")
@@ -78,35 +108,54 @@ class Checks:
                 seen = sorted((k, ts) for k, ts in pairs if b * ROWS <= k < (b + 1) * ROWS)
                 raise Violation(f"the change feed lacks acknowledged batch {b} at {cts}: keys {missing} (partitions "
                                 f"{sorted(set(pids[[k - b * ROWS for k in missing]].tolist()))}); it has {seen}")
+        return pairs
 
     async def check_replicas(self, pid: int) -> None:
-        """Every follower's copies agree with the leader's log, byte for byte, as far as both made
-        them durable, and reach at least where the leader's log ended when every follower had
-        caught up (the leader may append records of its own since)."""
+        """Every follower holds, byte for byte, every sealed segment the leader holds (one that
+        kept no byte aside: no follower ever had a piece of it; one offloaded meanwhile: the
+        object is its only copy) and nothing beyond the leader's last segment; on that active
+        segment the bytes both made durable agree (a follower may hold a group the leader still
+        waits on: shipped before its own write completes); and it reaches at least where the
+        leader's log ended when every follower had caught up (the leader may append records of
+        its own since)."""
         sh = self._shipper(pid)
         if sh is None:  # it stepped down meanwhile (the nodes' jobs go on): checked again after an election
             raise UnavailableError(f"the leader of partition {pid} stepped down during the checks")
         tid, settled = self.table.table_id, self.settled_at[pid]
+        last = max(sh.segs, default=-1)  # the leader's active segment: the others it holds are sealed
         for f in sh.followers:
             r = await self.nodes[f].db.replicas.replica(tid, pid)
             if r.position() < settled:
                 raise Violation(f"{f} holds {list(r.position())} of partition {pid}, behind the caught-up end "
                                 f"{list(settled)}")
-            for segid, (seq, _) in r.rec.segs.items():
-                copy, seg = r.files.get(segid), sh.segs.get(seq)
-                if seg is None or copy is None:
-                    continue  # offloaded on the leader, or not open here
-                if seg.segid != segid:
+            copies = {seq: (segid, r.files.get(segid)) for segid, (seq, _) in r.rec.segs.items()}
+            beyond = sorted(q for q in copies if q > last) if sh.segs else []  # none held: all offloaded
+            if beyond:
+                raise Violation(f"{f} holds segments {beyond} of partition {pid} past the leader's last ({last})")
+            for seq, seg in sorted(sh.segs.items()):
+                segid, copy = copies.get(seq, (seg.segid, None))
+                if segid != seg.segid:
                     raise Violation(f"{f} holds segment {segid} at seq {seq}, the leader's log {seg.segid}")
-                # a follower may hold a group the leader still waits on (shipped before its own
-                # write completes): the bytes both made durable must agree
-                n = min(copy.durable_size, seg.file.durable_size)
-                a, b = await copy.read(0, n), await seg.file.read(0, n)
-                if a != b:
-                    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                    raise Violation(f"{f}'s copy of segment {segid} is not the leader's log: {n} bytes there, "
-                                    f"{seg.file.durable_size} here, first difference at {at}")
+                await self._same_bytes(f, pid, seq, seg, copy, sealed=seq < last)
 
+    async def _same_bytes(self, f: str, pid: int, seq: int, seg, copy, sealed: bool) -> None:
+        size = seg.file.durable_size
+        if copy is None:
+            if sealed and size > 0:
+                rec, _ = await self._leader(pid).store.record(seg.segid)
+                if rec.state.value != "offloaded":  # offloaded meanwhile: followers drop their copies
+                    raise Violation(f"{f} has no copy of sealed segment {seg.segid} (seq {seq}, {size} bytes) of "
+                                    f"partition {pid}")
+            return
+        if sealed and copy.durable_size != size:
+            raise Violation(f"{f}'s copy of sealed segment {seg.segid} of partition {pid} holds {copy.durable_size} "
+                            f"bytes, the leader's {size}")
+        n = size if sealed else min(copy.durable_size, size)
+        a, b = await copy.read(0, n), await seg.file.read(0, n)
+        if a != b:
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            raise Violation(f"{f}'s copy of segment {seg.segid} is not the leader's log: {n} bytes compared "
+                            f"({copy.durable_size} there, {size} here), first difference at {at}")
 
 
 def _held_end(sh) -> Position:

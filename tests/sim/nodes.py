@@ -30,6 +30,7 @@ LEASE_S = 0.5
 FAILURE_S = 1.0  # a node down this long is dead to the driver
 TIMEOUT_S = 1.0  # a message or answer lost: the sender learns it this late
 ANSWER_S = 3.0  # a request not answered this long (its node stopped, say) is given up on
+CATALOG_RTT_S = 0.005  # a read of the catalog (a Raft group over the network)
 WALL0_MS = 1_700_000_000_000
 
 
@@ -126,6 +127,7 @@ class Node:
         self.w, self.name = world, name
         self.block, self.volatile = MemoryBlockDevice(), MemoryBlockDevice(durable=False)
         self.inc, self.up, self.down_at, self.skew_ms = 0, False, 0.0, 0
+        self.paused_at = 0.0  # when its process was last stopped (SIGSTOP)
         self.db: Database | None = None
         self._starting: asyncio.Event | None = None
 
@@ -191,9 +193,12 @@ class Node:
                     self.w.log("job_failed", node=self.name, job=job.__name__, error=repr(e)[:100])
 
     async def _reconcile(self) -> None:
-        """Stop leading what the placement gives to another epoch (the node's reconcile)."""
+        """Stop leading what the placement gives to another epoch (the node's reconcile): every
+        0.2 s, the placement read from the catalog — a round trip, during which the node goes on
+        serving (a process resumed after SIGSTOP answers what waited for it meanwhile)."""
         while True:
             await asyncio.sleep(0.2)
+            await asyncio.sleep(CATALOG_RTT_S)
             d = self.w.table
             for pid, p in self.w.place.items():
                 sh = self.db.leadership.shipper(d.table_id, pid)

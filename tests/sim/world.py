@@ -14,9 +14,14 @@ slow nodes, processes stopped and continued (SIGSTOP), wall-clock jumps, a disk 
 write and sync (EIO) for a while, a disk filling up (ENOSPC) until space comes back, a
 coordinator that vanishes before or after its decision. Invariants (``World.check_*``): no
 acknowledged write lost, no row that was never written, no batch half applied (in one
-partition and not the other), replicas equal to the leader's log once caught up, at most one
-leader per partition holding a read lease at any moment, an ``as_of`` read repeated gives the
-same rows, the change feed holds every acknowledged write exactly once."""
+partition and not the other), replicas equal to the leader's log once caught up (every sealed
+segment whole), at most one leader per partition holding a read lease at any moment, an
+``as_of`` read repeated gives the same rows, the change feed holds every acknowledged write
+exactly once — and the history of every write and every read (the writers', the reader's of
+``tests/sim/reads.py``, the checks' own) passes the history checks of tests/history: reads of the
+present linearizable, reads at T the snapshot at T, commit timestamps in real-time order,
+every batch spanning nodes resolved from its decision row, and 4 batches written once every
+fault healed acknowledged (a run whose writes all fail proves nothing)."""
 from __future__ import annotations
 
 import asyncio
@@ -40,19 +45,21 @@ from rowstore.segments.wal import DECIDED, SPANS_NODES
 from terrafs.backends.memory import MemoryObjectStore
 from terrafs.catalog_ops import commit
 from terrafs.errors import MirrorError, TerrafsError
+from tests.history.batches import History as ClientHistory, Layout, Region, Write
 from tests.sim.checks import Checks, _held_end, _rows
 from tests.sim.loop import in_process
+from tests.sim.reads import SimReader
 from tests.sim.nodes import (LEASE_S, PARTS, ROWS, SCHEMA, FAILURE_S, Faults, Net, Node, Place, SimTransport,
                              Violation)
 
 CLIENT_ERRORS = (ConnectionError, RowstoreError, TerrafsError)
+HEALED = 4  # batches written once every fault healed: each must be acknowledged
 
 
 @dataclass
 class Ledger:
     acked: dict[int, int] = field(default_factory=dict)  # batch -> commit_ts
     maybe: set[int] = field(default_factory=set)  # answered with an error: may or may not be there
-    reads: list[tuple[int, int, frozenset]] = field(default_factory=list)  # (partition, T, rows seen at T)
 
 
 class StallingCatalog(MemoryCatalog):
@@ -99,6 +106,11 @@ class World(Checks):
         self.stall_rng = random.Random(seed ^ 0xCA7A106)  # catalog stalls: apart from the other faults' draws
         self.nodes = {n: Node(self, n) for n in ("n1", "n2", "n3")}
         self.net, self.ledger, self.trace = Net(self), Ledger(), []
+        # every write and read as the clients saw it (tests/history): checked once all healed
+        self.history = ClientHistory(loop.time)
+        self.layout = Layout(ROWS, lambda keys: partition_of(encode_keys(pa.array(keys), "int64"), self.parts))
+        self.read_rng = random.Random(seed ^ 0x4EAD)  # the reader's: apart from the other draws
+        self.reader = SimReader(self)
         self.place: dict[int, Place] = {}
         self.settled_at: dict[int, Position] = {}
         self.table = None
@@ -123,13 +135,15 @@ class World(Checks):
         jobs = [in_process("driver", self._driver(stop)), in_process("nemesis", self._nemesis(stop)),
                 in_process("lease-watch", self._watch_leases(stop))]
         jobs += [in_process(f"client{i}", self._writer(i, stop)) for i in range(self.writers)]
-        jobs += [in_process("coordinator", self._coordinator(stop))]
+        jobs += [in_process("coordinator", self._coordinator(stop)), in_process("reader", self.reader.run(stop))]
         await asyncio.sleep(self.seconds)
         stop.set()
         await self._heal()
         for j in jobs:
             j.cancel()
         await asyncio.gather(*jobs, return_exceptions=True)
+        await self._settle()
+        await self._write_healed()
         for _ in range(3):
             await self._settle()
             try:
@@ -189,7 +203,10 @@ class World(Checks):
     async def _driver(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await asyncio.sleep(0.1)
-            dead = {n.name for n in self.nodes.values() if not n.up and self.loop.time() - n.down_at > FAILURE_S}
+            now = self.loop.time()
+            # dead: down, or stopped (SIGSTOP: its heartbeats stopped too), for FAILURE_S
+            dead = {n.name for n in self.nodes.values() if (not n.up and now - n.down_at > FAILURE_S) or (
+                n.process in self.loop.paused and now - n.paused_at > FAILURE_S)}
             await self._drive_once(dead)
 
     async def _drive_once(self, dead: set[str]) -> None:
@@ -208,8 +225,10 @@ class World(Checks):
             return False
         epoch = p.epoch + 1
         for _ in range(3):
-            got = await asyncio.gather(*[self.net.call("driver", n, lambda n=n, e=epoch: _fence(
-                self.nodes[n].db, tid, pid, e)) for n in voters], return_exceptions=True)
+            # each fence given up after the failure timeout, as the controller's (a stopped
+            # voter would hold the election, and every other partition's, for a whole request)
+            got = await asyncio.gather(*[asyncio.wait_for(self.net.call("driver", n, lambda n=n, e=epoch: _fence(
+                self.nodes[n].db, tid, pid, e)), FAILURE_S) for n in voters], return_exceptions=True)
             ok = {n: g for n, g in zip(voters, got) if isinstance(g, dict)}
             if len(ok) >= need:
                 break
@@ -265,25 +284,52 @@ class World(Checks):
         while not stop.is_set():
             b = self.next_batch
             self.next_batch += 1
-            rows, pids = self._batch(b)
-            leaders = {self.place[int(p)].leader for p in np.unique(pids)}
             self.ledger.maybe.add(b)  # until it is answered: a write in flight may land
-            try:
-                if len(leaders) == 1:
-                    (leader,) = leaders
-                    res = await self.net.call(f"client{i}", leader, lambda n=leader, rows=rows: self.nodes[
-                        n].db.upsert("t", rows))
-                    ts = res.commit_ts
-                else:
-                    ts = await self._transaction(f"client{i}", b, rows, pids, rng)
-                if ts is not None:
-                    self.ledger.acked[b] = ts
-                    self.ledger.maybe.discard(b)
-            except CLIENT_ERRORS:
-                pass
+            await self._write(f"client{i}", b, rng)
             if rng.random() < 0.05:
                 await self._read()
             await asyncio.sleep(rng.randint(1, 30) / 1000)
+
+    async def _write(self, src: str, b: int, rng: random.Random) -> int | None:
+        """Batch ``b`` through the node layer's routing: to the one node leading every partition
+        it touches (its own atomic commit), else as a batch spanning nodes. Its commit_ts once
+        acknowledged; None otherwise (the client learnt no outcome)."""
+        rows, pids = self._batch(b)
+        leaders = {self.place[int(p)].leader for p in np.unique(pids)}
+        op = self.history.write(src, b)
+        try:
+            if len(leaders) == 1:
+                (leader,) = leaders
+                res = await self.net.call(src, leader, lambda n=leader, rows=rows: self.nodes[n].db.upsert("t", rows))
+                ts = res.commit_ts
+            else:
+                ts = await self._transaction(src, b, rows, pids, rng, op)
+        except CLIENT_ERRORS:
+            ts = None
+        if ts is None:
+            op.unknown()
+            return None
+        self.ledger.acked[b] = ts
+        self.ledger.maybe.discard(b)
+        op.ok(ts)
+        return ts
+
+    async def _write_healed(self) -> None:
+        """Once every fault healed, HEALED batches, one after another, each retried until
+        acknowledged (an election driven between tries): a run whose every write fails would
+        pass every other check — it must fail this one."""
+        rng = random.Random(self.seed ^ 0x4EA1)
+        for _ in range(HEALED):
+            b = self.next_batch
+            self.next_batch += 1
+            self.ledger.maybe.add(b)
+            for _ in range(30):
+                if await self._write("healed", b, rng) is not None:
+                    break
+                await self._drive_once(set())
+                await asyncio.sleep(0.2)
+            else:
+                raise Violation(f"batch {b}, written after every fault healed, was not acknowledged in 30 tries")
 
     async def _coordinator(self, stop: asyncio.Event) -> None:
         """Batches spanning nodes always (RFC 0010 §3), even when one node leads both partitions
@@ -297,20 +343,28 @@ class World(Checks):
             self.next_batch += 1
             rows, pids = self._batch(b)
             self.ledger.maybe.add(b)
+            op = self.history.write("coordinator", b)
             try:
-                ts = await self._transaction("coordinator", b, rows, pids, rng)
+                ts = await self._transaction("coordinator", b, rows, pids, rng, op)
             except CLIENT_ERRORS:
+                op.unknown()
                 continue
             if ts is not None:
                 self.ledger.acked[b] = ts
                 self.ledger.maybe.discard(b)
+                op.ok(ts)
+            else:
+                op.unknown()
 
-    async def _transaction(self, src: str, b: int, rows: pa.Table, pids: np.ndarray, rng: random.Random) -> int | None:
+    async def _transaction(self, src: str, b: int, rows: pa.Table, pids: np.ndarray, rng: random.Random,
+                           op: Write) -> int | None:
         """One batch through the participants' two phases (node/cluster/commit.py's steps): its
         timestamp once every participant committed it, else None (aborted, or its outcome left
-        to the participants: the client got an error)."""
+        to the participants: the client got an error). ``op``: the write in the history, which
+        learns the decision row's name (txn/X) — what resolves it once the faults healed."""
         d = self.table
         txn = DECIDED | SPANS_NODES | rng.getrandbits(60)
+        op.txn = txn
         mine: dict[str, list[int]] = {}
         for pid in np.unique(pids).tolist():
             mine.setdefault(self.place[pid].leader, []).append(pid)
@@ -367,14 +421,17 @@ class World(Checks):
                                              rng) for who in whos], return_exceptions=True)
 
     async def _read(self) -> None:
+        """A writer's read of a partition at the present, through its leader."""
         pid = self.rng.randrange(self.parts)
         leader = self.place[pid].leader
+        r = self.history.read("reader", Region(frozenset({pid})), note=f"via {leader}")
         try:
             t, T = await self.net.call("reader", leader, lambda: self.nodes[leader].db.query(
                 "t", limit=None, partitions=[pid]))
         except CLIENT_ERRORS:
+            r.failed()
             return
-        self.ledger.reads.append((pid, T, _rows(t)))
+        r.ok(T, _rows(t))
 
     # -- faults ---------------------------------------------------------------------------------
 
@@ -425,6 +482,7 @@ class World(Checks):
                 n = self.nodes[self.rng.choice(sorted(self.nodes))]
                 if n.up and n.process not in self.loop.paused:
                     self.loop.pause(n.process)
+                    n.paused_at = self.loop.time()
                     self.log("pause", node=n.name)
                     in_process("nemesis", self._resume_later(n.process, self.rng.uniform(0.1, 3.0)))
             if r() < f.clock_jump * step:

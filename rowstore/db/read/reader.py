@@ -6,7 +6,7 @@ vectorized, the column index narrowing candidates that are then re-checked exact
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,6 +30,7 @@ from rowstore.db.partition import Partition
 from rowstore.timeline import Timeline
 from rowstore.db.registry import Table, TableRegistry
 from rowstore.db.tasks import BackgroundTasks
+from terrafs.failpoints import mutated
 
 MAX_LIMIT = 2**63 - 1  # any limit is fine (docs/REFERENCE.md §3)
 # How far the purge horizon trails the retention horizon: a read of the present chosen on one
@@ -37,6 +38,7 @@ MAX_LIMIT = 2**63 - 1  # any limit is fine (docs/REFERENCE.md §3)
 # later, and a read that passed the check goes on while merges and GC run. History younger
 # than retention + this is never purged, so such reads find every version they need.
 PURGE_LAG_MS = 5_000
+LAGGING_MS = 300  # how far behind the mutation ``lagging_read`` serves a read of the present
 
 
 @dataclass(frozen=True)
@@ -64,10 +66,12 @@ class _PointTable:
 
 class Reader:
     def __init__(self, store: SegmentStore, definitions: TableCatalog, tables: TableRegistry, clock: HybridClock,
-                 timeline: Timeline, tasks: BackgroundTasks, leases_of: Callable[[str, Iterable[int]], None],
+                 timeline: Timeline, tasks: BackgroundTasks,
+                 leases_of: Callable[[str, Iterable[int], int], Awaitable[None] | None],
                  retention_ms: int, closed_wait_s: float, purge_lag_ms: int = PURGE_LAG_MS):
-        """``leases_of(table id, pids)`` raises when a replicated partition among ``pids`` is
-        led here without a current lease (the leader's reads need a majority, RFC 0010 §5)."""
+        """``leases_of(table id, pids, T)`` raises when a replicated partition among ``pids`` is
+        led here without a current lease (the leader's reads need a majority, RFC 0010 §5), and
+        answers what a read at T must await first, if anything (``Leadership.check_lease``)."""
         self.store, self.definitions, self.tables = store, definitions, tables
         self.clock, self.timeline, self.tasks, self.leases_of = clock, timeline, tasks, leases_of
         self.retention_ms, self.closed_wait_s, self.purge_lag_ms = retention_ms, closed_wait_s, purge_lag_ms
@@ -90,7 +94,7 @@ class Reader:
         T comes from another node's clock (a read across nodes, RFC 0010 §4), which may run
         ahead of this node's wall clock — observed and waited for, never refused as future."""
         if as_of is None:
-            return self.timeline.closed
+            return self._present(self.timeline.closed)
         if isinstance(as_of, bool) or not isinstance(as_of, int) or not 0 <= as_of <= MAX_TS:
             raise QueryError(f"as_of must be a commit timestamp (an integer 0..{MAX_TS}), not {as_of!r}")
         # T from another node (a read of the present there, or a caller's T it checked) is
@@ -110,14 +114,20 @@ class Reader:
             raise FutureTimestampError(f"as_of {as_of} is not closed yet (closed timestamp {self.timeline.closed})")
         return as_of
 
+    @staticmethod
+    def _present(T: int) -> int:
+        """A read of the present at ``T`` (a closed timestamp) — or, with the test-only mutation
+        ``lagging_read`` (terrafs/failpoints.py), behind it, as a lagging replica would serve it."""
+        return T - ts_from_ms(LAGGING_MS) if mutated("lagging_read") else T
+
     async def context(self, name: str, as_of: int | None, trusted: bool = False, leased: bool = True) -> ReadContext:
         """``leased``: refuse when a replicated partition led here has no current lease (False:
         the read uses no partition's index, only objects)."""
         T = await self.snapshot(as_of, trusted)
         d = await self.definitions.describe(name, T)
         table = await self.tables.table(d)
-        if leased:
-            self.leases_of(d.table_id, table.owned)
+        if leased and (wait := self.leases_of(d.table_id, table.owned, T)) is not None:
+            await wait
         return ReadContext(T, d, table, await self.tables.schemas_of(d))
 
     async def get(self, name: str, key: object, as_of: int | None = None) -> dict[str, Any] | None:
@@ -127,7 +137,7 @@ class Reader:
         everything it needs in memory, no coroutine is awaited."""
         pt = self._points.get(name) if as_of is None else None
         if pt is not None and pt.gen == self.definitions.generation:
-            T = self.timeline.visible
+            T = self._present(self.timeline.visible)
             if pt.d.ts > T:  # the newest definition is not visible yet
                 T, pt = await self._point_table(name, as_of)
         else:
@@ -135,7 +145,8 @@ class Reader:
         k, pid = _point_key(pt, key)
         if pid not in pt.owned:
             raise UnavailableError(f"table {name!r}: partition {pid} is not served by this node")
-        self.leases_of(pt.d.table_id, (pid,))
+        if (wait := self.leases_of(pt.d.table_id, (pid,), T)) is not None:
+            await wait
         part = pt.parts[pid]
         rowid = part.index.get_cached(k, T)
         if rowid is None:
@@ -162,7 +173,8 @@ class Reader:
         missing = sorted({pid for _, pid in located} - pt.owned)
         if missing:
             raise UnavailableError(f"table {name!r}: partitions {missing} are not served by this node")
-        self.leases_of(pt.d.table_id, {pid for _, pid in located})
+        if (wait := self.leases_of(pt.d.table_id, {pid for _, pid in located}, T)) is not None:
+            await wait
         out: list[dict[str, Any] | None] = [None] * len(located)
         cold: list[int] = []  # keys whose index page or row block is not in memory
         for i, (k, pid) in enumerate(located):

@@ -24,6 +24,7 @@ from rowstore.tables.definitions import TableDef
 from rowstore.index.key_manifest import Claim
 from rowstore.db.partition import Partition
 from rowstore.db.registry import TableRegistry
+from terrafs.failpoints import mutated
 
 log = logging.getLogger("rowstore.db.leadership")
 
@@ -100,6 +101,8 @@ class Leadership:
         # leaders could serve (the election's clock floor)
         wm = await read_watermark(self.store.catalog, d.table_id, pid)
         floor = next((e.floor for e in await self.replicas.history(d.table_id, pid) if e.epoch == epoch), 0)
+        if mutated("commit_below_read"):  # a test's deliberate bug (terrafs/failpoints.py): C broken
+            floor = 0
         await self.observe_durably(max([s.max_ts or 0 for s in segs] + [wm.ts if wm else 0, floor]))
         sh = Shipper(d.table_id, pid, epoch, base, start, followers, transport, lease_s, on_fenced=on_fenced,
                      clock=self.present, monotonic=self.monotonic)
@@ -205,15 +208,34 @@ class Leadership:
                     and r.state in (SegState.ACTIVE, SegState.SEALED)} if follows else set()
             return await self.replicas.prune(table_id, pid, keep)
 
-    def check_lease(self, table_id: str, pids: Iterable[int]) -> None:
-        """Refuse to read a replicated partition led here without a current lease."""
+    def check_lease(self, table_id: str, pids: Iterable[int], T: int | None = None) -> Awaitable[None] | None:
+        """Refuse to read a replicated partition led here without a current lease. A read at T
+        beyond what a majority of the partition's replicas took of this leader's clock
+        (``Shipper.reach``: its clock jumped ahead since its last rounds, or observed a T from a
+        node ahead of it) must first await what this returns: a round that carries it there,
+        or else UnavailableError. Otherwise the next leader's floor could lie below T, and it
+        could commit below a read served here (C, RFC 0010 §5 "Clocks"; simulation seed 17 with
+        ``--clock-jump 0.5``). None: nothing to await."""
+        short = []
         for pid in pids:
             sh = self._shipper((table_id, pid))
-            if sh is not None and not sh.lease_ok():
+            if sh is None or mutated("lease_outlives_term"):  # the mutation: no lease is checked at all
+                continue
+            if not sh.lease_ok():
                 raise UnavailableError(f"partition {pid} has no majority of its replicas within the lease; retry")
+            if T is not None and T > sh.reach():
+                short.append(sh)
+        return _covered(short, T) if short and T is not None else None
 
     def status(self) -> dict[str, Any]:
         return {f"{t}/{p}": sh.status() for (t, p), sh in self._shippers().items()}
+
+
+async def _covered(shippers: list[Shipper], T: int) -> None:
+    for sh in shippers:
+        if not await sh.cover(T, sh.lease_s):
+            raise UnavailableError(f"partition {sh.pid}: no majority of its replicas took this leader's clock up to "
+                                   f"the read's T {T} within the lease; retry")
 
 
 __all__ = ["Leadership", "NOTHING"]

@@ -18,6 +18,15 @@ fault excuses (503, 421, no answer), its ``as_of`` read answering the same rows 
 change feed holding every acknowledged batch's rows with no write twice — and once more after
 kill -9 of the node leading the most partitions (what its replicas hold is the truth then).
 
+Every write attempt and every read — the rounds' reads of the present and a reader's all along
+(the table, a key, a key range page by page, several keys, through a random live member) —
+is recorded with its call and return on the monotonic clock, its T and rows
+(tests/history/batches.py); once every fault healed, each writer finishes the batch it was
+writing (nothing left with an unknown outcome), and the history is checked against the
+change feed: every read of the present linearizable with the writes, every read at T the
+snapshot at T, every acknowledged commit_ts in real-time order with the reads — and the run
+must have acknowledged at least MIN_ACKED batches.
+
 ``NEMESIS_ROUNDS`` (default 30) and ``NEMESIS_SEED`` (default: a fixed one; the seed is printed
 with the trace of rounds) for the long mode."""
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 import time
 
 import numpy as np
@@ -33,11 +43,18 @@ import pytest
 from bench.node_proc import joiner, raft_cluster
 from node.errors import ApiError
 from tests.fixtures.tmpfs import SmallDisk, can_mount
+from tests.history.batches import History, Layout, Region, check as check_history
 from tests.node.proc import FAST_CLUSTER, eventually
-from tests.node.cluster.test_replication_faults import RETRY, Writers, caught_up, check_batches, counts
+from tests.node.cluster.test_replication_faults import (RETRY, ROWS, Writers, caught_up, check_batches, counts,
+                                                         pids_of)
 
 ROUNDS = int(os.environ.get("NEMESIS_ROUNDS", "30"))
 SEED = int(os.environ.get("NEMESIS_SEED", "23"))
+PARTS = 3
+ALL = frozenset(range(PARTS))
+# A run that acknowledged fewer batches, or answered fewer reads of the present, proves too
+# little (the default seed's 30 rounds acknowledge about 500, and answer about 150)
+MIN_ACKED, MIN_READS = 200, 50
 JOBS = """
 [jobs]
 seal_every = "1s"
@@ -66,6 +83,7 @@ class Nemesis:
         self.trace: list[str] = []
         self.reads: list[tuple[int, dict[int, int]]] = []
         self.bad_reads: list[str] = []  # answers no fault excuses (a 500, a 4xx other than 421)
+        self.history = History(time.monotonic)
 
     def log(self, what: str) -> None:
         self.trace.append(f"{time.monotonic():.2f} {what}")
@@ -212,26 +230,94 @@ class Nemesis:
     def read_present(self) -> None:
         """A read of the present through a live node, kept with its T: read again at the end."""
         n = self.rng.choice([n for n in self.nodes if n.proc is not None and n.node_id not in self.w.paused])
+        r = self.history.read(f"rounds via {n.node_id}", Region(ALL))
         try:
             with n.client(timeout=10) as c:
-                doc = c._call("POST", "/v1/tables/t/query", {"columns": ["b"], "limit": 10_000_000})
+                doc = c._call("POST", "/v1/tables/t/query", {"columns": ["id", "b"], "limit": 10_000_000})
         except (ApiError, ConnectionError) as e:  # a fault may refuse it (503): nothing to keep then
+            r.failed()
             self.log(f"read through {n.node_id} refused: {e!r}"[:200])
-            if not isinstance(e, ConnectionError) and e.status not in RETRY:
-                self.bad_reads.append(f"{n.node_id}: {e.status} {e.code} {e}"[:300])
+            self.refused(n, e)
             return
+        r.ok(doc["as_of"], [(row["id"], row["b"]) for row in doc["rows"]])
         b = np.array([r["b"] for r in doc["rows"]], np.int64)
         ids, n_ = np.unique(b, return_counts=True)
         self.reads.append((doc["as_of"], dict(zip(ids.tolist(), n_.tolist()))))
 
+    def read_at(self, c, T: int | None) -> tuple[int, list[tuple[int, int]]]:
+        """The whole table through ``c`` at T (None: the present), recorded in the history."""
+        r = self.history.read("checker", Region(ALL), T, note="after healing")
+        try:
+            doc = c._call("POST", "/v1/tables/t/query", {"columns": ["id", "b"], "limit": 10_000_000, "as_of": T}
+                          if T is not None else {"columns": ["id", "b"], "limit": 10_000_000})
+        except BaseException:
+            r.failed()
+            raise
+        rows = [(row["id"], row["b"]) for row in doc["rows"]]
+        r.ok(doc["as_of"], rows)
+        return doc["as_of"], rows
 
-def feed_check(c, acked: set[int], rows_per: int) -> None:
+    def refused(self, n, e: Exception) -> None:
+        if not isinstance(e, ConnectionError) and e.status not in RETRY:
+            self.bad_reads.append(f"{n.node_id}: {e.status} {e.code} {e}"[:300])
+
+    def read_along(self, stop: threading.Event, rng: random.Random) -> None:
+        """A client reading all along, every 0.2-0.5 s through a random live member: a key, a
+        key range page by page, several keys, or the whole table — each read in the history."""
+        while not stop.wait(rng.uniform(0.2, 0.5)):
+            live = [n for n in list(self.nodes) if n.proc is not None and n.node_id not in self.w.paused]
+            with self.w.lock:
+                tried = sorted(self.w.tried)
+            if not live or not tried:
+                continue
+            n, bid = rng.choice(live), rng.choice(tried)
+            kind = rng.choice(("key", "key_range", "keys", "table"))
+            keys = sorted({rng.choice(tried) * ROWS + rng.randrange(ROWS) for _ in range(8)})
+            lo = bid * ROWS
+            hi = lo + ROWS * rng.randint(1, 20)
+            region = {"key": Region(ALL, keys=frozenset(keys[:1])), "key_range": Region(ALL, lo=lo, hi=hi),
+                      "keys": Region(ALL, keys=frozenset(keys)), "table": Region(ALL)}[kind]
+            r = self.history.read(f"reader via {n.node_id}", region, note=kind)
+            try:
+                with n.client(timeout=10) as c:
+                    T, rows = _read(c, kind, keys, lo, hi)
+            except (ApiError, ConnectionError) as e:
+                r.failed()
+                self.refused(n, e)
+                continue
+            r.ok(T, rows)
+
+
+def _read(c, kind: str, keys: list[int], lo: int, hi: int) -> tuple[int | None, list[tuple[int, int]]]:
+    """One read of ``kind`` through client ``c``: its T (None: the answer does not say) and the
+    (id, b) of every row it saw."""
+    if kind == "key":
+        row = c.get("t", keys[0])
+        return None, [] if row is None else [(row["id"], row["b"])]
+    if kind == "keys":
+        doc = c.get_many("t", keys)
+        return doc["as_of"], [(row["id"], row["b"]) for row in doc["rows"] if row is not None]
+    if kind == "table":
+        doc = c._call("POST", "/v1/tables/t/query", {"columns": ["id", "b"], "limit": 10_000_000})
+        return doc["as_of"], [(row["id"], row["b"]) for row in doc["rows"]]
+    page = c.scan_page("t", start=[lo], end=[hi], columns=["id", "b"], limit=25)
+    T, rows = page.as_of, []
+    while True:
+        rows += list(zip(page.rows.column("id").to_pylist(), page.rows.column("b").to_pylist()))
+        if page.next is None:
+            return T, rows
+        page = c.scan_page("t", after=page.next)
+
+
+def feed_check(c, acked: set[int], rows_per: int) -> list[tuple[int, int]]:
+    """The change feed through ``c``: every acknowledged batch once; its (id, commit_ts) pairs."""
     t = c._call("POST", "/v1/tables/t/changes", {"after": 0}, arrow=True)
     pairs = list(zip(t.column("id").to_pylist(), t.column("commit_ts").to_pylist()))
     assert len(pairs) == len(set(pairs)), "the change feed holds a write twice"
     ids = set(t.column("id").to_pylist())
     missing = [b for b in acked if any(b * rows_per + i not in ids for i in range(rows_per))]
     assert not missing, f"the change feed lacks acknowledged batches {sorted(missing)[:10]}"
+    return pairs
 
 
 @pytest.mark.slow
@@ -259,17 +345,25 @@ def test_nemesis_rounds_lose_nothing_and_agree(tmp_path):
             n.wait_ready(90)
         with nodes[0].client(timeout=60) as c:
             c.create_table("t", [("id", "int64"), ("b", "int64")], "id", partitions=3, replicas=3)
-        w = nem.w = Writers(nodes, n=4, retry=RETRY | {507}).start()
+        w = nem.w = Writers(nodes, n=4, retry=RETRY | {507}, history=nem.history).start()
         w.wait_acks(8)
+        reading = threading.Event()
+        reader = threading.Thread(target=nem.read_along, args=(reading, random.Random(SEED ^ 0x4EAD)), daemon=True)
+        reader.start()
         for _ in range(ROUNDS):
             nem.round()
         nem.log("heal")
-        w.stop()
+        reading.set()
+        reader.join(30)
+        w.stop(finish_s=60)  # each writer's last batch acknowledged: no outcome left unknown
+        nem.log("writers stopped")
         assert not w.bad, f"answers no fault excuses: {w.bad[:5]}"
         assert not nem.bad_reads, f"reads answered what no fault excuses: {nem.bad_reads[:5]}"
+        assert not w.unacked(), f"batches left with no outcome a minute after healing: {sorted(w.unacked())[:10]}"
         acked = w.acked_ids()
         members = nem.nodes
         eventually(lambda: caught_up(members, 3), 90)
+        nem.log("caught up")
         for n in members:
             with n.client(timeout=60) as c:
                 got = eventually(lambda c=c: counts(c), 30)
@@ -278,8 +372,15 @@ def test_nemesis_rounds_lose_nothing_and_agree(tmp_path):
                 agrees_with_query(c)
         with members[0].client(timeout=60) as c:
             for T, seen in nem.reads:
-                assert eventually(lambda T=T: counts(c, as_of=T), 30) == seen, f"as_of {T} changed"
-            eventually(lambda: feed_check(c, acked, 12), 30)  # 503 while a leadership moves
+                _, rows = eventually(lambda T=T: nem.read_at(c, T), 30)
+                again = np.unique(np.array([b for _, b in rows], np.int64), return_counts=True)
+                assert dict(zip(*(a.tolist() for a in again))) == seen, f"as_of {T} changed"
+            pairs = eventually(lambda: feed_check(c, acked, ROWS), 30)  # 503 while a leadership moves
+            eventually(lambda: nem.read_at(c, None), 30)  # the present, once all is written
+        nem.log("history read")
+        summary = check_history(nem.history, Layout(ROWS, lambda keys: pids_of(keys, PARTS)), pairs,
+                                min_acked=MIN_ACKED, min_reads=MIN_READS)
+        nem.log("history checked")
         # the replicas hold it all: kill -9 the node leading the most partitions, read again
         led = eventually(lambda: caught_up(members, 3), 90)  # leader balancing may be moving one
         top = max(members, key=lambda n: sum(1 for who, _ in led.values() if who == n.node_id))
@@ -292,6 +393,7 @@ def test_nemesis_rounds_lose_nothing_and_agree(tmp_path):
                     agrees_with_query(c)
         print(f"nemesis seed {SEED}: {ROUNDS} rounds, {len(acked)} batches acknowledged, "
               f"{len(nem.reads)} as_of reads, members {[n.node_id for n in members]}, errors {w.errors}\n"
+              f"history: {summary}\n"
               + "\n".join(nem.trace))
     except BaseException:
         print(f"nemesis seed {SEED}, rounds:\n" + "\n".join(nem.trace))

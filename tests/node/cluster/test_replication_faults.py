@@ -67,12 +67,15 @@ def check_batches(got: dict[int, int], acked: set[int], size: int = ROWS) -> Non
 class Writers:
     """``n`` threads upserting distinct batches through ``nodes`` (writer i starts at node
     i % len), each retrying a batch until it is acknowledged — on another node after a
-    connection error or a 503/421. Records each acknowledgement's time. ``add`` and
+    connection error or a 503/421. Records each acknowledgement's time, and, given a
+    ``history`` (tests/history/batches.py), every attempt with its outcome. ``add`` and
     ``remove`` change the nodes written through while they run (membership changes)."""
 
-    def __init__(self, nodes, n: int = 8, table: str = "t", make=batch, timeout: float = 20, retry=RETRY):
+    def __init__(self, nodes, n: int = 8, table: str = "t", make=batch, timeout: float = 20, retry=RETRY,
+                 history=None):
         self.nodes, self.n, self.table, self.make, self.timeout = list(nodes), n, table, make, timeout
-        self.retry = retry
+        self.retry, self.history = retry, history
+        self.finish_until: float | None = None  # after stop: each writer's batch retried until then
         self.acked: dict[int, float] = {}
         self.tried: set[int] = set()
         self.errors: dict[str, int] = {}
@@ -89,10 +92,21 @@ class Writers:
             t.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, finish_s: float = 0.0) -> None:
+        """Stop writing; ``finish_s``: each writer first retries the batch it was writing, until
+        acknowledged or that many seconds passed (no batch left with an unknown outcome)."""
+        self.finish_until = time.monotonic() + finish_s if finish_s else None
         self.stop_ev.set()
         for t in self.threads:
-            t.join(self.timeout + 10)
+            t.join(self.timeout + finish_s + 10)
+
+    def unacked(self) -> set[int]:
+        """Batches tried and never acknowledged."""
+        with self.lock:
+            return self.tried - set(self.acked)
+
+    def _stopped(self) -> bool:
+        return self.stop_ev.is_set() and (self.finish_until is None or time.monotonic() > self.finish_until)
 
     def add(self, node) -> None:
         with self.lock:
@@ -133,7 +147,7 @@ class Writers:
                 bid = w * 1_000_000 + k
                 with self.lock:
                     self.tried.add(bid)
-                while not self.stop_ev.is_set():
+                while not self._stopped():
                     with self.lock:
                         node = self.nodes[at % len(self.nodes)]
                     if node.node_id in self.paused or node.proc is None:
@@ -142,21 +156,28 @@ class Writers:
                         continue
                     if node.node_id not in clients:
                         clients[node.node_id] = node.client(timeout=self.timeout)
+                    op = self.history.write(f"writer{w} via {node.node_id}", bid) if self.history else None
                     try:
-                        clients[node.node_id].upsert(self.table, self.make(bid))
+                        res = clients[node.node_id].upsert(self.table, self.make(bid))
                     except ApiError as e:
                         if e.status not in self.retry:
                             with self.lock:
                                 self.bad.append(f"{node.node_id}: {e.status} {e.code} {e}"[:300])
+                        if op is not None:  # a 4xx other than a retry wrote nothing; 421, 503, 5xx: may have
+                            op.failed() if 400 <= e.status < 500 and e.status not in self.retry else op.unknown()
                         self._note(f"{e.status} {e.code}")
                         at += 1
                         time.sleep(0.02)
                         continue
                     except ConnectionError:
+                        if op is not None:
+                            op.unknown()
                         self._note("connection")
                         at += 1
                         time.sleep(0.02)
                         continue
+                    if op is not None:
+                        op.ok(res["commit_ts"])
                     with self.lock:
                         self.acked[bid] = time.monotonic()
                     break

@@ -2,6 +2,7 @@
 tests/node/cluster/test_replication*.py): majority acks, catch-up, gaps, fencing, divergence, and a
 follower's copy recovering as the same active segment."""
 import asyncio
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +13,8 @@ from catalog.abc import Put
 from catalog.memory import MemoryCatalog
 from rowstore.hlc import ts_from_ms
 from rowstore.replication.leader import LEASE_DRIFT, clock_floor, lease_wait, Shipper, Transport, whole_prefix
-from rowstore.errors import FencedError
+from rowstore.db.serving.leadership import Leadership
+from rowstore.errors import FencedError, UnavailableError
 from rowstore.replication.follower import SegmentPiece, ReplicaStore
 from rowstore.segments.position import NOTHING, Position, ReplicaRecord, keeps_log
 from rowstore.schema import parse_schema
@@ -204,6 +206,40 @@ async def test_a_promise_answers_the_old_leaders_clock_and_the_new_leader_starts
     assert [a["clock"] for a in answers] == [ahead, ahead]
     assert clock_floor(answers, 0.3) > ahead + ts_from_ms(300)
     assert clock_floor([{"last": 0, "pos": [0, 0]}], 0.3) == 0  # nobody heard from a leader
+    await sh.close()
+
+
+async def test_a_read_beyond_the_clock_a_majority_took_waits_for_a_round_that_carries_it():
+    """The election's floor is the highest clock a promising replica took from the old leader,
+    plus the lease. A leader whose clock jumped ahead after its last rounds served reads at its
+    new present, above any floor its followers could answer: the next leader committed below
+    them (simulation seed 17 with ``--clock-jump 0.5``, found by the history checks: a read
+    at T repeated at the end was refused by the new leader as in the future). A read at T
+    beyond ``reach`` now waits for a round that carries the leader's present to a majority —
+    after which every floor lies above T — and is refused when none comes."""
+    fss, stores, tr = await world()
+    present = [ts_from_ms(1_000_000)]
+    sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=0.3, on_fenced=NO_STEP_DOWN,
+                 clock=lambda: present[0], monotonic=TICK)
+    lead = Leadership(SimpleNamespace(shippers={("T", 0): sh}), None, None, None, observe=None,
+                      observe_durably=None, present=None, monotonic=TICK)
+    seg = await leading(fss, sh)
+    await seg.append(batch(0, 10), S1, 5)
+    assert lead.check_lease("T", [0], present[0]) is None  # within reach: nothing to wait for
+    present[0] += ts_from_ms(2000)  # the wall clock jumps 2 s ahead
+    T = present[0]
+    floor = clock_floor([stores[n].status("T", 0) | {"clock": stores[n].leader_clocks[("T", 0)]}
+                         for n in ("n2", "n3")], 0.3)
+    assert floor <= T  # a new leader elected now could commit below a read served at T
+    wait = lead.check_lease("T", [0], T)
+    assert wait is not None
+    await wait
+    answers = [await stores[n].fence("T", 0, 2, force=True) for n in ("n2", "n3")]
+    assert clock_floor(answers, 0.3) > T  # the round reached a majority: every floor is above T
+    present[0] += ts_from_ms(2000)
+    tr.down |= {"n2", "n3"}
+    with pytest.raises(UnavailableError, match="took this leader's clock"):
+        await lead.check_lease("T", [0], present[0])
     await sh.close()
 
 
