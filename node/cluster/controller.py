@@ -157,6 +157,8 @@ class NodeReplication:
                     failed_over |= await self.elect(d, pid, exclude=self.dead)
         for d, pid in await suspicion.unreachable(self, replicated, self.dead):
             leader = (await self.cluster.placement(d.name, d.partitions, fresh=True)).leader(pid)
+            if leader == self.me:  # the driver itself: its fences would reach nobody either
+                return await suspicion.step_aside(self)
             log.warning("event=leader_unreachable table=%s partition=%d leader=%s", d.name, pid, leader)
             failed_over |= await self.elect(d, pid, exclude={leader} | self.dead)
         if not failed_over and not await self.rebalancer.step(replicated):

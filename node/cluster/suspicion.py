@@ -6,14 +6,19 @@ Every node lists, in its own catalog key, the partitions it follows whose leader
 its heartbeat but has not reached this replica for ``failure_timeout``; the driver elects
 anew, without that leader, a partition whose leader cannot count a majority any more: fewer
 followers than it needs are left unsuspecting. A follower promises only after the lease, so
-the old leader's reads have stopped by then (its rounds reach nobody)."""
+the old leader's reads have stopped by then (its rounds reach nobody). When that leader is
+the driver itself, its elections could not reach the followers either: it hands the driving
+on (:func:`step_aside`)."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from typing import Protocol
 
 from catalog.abc import Catalog, Put
+from catalog.errors import CatalogError
+from catalog.raft import RaftCatalog
 from node.cluster.placement import Placement
 from node.config import NodeConfig
 from rowstore.db.database import Database
@@ -21,6 +26,8 @@ from rowstore.tables.definitions import TableDef
 from terrafs.catalog_ops import commit
 
 SUSPECT = "node/suspect/"
+
+log = logging.getLogger("node.cluster.suspicion")
 
 
 class Watcher(Protocol):
@@ -71,3 +78,16 @@ async def unreachable(repl: Watcher, replicated: Iterable[tuple[TableDef, Placem
             if who and len(followers) - len(who) < needed:
                 out.append((d, pid))
     return out
+
+
+async def step_aside(repl: Watcher) -> None:
+    """This node drives (it leads the catalog's Raft group) and its followers say they do not
+    hear it over HTTP: the fences of an election it ran would reach nobody, and the partition
+    would stay unled. It hands the catalog's leadership — and with it the driving — to the
+    most caught-up other member, which then elects without it (RFC 0010 §5)."""
+    log.warning("event=driver_unreachable_steps_aside node=%s", repl.me)
+    assert isinstance(repl.catalog, RaftCatalog)  # replication runs in a cluster: its catalog is Raft's
+    try:
+        await repl.catalog.transfer_leadership()
+    except CatalogError as e:  # the next tick tries again
+        log.warning("event=driver_step_aside_failed node=%s error=%r", repl.me, e)

@@ -185,7 +185,15 @@ class Leadership:
         from the placement's compare-and-set) makes this node step down first."""
         async with self._lock(table_id, pid):
             await self._yield_to(table_id, pid, epoch)
-            return await self.replicas.append(table_id, pid, epoch, base, start, pieces, leader, clock)
+            out = await self.replicas.append(table_id, pid, epoch, base, start, pieces, leader, clock)
+        # Taken durably before it is acknowledged: the leader may serve reads up to this clock
+        # plus the lease once a majority acknowledged it, and this replica answers its present
+        # to the next election's fence — also after a restart, when the clock it took in memory
+        # (``ReplicaStore.leader_clocks``) is gone and its wall clock may lag the leader's by
+        # more than the lease. The clock's persisted mark runs 1 s ahead, so this writes to the
+        # catalog about once a second, not once a round (C, RFC 0010 §5 "Clocks").
+        await self.observe_durably(clock)
+        return out
 
     async def _yield_to(self, table_id: str, pid: int, epoch: int) -> None:
         """A message of ``epoch`` for a partition led here: fenced unless newer; then step down."""

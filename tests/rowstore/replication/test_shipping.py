@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from catalog.abc import Put
 from catalog.memory import MemoryCatalog
-from rowstore.hlc import ts_from_ms
+from rowstore.hlc import HybridClock, ts_from_ms
 from rowstore.replication.leader import LEASE_DRIFT, clock_floor, lease_wait, Shipper, Transport, whole_prefix
 from rowstore.db.serving.leadership import Leadership
 from rowstore.errors import FencedError, UnavailableError
@@ -260,6 +260,48 @@ async def test_a_promise_still_answers_the_leaders_clock_after_the_replica_state
         stores[n].forget("T", 0)
     answers = [await stores[n].fence("T", 0, 2, force=True) for n in ("n2", "n3")]
     assert [a["clock"] for a in answers] == [ahead, ahead]
+
+
+class _NoSegments:
+    """A follower's segment store as ``Leadership.fence`` sees it: it leads nothing, holds no
+    log of its own."""
+
+    shippers: dict = {}
+
+    async def own_log(self, table_id, pid):
+        return None
+
+
+def _follower(fs, store, wall):
+    clock = HybridClock(fs.catalog, fs.cfg.node_id, now_ms=lambda: wall[0])
+    lead = Leadership(_NoSegments(), store, None, None, observe=clock.observe, observe_durably=clock.observe_durably,
+                      present=clock.present, monotonic=TICK)
+    return clock, lead
+
+
+async def test_a_replica_restarted_still_answers_above_the_clock_it_acknowledged_to_a_leader_far_ahead():
+    """The hole RFC 0010 §5 "Clocks" named: the clock a replica took from a leader lived in its
+    process only. The old leader gone and that replica restarted, it answered the next fence
+    its own present — its wall clock, here 10 s behind the leader's, more than the lease — and
+    the election's floor lay below reads the old leader served. A round's clock is now taken
+    into the replica's clock, whose mark is persisted before the round is acknowledged."""
+    fss, stores, _ = await world()
+    wall = [1_000_000]  # n2's wall clock, ms
+    clock, lead = _follower(fss["n2"], stores["n2"], wall)
+    await clock.open()
+    tr = LocalTransport({"n2": lead, "n3": stores["n3"]})
+    ahead = ts_from_ms(wall[0] + 10_000)
+    sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=0.3, on_fenced=NO_STEP_DOWN, clock=lambda: ahead,
+                 monotonic=TICK)
+    seg = await leading(fss, sh)
+    await seg.append(batch(0, 10), S1, 5)
+    await sh.close()
+    fresh = ReplicaStore(fss["n2"], lease_s=0.3, monotonic=TICK)  # n2's process restarted
+    clock2, lead2 = _follower(fss["n2"], fresh, wall)
+    await clock2.open()
+    answer = await lead2.fence("T", 0, 2, force=True)
+    assert answer["clock"] >= ahead
+    assert clock_floor([answer], 0.3) > ahead + ts_from_ms(300)
 
 
 async def test_a_replica_loaded_after_a_restart_counts_as_just_reached():
