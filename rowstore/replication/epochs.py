@@ -17,6 +17,7 @@ from typing import Iterable
 from catalog.abc import Catalog
 from catalog.errors import CorruptionError
 from rowstore.segments.position import REP_PREFIX, Position, ReplicaRecord
+from rowstore.segments.records import SEG_PREFIX, SegmentRecord, SegState
 
 EPOCHS_PREFIX = "rs/epochs/"
 KEEP = 64  # newest epochs kept per partition, beside those a replica still needs (``History.with_epoch``)
@@ -27,9 +28,22 @@ def epochs_key(table_id: str, pid: int) -> str:
 
 
 async def replica_lasts(catalog: Catalog, table_id: str, pid: int) -> list[int]:
-    """The last epochs of the partition's replica rows: what the next history must still reach."""
-    return [ReplicaRecord.from_bytes(e.value, e.key).last
-            for e in await catalog.scan(f"{REP_PREFIX}{table_id}/{pid:03d}/")]
+    """The last epochs of the partition's logs, which the next history must still reach: its
+    replica rows', and those of the logs nodes hold as their own — the segment rows, active or
+    sealed, that name a node (``SegmentStore.own_log``: a former leader's log that no promotion
+    adopted yet, whose ``last`` is the newest epoch among them). Without the latter, a former
+    leader away while 64 elections passed came back to a history that no longer reached its
+    epoch, and its log was discarded and copied whole again."""
+    own: dict[str, int] = {}
+    # Segment rows first: a promotion moves a former owner's rows into its replica row in one
+    # transaction, so a log missed by this scan (moved since) is found by the next.
+    for e in await catalog.scan(SEG_PREFIX):
+        r = SegmentRecord.from_bytes(e.value)
+        if r.table == table_id and r.partition == pid and r.state in (SegState.ACTIVE, SegState.SEALED):
+            own[r.owner] = max(own.get(r.owner, 0), r.epoch)
+    lasts = [ReplicaRecord.from_bytes(e.value, e.key).last
+             for e in await catalog.scan(f"{REP_PREFIX}{table_id}/{pid:03d}/")]
+    return lasts + sorted(own.values())
 
 
 @dataclass(frozen=True)

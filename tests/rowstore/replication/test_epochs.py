@@ -6,8 +6,11 @@ byte the two logs share (nothing a majority may have acknowledged is dropped).""
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
-from rowstore.replication.epochs import Epoch, History, cut_point
+from catalog.abc import Put
+from catalog.memory import MemoryCatalog
+from rowstore.replication.epochs import Epoch, History, cut_point, replica_lasts
 from rowstore.segments.position import Position
+from rowstore.segments.records import SegmentRecord, SegState
 
 
 @st.composite
@@ -96,3 +99,23 @@ def test_pruning_keeps_every_record_a_known_replica_needs(w, keep):
     cur = recs[-1]
     want = cut_point(last, Position(1, held), cur.epoch, cur.base, cur.start, full.epochs)
     assert cut_point(last, Position(1, held), cur.epoch, cur.base, cur.start, pruned.epochs) == want
+
+
+async def test_a_former_leaders_own_log_keeps_its_epoch_in_the_history_however_many_elections_pass():
+    """A node that led epoch 2, then was away while 70 elections passed, holds its log as its own
+    (segment rows naming it, no replica row): the history kept by those elections still reaches
+    its epoch, so the node's log is cut where it parts from the leader's, not copied whole
+    again (the open hole RFC 0010 named: only replica rows' epochs were kept)."""
+    cat = MemoryCatalog()
+    own = SegmentRecord(9, "T", 0, SegState.SEALED, "n3", 1, seq=2, epoch=2)
+    other = SegmentRecord(10, "T", 1, SegState.ACTIVE, "n3", 2, seq=1, epoch=5)  # another partition
+    await cat.txn([], [Put(own.key, own.to_bytes()), Put(other.key, other.to_bytes())])
+    assert await replica_lasts(cat, "T", 0) == [2]
+    recs = [Epoch(e, e - 1, Position(e, 0)) for e in range(1, 71)]
+    h = History([])
+    for r in recs:
+        h = h.with_epoch(r, await replica_lasts(cat, "T", 0))
+    assert len(h.epochs) < len(recs)  # pruned all the same
+    want = cut_point(2, Position(3, 50), 71, 70, Position(71, 0), recs)
+    assert want == Position(3, 0)
+    assert cut_point(2, Position(3, 50), 71, 70, Position(71, 0), h.epochs) == want
