@@ -189,9 +189,11 @@ def simulation() -> list[Result]:
         raise RuntimeError(f"the simulation failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
     rate = float(m.group(3))
     print(f"  simulation: {m.group(1)} seeds in {m.group(2)} s ({rate:.2f} seeds/s)", flush=True)
+    # No peer runs this simulation: the row reports the rate (a constant as its "peer" made a
+    # ratio that compared nothing; make test's budget is a test's concern, not a benchmark's).
     return [Result("seeded simulation: seeds of 30 virtual s per wall second (3 nodes, 2 partitions, every fault, "
-                   "one process)", rate, "make test's budget: 60 seeds within 2 minutes", 0.5, "seeds/s",
-                   "≥ 1x", {"seeds": int(m.group(1)), "seconds": float(m.group(2))})]
+                   "one process)", rate, "none (no peer)", 0.0, "seeds/s",
+                   "report", {"seeds": int(m.group(1)), "seconds": float(m.group(2))})]
 
 
 # -- the run -----------------------------------------------------------------------------------------

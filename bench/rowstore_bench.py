@@ -196,7 +196,9 @@ async def main() -> list[Result]:
             def peer(fn, writers, payloads=payloads):
                 return lambda: asyncio.to_thread(fn, root, payloads, writers)
 
-            target = ">= 1M rows/s & ahead" if size == 1000 else "report"
+            # The peers index their keys: "ahead" is claimed only by our keyed insert; the log
+            # append without a key index has its absolute target and reports the ratio.
+            target = ">= 1M rows/s (no peer ratio claimed: the peers index keys)" if size == 1000 else "report"
             for writers in (1, 64):
                 runs = {"ours": lambda w=writers, size=size: ours(root, w, size, src),
                         "keyed": lambda w=writers, size=size: ours_keyed(root, w, size, src)}
@@ -207,7 +209,8 @@ async def main() -> list[Result]:
                     results.append(Result(f"durable log append (no key index), {each}", got["ours"],
                                           f"{name}, {writers} writer(s)", got[key], "rows/s", target))
                 results.append(Result(f"durable keyed insert (table upsert, key index), {each}", got["keyed"],
-                                      f"{PEERS[0][0]}, {writers} writer(s)", got["rocks"], "rows/s", "report"))
+                                      f"{PEERS[0][0]}, {writers} writer(s)", got["rocks"], "rows/s",
+                                      "ahead" if size == 1000 else "report"))
             if size == 1000:
                 got = await _rounds({"ours": lambda size=size: ours(root, 1, size, src, window=4),
                                      "rocks": peer(rocks, 4)})

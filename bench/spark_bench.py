@@ -179,12 +179,13 @@ def _projected(df):
 
 
 WORKLOADS = [
-    ("count()", lambda df: df.count()),
+    ("count() (both sides answer from metadata: no row is read)", lambda df: df.count()),
     ("filter + groupBy", _grouped),
     ("3-column projection (id, lat, ts) to noop", _projected),
     ("toArrow() (all rows to the driver)", lambda df: df.toArrow().num_rows),
 ]
-TARGETS = {"count()": "", "filter + groupBy": ">= 0.5x", "3-column projection (id, lat, ts) to noop": ">= 0.5x",
+TARGETS = {"count() (both sides answer from metadata: no row is read)": "report", "filter + groupBy": ">= 0.5x",
+           "3-column projection (id, lat, ts) to noop": ">= 0.5x",
            "toArrow() (all rows to the driver)": ">= 1x"}
 
 
