@@ -175,23 +175,25 @@ class Reader:
             raise UnavailableError(f"table {name!r}: partitions {missing} are not served by this node")
         if (wait := self.leases_of(pt.d.table_id, {pid for _, pid in located}, T)) is not None:
             await wait
+        schema = pt.d.schema
         out: list[dict[str, Any] | None] = [None] * len(located)
-        cold: list[int] = []  # keys whose index page or row block is not in memory
+        cold: list[int] = []  # keys whose index page or row's block (or pages) is not in memory
         for i, (k, pid) in enumerate(located):
             rowid = pt.parts[pid].index.get_cached(k, T)
-            hit = self.store.row_bytes_cached(rowid) if rowid else None
+            # a columnar row from its decoded pages, a row-wise one from its block (as ``get``)
+            hit = self.store.row_cached(rowid, schema, pt.decode) if rowid else None
             if rowid is None or (rowid and hit is None):
                 cold.append(i)
             elif hit is not None:
-                out[i] = _project(pt.decode(*hit), columns)
+                out[i] = _project(hit, columns)
 
         async def read(i: int, gate: asyncio.Semaphore) -> None:
             async with gate:
                 k, pid = located[i]
                 rowid = await pt.parts[pid].index.get(k, T)
                 if rowid:
-                    raw, where = await self.store.row_bytes(rowid, f"table {name!r} partition {pid}")
-                    out[i] = _project(pt.decode(raw, where), columns)
+                    row = await self.store.row(rowid, schema, pt.decode, f"table {name!r} partition {pid}")
+                    out[i] = _project(row, columns)
         if cold:  # their reads overlap: each waits on an object or the disk cache, off the loop
             gate = asyncio.Semaphore(_COLD_READS)
             async with asyncio.TaskGroup() as tg:
