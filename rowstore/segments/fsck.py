@@ -39,7 +39,7 @@ async def check_segments(fs: TerrascaleFS) -> list[Problem]:
                         await check_wal(af)
                     finally:
                         await af.close()
-        except FileCorruptionError as err:
+        except (FileCorruptionError, RowCorruptionError) as err:  # a block, or a row or page invariant
             out.append(Problem(err.where, err.offset, f"segment {rec.segid}: {err.reason}"))
         except TerrafsError as err:
             out.append(Problem(f"segment {rec.segid}", None, f"segment {rec.segid}: {err}"))

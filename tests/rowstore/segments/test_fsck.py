@@ -76,3 +76,23 @@ async def test_index_crc_is_checked():
     bad[at : at + 4] = (LEAF_CAP + 5).to_bytes(4, "little")
     with pytest.raises(RowCorruptionError, match="index_crc"):
         await check_sealed_segment(await _open(st, bytes(bad)))
+
+
+@pytest.mark.parametrize("columnar", [False, True], ids=["row-wise", "columnar"])
+async def test_a_damaged_offloaded_segment_is_a_problem_named_not_a_crash(columnar):
+    """A flipped byte in an offloaded object: a problem naming the object (the columnar
+    reader's page error, a RowCorruptionError, ended `terrascale fsck` as an error instead —
+    test_fsck_raft's damaged object, once columnar became the default)."""
+    w = World()
+    st = await w.start()
+    st.columnar = columnar
+    seg, _ = await _segment_bytes(st)
+    rec = await st.offload(seg.segid, KEYS)
+    (key, raw), = w.objects._objs.items()
+    bad = bytearray(raw)
+    bad[len(bad) // 3] ^= 0x01
+    w.objects._objs[key] = bytes(bad)
+    fresh = await w.start()  # nothing of the object in its caches
+    problems = await check_segments(fresh.fs)
+    assert len(problems) == 1 and f"segment {rec.segid}" in problems[0].reason, problems
+    assert key in problems[0].where
