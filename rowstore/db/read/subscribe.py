@@ -38,15 +38,20 @@ _ROW_OVERHEAD = 48  # bytes a queued change is counted for beyond its share of t
 
 @dataclass(frozen=True)
 class Changes:
-    """Rows ``idx`` (positions in commit order) of ``round``, for one subscriber."""
+    """Rows ``idx`` (positions in commit order) of ``round``, for one subscriber; ``nbytes``: what
+    they are counted for in its buffer (its columns' share of the round, and a change's frame)."""
 
     round: Round
     idx: np.ndarray
+    nbytes: int
 
-    @property
-    def nbytes(self) -> int:
-        r = self.round
-        return len(self.idx) * (int(r.batch.nbytes) // max(r.rows, 1) + _ROW_OVERHEAD)
+
+def changes(r: Round, idx: np.ndarray, columns: list[str]) -> Changes:
+    key = ("row_bytes", tuple(columns))
+    per_row = r.memo.get(key)
+    if per_row is None:
+        per_row = r.memo[key] = sum(int(r.batch.column(c).nbytes) for c in columns) // max(r.rows, 1)
+    return Changes(r, idx, len(idx) * (per_row + _ROW_OVERHEAD))
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,13 @@ class Subscription:
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
+        self._over = asyncio.Event()
+
+    async def finished(self) -> SubscriptionEndedError:
+        """Once the subscription ended: why."""
+        await self._over.wait()
+        assert self.ended is not None  # set before _over
+        return self.ended
 
     @property
     def queued_bytes(self) -> int:
@@ -112,7 +124,7 @@ class Subscription:
             else:
                 q.append(item)
         else:
-            if self._bytes + item.nbytes > self.limit:
+            if self._bytes and self._bytes + item.nbytes > self.limit:  # one round always fits an empty queue
                 self.end("slow_subscriber", f"more than {self.limit} bytes of changes are waiting for this "
                                             f"subscriber (subscriptions.buffer_bytes); resume from its last "
                                             f"closed timestamp (from={self.handed})", drop=True)
@@ -165,6 +177,7 @@ class Subscription:
         self._held.clear()
         self._wake.set()
         self._room.set()
+        self._over.set()
 
 
 class Subscriptions:
@@ -254,6 +267,8 @@ class Subscriptions:
             got = self.tail.take(tid, C)
             subs = [s for s in self._subs.get(tid, ()) if s.ended is None]
             try:
+                if (await self.reader.definitions.describe(name, C)).table_id != tid:  # dropped, and made anew
+                    raise TableNotFoundError(f"table {name!r} was dropped")
                 changed = await self._round(name, subs, got, base, C) if got and subs else set()
             except TableNotFoundError:
                 for s in subs:
@@ -294,7 +309,7 @@ class Subscriptions:
             if s.after > base:  # joined during this round's interval: the catch-up has what is <= after
                 idx = idx[r.ts[idx] > np.uint64(s.after)]
             if len(idx):
-                s.offer(Changes(r, idx))
+                s.offer(changes(r, idx, s.filter.columns))
                 changed.add(s)
         return changed
 
@@ -313,7 +328,7 @@ class Subscriptions:
                 [idx] = await select(r, pids, [sub.filter], schema, c.table.parts, self.reader.store, c.schemas,
                                      from_ts)
                 for at in range(0, len(idx), CATCH_UP_ROWS):
-                    await sub.put(Changes(r, idx[at : at + CATCH_UP_ROWS]))
+                    await sub.put(changes(r, idx[at : at + CATCH_UP_ROWS], sub.filter.columns))
             sub.go_live(sub.after)
         except TableNotFoundError:
             sub.end("table_dropped", f"table {sub.name!r} was dropped")

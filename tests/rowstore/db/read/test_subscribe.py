@@ -9,6 +9,7 @@ import asyncio
 import random
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from rowstore.db.read.subscribe import Changes, Closed
@@ -196,3 +197,28 @@ async def test_a_subscriber_over_its_buffer_is_ended_and_writers_never_wait():
     assert len(db.subscriptions) == 0
     await db.close()
 
+
+
+async def test_a_schema_change_or_a_drop_ends_the_subscription_with_its_reason():
+    w = TablesWorld(partitions=2, progress_every_s=0.05)
+    db = await w.start()
+    await db.create_table("t", SCHEMA)
+    sub = await db.subscribe("t")
+    await db.alter_table("t", lambda s: s.add_column("extra", "float64"))
+    await db.upsert("t", rows([1]).append_column("extra", pa.array([1.5])))
+    with pytest.raises(SubscriptionEndedError) as e:
+        while True:
+            await asyncio.wait_for(sub.next(), 5)
+    assert e.value.code == "schema_changed"
+    db.unsubscribe(sub)
+    sub = await db.subscribe("t")  # the new columns
+    res = await db.upsert("t", rows([2]).append_column("extra", pa.array([2.5])))
+    got, _ = await _drain(sub, res.commit_ts)
+    assert [(i, op) for _, i, op in got] == [(2, "upsert")]
+    await db.drop_table("t")
+    with pytest.raises(SubscriptionEndedError) as e:
+        while True:
+            await asyncio.wait_for(sub.next(), 5)
+    assert e.value.code == "table_dropped"
+    db.unsubscribe(sub)
+    await db.close()
