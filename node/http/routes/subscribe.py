@@ -23,6 +23,7 @@ from rowstore.errors import SubscriptionEndedError
 ROUTE = "/v1/tables/{table}/subscribe"
 EVENT_STREAM = "text/event-stream"
 FRAME_CHANGES = 1000  # changes per text frame at most
+FRAME_BYTES = 256 << 10  # and bytes: a frame fits the line and message limits of common clients
 _LAST_WORDS_S = 5.0  # how long an ended subscription's last frame and close may take
 _JSON_PARAMS = ("where", "bbox", "prefix", "columns")
 # the node ended the subscription: the WebSocket close code that says so (RFC 6455 §7.4.1)
@@ -182,14 +183,24 @@ def _change_frames(item: Changes, columns: list[str], keys: list[str]) -> list[t
     else:
         picked = table_to_rows(pa.Table.from_batches([r.batch.take(pa.array(idx))]).select(columns))
     ts, deleted = r.ts[idx].tolist(), r.deleted[idx].tolist()
-    out = []
-    for a in range(0, len(picked), FRAME_CHANGES):
-        changes = [{"op": "delete", "commit_ts": t, "row": {k: row[k] for k in keys}} if gone else
-                   {"op": "upsert", "commit_ts": t, "row": row}
-                   for row, t, gone in zip(picked[a : a + FRAME_CHANGES], ts[a : a + FRAME_CHANGES],
-                                           deleted[a : a + FRAME_CHANGES])]
-        out.append((json_text(changes), "changes", len(changes)))
+    changes = [{"op": "delete", "commit_ts": t, "row": {k: row[k] for k in keys}} if gone else
+               {"op": "upsert", "commit_ts": t, "row": row} for row, t, gone in zip(picked, ts, deleted)]
+    out: list[tuple[bytes, str, int]] = []
+    for a in range(0, len(changes), FRAME_CHANGES):
+        _fit(changes[a : a + FRAME_CHANGES], out)
     return out
+
+
+def _fit(changes: list[dict[str, Any]], out: list[tuple[bytes, str, int]]) -> None:
+    """``changes`` as frames of at most ``FRAME_BYTES`` (halved until they fit; a change larger
+    than that travels alone)."""
+    text = json_text(changes)
+    if len(text) <= FRAME_BYTES or len(changes) == 1:
+        out.append((text, "changes", len(changes)))
+        return
+    half = len(changes) // 2
+    _fit(changes[:half], out)
+    _fit(changes[half:], out)
 
 
 async def end_subscriptions(api: Api) -> None:

@@ -69,7 +69,7 @@ def parse_filter(schema: SchemaVersion, where: object, bbox: object, prefix: obj
     scan's, then equality terms on the leading key columns)."""
     terms = parse_where(schema, where)
     if prefix is not None:
-        n = len(check_prefix(prefix, schema.pk, "prefix"))
+        n = len(check_prefix(prefix, schema.pk, "prefix", text=True))  # a URL parameter: "5" is a key 5
         raw = list(prefix) if isinstance(prefix, (list, tuple)) else [prefix]
         terms += parse_where(schema, [[c.name, "=", v] for c, v in zip(schema.pk.columns[:n], raw)])
     box = parse_bbox(schema, bbox)
