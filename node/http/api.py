@@ -26,10 +26,10 @@ from node.phase import Readiness
 from node.http.limits import ConnectionGuard
 from node.http.ports import JobRunner, NodeViews
 from rowstore.db.database import Database
-from rowstore.db.read.subscribe import Subscription
 from node.cluster.stream import STREAM
 from node.errors import ApiError
 from node.http.coalesce import Coalescer
+from node.http.frames import FrameStream
 from node.http.cursors import CursorKeys
 from node.http.edge import answer, error
 from node.http.params import CONFIG, parse_json
@@ -48,7 +48,7 @@ _WHOLE_TABLE = {"/v1/tables/{table}/snapshot", "/v1/tables/{table}/plan", "/v1/t
 
 
 # routes whose answer lasts as long as the connection: a replication stream, a subscription
-_LIFETIMES = {STREAM, "/v1/tables/{table}/subscribe"}
+_LIFETIMES = {STREAM, "/v1/tables/{table}/subscribe", "/v1/internal/subscribe"}
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Api:
         # open replication streams from leader nodes (closed at shutdown)
         self.streams: set[web.WebSocketResponse] = set()
         # subscriptions open through this node's HTTP surface (ended at shutdown; RFC 0015)
-        self.subscriptions: set[Subscription] = set()
+        self.subscriptions: set[FrameStream] = set()
 
     def open(self, sv: Serving, replication: NodeReplication, jobs: JobRunner) -> None:
         """The node's stores are open and recovered: requests may reach them (``Node.open``)."""

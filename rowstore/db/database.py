@@ -319,10 +319,12 @@ class Database:
 
     async def subscribe(self, name: str, from_ts: int | None = None, where: list[Any] | None = None,
                         bbox: dict[str, Any] | None = None, prefix: object = None,
-                        columns: list[str] | None = None) -> Subscription:
+                        columns: list[str] | None = None, partitions: list[int] | None = None,
+                        trusted: bool = False) -> Subscription:
         """The changes of ``name`` with ``commit_ts > from_ts`` (None: from now) whose new or old
-        version matches, then more as they commit; checked before anything is opened."""
-        return await self.subscriptions.open(name, from_ts, where, bbox, prefix, columns)
+        version matches, then more as they commit; checked before anything is opened
+        (``Subscriptions.open``: ``partitions`` and ``trusted`` for a share across nodes)."""
+        return await self.subscriptions.open(name, from_ts, where, bbox, prefix, columns, partitions, trusted)
 
     def unsubscribe(self, sub: Subscription) -> None:
         self.subscriptions.close(sub)

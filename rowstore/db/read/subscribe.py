@@ -23,7 +23,7 @@ from rowstore.db.read.bridge import ExternalReads
 from rowstore.db.read.matching import Filter, Round, decode_round, select
 from rowstore.db.read.reader import Reader
 from rowstore.db.tasks import BackgroundTasks
-from rowstore.errors import QueryError, RowstoreError, SubscriptionEndedError, TableNotFoundError
+from rowstore.errors import QueryError, RowstoreError, SubscriptionEndedError, TableNotFoundError, UnavailableError
 from rowstore.reads.predicates import parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
 from rowstore.tables.key_check import check_prefix
@@ -87,8 +87,10 @@ def parse_filter(schema: SchemaVersion, where: object, bbox: object, prefix: obj
 class Subscription:
     """One subscriber's stream of :data:`Item` (``next``), ended by ``SubscriptionEndedError``."""
 
-    def __init__(self, name: str, table_id: str, schema: SchemaVersion, filt: Filter, limit: int):
+    def __init__(self, name: str, table_id: str, schema: SchemaVersion, filt: Filter, limit: int,
+                 pids: frozenset[int] | None = None):
         self.name, self.table_id, self.schema, self.filter, self.limit = name, table_id, schema, filt, limit
+        self.pids = pids  # only these partitions' changes (None: every partition served here)
         self.after = 0  # C1: changes at or below it come from the catch-up (RFC 0015 §4)
         self.live = False  # the catch-up is done (pump items are queued, not held)
         self.handed = 0  # the last closed timestamp handed on by next()
@@ -194,16 +196,24 @@ class Subscriptions:
         return sum(len(s) for s in self._subs.values())
 
     async def open(self, name: str, from_ts: int | None, where: object = None, bbox: object = None,
-                   prefix: object = None, columns: object = None) -> Subscription:
+                   prefix: object = None, columns: object = None, partitions: list[int] | None = None,
+                   trusted: bool = False) -> Subscription:
         """A subscription to ``name``'s changes with ``commit_ts > from_ts`` (None: from now),
         checked first: an unknown table, a bad filter, a ``from`` before the retention horizon
-        or in the future raise here, and nothing is opened."""
+        or in the future raise here, and nothing is opened. ``partitions``: only those, each
+        served here (this node's share of a subscription across nodes, RFC 0015 §8), from a
+        ``from_ts`` the node merging the shares chose (``trusted``: waited for, never refused
+        as future)."""
         c = await self.reader.context(name, None)
         assert c.d.schema is not None  # describe() refuses a dropped table
         filt = parse_filter(c.d.schema, where, bbox, prefix, columns)
+        pids = None if partitions is None else frozenset(partitions)
+        if pids is not None and not pids <= c.table.owned:
+            raise UnavailableError(f"table {name!r}: partitions {sorted(pids - c.table.owned)} are not served by "
+                                   "this node")
         if from_ts is not None:
-            await self.reader.snapshot(from_ts)  # before the horizon: 410; in the future: 409
-        sub = Subscription(c.d.name, c.d.table_id, c.d.schema, filt, self.buffer_bytes)
+            await self.reader.snapshot(from_ts, trusted)  # before the horizon: 410; in the future: 409
+        sub = Subscription(c.d.name, c.d.table_id, c.d.schema, filt, self.buffer_bytes, pids)
         self._join(sub)
         try:  # the seam (RFC 0015 §4): every batch applied before _join is at or below C1
             await self.timeline.wait_closed(self.timeline.clock.last)
@@ -244,10 +254,10 @@ class Subscriptions:
         """Register ``sub`` (synchronously: the tail holds the table's batches from here on),
         starting its table's pump if it is the first."""
         tid = sub.table_id
-        first = tid not in self._subs
         self.tail.watch(tid)
         self._subs.setdefault(tid, set()).add(sub)
-        if first:  # every batch held from now on is above the closed timestamp now
+        pump = self._pumps.get(tid)
+        if pump is None or pump.done():  # the first, or its pump ended with the ones before it
             self._pumps[tid] = self.tasks.spawn(self._pump(tid, sub.name, self.timeline.closed))
 
     async def _pump(self, tid: str, name: str, base: int) -> None:
@@ -267,9 +277,7 @@ class Subscriptions:
             got = self.tail.take(tid, C)
             subs = [s for s in self._subs.get(tid, ()) if s.ended is None]
             try:
-                if (await self.reader.definitions.describe(name, C)).table_id != tid:  # dropped, and made anew
-                    raise TableNotFoundError(f"table {name!r} was dropped")
-                changed = await self._round(name, subs, got, base, C) if got and subs else set()
+                changed = await self._round(tid, name, subs, got, base, C) if subs else set()
             except TableNotFoundError:
                 for s in subs:
                     s.end("table_dropped", f"table {name!r} was dropped")
@@ -286,18 +294,25 @@ class Subscriptions:
                     s.progress_at = now
             base = C
 
-    async def _round(self, name: str, subs: list[Subscription], got: list[Committed], base: int,
+    async def _round(self, tid: str, name: str, subs: list[Subscription], got: list[Committed], base: int,
                      C: int) -> set[Subscription]:
-        """One round's changes offered to ``subs``; the subscriptions that got some."""
+        """One round's changes offered to ``subs``; the subscriptions that got some. Every round
+        reads the table at C as a read would — so a replicated partition's leader that lost its
+        lease (another may lead it now) sends no closed timestamp it cannot vouch for."""
         c = await self.reader.context(name, C, trusted=True)
         schema = c.d.schema
         assert schema is not None  # describe() refuses a dropped table
+        if c.d.table_id != tid:  # dropped, and made anew under its name
+            raise TableNotFoundError(f"table {name!r} was dropped")
         for s in subs:
-            if s.schema.version != schema.version:
+            if s.pids is not None and not s.pids <= c.table.owned:
+                s.end("moved", f"table {name!r}: partitions {sorted(s.pids - c.table.owned)} are no longer "
+                               "served by this node; resume from the last closed timestamp")
+            elif got and s.schema.version != schema.version:
                 s.end("schema_changed", f"table {name!r} changed its schema; resume from the last closed "
                                         "timestamp for the new columns")
         subs = [s for s in subs if s.ended is None]
-        if not subs:
+        if not subs or not got:
             return set()
         rows = sum(len(g.rows.starts) for g in got)
         r, pids = await asyncio.to_thread(decode_round, got, c.schemas, schema) if rows > DECODE_IN_THREAD \
@@ -306,8 +321,9 @@ class Subscriptions:
                               c.schemas, base)
         changed = set()
         for s, idx in zip(subs, chosen):
-            if s.after > base:  # joined during this round's interval: the catch-up has what is <= after
-                idx = idx[r.ts[idx] > np.uint64(s.after)]
+            idx = idx[r.ts[idx] > np.uint64(s.after)]  # the catch-up has what is <= after
+            if s.pids is not None:
+                idx = idx[np.isin(pids[idx], np.array(sorted(s.pids), pids.dtype))]
             if len(idx):
                 s.offer(changes(r, idx, s.filter.columns))
                 changed.add(s)
@@ -322,7 +338,8 @@ class Subscriptions:
             if schema.version != sub.schema.version:
                 sub.end("schema_changed", f"table {sub.name!r} changed its schema; resume for the new columns")
                 return
-            t, _ = await self.external.changes(sub.name, from_ts, sub.after, sorted(c.table.owned), trusted=True)
+            mine = sorted(c.table.owned if sub.pids is None else sub.pids)
+            t, _ = await self.external.changes(sub.name, from_ts, sub.after, mine, trusted=True)
             if t.num_rows:
                 r, pids = _feed_round(t, schema, len(c.table.parts))
                 [idx] = await select(r, pids, [sub.filter], schema, c.table.parts, self.reader.store, c.schemas,
