@@ -4,6 +4,7 @@ array of changes, ``{"closed": T}``; the stream a route serves is this node's su
 same way (``FrameStream``)."""
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -65,9 +66,17 @@ class LocalFrames:
 
 
 async def frames(item: Item, sub: Subscription) -> list[Frame]:
+    """An item's frames. Subscribers of a round that take the same rows and columns (every
+    subscriber without a filter, say) share its frames: they are made once."""
     if not isinstance(item, Changes):
         return [Frame(json_text({"closed": item.ts}), "closed", 0, item.ts)]
-    return await off_loop_if_big(item.nbytes, change_frames, item, sub.filter.columns, sub.schema.pk.names)
+    memo = item.round.memo
+    key = ("frames", tuple(sub.filter.columns), item.idx.tobytes())
+    made: asyncio.Future[list[Frame]] | None = memo.get(key)
+    if made is None:
+        made = memo[key] = asyncio.ensure_future(off_loop_if_big(
+            item.nbytes, change_frames, item, sub.filter.columns, sub.schema.pk.names))
+    return await asyncio.shield(made)
 
 
 def change_frames(item: Changes, columns: list[str], keys: list[str]) -> list[Frame]:

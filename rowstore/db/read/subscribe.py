@@ -31,6 +31,10 @@ from rowstore.tables.keys import key_arrays, partitions_of
 from rowstore.timeline import Timeline
 
 log = logging.getLogger("rowstore.subscribe")
+# After a round with changes the pump waits this long before the next: a first change after a
+# quiet spell goes out at once, a stream of commits in rounds of several (each subscriber's
+# frames, and a closed frame, per round rather than per commit).
+ROUND_GAP_S = 0.005
 DECODE_IN_THREAD = 4096  # rows of a round decoded in a worker thread beyond this
 CATCH_UP_ROWS = 4096  # changes per catch-up item (each waits for room in the subscriber's buffer)
 _ROW_OVERHEAD = 48  # bytes a queued change is counted for beyond its share of the round's columns
@@ -293,6 +297,8 @@ class Subscriptions:
                     s.offer(Closed(C))
                     s.progress_at = now
             base = C
+            if got:  # under a stream of commits, rounds (and every subscriber's frames) come at most this often
+                await asyncio.sleep(ROUND_GAP_S)
 
     async def _round(self, tid: str, name: str, subs: list[Subscription], got: list[Committed], base: int,
                      C: int) -> set[Subscription]:
