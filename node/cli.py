@@ -19,6 +19,7 @@ from catalog.errors import CatalogError
 from node import config as config_mod
 from node.client.client import Client
 from node.client.output import cell, emit, emit_arrow_table, print_csv, print_table
+from node.client.watch import add_watch_parser, watch
 from node.errors import ConfigError, NodeError, UsageError
 from rowstore.errors import QueryError, RowstoreError
 from rowstore.reads.text_forms import parse_bbox_text, parse_where_text
@@ -123,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--as-of", type=int)
     ag.add_argument("--bbox", help="COL:XMIN,YMIN,XMAX,YMAX")
 
+    add_watch_parser(sub)
     adm = sub.add_parser("admin", help="operator actions").add_subparsers(dest="admin_cmd", required=True)
     for name in ("status", "seal", "offload", "checkpoint"):
         adm.add_parser(name, parents=[out])
@@ -394,6 +396,9 @@ def _online(args: argparse.Namespace) -> int:
             return _query(c, args)
         if args.cmd in ("aggregate", "histogram"):
             return _analysis(c, args)
+        if args.cmd == "watch":
+            return watch(c, args, [t for w in args.where for t in _parse_where(w)] or None,
+                         _parse_bbox(args.bbox) if args.bbox else None)
         if args.cmd == "admin":
             return _admin(c, args)
         if args.cmd == "ingest":

@@ -85,6 +85,9 @@ class NodeConfig:
     heartbeat_s: float = 0.5  # replication: how often a node says it is alive (node/alive/<id>)
     failure_timeout_s: float = 2.0  # a node silent this long is dead; its partitions fail over
     ack_timeout_s: float = 10.0  # a write waiting this long for a majority answers 503
+    subscriptions_max: int = 1024  # open subscriptions per node; more are 429 (docs/rfcs/0015-subscriptions.md)
+    subscription_buffer_bytes: int = 16 << 20  # changes queued for one subscriber; beyond, it is ended
+    subscription_progress_s: float = 1.0  # {"closed": T} at least this often
 
 
 def _str(key: str, v: object) -> str:
@@ -194,6 +197,10 @@ _SCHEMA: dict[str, dict[str, tuple[str, Callable[[str, object], object]]]] = {
     "cluster": {"heartbeat": ("heartbeat_s", lambda k, v: _positive(k, parse_duration(k, v))),
                 "failure_timeout": ("failure_timeout_s", lambda k, v: _positive(k, parse_duration(k, v))),
                 "ack_timeout": ("ack_timeout_s", lambda k, v: _positive(k, parse_duration(k, v)))},
+    "subscriptions": {"max": ("subscriptions_max", _count),
+                      "buffer_bytes": ("subscription_buffer_bytes",
+                                       lambda k, v: int(_positive(k, parse_size(k, v)))),
+                      "progress_every": ("subscription_progress_s", lambda k, v: _positive(k, parse_duration(k, v)))},
     "gc": {"interval": ("gc_interval_s", parse_duration), "min_garbage": ("gc_min_garbage", _fraction),
            "grace": ("gc_grace_s", parse_duration),
            "max_bytes_per_run": ("gc_max_bytes_per_run", lambda k, v: int(_positive(k, parse_size(k, v))))},

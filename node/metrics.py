@@ -108,3 +108,14 @@ class Metrics:
         self.gc_garbage_ratio = Gauge("terrascale_gc_garbage_ratio", "1 - live bytes / bytes over sealed, "
                                       "offloaded and retired segments", registry=r)
         self.ready = Gauge("terrascale_ready", "1 once recovery finished and the node serves", registry=r)
+        self.subscriptions = Gauge("terrascale_subscriptions", "Subscriptions open on this node (RFC 0015)",
+                                   registry=r)
+        self.subscription_frames = Counter("terrascale_subscription_frames_total", "Frames sent to subscribers, "
+                                           "by kind (changes, closed, error)", ["kind"], registry=r)
+        self.subscription_changes = Counter("terrascale_subscription_changes_total", "Changes sent to "
+                                            "subscribers", registry=r)
+        self.subscription_bytes = Counter("terrascale_subscription_bytes_total", "Bytes of frames sent to "
+                                          "subscribers", registry=r)
+        self.subscription_drops = Counter("terrascale_subscription_drops_total", "Subscriptions the node ended, by "
+                                          "reason (slow_subscriber, schema_changed, table_dropped, stopping, "
+                                          "unavailable) or refused (too_many)", ["reason"], registry=r)

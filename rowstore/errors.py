@@ -87,3 +87,13 @@ class LeaderAliveError(UnavailableError):
 class ColumnCorruptionError(RowCorruptionError):
     """Raised when a columnar segment's page, statistics or metadata fail an invariant
     (docs/format/segment.md §7); ``where`` names the object, the segment and the column."""
+
+
+class SubscriptionEndedError(RowstoreError):
+    """Raised by a subscription's ``next`` once it ended: ``code`` says why (slow_subscriber,
+    schema_changed, table_dropped, stopping, closed, unavailable); its subscriber resumes from
+    the last closed timestamp it saw (docs/rfcs/0015-subscriptions.md)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code

@@ -14,6 +14,7 @@ thread-safe: use one per thread. ``AsyncClient`` uses an aiohttp session; close 
 """
 from __future__ import annotations
 
+import asyncio
 import http.client
 import ssl
 import threading
@@ -25,7 +26,9 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 
 from catalog.retry import Retry, call
-from node.client.endpoints import IDEMPOTENT, Endpoints, Request, ScanResult, headers
+from node.client.endpoints import IDEMPOTENT, Endpoints, Request, ScanResult, api_error, headers
+from node.client.subscribe import EVENT_STREAM, Resume, Resumed
+from node.errors import ApiError
 
 if TYPE_CHECKING:  # imported when an AsyncClient first sends: the blocking client and the CLI start without it
     import aiohttp
@@ -113,6 +116,40 @@ class Client(Endpoints[Any]):
                 return
             page = self.scan_page(table, after=page.next)
 
+    def subscribe(self, table: str, where: Any = None, bbox: Any = None, prefix: Any = None, columns: Any = None,
+                  from_ts: int | None = None, retry_for: float = 300.0,
+                  idle_timeout: float = 30.0) -> Iterator[dict[str, Any]]:
+        """A live query (docs/rfcs/0015-subscriptions.md): the table's committed changes whose
+        new or old version matches, with ``commit_ts > from_ts`` (None: from now), as they
+        come — ``{"op", "commit_ts", "row"}`` items, each yielded once a ``{"closed": T}`` item
+        after it says every change at or below T was yielded. Across dropped connections,
+        node restarts and the node ending the subscription it resumes by itself from the last
+        closed T, exactly once; it gives up (raising) after ``retry_for`` seconds without a
+        frame, or at once on an error that is the caller's (a bad filter, an unknown table)."""
+        r = Resume(table, where, bbox, prefix, columns, from_ts, retry_for)
+        while True:
+            try:
+                yield from self._events(r, idle_timeout)
+            except (ApiError, Resumed) as e:
+                time.sleep(r.broken(e))
+            except (OSError, http.client.HTTPException) as e:
+                time.sleep(r.broken(ConnectionError(f"{self.endpoint}: {e}")))
+
+    def _events(self, r: Resume, idle_timeout: float) -> Iterator[dict[str, Any]]:
+        """One connection's items (server-sent events on a connection of its own)."""
+        conn = self._connect()
+        conn.timeout = idle_timeout  # the node sends a closed frame every second: silence is a dead link
+        try:
+            conn.request("GET", r.path(), headers=headers(self.token, None, EVENT_STREAM))
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise api_error(resp.status, resp.read())
+            while line := resp.readline():
+                yield from r.line(line)
+            raise ConnectionError(f"{self.endpoint}: the node ended the subscription's stream")
+        finally:
+            conn.close()
+
     def _send(self, req: Request) -> Any:
         status, data, h = self.request(req.method, req.path, req.body, req.content_type, req.accept)
         return req.result(status, data, h)
@@ -164,6 +201,41 @@ class AsyncClient(Endpoints[Coroutine[Any, Any, Any]]):
             if page.next is None:
                 return
             page = await self.scan_page(table, after=page.next)
+
+    async def subscribe(self, table: str, where: Any = None, bbox: Any = None, prefix: Any = None,
+                        columns: Any = None, from_ts: int | None = None, retry_for: float = 300.0,
+                        idle_timeout: float = 30.0) -> AsyncIterator[dict[str, Any]]:
+        """``Client.subscribe``, asynchronously."""
+        import aiohttp
+
+        r = Resume(table, where, bbox, prefix, columns, from_ts, retry_for)
+        while True:
+            try:
+                async for item in self._events(r, idle_timeout):
+                    yield item
+            except (ApiError, Resumed) as e:
+                await asyncio.sleep(r.broken(e))
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                await asyncio.sleep(r.broken(ConnectionError(f"{self.endpoint}: {e!r}")))
+
+    async def _events(self, r: Resume, idle_timeout: float) -> AsyncIterator[dict[str, Any]]:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout),
+                                                  connector=aiohttp.TCPConnector(limit=self._limit))
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
+        async with self._session.get(self.endpoint + r.path(), headers=headers(self.token, None, EVENT_STREAM),
+                                     timeout=timeout) as resp:
+            if resp.status != 200:
+                raise api_error(resp.status, await resp.read())
+            rest = b""
+            async for chunk in resp.content.iter_any():  # lines of any length (a frame may be large)
+                *lines, rest = (rest + chunk).split(b"\n")
+                for line in lines:
+                    for item in r.line(line):
+                        yield item
+        raise ConnectionError(f"{self.endpoint}: the node ended the subscription's stream")
 
     async def _send(self, req: Request) -> Any:
         status, data, h = await self.request(req.method, req.path, req.body, req.content_type, req.accept)

@@ -115,7 +115,9 @@ class Node:
                                                  purge_lag_ms=int(c.purge_lag_s * 1000),
                                                  gc=GcConfig(c.gc_min_garbage, c.gc_grace_s, c.gc_max_bytes_per_run),
                                                  ack_timeout_s=c.ack_timeout_s,
-                                                 replica_lease_s=c.failure_timeout_s / 2),
+                                                 replica_lease_s=c.failure_timeout_s / 2,
+                                                 progress_every_s=c.subscription_progress_s,
+                                                 subscriber_bytes=c.subscription_buffer_bytes),
                                 now_ms=skewed_wall_clock(), coordinator_gone=cluster.gone,
                                 lost=frozenset(report.recreated) | frozenset(report.missing))
         cluster.open(db.forget_cached_definitions, lambda tid, pid: db.leadership.shipper(tid, pid) is not None)

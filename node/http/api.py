@@ -29,6 +29,7 @@ from rowstore.db.database import Database
 from node.cluster.stream import STREAM
 from node.errors import ApiError
 from node.http.coalesce import Coalescer
+from node.http.frames import FrameStream
 from node.http.cursors import CursorKeys
 from node.http.edge import answer, error
 from node.http.params import CONFIG, parse_json
@@ -44,6 +45,10 @@ log = logging.getLogger("terrascale.node")
 # endpoints route inside their handlers, where the keys are known
 _WHOLE_TABLE = {"/v1/tables/{table}/snapshot", "/v1/tables/{table}/plan", "/v1/tables/{table}/tail",
                 "/v1/tables/{table}/changes"}
+
+
+# routes whose answer lasts as long as the connection: a replication stream, a subscription
+_LIFETIMES = {STREAM, "/v1/tables/{table}/subscribe", "/v1/internal/subscribe"}
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,8 @@ class Api:
         self._writes: Coalescer | None = None
         # open replication streams from leader nodes (closed at shutdown)
         self.streams: set[web.WebSocketResponse] = set()
+        # subscriptions open through this node's HTTP surface (ended at shutdown; RFC 0015)
+        self.subscriptions: set[FrameStream] = set()
 
     def open(self, sv: Serving, replication: NodeReplication, jobs: JobRunner) -> None:
         """The node's stores are open and recovered: requests may reach them (``Node.open``)."""
@@ -157,7 +164,7 @@ class Api:
         m = self.metrics
         resource = request.match_info.route.resource
         route = resource.canonical if resource else "unmatched"
-        if route == STREAM:  # a connection's lifetime, not a request: neither in flight nor timed
+        if route in _LIFETIMES:  # a connection's lifetime, not a request: neither in flight nor timed
             return await self._guarded(request, handler)
         t0 = time.perf_counter()
         m.in_flight.inc()

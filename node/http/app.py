@@ -15,12 +15,14 @@ from node.http.routes.membership import add_membership_routes
 from node.http.routes.handoff import add_handoff_routes
 from node.http.routes.replication import add_replication_routes, close_streams
 from node.http.routes.scans import add_scan_routes
+from node.http.routes.subscribe import add_subscribe_routes, end_subscriptions
 
 
 def make_app(api: Api) -> web.Application:
     app = api.app()
     add_scan_routes(api, app.router)  # ordered scans by key with cursors, many rows by key (RFC 0013)
     add_aggregate_routes(api, app.router)  # aggregates and histograms, merged across nodes (RFC 0012)
+    add_subscribe_routes(api, app.router)  # live subscriptions to a table's changes (RFC 0015)
     add_membership_routes(api, app.router)  # the cluster view and membership changes
     add_bridge_routes(api, app.router)  # read plans, tails, change feed, leases
     add_internal_routes(api, app.router)  # node to node: cross-node batches and reads
@@ -28,4 +30,5 @@ def make_app(api: Api) -> web.Application:
     add_handoff_routes(api, app.router)  # one-copy partitions moved between nodes (RFC 0010 §7)
     add_console_routes(api, app.router)  # the admin console's files (docs/console.md)
     app.on_shutdown.append(lambda _app: close_streams(api))  # a stream would hold the shutdown
+    app.on_shutdown.append(lambda _app: end_subscriptions(api))  # so would a subscription
     return app

@@ -9,6 +9,8 @@ the one object the node holds; the work is done by its parts, each in its own mo
 * :mod:`rowstore.db.read.reader` — snapshots, point gets, key ranges, queries;
 * :mod:`rowstore.db.read.bridge` — read plans, tails and the change feed for the bridge;
 * :mod:`rowstore.db.read.leases` — read leases that hold segments back from collection;
+* :mod:`rowstore.db.read.subscribe` — live subscriptions to committed changes (RFC 0015), fed
+  by :mod:`rowstore.db.changes`, the tail of committed batches;
 * :mod:`rowstore.db.background.maintenance` — checkpoint, merge, seal, offload;
 * :mod:`rowstore.db.background.gc` — copy-forward garbage collection, clustered rewrites (RFC 0009);
 * :mod:`rowstore.db.serving.leadership` — leading and following replicated partitions (RFC 0010);
@@ -27,6 +29,7 @@ from typing import Any, overload
 import numpy as np
 import pyarrow as pa
 
+from rowstore.db.changes import CommitTail
 from rowstore.db.write.committer import Committer, WriteResult, decided
 from rowstore.db.write.participant import Coordinator
 from rowstore.db.read.aggregate import Aggregator, Stats
@@ -38,6 +41,7 @@ from rowstore.db.read.leases import Leases
 from rowstore.db.background.maintenance import Maintenance
 from rowstore.db.write.participant import Participant
 from rowstore.db.read.reader import PURGE_LAG_MS, Reader, ScanPage
+from rowstore.db.read.subscribe import Subscription, Subscriptions
 from rowstore.db.registry import Owns, TableRegistry
 from rowstore.db.tasks import BackgroundTasks
 from rowstore.hlc import HybridClock
@@ -72,6 +76,8 @@ class TablesConfig:
     ack_timeout_s: float = 10.0  # a replicated write waits this long for a majority (then 503)
     prepare_timeout_s: float = 10.0  # a prepared batch whose coordinator is silent: decided from the catalog
     replica_lease_s: float = 1.0  # a follower refuses another leader this long after hearing one
+    progress_every_s: float = 1.0  # a subscriber hears the closed timestamp at least this often (RFC 0015)
+    subscriber_bytes: int = 16 << 20  # changes queued for one subscriber at most; beyond, it is ended
     gc: GcConfig = GcConfig()
 
 
@@ -111,8 +117,9 @@ class Database:
                                      present=self.clock.present, monotonic=monotonic)
         self.handoffs = Handoffs(self.store, self.tables, observe=self.clock.observe)
         # write/
+        self.commit_tail = CommitTail()  # committed batches of watched tables, until closed (RFC 0015)
         self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks,
-                                   self.leadership.demote, cfg.ack_timeout_s)
+                                   self.leadership.demote, self.commit_tail, cfg.ack_timeout_s)
         self.participant = Participant(self.catalog, self.catalog_tables, self.committer, self.timeline,
                                        self.tasks, cfg.prepare_timeout_s, coordinator_gone)
         # read/
@@ -121,6 +128,8 @@ class Database:
         self.leases = Leases(self.catalog, self.clock.now_ms)
         self.aggregator = Aggregator(self.reader)
         self.external = ExternalReads(fs, self.store, self.tables, self.reader, self.leases)
+        self.subscriptions = Subscriptions(self.reader, self.external, self.commit_tail, self.timeline, self.tasks,
+                                           cfg.progress_every_s, cfg.subscriber_bytes)
         # background/
         self.maintenance = Maintenance(self.store, self.catalog_tables, self.tables, self.timeline,
                                        cfg.memtable_bytes, self.reader.purge_horizon, monotonic)
@@ -140,6 +149,7 @@ class Database:
         await self.tables.open(owns)
 
     async def close(self) -> None:
+        self.subscriptions.stop()
         for t, p in list(self.leadership.led()):
             await self.leadership.demote(t, p)
         await self.replicas.close()
@@ -304,6 +314,20 @@ class Database:
 
     async def changed_ts(self, table_id: str, T: int) -> int:
         return await self.external.changed_ts(table_id, T)
+
+    # -- subscriptions (rowstore.db.read.subscribe, RFC 0015) --------------------------------------
+
+    async def subscribe(self, name: str, from_ts: int | None = None, where: list[Any] | None = None,
+                        bbox: dict[str, Any] | None = None, prefix: object = None,
+                        columns: list[str] | None = None, partitions: list[int] | None = None,
+                        trusted: bool = False) -> Subscription:
+        """The changes of ``name`` with ``commit_ts > from_ts`` (None: from now) whose new or old
+        version matches, then more as they commit; checked before anything is opened
+        (``Subscriptions.open``: ``partitions`` and ``trusted`` for a share across nodes)."""
+        return await self.subscriptions.open(name, from_ts, where, bbox, prefix, columns, partitions, trusted)
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self.subscriptions.close(sub)
 
     async def acquire_lease(self, segids: list[int], ttl_s: float, request_id: str | None = None) -> str:
         return await self.leases.acquire(segids, ttl_s, request_id)

@@ -148,20 +148,22 @@ NODE_PARTS = {
 }
 
 
-# Inside ``rowstore/db/`` (docs/ARCHITECTURE.md, "rowstore"): a partition, the registry and the
-# home of background tasks are shared by every part; reads, writes, background work and serving import
-# those, and the last two ``read/``'s watermarks and leases; only ``database.py`` assembles.
+# Inside ``rowstore/db/`` (docs/ARCHITECTURE.md, "rowstore"): a partition, the registry, the
+# home of background tasks and the commit tail (RFC 0015) are shared by every part; reads,
+# writes, background work and serving import those, and the last two ``read/``'s watermarks
+# and leases; only ``database.py`` assembles.
 DB_PARTS = {
     "rowstore.db.partition": set(),
     "rowstore.db.registry": {"rowstore.db.partition"},
     "rowstore.db.tasks": set(),
-    "rowstore.db.write": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks"},
-    "rowstore.db.read": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks"},
+    "rowstore.db.changes": set(),
+    "rowstore.db.write": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks", "rowstore.db.changes"},
+    "rowstore.db.read": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks", "rowstore.db.changes"},
     "rowstore.db.background": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks",
                                "rowstore.db.read"},
     "rowstore.db.serving": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks", "rowstore.db.read"},
     "rowstore.db.database": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks",
-                             "rowstore.db.write", "rowstore.db.read", "rowstore.db.background",
+                             "rowstore.db.changes", "rowstore.db.write", "rowstore.db.read", "rowstore.db.background",
                              "rowstore.db.serving"},
 }
 

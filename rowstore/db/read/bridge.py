@@ -15,7 +15,7 @@ from rowstore.rowids import split_rowids
 from rowstore.schema import SchemaVersion
 from rowstore.tables.keys import partition_of_key
 from rowstore.segments.fetch import fetch
-from rowstore.segments.records import SegState
+from rowstore.segments.records import SegmentRecord, SegState
 from rowstore.segments.store import SegmentStore
 from rowstore.db.read.leases import Leases
 from rowstore.db.registry import TableRegistry
@@ -151,7 +151,7 @@ class ExternalReads:
         if after < (self.reader.purge_horizon() if trusted else self.reader.horizon()) and after != 0:
             raise HistoryPurgedError(f"changes after {after} reach before the retention horizon")
         parts = []
-        for rec in map(self.store.live, await self.store.list(table=c.d.table_id)):
+        for rec in await self._live_records(c.d.table_id):
             if partitions is not None and rec.partition not in partitions:
                 continue
             if rec.state == SegState.RETIRED:
@@ -171,6 +171,17 @@ class ExternalReads:
             return schema.empty_table(), c.T
         t = pa.Table.from_batches(parts)
         return t.sort_by([("commit_ts", "ascending"), *((k, "ascending") for k in c.d.schema.pk.names)]), c.T
+
+    async def _live_records(self, table_id: str) -> list[SegmentRecord]:
+        """The table's segments with their commit timestamps as of now, all taken before the
+        first is read: one listed active whose file was sealed and offloaded since the listing
+        is read again (the listed row's timestamps are those of its creation), never skipped."""
+        out = []
+        for rec in await self.store.list(table=table_id):
+            if rec.state == SegState.ACTIVE and rec.segid not in self.store.active:
+                rec, _ = await self.store.record(rec.segid)
+            out.append(self.store.live(rec))
+        return out
 
 
 def _has(schemas: Callable[[int], SchemaVersion], v: int) -> bool:

@@ -25,6 +25,7 @@ from rowstore.segments.wal import DECIDED, SPANS_NODES
 from rowstore.tables.conform import PartitionShare, conform, split_by_partition, stamp
 from rowstore.tables.key_check import check_key_columns, check_key_lists
 from rowstore.tables.definitions import TableCatalog, TableDef
+from rowstore.db.changes import CommitTail
 from rowstore.db.partition import Partition
 from rowstore.timeline import Timeline
 from rowstore.db.registry import Table, TableRegistry
@@ -100,10 +101,11 @@ class _Prepared:
 class Committer:
     def __init__(self, catalog: Catalog, definitions: TableCatalog, tables: TableRegistry, timeline: Timeline,
                  tasks: BackgroundTasks, step_down: Callable[[str, int], Coroutine[Any, Any, bool]],
-                 ack_timeout_s: float = 10.0):
+                 tail: CommitTail, ack_timeout_s: float = 10.0):
         """``step_down(table id, pid)``: the leader of a replicated partition whose write missed
-        its ack timeout steps down (started in the background, :meth:`_bounded`)."""
-        self.catalog, self.definitions, self.tables = catalog, definitions, tables
+        its ack timeout steps down (started in the background, :meth:`_bounded`). ``tail``: every
+        applied batch is handed to it before its timestamp ends (subscriptions, RFC 0015)."""
+        self.catalog, self.definitions, self.tables, self.tail = catalog, definitions, tables, tail
         self.timeline, self.tasks, self.step_down = timeline, tasks, step_down
         self._decided: list[str] = []  # txn keys decided committed at recovery
         self._groups: dict[str, list[_Member]] = {}  # table id -> multi-partition batches waiting to commit
@@ -279,6 +281,7 @@ class Committer:
             row_ts: int | np.ndarray = ts if sizes is None else np.repeat(np.array(tss, np.uint64), sizes)
             part.apply(split_rowids(ids)[1], seg.segid, piece.batch, row_ts, _deleted(piece), schema, piece.keys,
                        piece.pos)
+            self.tail.committed(part.table_id, part.pid, piece.enc, tss[-1])
             self.merge_if_due(part)
         finally:
             part.leave()
@@ -378,6 +381,7 @@ class Committer:
                     for i, _, pc in g.by_pid[p]:
                         part.apply(locs[at : at + pc.rows], seg.segid, pc.batch, g.group[i].ts, _deleted(pc),
                                    g.group[i].schema, pc.keys, pc.pos)
+                        self.tail.committed(part.table_id, part.pid, pc.enc, g.group[i].ts)
                         at += pc.rows
                     self.merge_if_due(part)
             finally:

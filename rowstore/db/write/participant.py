@@ -204,6 +204,7 @@ class Participant:
                     part.apply(split_rowids(ids)[1], seg.segid, pc.batch, p.ts,
                                np.zeros(pc.rows, bool) if pc.deleted is None else pc.deleted, p.schema, pc.keys,
                                pc.pos)
+                    self.committer.tail.committed(part.table_id, part.pid, pc.enc, p.ts)
                     self.committer.merge_if_due(part)
             finally:
                 for part in p.parts:
