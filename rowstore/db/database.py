@@ -61,6 +61,9 @@ __all__ = ["Database", "TablesConfig", "WriteResult"]
 log = logging.getLogger("rowstore.database")
 
 
+_READ_ALL_PAGE = 100_000  # rows a page of ``Database.read_all`` (the whole answer is held anyway)
+
+
 @dataclass(frozen=True)
 class TablesConfig:
     partitions: int = 8
@@ -249,11 +252,15 @@ class Database:
     async def read_all(self, name: str, prefix: object = None, start: object = None, end: object = None,
                        as_of: int | None = None, columns: list[str] | None = None) -> tuple[pa.Table, int]:
         """Every row of a scan at one T, in key order, page by page (tools and tests; a client
-        pages with cursors instead): (rows, T)."""
-        page = await self.scan(name, prefix, start, end, as_of=as_of, columns=columns)
+        pages with cursors instead): (rows, T). The later pages read at the T this read chose,
+        held to the purge horizon as a read across nodes is (``trusted``), not the retention
+        horizon: with a retention of 0 (a benchmark's GC to quiescence) the first page's T fell
+        behind it before the second page and the read was refused."""
+        page = await self.scan(name, prefix, start, end, as_of=as_of, columns=columns, limit=_READ_ALL_PAGE)
         T, parts, last = page.T, [page.rows], page.last
         while page.more and last is not None:
-            page = await self.scan(name, prefix, start, end, after=last, as_of=T, columns=columns)
+            page = await self.scan(name, prefix, start, end, after=last, as_of=T, columns=columns,
+                                   limit=_READ_ALL_PAGE, trusted=True)
             parts.append(page.rows)
             last = page.last if page.last is not None else last
         return pa.concat_tables(parts), T
