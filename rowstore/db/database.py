@@ -40,7 +40,7 @@ from rowstore.db.serving.leadership import Leadership
 from rowstore.db.read.leases import Leases
 from rowstore.db.background.maintenance import Maintenance
 from rowstore.db.write.participant import Participant
-from rowstore.db.read.reader import PURGE_LAG_MS, Reader, ScanPage
+from rowstore.db.read.reader import MAX_LIMIT, PURGE_LAG_MS, Reader, ScanPage
 from rowstore.db.read.subscribe import Subscription, Subscriptions
 from rowstore.db.registry import Owns, TableRegistry
 from rowstore.db.tasks import BackgroundTasks
@@ -59,9 +59,6 @@ from terrafs.fs import TerrascaleFS
 
 __all__ = ["Database", "TablesConfig", "WriteResult"]
 log = logging.getLogger("rowstore.database")
-
-
-_READ_ALL_PAGE = 100_000  # rows a page of ``Database.read_all`` (the whole answer is held anyway)
 
 
 @dataclass(frozen=True)
@@ -251,19 +248,12 @@ class Database:
 
     async def read_all(self, name: str, prefix: object = None, start: object = None, end: object = None,
                        as_of: int | None = None, columns: list[str] | None = None) -> tuple[pa.Table, int]:
-        """Every row of a scan at one T, in key order, page by page (tools and tests; a client
-        pages with cursors instead): (rows, T). The later pages read at the T this read chose,
-        held to the purge horizon as a read across nodes is (``trusted``), not the retention
-        horizon: with a retention of 0 (a benchmark's GC to quiescence) the first page's T fell
-        behind it before the second page and the read was refused."""
-        page = await self.scan(name, prefix, start, end, as_of=as_of, columns=columns, limit=_READ_ALL_PAGE)
-        T, parts, last = page.T, [page.rows], page.last
-        while page.more and last is not None:
-            page = await self.scan(name, prefix, start, end, after=last, as_of=T, columns=columns,
-                                   limit=_READ_ALL_PAGE, trusted=True)
-            parts.append(page.rows)
-            last = page.last if page.last is not None else last
-        return pa.concat_tables(parts), T
+        """Every row of a scan at one T, in key order, as one answer (tools, tests and
+        benchmarks; a client pages with cursors instead): (rows, T). One read, not pages: each
+        page checks its T again, and a T older than the purge lag is refused — with a retention
+        of 0, a read of a million rows outlived it (the GC benchmark's read to quiescence)."""
+        page = await self.scan(name, prefix, start, end, as_of=as_of, columns=columns, limit=MAX_LIMIT)
+        return page.rows, page.T
 
     async def get_dicts(self, name: str, keys: Sequence[object], as_of: int | None = None,
                         columns: list[str] | None = None) -> tuple[int, list[dict[str, Any] | None]]:
