@@ -25,6 +25,7 @@ import pytest
 from bench.node_proc import NodeProc
 from node.client.client import AsyncClient
 from tests.node.proc import eventually, holds, metric
+from tests.rowstore.db.read.test_subscribe import _matches  # the model's filter, one copy
 
 COLUMNS = [("id", "int64"), ("loc", "point"), ("v", "float64"), ("n", "int64"), ("name", "string")]
 IDS = 60
@@ -68,20 +69,6 @@ class Model:
         narrow = bool(f.get("where") or f.get("bbox"))
         return sorted((ts, i, op) for ts, i, op, new, old in self.changes
                       if after < ts <= upto and (not narrow or _matches(new, f) or _matches(old, f)))
-
-
-def _matches(row: dict | None, f: dict) -> bool:
-    if row is None:
-        return False
-    for col, op, val in f.get("where") or []:
-        x = row[col]
-        if not {"=": x == val, "!=": x != val, "<": x < val, "<=": x <= val, ">": x > val, ">=": x >= val}[op]:
-            return False
-    b = f.get("bbox")
-    if b is not None:
-        p = row[b["column"]]
-        return b["xmin"] <= p["x"] <= b["xmax"] and b["ymin"] <= p["y"] <= b["ymax"]
-    return True
 
 
 def _filter(rng: random.Random) -> dict:
