@@ -92,6 +92,11 @@ def change_frames(item: Changes, columns: list[str], keys: list[str]) -> list[Fr
     ts, deleted = r.ts[idx].tolist(), r.deleted[idx].tolist()
     changes = [{"op": "delete", "commit_ts": t, "row": {k: row[k] for k in keys}} if gone else
                {"op": "upsert", "commit_ts": t, "row": row} for row, t, gone in zip(picked, ts, deleted)]
+    return fit_frames(changes)
+
+
+def fit_frames(changes: list[dict[str, Any]]) -> list[Frame]:
+    """``changes`` as frames of at most ``FRAME_CHANGES`` changes and ``FRAME_BYTES`` bytes."""
     out: list[Frame] = []
     for a in range(0, len(changes), FRAME_CHANGES):
         _fit(changes[a : a + FRAME_CHANGES], out)

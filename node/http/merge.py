@@ -1,22 +1,29 @@
 """A subscription across nodes (docs/rfcs/0015-subscriptions.md §8): one share per node leading
 some of the table's partitions — this node's own subscription, or a WebSocket to the other
-node's ``/v1/internal/subscribe`` — all from one ``from``, merged: change frames pass on as
-they arrive (each share's in its own commit order), and ``{"closed": T}`` goes out once T is
-the smallest closed timestamp every share has reported — at or below it every share has sent
-every change. When a share ends (its leader changed, its node stopped, a share fell behind)
-the merged subscription ends too, with a code its subscriber resumes from (``moved``): the
-client's resume from its last closed T is the one recovery path, never a splice of streams."""
+node's ``/v1/internal/subscribe`` — all from one ``from``, merged so that the merged stream is
+ordered as one node's is (§5): the changes between ``closed M`` and the next ``closed M'``
+lie in ``(M, M']``. A share's change frame holds changes up to that share's next closed
+timestamp, which another share may not have reached yet; so the merge holds every change
+until every share has closed at or past its ``commit_ts``, then sends what that releases
+(each share's changes in the order it sent them) and ``closed M``, M the smallest closed
+timestamp of the shares. When a share ends (its leader changed, its node stopped, a share
+fell behind) the merged subscription ends too, with a code its subscriber resumes from
+(``moved``): the client's resume from its last closed T is the one recovery path, never a
+splice of streams."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+from collections import deque
+from typing import Any
 
 import aiohttp
+import orjson
 
 from node.cluster.members import Cluster
 from node.http.answers import json_text
-from node.http.frames import Frame, FrameStream
+from node.http.frames import Frame, FrameStream, fit_frames
 from rowstore.errors import SubscriptionEndedError
 
 MERGE_FRAMES = 16  # frames waiting between the shares and the subscriber; beyond, shares wait (and fall behind)
@@ -51,13 +58,18 @@ class RemoteShare:
 
 
 class MergedFrames:
-    """Shares merged into one stream of frames (``FrameStream``)."""
+    """Shares merged into one stream of frames (``FrameStream``); ``limit`` bounds the bytes of
+    changes held for shares ahead of the slowest (beyond it the subscription ends, ``unavailable``,
+    and its subscriber resumes)."""
 
-    def __init__(self, shares: list[FrameStream | RemoteShare]):
-        self.shares = shares
+    def __init__(self, shares: list[FrameStream | RemoteShare], limit: int = 16 << 20):
+        self.shares, self.limit = shares, limit
         self.ended: SubscriptionEndedError | None = None
         self._queue: asyncio.Queue[tuple[int, Frame] | None] = asyncio.Queue(MERGE_FRAMES)
         self._closed = [0] * len(shares)
+        self._held: list[list[tuple[int, int, Any]]] = [[] for _ in shares]  # (commit_ts, bytes, change)
+        self._held_bytes = 0
+        self._out: deque[Frame] = deque()
         self._sent = 0
         self._over = asyncio.Event()
         self._pulls = [asyncio.ensure_future(self._pull(i, s)) for i, s in enumerate(shares)]
@@ -73,19 +85,39 @@ class MergedFrames:
                               "last closed timestamp")
 
     async def next(self) -> Frame:
-        while True:
+        while not self._out:
             got = await self._queue.get()
             if got is None:
                 assert self.ended is not None  # the sentinel follows an end
                 raise self.ended
-            i, f = got
-            if f.closed is None:
-                return f
-            self._closed[i] = f.closed
-            low = min(self._closed)
-            if low > self._sent:
-                self._sent = low
-                return Frame(json_text({"closed": low}), "closed", 0, low)
+            self._take(*got)
+        return self._out.popleft()
+
+    def _take(self, i: int, f: Frame) -> None:
+        """One share's frame: its changes held; on a closed frame, what every share has now
+        closed past goes out, then ``closed``."""
+        if f.closed is None:
+            changes = orjson.loads(f.text)
+            each = len(f.text) // max(1, len(changes))
+            self._held[i].extend((c["commit_ts"], each, c) for c in changes)
+            self._held_bytes += each * len(changes)
+            if self._held_bytes > self.limit:
+                self.end("unavailable", f"a node's share of the subscription ran more than {self.limit} bytes "
+                                        "ahead of another's; resume from the last closed timestamp")
+            return
+        self._closed[i] = f.closed
+        low = min(self._closed)
+        if low <= self._sent:
+            return
+        out: list[Any] = []
+        for j, held in enumerate(self._held):
+            if held:
+                out.extend(c for t, _, c in held if t <= low)
+                self._held[j] = [h for h in held if h[0] > low]
+                self._held_bytes -= sum(n for t, n, _ in held if t <= low)
+        self._out.extend(fit_frames(out))
+        self._sent = low
+        self._out.append(Frame(json_text({"closed": low}), "closed", 0, low))
 
     def end(self, code: str, message: str, drop: bool = True) -> None:
         """No more frames: what waits is dropped (its subscriber resumes from a closed T)."""
@@ -96,6 +128,7 @@ class MergedFrames:
         for t in self._pulls:
             if t is not asyncio.current_task():
                 t.cancel()
+        self._out.clear()
         with contextlib.suppress(asyncio.QueueEmpty):
             while True:
                 self._queue.get_nowait()

@@ -105,7 +105,7 @@ async def _open(api: Api, table: str, args: dict[str, Any]) -> FrameStream:
         for s in shares:
             s.close()
         raise
-    return MergedFrames(shares)
+    return MergedFrames(shares, api.cfg.subscription_buffer_bytes)
 
 
 def _share_path(table: str, pids: list[int], F: int, args: dict[str, Any]) -> str:
