@@ -287,6 +287,55 @@ def test_map_density_layer_counts_the_points_of_the_view_with_the_histogram_endp
     shot(page, "map-density")
 
 
+def test_explorer_live_reruns_the_query_as_changes_commit(page, cluster):
+    """"Live" on the Explorer: a subscription with the query's filter says when a change touches
+    the result, and the query runs again as of the closed T covering it — rows that come to
+    match appear, rows that stop matching (an overwrite) or are deleted go."""
+    open_page(page, "explorer")
+    page.select_option("#q-table", "pts")
+    page.click("#q-where-add")
+    page.select_option("#q-where-col-0", "name")
+    page.fill("#q-where-val-0", "watched")
+    page.locator("#q-where-val-0").dispatch_event("change")
+    page.click("#q-live")
+    expect(page.locator("#q-live-state")).to_contain_text("live (live)", timeout=WAIT)
+    expect(page.locator("#row-count")).to_have_text("0")
+    with cluster[1].client() as c:  # written through another node
+        c.upsert("pts", [{"id": 9100 + i, "loc": {"x": 3.0, "y": 4.0}, "name": "watched"} for i in range(2)])
+        expect(page.locator("#row-count")).to_have_text("2", timeout=WAIT)
+        c.upsert("pts", [{"id": 9100, "loc": {"x": 3.0, "y": 4.0}, "name": "not any more"}])
+        expect(page.locator("#row-count")).to_have_text("1", timeout=WAIT)
+        c.delete("pts", [9101])
+        expect(page.locator("#row-count")).to_have_text("0", timeout=WAIT)
+        c.delete("pts", [9100])
+    expect(page.locator("#q-live-state")).to_contain_text("up to commit")
+
+
+def test_map_live_shows_each_change_as_it_commits(page, cluster):
+    """"Live": the view's points, then every change to them as it commits, from a subscription
+    across the three nodes (each leads some partitions; node/ui/static/js/live.js): points
+    written in view appear, one moved out of the view goes, a deleted one goes — the page never
+    reloads (the density layer's refresh is off while live)."""
+    open_page(page, "map")
+    note = page.locator("#map-note")
+    expect(note).to_have_attribute("data-points", "603", timeout=WAIT)
+    page.click("#map-live")
+    expect(note).to_contain_text("live (live)", timeout=WAIT)
+    expect(page.locator("#map-live")).to_have_attribute("aria-pressed", "true")
+    ids = [9000, 9001, 9002]
+    with cluster[0].client() as c:
+        T = c.upsert("pts", [{"id": i, "loc": {"x": 1.0 + i % 10, "y": 2.0}, "name": f"live{i}"} for i in ids])["commit_ts"]
+        expect(note).to_have_attribute("data-points", "606", timeout=WAIT)
+        assert int(note.get_attribute("data-live")) >= T  # shown once a closed timestamp covers it
+        c.upsert("pts", [{"id": 9000, "loc": {"x": 1.0, "y": 95.0}, "name": "gone north"}])  # out of the view
+        expect(note).to_have_attribute("data-points", "605", timeout=WAIT)
+        c.delete("pts", [9001])
+        expect(note).to_have_attribute("data-points", "604", timeout=WAIT)
+        shot(page, "map-live")
+        c.delete("pts", [9000, 9002])
+        expect(note).to_have_attribute("data-points", "603", timeout=WAIT)
+
+
 def test_jobs_dry_run_before_gc(page, cluster):
     open_page(page, "jobs")
     page.click("#job-seal")

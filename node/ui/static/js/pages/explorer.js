@@ -1,8 +1,12 @@
 // Explorer: a query built from where terms, a bbox, columns and a limit, read as of a time
 // chosen on a slider over the retained history; the rows in pages, and the same query as a
-// curl command and a terrascale command. The Map page sets its bbox and runs it.
+// curl command and a terrascale command. The Map page sets its bbox and runs it. "Live" keeps
+// the result current: a subscription with the query's filter (live.js) says when a change
+// touches it, and the query runs again as of the closed timestamp that covers the change — the
+// rows shown are always exactly the query's answer at a T, never a client-side patch of it.
 import { enc, get, post, stringify } from "../api.js";
 import { fill, h, select, table } from "../dom.js";
+import { subscribe } from "../live.js";
 
 const PAGE = 50;
 const OPS = ["=", "!=", "<", "<=", ">", ">="];
@@ -60,13 +64,65 @@ export function mount(el, ctx) {
   const cmds = h("div", { id: "explorer-commands" });
   fill(el, h("h2", {}, "Explorer"), form, cmds, out);
   let tables = [], closedTs, horizon;
+  const live = { on: false, sub: null, gen: 0, state: "", busy: false, again: null };
 
   const go = async () => {
-    try { await run(ctx, closedTs); ctx.error(null); } catch (e) { ctx.error(e); }
+    stopLive();
+    try {
+      await run(ctx, closedTs);
+      ctx.error(null);
+      if (live.on) startLive();
+    } catch (e) { ctx.error(e); }
     draw();
   };
 
+  function stopLive() {
+    live.gen += 1;
+    if (live.sub) live.sub.stop();
+    live.sub = null;
+  }
+
+  /** Subscribe with the result's filter from its T; each change covered re-runs the query at the closed T. */
+  function startLive() {
+    const r = ctx.state.result, gen = live.gen;
+    const { where, bbox, columns } = r.body;
+    live.state = "connecting";
+    live.sub = subscribe(r.table, { where, bbox, columns }, r.as_of, {
+      changes: (list, closed) => {
+        if (gen !== live.gen) return;
+        if (list.length) rerun(gen, closed);
+        else { live.closed = closed; drawLive(); }
+      },
+      state: (text) => { if (gen === live.gen) { live.state = text; drawLive(); } },
+      error: (e) => { if (gen === live.gen) { live.state = `ended: ${e.message}`; drawLive(); ctx.error(e); } },
+    });
+  }
+
+  async function rerun(gen, T) {
+    if (live.busy) { live.again = T; return; } // one query at a time: the newest T next
+    live.busy = true;
+    try {
+      for (let at = T; at !== null && gen === live.gen; at = live.again) {
+        live.again = null;
+        const r = ctx.state.result;
+        const b = { ...r.body, as_of: at };
+        const res = await post(`/v1/tables/${enc(r.table)}/query`, b);
+        if (gen !== live.gen) return;
+        Object.assign(r, { rows: res.rows, as_of: res.as_of });
+        live.closed = at;
+        drawResult(out, ctx);
+        drawLive();
+      }
+    } catch (e) { ctx.error(e); } finally { live.busy = false; }
+  }
+
+  function drawLive() {
+    const el = document.getElementById("q-live-state");
+    if (el) el.textContent = live.on ? `live (${live.state})${live.closed ? `, up to commit ${live.closed}` : ""}` : "";
+  }
+
   function draw() {
+    if (live.on && q.asOfMs !== null) { live.on = false; stopLive(); } // a time in the past: nothing to follow
     const d = tables.find((t) => t.name === q.table);
     const cols = d ? d.columns : [];
     fill(form,
@@ -77,7 +133,12 @@ export function mount(el, ctx) {
       h("label", {}, "Limit ", h("input", { id: "q-limit", type: "number", min: 1, value: q.limit,
         onchange: (e) => { q.limit = Math.max(1, Number(e.target.value) || 1); } })),
       whereEditor(q, cols, draw), bboxEditor(q, cols, draw), asOfSlider(q, horizon, closedTs, draw),
-      h("button", { id: "q-run", type: "button", onclick: go }, "Run query"));
+      h("button", { id: "q-run", type: "button", onclick: go }, "Run query"), " ",
+      h("button", { id: "q-live", type: "button", "aria-pressed": String(live.on), disabled: q.asOfMs !== null || null,
+        title: "Keep the rows current as changes commit (the latest time only)",
+        onclick: () => { live.on = !live.on; if (!live.on) stopLive(); draw(); if (live.on) go(); } },
+      live.on ? "Live: on" : "Live"), " ", h("span", { id: "q-live-state", class: "muted" }));
+    drawLive();
     const b = body(q, closedTs);
     fill(cmds, q.table ? [h("h3", {}, "The same query"), commands(q, b).map((c) => h("pre", { class: "cmd" }, c))] : null);
     drawResult(out, ctx);
@@ -90,7 +151,7 @@ export function mount(el, ctx) {
     if (!tables.some((t) => t.name === q.table)) q.table = tables.length ? tables[0].name : null;
     if (!form.firstChild || !form.contains(document.activeElement)) draw();
   }
-  return { refresh, every: 5000 };
+  return { refresh, every: 5000, stop: stopLive };
 }
 
 function whereEditor(q, cols, redraw) {

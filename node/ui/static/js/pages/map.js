@@ -2,8 +2,12 @@
 // in vendor/), with pan (drag) and zoom (wheel). "Draw box" drags a rectangle that becomes the
 // Explorer's bbox and runs its query. The density layer counts points per cell with the
 // histogram endpoint where the node serves it, else the page draws a sample of the points.
-import { ApiError, call, enc, get, post } from "../api.js";
+// "Live" keeps the points in view current: the view's rows read once, then every change to them
+// as it commits, from a subscription over the view's bbox (live.js) that restarts when the view
+// moves.
+import { ApiError, call, enc, get, post, stringify } from "../api.js";
 import { fill, h, select } from "../dom.js";
+import { subscribe } from "../live.js";
 import { query, run } from "./explorer.js";
 
 const SAMPLE = 5000; // points drawn at most
@@ -25,7 +29,8 @@ export function mount(el, ctx) {
   fill(el, h("h2", {}, "Map"), controls, canvas, info);
   const view = { cx: 0, cy: 0, k: canvas.width / 360 };
   const st = { tables: [], table: null, column: null, layer: "points", boxMode: false, drag: null, box: null,
-    points: [], cells: null, histogram: true, note: "", view: null };
+    points: [], cells: null, histogram: true, note: "", view: null,
+    live: false, sub: null, gen: 0, rows: new Map(), closed: null, liveState: "" };
   const g = canvas.getContext("2d");
   const toScreen = (x, y) => [(x - view.cx) * view.k + canvas.width / 2, (view.cy - y) * view.k + canvas.height / 2];
   const toWorld = (px, py) => [(px - canvas.width / 2) / view.k + view.cx, view.cy - (py - canvas.height / 2) / view.k];
@@ -50,9 +55,17 @@ export function mount(el, ctx) {
     }
   }
 
+  function stopLive() {
+    st.gen += 1; // a subscription's late frames are for a view no longer shown
+    if (st.sub) st.sub.stop();
+    st.sub = null;
+  }
+
   async function load() {
+    stopLive();
     if (!st.table || !st.column) { st.points = []; st.cells = null; draw(); return; }
     const e = extent();
+    if (st.live) { await startLive(e); return; }
     if (st.layer === "density" && st.histogram) {
       try {
         const r = await post(`/v1/tables/${enc(st.table)}/histogram`, { column: st.column, bbox: e, cells: CELLS });
@@ -79,12 +92,47 @@ export function mount(el, ctx) {
     drawInfo();
   }
 
+  /** The view's rows at T, then every change after T that touches the view (live.js). */
+  async function startLive(e) {
+    const gen = st.gen, table = st.table, column = st.column;
+    const d = st.tables.find((t) => t.name === table);
+    const keys = [].concat(d.primary_key);
+    const bbox = { column, ...e };
+    const r = await post(`/v1/tables/${enc(table)}/query`, { bbox, columns: [...keys, column], limit: SAMPLE });
+    if (gen !== st.gen) return; // the view moved meanwhile: its own load is under way
+    const keyOf = (row) => stringify(keys.map((k) => row[k]));
+    st.rows = new Map(r.rows.filter((row) => row[column]).map((row) => [keyOf(row), row[column]]));
+    Object.assign(st, { cells: null, view: e, closed: r.as_of, liveState: "connecting" });
+    const shown = () => {
+      st.points = [...st.rows.values()];
+      st.note = `${st.points.length}${r.rows.length >= SAMPLE ? " (a sample, then every change)" : ""} points in ` +
+        `view, live (${st.liveState}), up to commit ${st.closed}`;
+      draw();
+      drawInfo();
+    };
+    shown();
+    st.sub = subscribe(table, { bbox, columns: [column] }, r.as_of, {
+      changes: (list, closed) => {
+        if (gen !== st.gen) return;
+        for (const c of list) {
+          const p = c.op === "upsert" ? c.row[column] : null;
+          // a change matches on its new or its old version: one that left the view is removed
+          if (p && inView(p, e)) st.rows.set(keyOf(c.row), p); else st.rows.delete(keyOf(c.row));
+        }
+        st.closed = closed;
+        shown();
+      },
+      state: (s) => { if (gen === st.gen) { st.liveState = s; shown(); } },
+      error: (err) => { if (gen === st.gen) { st.liveState = `ended: ${err.message}`; shown(); ctx.error(err); } },
+    });
+  }
+
   function drawInfo() {
     const r = ctx.state.result;
     const v = st.view;
     fill(info, h("p", { id: "map-note", "data-xmin": v && v.xmin, "data-ymin": v && v.ymin, "data-xmax": v && v.xmax,
       "data-ymax": v && v.ymax, "data-points": st.points.length,
-      "data-cells": st.cells ? st.cells.total : null }, st.note),
+      "data-cells": st.cells ? st.cells.total : null, "data-live": st.live ? String(st.closed) : null }, st.note),
       st.box ? h("p", {}, "Box ", h("span", { id: "map-bbox", "data-xmin": st.box.xmin, "data-ymin": st.box.ymin,
         "data-xmax": st.box.xmax, "data-ymax": st.box.ymax },
       `${st.box.xmin.toFixed(3)}, ${st.box.ymin.toFixed(3)} — ${st.box.xmax.toFixed(3)}, ${st.box.ymax.toFixed(3)}`),
@@ -100,7 +148,12 @@ export function mount(el, ctx) {
         st.table = e.target.value; st.column = null; st.box = null; refresh().catch(ctx.error);
       })), " ",
       h("label", {}, "Column ", select("map-column", spatial, st.column, (e) => { st.column = e.target.value; load().catch(ctx.error); })), " ",
-      h("label", {}, "Layer ", select("map-layer", ["points", "density"], st.layer, (e) => { st.layer = e.target.value; load().catch(ctx.error); })), " ",
+      h("label", {}, "Layer ", select("map-layer", ["points", "density"], st.layer, (e) => {
+        st.layer = e.target.value; st.live = st.live && st.layer === "points"; drawControls(); load().catch(ctx.error);
+      })), " ",
+      h("button", { id: "map-live", type: "button", "aria-pressed": String(st.live), disabled: st.layer !== "points" || null,
+        title: "Keep the points in view current as changes commit",
+        onclick: () => { st.live = !st.live; drawControls(); load().catch(ctx.error); } }, st.live ? "Live: on" : "Live"), " ",
       h("button", { id: "map-box", type: "button", "aria-pressed": String(st.boxMode),
         onclick: () => { st.boxMode = !st.boxMode; canvas.style.cursor = st.boxMode ? "crosshair" : "grab"; drawControls(); } },
       st.boxMode ? "Drawing a box: drag on the map" : "Draw box"), " ",
@@ -161,10 +214,16 @@ export function mount(el, ctx) {
     const spatial = d ? d.columns.filter((c) => c.type === "point" || c.type === "box").map((c) => c.name) : [];
     if (!spatial.includes(st.column)) st.column = spatial[0] || null;
     if (!controls.contains(document.activeElement)) drawControls();
-    if (!st.drag) await load();
+    if (!st.drag && !st.live) await load(); // live: the subscription keeps the view current
+    else if (st.live && !st.sub) await load();
     drawInfo();
   }
-  return { refresh, every: 5000 };
+  return { refresh, every: 5000, stop: stopLive };
+}
+
+function inView(p, e) {
+  if (p.x !== undefined) return p.x >= e.xmin && p.x <= e.xmax && p.y >= e.ymin && p.y <= e.ymax;
+  return p.xmin <= e.xmax && p.xmax >= e.xmin && p.ymin <= e.ymax && p.ymax >= e.ymin;
 }
 
 function drawGrid(g, toScreen) {
