@@ -324,7 +324,8 @@ def test_map_live_shows_each_change_as_it_commits(page, cluster):
     expect(page.locator("#map-live")).to_have_attribute("aria-pressed", "true")
     ids = [9000, 9001, 9002]
     with cluster[0].client() as c:
-        T = c.upsert("pts", [{"id": i, "loc": {"x": 1.0 + i % 10, "y": 2.0}, "name": f"live{i}"} for i in ids])["commit_ts"]
+        written = [{"id": i, "loc": {"x": 1.0 + i % 10, "y": 2.0}, "name": f"live{i}"} for i in ids]
+        T = c.upsert("pts", written)["commit_ts"]
         expect(note).to_have_attribute("data-points", "606", timeout=WAIT)
         assert int(note.get_attribute("data-live")) >= T  # shown once a closed timestamp covers it
         c.upsert("pts", [{"id": 9000, "loc": {"x": 1.0, "y": 95.0}, "name": "gone north"}])  # out of the view
