@@ -251,7 +251,7 @@ class Endpoints(abc.ABC, Generic[R]):
                    columns: Iterable[str] | None = None, limit: int | None = None) -> R:
         return self._call("POST", f"/v1/tables/{_seg(table)}/query", _query_doc(where, bbox, as_of, columns, limit))
 
-    def aggregate(self, table: str, aggregates: list[dict[str, Any]], group_by: list[str] | None = None,
+    def aggregate(self, table: str, aggregates: list[dict[str, Any]], group_by: list[str | dict[str, Any]] | None = None,
                   where: Where | None = None, bbox: Any = None, as_of: int | None = None, arrow: bool = False,
                   partitions: list[int] | None = None, nan: str | None = None) -> R:
         """Grouped aggregates (``{"as_of", "rows", "stats"}``; ``arrow``: a pyarrow.Table); ``partitions``:

@@ -50,7 +50,7 @@ class Aggregator:
         # id(side-table rowids) -> (that array, its Positions)
         self._maps: dict[int, tuple[np.ndarray, Positions]] = {}
 
-    async def aggregate(self, name: str, group_by: list[str] | None, aggregates: list[Any],
+    async def aggregate(self, name: str, group_by: list[Any] | None, aggregates: list[Any],
                         where: list[Any] | None = None, bbox: dict[str, Any] | None = None,
                         as_of: int | None = None, partitions: list[int] | None = None, trusted: bool = False,
                         nan: str | None = None) -> tuple[pa.Table, int, Stats]:
