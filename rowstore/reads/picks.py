@@ -19,7 +19,15 @@ from rowstore.tables.keys import encode_columns
 def key_order(pk: PrimaryKey, arrays: list[pa.Array | pa.ChunkedArray]) -> pa.Array:
     """The rows' primary keys as an Arrow column whose order is the keys' order."""
     flat = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
-    return pa.array(encode_columns(pk, flat))  # uint64, or bytes (trailing NULs dropped: order kept)
+    enc = encode_columns(pk, flat)
+    if enc.dtype.kind != "S":
+        return pa.array(enc)  # uint64
+    # bytes padded with NULs to the batch's widest (Arrow's numpy conversion would cut them at
+    # the first NUL): no key is a proper prefix of another followed by a NUL, so padding never
+    # decides an order
+    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(enc.dtype.itemsize), len(enc),
+                                                 [None, pa.py_buffer(np.ascontiguousarray(enc).tobytes())])
+    return fixed.cast(pa.binary())
 
 
 def pick(value: pa.Array | pa.ChunkedArray, by: pa.Array | pa.ChunkedArray, key: pa.Array | pa.ChunkedArray,
