@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from rowstore.errors import QueryError
 from rowstore.reads.buckets import GroupKey, edges, parse_bucket
-from rowstore.reads.picks import key_order, pick
+from rowstore.reads.picks import at_best, key_order, pick
 from rowstore.reads.predicates import BBox, NUMERIC, parse_bbox
 from rowstore.reads.sketches import answers, hll_partials, kll_partials, merge_sketches
 from rowstore.schema import Column, PrimaryKey, SchemaVersion
@@ -237,7 +237,8 @@ def _special(rows: pa.Table, cols: pa.Table, keys: list[str], ops: list[tuple[st
     got = cols.append_column("_gid", pa.array(gid, pa.int64())).group_by(["_gid"], use_threads=False) \
         .aggregate(ops).sort_by("_gid")
     out: dict[str, pa.Array | pa.ChunkedArray] = {k: groups.column(k) for k in keys}
-    key = key_order(spec.pk, [rows.column(cname(c)) for c in spec.pk.columns]) if spec.pk is not None else None
+    key = rows.column(KEY) if KEY in rows.column_names else \
+        key_order(spec.pk, [rows.column(cname(c)) for c in spec.pk.columns]) if spec.pk is not None else None
     for i, a in enumerate(spec.aggs):
         assert a.column is not None or a.fn not in SKETCHES + PICKS  # they name their column
         if a.fn in ("quantile", "median"):
@@ -249,6 +250,23 @@ def _special(rows: pa.Table, cols: pa.Table, keys: list[str], ops: list[tuple[st
             out[f"p{i}"], out[f"o{i}"], out[f"k{i}"] = pick(rows.column(cname(a.column)), rows.column(cname(a.by)),
                                                             key, gid, n, a.fn == "last")
     return got, out
+
+
+KEY = "_key"  # rows may bring their keys' order (picks.key_order), null where no pick can take the row
+
+
+def pick_rows(rows: pa.Table, spec: AggSpec) -> np.ndarray:
+    """Which rows a first/last may take (at their group's least/greatest ``by``): an engine
+    finds the keys of these alone and hands them to :func:`partial` as ``KEY``."""
+    cols = pa.table({f"g{j}": _key_values(rows, k) for j, k in enumerate(spec.group_by)} or
+                    {"_k": pa.nulls(rows.num_rows, pa.int8())})
+    gid, groups = _group_ids(cols, [f"g{j}" for j in range(len(spec.group_by))])
+    out = np.zeros(rows.num_rows, bool)
+    for a in spec.aggs:
+        if a.fn in PICKS:
+            assert a.by is not None  # parse_spec
+            out |= at_best(rows.column(cname(a.by)), gid, groups.num_rows, a.fn == "last")
+    return out
 
 
 _WIDE = pa.decimal128(38, 0)  # integer sums that may leave 64 bits are added in this

@@ -30,12 +30,31 @@ def key_order(pk: PrimaryKey, arrays: list[pa.Array | pa.ChunkedArray]) -> pa.Ar
     return fixed.cast(pa.binary())
 
 
-def pick(value: pa.Array | pa.ChunkedArray, by: pa.Array | pa.ChunkedArray, key: pa.Array | pa.ChunkedArray,
-         gid: np.ndarray, n: int, last: bool) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """(value, by, key) of each of the ``n`` groups' picked row (nulls: no row with a ``by``)."""
+def at_best(by: pa.Array | pa.ChunkedArray, gid: np.ndarray, n: int, last: bool) -> np.ndarray:
+    """Whether each row's ``by`` is its group's greatest (``last``) or least: the only rows a
+    pick can take, so the only ones whose keys are needed."""
+    by = _comparable(by)
+    t = pa.table({"g": pa.array(gid, pa.int64()), "o": by})
+    best = t.group_by(["g"], use_threads=False).aggregate([("o", "max" if last else "min")])
+    at = np.full(n, -1, np.int64)
+    at[best.column("g").to_numpy()] = np.arange(best.num_rows)
+    vals = best.column(1).combine_chunks().take(pa.array(at[gid]))
+    hit = pc.equal(by, vals).fill_null(False)
+    return hit.to_numpy(zero_copy_only=False)
+
+
+def _comparable(by: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``by`` with NaN as null (a NaN takes no part in a pick)."""
     by = by.combine_chunks() if isinstance(by, pa.ChunkedArray) else by
     if pa.types.is_floating(by.type):
         by = pc.if_else(pc.is_nan(by), pa.scalar(None, by.type), by)
+    return by
+
+
+def pick(value: pa.Array | pa.ChunkedArray, by: pa.Array | pa.ChunkedArray, key: pa.Array | pa.ChunkedArray,
+         gid: np.ndarray, n: int, last: bool) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """(value, by, key) of each of the ``n`` groups' picked row (nulls: no row with a ``by``)."""
+    by = _comparable(by)
     order = "descending" if last else "ascending"
     t = pa.table({"g": pa.array(gid, pa.int64()), "o": by, "k": key})
     idx = pc.sort_indices(t, sort_keys=[("g", "ascending", "at_end"), ("o", order, "at_end"),
