@@ -39,8 +39,8 @@ def at_best(by: pa.Array | pa.ChunkedArray, gid: np.ndarray, n: int, last: bool)
     at = np.full(n, -1, np.int64)
     at[best.column("g").to_numpy()] = np.arange(best.num_rows)
     vals = best.column(1).combine_chunks().take(pa.array(at[gid]))
-    hit = pc.equal(by, vals).fill_null(False)
-    return hit.to_numpy(zero_copy_only=False)
+    hit: np.ndarray = pc.equal(by, vals).fill_null(False).to_numpy(zero_copy_only=False)
+    return hit
 
 
 def _comparable(by: pa.Array | pa.ChunkedArray) -> pa.Array:

@@ -16,7 +16,6 @@ group's values are made distinct by Arrow first, so those calls are one per dist
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -125,14 +124,9 @@ def answers(col: pa.Array | pa.ChunkedArray, fn: str, q: float | None) -> pa.Arr
     """The final answer of each group's merged sketch: a quantile (float64, null for no value)
     or an estimated distinct count (int64, 0 for no value)."""
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    one: Callable[[bytes], float | int]
     if fn == "approx_count_distinct":
-        def one(b: bytes) -> int:
-            return round(hll_sketch.deserialize(b).get_estimate())
-        return pa.array([0 if b is None else one(b) for b in col.to_pylist()], pa.int64())
+        return pa.array([0 if b is None else round(hll_sketch.deserialize(b).get_estimate()) for b in col.to_pylist()],
+                        pa.int64())
     rank = 0.5 if q is None else q
-
-    def one(b: bytes) -> float:
-        got: float = kll_doubles_sketch.deserialize(b).get_quantile(rank)
-        return got
-    return pa.array([None if b is None else one(b) for b in col.to_pylist()], pa.float64())
+    return pa.array([None if b is None else kll_doubles_sketch.deserialize(b).get_quantile(rank)
+                     for b in col.to_pylist()], pa.float64())

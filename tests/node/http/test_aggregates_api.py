@@ -137,7 +137,8 @@ BAD_AGGREGATES = [
     *(({"aggregates": [{"fn": "max", "column": "v"}], "nan": n}, "invalid_query")
       for n in ("smallest", "", "LARGEST", 1, True, ["largest"])),
     *(({"aggregates": [{"fn": "count"}], "group_by": [g]}, "invalid_query") for g in (
-        {"bucket": "ts", "width": "0m"}, {"bucket": "ts", "width": "-5m"}, {"bucket": "ts", "width": "99999999999999999d"},
+        {"bucket": "ts", "width": "0m"}, {"bucket": "ts", "width": "-5m"},
+        {"bucket": "ts", "width": "99999999999999999d"},
         {"bucket": "ts", "width": 60}, {"bucket": "ts", "width": "5m", "origin": "yesterday"},
         {"bucket": "v", "width": 0}, {"bucket": "n", "width": -3}, {"bucket": "n", "width": 2**63},
         {"bucket": "name", "width": 5}, {"bucket": "loc", "width": 5}, {"bucket": "nope", "width": 5},

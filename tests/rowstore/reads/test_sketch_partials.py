@@ -13,8 +13,8 @@ from rowstore.reads.sketches import HLL_RSE, KLL_K, KLL_RANK_ERROR
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import ColumnType
 
-SCHEMA = SchemaVersion(1, (Column(0, "a", ColumnType.parse("int32"), False), Column(1, "b", ColumnType.parse("string"),
-                                                                                    False),
+SCHEMA = SchemaVersion(1, (Column(0, "a", ColumnType.parse("int32"), False),
+                           Column(1, "b", ColumnType.parse("string"), False),
                            Column(2, "g", ColumnType.parse("int32")), Column(3, "v", ColumnType.parse("float64")),
                            Column(4, "t", ColumnType.parse("int64"))), (0, 1), 5)
 QS = [0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0]
@@ -22,8 +22,10 @@ QS = [0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0]
 
 def _rows(g, v, t, a, b) -> pa.Table:
     return pa.table({"_row": pa.nulls(len(g), pa.int8()), cname(SCHEMA.columns[0]): pa.array(a, pa.int32()),
-                     cname(SCHEMA.columns[1]): pa.array(b, pa.string()), cname(SCHEMA.columns[2]): pa.array(g, pa.int32()),
-                     cname(SCHEMA.columns[3]): pa.array(v, pa.float64()), cname(SCHEMA.columns[4]): pa.array(t, pa.int64())})
+                     cname(SCHEMA.columns[1]): pa.array(b, pa.string()),
+                     cname(SCHEMA.columns[2]): pa.array(g, pa.int32()),
+                     cname(SCHEMA.columns[3]): pa.array(v, pa.float64()),
+                     cname(SCHEMA.columns[4]): pa.array(t, pa.int64())})
 
 
 @settings(max_examples=6, deadline=None)
@@ -66,10 +68,12 @@ def test_distinct_counts_beyond_the_exact_modes_are_within_three_standard_errors
 
 @settings(max_examples=150, deadline=None)
 @given(data=st.lists(st.tuples(st.integers(0, 2), st.one_of(st.none(), st.floats(-3, 3)), st.integers(0, 3),
-                               st.integers(0, 2), st.sampled_from(["", "a", "ab", "b"])), max_size=30, unique_by=lambda r: (r[3], r[4])),
+                               st.integers(0, 2), st.sampled_from(["", "a", "ab", "b"])), max_size=30,
+                     unique_by=lambda r: (r[3], r[4])),
        cuts=st.lists(st.integers(0, 30), max_size=3))
 def test_first_and_last_ties_go_to_the_greatest_and_least_key(data, cuts):
-    spec = parse_spec(SCHEMA, ["g"], [{"fn": "last", "column": "v", "by": "t"}, {"fn": "first", "column": "v", "by": "t"}])
+    spec = parse_spec(SCHEMA, ["g"], [{"fn": "last", "column": "v", "by": "t"},
+                                      {"fn": "first", "column": "v", "by": "t"}])
     bounds = sorted({0, len(data), *(min(c, len(data)) for c in cuts)})
     cols = list(zip(*data)) if data else [[], [], [], [], []]
     parts = [partial(_rows(*(list(c[i:j]) for c in (cols[0], cols[1], cols[2], cols[3], cols[4]))), spec)
