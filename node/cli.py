@@ -109,11 +109,15 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--columns", help="a,b,c")
     q.add_argument("--limit", type=int)
 
-    ag = sub.add_parser("aggregate", parents=[out], help="grouped count/sum/min/max/mean/count_distinct")
+    ag = sub.add_parser("aggregate", parents=[out], help="grouped count/sum/min/max/mean/count_distinct/quantiles/"
+                                                         "first/last, by columns and buckets")
     ag.add_argument("name")
-    ag.add_argument("--agg", action="append", default=[], help="count | FN:COLUMN (repeat); FN one of "
-                    "count sum min max mean count_distinct")
+    ag.add_argument("--agg", action="append", default=[], help="count | FN:COLUMN | quantile:COLUMN:Q | "
+                    "last:COLUMN:BY | first:COLUMN:BY (repeat); FN one of count sum min max mean count_distinct "
+                    "median approx_count_distinct")
     ag.add_argument("--group-by", help="a,b")
+    ag.add_argument("--bucket", action="append", default=[], help="COLUMN:WIDTH[:ORIGIN] (repeat): group by "
+                    "buckets, e.g. ts:5m or v:10, after the --group-by columns")
     hi = sub.add_parser("histogram", parents=[out], help="counts per cell of a grid over a bounding box")
     hi.add_argument("name")
     hi.add_argument("column", help="a point or box column")

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from node.errors import ConfigError
+from rowstore.reads.buckets import DURATION, DURATION_S
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
 _UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
           "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_DUR = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
-_DUR_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DUR, _DUR_S = DURATION, DURATION_S  # one grammar with aggregate buckets (rowstore.reads.buckets)
 
 
 def parse_size(key: str, v: object) -> int:

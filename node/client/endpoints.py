@@ -251,11 +251,13 @@ class Endpoints(abc.ABC, Generic[R]):
                    columns: Iterable[str] | None = None, limit: int | None = None) -> R:
         return self._call("POST", f"/v1/tables/{_seg(table)}/query", _query_doc(where, bbox, as_of, columns, limit))
 
-    def aggregate(self, table: str, aggregates: list[dict[str, Any]], group_by: list[str] | None = None,
-                  where: Where | None = None, bbox: Any = None, as_of: int | None = None, arrow: bool = False,
-                  partitions: list[int] | None = None, nan: str | None = None) -> R:
+    def aggregate(self, table: str, aggregates: list[dict[str, Any]],
+                  group_by: list[str | dict[str, Any]] | None = None, where: Where | None = None, bbox: Any = None,
+                  as_of: int | None = None, arrow: bool = False, partitions: list[int] | None = None,
+                  nan: str | None = None) -> R:
         """Grouped aggregates (``{"as_of", "rows", "stats"}``; ``arrow``: a pyarrow.Table); ``partitions``:
-        only those table partitions' rows; ``nan``: ``"ignore"`` or ``"largest"`` (docs/openapi.yaml)."""
+        only those table partitions' rows; ``nan``: ``"ignore"`` or ``"largest"`` (docs/openapi.yaml); a
+        ``group_by`` entry may be a bucket, ``{"bucket": "ts", "width": "5m"}`` (RFC 0016)."""
         doc = {"aggregates": aggregates} | _present(group_by=group_by, where=where, bbox=bbox, as_of=as_of,
                                                     partitions=partitions, nan=nan)
         return self._call("POST", f"/v1/tables/{_seg(table)}/aggregate", doc, arrow=arrow)

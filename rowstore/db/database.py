@@ -269,7 +269,7 @@ class Database:
                     partitions: list[int] | None = None, trusted: bool = False) -> tuple[pa.Table, int]:
         return await self.reader.query(name, where, bbox, columns, limit, as_of, partitions, trusted)
 
-    async def aggregate(self, name: str, group_by: list[str] | None, aggregates: list[Any],
+    async def aggregate(self, name: str, group_by: list[Any] | None, aggregates: list[Any],
                         where: list[Any] | None = None, bbox: dict[str, Any] | None = None, as_of: int | None = None,
                         partitions: list[int] | None = None, trusted: bool = False,
                         nan: str | None = None) -> tuple[pa.Table, int, Stats]:

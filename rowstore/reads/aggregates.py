@@ -2,9 +2,12 @@
 the request checked against a schema, per-partition partials, partials merged (across
 partitions and nodes alike), the final answer; and the cells of a histogram grid.
 
-A partial is an Arrow table: group keys ``g0..``, then per aggregate ``p<i>`` (and ``q<i>``,
-the count behind a mean); a count-distinct keeps its distinct values as a list, so that
-merging partials from many places stays exact.
+A partial is an Arrow table: group keys ``g0..`` (a bucketed key: its lower edges,
+:mod:`rowstore.reads.buckets`), then per aggregate ``p<i>`` (and ``q<i>``, the count behind a
+mean); a count-distinct keeps its distinct values as a list, so that merging partials from
+many places stays exact; a quantile or approximate distinct count keeps a serialized sketch
+(:mod:`rowstore.reads.sketches`), first and last the picked row's ``by`` and key as ``o<i>``
+and ``k<i>`` (:mod:`rowstore.reads.picks`).
 
 NaN in ``min``/``max`` of a float column: Arrow's kernels leave NaN out unless every value of
 the group is NaN (``nan: "ignore"``, the default). With ``nan: "largest"`` NaN is above every
@@ -21,11 +24,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rowstore.errors import QueryError
+from rowstore.reads.buckets import GroupKey, edges, parse_bucket
+from rowstore.reads.picks import at_best, key_order, pick
 from rowstore.reads.predicates import BBox, NUMERIC, parse_bbox
-from rowstore.schema import Column, SchemaVersion
+from rowstore.reads.sketches import answers, hll_partials, kll_partials, merge_sketches
+from rowstore.schema import Column, PrimaryKey, SchemaVersion
 from rowstore.types import Kind
 
-FNS = ("count", "sum", "min", "max", "mean", "count_distinct")
+FNS = ("count", "sum", "min", "max", "mean", "count_distinct", "quantile", "median", "approx_count_distinct",
+       "first", "last")
+SKETCHES = ("quantile", "median", "approx_count_distinct")
+PICKS = ("first", "last")
 MAX_CELLS = 4096  # per axis
 _FLOATS = {Kind.FLOAT32, Kind.FLOAT64}
 _SUMMABLE = NUMERIC - {Kind.TIMESTAMP, Kind.DATE}
@@ -39,17 +48,30 @@ NAN_ORDERS = ("ignore", "largest")
 class Agg:
     fn: str
     column: Column | None  # None: count(*)
+    q: float | None = None  # a quantile's rank
+    by: Column | None = None  # first/last: the column whose least/greatest value picks the row
+    alias: str | None = None  # "as": the answer column's name
 
     @property
     def name(self) -> str:
-        return self.fn if self.column is None else f"{self.fn}_{self.column.name}"
+        if self.alias is not None:
+            return self.alias
+        if self.column is None:
+            return self.fn
+        return f"quantile_{self.q:g}_{self.column.name}" if self.fn == "quantile" else f"{self.fn}_{self.column.name}"
 
 
 @dataclass(frozen=True)
 class AggSpec:
-    group_by: tuple[Column, ...]
+    group_by: tuple[GroupKey, ...]
     aggs: tuple[Agg, ...]
     nan_largest: bool = False  # NaN orders above every number in max (see the module's doc)
+    pk: PrimaryKey | None = None  # the key that breaks first/last ties (None: no first/last)
+
+    @property
+    def special(self) -> bool:
+        """Whether an aggregate is computed outside Arrow's hash aggregation (sketches, picks)."""
+        return any(a.fn in SKETCHES or a.fn in PICKS for a in self.aggs)
 
     def nan_max(self, a: Agg) -> bool:
         """Whether ``a`` is a max whose NaN wins (a float column under ``nan: "largest"``)."""
@@ -57,8 +79,10 @@ class AggSpec:
 
     def columns(self) -> list[Column]:
         """Every column whose values the aggregate needs (group keys first)."""
-        out = {c.id: c for c in self.group_by}
+        out = {k.column.id: k.column for k in self.group_by}
         out.update({a.column.id: a.column for a in self.aggs if a.column is not None})
+        out.update({a.by.id: a.by for a in self.aggs if a.by is not None})
+        out.update({c.id: c for c in (self.pk.columns if self.pk is not None else ())})
         return list(out.values())
 
 
@@ -73,21 +97,40 @@ def parse_spec(schema: SchemaVersion, group_by: object, aggregates: object, nan:
     if nan is not None and (not isinstance(nan, str) or nan not in NAN_ORDERS):
         raise QueryError(f'"nan" must be one of {", ".join(NAN_ORDERS)}, not {str(nan)[:40]!r}')
     group_by = [] if group_by is None else group_by
-    if not isinstance(group_by, list) or not all(isinstance(g, str) for g in group_by):
-        raise QueryError('"group_by" must be a list of column names')
-    keys = tuple(_column(schema, g, "group_by") for g in group_by)
-    for c in keys:
-        if c.type.kind not in _KEYS:
-            raise QueryError(f"group_by: column {c.name!r} is {c.type}: it cannot be a group key")
-    if len(set(group_by)) != len(group_by):
+    if not isinstance(group_by, list):
+        raise QueryError('"group_by" must be a list of column names or {"bucket", "width"} objects')
+    keys = tuple(_key(schema, g) for g in group_by)
+    if len({k.column.id for k in keys if k.bucket is None}) != sum(k.bucket is None for k in keys):
         raise QueryError("group_by names a column twice")
     if not isinstance(aggregates, list) or not aggregates:
         raise QueryError('"aggregates" must be a non-empty list of {"fn", "column"} objects')
     aggs = tuple(_agg(schema, a) for a in aggregates)
-    names = [c.name for c in keys] + [a.name for a in aggs]
+    names = [k.name for k in keys] + [a.name for a in aggs]
     if len(set(names)) != len(names):
-        raise QueryError(f"two answer columns would have one name: {names}")
-    return AggSpec(keys, aggs, nan == "largest")
+        raise QueryError(f"two answer columns would have one name: {names} (\"as\" names one)")
+    pk = schema.pk if any(a.fn in PICKS for a in aggs) else None
+    return AggSpec(keys, aggs, nan == "largest", pk)
+
+
+def _key(schema: SchemaVersion, g: object) -> GroupKey:
+    """One ``group_by`` entry: a column name, or ``{"bucket": col, "width": w, "origin"?, "as"?}``."""
+    if isinstance(g, str):
+        c = _column(schema, g, "group_by")
+        if c.type.kind not in _KEYS:
+            raise QueryError(f"group_by: column {c.name!r} is {c.type}: it cannot be a group key")
+        return GroupKey(c, None, c.name)
+    if not isinstance(g, dict) or "bucket" not in g or "width" not in g or set(g) - {"bucket", "width", "origin", "as"}:
+        raise QueryError(f'group_by entry {str(g)[:80]}: expected a column name or {{"bucket": column, "width": w, '
+                         f'"origin"?, "as"?}}')
+    c = _column(schema, g["bucket"], "group_by bucket")
+    return GroupKey(c, parse_bucket(c, g), _alias(g) or f"bucket_{c.name}")
+
+
+def _alias(d: dict[str, object]) -> str | None:
+    name = d.get("as")
+    if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 128):
+        raise QueryError(f'"as" must be a name of 1 to 128 characters, not {str(name)[:40]!r}')
+    return name
 
 
 def _column(schema: SchemaVersion, name: object, what: str) -> Column:
@@ -98,22 +141,41 @@ def _column(schema: SchemaVersion, name: object, what: str) -> Column:
 
 
 def _agg(schema: SchemaVersion, a: object) -> Agg:
-    if not isinstance(a, dict) or set(a) - {"fn", "column"} or a.get("fn") not in FNS:
-        raise QueryError(f"aggregate {a!r}: expected {{\"fn\": one of {', '.join(FNS)}, \"column\": name}}")
-    fn = a["fn"]
+    if not isinstance(a, dict) or set(a) - {"fn", "column", "as", "q", "by"} or a.get("fn") not in FNS:
+        raise QueryError(f"aggregate {str(a)[:80]}: expected {{\"fn\": one of {', '.join(FNS)}, \"column\": name}}")
+    fn, alias = a["fn"], _alias(a)
+    if ("q" in a) != (fn == "quantile"):
+        raise QueryError(f'aggregate {fn}: "q" is the rank of a quantile, and a quantile needs one')
+    if ("by" in a) != (fn in PICKS):
+        raise QueryError(f'aggregate {fn}: "by" names the column whose greatest (last) or least (first) value '
+                         "picks the row, and first and last need one")
     if "column" not in a:
         if fn != "count":
             raise QueryError(f"aggregate {fn} needs a column")
-        return Agg(fn, None)
+        return Agg(fn, None, alias=alias)
     col = _column(schema, a["column"], f"aggregate {fn}")
     k = col.type.kind
+    if fn in ("quantile", "median"):
+        q = a.get("q", 0.5)
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q <= 1:
+            raise QueryError(f'quantile of column {col.name!r}: "q" must be a number in [0, 1], not {str(q)[:40]!r}')
+        if k not in _SUMMABLE:
+            raise QueryError(f"{fn} of column {col.name!r}: it is {col.type}, not a number")
+        return Agg(fn, col, q=float(q), alias=alias)
+    if fn in PICKS:
+        by = _column(schema, a["by"], f"aggregate {fn} by")
+        if by.type.kind not in NUMERIC | {Kind.STRING}:
+            raise QueryError(f"{fn} by column {by.name!r}: it is {by.type}; by is a number, a time or a string")
+        return Agg(fn, col, by=by, alias=alias)
+    if fn == "approx_count_distinct" and k not in _KEYS:
+        raise QueryError(f"approx_count_distinct of column {col.name!r}: {col.type} values cannot be compared")
     if fn in ("sum", "mean") and k not in _SUMMABLE:
         raise QueryError(f"{fn} of column {col.name!r}: it is {col.type}, not a number")
     if fn in ("min", "max") and k not in _ORDERED:
         raise QueryError(f"{fn} of column {col.name!r}: {col.type} values have no order")
     if fn == "count_distinct" and k not in _KEYS:
         raise QueryError(f"count_distinct of column {col.name!r}: {col.type} values cannot be compared")
-    return Agg(fn, col)
+    return Agg(fn, col, alias=alias)
 
 
 # -- partials ------------------------------------------------------------------------------
@@ -121,11 +183,13 @@ def _agg(schema: SchemaVersion, a: object) -> Agg:
 
 def partial(rows: pa.Table, spec: AggSpec) -> pa.Table:
     """One place's partial aggregate of ``rows`` (columns named by :func:`cname`)."""
-    cols = {f"g{j}": rows.column(cname(c)) for j, c in enumerate(spec.group_by)}
+    cols = {f"g{j}": _key_values(rows, k) for j, k in enumerate(spec.group_by)}
     cols["_k"] = pa.array(np.zeros(rows.num_rows, np.int8))  # one group when there are no keys
     ops: list[tuple[str | list[str], str]] = []  # (column, or none for count(*); Arrow aggregation)
     names: dict[str, str] = {}
     for i, a in enumerate(spec.aggs):
+        if a.fn in SKETCHES or a.fn in PICKS:
+            continue  # computed from each row's group number, below
         if a.column is None:
             ops.append(([], "count_all"))
             names[f"p{i}"] = "count_all"
@@ -145,14 +209,65 @@ def partial(rows: pa.Table, spec: AggSpec) -> pa.Table:
             ops.append((f"n{i}", "any"))
     ops = list({(tuple(c) if isinstance(c, list) else c, f): (c, f) for c, f in ops}.values())
     keys = [f"g{j}" for j in range(len(spec.group_by))]
-    got = pa.table(cols).group_by(keys or ["_k"], use_threads=False).aggregate(ops)
-    out = {**{k: got.column(k) for k in keys}, **{n: got.column(src) for n, src in names.items()}}
+    if spec.special:
+        got, out = _special(rows, pa.table(cols), keys, ops, spec)
+    else:
+        got = pa.table(cols).group_by(keys or ["_k"], use_threads=False).aggregate(ops)
+        out = {k: got.column(k) for k in keys}
+    out.update({n: got.column(src) for n, src in names.items()})
     for i, a in enumerate(spec.aggs):
         if spec.nan_max(a):
             out[f"p{i}"] = _nan_wins(out[f"p{i}"], got.column(f"n{i}_any"))
         if a.fn in ("sum", "mean") and out[f"p{i}"].type == _WIDE:
             out[f"p{i}"] = _narrow_sum(out[f"p{i}"], a)
     return pa.table(out)
+
+
+def _key_values(rows: pa.Table, k: GroupKey) -> pa.Array | pa.ChunkedArray:
+    v = rows.column(cname(k.column))
+    return v if k.bucket is None else edges(v, k.column, k.bucket)
+
+
+def _special(rows: pa.Table, cols: pa.Table, keys: list[str], ops: list[tuple[str | list[str], str]],
+             spec: AggSpec) -> tuple[pa.Table, dict[str, pa.Array | pa.ChunkedArray]]:
+    """(Arrow's aggregates, the keys and the sketches and picks) with the groups numbered first:
+    Arrow's aggregation then groups by that number, so its rows line up with the sketches'."""
+    gid, groups = _group_ids(cols, keys)
+    n = groups.num_rows
+    got = cols.append_column("_gid", pa.array(gid, pa.int64())).group_by(["_gid"], use_threads=False) \
+        .aggregate(ops).sort_by("_gid")
+    out: dict[str, pa.Array | pa.ChunkedArray] = {k: groups.column(k) for k in keys}
+    key = rows.column(KEY) if KEY in rows.column_names else \
+        key_order(spec.pk, [rows.column(cname(c)) for c in spec.pk.columns]) if spec.pk is not None else None
+    for i, a in enumerate(spec.aggs):
+        if a.column is None:
+            continue  # count(*): Arrow's
+        if a.fn in ("quantile", "median"):
+            out[f"p{i}"] = kll_partials(rows.column(cname(a.column)), gid, n)
+        elif a.fn == "approx_count_distinct":
+            out[f"p{i}"] = hll_partials(rows.column(cname(a.column)), a.column.type.kind, gid, n)
+        elif a.fn in PICKS:
+            assert a.by is not None and key is not None  # parse_spec: first/last have both
+            out[f"p{i}"], out[f"o{i}"], out[f"k{i}"] = pick(rows.column(cname(a.column)), rows.column(cname(a.by)),
+                                                            key, gid, n, a.fn == "last")
+    return got, out
+
+
+KEY = "_key"  # rows may bring their keys' order (picks.key_order), null where no pick can take the row
+
+
+def pick_rows(rows: pa.Table, spec: AggSpec) -> np.ndarray:
+    """Which rows a first/last may take (at their group's least/greatest ``by``): an engine
+    finds the keys of these alone and hands them to :func:`partial` as ``KEY``."""
+    cols = pa.table({f"g{j}": _key_values(rows, k) for j, k in enumerate(spec.group_by)} or
+                    {"_k": pa.nulls(rows.num_rows, pa.int8())})
+    gid, groups = _group_ids(cols, [f"g{j}" for j in range(len(spec.group_by))])
+    out = np.zeros(rows.num_rows, bool)
+    for a in spec.aggs:
+        if a.fn in PICKS:
+            assert a.by is not None  # parse_spec
+            out |= at_best(rows.column(cname(a.by)), gid, groups.num_rows, a.fn == "last")
+    return out
 
 
 _WIDE = pa.decimal128(38, 0)  # integer sums that may leave 64 bits are added in this
@@ -206,7 +321,7 @@ def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
     gid, groups = _group_ids(P, keys)
     n = groups.num_rows
     P = P.append_column("_gid", pa.array(gid, pa.int64()))
-    ops = [(f"p{i}", _MERGE[a.fn]) for i, a in enumerate(spec.aggs) if a.fn != "count_distinct"]
+    ops = [(f"p{i}", _MERGE[a.fn]) for i, a in enumerate(spec.aggs) if a.fn in _MERGE]
     ops += [(f"q{i}", "sum") for i, a in enumerate(spec.aggs) if a.fn == "mean"]
     for i, a in enumerate(spec.aggs):
         if a.fn in ("min", "max") and a.column is not None \
@@ -222,6 +337,11 @@ def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
     for i, a in enumerate(spec.aggs):
         if a.fn == "count_distinct":
             out[f"p{i}"] = _merge_distinct(P.column(f"p{i}"), gid, n)
+        elif a.fn in SKETCHES:
+            out[f"p{i}"] = merge_sketches(P.column(f"p{i}"), a.fn, gid, n)
+        elif a.fn in PICKS:
+            out[f"p{i}"], out[f"o{i}"], out[f"k{i}"] = pick(P.column(f"p{i}"), P.column(f"o{i}"), P.column(f"k{i}"),
+                                                            gid, n, a.fn == "last")
         else:
             assert m is not None  # ops holds this aggregate's merge
             out[f"p{i}"] = m.column(f"p{i}_{_MERGE[a.fn]}")
@@ -264,9 +384,10 @@ def finish(P: pa.Table, spec: AggSpec) -> pa.Table:
     if not spec.group_by and P.num_rows == 0:
         P = _empty_row(spec)
     out, fields = [], []
-    for j, c in enumerate(spec.group_by):
-        out.append(P.column(f"g{j}"))
-        fields.append(c.field())
+    for j, k in enumerate(spec.group_by):
+        f = k.field()
+        out.append(P.column(f"g{j}").cast(f.type))
+        fields.append(f)
     for i, a in enumerate(spec.aggs):
         arr, f = _final(P, i, a)
         out.append(arr)
@@ -279,6 +400,9 @@ def _final(P: pa.Table, i: int, a: Agg) -> tuple[pa.Array, pa.Field]:
     if a.fn == "count":
         return p.fill_null(0).cast(pa.int64()), pa.field(a.name, pa.int64())
     assert a.column is not None  # only count(*) names no column
+    if a.fn in SKETCHES:
+        got = answers(p, a.fn, a.q)
+        return got, pa.field(a.name, got.type)
     if a.fn == "count_distinct":
         vals = pc.list_flatten(p)
         valid = vals.is_valid().to_numpy(zero_copy_only=False)
@@ -307,6 +431,13 @@ def _empty_row(spec: AggSpec) -> pa.Table:
         elif a.fn == "count_distinct":
             assert a.column is not None  # only count(*) names no column
             cols[f"p{i}"] = pa.array([[]], pa.list_(a.column.type.arrow()))
+        elif a.fn in SKETCHES:
+            cols[f"p{i}"] = pa.nulls(1, pa.binary())
+        elif a.fn in PICKS:
+            assert a.column is not None and a.by is not None and spec.pk is not None  # parse_spec
+            cols[f"p{i}"] = pa.nulls(1, a.column.type.arrow())
+            cols[f"o{i}"] = pa.nulls(1, a.by.type.arrow())
+            cols[f"k{i}"] = pa.nulls(1, pa.uint64() if spec.pk.kind == "int64" else pa.binary())
         else:
             assert a.column is not None  # only count(*) names no column
             cols[f"p{i}"] = pa.nulls(1, a.column.type.arrow() if a.fn in ("min", "max") else pa.float64())

@@ -25,8 +25,9 @@ from rowstore.index.column_index import ColumnRun, Pred, bitmap_from
 from rowstore.index.column_structures import ids_of
 from rowstore.index.column_values import gather, gatherable, sources
 from rowstore.index.rowid_kernels import Positions, RowidSet, bin_points
-from rowstore.reads.aggregates import (AggSpec, Grid, cell_counts, cell_edges, cname, merge, parse_grid, parse_spec,
-                                       partial)
+from rowstore.reads.aggregates import (KEY, AggSpec, Grid, cell_counts, cell_edges, cname, merge, parse_grid,
+                                       parse_spec, partial, pick_rows)
+from rowstore.reads.picks import key_order
 from rowstore.reads.predicates import BBox, Term, batch_mask, fold_ranges, parse_bbox, parse_where
 from rowstore.schema import Column
 from rowstore.types import Kind
@@ -50,7 +51,7 @@ class Aggregator:
         # id(side-table rowids) -> (that array, its Positions)
         self._maps: dict[int, tuple[np.ndarray, Positions]] = {}
 
-    async def aggregate(self, name: str, group_by: list[str] | None, aggregates: list[Any],
+    async def aggregate(self, name: str, group_by: list[Any] | None, aggregates: list[Any],
                         where: list[Any] | None = None, bbox: dict[str, Any] | None = None,
                         as_of: int | None = None, partitions: list[int] | None = None, trusted: bool = False,
                         nan: str | None = None) -> tuple[pa.Table, int, Stats]:
@@ -59,16 +60,43 @@ class Aggregator:
         assert c.d.schema is not None  # describe() refuses a dropped table
         spec = parse_spec(c.d.schema, group_by, aggregates, nan)
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
-        works = [await self._prepare(c, part, terms, box, spec.columns()) for part in self._parts(c, partitions)]
+        parts = self._parts(c, partitions)
+        keyed = [spec.pk is not None and not all(gatherable(p.columns, x) for x in spec.pk.columns) for p in parts]
+        pk = {x.id for x in spec.pk.columns} if spec.pk is not None else set()
+        works = [await self._prepare(c, part, terms, box, [x for x in spec.columns() if not (k and x.id in pk)],
+                                     rowids=k) for part, k in zip(parts, keyed)]
 
         # each partition in a worker thread of its own: the kernels and Arrow release the GIL
         def run(w: Callable[[], pa.Table]) -> tuple[pa.Table, pa.Table]:
             rows = w()
             return rows, partial(rows, spec)
-        got = await asyncio.gather(*[asyncio.to_thread(run, w) for w, _ in works])
+
+        async def run_keyed(w: Callable[[], pa.Table], part: Partition) -> tuple[pa.Table, pa.Table]:
+            rows = await asyncio.to_thread(w)
+            rows = await self._with_keys(c, part, rows, spec)
+            return rows, await asyncio.to_thread(partial, rows, spec)
+        got = await asyncio.gather(*[run_keyed(w, p) if k else asyncio.to_thread(run, w)
+                                     for (w, _), p, k in zip(works, parts, keyed)])
         rows = [r for r, _ in got]
         out = await asyncio.to_thread(merge, [p for _, p in got], spec) if got else _no_partial(spec)
         return out, c.T, _stats_of(works, [r.num_rows for r in rows])
+
+    async def _with_keys(self, c: ReadContext, part: Partition, rows: pa.Table, spec: AggSpec) -> pa.Table:
+        """``rows`` with the keys of the rows a first/last may take (``KEY``), decoded for those
+        rows alone: a key the column index does not hold costs a decode, and a group's last
+        value needs one row's (RFC 0016)."""
+        assert spec.pk is not None and c.d.schema is not None  # a first/last's; a live table
+        maybe = await asyncio.to_thread(pick_rows, rows, spec)
+        pos = np.flatnonzero(maybe)
+        ids = rows.column("_rowid").to_numpy()[pos]
+        order = np.argsort(ids, kind="stable")  # fetch answers in rowid order
+        keep = set(c.d.schema.primary_key)
+        target = replace(c.d.schema, columns=tuple(x for x in c.d.schema.columns if x.id in keep))
+        got = (await fetch(self.reader.store, ids, c.schemas, target, f"table {c.d.name!r} partition {part.pid}")).batch
+        keys = key_order(spec.pk, [got.column(x.name) for x in spec.pk.columns])
+        where = np.full(rows.num_rows, -1, np.int64)
+        where[pos[order]] = np.arange(len(pos))
+        return rows.append_column(KEY, keys.take(pa.array(where, mask=where < 0)))
 
     async def histogram(self, name: str, column: str, bbox: dict[str, Any], cells: list[int],
                         where: list[Any] | None = None, as_of: int | None = None, partitions: list[int] | None = None,

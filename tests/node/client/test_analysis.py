@@ -42,6 +42,14 @@ def test_aggregate_in_every_format(node):
     assert table.splitlines()[0].split() == ["g", "count", "sum_v"]
 
 
+def test_aggregate_by_buckets_with_a_quantile_and_a_last_value(node):
+    args = ["aggregate", "m", "--bucket", "v:10", "--agg", "count", "--agg", "quantile:v:0.5", "--agg", "last:g:v"]
+    doc = json.loads(ts(node, *args, "-o", "json", check=0).stdout)
+    assert {r["bucket_v"]: (r["count"], r["last_g"]) for r in doc["rows"]} == {
+        float(k): (20, f"g{(2 * k + 19) % 3}") for k in range(0, 50, 10)}
+    assert all(r["bucket_v"] <= r["quantile_0.5_v"] < r["bucket_v"] + 10 for r in doc["rows"])
+
+
 def test_histogram_in_every_format(node):
     args = ["histogram", "m", "p", "--bbox", "0,0,9,9", "--cells", "2,5"]
     doc = json.loads(ts(node, *args, "-o", "json", check=0).stdout)
@@ -52,7 +60,7 @@ def test_histogram_in_every_format(node):
 
 @pytest.mark.parametrize("args,code,text", [
     (["aggregate", "m", "--agg", "sum"], 2, "FN:COLUMN"),
-    (["aggregate", "m", "--agg", "median:v"], 2, "FN:COLUMN"),
+    (["aggregate", "m", "--agg", "percentile:v"], 2, "FN:COLUMN"),
     (["histogram", "m", "p", "--bbox", "0,0,9", "--cells", "2,2"], 2, "4 comma-separated"),
     (["histogram", "m", "p", "--bbox", "0,0,9,9", "--cells", "2"], 2, "2 comma-separated"),
     (["aggregate", "m", "--agg", "sum:g"], 1, "invalid_query"),

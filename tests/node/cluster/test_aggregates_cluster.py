@@ -8,6 +8,7 @@ import pytest
 from bench.node_proc import raft_cluster, start_all
 from node.errors import ApiError
 from tests.fixtures.aggregate_model import grouped, same
+from tests.fixtures.ts_model import check
 from tests.node.proc import FAST_CLUSTER, eventually
 
 COLUMNS = [("id", "int64"), ("g", "string"), ("k", "int64"), ("v", "float64"), ("p", "point")]
@@ -55,6 +56,13 @@ def test_aggregates_across_nodes_equal_a_model(tmp_path, replicas):
             assert same(got["rows"], want), (got["rows"], want)
             assert got["stats"]["partitions"] == 6 and got["stats"]["path"] == ("decode" if "k" in str(
                 (group_by, aggs, where)) else "index")
+        # buckets, sketches and picks: every node's partials (sketches serialized) merged by the asked one
+        group_by = ["g", {"bucket": "v", "width": 5}]
+        aggs = [{"fn": "count"}, {"fn": "quantile", "column": "v", "q": 0.9}, {"fn": "last", "column": "g", "by": "k"},
+                {"fn": "approx_count_distinct", "column": "k", "as": "dk"}, {"fn": "first", "column": "v", "by": "v"}]
+        got = clients[1].aggregate("t", aggs, group_by=group_by)
+        check(got["rows"], clients[2].query("t", as_of=got["as_of"], limit=10**9).to_pylist(), group_by, aggs,
+              {"v": "float64"})
         # per-partition answers (the Spark reader's partials), whichever node leads them, add up
         aggs = [{"fn": "count"}, {"fn": "max", "column": "v"}]
         whole = clients[0].aggregate("t", aggs, group_by=["g"])

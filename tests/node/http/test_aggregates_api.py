@@ -10,6 +10,7 @@ import pytest
 from bench.node_proc import NodeProc
 from node.errors import ApiError
 from tests.fixtures.aggregate_model import grouped, same
+from tests.fixtures.ts_model import check
 
 TOKEN = "t0ken-for-tests"
 COLUMNS = [("id", "int64"), ("ts", "timestamp"), ("loc", "point"), ("name", "string"), ("v", "float64"),
@@ -135,6 +136,20 @@ BAD_AGGREGATES = [
       for p in ([], [4], [-1], [0, 0], ["0"], [True], [1.0], 0, "0", {"0": 1}, [[0]])),
     *(({"aggregates": [{"fn": "max", "column": "v"}], "nan": n}, "invalid_query")
       for n in ("smallest", "", "LARGEST", 1, True, ["largest"])),
+    *(({"aggregates": [{"fn": "count"}], "group_by": [g]}, "invalid_query") for g in (
+        {"bucket": "ts", "width": "0m"}, {"bucket": "ts", "width": "-5m"},
+        {"bucket": "ts", "width": "99999999999999999d"},
+        {"bucket": "ts", "width": 60}, {"bucket": "ts", "width": "5m", "origin": "yesterday"},
+        {"bucket": "v", "width": 0}, {"bucket": "n", "width": -3}, {"bucket": "n", "width": 2**63},
+        {"bucket": "name", "width": 5}, {"bucket": "loc", "width": 5}, {"bucket": "nope", "width": 5},
+        {"bucket": "v", "width": 5, "size": 1})),
+    *(({"aggregates": [a]}, "invalid_query") for a in (
+        {"fn": "quantile", "column": "v", "q": 1.5}, {"fn": "quantile", "column": "v", "q": -0.01},
+        {"fn": "quantile", "column": "v", "q": "0.5"}, {"fn": "quantile", "column": "v"},
+        {"fn": "last", "column": "v"}, {"fn": "first", "column": "v", "by": "nope"}, {"fn": "last", "column": "v",
+                                                                                   "by": "loc"},
+        {"fn": "percentile", "column": "v"}, {"fn": "approx_count_distinct", "column": "nope"},
+        {"fn": "count", "as": 7})),
 ]
 
 
@@ -326,3 +341,23 @@ def _same(a, b) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return (a != a and b != b) or a == b
     return a == b
+
+
+def test_buckets_sketches_and_picks_equal_a_model_of_the_queried_rows(c):
+    group_by = ["name", {"bucket": "ts", "width": "7s", "origin": "1970-01-01T00:00:02Z", "as": "t7"},
+                {"bucket": "n", "width": 5}]
+    aggs = [{"fn": "count"}, {"fn": "quantile", "column": "v", "q": 0.95}, {"fn": "median", "column": "v"},
+            {"fn": "approx_count_distinct", "column": "v", "as": "dv"}, {"fn": "last", "column": "v", "by": "ts"},
+            {"fn": "first", "column": "name", "by": "v"}]
+    got = c.aggregate("m", aggs, group_by=group_by, where=[["v", ">", -20]])
+    t = c.query("m", where=[["v", ">", -20]], as_of=got["as_of"], limit=10**9)
+    rows = pa.table([t.column(n).cast(pa.int64()) if n == "ts" else t.column(n) for n in t.column_names],
+                    names=t.column_names).to_pylist()
+    answer = c.aggregate("m", aggs, group_by=group_by, where=[["v", ">", -20]], as_of=got["as_of"], arrow=True)
+    assert answer.schema.field("t7").type == pa.timestamp("us", tz="UTC") and answer.schema.field("bucket_n").type \
+        == pa.int64() and answer.schema.field("quantile_0.95_v").type == pa.float64()
+    answer = pa.table([answer.column("t7").cast(pa.int64()) if n == "t7" else answer.column(n)
+                       for n in answer.column_names], names=answer.column_names)
+    group_by[1]["origin"] = 2_000_000  # the model's origin in µs
+    check(answer.to_pylist(), rows, group_by, aggs, {"ts": "timestamp", "n": "int64"})
+    assert len(got["rows"]) == answer.num_rows

@@ -188,7 +188,7 @@ def _cell(v, lo, hi, n) -> int:
     (["nope"], [{"fn": "count"}]),
     ([], [{"fn": "sum", "column": "g"}]),
     ([], [{"fn": "mean", "column": "t"}]),
-    ([], [{"fn": "median", "column": "v"}]),
+    ([], [{"fn": "median", "column": "g"}]),
     ([], [{"fn": "sum"}]),
     ([], []),
     (["p"], [{"fn": "count"}]),
