@@ -38,7 +38,9 @@ from rowstore.codec.columns import decode_page, encode_page
 from rowstore.codec.point_decoder import PointDecoder
 from rowstore.codec.rows import encode_rows
 from rowstore.schema import parse_schema
-from rowstore.segments.columnar import BLOCK_SIZE, ColumnarSegment, columnar_bytes
+from rowstore.segments.columnar import ColumnarSegment
+from rowstore.segments.columnar_layout import BLOCK_SIZE
+from rowstore.segments.columnar_write import columnar_bytes
 from rowstore.segments.sealed import SealedSegment, key_columns_schema, sealed_bytes
 from terrafs.backends.local import LocalBlockDevice, LocalObjectStore
 from terrafs.cache import BlockCache

@@ -13,19 +13,18 @@ from __future__ import annotations
 
 from typing import AsyncIterator, Callable, Sequence
 
-from rowstore.codec.rows import Decoded
-
 import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
+from rowstore.codec.rows import Decoded
 from rowstore.reads.plan import SegmentSlice
 from rowstore.reads.predicates import BBox, Term, batch_mask
 from rowstore.reads.zones import group_mask
 from rowstore.schema import SchemaVersion
 from rowstore.segments.columnar import ColumnarSegment, open_segment
-from terrafs.cache import BlockCache
 from terrafs.abc import ObjectStore
+from terrafs.cache import BlockCache
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.sealed import SealedFile
 from terrafs.uri import open_object_store

@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 
 from rowstore.reads.predicates import BBox, Between, Term
-from rowstore.segments.columnar import HAS_MINMAX, ColumnarSegment, bounds
+from rowstore.segments.columnar import ColumnarSegment
+from rowstore.segments.columnar_layout import HAS_MINMAX
+from rowstore.segments.columnar_stats import bounds
 from rowstore.segments.sealed import CLUSTER_BOX, ClusterRange
 
 

@@ -1,388 +1,48 @@
-"""Columnar sealed segments (version 2): rows stored column by column in groups of rows.
+"""Reading a columnar sealed segment (version 2; format: docs/format/segment.md §7, why this
+layout: docs/rfcs/0014-columnar-segments.md; its layout in ``columnar_layout``, its writer in
+``columnar_write``).
 
-Format: docs/format/segment.md §7; why this layout: docs/rfcs/0014-columnar-segments.md.
-:func:`columnar_bytes` streams the object's logical bytes from committed row batches (an
-active segment's write-ahead, or a garbage collector's copy): rows are cut into groups of
-``GROUP_ROWS``; each group's column chunks are pages (``rowstore.codec.columns``), each page
-its own TerrascaleFS block (``Aligned``), so a read of some columns fetches, verifies,
-decrypts and decompresses only their blocks. The metadata (column table, schema versions,
-chunks with per-column statistics, page directory, key range) and a fixed trailer follow.
-
-:class:`ColumnarSegment` reads it: whole groups of some columns (scans), pages holding some
-rows (reads by rowid), and rows re-encoded in their own schema version's row bytes
-(``docs/format/segment.md`` §1) for the point-read decoders and the garbage collector.
-"""
+:class:`ColumnarSegment` reads whole groups of some columns (scans), pages holding some rows
+(reads by rowid), and rows re-encoded in their own schema version's row bytes
+(``docs/format/segment.md`` §1) for the point-read decoders and the garbage collector;
+:func:`open_segment` opens a sealed segment of either format."""
 from __future__ import annotations
 
 import asyncio
 import itertools
-import struct
 from bisect import bisect_right
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from catalog.checksum import crc32c
-from rowstore.codec.columns import decode_page, encode_page
-from rowstore.codec.rows import Decoded, decode_rows, encode_rows, row_versions
+from rowstore.codec.columns import decode_page
+from rowstore.codec.rows import Decoded, encode_rows
 from rowstore.errors import ColumnCorruptionError, RowCorruptionError
 from rowstore.schema import Column, SchemaVersion
-from rowstore.segments.sealed import ClusterRange, RowBatch, SealedSegment, key_bytes, key_columns_schema, \
-    pack_cluster, unpack_cluster
+from rowstore.segments.columnar_layout import (
+    COL_VERSION,
+    TRAILER_LEN,
+    Meta,
+    column_name,
+    is_columnar,
+    parse_meta,
+    union_schema,
+    unpack_trailer,
+)
+from rowstore.segments.columnar_stats import check_stats
+from rowstore.segments.sealed import (
+    ClusterRange,
+    SealedSegment,
+    key_bytes,
+)
 from rowstore.tables.keys import encode_columns, key_arrays
-from rowstore.types import ColumnType, Kind
 from terrafs.errors import FileCorruptionError
-from terrafs.sealed import Aligned, SealedFile
-
-COL_MAGIC = b"TRSEGCL2"  # part of the format: the last 8 bytes of a version-2 segment
-COL_VERSION = 2
-GROUP_ROWS = 1 << 16  # rows per group (the last group may hold fewer); part of the format
-PAGE_BYTES = 64 << 10  # target plain bytes of a page (the writer's choice, not the format's)
-BLOCK_SIZE = 1 << 20  # TerrascaleFS block size of a columnar object: a page is one block
-TRAILER = struct.Struct("<IIQQIIQQIIII48sHHI8s")
-TRAILER_LEN = TRAILER.size  # 128
-META_HEAD = struct.Struct("<IIIIIIII")  # columns, groups, pages, versions, group rows, min key, max key, 0
-COLUMN = np.dtype([("id", "<u4"), ("type", "u1"), ("elem", "u1"), ("zero", "<u2")])
-CHUNK = np.dtype([("first", "<u4"), ("pages", "<u4"), ("nulls", "<u4"), ("distinct", "<u4"),
-                  ("flags", "u1"), ("min_len", "u1"), ("max_len", "u1"), ("zero", "u1"),
-                  ("min", "u1", (32,)), ("max", "u1", (32,))])
-PAGE = np.dtype([("off", "<u8"), ("len", "<u4"), ("first", "<u4"), ("rows", "<u4"), ("zero", "<u4")])
-VERSION_HEAD = struct.Struct("<IHHHH")  # version, columns, key columns, partition key, 0
-HAS_MINMAX = 0x01  # chunk flag: min and max hold bounds of its non-null values
-STAT_BYTES = 32
-NO_DISTINCT = 0xFFFFFFFF
-assert TRAILER_LEN == 128 and COLUMN.itemsize == 8 and CHUNK.itemsize == 84 and PAGE.itemsize == 24
-
-# the system columns, first in every column table (ids above any a schema gives)
-TS_ID, FLAGS_ID, VERSION_ID = 0xFFFFFFF0, 0xFFFFFFF1, 0xFFFFFFF2
-SYSTEM = ((TS_ID, ColumnType(Kind.UINT64)), (FLAGS_ID, ColumnType(Kind.UINT8)), (VERSION_ID, ColumnType(Kind.UINT32)))
-# column type codes (part of the format)
-KIND_CODES = {k: i + 1 for i, k in enumerate(Kind)}
-KINDS = {v: k for k, v in KIND_CODES.items()}
-assert KIND_CODES[Kind.INT8] == 1 and KIND_CODES[Kind.RANGE] == 20 and KIND_CODES[Kind.JSON] == 17
-
-
-def type_code(t: ColumnType) -> tuple[int, int]:
-    return KIND_CODES[t.kind], KIND_CODES[t.elem] if t.elem is not None else 0
-
-
-# -- writing ----------------------------------------------------------------------------------
-
-
-@dataclass
-class _Piece:
-    buf: np.ndarray  # uint8: rows back to back from starts[0]
-    starts: np.ndarray  # int64
-
-
-class _Writer:
-    """The state of one object being written: columns seen, chunks, pages, statistics."""
-
-    def __init__(self, segid: int, schemas: Callable[[int], SchemaVersion], key_schema: SchemaVersion):
-        self.segid, self.schemas = segid, schemas
-        self.keys = key_columns_schema(key_schema)
-        self.columns: dict[tuple[int, str], int] = {(cid, str(t)): i for i, (cid, t) in enumerate(SYSTEM)}
-        self.types: list[ColumnType] = [t for _, t in SYSTEM]
-        self.ids: list[int] = [cid for cid, _ in SYSTEM]
-        self.versions: dict[int, SchemaVersion] = {}
-        self.chunks: list[dict[int, np.ndarray]] = []  # per group: column index -> chunk entry
-        self.group_rows: list[int] = []
-        self.pages: list[tuple[int, int, int, int]] = []  # off, len, first row, rows
-        self.pos = self.rows = 0
-        self.min_ts: int | None = None
-        self.max_ts = self.deletions = self.deletions_max_ts = 0
-        self.kmin: bytes | None = None
-        self.kmax: bytes | None = None
-
-    def union(self, vers: list[int]) -> SchemaVersion:
-        """Every column of these versions (and of the key), named ``c<id>``, key columns first."""
-        cols: dict[int, Column] = {}
-        pk = self.keys.primary_key
-        for v in vers:
-            s = self.versions.setdefault(v, self.schemas(v))
-            for c in s.columns:
-                key = (c.id, str(c.type))
-                if key not in self.columns:
-                    self.columns[key] = len(self.types)
-                    self.types.append(c.type)
-                    self.ids.append(c.id)
-                if c.id not in cols:
-                    cols[c.id] = Column(c.id, f"c{c.id}", c.type, c.id not in pk)
-        for c in self.keys.columns:
-            cols.setdefault(c.id, Column(c.id, f"c{c.id}", c.type, False))
-        return SchemaVersion(0, tuple(cols.values()), pk, max(cols) + 1, self.keys.partition_key)
-
-    def group(self, piece: _Piece) -> list[bytes]:
-        """One group's pages (in a worker thread): rows decoded once, each column paged."""
-        vers = np.unique(row_versions(piece.buf, piece.starts)).tolist()
-        union = self.union(vers)
-        dec = decode_rows(piece.buf, piece.starts, self.schemas, union, f"segment {self.segid}")
-        n = dec.batch.num_rows
-        arrays: list[tuple[int, pa.Array, ColumnType]] = [
-            (0, pa.array(dec.commit_ts, pa.uint64()), SYSTEM[0][1]),
-            (1, pa.array(dec.deleted.astype(np.uint8), pa.uint8()), SYSTEM[1][1]),
-            (2, pa.array(dec.schema_ver, pa.uint32()), SYSTEM[2][1])]
-        for c in union.columns:
-            arrays.append((self.columns[(c.id, str(c.type))], dec.batch.column(c.name), c.type))
-        chunks: dict[int, np.ndarray] = {}
-        out: list[bytes] = []
-        for ci, arr, t in arrays:
-            entry = np.zeros((), CHUNK)
-            entry["first"] = len(self.pages)
-            step = _page_rows(arr, t)
-            for a in range(0, n, step):
-                page = encode_page(arr.slice(a, min(step, n - a)), t)
-                self.pages.append((self.pos, len(page), self.rows + a, min(step, n - a)))
-                self.pos += len(page)
-                out.append(page)
-            entry["pages"] = len(self.pages) - int(entry["first"])
-            _stats(entry, arr, t)
-            chunks[ci] = entry
-        self.chunks.append(chunks)
-        self.group_rows.append(n)
-        self._facts(dec, union)
-        self.rows += n
-        return out
-
-    def _facts(self, dec: Decoded, union: SchemaVersion) -> None:
-        """Commit timestamps, deletions and the key range of a group's rows."""
-        ts = dec.commit_ts
-        self.min_ts = int(ts.min()) if self.min_ts is None else min(self.min_ts, int(ts.min()))
-        self.max_ts = max(self.max_ts, int(ts.max()))
-        if dec.deleted.any():
-            self.deletions += int(dec.deleted.sum())
-            self.deletions_max_ts = max(self.deletions_max_ts, int(ts[dec.deleted].max()))
-        enc = np.sort(encode_columns(union.pk, key_arrays(union.pk, dec.batch)))
-        lo, hi = key_bytes(enc[0]), key_bytes(enc[-1])
-        self.kmin = lo if self.kmin is None else min(self.kmin, lo)
-        self.kmax = hi if self.kmax is None else max(self.kmax, hi)
-
-    def meta(self, cluster: ClusterRange | None) -> bytes:
-        cols = np.zeros(len(self.types), COLUMN)
-        cols["id"] = self.ids
-        codes = [type_code(t) for t in self.types]
-        cols["type"] = [c[0] for c in codes]
-        cols["elem"] = [c[1] for c in codes]
-        chunks = np.zeros((len(self.chunks), len(self.types)), CHUNK)
-        for g, got in enumerate(self.chunks):
-            chunks[g]["first"] = len(self.pages)  # a column the group lacks: no pages, every row null
-            chunks[g]["nulls"] = self.group_rows[g]
-            chunks[g]["distinct"] = 0
-            for ci, entry in got.items():
-                chunks[g, ci] = entry
-        pages = np.zeros(len(self.pages), PAGE)
-        if self.pages:
-            pages["off"], pages["len"], pages["first"], pages["rows"] = np.array(self.pages, np.int64).T
-        vers = b"".join(self._version(s) for _, s in sorted(self.versions.items()))
-        kmin, kmax = self.kmin or b"", self.kmax or b""
-        head = META_HEAD.pack(len(self.types), len(self.chunks), len(self.pages), len(self.versions), GROUP_ROWS,
-                              len(kmin), len(kmax), 0)
-        return b"".join([head, cols.tobytes(), vers, chunks.tobytes(), pages.tobytes(), kmin, kmax,
-                         pack_cluster(cluster)])
-
-    def _version(self, s: SchemaVersion) -> bytes:
-        idx = [self.columns[(c.id, str(c.type))] for c in s.columns]
-        body = VERSION_HEAD.pack(s.version, len(s.columns), len(s.primary_key), s.partition_key, 0)
-        body += np.array([(i, int(c.nullable)) for i, c in zip(idx, s.columns)], "<u2").tobytes()
-        body += np.array([self.columns[(cid, str(s.by_id(cid).type))] for cid in s.primary_key],  # type: ignore[union-attr]
-                         "<u2").tobytes()
-        return body
-
-
-def _page_rows(arr: pa.Array, t: ColumnType) -> int:
-    """Rows per page of a chunk: about ``PAGE_BYTES`` of plain values, a multiple of 8."""
-    if t.variable:
-        width = 4 + max(1, arr.nbytes // max(len(arr), 1))
-    else:
-        width = int(np.dtype(t.storage()).itemsize)
-    return int(max(8, PAGE_BYTES // width // 8 * 8))
-
-
-async def columnar_bytes(segid: int, batches: AsyncIterable[RowBatch], schemas: Callable[[int], SchemaVersion],
-                         key_schema: SchemaVersion, stats: dict[str, Any] | None = None,
-                         cluster: ClusterRange | None = None) -> AsyncIterator[bytes]:
-    """Stream a columnar sealed segment from committed row batches, in localid order: groups
-    of ``GROUP_ROWS`` rows, each page one block; then the metadata and the trailer."""
-    w = _Writer(segid, schemas, key_schema)
-    pending: list[_Piece] = []
-    have = 0
-    async for b in batches:
-        starts = np.asarray(b.starts, np.int64)
-        if len(starts) == 0:
-            continue
-        piece = _Piece(np.asarray(b.rows, np.uint8), starts)
-        while have + len(piece.starts) >= GROUP_ROWS:
-            cut = GROUP_ROWS - have
-            head, piece = _split(piece, cut)
-            for page in await asyncio.to_thread(w.group, _join([*pending, head])):
-                yield Aligned(page)
-            pending, have = [], 0
-        if len(piece.starts):
-            pending.append(piece)
-            have += len(piece.starts)
-    if pending:
-        for page in await asyncio.to_thread(w.group, _join(pending)):
-            yield Aligned(page)
-    if len(w.versions) > 0xFFFF or len(w.types) > 0xFFFF:
-        raise RowCorruptionError(f"segment {segid}", None, "too many schema versions or columns in one segment")
-    meta = w.meta(cluster)
-    yield meta
-    yield pack_trailer(segid, w, len(meta), crc32c(meta))
-    if stats is not None:
-        stats.update(rows=w.rows, rows_len=w.pos, min_ts=w.min_ts, max_ts=w.max_ts, deletions=w.deletions,
-                     deletions_max_ts=w.deletions_max_ts, format=COL_VERSION)
-
-
-def pack_trailer(segid: int, w: _Writer, meta_len: int, meta_crc: int) -> bytes:
-    body = TRAILER.pack(segid, len(w.chunks), w.rows, w.pos, meta_len, meta_crc, w.min_ts or 0, w.max_ts,
-                        len(w.types), len(w.pages), len(w.versions), GROUP_ROWS, bytes(48), COL_VERSION,
-                        TRAILER_LEN, 0, COL_MAGIC)
-    return body[:116] + struct.pack("<I", crc32c(body[:116])) + COL_MAGIC
-
-
-def _split(p: _Piece, k: int) -> tuple[_Piece, _Piece]:
-    if k >= len(p.starts):
-        return p, _Piece(p.buf[:0], p.starts[:0])
-    cut = int(p.starts[k])
-    return _Piece(p.buf[:cut], p.starts[:k]), _Piece(p.buf[cut:], p.starts[k:] - cut)
-
-
-def _join(pieces: list[_Piece]) -> _Piece:
-    if len(pieces) == 1:
-        return pieces[0]
-    base = np.cumsum([0] + [len(p.buf) for p in pieces[:-1]])
-    return _Piece(np.concatenate([p.buf for p in pieces]), np.concatenate([p.starts + b for p, b in zip(pieces, base)]))
-
-
-# -- statistics ---------------------------------------------------------------------------------
-
-_SIGNED = {Kind.INT8, Kind.INT16, Kind.INT32, Kind.INT64, Kind.TIMESTAMP, Kind.DATE, Kind.BOOL}
-_UNSIGNED = {Kind.UINT8, Kind.UINT16, Kind.UINT32, Kind.UINT64}
-_BYTES = {Kind.STRING, Kind.JSON, Kind.BINARY, Kind.UUID}
-
-
-def _stats(entry: np.ndarray, arr: pa.Array, t: ColumnType) -> None:
-    """Null count, distinct count (where a hash of the values is enough) and bounds."""
-    k = t.kind
-    entry["nulls"] = arr.null_count
-    entry["distinct"] = NO_DISTINCT
-    if k in (Kind.POINT, Kind.BOX, Kind.RANGE):
-        if k != Kind.RANGE:
-            _box_stats(entry, arr, k)
-        return
-    valid = arr.drop_null() if arr.null_count else arr
-    # cheap only where values repeat: a hash of a high-cardinality chunk costs more than its encoding
-    if pc.count_distinct(valid.slice(0, 1024)).as_py() * 4 <= min(len(valid), 1024):
-        entry["distinct"] = pc.count_distinct(valid).as_py()
-    if len(valid) == 0:
-        return
-    if k in _BYTES:
-        vals = valid.cast(pa.binary()) if k != Kind.BINARY else valid
-        mm = pc.min_max(vals)
-        lo, hi = mm["min"].as_py(), _upper(mm["max"].as_py())
-        if hi is None:
-            return
-        _put(entry, lo[:STAT_BYTES], hi)
-    elif k in (Kind.FLOAT32, Kind.FLOAT64):
-        v = valid.to_numpy(zero_copy_only=False).astype(np.float64)
-        v = v[~np.isnan(v)]
-        if len(v) == 0:
-            return
-        _put(entry, struct.pack("<d", v.min()), struct.pack("<d", v.max()))
-    else:
-        if k == Kind.TIMESTAMP:
-            valid = valid.cast(pa.int64())
-        elif k == Kind.DATE:
-            valid = valid.cast(pa.int32())
-        v = valid.to_numpy(zero_copy_only=False)
-        fmt = "<Q" if k in _UNSIGNED else "<q"
-        _put(entry, struct.pack(fmt, int(v.min())), struct.pack(fmt, int(v.max())))
-
-
-def _put(entry: np.ndarray, lo: bytes, hi: bytes) -> None:
-    entry["min"][: len(lo)] = np.frombuffer(lo, np.uint8)
-    entry["max"][: len(hi)] = np.frombuffer(hi, np.uint8)
-    entry["min_len"], entry["max_len"] = len(lo), len(hi)
-    entry["flags"] = HAS_MINMAX
-
-
-def _upper(v: bytes) -> bytes | None:
-    """An upper bound of ``v`` in at most ``STAT_BYTES`` bytes (None: none that short)."""
-    if len(v) <= STAT_BYTES:
-        return v
-    p = bytearray(v[:STAT_BYTES])
-    while p and p[-1] == 0xFF:
-        p.pop()
-    if not p:
-        return None
-    p[-1] += 1
-    return bytes(p)
-
-
-def _box_stats(entry: np.ndarray, arr: pa.Array, k: Kind) -> None:
-    """The extent of the points (or boxes): (xmin, ymin) and (xmax, ymax) as float64."""
-    valid = arr.drop_null() if arr.null_count else arr
-    if len(valid) == 0:
-        return
-    names = ("x", "y", "x", "y") if k == Kind.POINT else ("xmin", "ymin", "xmax", "ymax")
-    vals = [valid.field(n).to_numpy(zero_copy_only=False) for n in names]
-    ext = [np.nanmin(vals[0]), np.nanmin(vals[1]), np.nanmax(vals[2]), np.nanmax(vals[3])]
-    if any(np.isnan(ext)):
-        return
-    _put(entry, struct.pack("<2d", ext[0], ext[1]), struct.pack("<2d", ext[2], ext[3]))
-
-
-def _check_stats(entry: np.ndarray, arr: pa.Array, t: ColumnType, where: str, g: int) -> None:
-    """A chunk's statistics hold for its decoded values (fsck)."""
-    fresh = np.zeros((), CHUNK)
-    _stats(fresh, arr, t)
-    if int(entry["nulls"]) != int(fresh["nulls"]):
-        raise ColumnCorruptionError(where, None, f"group {g}: null count {int(entry['nulls'])}, the pages hold "
-                                                 f"{int(fresh['nulls'])}")
-    if int(entry["distinct"]) != NO_DISTINCT and int(entry["pages"]) and int(entry["distinct"]) != int(
-            pc.count_distinct(arr.drop_null() if arr.null_count else arr).as_py()):
-        raise ColumnCorruptionError(where, None, f"group {g}: distinct count {int(entry['distinct'])}, the pages "
-                                                 f"hold {int(fresh['distinct'])}")
-    if not int(entry["flags"]) & HAS_MINMAX:
-        return
-    if not int(fresh["flags"]) & HAS_MINMAX:
-        raise ColumnCorruptionError(where, None, f"group {g}: bounds kept for values that have none")
-    lo, hi = bounds(entry, t)
-    flo, fhi = bounds(fresh, t)
-    if _below(flo, lo) or _below(hi, fhi):
-        raise ColumnCorruptionError(where, None, f"group {g}: the values lie outside the chunk's bounds")
-
-
-def _below(a: Any, b: Any) -> bool:
-    """a < b; for (x, y) pairs: either coordinate."""
-    if isinstance(a, tuple):
-        return bool(a[0] < b[0] or a[1] < b[1])
-    return bool(a < b)
-
-
-def bounds(entry: np.ndarray, t: ColumnType) -> tuple[Any, Any]:
-    """A chunk entry's (min, max) as values (``stat_value``)."""
-    return (stat_value(t, entry["min"].tobytes(), int(entry["min_len"])),
-            stat_value(t, entry["max"].tobytes(), int(entry["max_len"])))
-
-
-def stat_value(t: ColumnType, raw: bytes, n: int) -> int | float | bytes | tuple[float, float]:
-    """A chunk's min or max as a value: ints, floats, bytes (strings as UTF-8), (x, y)."""
-    k = t.kind
-    if k in _BYTES:
-        return raw[:n]
-    if k in (Kind.POINT, Kind.BOX):
-        x, y = struct.unpack("<2d", raw[:16])
-        return (x, y)
-    if k in (Kind.FLOAT32, Kind.FLOAT64):
-        return float(struct.unpack("<d", raw[:8])[0])
-    return int(struct.unpack("<Q" if k in _UNSIGNED else "<q", raw[:8])[0])
-
+from terrafs.sealed import SealedFile
 
 # -- reading ------------------------------------------------------------------------------------
 
@@ -410,20 +70,6 @@ class ColumnarFooter:
     def max_key_len(self) -> int:
         return len(self.max_key)
 
-
-@dataclass(frozen=True)
-class Meta:
-    ids: np.ndarray  # column id per column index
-    types: tuple[ColumnType, ...]
-    versions: dict[int, SchemaVersion]  # the rows' schema versions, columns named c<id>
-    chunks: np.ndarray  # (groups, columns) of CHUNK
-    pages: np.ndarray  # PAGE
-    group_rows: int
-
-
-def is_columnar(tail: bytes) -> bool:
-    """Whether an object's last bytes are a version-2 trailer's."""
-    return tail[-8:] == COL_MAGIC
 
 
 class DecodedPages:
@@ -460,7 +106,7 @@ class ColumnarSegment:
         self.sf, self.footer, self.meta, self.where = sf, footer, meta, sf.where
         self._cols: dict[tuple[int, str], int] = {(int(i), str(t)): n for n, (i, t) in
                                                   enumerate(zip(meta.ids.tolist(), meta.types))}
-        self.union = _union(meta)
+        self.union = union_schema(meta)
         # (group, column index) -> (its first page, its pages' first rows): a point read's lookups
         self._firsts: dict[tuple[int, int], tuple[int, list[int]]] = {}
         self._plans: dict[int, tuple[SchemaVersion, list[tuple[str, int]]]] = {}  # id(target) -> its columns here
@@ -492,7 +138,7 @@ class ColumnarSegment:
         return cls(sf, footer, meta)
 
     def column_where(self, ci: int) -> str:
-        return f"{self.where} segment {self.segid} column {_name(int(self.meta.ids[ci]))}"
+        return f"{self.where} segment {self.segid} column {column_name(int(self.meta.ids[ci]))}"
 
     def index_of(self, col: Column) -> int:
         """The column index holding ``col`` (matched by id and type), or -1."""
@@ -799,7 +445,7 @@ class ColumnarSegment:
             for ci in range(len(self.meta.types)):
                 data, lo = await self.chunk_bytes(g, ci)
                 arr = await asyncio.to_thread(self.decode_chunk, g, ci, data, lo)
-                _check_stats(self.meta.chunks[g, ci], arr, self.meta.types[ci], self.column_where(ci), g)
+                check_stats(self.meta.chunks[g, ci], arr, self.meta.types[ci], self.column_where(ci), g)
             dec = await self.read_group(g, self.union)
             if dec.batch.num_rows:
                 self._check_rows(g, dec)
@@ -833,119 +479,11 @@ class ColumnarSegment:
         return np.concatenate(bufs), np.concatenate(starts)
 
 
+
 def _consume(fut: asyncio.Future[Decoded]) -> None:
     if not fut.cancelled():
         fut.exception()
 
-
-def _name(cid: int) -> str:
-    return {TS_ID: "commit_ts", FLAGS_ID: "flags", VERSION_ID: "schema_version"}.get(cid, f"id {cid}")
-
-
-def unpack_trailer(raw: bytes, where: str, at: int) -> dict[str, int]:
-    if len(raw) != TRAILER_LEN or raw[-8:] != COL_MAGIC:
-        raise RowCorruptionError(where, at, "no columnar segment trailer")
-    f = TRAILER.unpack(raw)
-    if crc32c(raw[:116]) != f[15]:
-        raise RowCorruptionError(where, at, "segment trailer checksum mismatch")
-    if f[13] != COL_VERSION or f[14] != TRAILER_LEN:
-        raise RowCorruptionError(where, at, f"unsupported segment version {f[13]}")
-    return dict(segid=f[0], groups=f[1], rows=f[2], meta_off=f[3], meta_len=f[4], meta_crc=f[5], min_ts=f[6],
-                max_ts=f[7], columns=f[8], pages=f[9], versions=f[10], group_rows=f[11])
-
-
-def parse_meta(raw: bytes, t: dict[str, int], where: str) -> tuple[Meta, bytes, bytes, ClusterRange | None]:
-    """The metadata section, every count checked against the trailer and every page against
-    the page section."""
-    try:
-        return _parse_meta(raw, t, where)
-    except (ValueError, KeyError, struct.error, IndexError) as e:
-        raise ColumnCorruptionError(where, t["meta_off"], f"metadata does not parse: {e}") from None
-
-
-def _parse_meta(raw: bytes, t: dict[str, int], where: str) -> tuple[Meta, bytes, bytes, ClusterRange | None]:
-    ncol, ngrp, npage, nver, group_rows, kmin_len, kmax_len, _ = META_HEAD.unpack_from(raw, 0)
-    if (ncol, ngrp, npage, nver, group_rows) != (t["columns"], t["groups"], t["pages"], t["versions"],
-                                                 t["group_rows"]) or group_rows == 0:
-        raise ColumnCorruptionError(where, t["meta_off"], "metadata counts disagree with the trailer")
-    if ngrp != -(-t["rows"] // group_rows):
-        raise ColumnCorruptionError(where, t["meta_off"], f"{ngrp} groups for {t['rows']} rows")
-    at = META_HEAD.size
-    cols = np.frombuffer(raw, COLUMN, ncol, at)
-    at += COLUMN.itemsize * ncol
-    types = tuple(_type(int(c["type"]), int(c["elem"])) for c in cols)
-    if [(int(i), str(ty)) for i, ty in zip(cols["id"][:3], types[:3])] != [(i, str(ty)) for i, ty in SYSTEM]:
-        raise ColumnCorruptionError(where, t["meta_off"], "the column table does not start with the system columns")
-    versions: dict[int, SchemaVersion] = {}
-    for _ in range(nver):
-        v, nc, nk, pkey, _z = VERSION_HEAD.unpack_from(raw, at)
-        at += VERSION_HEAD.size
-        body = np.frombuffer(raw, "<u2", 2 * nc, at).reshape(-1, 2)
-        at += 4 * nc
-        key = np.frombuffer(raw, "<u2", nk, at)
-        at += 2 * nk
-        columns = tuple(Column(int(cols["id"][i]), f"c{int(cols['id'][i])}", types[i], bool(nl)) for i, nl in body)
-        versions[v] = SchemaVersion(v, columns, tuple(int(cols["id"][i]) for i in key),
-                                    max([c.id for c in columns] + [0]) + 1, pkey)
-    chunks = np.frombuffer(raw, CHUNK, ngrp * ncol, at).reshape(ngrp, ncol)
-    at += CHUNK.itemsize * ngrp * ncol
-    pages = np.frombuffer(raw, PAGE, npage, at)
-    at += PAGE.itemsize * npage
-    kmin, kmax = raw[at : at + kmin_len], raw[at + kmin_len : at + kmin_len + kmax_len]
-    at += kmin_len + kmax_len
-    cluster = unpack_cluster(raw[at : at + 24], where, at)
-    if at + 24 != len(raw):
-        raise ColumnCorruptionError(where, t["meta_off"], "metadata length disagrees with its contents")
-    _check_pages(chunks, pages, t, where, group_rows)
-    return Meta(cols["id"].copy(), types, versions, chunks, pages, group_rows), kmin, kmax, cluster
-
-
-def _check_pages(chunks: np.ndarray, pages: np.ndarray, t: dict[str, int], where: str, group_rows: int) -> None:
-    """Pages packed from 0 in directory order, ending at the metadata; each chunk's pages
-    consecutive and covering its group's rows exactly."""
-    off = pages["off"].astype(np.int64)
-    ln = pages["len"].astype(np.int64)
-    if len(pages) and (off[0] != 0 or np.any(off[1:] != (off + ln)[:-1]) or int(off[-1] + ln[-1]) != t["meta_off"]):
-        raise ColumnCorruptionError(where, t["meta_off"], "pages are not packed back to back up to the metadata")
-    if not len(pages) and t["meta_off"] != 0:
-        raise ColumnCorruptionError(where, t["meta_off"], "page section without pages")
-    first, count = chunks["first"].astype(np.int64), chunks["pages"].astype(np.int64)
-    if np.any(first + count > len(pages)):
-        raise ColumnCorruptionError(where, t["meta_off"], "a chunk names pages past the directory")
-    rows = pages["rows"].astype(np.int64)
-    cum = np.concatenate([[0], np.cumsum(rows)])
-    for g in range(chunks.shape[0]):
-        n = min(group_rows, t["rows"] - g * group_rows)
-        has = count[g] > 0
-        got = cum[first[g] + count[g]] - cum[first[g]]
-        if np.any(has & (got != n)):
-            raise ColumnCorruptionError(where, t["meta_off"], f"group {g}'s pages do not hold its {n} rows")
-        starts = pages["first"][first[g][has]].astype(np.int64)
-        if np.any(starts != g * group_rows):
-            raise ColumnCorruptionError(where, t["meta_off"], f"group {g}'s first page does not start at its row")
-        if np.any(~has & (chunks["nulls"][g] != n)):
-            raise ColumnCorruptionError(where, t["meta_off"], f"a chunk of group {g} without pages is not all null")
-
-
-def _type(code: int, elem: int) -> ColumnType:
-    if code not in KINDS or (elem and elem not in KINDS):
-        raise ValueError(f"unknown type code {code}/{elem}")
-    return ColumnType(KINDS[code], KINDS[elem] if elem else None)
-
-
-def _union(meta: Meta) -> SchemaVersion:
-    """Every column of the segment by id (``c<id>``), for decoding rows whatever their version."""
-    cols: dict[int, Column] = {}
-    pk: tuple[int, ...] = ()
-    pkey = 1
-    for v in sorted(meta.versions):
-        s = meta.versions[v]
-        pk, pkey = s.primary_key, s.partition_key
-        for c in s.columns:
-            cols.setdefault(c.id, Column(c.id, c.name, c.type, c.id not in s.primary_key))
-    if not cols:  # no rows: a schema of the segment's columns alone
-        return SchemaVersion(0, (Column(1, "c1", ColumnType(Kind.INT64), False),), (1,), 2)
-    return SchemaVersion(0, tuple(cols.values()), pk, max(cols) + 1, pkey)
 
 
 SealedReader = SealedSegment | ColumnarSegment  # a sealed segment of either format
@@ -956,3 +494,4 @@ async def open_segment(sf: SealedFile) -> SealedReader:
     if sf.size >= TRAILER_LEN and is_columnar(await sf.read(sf.size - 8, 8)):
         return await ColumnarSegment.open(sf)
     return await SealedSegment.open(sf)
+

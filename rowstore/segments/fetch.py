@@ -16,14 +16,14 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
+from rowstore.codec.rows import Decoded, decode_rows
+from rowstore.errors import DanglingRowidError, RowstoreError, SegmentNotFoundError
+from rowstore.rowids import split_rowids
+from rowstore.schema import SchemaVersion
 from rowstore.segments.active import ActiveSegment
 from rowstore.segments.columnar import ColumnarSegment
 from rowstore.segments.sealed import SealedSegment
 from rowstore.segments.store import SegmentStore
-from rowstore.rowids import split_rowids
-from rowstore.errors import DanglingRowidError, RowstoreError, SegmentNotFoundError
-from rowstore.codec.rows import Decoded, decode_rows
-from rowstore.schema import SchemaVersion
 
 _SCAN_SHARE = 8  # scan the segment when more than 1/8 of its rows are wanted
 _FEW = 16  # fewer rows than this from a sealed segment: walk the tree for each

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from rowstore.errors import RowCorruptionError
 from rowstore.codec.rows import row_versions
+from rowstore.errors import RowCorruptionError
 from rowstore.segments.columnar import ColumnarSegment, SealedReader, open_segment
 from rowstore.segments.sealed import SealedSegment, walk_rows
 from rowstore.segments.store import SEG_PREFIX, SegmentRecord, SegState
 from rowstore.segments.wal import WalReader
 from terrafs.active import ActiveFile
 from terrafs.errors import FileCorruptionError, TerrafsError
-from terrafs.fsck import Problem
 from terrafs.fs import TerrascaleFS
+from terrafs.fsck import Problem
 
 
 async def check_segments(fs: TerrascaleFS) -> list[Problem]:

@@ -17,11 +17,11 @@ import pyarrow as pa
 from rowstore.codec.rows import decode_run
 from rowstore.errors import RowCorruptionError
 from rowstore.rowids import TOMBSTONE
-from rowstore.tables.keys import encode_columns, key_arrays
 from rowstore.schema import Column, PrimaryKey, SchemaVersion
-from rowstore.segments.columnar import ColumnarSegment, SealedReader, columnar_bytes
-from rowstore.segments.sealed import (CLUSTER_BOX, CLUSTER_FLOAT, CLUSTER_INT, MAX_VERSIONS, ClusterRange,
-                                      sealed_bytes)
+from rowstore.segments.columnar import ColumnarSegment, SealedReader
+from rowstore.segments.columnar_write import columnar_bytes
+from rowstore.segments.sealed import CLUSTER_BOX, CLUSTER_FLOAT, CLUSTER_INT, MAX_VERSIONS, ClusterRange, sealed_bytes
+from rowstore.tables.keys import encode_columns, key_arrays
 from rowstore.types import Kind
 
 _INT_KINDS = {Kind.TIMESTAMP, Kind.DATE, Kind.INT8, Kind.INT16, Kind.INT32, Kind.INT64, Kind.UINT8,

@@ -14,25 +14,27 @@ import asyncio
 import builtins
 import json
 import logging
-from dataclasses import replace
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Collection, Sequence
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
 from catalog.abc import Check, Delete, Entry, Op, Put
-from rowstore.segments.active import ActiveSegment
-from rowstore.rowids import split_rowids
-from rowstore.errors import DanglingRowidError, RowstoreError, SegmentNotFoundError, UnavailableError
 from rowstore.codec.rows import Decoded, decode_rows
+from rowstore.errors import DanglingRowidError, RowstoreError, SegmentNotFoundError, UnavailableError
+from rowstore.rowids import split_rowids
 from rowstore.schema import SchemaVersion
+from rowstore.segments.active import ActiveSegment
+from rowstore.segments.columnar import ColumnarSegment, SealedReader, open_segment
+from rowstore.segments.columnar_layout import BLOCK_SIZE
+from rowstore.segments.columnar_write import columnar_bytes
 from rowstore.segments.handover import Handover
 from rowstore.segments.records import PENDING_PREFIX as PENDING_PREFIX  # re-exported: the segment table's names
 from rowstore.segments.records import SEG_PREFIX as SEG_PREFIX
 from rowstore.segments.records import SegmentRecord as SegmentRecord
 from rowstore.segments.records import SegState as SegState
-from rowstore.segments.columnar import BLOCK_SIZE, ColumnarSegment, SealedReader, columnar_bytes, open_segment
 from rowstore.segments.sealed import ClusterRange, sealed_bytes
 from terrafs.catalog_ops import commit
 from terrafs.errors import CatalogConflictError, ClosedError, MirrorError, NoSpaceError, TerrafsError, failed_error

@@ -35,15 +35,15 @@ import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
+import rowstore.segments.columnar_write as columnar_write
 from node.http.routes.bridge import typed_predicates
 from rowstore.codec.rows import encode_rows
 from rowstore.reads.external import read_segment
 from rowstore.reads.plan import SegmentSlice, visible_bitmap
 from rowstore.reads.predicates import parse_bbox, parse_where
-import rowstore.segments.columnar as columnar
-from rowstore.segments.columnar import columnar_bytes
-from rowstore.segments.sealed import key_columns_schema, sealed_bytes
 from rowstore.schema import SchemaVersion, parse_schema
+from rowstore.segments.columnar_write import columnar_bytes
+from rowstore.segments.sealed import key_columns_schema, sealed_bytes
 from terrafs import crypto
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.blocks import HEADER_LEN, Codec
@@ -159,8 +159,8 @@ async def _write(commits, schemas, codec: Codec, kek: KeyEncryptionKey | None, s
     out = await dev.create("stage")
     w = SealedWriter(out, new_params(INODE, 1, codec=codec, block_size=BLOCK, kek=kek), kek)
     write = columnar_bytes if version == 2 else sealed_bytes
-    with mock.patch.object(columnar, "GROUP_ROWS", GOLDEN_GROUP_ROWS), \
-            mock.patch.object(columnar, "PAGE_BYTES", GOLDEN_PAGE_BYTES):
+    with mock.patch.object(columnar_write, "GROUP_ROWS", GOLDEN_GROUP_ROWS), \
+            mock.patch.object(columnar_write, "PAGE_BYTES", GOLDEN_PAGE_BYTES):
         async for chunk in write(segid, batches(), schemas.__getitem__, keys):
             await w.write(chunk)
     size = await w.finish()

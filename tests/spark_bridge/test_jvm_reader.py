@@ -176,8 +176,8 @@ def test_stored_blocks_next_to_compressed_ones(spark, node):
 
 
 def test_a_corrupted_byte_fails_the_task_naming_the_object(spark, node):
-    from pyspark.errors import PySparkException
     from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
 
     c = node.client()
     c.create_table("broken", [{"name": "id", "type": "int64"}, {"name": "s", "type": "string"}], "id")

@@ -11,14 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import rowstore.segments.columnar as columnar
 from rowstore.errors import ColumnCorruptionError, RowCorruptionError
 from rowstore.reads.predicates import parse_bbox, parse_where
 from rowstore.reads.zones import group_keep, group_mask
 from rowstore.schema import parse_schema
-import rowstore.segments.columnar as columnar
 from rowstore.segments.active import ActiveSegment
-from rowstore.segments.columnar import (BLOCK_SIZE, COL_MAGIC, GROUP_ROWS, KIND_CODES, TRAILER_LEN, ColumnarSegment,
-                                        columnar_bytes, open_segment)
+from rowstore.segments.columnar import ColumnarSegment, open_segment
+from rowstore.segments.columnar_layout import BLOCK_SIZE, COL_MAGIC, GROUP_ROWS, KIND_CODES, TRAILER_LEN
+from rowstore.segments.columnar_write import columnar_bytes
 from rowstore.segments.fsck import check_sealed_segment
 from rowstore.segments.relocate import read_live
 from rowstore.segments.sealed import SealedSegment, key_columns_schema, sealed_bytes
