@@ -355,15 +355,28 @@ def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
 
 
 def _group_ids(P: pa.Table, keys: list[str]) -> tuple[np.ndarray, pa.Table]:
-    """Each partial row's group number, and the groups' keys in that numbering."""
+    """Each partial row's group number, and the groups' keys in that numbering (groups numbered
+    in the order they first appear). Each key column is dictionary-encoded (a hash pass, nulls
+    a value of their own) and the codes combined column by column, renumbered densely after
+    each so that they stay below the row count."""
     if not keys:
         return np.zeros(P.num_rows, np.int64), pa.table({"_": pa.nulls(1 if P.num_rows else 0, pa.int8())})
-    g = P.select(keys).append_column("_i", pa.array(np.arange(P.num_rows), pa.int64()))
-    g = g.group_by(keys, use_threads=False).aggregate([("_i", "list")])
-    lists = g.column("_i_list").combine_chunks()
-    gid = np.empty(P.num_rows, np.int64)
-    gid[pc.list_flatten(lists).to_numpy()] = pc.list_parent_indices(lists).to_numpy()
-    return gid, g.select(keys)
+    gid: np.ndarray | None = None
+    for k in keys:
+        code, m = _codes(P.column(k))
+        gid = code if gid is None else _codes(pa.array(gid * m + code))[0]
+    assert gid is not None  # keys is not empty
+    n = int(gid.max()) + 1 if len(gid) else 0
+    first = np.empty(n, np.int64)
+    first[gid[::-1]] = np.arange(len(gid) - 1, -1, -1)  # each group's first row: the last write wins
+    return gid, P.select(keys).take(pa.array(first))
+
+
+def _codes(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, int]:
+    """Dense codes of ``col``'s values (null one of them) in order of first appearance, and how many."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    d = pc.dictionary_encode(col, null_encoding="encode")
+    return d.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False), len(d.dictionary)
 
 
 def _merge_distinct(lists: pa.Array | pa.ChunkedArray, gid: np.ndarray, n: int) -> pa.Array:

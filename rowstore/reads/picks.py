@@ -56,9 +56,17 @@ def pick(value: pa.Array | pa.ChunkedArray, by: pa.Array | pa.ChunkedArray, key:
     """(value, by, key) of each of the ``n`` groups' picked row (nulls: no row with a ``by``)."""
     by = _comparable(by)
     order = "descending" if last else "ascending"
-    t = pa.table({"g": pa.array(gid, pa.int64()), "o": by, "k": key})
+    key = _whole(key)
+    # only rows with a key can be picked (an engine gives keys to the rows at their group's
+    # best ``by`` alone, :func:`at_best`): the sort is of those
+    rows = np.flatnonzero(key.is_valid().to_numpy(zero_copy_only=False)) if key.null_count else None
+    sub = pa.array(rows) if rows is not None else None
+    t = pa.table({"g": pa.array(gid if rows is None else gid[rows], pa.int64()),
+                  "o": by if sub is None else by.take(sub), "k": key if sub is None else key.take(sub)})
     idx = pc.sort_indices(t, sort_keys=[("g", "ascending", "at_end"), ("o", order, "at_end"),
                                         ("k", order, "at_end")]).to_numpy()
+    if rows is not None:
+        idx = rows[idx]
     g = gid[idx]
     heads = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if len(g) else np.zeros(0, np.int64)
     at = np.full(n, -1, np.int64)
