@@ -77,6 +77,11 @@ class AggSpec:
         """Whether ``a`` is a max whose NaN wins (a float column under ``nan: "largest"``)."""
         return self.nan_largest and a.fn == "max" and a.column is not None and a.column.type.kind in _FLOATS
 
+    def used(self) -> set[int]:
+        """The ids of the columns the request names: group keys, values and first/last's ``by``."""
+        return {k.column.id for k in self.group_by} | {a.column.id for a in self.aggs if a.column is not None} | \
+            {a.by.id for a in self.aggs if a.by is not None}
+
     def columns(self) -> list[Column]:
         """Every column whose values the aggregate needs (group keys first)."""
         out = {k.column.id: k.column for k in self.group_by}

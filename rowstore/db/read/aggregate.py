@@ -62,7 +62,10 @@ class Aggregator:
         terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
         parts = self._parts(c, partitions)
         keyed = [spec.pk is not None and not all(gatherable(p.columns, x) for x in spec.pk.columns) for p in parts]
-        pk = {x.id for x in spec.pk.columns} if spec.pk is not None else set()
+        # a keyed partition's keys are decoded for the picks' candidates alone (_with_keys): a key
+        # column is read with the rows only when the request uses it otherwise too (a group key,
+        # a value, a first/last's ``by`` — a measurement's sensor and time often are)
+        pk = {x.id for x in spec.pk.columns} - spec.used() if spec.pk is not None else set()
         works = [await self._prepare(c, part, terms, box, [x for x in spec.columns() if not (k and x.id in pk)],
                                      rowids=k) for part, k in zip(parts, keyed)]
 

@@ -133,3 +133,40 @@ async def test_bad_time_series_requests_are_query_errors(group_by, aggs):
     await db.create_table("a", SCHEMA)
     with pytest.raises(QueryError):
         await db.aggregate("a", group_by, aggs)
+
+
+async def test_the_last_position_of_every_vehicle_keyed_by_vehicle_and_time():
+    """Measurement keys: the group (the vehicle) and the ``by`` (its time) are the key's own
+    columns, not indexed. The picks' keys are decoded for the candidates alone, and the key
+    columns the request uses are read with the rows (they were left out: a 500, KeyError)."""
+    db = await TablesWorld(partitions=3, seal_bytes=4096).start()
+    await db.create_table("pos", "vehicle string, ts timestamp, loc point, speed float64, primary key (vehicle, ts)",
+                          indexes=["loc"])
+    rng = np.random.default_rng(5)
+    want: dict[str, tuple[int, dict, float]] = {}
+    for rnd in range(4):
+        n = 200
+        veh = [f"v{x}" for x in rng.integers(0, 9, n)]
+        ts = rng.integers(0, 500, n) * 1_000_000
+        locs = [{"x": float(x), "y": float(y)} for x, y in rng.uniform(-50, 50, (n, 2))]
+        speed = rng.uniform(0, 30, n)
+        batch = {}
+        for i in range(n):  # a batch holds a key once: its last row
+            batch[(veh[i], int(ts[i]))] = (locs[i], float(speed[i]))
+        await db.upsert("pos", pa.table({
+            "vehicle": [k[0] for k in batch], "ts": pa.array([k[1] for k in batch], pa.timestamp("us", tz="UTC")),
+            "loc": pa.array([v[0] for v in batch.values()], pa.struct([("x", pa.float64()), ("y", pa.float64())])),
+            "speed": [v[1] for v in batch.values()]}))
+        for (v, t), (loc, sp) in batch.items():
+            if v not in want or t >= want[v][0]:
+                want[v] = (t, loc, sp)
+        if rnd == 1:
+            await db.seal()
+    schema = (await db.describe("pos")).schema
+    for group_by in (["vehicle"], ["vehicle", {"bucket": "ts", "width": "1h"}]):
+        aggs = [{"fn": "last", "column": "loc", "by": "ts"}, {"fn": "first", "column": "speed", "by": "ts"},
+                {"fn": "count"}]
+        P, _, _ = await db.aggregate("pos", group_by, aggs)
+        got = finish(P, parse_spec(schema, group_by, aggs)).to_pylist()
+        assert {r["vehicle"]: r["last_loc"] for r in got} == {v: w[1] for v, w in want.items()}
+    await db.close()
