@@ -268,7 +268,7 @@ def reduce_batch(writes: list[Write], absent: list[Read], present: list[Read]) -
     acked = [w for w in live if w.status == OK]
     one = Write(first.client, first.batch, first.call, note=f"{len(live)} writes, the first {first}")
     if acked:
-        done = min(acked, key=lambda w: w.ret or INF)
+        done = min(acked, key=lambda w: INF if w.ret is None else w.ret)  # a return at 0.0 is a return
         one.ret, one.status, one.commit_ts = done.ret, OK, done.commit_ts
     else:
         one.status = UNKNOWN
