@@ -6,6 +6,12 @@ that no batch with ts <= T can still become visible: just below the oldest batch
 in flight, or the clock's last timestamp when none is. A batch is acknowledged
 only after ``closed >= ts`` (:meth:`wait_closed`), so a read at ``closed`` sees
 every acknowledged commit.
+
+``floor`` is what no read of the present may go below although ``closed`` may: a batch
+prepared here whose other shares may already be visible on other nodes (a reader that saw
+them there must see this share too, once decided), and an election's floor (every T the
+previous leader served reads at). A read of the present is at :attr:`present` and waits for
+``closed`` to reach it (RFC 0010 §5, "Clocks"; simulation seed 860).
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ class Timeline:
         self._live: dict[int, int] = {}
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._n = 0
+        self.floor = 0  # no read of the present below it (the module's docstring)
 
     async def begin(self) -> int:
         """A new commit timestamp, registered in flight (no await after the clock's)."""
@@ -71,6 +78,16 @@ class Timeline:
         now = max(self.clock.last, ts_from_ms(self.clock.now_ms()) - 1)
         self.clock.observe(now)
         return now
+
+    def hold(self, ts: int) -> None:
+        """No read of the present at a T below ``ts`` from now on (the module's docstring)."""
+        self.floor = max(self.floor, ts)
+
+    @property
+    def present(self) -> int:
+        """The T of a read of the present: ``closed``, or ``floor`` when above it (then the read
+        waits for ``closed`` to reach it)."""
+        return max(self.closed, self.floor)
 
     @property
     def visible(self) -> int:

@@ -286,8 +286,9 @@ class Router:
 
     async def cluster_ts(self, nodes: Iterable[str]) -> int:
         """A read timestamp that sees every commit acknowledged anywhere before now: the
-        largest closed timestamp of ``nodes`` (each observes this node's clock first)."""
-        mine = self.db.closed_ts
+        largest present of ``nodes`` (``Database.present_ts``: the closed timestamp, or above it
+        a floor no read of the present goes below; each observes this node's clock first)."""
+        mine = self.db.present_ts
 
         async def closed(n: str) -> int:
             if n == self.cluster.node_id:
@@ -295,7 +296,8 @@ class Router:
             status, _, payload = await self.cluster.call(n, "GET", f"/v1/internal/closed?observe={mine}")
             if status != 200:
                 raise_remote(status, payload, n)
-            return int(json.loads(payload)["closed_ts"])
+            doc = json.loads(payload)
+            return int(doc.get("present_ts", doc["closed_ts"]))  # a node of an older version: its closed
         return max(await asyncio.gather(*(closed(n) for n in nodes)))
 
     async def _scatter(self, d: TableDef, where: Any, bbox: Any, columns: Any, limit: int | None,

@@ -114,7 +114,8 @@ class Database:
         self.replicas = ReplicaStore(fs, cfg.replica_lease_s, monotonic, cfg.resume_free_bytes, lost)
         self.leadership = Leadership(self.store, self.replicas, self.tables, partial(decided, self.catalog),
                                      observe=self.clock.observe, observe_durably=self.clock.observe_durably,
-                                     present=self.clock.present, monotonic=monotonic)
+                                     present=self.clock.present, hold_present=self.timeline.hold,
+                                     monotonic=monotonic)
         self.handoffs = Handoffs(self.store, self.tables, observe=self.clock.observe)
         # write/
         self.commit_tail = CommitTail()  # committed batches of watched tables, until closed (RFC 0015)
@@ -159,6 +160,11 @@ class Database:
     def closed_ts(self) -> int:
         """Every commit at or below it is durable and visible (reads default to it)."""
         return self.timeline.closed
+
+    @property
+    def present_ts(self) -> int:
+        """The T of a read of the present here (``Timeline.present``: at or above ``closed_ts``)."""
+        return self.timeline.present
 
     # -- tables -------------------------------------------------------------------------------
 

@@ -260,7 +260,7 @@ def reduce_batch(writes: list[Write], absent: list[Read], present: list[Read]) -
     if absent:
         keep.append(max(absent, key=lambda r: r.call))
     if present:
-        keep.append(min(present, key=lambda r: INF if r.ret is None else r.ret))
+        keep.append(min(present, key=_ret))
     live = [w for w in writes if w.effective]
     if not live:
         return [], keep
@@ -268,11 +268,16 @@ def reduce_batch(writes: list[Write], absent: list[Read], present: list[Read]) -
     acked = [w for w in live if w.status == OK]
     one = Write(first.client, first.batch, first.call, note=f"{len(live)} writes, the first {first}")
     if acked:
-        done = min(acked, key=lambda w: w.ret or INF)
+        done = min(acked, key=_ret)
         one.ret, one.status, one.commit_ts = done.ret, OK, done.commit_ts
     else:
         one.status = UNKNOWN
     return [one], keep
+
+
+def _ret(x: Write | Read) -> float:
+    """When ``x`` returned; never (INF) when it did not — a return at 0.0 is a return."""
+    return INF if x.ret is None else x.ret
 
 
 def as_operation(share: Share, x: Write | Read, saw: bool | None = None) -> Operation:
@@ -447,7 +452,7 @@ def _check_linearizable(present: list[Read], seen: dict[int, dict[int, frozenset
     for r in present:
         for sh in _shares(r, seen[id(r)], layout):
             cur = saw_first.get(sh)
-            if cur is None or (r.ret or INF) < (cur.ret or INF):
+            if cur is None or _ret(r) < _ret(cur):
                 saw_first[sh] = r
     missed_last: dict[Share, Read] = {}  # share -> the read that did not see it called last
     by_pid = _by_pid(universe, layout)

@@ -36,7 +36,7 @@ async def closed(api: Api, request: web.Request) -> web.Response:
     db = api.db
     if "observe" in request.query:
         db.clock.observe(ts_arg(request.query["observe"], "observe"))
-    return json_answer({"closed_ts": db.closed_ts, "node": api.cfg.node_id,
+    return json_answer({"closed_ts": db.closed_ts, "present_ts": db.present_ts, "node": api.cfg.node_id,
                               "incarnation": api.incarnation})
 
 

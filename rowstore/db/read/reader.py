@@ -90,11 +90,16 @@ class Reader:
                        self.timeline.closed - ts_from_ms(lag)), 0)
 
     async def snapshot(self, as_of: int | None = None, trusted: bool = False) -> int:
-        """The read timestamp: ``closed`` by default; a given T once it is closed. ``trusted``:
+        """The read timestamp: the present by default (``Timeline.present``, once closed); a given T
+        once it is closed. ``trusted``:
         T comes from another node's clock (a read across nodes, RFC 0010 §4), which may run
         ahead of this node's wall clock — observed and waited for, never refused as future."""
         if as_of is None:
-            return self._present(self.timeline.closed)
+            T = self.timeline.present
+            if T > self.timeline.closed and not await self.timeline.wait_closed(T, self.closed_wait_s):
+                raise UnavailableError(f"a batch prepared here at {T}, perhaps visible on other nodes already, is "
+                                       f"not decided yet (closed timestamp {self.timeline.closed}); retry")
+            return self._present(T)
         if isinstance(as_of, bool) or not isinstance(as_of, int) or not 0 <= as_of <= MAX_TS:
             raise QueryError(f"as_of must be a commit timestamp (an integer 0..{MAX_TS}), not {as_of!r}")
         # T from another node (a read of the present there, or a caller's T it checked) is
@@ -136,7 +141,7 @@ class Reader:
         The scalar path: no arrays, one index walk, one row read, one struct unpack; with
         everything it needs in memory, no coroutine is awaited."""
         pt = self._points.get(name) if as_of is None else None
-        if pt is not None and pt.gen == self.definitions.generation:
+        if pt is not None and pt.gen == self.definitions.generation and self.timeline.floor <= self.timeline.visible:
             T = self._present(self.timeline.visible)
             if pt.d.ts > T:  # the newest definition is not visible yet
                 T, pt = await self._point_table(name, as_of)

@@ -33,16 +33,20 @@ class Leadership:
     def __init__(self, store: SegmentStore, replicas: ReplicaStore, tables: TableRegistry,
                  decide: Callable[[int], Awaitable[bool]], *,
                  observe: Callable[[int], None], observe_durably: Callable[[int], Awaitable[None]],
-                 present: Callable[[], int], monotonic: Callable[[], float] = time.monotonic):
+                 present: Callable[[], int], hold_present: Callable[[int], None],
+                 monotonic: Callable[[], float] = time.monotonic):
         """The clock's hooks keep invariant C of RFC 0010 and have no default: ``observe(ts)``, a
         new leader commits above the log it took; ``observe_durably(ts)``, the election's floor,
         persisted before this node leads, so that after a restart its present — which it answers
         to fences — is above every read it served at that floor (it may be the only one of the
         next election's majority that knows of them: simulation seed 9919); ``present()``, the
-        clock's present, sent to followers and answered to fences."""
+        clock's present, sent to followers and answered to fences; ``hold_present(floor)``, no
+        read of the present here goes below the election's floor (``Timeline.hold``: a batch in
+        flight here may hold ``closed`` below it)."""
         self.store, self.replicas, self.tables, self.decide = store, replicas, tables, decide
         self.monotonic = monotonic  # leases (a simulation runs it on virtual time)
         self.observe, self.observe_durably, self.present = observe, observe_durably, present
+        self.hold_present = hold_present
         self.fenced_at: dict[tuple[str, int], float] = {}  # monotonic time a fence made this node step down
         self.fenced_epoch: dict[tuple[str, int], int] = {}  # the highest epoch this node was fenced with
         # One hand-over at a time per partition: promotion, demotion, fences and the follower
@@ -104,6 +108,7 @@ class Leadership:
         if mutated("commit_below_read"):  # a test's deliberate bug (terrafs/failpoints.py): C broken
             floor = 0
         await self.observe_durably(max([s.max_ts or 0 for s in segs] + [wm.ts if wm else 0, floor]))
+        self.hold_present(floor)
         sh = Shipper(d.table_id, pid, epoch, base, start, followers, transport, lease_s, on_fenced=on_fenced,
                      clock=self.present, monotonic=self.monotonic)
         for seg in segs:

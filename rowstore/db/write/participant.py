@@ -154,6 +154,9 @@ class Participant:
         except BaseException as e:
             p.preparing.set_exception(e)
             raise
+        # prepared, the batch may commit and show on other nodes before this share is decided:
+        # no read of the present here goes below it meanwhile (rowstore/timeline.py, ``floor``)
+        self.timeline.hold(ts)
         p.preparing.set_result(None)
 
     async def _prepare(self, p: _Prepared, txn: int, ts: int) -> None:

@@ -222,7 +222,7 @@ async def test_a_read_beyond_the_clock_a_majority_took_waits_for_a_round_that_ca
     sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=0.3, on_fenced=NO_STEP_DOWN,
                  clock=lambda: present[0], monotonic=TICK)
     lead = Leadership(SimpleNamespace(shippers={("T", 0): sh}), None, None, None, observe=None,
-                      observe_durably=None, present=None, monotonic=TICK)
+                      observe_durably=None, present=None, hold_present=None, monotonic=TICK)
     seg = await leading(fss, sh)
     await seg.append(batch(0, 10), S1, 5)
     assert lead.check_lease("T", [0], present[0]) is None  # within reach: nothing to wait for
@@ -275,7 +275,7 @@ class _NoSegments:
 def _follower(fs, store, wall):
     clock = HybridClock(fs.catalog, fs.cfg.node_id, now_ms=lambda: wall[0])
     lead = Leadership(_NoSegments(), store, None, None, observe=clock.observe, observe_durably=clock.observe_durably,
-                      present=clock.present, monotonic=TICK)
+                      present=clock.present, hold_present=lambda ts: None, monotonic=TICK)
     return clock, lead
 
 

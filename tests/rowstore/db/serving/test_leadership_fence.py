@@ -38,7 +38,8 @@ async def node(clock, present=None):
     store = SimpleNamespace(shippers={}, own_log=no_own_log, not_led=set(), release_local=lambda t, p: [],
                             fs=fs, epochs={}, node="n1")
     return Leadership(store, replicas, SimpleNamespace(get=lambda tid: None), decide=None, observe=lambda ts: None,
-                      observe_durably=_nothing, present=present or (lambda: 0), monotonic=clock), store
+                      observe_durably=_nothing, present=present or (lambda: 0), hold_present=lambda ts: None,
+                      monotonic=clock), store
 
 
 async def _nothing(ts: int) -> None:

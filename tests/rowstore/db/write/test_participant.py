@@ -179,3 +179,30 @@ async def test_a_batch_being_committed_counts_as_held_until_its_rows_are_applied
     assert db.participant.held == 1
     await t
     assert db.participant.held == 0 and (await db.get("m", 4))["id"] == 4
+
+
+async def test_a_read_of_the_present_waits_for_a_prepared_share():
+    """Once this node's share is prepared, the batch may commit and be read on another node
+    before this share hears the decision. A read of the present here then waits for it (and is
+    unavailable when it does not come), instead of reading just below it — a reader that saw the
+    batch elsewhere would miss it here (simulation seed 860)."""
+    w = TablesWorld(partitions=1)
+    db = await w.start()
+    db.reader.closed_wait_s = 0.2
+    d = await db.create_table("m", SCHEMA)
+    await db.upsert("m", rows(range(3)))
+    txn = DECIDED | SPANS_NODES | secrets.randbits(60)
+    r = await db.participant.reserve("m", d.table_id, d.schema.version, rows(range(100, 102)), 0, txn)
+    assert await db.snapshot() < r.ts  # reserved, not prepared: no other share can be visible
+    await db.participant.prepare(txn, r.ts)
+    with pytest.raises(UnavailableError):
+        await db.snapshot()
+    with pytest.raises(UnavailableError):
+        await db.get("m", 100)  # the point read's fast path too
+    waiting = asyncio.ensure_future(db.read_all("m"))
+    await asyncio.sleep(0.05)
+    await commit(db.catalog, [Check(txn_key(txn), 0)], [Put(txn_key(txn), COMMITTED)])  # decided elsewhere
+    await db.participant.commit(txn)
+    got, T = await waiting
+    assert T >= r.ts and sorted(got.column("id").to_pylist()) == [0, 1, 2, 100, 101]
+    assert (await db.get("m", 101))["id"] == 101
