@@ -1,27 +1,28 @@
 """Run the seeded fault simulation: ``python -m tests.sim --seeds 0-99 [--seconds 30]
 [--revert s1] [--mutate lagging_read] [--trace]``. Each seed is one run on virtual time (tests/sim/world.py); a failing
 seed prints its violation, the end of its trace and the command that replays it exactly (run
-with ``PYTHONHASHSEED=0``, as ``make test`` does). Exit status 1 when any seed failed."""
+with ``PYTHONHASHSEED=0``, as ``make test`` does); ``--hashes`` prints each seed's trace hash,
+equal on every replay (``test_a_seed_replays_the_same_way``). Exit status 1 when any seed failed."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
-import types
 import asyncio
+import dataclasses
+import hashlib
 import logging
+import os
 import random
 import secrets
 import sys
 import time
 import traceback
+import types
 import uuid
 
 from terrafs.failpoints import MUTATIONS, mutate
 from tests.sim.loop import SimLoop
 from tests.sim.nodes import PARTS
 from tests.sim.world import Faults, Violation, World
-
 
 # A run of FLOOR_SEEDS seeds or more fails when it acknowledged fewer than FLOOR_PER_SEED batches a
 # seed (seeds 0-59 acknowledge 45 on average, the fewest 6; each seed on its own must
@@ -125,7 +126,8 @@ def run_seed(seed: int, seconds: float, show_trace: bool, faults: Faults, parts:
             t.get_coro().close()
         loop.close()
     stats = {"seed": seed, "acked": len(w.ledger.acked), "maybe": len(w.ledger.maybe),
-             "elections": w.elections, "virtual_s": round(loop.now, 1), "history": w.summary}
+             "elections": w.elections, "virtual_s": round(loop.now, 1), "history": w.summary,
+             "trace": trace_hash(w.trace)}
     if not ok:
         print(f"seed {seed}: VIOLATION {why}")
         print("\n".join(w.trace[-60:] if not show_trace else w.trace))
@@ -133,6 +135,12 @@ def run_seed(seed: int, seconds: float, show_trace: bool, faults: Faults, parts:
               f"--crash {faults.crash} --slow {faults.slow} --slow-node {faults.slow_node} --pause {faults.pause} "
               f"--clock-jump {faults.clock_jump} --catalog-stall {faults.catalog_stall} --trace")
     return ok, stats
+
+
+def trace_hash(trace: list[str]) -> str:
+    """A run's trace (every fault, election, write outcome, in virtual time) as one hash: two
+    runs of a seed replay the same way exactly when their hashes are equal."""
+    return hashlib.sha256("\n".join(trace).encode()).hexdigest()[:16]
 
 
 def main(argv=None) -> int:
@@ -152,6 +160,7 @@ def main(argv=None) -> int:
                     help="catalog stalls (0.2-1.5 s, a Raft election) per virtual second")
     ap.add_argument("--stop", action="store_true", help="stop at the first failing seed")
     ap.add_argument("--parts", type=int, default=PARTS, help="the table's partitions (each led on its own)")
+    ap.add_argument("--hashes", action="store_true", help="print each seed's trace hash (replays must agree)")
     a = ap.parse_args(argv)
     lo, _, hi = a.seeds.partition("-")
     seeds = range(int(lo), int(hi or lo) + 1)
@@ -168,6 +177,8 @@ def main(argv=None) -> int:
                                                            catalog_stall=a.catalog_stall), a.parts)
         acked += st["acked"]
         elections += st["elections"]
+        if a.hashes:
+            print(f"seed {seed} trace {st['trace']} acked {st['acked']} elections {st['elections']}", flush=True)
         if not ok:
             failed.append(seed)
             if a.stop:
