@@ -46,7 +46,7 @@ def export(c: Client, args: argparse.Namespace) -> int:
     if fmt is None:
         raise UsageError(f"{out}: the extension names the format: .parquet, .csv or .arrow")
     work = out.with_name(out.name + ".export")
-    request = _request(args)
+    request = _request(args, typed_key(c, args.name, args.prefix))
     state = _resume(work, args.name, request) if args.resume else _begin(out, work, args.name, request)
     sink = _Sink(fmt, out.with_name(out.name + ".tmp"))
     for t in _pages(work, state["pages"]):  # a resumed export: the file again from the saved pages
@@ -77,8 +77,9 @@ def export(c: Client, args: argparse.Namespace) -> int:
 def scan(c: Client, args: argparse.Namespace, where: Any, bbox: Any) -> int:
     """`terrascale scan`: the rows of a scan, printed — page by page at the first one's T."""
     columns = [x.strip() for x in args.columns.split(",") if x.strip()] if args.columns else None
-    page = c.scan_page(args.name, args.prefix, args.start, args.end, where, bbox, columns,
-                       min(args.limit or 10_000, 10_000), args.as_of)
+    prefix, start, end = (typed_key(c, args.name, k) for k in (args.prefix, args.start, args.end))
+    page = c.scan_page(args.name, prefix, start, end, where, bbox, columns, min(args.limit or 10_000, 10_000),
+                       args.as_of)
     tables = [page.rows]
     while page.next is not None and (args.limit is None or sum(t.num_rows for t in tables) < args.limit):
         page = c.scan_page(args.name, after=page.next)
@@ -88,12 +89,33 @@ def scan(c: Client, args: argparse.Namespace, where: Any, bbox: Any) -> int:
     return 0
 
 
-def _request(args: argparse.Namespace) -> dict[str, Any]:
+def typed_key(c: Client, table: str, parts: list[str] | None) -> list[Any] | None:
+    """Key components typed on the command line (``--prefix 5``) as JSON values of their
+    columns' types: an integer column's ``5`` goes as 5 (a JSON body's key is typed; the
+    string "5" is not an integer), a float's as a number, a boolean's as true/false; text,
+    times and the rest stay text (the JSON forms of those columns)."""
+    if not parts:
+        return parts
+    d = c.describe(table)
+    types = {col["name"]: col["type"] for col in d["columns"]}
+    pk = d["primary_key"] if isinstance(d["primary_key"], list) else [d["primary_key"]]
+    out: list[Any] = []
+    for name, v in zip(pk, parts):
+        t = types[name]
+        try:
+            out.append(int(v) if t.startswith(("int", "uint")) else float(v) if t.startswith("float") else
+                       {"true": True, "false": False}[v.lower()] if t == "bool" else v)
+        except (ValueError, KeyError):
+            raise UsageError(f"key column {name!r} is {t}: {v!r} is not one") from None
+    return out + list(parts[len(pk):])  # more components than the key has: the node says so
+
+
+def _request(args: argparse.Namespace, prefix: list[Any] | None) -> dict[str, Any]:
     """The scan the export pages through (what ``--resume`` must be given again)."""
     req: dict[str, Any] = {"limit": args.page_rows}
     try:
-        if args.prefix:
-            req["prefix"] = list(args.prefix)
+        if prefix:
+            req["prefix"] = list(prefix)
         if args.where:
             req["where"] = [t for w in args.where for t in parse_where_text(w)]
         if args.bbox:

@@ -214,3 +214,24 @@ def test_killed_ingest_rerun_gives_the_same_table(tmp_path):
         assert (v == want).all()
     finally:
         node.ensure_stopped()
+
+
+def test_scan_and_export_take_typed_key_components_from_the_command_line(node, tmp_path):
+    """`--prefix 5` on an integer key column is the integer 5 (the JSON body's key is typed: the
+    string "5" was refused, 400), a float's and a boolean's likewise; a component that is not
+    of its column's type is a usage error that sends nothing."""
+    ts(node, "table", "create", "bydev", "--schema",
+       "dev int64, ok bool, ts timestamp, v float64, primary key (dev, ok, ts)", check=0)
+    with node.client() as c:
+        c.upsert("bydev", [{"dev": d, "ok": d % 2 == 0, "ts": f"2026-01-01T00:00:{s:02d}Z", "v": float(s)}
+                           for d in (4, 5, 6) for s in range(5)])
+    r = ts(node, "scan", "bydev", "--prefix", "5", "--output", "json", check=0)
+    got = json.loads(r.stdout)["rows"]
+    assert [(x["dev"], x["v"]) for x in got] == [(5, float(s)) for s in range(5)]
+    r = ts(node, "scan", "bydev", "--prefix", "4", "--prefix", "true", "--start", "4", "--start", "true",
+           "--start", "2026-01-01T00:00:03Z", "--output", "json", check=0)
+    assert [x["v"] for x in json.loads(r.stdout)["rows"]] == [3.0, 4.0]
+    assert "'dev' is int64" in one_line_error(ts(node, "scan", "bydev", "--prefix", "five", check=2))
+    out = tmp_path / "dev6.parquet"
+    ts(node, "export", "bydev", str(out), "--prefix", "6", check=0)
+    assert pq.read_table(out).column("dev").to_pylist() == [6] * 5
