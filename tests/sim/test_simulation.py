@@ -72,7 +72,7 @@ def test_every_invariant_holds_for_every_seed():
 #         batch whose other share was visible (and read) on another node took that node's closed
 #         timestamp, just below the share: the batch, seen before, missing after; a read of the
 #         present now waits for a prepared share, and for an election's floor
-#         (``Timeline.floor``, tests/rowstore/test_timeline.py).
+#         (``Timeline.floor``, tests/rowstore/db/write/test_participant.py).
 # (Seeds found in an older world replay another schedule now; the tests named guard the fixes.)
 REGRESSIONS = "111,171,207,216,242,298,440,4051,5199,5784,4747,4332,5147,6482,8851,9919,9007,860"
 REGRESSIONS_IN_WORLDS = [("17", ("--clock-jump", "0.5"))]

@@ -16,7 +16,7 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import rowstore.segments.columnar as columnar
+import rowstore.segments.columnar_write as columnar_write
 from rowstore.db.background.gc import GcConfig
 from rowstore.segments.store import SegState
 from tests.rowstore.db.read.test_query_paths import BOXES, SCHEMA, TERMS, _norm, make_rows
@@ -31,7 +31,7 @@ AGGS = [{"fn": "count"}, {"fn": "sum", "column": "i"}, {"fn": "min", "column": "
 def small_groups():
     """Groups of 40 rows and pages of a few hundred bytes: many groups and pages per segment
     (readers take both from the segment's own metadata)."""
-    with mock.patch.object(columnar, "GROUP_ROWS", 40), mock.patch.object(columnar, "PAGE_BYTES", 256):
+    with mock.patch.object(columnar_write, "GROUP_ROWS", 40), mock.patch.object(columnar_write, "PAGE_BYTES", 256):
         yield
 
 
