@@ -37,6 +37,27 @@ class SegmentPiece:
     data: bytes | memoryview
 
 
+def _split(p: SegmentPiece, at: Position) -> tuple[SegmentPiece | None, SegmentPiece | None]:
+    """``p`` cut at log position ``at``: the part before it and the part from it (None: empty)."""
+    if p.seq != at.seq:
+        return (p, None) if p.seq < at.seq else (None, p)
+    n = min(max(at.offset - p.offset, 0), len(p.data))
+    if n == 0:
+        return None, p
+    if n == len(p.data):
+        return p, None
+    d = memoryview(p.data)
+    return SegmentPiece(p.segid, p.seq, p.offset, d[:n]), SegmentPiece(p.segid, p.seq, p.offset + n, d[n:])
+
+
+def _fits(r: _Replica, p: SegmentPiece) -> bool:
+    """Whether ``p`` continues what the copy holds (``ReplicaStore._put`` takes it): it begins
+    where the copy of its segment ends, or begins a segment not copied yet — the leader sends
+    the first segment it still holds after those offloaded, which the log need not copy."""
+    f = r.files.get(p.segid)
+    return p.offset == 0 if f is None else p.offset <= f.durable_size
+
+
 @dataclass
 class _Replica:
     """One partition's copy on this node (loaded from its record on first use)."""
@@ -139,15 +160,32 @@ class ReplicaStore:
                 await self._save(r, promised=epoch)
             r.contact, r.leader = self.monotonic(), leader
             self.leader_clocks[(table_id, pid)] = max(self.leader_clocks.get((table_id, pid), 0), clock)
-            gap = False
-            for p in pieces:
-                if not await self._put(r, table_id, pid, p):
-                    gap = True
-                    break
+            gap = not await self._put_all(r, table_id, pid, epoch, start, pieces)
             pos = r.position()
             if r.rec.last != epoch and pos >= start:
                 await self._save(r, last=epoch)
             return {"pos": pos.json(), "last": r.rec.last, "gap": gap}
+
+    async def _put_all(self, r: _Replica, table_id: str, pid: int, epoch: int, start: Position,
+                       pieces: list[SegmentPiece]) -> bool:
+        """Write ``pieces`` in order (False: one began past the log's end). No byte of ``epoch``'s
+        own log (at or past ``start``) is written before ``epoch`` is the record's durable
+        ``last``: a fence answers (last, position), and an election trusts that a log ending
+        past ``start`` under ``last`` is that epoch's (RFC 0010, LM; seed 36's first suspect)."""
+        for piece in pieces:
+            rest: SegmentPiece | None = piece
+            if r.rec.last != epoch:
+                head, rest = _split(piece, start)  # the older epochs' log below start, and the rest
+                if head is not None and not await self._put(r, table_id, pid, head):
+                    return False
+                if rest is None:
+                    continue
+                if not _fits(r, rest):
+                    return False
+                await self._save(r, last=epoch)
+            if rest is not None and not await self._put(r, table_id, pid, rest):
+                return False
+        return True
 
     async def _put(self, r: _Replica, table_id: str, pid: int, p: SegmentPiece) -> bool:
         f = r.files.get(p.segid)

@@ -464,3 +464,39 @@ async def test_a_link_waiting_for_work_ends_when_cancelled_even_as_it_is_woken(t
     done, alive = await asyncio.wait(tasks, timeout=1.0)
     assert not alive
     await sh.close()
+
+
+async def test_no_byte_of_an_epoch_is_written_before_the_epoch_is_the_records_last():
+    """Simulation seed 36's first suspect: a follower wrote an epoch's bytes, then failed to
+    record that epoch as its ``last`` (the catalog did not answer). A fence in between would
+    answer the older epoch with a position past the new epoch's start — bytes the older epoch's
+    log does not have there — and an election ranking (last, position) could continue the older
+    lineage over them. The epoch is recorded first; until it is, nothing past ``start`` lands."""
+    fss, stores, _ = await world()
+    f = stores["n2"]
+    body = frame(RecordKind.OPAQUE, b"a" * 30)
+    await f.append("T", 0, 1, 0, NOTHING, [SegmentPiece(9, 1, 0, body)])
+    start = Position(1, len(body))
+    cat, txn, failing = fss["n2"].catalog, fss["n2"].catalog.txn, [True]
+
+    async def txn_failing_the_last(checks, ops, **kw):  # the catalog is lost to a write naming epoch 2
+        for op in ops:
+            if failing[0] and isinstance(op, Put) and op.key.startswith("rs/rep/T/000/") and \
+                    ReplicaRecord.from_bytes(op.value, op.key).last == 2:
+                raise ConnectionError("the catalog's leader is unreachable")
+        return await txn(checks, ops, **kw)
+    cat.txn = txn_failing_the_last
+    with pytest.raises(ConnectionError):  # a piece below start and one past it, in one message
+        await f.append("T", 0, 2, 1, start, [SegmentPiece(9, 1, 0, body + body)])
+    r = await f.replica("T", 0)
+    assert r.position() == start and r.files[9].durable_size == len(body) and r.rec.last == 1
+    got = await f.fence("T", 0, 3, force=True)
+    assert (got["last"], got["pos"]) == (1, list(start))  # the truth: epoch 1's log, up to start
+    f2 = stores["n3"]  # a copy below start takes epoch 1's bytes up to it, then stops there
+    with pytest.raises(ConnectionError):
+        await f2.append("T", 0, 2, 1, start, [SegmentPiece(9, 1, 0, body + body)])
+    r2 = await f2.replica("T", 0)
+    assert r2.position() == start and r2.rec.last == 0 and await r2.files[9].read(0, len(body)) == body
+    failing[0] = False
+    got = await f2.append("T", 0, 2, 1, start, [SegmentPiece(9, 1, 0, body + body)])
+    assert got["pos"] == [1, 2 * len(body)] and got["last"] == 2 and not got["gap"]

@@ -77,3 +77,47 @@ async def test_a_node_without_a_log_of_its_own_answers_its_own_clock_too():
         await lead.fence("T", 0, 4)
     clock.now += 1.1
     assert (await lead.fence("T", 0, 4))["clock"] == present
+
+
+async def test_a_leader_replaced_while_away_cannot_begin_a_segment():
+    """Simulation seed 36 (with ``--pause 1``): a leader was paused through the election that
+    replaced it, so nobody fenced it. Back, it began a segment after its successor had adopted
+    the partition's rows; no later promotion moved that row, and its fences then answered the
+    empty log the row stood for instead of the longer newer one it held as a follower — the
+    next election discarded a log a majority held. A segment row is written with the
+    partition's epoch history as read, and refused once the history names a newer epoch."""
+    from catalog.abc import Put
+    from rowstore.errors import FencedError
+    from rowstore.replication.epochs import Epoch, History, epochs_key
+    from rowstore.segments.position import NOTHING
+    from rowstore.segments.store import SegmentStore
+
+    clock = Clock()
+    fs = TerrascaleFS(MemoryCatalog(), MemoryBlockDevice(), MemoryBlockDevice(durable=False), MemoryObjectStore(),
+                      config=FsConfig(node_id="n1"))
+    await fs.open()
+    store = SegmentStore(fs)
+    await store.open()
+    Leadership(store, ReplicaStore(fs, lease_s=1.0, monotonic=clock), SimpleNamespace(get=lambda tid: None),
+               decide=None, observe=lambda ts: None, observe_durably=_nothing, present=lambda: 0,
+               hold_present=lambda ts: None, monotonic=clock)
+    fenced = []
+    sh = Shipper("T", 0, 1, 0, (0, 0), ["n2", "n3"], None, lease_s=1.0, on_fenced=fenced.append,
+                 clock=lambda: 0, monotonic=clock)
+    store.shippers[("T", 0)], store.epochs[("T", 0)] = sh, 1
+    key = epochs_key("T", 0)
+    await fs.catalog.txn([], [Put(key, History([Epoch(1, 0, NOTHING)]).to_bytes())])
+    assert (await store.create("T", 0)).seq == 1  # still the newest epoch: it leads
+    elect = [History([Epoch(1, 0, NOTHING), Epoch(2, 1, NOTHING)])]
+    checks = store.lead_checks
+
+    async def elected_meanwhile(table_id, pid):  # the election commits between the read and the row
+        got = await checks(table_id, pid)
+        if elect:
+            await fs.catalog.txn([], [Put(key, elect.pop().to_bytes())])
+        return got
+    store.lead_checks = elected_meanwhile
+    rows = len(await store.list(table="T"))
+    with pytest.raises(FencedError, match="epoch 2 was elected after 1"):
+        await store.create("T", 0)
+    assert len(await store.list(table="T")) == rows and fenced == [sh] and sh.fenced == 2
