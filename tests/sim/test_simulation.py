@@ -78,9 +78,12 @@ def test_every_invariant_holds_for_every_seed():
 #         its fences answered that empty log, not the longer one it followed, and the next
 #         election discarded acknowledged groups. A segment row now checks the epoch history
 #         (tests/rowstore/db/serving/test_leadership_fence.py; RFC 0010, invariant O).
+#   208 with --pause 1 — the same symptom: a new leader served and checkpointed its own
+#         unacknowledged tail, which the next election dropped; a leader now serves once a
+#         majority holds the log it adopted (tests/rowstore/db/serving/test_settle.py).
 # (Seeds found in an older world replay another schedule now; the tests named guard the fixes.)
 REGRESSIONS = "111,171,207,216,242,298,440,4051,5199,5784,4747,4332,5147,6482,8851,9919,9007,860"
-REGRESSIONS_IN_WORLDS = [("17", ("--clock-jump", "0.5")), ("36", ("--pause", "1"))]
+REGRESSIONS_IN_WORLDS = [("17", ("--clock-jump", "0.5")), ("36", ("--pause", "1")), ("208", ("--pause", "1"))]
 
 
 @pytest.mark.slow

@@ -26,9 +26,11 @@ from rowstore.tables.definitions import TableDef
 from rowstore.index.key_manifest import Claim
 from rowstore.db.partition import Partition
 from rowstore.db.registry import TableRegistry
+from terrafs.errors import MirrorError
 from terrafs.failpoints import mutated
 
 log = logging.getLogger("rowstore.db.leadership")
+SETTLE_LEASES = 5  # leases a new leader waits for a majority to hold the log it adopted
 
 
 class Leadership:
@@ -132,6 +134,7 @@ class Leadership:
             sh.register(seg.seq, seg)
         self.store.shippers[key] = sh
         sh.start_links()
+        await self._settle(sh, d.name)
         try:
             latest = await self.tables.latest_def(d)
             assert latest.schema is not None  # the newest definition with a schema
@@ -145,6 +148,24 @@ class Leadership:
         log.info("event=partition_promoted table=%s partition=%d epoch=%d base=%d start=%s replayed=%d "
                  "followers=%s", d.name, pid, epoch, base, list(start), n, ",".join(followers))
         return sh
+
+    async def _settle(self, sh: Shipper, name: str) -> None:
+        """Wait until the log this node adopted is on a majority before it serves from it (RFC
+        0010, invariant LC): its tail past what a majority held may hold groups no one
+        acknowledged, which the next election may drop. Served before, their rows were read,
+        and checkpointed into the partition's index manifest, then lost with the epoch
+        (simulation seed 208 with ``--pause 1``: an index entry naming a segment no node
+        held). Raft's new leader likewise commits nothing of older terms before an entry of
+        its own. UnavailableError (and this node steps down) when no majority holds it in time:
+        the next reconcile tries again, the followers' copies are longer by then."""
+        end = sh.end()
+        try:
+            async with asyncio.timeout(max(SETTLE_LEASES * sh.lease_s, 1.0)):
+                await sh.wait_for(end)
+        except (TimeoutError, MirrorError):
+            await self._demote(sh.table_id, sh.pid)
+            raise UnavailableError(f"table {name!r} partition {sh.pid}: the log adopted at epoch {sh.epoch} "
+                                   f"(end {list(end)}) is not on a majority yet; retry") from None
 
     async def demote(self, table_id: str, pid: int) -> bool:
         """Stop leading ``pid``: writes in flight fail, its files close (they are this node's
