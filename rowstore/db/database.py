@@ -115,7 +115,7 @@ class Database:
         self.leadership = Leadership(self.store, self.replicas, self.tables, partial(decided, self.catalog),
                                      observe=self.clock.observe, observe_durably=self.clock.observe_durably,
                                      present=self.clock.present, hold_present=self.timeline.hold,
-                                     monotonic=monotonic)
+                                     monotonic=monotonic, spawn=self.tasks.spawn)
         self.handoffs = Handoffs(self.store, self.tables, observe=self.clock.observe)
         # write/
         self.commit_tail = CommitTail()  # committed batches of watched tables, until closed (RFC 0015)

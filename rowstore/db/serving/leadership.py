@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, cast
 
 from catalog.abc import Check
@@ -30,7 +30,14 @@ from terrafs.errors import MirrorError
 from terrafs.failpoints import mutated
 
 log = logging.getLogger("rowstore.db.leadership")
-SETTLE_LEASES = 5  # leases a new leader waits for a majority to hold the log it adopted
+
+
+def last_byte(sh: Shipper) -> Position:
+    """The position after the last byte of the log ``sh`` leads: an empty segment begun last (a
+    roll) holds nothing, and no piece of it is ever sent — a follower holding the segment before
+    it holds the whole log."""
+    return next((Position(q, sh.segs[q].file.durable_size) for q in sorted(sh.segs, reverse=True)
+                 if sh.segs[q].file.durable_size > 0), NOTHING)
 
 
 class Leadership:
@@ -38,7 +45,8 @@ class Leadership:
                  decide: Callable[[int], Awaitable[bool]], *,
                  observe: Callable[[int], None], observe_durably: Callable[[int], Awaitable[None]],
                  present: Callable[[], int], hold_present: Callable[[int], None],
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic,
+                 spawn: Callable[[Coroutine[Any, Any, None]], object] = asyncio.ensure_future):
         """The clock's hooks keep invariant C of RFC 0010 and have no default: ``observe(ts)``, a
         new leader commits above the log it took; ``observe_durably(ts)``, the election's floor,
         persisted before this node leads, so that after a restart its present — which it answers
@@ -49,6 +57,7 @@ class Leadership:
         flight here may hold ``closed`` below it)."""
         self.store, self.replicas, self.tables, self.decide = store, replicas, tables, decide
         self.monotonic = monotonic  # leases (a simulation runs it on virtual time)
+        self.spawn = spawn  # background work: a promotion served once its log is on a majority
         self.observe, self.observe_durably, self.present = observe, observe_durably, present
         self.hold_present = hold_present
         self.fenced_at: dict[tuple[str, int], float] = {}  # monotonic time a fence made this node step down
@@ -107,7 +116,7 @@ class Leadership:
             if old.epoch >= epoch:
                 return old
             await self._demote(d.table_id, pid)
-        table = await self.tables.table(d)  # opened without this partition (not led yet)
+        await self.tables.table(d)  # opened without this partition (not led yet)
         rec, version, files = await self.replicas.take(d.table_id, pid)
         if rec.promised > epoch:
             self.replicas.forget(d.table_id, pid)
@@ -134,38 +143,58 @@ class Leadership:
             sh.register(seg.seq, seg)
         self.store.shippers[key] = sh
         sh.start_links()
-        await self._settle(sh, d.name)
+        # It serves nothing (reads, writes, index checkpoints, seals) before a majority holds
+        # the log it adopted (RFC 0010, "settle"): at once when the followers already do, else
+        # from the background once they caught up (this call, and the partition's lock, do not
+        # wait for a copy that may take long; fences and appends of a newer epoch step it down).
+        end = last_byte(sh)
+        if end != NOTHING and not await self._held(sh, end, sh.lease_s):
+            log.info("event=partition_settling table=%s partition=%d epoch=%d end=%s", d.name, pid, epoch, list(end))
+            self.spawn(self._serve_once_held(d, sh, end))
+            return sh
+        await self._serve(d, sh)
+        return sh
+
+    async def _serve(self, d: TableDef, sh: Shipper) -> None:
+        """Open the partition led by ``sh`` (its index replayed from the manifest's mark) and serve it."""
+        table = await self.tables.table(d)
         try:
             latest = await self.tables.latest_def(d)
             assert latest.schema is not None  # the newest definition with a schema
-            part = Partition(self.store, d.table_id, pid, table.kind, table.indexed)
-            n = await part.open(await self.tables.schemas_of(latest), latest.schema, Claim(self.store.node, epoch))
+            part = Partition(self.store, d.table_id, sh.pid, table.kind, table.indexed)
+            n = await part.open(await self.tables.schemas_of(latest), latest.schema,
+                                Claim(self.store.node, sh.epoch))
             self.observe(part.newest_ts)
         except BaseException:
-            await self._demote(d.table_id, pid)  # half a promotion serves nothing; the next reconcile retries
+            await self._demote(d.table_id, sh.pid)  # half a promotion serves nothing; the next reconcile retries
             raise
-        table.serve(part, epoch)
+        table.serve(part, sh.epoch)
         log.info("event=partition_promoted table=%s partition=%d epoch=%d base=%d start=%s replayed=%d "
-                 "followers=%s", d.name, pid, epoch, base, list(start), n, ",".join(followers))
-        return sh
+                 "followers=%s", d.name, sh.pid, sh.epoch, sh.base, list(sh.start), n, ",".join(sh.followers))
 
-    async def _settle(self, sh: Shipper, name: str) -> None:
-        """Wait until the log this node adopted is on a majority before it serves from it (RFC
-        0010, invariant LC): its tail past what a majority held may hold groups no one
-        acknowledged, which the next election may drop. Served before, their rows were read,
-        and checkpointed into the partition's index manifest, then lost with the epoch
-        (simulation seed 208 with ``--pause 1``: an index entry naming a segment no node
-        held). Raft's new leader likewise commits nothing of older terms before an entry of
-        its own. UnavailableError (and this node steps down) when no majority holds it in time:
-        the next reconcile tries again, the followers' copies are longer by then."""
-        end = sh.end()
+    async def _held(self, sh: Shipper, end: Position, within: float) -> bool:
+        """Whether a majority holds the log up to ``end`` within ``within`` seconds; a shipper
+        fenced meanwhile steps down (UnavailableError)."""
         try:
-            async with asyncio.timeout(max(SETTLE_LEASES * sh.lease_s, 1.0)):
+            async with asyncio.timeout(within):
                 await sh.wait_for(end)
-        except (TimeoutError, MirrorError):
+            return True
+        except TimeoutError:
+            return False
+        except MirrorError:
             await self._demote(sh.table_id, sh.pid)
-            raise UnavailableError(f"table {name!r} partition {sh.pid}: the log adopted at epoch {sh.epoch} "
-                                   f"(end {list(end)}) is not on a majority yet; retry") from None
+            raise UnavailableError(f"partition {sh.pid}: fenced before its epoch {sh.epoch} began") from None
+
+    async def _serve_once_held(self, d: TableDef, sh: Shipper, end: Position) -> None:
+        """Serve the partition once a majority holds its log up to ``end``; nothing if ``sh``
+        stopped leading first (fenced, demoted: its wait fails with MirrorError)."""
+        try:
+            await sh.wait_for(end)
+        except MirrorError:
+            return
+        async with self._lock(d.table_id, sh.pid):
+            if self._shipper((d.table_id, sh.pid)) is sh and sh.fenced is None and not sh.closed:
+                await self._serve(d, sh)
 
     async def demote(self, table_id: str, pid: int) -> bool:
         """Stop leading ``pid``: writes in flight fail, its files close (they are this node's

@@ -1,15 +1,14 @@
-"""A new leader serves only once a majority holds the log it adopted (``Leadership._settle``).
+"""A new leader serves only once a majority holds the log it adopted (``Leadership._held``,
+``_serve_once_held``).
 
 Its log's tail, past what a majority held at the election, may hold groups nobody acknowledged;
 the next election may drop them. Served at once, their rows were read and checkpointed into the
 partition's index manifest, then lost with the epoch: simulation seed 208 with ``--pause 1``
 ended with an index entry naming a segment no node held (RFC 0010, invariant LC)."""
+import asyncio
 from types import SimpleNamespace
 
-import pytest
-
 from rowstore.db.serving.leadership import Leadership
-from rowstore.errors import UnavailableError
 from rowstore.replication.follower import ReplicaStore
 from rowstore.replication.leader import Shipper
 from rowstore.segments.active import ActiveSegment
@@ -43,13 +42,24 @@ async def test_a_new_leader_serves_only_once_a_majority_holds_the_log_it_adopted
         sh.start_links()
         return sh
 
+    served = []
+
+    async def serve(d, sh):  # the partition opened and served (Partition.open: not part of this test)
+        served.append(sh)
+    lead._serve = serve
+    d = SimpleNamespace(table_id="T", name="m")
     tr.down = {"n2", "n3"}
     sh = shipper()
-    with pytest.raises(UnavailableError, match="not on a majority yet"):
-        await lead._settle(sh, "m")
-    assert ("T", 0) not in store.shippers and sh.closed  # stepped down: it serves nothing
+    assert not await lead._held(sh, end, 0.2)  # not yet: promotion returns, the partition unserved
+    task = asyncio.ensure_future(lead._serve_once_held(d, sh, end))
+    await asyncio.sleep(0.2)
+    assert not served and not task.done()
+    sh.fence(3)  # a newer election: it never serves
+    await asyncio.wait_for(task, 5)
+    assert not served
+    await sh.close()
     tr.down = {"n2"}  # one follower back: with this node, a majority
     sh = shipper()
-    await lead._settle(sh, "m")
-    assert (await stores["n3"].replica("T", 0)).position() == end and store.shippers[("T", 0)] is sh
+    await asyncio.wait_for(lead._serve_once_held(d, sh, end), 10)
+    assert served == [sh] and (await stores["n3"].replica("T", 0)).position() == end
     await sh.close()
