@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.common import Result, print_table, write_json
+from bench.common import Result, median_time, print_table, write_json
 from bench.http_load import post
 from bench.node_bench import NodeProcess, cpu_seconds
 from node.wire import write_arrow_stream
@@ -107,15 +107,6 @@ async def _quiet(pid: int, most_s: float = 600.0) -> float:
     return time.perf_counter() - t0
 
 
-def _median(fn) -> tuple[object, float]:
-    out, times = None, []
-    for _ in range(REPEAT):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return out, statistics.median(times)
-
-
 def _same_groups(ours: list[dict], duck) -> None:
     want = {s: (c, m) for s, c, m in duck}
     got = {r["sensor"]: (r["count"], r["mean_v"]) for r in ours}
@@ -142,11 +133,12 @@ def _spark(url: str, parquet: str, expect: list[dict]) -> list[tuple[float, floa
         peer = (spark.read.parquet(parquet).where("kind = 'k3' AND v > 0").groupBy("sensor")
                 .agg(F.count("*").alias("count"), F.avg("v").alias("mean_v")))
         assert "aggregate=" in ours._jdf.queryExecution().executedPlan().toString(), "not pushed down"
-        got, ours_s = _median(lambda: [tuple(r) for r in ours.collect()])
-        want, peer_s = _median(lambda: [tuple(r) for r in peer.collect()])
+        got, ours_s = median_time(REPEAT, lambda: [tuple(r) for r in ours.collect()])
+        want, peer_s = median_time(REPEAT, lambda: [tuple(r) for r in peer.collect()])
         _same_groups([{"sensor": s, "count": c, "mean_v": m} for s, c, m in got], want)
         _same_groups(expect, want)
-        _, floor_s = _median(lambda: spark.range(1).collect())  # a job's fixed cost: what pushing cannot remove
+        _, floor_s = median_time(
+            REPEAT, lambda: spark.range(1).collect())  # a job's fixed cost: what pushing cannot remove
         print(f"  spark: pushed {ours_s * 1e3:.0f} ms, read.parquet {peer_s * 1e3:.0f} ms, "
               f"spark.range(1).collect() {floor_s * 1e3:.0f} ms", flush=True)
         return [(ours_s, peer_s, floor_s)]
@@ -198,8 +190,9 @@ async def run(root: str) -> list[Result]:
             ours, s = await _ask(http, agg_url, REQ_AGG)
             times.append(s)
         ours_s = statistics.median(times)
-        pq_rows, pq_s = _median(lambda: con.execute(SQL_AGG.format(src=f"read_parquet('{path}')")).fetchall())
-        mem_rows, mem_s = _median(lambda: con.execute(SQL_AGG.format(src="mem")).fetchall())
+        pq_rows, pq_s = median_time(
+            REPEAT, lambda: con.execute(SQL_AGG.format(src=f"read_parquet('{path}')")).fetchall())
+        mem_rows, mem_s = median_time(REPEAT, lambda: con.execute(SQL_AGG.format(src="mem")).fetchall())
         _same_groups(ours["rows"], pq_rows)
         _same_groups(ours["rows"], mem_rows)
         print(f"  aggregate: ours {ours_s * 1e3:.1f} ms ({ours['stats']['path']}), DuckDB Parquet "
@@ -209,8 +202,8 @@ async def run(root: str) -> list[Result]:
             h, s = await _ask(http, hist_url, hreq)
             times.append(s)
         h_s = statistics.median(times)
-        hp, hp_s = _median(lambda: con.execute(_grid_sql(f"read_parquet('{path}')")).fetchall())
-        hm, hm_s = _median(lambda: con.execute(_grid_sql("mem")).fetchall())
+        hp, hp_s = median_time(REPEAT, lambda: con.execute(_grid_sql(f"read_parquet('{path}')")).fetchall())
+        hm, hm_s = median_time(REPEAT, lambda: con.execute(_grid_sql("mem")).fetchall())
         mine = np.array(h["counts"], np.int64)
         for duck in (hp, hm):
             diff = int(np.abs(mine - _grid_of(duck)).sum())

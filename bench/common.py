@@ -4,8 +4,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 RESULTS_DIR = os.path.join(os.path.dirname(__file__), "results")
 
@@ -32,6 +35,16 @@ class Timer:
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.t0
+
+
+def median_time(repeat: int, fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``fn()``'s last answer and the median of ``repeat`` timed calls, in seconds."""
+    out, times = None, []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return out, statistics.median(times)
 
 
 def print_table(title: str, results: list[Result]) -> None:
