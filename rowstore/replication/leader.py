@@ -18,7 +18,9 @@ from functools import partial
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
+from catalog.abc import Catalog, Check
 from rowstore.errors import FencedError
+from rowstore.replication.epochs import History, epochs_key
 from rowstore.hlc import MAX_TS, ts_from_ms
 from rowstore.segments.active import ActiveSegment
 from rowstore.segments.position import NOTHING, Position
@@ -65,12 +67,14 @@ class Shipper:
 
     def __init__(self, table_id: str, pid: int, epoch: int, base: int, start: Position, followers: list[str],
                  transport: Transport, lease_s: float, *, on_fenced: Callable[[Shipper], None],
-                 clock: Callable[[], int], monotonic: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], int], monotonic: Callable[[], float] = time.monotonic,
+                 catalog: Catalog | None = None):
         """``on_fenced(shipper)``: a follower answered a newer epoch, so this node steps down (the
         fencing of RFC 0010 §5); ``clock()``: this node's HLC present, sent with every round (the
         clock floor the followers keep): both required, neither has a safe default."""
         self.table_id, self.pid, self.epoch, self.base, self.start = table_id, pid, epoch, base, start
         self.clock = clock  # this node's HLC present: sent with every round
+        self.catalog = catalog  # where the partition's epoch history is (None: no segment row checks it)
         self.monotonic = monotonic  # the lease's time (a simulation runs it on virtual time)
         self.followers = list(followers)
         self.transport, self.lease_s, self.on_fenced = transport, lease_s, on_fenced
@@ -111,6 +115,24 @@ class Shipper:
         self.segs[seq] = seg
         seg.file.mirror_to(partial(self.mirror, seq, seg.segid))
         self.wake()
+
+    async def lead_checks(self) -> list[Check]:
+        """What a new segment row of this partition is written with: the partition's epoch
+        history as read now, which an election writes with each new epoch. A leader replaced
+        while it was stopped (nobody fenced it) must not begin a segment: no promotion would
+        move its row, which would stand for a log of its own that its fences answer in place of
+        the newer one it follows (simulation seed 36, RFC 0010 invariant O). FencedError (and
+        this shipper steps down) when the history already records a newer epoch."""
+        if self.catalog is None:
+            return []
+        key = epochs_key(self.table_id, self.pid)
+        e = await self.catalog.get(key)
+        epochs = History.from_bytes(e.value, key).epochs if e is not None else []
+        if epochs and epochs[-1].epoch > self.epoch:
+            self.fence(epochs[-1].epoch)
+            raise FencedError(f"partition {self.pid}: epoch {epochs[-1].epoch} was elected after {self.epoch}",
+                              epochs[-1].epoch)
+        return [Check(key, e.version if e is not None else 0)]
 
     def unregister(self, segid: int) -> None:
         for seq, seg in list(self.segs.items()):

@@ -61,6 +61,8 @@ class SegmentShipper(Protocol):
 
     def unregister(self, segid: int) -> None: ...
 
+    async def lead_checks(self) -> Sequence[Check]: ...
+
 
 class SegmentStore(Handover):
     """One node's view of the row store: its active segments and every sealed one."""
@@ -86,9 +88,6 @@ class SegmentStore(Handover):
         self._parts: dict[int, tuple[str, int]] = {}  # segid -> (table, partition) of open segments
 
         self.epochs: dict[tuple[str, int], int] = {}  # their epochs (new segment rows carry it)
-        # The checks a new segment row of a partition led here carries: that its epoch is still
-        # the newest (set by the replication layer above; none for a partition led alone).
-        self.lead_checks: Callable[[str, int], Awaitable[Sequence[Check]]] | None = None
         self.lost: set[int] = set(lost)  # inodes whose local files were gone at start (a lost block device)
         self.not_led: set[tuple[str, int]] = set()  # replicated partitions this node stopped leading
 
@@ -155,12 +154,9 @@ class SegmentStore(Handover):
             raise UnavailableError(f"partition {partition} is no longer led by this node; retry")
         if seq is None:
             seq = 1 + max((r.seq for r in await self.list(table=table) if r.partition == partition), default=0)
-        lead = self.lead_checks if (table, partition) in self.shippers else None
+        sh = self.shippers.get((table, partition))
         for _ in range(100):
-            # A leader an election replaced, not fenced yet (it was away), must not begin a
-            # segment: no promotion would move its row, and the row would stand for a log of its
-            # own that its fence answers in place of the newer one it follows (seed 36, RFC 0010).
-            guard = list(await lead(table, partition)) if lead is not None else []
+            guard = await sh.lead_checks() if sh is not None else []  # its epoch still the newest
             segid, checks, ops = await self.segids.reserve()
             rec = SegmentRecord(segid, table, partition, SegState.ACTIVE, self.node, 0, seq=seq,
                                 epoch=self.epochs.get((table, partition), 0))

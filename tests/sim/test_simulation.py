@@ -77,7 +77,7 @@ def test_every_invariant_holds_for_every_seed():
 #         the election that replaced it began a segment afterwards, a row no promotion moved;
 #         its fences answered that empty log, not the longer one it followed, and the next
 #         election discarded acknowledged groups. A segment row now checks the epoch history
-#         (tests/rowstore/db/serving/test_leadership_fence.py; RFC 0010, invariant O).
+#         (tests/rowstore/replication/test_shipping.py; RFC 0010, invariant O).
 #   208 with --pause 1 — the same symptom: a new leader served and checkpointed its own
 #         unacknowledged tail, which the next election dropped; a leader now serves once a
 #         majority holds the log it adopted (tests/rowstore/db/serving/test_settle.py).

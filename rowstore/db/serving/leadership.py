@@ -13,10 +13,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, cast
 
-from catalog.abc import Check
 from rowstore.errors import FencedError, UnavailableError
 from rowstore.db.read.leaderless import read_watermark
-from rowstore.replication.epochs import History, epochs_key
 from rowstore.replication.follower import ReplicaStore, SegmentPiece
 from rowstore.replication.leader import Shipper, Transport
 from rowstore.segments.position import NOTHING, Position, rep_key
@@ -67,21 +65,6 @@ class Leadership:
         # its copies half handed over (an append reloading the record while promotion held
         # the files acted on them — it discarded them once).
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
-        store.lead_checks = self._lead_checks
-
-    async def _lead_checks(self, table_id: str, pid: int) -> list[Check]:
-        """What a new segment row of a partition led here is written with: the partition's
-        epoch history as read now, which an election writes with each new epoch. FencedError
-        (and the shipper steps down) when it already records an epoch above the one led here."""
-        key = epochs_key(table_id, pid)
-        e = await self.store.catalog.get(key)
-        epochs = History.from_bytes(e.value, key).epochs if e is not None else []
-        sh = self._shipper((table_id, pid))
-        if sh is not None and epochs and epochs[-1].epoch > sh.epoch:
-            sh.fence(epochs[-1].epoch)
-            raise FencedError(f"partition {pid}: epoch {epochs[-1].epoch} was elected after {sh.epoch}",
-                              epochs[-1].epoch)
-        return [Check(key, e.version if e is not None else 0)]
 
     def _lock(self, table_id: str, pid: int) -> asyncio.Lock:
         return self._locks.setdefault((table_id, pid), asyncio.Lock())
@@ -138,7 +121,7 @@ class Leadership:
         await self.observe_durably(max([s.max_ts or 0 for s in segs] + [wm.ts if wm else 0, floor]))
         self.hold_present(floor)
         sh = Shipper(d.table_id, pid, epoch, base, start, followers, transport, lease_s, on_fenced=on_fenced,
-                     clock=self.present, monotonic=self.monotonic)
+                     clock=self.present, monotonic=self.monotonic, catalog=self.store.catalog)
         for seg in segs:
             sh.register(seg.seq, seg)
         self.store.shippers[key] = sh

@@ -500,3 +500,41 @@ async def test_no_byte_of_an_epoch_is_written_before_the_epoch_is_the_records_la
     failing[0] = False
     got = await f2.append("T", 0, 2, 1, start, [SegmentPiece(9, 1, 0, body + body)])
     assert got["pos"] == [1, 2 * len(body)] and got["last"] == 2 and not got["gap"]
+
+
+async def test_a_leader_replaced_while_away_cannot_begin_a_segment():
+    """Simulation seed 36 (with ``--pause 1``): a leader was stopped through the election that
+    replaced it, so nobody fenced it. Back, it began a segment after its successor had adopted
+    the partition's rows; no later promotion moved that row, and its fences then answered the
+    empty log the row stood for instead of the longer newer one it held as a follower — the
+    next election discarded a log a majority held. A segment row is written with the
+    partition's epoch history as read (``Shipper.lead_checks``), refused once the history
+    names a newer epoch — also when the election commits between the read and the row."""
+    from rowstore.replication.epochs import Epoch, History, epochs_key
+    from rowstore.segments.store import SegmentStore
+
+    fss, _, tr = await world()
+    fs = fss["n1"]
+    store = SegmentStore(fs)
+    await store.open()
+    fenced = []
+    sh = Shipper("T", 0, 1, 0, NOTHING, ["n2", "n3"], tr, lease_s=0.3, on_fenced=fenced.append, clock=lambda: 0,
+                 monotonic=TICK, catalog=fs.catalog)
+    store.shippers[("T", 0)], store.epochs[("T", 0)] = sh, 1
+    key = epochs_key("T", 0)
+    await fs.catalog.txn([], [Put(key, History([Epoch(1, 0, NOTHING)]).to_bytes())])
+    assert (await store.create("T", 0)).seq == 1  # still the newest epoch: it leads
+    elect = [History([Epoch(1, 0, NOTHING), Epoch(2, 1, NOTHING)])]
+    checks = sh.lead_checks
+
+    async def elected_meanwhile():  # the election commits between the read and the row
+        got = await checks()
+        if elect:
+            await fs.catalog.txn([], [Put(key, elect.pop().to_bytes())])
+        return got
+    sh.lead_checks = elected_meanwhile
+    rows = len(await store.list(table="T"))
+    with pytest.raises(FencedError, match="epoch 2 was elected after 1"):
+        await store.create("T", 0)
+    assert len(await store.list(table="T")) == rows and fenced == [sh] and sh.fenced == 2
+    await sh.close()
