@@ -32,7 +32,8 @@ from rowstore.reads.predicates import BBox, Term, batch_mask, fold_ranges, parse
 from rowstore.schema import Column
 from rowstore.types import Kind
 from rowstore.segments.fetch import fetch
-from rowstore.db.read.reader import ReadContext, Reader
+from rowstore.db.read.reader import Reader
+from rowstore.db.read.context import ReadContext
 
 
 T = TypeVar("T")
