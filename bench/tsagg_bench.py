@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 from bench.common import Result, median_time, print_table, write_json
 from catalog.memory import MemoryCatalog
 from rowstore.db.database import Database, TablesConfig
-from rowstore.reads.aggregates import finish, parse_spec
+from rowstore.reads.aggregates import finish
+from rowstore.reads.agg_spec import parse_spec
 from rowstore.reads.sketches import KLL_RANK_ERROR
 from terrafs.backends.local import LocalBlockDevice, LocalObjectStore
 from terrafs.fs import FsConfig, TerrascaleFS

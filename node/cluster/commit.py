@@ -34,7 +34,7 @@ from node.cluster.members import raise_remote
 from node.cluster.placement import Placement, schema_of
 from node.cluster.serving import Serving
 from node.wire import ARROW_STREAM, write_arrow_stream
-from rowstore.db.write.committer import COMMITTED, txn_key
+from rowstore.db.write.two_phase import COMMITTED, txn_key
 from rowstore.errors import UnavailableError
 from rowstore.hlc import ts_from_ms
 from rowstore.segments.wal import DECIDED, SPANS_NODES

@@ -21,7 +21,7 @@ from node.cluster.placement import schema_of
 from node.cluster.router import Router, unled
 from node.wire import read_arrow_stream
 from rowstore.db.database import Database
-from rowstore.db.read.reader import ScanPage, merge_pages
+from rowstore.db.read.scans import ScanPage, merge_pages
 from rowstore.errors import UnavailableError
 from rowstore.reads.plan import ReadPlan, SegmentSlice
 from rowstore.tables.definitions import TableDef

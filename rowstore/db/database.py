@@ -4,9 +4,11 @@ Design: docs/rfcs/0001 (key index), 0002 (column index), 0003 (time travel). Thi
 the one object the node holds; the work is done by its parts, each in its own module:
 
 * :mod:`rowstore.db.registry` — the open tables and their schema histories;
-* :mod:`rowstore.db.write.committer` — group commit, two-phase commit of multi-partition batches;
+* :mod:`rowstore.db.write.committer` — group commit; the two-phase commit of multi-partition
+  batches in :mod:`rowstore.db.write.two_phase`;
 * :mod:`rowstore.db.write.participant` — this node's share of a batch coordinated elsewhere;
-* :mod:`rowstore.db.read.reader` — snapshots, point gets, key ranges, queries;
+* :mod:`rowstore.db.read.reader` — snapshots, key ranges, queries; point gets
+  (:mod:`rowstore.db.read.points`) and ordered scans (:mod:`rowstore.db.read.scans`);
 * :mod:`rowstore.db.read.bridge` — read plans, tails and the change feed for the bridge;
 * :mod:`rowstore.db.read.leases` — read leases that hold segments back from collection;
 * :mod:`rowstore.db.read.subscribe` — live subscriptions to committed changes (RFC 0015), fed
@@ -30,7 +32,8 @@ import numpy as np
 import pyarrow as pa
 
 from rowstore.db.changes import CommitTail
-from rowstore.db.write.committer import Committer, WriteResult, decided
+from rowstore.db.write.committer import Committer, WriteResult
+from rowstore.db.write.two_phase import decided
 from rowstore.db.write.participant import Coordinator
 from rowstore.db.read.aggregate import Aggregator, Stats
 from rowstore.db.read.bridge import ExternalReads
@@ -40,7 +43,8 @@ from rowstore.db.serving.leadership import Leadership
 from rowstore.db.read.leases import Leases
 from rowstore.db.background.maintenance import Maintenance
 from rowstore.db.write.participant import Participant
-from rowstore.db.read.reader import MAX_LIMIT, PURGE_LAG_MS, Reader, ScanPage
+from rowstore.db.read.reader import MAX_LIMIT, PURGE_LAG_MS, Reader
+from rowstore.db.read.scans import ScanPage
 from rowstore.db.read.subscribe import Subscription, Subscriptions
 from rowstore.db.registry import Owns, TableRegistry
 from rowstore.db.tasks import BackgroundTasks

@@ -1,5 +1,5 @@
 """The History RFC's purge rule over sorted key runs (RFC 0003), used by the key index's level
-merges and GC views (:mod:`rowstore.index.key_index`)."""
+merges (:mod:`rowstore.index.key_merges`) and GC views (:mod:`rowstore.index.key_index`)."""
 from __future__ import annotations
 
 import numpy as np

@@ -155,7 +155,7 @@ def bin_points(rowids: _U64, x: npt.NDArray[np.float64], y: npt.NDArray[np.float
                edges_x: npt.NDArray[np.float64], edges_y: npt.NDArray[np.float64], counts: _I64) -> None:
     """Count into ``counts`` (ny × nx) each point of ``spans`` (rows [a, b) of the arrays) that
     lies in ``box`` (xmin, ymin, xmax, ymax; edges inclusive) and whose rowid is in the set,
-    taking it out of the set. Cells follow ``reads.aggregates._cells_of`` exactly: a guess by
+    taking it out of the set. Cells follow ``reads.grids._cells_of`` exactly: a guess by
     division, corrected by one against the edges (``edges[0]`` = -inf, ``edges[n]`` = inf)."""
     xmin, ymin, xmax, ymax = box[0], box[1], box[2], box[3]
     nx, ny = edges_x.shape[0] - 1, edges_y.shape[0] - 1

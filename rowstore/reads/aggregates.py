@@ -1,6 +1,8 @@
-"""Aggregates and grid histograms as pure, vectorized functions (docs/rfcs/0012-aggregates.md):
-the request checked against a schema, per-partition partials, partials merged (across
-partitions and nodes alike), the final answer; and the cells of a histogram grid.
+"""Aggregates as pure, vectorized functions (docs/rfcs/0012-aggregates.md): per-partition
+partials by Arrow's hash aggregation, partials merged (across partitions and nodes alike), the
+final answer. The request is checked in :mod:`rowstore.reads.agg_spec`; quantiles, approximate
+distinct counts, first and last take the path of :mod:`rowstore.reads.agg_special`; grid
+histograms are :mod:`rowstore.reads.grids`.
 
 A partial is an Arrow table: group keys ``g0..`` (a bucketed key: its lower edges,
 :mod:`rowstore.reads.buckets`), then per aggregate ``p<i>`` (and ``q<i>``, the count behind a
@@ -16,171 +18,17 @@ is the same either way (the smallest number, NaN only when there is nothing else
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from rowstore.errors import QueryError
-from rowstore.reads.buckets import GroupKey, edges, parse_bucket
-from rowstore.reads.picks import at_best, key_order, pick
-from rowstore.reads.predicates import BBox, NUMERIC, parse_bbox
-from rowstore.reads.sketches import answers, hll_partials, kll_partials, merge_sketches
-from rowstore.schema import Column, PrimaryKey, SchemaVersion
-from rowstore.types import Kind
+from rowstore.reads.agg_special import group_ids, special
+from rowstore.reads.agg_spec import FLOATS, PICKS, SKETCHES, Agg, AggSpec, cname, key_values
+from rowstore.reads.picks import pick
+from rowstore.reads.sketches import answers, merge_sketches
 
-FNS = ("count", "sum", "min", "max", "mean", "count_distinct", "quantile", "median", "approx_count_distinct",
-       "first", "last")
-SKETCHES = ("quantile", "median", "approx_count_distinct")
-PICKS = ("first", "last")
-MAX_CELLS = 4096  # per axis
-_FLOATS = {Kind.FLOAT32, Kind.FLOAT64}
-_SUMMABLE = NUMERIC - {Kind.TIMESTAMP, Kind.DATE}
-_ORDERED = NUMERIC | {Kind.STRING, Kind.BOOL}
-_KEYS = NUMERIC | {Kind.STRING, Kind.BINARY, Kind.UUID, Kind.BOOL}
 _MERGE = {"count": "sum", "sum": "sum", "min": "min", "max": "max", "mean": "sum"}
-NAN_ORDERS = ("ignore", "largest")
-
-
-@dataclass(frozen=True)
-class Agg:
-    fn: str
-    column: Column | None  # None: count(*)
-    q: float | None = None  # a quantile's rank
-    by: Column | None = None  # first/last: the column whose least/greatest value picks the row
-    alias: str | None = None  # "as": the answer column's name
-
-    @property
-    def name(self) -> str:
-        if self.alias is not None:
-            return self.alias
-        if self.column is None:
-            return self.fn
-        return f"quantile_{self.q:g}_{self.column.name}" if self.fn == "quantile" else f"{self.fn}_{self.column.name}"
-
-
-@dataclass(frozen=True)
-class AggSpec:
-    group_by: tuple[GroupKey, ...]
-    aggs: tuple[Agg, ...]
-    nan_largest: bool = False  # NaN orders above every number in max (see the module's doc)
-    pk: PrimaryKey | None = None  # the key that breaks first/last ties (None: no first/last)
-
-    @property
-    def special(self) -> bool:
-        """Whether an aggregate is computed outside Arrow's hash aggregation (sketches, picks)."""
-        return any(a.fn in SKETCHES or a.fn in PICKS for a in self.aggs)
-
-    def nan_max(self, a: Agg) -> bool:
-        """Whether ``a`` is a max whose NaN wins (a float column under ``nan: "largest"``)."""
-        return self.nan_largest and a.fn == "max" and a.column is not None and a.column.type.kind in _FLOATS
-
-    def used(self) -> set[int]:
-        """The ids of the columns the request names: group keys, values and first/last's ``by``."""
-        return {k.column.id for k in self.group_by} | {a.column.id for a in self.aggs if a.column is not None} | \
-            {a.by.id for a in self.aggs if a.by is not None}
-
-    def columns(self) -> list[Column]:
-        """Every column whose values the aggregate needs (group keys first)."""
-        out = {k.column.id: k.column for k in self.group_by}
-        out.update({a.column.id: a.column for a in self.aggs if a.column is not None})
-        out.update({a.by.id: a.by for a in self.aggs if a.by is not None})
-        out.update({c.id: c for c in (self.pk.columns if self.pk is not None else ())})
-        return list(out.values())
-
-
-def cname(col: Column) -> str:
-    """A column's name in the rows an engine hands to :func:`partial` (by id: stable)."""
-    return f"c{col.id}"
-
-
-def parse_spec(schema: SchemaVersion, group_by: object, aggregates: object, nan: object = None) -> AggSpec:
-    """The request's ``group_by``, ``aggregates`` and ``nan``, checked (QueryError: 400,
-    nothing changed)."""
-    if nan is not None and (not isinstance(nan, str) or nan not in NAN_ORDERS):
-        raise QueryError(f'"nan" must be one of {", ".join(NAN_ORDERS)}, not {str(nan)[:40]!r}')
-    group_by = [] if group_by is None else group_by
-    if not isinstance(group_by, list):
-        raise QueryError('"group_by" must be a list of column names or {"bucket", "width"} objects')
-    keys = tuple(_key(schema, g) for g in group_by)
-    if len({k.column.id for k in keys if k.bucket is None}) != sum(k.bucket is None for k in keys):
-        raise QueryError("group_by names a column twice")
-    if not isinstance(aggregates, list) or not aggregates:
-        raise QueryError('"aggregates" must be a non-empty list of {"fn", "column"} objects')
-    aggs = tuple(_agg(schema, a) for a in aggregates)
-    names = [k.name for k in keys] + [a.name for a in aggs]
-    if len(set(names)) != len(names):
-        raise QueryError(f"two answer columns would have one name: {names} (\"as\" names one)")
-    pk = schema.pk if any(a.fn in PICKS for a in aggs) else None
-    return AggSpec(keys, aggs, nan == "largest", pk)
-
-
-def _key(schema: SchemaVersion, g: object) -> GroupKey:
-    """One ``group_by`` entry: a column name, or ``{"bucket": col, "width": w, "origin"?, "as"?}``."""
-    if isinstance(g, str):
-        c = _column(schema, g, "group_by")
-        if c.type.kind not in _KEYS:
-            raise QueryError(f"group_by: column {c.name!r} is {c.type}: it cannot be a group key")
-        return GroupKey(c, None, c.name)
-    if not isinstance(g, dict) or "bucket" not in g or "width" not in g or set(g) - {"bucket", "width", "origin", "as"}:
-        raise QueryError(f'group_by entry {str(g)[:80]}: expected a column name or {{"bucket": column, "width": w, '
-                         f'"origin"?, "as"?}}')
-    c = _column(schema, g["bucket"], "group_by bucket")
-    return GroupKey(c, parse_bucket(c, g), _alias(g) or f"bucket_{c.name}")
-
-
-def _alias(d: dict[str, object]) -> str | None:
-    name = d.get("as")
-    if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 128):
-        raise QueryError(f'"as" must be a name of 1 to 128 characters, not {str(name)[:40]!r}')
-    return name
-
-
-def _column(schema: SchemaVersion, name: object, what: str) -> Column:
-    col = schema.by_name(name) if isinstance(name, str) else None
-    if col is None:
-        raise QueryError(f"{what}: no column {name!r}")
-    return col
-
-
-def _agg(schema: SchemaVersion, a: object) -> Agg:
-    if not isinstance(a, dict) or set(a) - {"fn", "column", "as", "q", "by"} or a.get("fn") not in FNS:
-        raise QueryError(f"aggregate {str(a)[:80]}: expected {{\"fn\": one of {', '.join(FNS)}, \"column\": name}}")
-    fn, alias = a["fn"], _alias(a)
-    if ("q" in a) != (fn == "quantile"):
-        raise QueryError(f'aggregate {fn}: "q" is the rank of a quantile, and a quantile needs one')
-    if ("by" in a) != (fn in PICKS):
-        raise QueryError(f'aggregate {fn}: "by" names the column whose greatest (last) or least (first) value '
-                         "picks the row, and first and last need one")
-    if "column" not in a:
-        if fn != "count":
-            raise QueryError(f"aggregate {fn} needs a column")
-        return Agg(fn, None, alias=alias)
-    col = _column(schema, a["column"], f"aggregate {fn}")
-    k = col.type.kind
-    if fn in ("quantile", "median"):
-        q = a.get("q", 0.5)
-        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q <= 1:
-            raise QueryError(f'quantile of column {col.name!r}: "q" must be a number in [0, 1], not {str(q)[:40]!r}')
-        if k not in _SUMMABLE:
-            raise QueryError(f"{fn} of column {col.name!r}: it is {col.type}, not a number")
-        return Agg(fn, col, q=float(q), alias=alias)
-    if fn in PICKS:
-        by = _column(schema, a["by"], f"aggregate {fn} by")
-        if by.type.kind not in NUMERIC | {Kind.STRING}:
-            raise QueryError(f"{fn} by column {by.name!r}: it is {by.type}; by is a number, a time or a string")
-        return Agg(fn, col, by=by, alias=alias)
-    if fn == "approx_count_distinct" and k not in _KEYS:
-        raise QueryError(f"approx_count_distinct of column {col.name!r}: {col.type} values cannot be compared")
-    if fn in ("sum", "mean") and k not in _SUMMABLE:
-        raise QueryError(f"{fn} of column {col.name!r}: it is {col.type}, not a number")
-    if fn in ("min", "max") and k not in _ORDERED:
-        raise QueryError(f"{fn} of column {col.name!r}: {col.type} values have no order")
-    if fn == "count_distinct" and k not in _KEYS:
-        raise QueryError(f"count_distinct of column {col.name!r}: {col.type} values cannot be compared")
-    return Agg(fn, col, alias=alias)
 
 
 # -- partials ------------------------------------------------------------------------------
@@ -188,7 +36,7 @@ def _agg(schema: SchemaVersion, a: object) -> Agg:
 
 def partial(rows: pa.Table, spec: AggSpec) -> pa.Table:
     """One place's partial aggregate of ``rows`` (columns named by :func:`cname`)."""
-    cols = {f"g{j}": _key_values(rows, k) for j, k in enumerate(spec.group_by)}
+    cols = {f"g{j}": key_values(rows, k) for j, k in enumerate(spec.group_by)}
     cols["_k"] = pa.array(np.zeros(rows.num_rows, np.int8))  # one group when there are no keys
     ops: list[tuple[str | list[str], str]] = []  # (column, or none for count(*); Arrow aggregation)
     names: dict[str, str] = {}
@@ -200,7 +48,7 @@ def partial(rows: pa.Table, spec: AggSpec) -> pa.Table:
             names[f"p{i}"] = "count_all"
             continue
         cols[f"v{i}"] = rows.column(cname(a.column))
-        if a.fn in ("min", "max") and a.column.type.kind in _FLOATS:
+        if a.fn in ("min", "max") and a.column.type.kind in FLOATS:
             cols[f"v{i}"] = _quiet(cols[f"v{i}"])
         if a.fn in ("sum", "mean") and _may_overflow(cols[f"v{i}"]):
             cols[f"v{i}"] = cols[f"v{i}"].cast(_WIDE)  # summed exactly, checked below
@@ -215,7 +63,7 @@ def partial(rows: pa.Table, spec: AggSpec) -> pa.Table:
     ops = list({(tuple(c) if isinstance(c, list) else c, f): (c, f) for c, f in ops}.values())
     keys = [f"g{j}" for j in range(len(spec.group_by))]
     if spec.special:
-        got, out = _special(rows, pa.table(cols), keys, ops, spec)
+        got, out = special(rows, pa.table(cols), keys, ops, spec)
     else:
         got = pa.table(cols).group_by(keys or ["_k"], use_threads=False).aggregate(ops)
         out = {k: got.column(k) for k in keys}
@@ -226,53 +74,6 @@ def partial(rows: pa.Table, spec: AggSpec) -> pa.Table:
         if a.fn in ("sum", "mean") and out[f"p{i}"].type == _WIDE:
             out[f"p{i}"] = _narrow_sum(out[f"p{i}"], a)
     return pa.table(out)
-
-
-def _key_values(rows: pa.Table, k: GroupKey) -> pa.Array | pa.ChunkedArray:
-    v = rows.column(cname(k.column))
-    return v if k.bucket is None else edges(v, k.column, k.bucket)
-
-
-def _special(rows: pa.Table, cols: pa.Table, keys: list[str], ops: list[tuple[str | list[str], str]],
-             spec: AggSpec) -> tuple[pa.Table, dict[str, pa.Array | pa.ChunkedArray]]:
-    """(Arrow's aggregates, the keys and the sketches and picks) with the groups numbered first:
-    Arrow's aggregation then groups by that number, so its rows line up with the sketches'."""
-    gid, groups = _group_ids(cols, keys)
-    n = groups.num_rows
-    got = cols.append_column("_gid", pa.array(gid, pa.int64())).group_by(["_gid"], use_threads=False) \
-        .aggregate(ops).sort_by("_gid")
-    out: dict[str, pa.Array | pa.ChunkedArray] = {k: groups.column(k) for k in keys}
-    key = rows.column(KEY) if KEY in rows.column_names else \
-        key_order(spec.pk, [rows.column(cname(c)) for c in spec.pk.columns]) if spec.pk is not None else None
-    for i, a in enumerate(spec.aggs):
-        if a.column is None:
-            continue  # count(*): Arrow's
-        if a.fn in ("quantile", "median"):
-            out[f"p{i}"] = kll_partials(rows.column(cname(a.column)), gid, n)
-        elif a.fn == "approx_count_distinct":
-            out[f"p{i}"] = hll_partials(rows.column(cname(a.column)), a.column.type.kind, gid, n)
-        elif a.fn in PICKS:
-            assert a.by is not None and key is not None  # parse_spec: first/last have both
-            out[f"p{i}"], out[f"o{i}"], out[f"k{i}"] = pick(rows.column(cname(a.column)), rows.column(cname(a.by)),
-                                                            key, gid, n, a.fn == "last")
-    return got, out
-
-
-KEY = "_key"  # rows may bring their keys' order (picks.key_order), null where no pick can take the row
-
-
-def pick_rows(rows: pa.Table, spec: AggSpec) -> np.ndarray:
-    """Which rows a first/last may take (at their group's least/greatest ``by``): an engine
-    finds the keys of these alone and hands them to :func:`partial` as ``KEY``."""
-    cols = pa.table({f"g{j}": _key_values(rows, k) for j, k in enumerate(spec.group_by)} or
-                    {"_k": pa.nulls(rows.num_rows, pa.int8())})
-    gid, groups = _group_ids(cols, [f"g{j}" for j in range(len(spec.group_by))])
-    out = np.zeros(rows.num_rows, bool)
-    for a in spec.aggs:
-        if a.fn in PICKS:
-            assert a.by is not None  # parse_spec
-            out |= at_best(rows.column(cname(a.by)), gid, groups.num_rows, a.fn == "last")
-    return out
 
 
 _WIDE = pa.decimal128(38, 0)  # integer sums that may leave 64 bits are added in this
@@ -323,14 +124,14 @@ def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
         raise ValueError("nothing to merge")
     P = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
     keys = [f"g{j}" for j in range(len(spec.group_by))]
-    gid, groups = _group_ids(P, keys)
+    gid, groups = group_ids(P, keys)
     n = groups.num_rows
     P = P.append_column("_gid", pa.array(gid, pa.int64()))
     ops = [(f"p{i}", _MERGE[a.fn]) for i, a in enumerate(spec.aggs) if a.fn in _MERGE]
     ops += [(f"q{i}", "sum") for i, a in enumerate(spec.aggs) if a.fn == "mean"]
     for i, a in enumerate(spec.aggs):
         if a.fn in ("min", "max") and a.column is not None \
-                and a.column.type.kind in _FLOATS:  # partials from elsewhere: any NaN
+                and a.column.type.kind in FLOATS:  # partials from elsewhere: any NaN
             P = P.set_column(P.schema.get_field_index(f"p{i}"), f"p{i}", _quiet(P.column(f"p{i}")))
         if a.fn in ("sum", "mean") and _may_overflow(P.column(f"p{i}")):
             P = P.set_column(P.schema.get_field_index(f"p{i}"), f"p{i}", P.column(f"p{i}").cast(_WIDE))
@@ -357,31 +158,6 @@ def merge(parts: list[pa.Table], spec: AggSpec) -> pa.Table:
             if a.fn == "mean":
                 out[f"q{i}"] = m.column(f"q{i}_sum")
     return pa.table(out)
-
-
-def _group_ids(P: pa.Table, keys: list[str]) -> tuple[np.ndarray, pa.Table]:
-    """Each partial row's group number, and the groups' keys in that numbering (groups numbered
-    in the order they first appear). Each key column is dictionary-encoded (a hash pass, nulls
-    a value of their own) and the codes combined column by column, renumbered densely after
-    each so that they stay below the row count."""
-    if not keys:
-        return np.zeros(P.num_rows, np.int64), pa.table({"_": pa.nulls(1 if P.num_rows else 0, pa.int8())})
-    gid: np.ndarray | None = None
-    for k in keys:
-        code, m = _codes(P.column(k))
-        gid = code if gid is None else _codes(pa.array(gid * m + code))[0]
-    assert gid is not None  # keys is not empty
-    n = int(gid.max()) + 1 if len(gid) else 0
-    first = np.empty(n, np.int64)
-    first[gid[::-1]] = np.arange(len(gid) - 1, -1, -1)  # each group's first row: the last write wins
-    return gid, P.select(keys).take(pa.array(first))
-
-
-def _codes(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, int]:
-    """Dense codes of ``col``'s values (null one of them) in order of first appearance, and how many."""
-    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    d = pc.dictionary_encode(col, null_encoding="encode")
-    return d.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False), len(d.dictionary)
 
 
 def _merge_distinct(lists: pa.Array | pa.ChunkedArray, gid: np.ndarray, n: int) -> pa.Array:
@@ -435,7 +211,7 @@ def _final(P: pa.Table, i: int, a: Agg) -> tuple[pa.Array, pa.Field]:
     if a.fn == "sum":
         if p.type == _WIDE:
             p = _narrow_sum(p, a, strict=True)
-        typ = pa.float64() if a.column.type.kind in _FLOATS else p.type
+        typ = pa.float64() if a.column.type.kind in FLOATS else p.type
         return p.cast(typ), pa.field(a.name, typ)
     f = a.column.field()
     return p.cast(f.type), pa.field(a.name, f.type, metadata=f.metadata)
@@ -462,66 +238,3 @@ def _empty_row(spec: AggSpec) -> pa.Table:
             if a.fn == "mean":
                 cols[f"q{i}"] = pa.array([0], pa.int64())
     return pa.table(cols)
-
-
-# -- grid histograms -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Grid:
-    box: BBox
-    nx: int
-    ny: int
-
-
-def parse_grid(schema: SchemaVersion, column: object, bbox: object, cells: object) -> Grid:
-    """The histogram's column, bounding box and cell counts, checked."""
-    if not isinstance(bbox, dict) or set(bbox) != {"xmin", "ymin", "xmax", "ymax"}:
-        raise QueryError('"bbox" must be an object {xmin, ymin, xmax, ymax}')
-    if not isinstance(column, str):
-        raise QueryError('"column" must name a point or box column')
-    box = parse_bbox(schema, {"column": column, **bbox})
-    assert box is not None  # a bbox object was given
-    if not isinstance(cells, list) or len(cells) != 2 or not all(
-            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_CELLS for n in cells):
-        raise QueryError(f'"cells" must be [nx, ny], each 1..{MAX_CELLS}, not {str(cells)[:60]}')
-    return Grid(box, cells[0], cells[1])
-
-
-def cell_counts(values: pa.Array, g: Grid) -> np.ndarray:
-    """Counts per cell (``ny`` rows of ``nx``; row 0 at ``ymin``) of the points (a box: its
-    centre) inside the box, edges inclusive; a point on an inner edge goes to the higher
-    cell, one on ``xmax``/``ymax`` to the last."""
-    b = g.box
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    ok = values.is_valid().to_numpy(zero_copy_only=False)
-    names = [values.type.field(i).name for i in range(values.type.num_fields)]
-    f = {n: values.field(n).to_numpy(zero_copy_only=False) for n in names}
-    if b.column.type.kind == Kind.POINT:
-        x, y = f["x"], f["y"]
-    else:
-        x, y = (f["xmin"] + f["xmax"]) / 2, (f["ymin"] + f["ymax"]) / 2
-    with np.errstate(invalid="ignore"):
-        ok &= (x >= b.xmin) & (x <= b.xmax) & (y >= b.ymin) & (y <= b.ymax)
-    ix, iy = _cells_of(x[ok], b.xmin, b.xmax, g.nx), _cells_of(y[ok], b.ymin, b.ymax, g.ny)
-    return np.bincount(iy * g.nx + ix, minlength=g.nx * g.ny).astype(np.int64).reshape(g.ny, g.nx)
-
-
-def cell_edges(lo: float, hi: float, n: int) -> np.ndarray:
-    """The ``n + 1`` edges of one axis's cells; the first and last cells are closed by the
-    bbox, so their outer edges are -inf and inf."""
-    edges = lo + (hi - lo) * (np.arange(0, n + 1, dtype=np.float64) / n)
-    edges[0], edges[-1] = -np.inf, np.inf
-    return edges
-
-
-def _cells_of(v: np.ndarray, lo: float, hi: float, n: int) -> np.ndarray:
-    """The cell of each value: the number of inner edges ``lo + (hi-lo)·i/n`` at or below it
-    (a guess by division, corrected by one where rounding put it across its edge)."""
-    edges = cell_edges(lo, hi, n)
-    guess = np.floor((v - lo) * (n / (hi - lo))) if hi > lo else np.full(len(v), n - 1.0)
-    c: npt.NDArray[np.int64] = np.clip(np.nan_to_num(guess, nan=0.0), 0, n - 1).astype(np.int64)
-    c -= v < edges[c]
-    c += v >= edges[c + 1]
-    return c

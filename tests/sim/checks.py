@@ -7,7 +7,7 @@ import asyncio
 import pyarrow as pa
 
 from rowstore.db.database import Database
-from rowstore.db.write.committer import COMMITTED, txn_key
+from rowstore.db.write.two_phase import COMMITTED, txn_key
 from rowstore.errors import UnavailableError
 from rowstore.segments.position import NOTHING, Position
 from tests.history.batches import UNKNOWN, HistoryViolation, Region, check as check_history

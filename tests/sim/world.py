@@ -34,7 +34,7 @@ import pyarrow as pa
 from catalog.abc import Check, Delete, Put
 from catalog.memory import MemoryCatalog
 from node.cluster.controller import choose_leader
-from rowstore.db.write.committer import COMMITTED, txn_key
+from rowstore.db.write.two_phase import COMMITTED, txn_key
 from rowstore.db.database import Database
 from rowstore.errors import FencedError, RowstoreError, UnavailableError
 from rowstore.tables.keys import encode_keys, partition_of

@@ -21,7 +21,9 @@ from node.http.params import (as_of_value, bound, json_body, json_object, off_lo
 from node.wire import ARROW_STREAM, read_arrow_stream, table_to_rows, write_arrow_stream
 from rowstore.db.database import Database
 from rowstore.db.read.aggregate import add_stats
-from rowstore.reads.aggregates import cell_counts, cname, finish, merge, parse_grid, parse_spec, partial
+from rowstore.reads.aggregates import finish, merge, partial
+from rowstore.reads.agg_spec import cname, parse_spec
+from rowstore.reads.grids import cell_counts, parse_grid
 from rowstore.tables.definitions import TableDef
 
 _AGG = ("group_by", "aggregates", "where", "bbox", "nan")

@@ -12,7 +12,7 @@ from node.http.api import Api
 from node.http.cursors import Cursor, CursorKeys
 from node.http.params import THREAD_BYTES, THREAD_ROWS, as_of_value, bound, json_object, off_loop_if_big, where_terms
 from node.wire import ARROW_STREAM, row_to_json, table_to_rows, write_arrow_stream
-from rowstore.db.read.reader import ScanPage
+from rowstore.db.read.scans import ScanPage
 from node.http.answers import json_answer, json_text
 
 NEXT = "X-Terrascale-Next"  # an Arrow page's cursor (JSON answers carry it as "next")

@@ -25,14 +25,17 @@ from rowstore.index.column_index import ColumnRun, Pred, bitmap_from
 from rowstore.index.column_structures import ids_of
 from rowstore.index.column_values import gather, gatherable, sources
 from rowstore.index.rowid_kernels import Positions, RowidSet, bin_points
-from rowstore.reads.aggregates import (KEY, AggSpec, Grid, cell_counts, cell_edges, cname, merge, parse_grid,
-                                       parse_spec, partial, pick_rows)
+from rowstore.reads.aggregates import merge, partial
+from rowstore.reads.agg_special import KEY, pick_rows
+from rowstore.reads.agg_spec import AggSpec, cname, parse_spec
+from rowstore.reads.grids import Grid, cell_counts, cell_edges, parse_grid
 from rowstore.reads.picks import key_order
 from rowstore.reads.predicates import BBox, Term, batch_mask, fold_ranges, parse_bbox, parse_where
 from rowstore.schema import Column
 from rowstore.types import Kind
 from rowstore.segments.fetch import fetch
-from rowstore.db.read.reader import ReadContext, Reader
+from rowstore.db.read.reader import Reader
+from rowstore.db.read.context import ReadContext
 
 
 T = TypeVar("T")

@@ -1,27 +1,24 @@
 """Writes: a batch split by key hash into its partitions, committed with one ``BATCH …
 COMMIT`` append when it touches one partition, or with the two-phase commit of RFC 0003
 when it touches several — queued per table and committed as one group, whose commit point
-is one catalog transaction (``txn/<id>``)."""
+is one catalog transaction (``txn/<id>``; :mod:`rowstore.db.write.two_phase`)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import secrets
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast, overload
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import pyarrow as pa
 
-from catalog.abc import Catalog, Check, Delete, Put
-from rowstore.errors import ConflictError, UnavailableError
+from catalog.abc import Catalog
+from rowstore.errors import UnavailableError
 from rowstore.tables.keys import encode_columns, key_arrays, partitions_of
-from rowstore.codec.rows import Encoded, EncodedParts
+from rowstore.codec.rows import Encoded
 from rowstore.schema import Column, SchemaVersion
 from rowstore.rowids import split_rowids
 from rowstore.segments.active import ActiveSegment
-from rowstore.segments.wal import DECIDED, SPANS_NODES
 from rowstore.tables.conform import PartitionShare, conform, split_by_partition, stamp
 from rowstore.tables.key_check import check_key_columns, check_key_lists
 from rowstore.tables.definitions import TableCatalog, TableDef
@@ -30,18 +27,14 @@ from rowstore.db.partition import Partition
 from rowstore.timeline import Timeline
 from rowstore.db.registry import Table, TableRegistry
 from rowstore.db.tasks import BackgroundTasks
-from terrafs.catalog_ops import commit
-from terrafs.failpoints import failpoint
+from rowstore.db.write.two_phase import TwoPhaseCommit, deleted_of
 
 T = TypeVar("T")
-TXN_PREFIX = "txn/"
-COMMITTED, ABORTED = b"committed", b"aborted"
 # Bigger batches are sorted, split and encoded in a worker thread. Up to this size that is
 # ~1.5 ms of CPU on the event loop, which costs less than the worker's GIL hand-offs: each
 # of its numpy/Arrow/numba calls releases the GIL and may wait for it again behind the loop
 # (10k-row batches, 4 clients: 0.95M -> 1.22M rows/s, medians of 8 alternating runs).
 THREAD_ROWS = 16_384
-GROUP_ROWS = 256_000  # rows committed together by one multi-partition group at most
 
 
 @dataclass(frozen=True)
@@ -50,55 +43,10 @@ class WriteResult:
     commit_ts: int
 
 
-def txn_key(txn: int) -> str:
-    return f"{TXN_PREFIX}{txn:016x}"
+class Committer(TwoPhaseCommit):
+    """A node's writes: checked, split by partition, committed (one partition here; several:
+    :class:`TwoPhaseCommit`), applied to the indexes and acknowledged once visible."""
 
-
-async def decided(catalog: Catalog, txn: int) -> bool:
-    """Whether prepared batch ``txn`` committed: as the catalog says; an undecided one is
-    aborted there (by compare-and-set: a late coordinator cannot commit it). What recovery,
-    and a new leader adopting a replicated partition's log, ask of a segment ending in a
-    prepared batch."""
-    key = txn_key(txn)
-    for _ in range(10):
-        e = await catalog.get(key)
-        if e is not None:
-            return e.value == COMMITTED
-        res = await commit(catalog, [Check(key, 0)], [Put(key, ABORTED)])
-        if res.committed:
-            return False
-    raise ConflictError(f"cannot decide transaction {key}")
-
-
-@dataclass
-class _Member:
-    """A multi-partition batch waiting in its table's commit queue."""
-
-    work: list[tuple[Partition, PartitionShare]]  # (partition, its piece of the batch)
-    schema: SchemaVersion
-    fut: asyncio.Future[int]
-    ts: int = 0
-
-    @property
-    def rows(self) -> int:
-        return sum(p.rows for _, p in self.work)
-
-
-@dataclass
-class _Prepared:
-    """A decided group, unlocked, waiting to be applied (``_finish_group``)."""
-
-    group: list[_Member]
-    by_pid: dict[int, list[tuple[int, Partition, PartitionShare]]]  # pid -> [(member index, partition, piece)]
-    pids: list[int]
-    parts: list[Partition]
-    segs: list[ActiveSegment]
-    got: list[np.ndarray]  # per partition: the prepared rows' rowids
-    txn: int
-    commits: list[asyncio.Task[None]]  # COMMIT X appends in flight
-
-
-class Committer:
     def __init__(self, catalog: Catalog, definitions: TableCatalog, tables: TableRegistry, timeline: Timeline,
                  tasks: BackgroundTasks, step_down: Callable[[str, int], Coroutine[Any, Any, bool]],
                  tail: CommitTail, ack_timeout_s: float = 10.0):
@@ -107,34 +55,13 @@ class Committer:
         applied batch is handed to it before its timestamp ends (subscriptions, RFC 0015)."""
         self.catalog, self.definitions, self.tables, self.tail = catalog, definitions, tables, tail
         self.timeline, self.tasks, self.step_down = timeline, tasks, step_down
-        self._decided: list[str] = []  # txn keys decided committed at recovery
-        self._groups: dict[str, list[_Member]] = {}  # table id -> multi-partition batches waiting to commit
-        self._leading: set[str] = set()  # table ids whose group committer is running
-        self._applying: dict[str, asyncio.Task[None]] = {}  # table id -> its last decided group's finish
+        self._decided = []  # txn keys decided committed at recovery
+        self._groups = {}  # table id -> multi-partition batches waiting to commit
+        self._leading = set()  # table ids whose group committer is running
+        self._applying = {}  # table id -> its last decided group's finish
         # A write to a replicated partition waits this long for a majority of its replicas, then
         # answers "unavailable" (the batch may still become durable and visible later).
         self.ack_timeout_s = ack_timeout_s
-
-    # -- recovery -----------------------------------------------------------------------------
-
-    async def decide_at_recovery(self, txn: int, keep: bool = False) -> bool:
-        """A prepared batch found at the end of a segment: committed iff the catalog says so;
-        an undecided one is aborted (by compare-and-set: a late coordinator cannot commit it).
-
-        ``keep``: the decision must stay in the catalog — the segment is one copy of a
-        replicated partition's log (RFC 0010 §5), and the copy that leads it next may hold the
-        prepared batch without this COMMIT and decide again."""
-        committed = await decided(self.catalog, txn)
-        if committed and not txn & SPANS_NODES and not keep:
-            self._decided.append(txn_key(txn))  # every share of it is on this node
-        return committed
-
-    async def forget_recovered(self) -> None:
-        """After recovery every participant is local and has its COMMIT: drop the decisions."""
-        done = sorted(set(self._decided))
-        for i in range(0, len(done), 64):
-            await commit(self.catalog, [], [Delete(k) for k in done[i : i + 64]])
-        self._decided.clear()
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -279,7 +206,7 @@ class Committer:
             if sizes is not None:
                 seg.note_commit_ts(tss[0])
             row_ts: int | np.ndarray = ts if sizes is None else np.repeat(np.array(tss, np.uint64), sizes)
-            part.apply(split_rowids(ids)[1], seg.segid, piece.batch, row_ts, _deleted(piece), schema, piece.keys,
+            part.apply(split_rowids(ids)[1], seg.segid, piece.batch, row_ts, deleted_of(piece), schema, piece.keys,
                        piece.pos)
             self.tail.committed(part.table_id, part.pid, piece.enc, tss[-1])
             self.merge_if_due(part)
@@ -291,111 +218,6 @@ class Committer:
         if part.full():
             self.tasks.spawn(part.roll(if_full=True))
         return ts if sizes is None else tss
-
-    async def _commit_many(self, table: Table, work: list[tuple[Partition, PartitionShare]],
-                           schema: SchemaVersion) -> int:
-        """Queue a multi-partition batch; one committer per table takes every batch queued
-        and commits them as ONE two-phase group (one prepare fsync per partition, one
-        decision), each batch keeping its own commit timestamp (LevelDB's writer queue)."""
-        m = _Member(work, schema, asyncio.get_running_loop().create_future())
-        q = self._groups.setdefault(table.table_id, [])
-        q.append(m)
-        if table.table_id not in self._leading:
-            self._leading.add(table.table_id)
-            self.tasks.spawn(self._group_loop(table.table_id, q))
-        if not any((part.table_id, part.pid) in part.store.shippers for part, _ in work):
-            return await m.fut
-        return await self._bounded(m.fut, [part for part, _ in work])
-
-    async def _group_loop(self, tid: str, q: list[_Member]) -> None:
-        try:
-            while q:
-                group = [q.pop(0)]
-                rows = group[0].rows
-                while q and rows + q[0].rows <= GROUP_ROWS:
-                    rows += q[0].rows
-                    group.append(q.pop(0))
-                try:
-                    prepared = await self._commit_group(group)
-                except BaseException as e:  # every member learns it; the loop goes on
-                    _fail(group, e)
-                    if isinstance(e, asyncio.CancelledError):
-                        raise
-                    continue
-                # Decided and unlocked: the next group prepares (its fdatasyncs run) while this
-                # one is applied; groups are applied in commit order.
-                t = self._applying[tid] = self.tasks.spawn(self._finish_group(prepared, self._applying.get(tid)))
-                t.add_done_callback(lambda t: self._applying.pop(tid) if self._applying.get(tid) is t else None)
-        finally:
-            self._leading.discard(tid)
-
-    async def _commit_group(self, group: list[_Member]) -> _Prepared:
-        """Prepare every partition's share (one append each, one fdatasync each, in parallel)
-        and decide, under the partitions' writer locks; return what applying needs."""
-        by_pid: dict[int, list[tuple[int, Partition, PartitionShare]]] = {}
-        for i, m in enumerate(group):
-            for part, piece in m.work:
-                by_pid.setdefault(part.pid, []).append((i, part, piece))
-        pids = sorted(by_pid)
-        parts = [by_pid[p][0][1] for p in pids]
-        txn = DECIDED | secrets.randbits(62)  # SPANS_NODES clear: every share is here
-        async with contextlib.AsyncExitStack() as locks:
-            for part in parts:
-                await locks.enter_async_context(part.lock)
-            segs = [await part.current() for part in parts]
-            for m in group:
-                m.ts = await self.timeline.begin()
-            for part in parts:
-                part.enter()
-            try:
-                encs = [_concat([(pc.enc, group[i].ts) for i, _, pc in by_pid[p]]) for p in pids]
-                top = group[-1].ts
-                tasks = [await part.append(seg, enc, top, txn) for part, seg, enc in zip(parts, segs, encs)]
-                got = await asyncio.gather(*tasks, return_exceptions=True)
-                failed = next((g for g in got if isinstance(g, BaseException)), None)
-                failpoint("txn.after_prepare")
-                if failed is not None or not await self._decide(txn, True):
-                    for seg, g in zip(segs, got):
-                        if not isinstance(g, BaseException):
-                            seg.abort_prepared(g)
-                    raise failed or ConflictError("the batch was aborted during recovery elsewhere")
-                failpoint("txn.after_decision")
-                commits = [asyncio.ensure_future(seg.commit_prepared(txn, lazy=True)) for seg in segs]
-                await asyncio.sleep(0)  # COMMIT X enqueued before the locks are released
-            except BaseException:
-                self._leave(parts, group)
-                raise
-        # no exception among ``got``: any failure raised above
-        return _Prepared(group, by_pid, pids, parts, segs, cast("list[np.ndarray]", got), txn, commits)
-
-    async def _finish_group(self, g: _Prepared, before: asyncio.Task[None] | None) -> None:
-        """Make a decided group's entries visible (its partitions stay "in flight" until then,
-        so a checkpoint waits for them), then acknowledge it once its timestamps are closed."""
-        try:
-            if before is not None:
-                await asyncio.wait([before])  # the previous group's entries first
-            try:
-                for p, part, seg, ids in zip(g.pids, g.parts, g.segs, g.got):
-                    seg.note_commit_ts(g.group[0].ts)
-                    locs, at = split_rowids(ids)[1], 0
-                    for i, _, pc in g.by_pid[p]:
-                        part.apply(locs[at : at + pc.rows], seg.segid, pc.batch, g.group[i].ts, _deleted(pc),
-                                   g.group[i].schema, pc.keys, pc.pos)
-                        self.tail.committed(part.table_id, part.pid, pc.enc, g.group[i].ts)
-                        at += pc.rows
-                    self.merge_if_due(part)
-            finally:
-                self._leave(g.parts, g.group)
-            self.tasks.spawn(self._forget_decision(g.txn, g.commits))
-            await self.timeline.wait_closed(g.group[-1].ts)
-        except BaseException as e:
-            _fail(g.group, e)
-            raise
-        for m in g.group:
-            m.fut.set_result(m.ts)
-        for part in g.parts:
-            if part.full():
-                self.tasks.spawn(part.roll(if_full=True))
 
     async def _bounded(self, fut: asyncio.Future[T], parts: list[Partition]) -> T:
         """``fut``'s result, or UnavailableError after the ack timeout. Then the partitions'
@@ -419,27 +241,6 @@ class Committer:
         if part.index.merge_due and part.index.merge_small():
             self.tasks.spawn(part.index.merge_memtable())
 
-    def _leave(self, parts: list[Partition], group: list[_Member]) -> None:
-        for part in parts:
-            part.leave()
-        for m in group:
-            self.timeline.end(m.ts)
-
-    async def _decide(self, txn: int, want: bool) -> bool:
-        """The commit point: ``txn/X`` = committed (or aborted), by compare-and-set."""
-        key = txn_key(txn)
-        res = await commit(self.catalog, [Check(key, 0)], [Put(key, COMMITTED if want else ABORTED)])
-        if res.committed:
-            return want
-        e = await self.catalog.get(key)
-        return e is not None and e.value == COMMITTED
-
-    async def _forget_decision(self, txn: int, commits: list[asyncio.Task[None]]) -> None:
-        """Once every participant's COMMIT X is durable, nobody needs ``txn/X`` again."""
-        got = await asyncio.gather(*commits, return_exceptions=True)
-        if not any(isinstance(g, BaseException) for g in got):
-            await commit(self.catalog, [], [Delete(txn_key(txn))])
-
 
 def served(table: Table, pids: np.ndarray) -> None:
     """Refuse rows of partitions another node serves (the node layer routes them there; this
@@ -447,24 +248,6 @@ def served(table: Table, pids: np.ndarray) -> None:
     foreign = set(np.unique(pids).tolist() if len(pids) > 64 else pids.tolist()) - table.owned
     if foreign:
         raise UnavailableError(f"table {table.name!r}: partitions {sorted(foreign)} are not served by this node")
-
-
-def _fail(group: list[_Member], e: BaseException) -> None:
-    for m in group:
-        if not m.fut.done():
-            m.fut.set_exception(e)
-
-
-def _concat(encs: list[tuple[Encoded, int]]) -> Encoded | EncodedParts:
-    """Several batches' encoded rows for one partition as one record, each stamped with its
-    own commit timestamp (rows carry theirs; the record's header carries the largest)."""
-    for e, ts in encs:
-        stamp(e, ts)
-    if len(encs) == 1:
-        return encs[0][0]
-    offs = np.cumsum([0] + [e.nbytes for e, _ in encs[:-1]])
-    return EncodedParts([e.buf for e, _ in encs], np.concatenate([e.starts + o for (e, _), o in zip(encs, offs)]),
-                        int(offs[-1]) + encs[-1][0].nbytes)
 
 
 def _filler(col: Column, n: int) -> pa.Array:
@@ -503,7 +286,3 @@ def _distinct(keys: np.ndarray) -> bool:
     """Whether no key repeats (a plain sort is ~30x cheaper than ``np.unique`` with indices)."""
     s = np.sort(keys)
     return not (s[1:] == s[:-1]).any()
-
-
-def _deleted(piece: PartitionShare) -> np.ndarray:
-    return np.zeros(piece.rows, bool) if piece.deleted is None else piece.deleted

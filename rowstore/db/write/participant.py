@@ -27,7 +27,8 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.abc import Catalog, Check, Put
-from rowstore.db.write.committer import ABORTED, COMMITTED, Committer, txn_key
+from rowstore.db.write.committer import Committer
+from rowstore.db.write.two_phase import ABORTED, COMMITTED, txn_key
 from rowstore.db.registry import Table
 from rowstore.db.tasks import BackgroundTasks
 from rowstore.errors import ConflictError, UnavailableError

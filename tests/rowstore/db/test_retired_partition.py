@@ -13,7 +13,7 @@ seconds — then rolled the segment under the wrong lock. Found by the seeded si
 import secrets
 
 from catalog.abc import Check, Put
-from rowstore.db.write.committer import COMMITTED, txn_key
+from rowstore.db.write.two_phase import COMMITTED, txn_key
 from rowstore.segments.store import SegState
 from rowstore.segments.wal import DECIDED, SPANS_NODES
 from terrafs.catalog_ops import commit

@@ -7,7 +7,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 
 from rowstore.index.rowid_kernels import Positions, RowidSet, bin_points, match_sorted
-from rowstore.reads.aggregates import Grid, cell_counts, cell_edges
+from rowstore.reads.grids import Grid, cell_counts, cell_edges
 from rowstore.reads.predicates import BBox
 from rowstore.schema import Column
 from rowstore.types import ColumnType

@@ -8,7 +8,8 @@ import hypothesis.strategies as st
 import pyarrow as pa
 from hypothesis import given, settings
 
-from rowstore.reads.aggregates import cname, finish, merge, parse_spec, partial
+from rowstore.reads.aggregates import finish, merge, partial
+from rowstore.reads.agg_spec import cname, parse_spec
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import ColumnType
 

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 
 from rowstore.errors import QueryError
-from rowstore.reads.aggregates import cname, finish, merge, parse_spec, partial
+from rowstore.reads.aggregates import finish, merge, partial
+from rowstore.reads.agg_spec import cname, parse_spec
 from rowstore.schema import Column, SchemaVersion
 from rowstore.types import ColumnType
 

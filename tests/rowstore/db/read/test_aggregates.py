@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 
 from rowstore.db.background.gc import GcConfig
 from rowstore.errors import QueryError
-from rowstore.reads.aggregates import MAX_CELLS, finish
+from rowstore.reads.aggregates import finish
+from rowstore.reads.grids import MAX_CELLS
 from rowstore.reads.predicates import batch_mask, parse_bbox, parse_where
 from tests.fixtures.aggregate_model import grouped, same
 from tests.rowstore.tables_world import TablesWorld
@@ -78,7 +79,7 @@ def random_request(rng, schema) -> tuple:
 async def answer(db, group_by, aggs, where, bbox, T):
     p, got_T, stats = await db.aggregate("a", group_by, aggs, where, bbox, as_of=T)
     d = await db.describe("a", T)
-    from rowstore.reads.aggregates import parse_spec
+    from rowstore.reads.agg_spec import parse_spec
     assert got_T == T
     return finish(p, parse_spec(d.schema, group_by, aggs)).to_pylist(), stats
 

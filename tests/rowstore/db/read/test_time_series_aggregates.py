@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 
 from rowstore.db.background.gc import GcConfig
 from rowstore.errors import QueryError
-from rowstore.reads.aggregates import finish, parse_spec
+from rowstore.reads.aggregates import finish
+from rowstore.reads.agg_spec import parse_spec
 from tests.fixtures.ts_model import check
 from tests.rowstore.tables_world import TablesWorld
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from catalog.abc import Check, Put
-from rowstore.db.write.committer import COMMITTED, txn_key
+from rowstore.db.write.two_phase import COMMITTED, txn_key
 from rowstore.errors import UnavailableError
 from rowstore.segments.wal import DECIDED, SPANS_NODES
 from terrafs.catalog_ops import commit
