@@ -23,7 +23,7 @@ from node.http.api import Api
 from node.http.frames import FrameStream, LocalFrames
 from node.http.merge import MergedFrames, RemoteShare
 from node.http.params import CONFIG, bound, int_arg, parse_json
-from rowstore.db.read.subscribe import parse_filter
+from rowstore.db.read.subscribe import parse_filter, prefix_partition
 from rowstore.errors import SubscriptionEndedError
 
 ROUTE = "/v1/tables/{table}/subscribe"
@@ -85,6 +85,11 @@ async def _open(api: Api, table: str, args: dict[str, Any]) -> FrameStream:
     assert d.schema is not None  # describe() refuses a dropped table
     parse_filter(d.schema, *(args.get(k) for k in _JSON_PARAMS))  # refused here, not by a share
     by_node = (await api.router.placement(d, fresh=True)).by_node()
+    pick = prefix_partition(d.schema, args.get("prefix"), d.partitions)
+    if pick is not None:  # a prefix covering the partition key: only its partition's leader
+        by_node = {n: [pick] for n, pids in by_node.items() if pick in pids}
+        if not by_node:
+            raise ApiError(503, "unavailable", f"table {table!r}: partition {pick} has no leader now; retry")
     me = api.cluster.node_id
     if set(by_node) == {me}:
         return LocalFrames(db, await db.subscribe(table, **args, partitions=by_node[me]))

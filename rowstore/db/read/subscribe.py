@@ -27,7 +27,7 @@ from rowstore.errors import QueryError, RowstoreError, SubscriptionEndedError, T
 from rowstore.reads.predicates import parse_bbox, parse_where
 from rowstore.schema import SchemaVersion
 from rowstore.tables.key_check import check_prefix
-from rowstore.tables.keys import key_arrays, partitions_of
+from rowstore.tables.keys import key_arrays, partition_of_key, partitions_of
 from rowstore.timeline import Timeline
 
 log = logging.getLogger("rowstore.subscribe")
@@ -86,6 +86,17 @@ def parse_filter(schema: SchemaVersion, where: object, bbox: object, prefix: obj
             raise QueryError(f"no column {c!r}")
     listed = list(dict.fromkeys(columns))
     return Filter(terms, box, listed + [k for k in schema.pk.names if k not in listed])
+
+
+def prefix_partition(schema: SchemaVersion, prefix: object, partitions: int) -> int | None:
+    """The one partition a subscription's ``prefix`` can match when it covers the partition
+    key (as a scan's does, ``Scans.scan_partitions``); None: any partition may hold a match."""
+    if prefix is None:
+        return None
+    values = check_prefix(prefix, schema.pk, "prefix", text=True)
+    if len(values) < schema.pk.partition_columns:
+        return None
+    return partition_of_key(schema.pk, values, partitions)
 
 
 class Subscription:
@@ -212,6 +223,9 @@ class Subscriptions:
         assert c.d.schema is not None  # describe() refuses a dropped table
         filt = parse_filter(c.d.schema, where, bbox, prefix, columns)
         pids = None if partitions is None else frozenset(partitions)
+        pick = prefix_partition(c.d.schema, prefix, c.d.partitions)
+        if pick is not None:  # no other partition's changes are decoded to be filtered out
+            pids = frozenset({pick}) if pids is None else pids & {pick}
         if pids is not None and not pids <= c.table.owned:
             raise UnavailableError(f"table {name!r}: partitions {sorted(pids - c.table.owned)} are not served by "
                                    "this node")

@@ -89,6 +89,20 @@ def test_a_subscription_across_nodes_survives_kill_9_of_a_leader(tmp_path):
         assert all(i % 3 == 0 for _, i, _ in got)
         # the merged subscription ended when its share on the killed node did, and was resumed
         assert metric(nodes[0], "terrascale_subscription_drops_total", reason="moved") >= 1
+        # a prefix covering the partition key: only that partition's leader's share is opened
+        # (node/http/routes/subscribe.py), and it carries every change of that key
+        key = 3
+        mine = sorted((ts, v) for ts, i, v in w.acked if i == key and ts > start)
+        seen: list[tuple[int, float]] = []
+        with nodes[0].client() as sc:
+            for item in sc.subscribe("t", prefix=[key], from_ts=start, idle_timeout=5):
+                if "closed" in item:
+                    if item["closed"] >= until[0]:
+                        break
+                else:
+                    assert item["row"]["id"] == key
+                    seen.append((item["commit_ts"], item["row"]["v"]))
+        assert set(mine) <= set(seen) and len(seen) == len(set(seen)), (mine, seen)
     finally:
         for n in nodes:
             n.ensure_stopped()

@@ -222,3 +222,26 @@ async def test_a_schema_change_or_a_drop_ends_the_subscription_with_its_reason()
     assert e.value.code == "table_dropped"
     db.unsubscribe(sub)
     await db.close()
+
+
+async def test_a_prefix_covering_the_partition_key_watches_only_its_partition():
+    """Only the partition the prefix picks is watched (no other partition's rounds decoded to
+    be filtered out; across nodes, only its leader's share is opened), and it still gets every
+    change of the prefix's rows, exactly as the model says."""
+    from rowstore.tables.keys import partition_of_key
+
+    rng = random.Random(7)
+    w = TablesWorld(partitions=4, progress_every_s=0.05)
+    db = await w.start()
+    d = await db.create_table("t", SCHEMA)
+    model = Model()
+    await _write(db, model, rng, 10, ids=12)
+    start = db.closed_ts
+    sub = await db.subscribe("t", start, prefix=[5])
+    assert sub.pids == {partition_of_key(d.schema.pk, (5,), 4)}
+    await _write(db, model, rng, 40, ids=12)
+    got, last = await _drain(sub, db.closed_ts)
+    want = model.expected({"where": [["id", "=", 5]]}, start, last)  # a prefix is equality on the key
+    assert _upto(got, last) == want and any(op == "delete" for _, _, op in want), want
+    db.unsubscribe(sub)
+    await db.close()
