@@ -11,7 +11,7 @@ import uuid
 from typing import Sequence
 
 from catalog.abc import Catalog, Check, Op, TxnResult
-from catalog.errors import CatalogTimeoutError
+from catalog.errors import CatalogTimeoutError, CatalogUnavailableError
 
 _OUTCOME_POLLS = 50
 
@@ -31,7 +31,7 @@ async def commit(catalog: Catalog, checks: Sequence[Check], ops: Sequence[Op]) -
                 return got
             # Unknown: retrying with the same id is safe (applied at most once).
             return await catalog.txn(checks, ops, request_id=rid)
-        except CatalogTimeoutError:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+        except CatalogUnavailableError:  # a timeout, or "unavailable" now: the timed-out attempt
+            await asyncio.sleep(delay)  # may still have applied, so it never reaches a caller as
+            delay = min(delay * 2, 1.0)  # "not applied" (which may undo what did apply)
     raise CatalogTimeoutError(f"transaction {rid}: outcome still unknown")

@@ -133,7 +133,8 @@ def run_seed(seed: int, seconds: float, show_trace: bool, faults: Faults, parts:
         print("\n".join(w.trace[-60:] if not show_trace else w.trace))
         print(f"replay: PYTHONHASHSEED=0 python -m tests.sim --seeds {seed} --seconds {seconds} --parts {parts} "
               f"--crash {faults.crash} --slow {faults.slow} --slow-node {faults.slow_node} --pause {faults.pause} "
-              f"--clock-jump {faults.clock_jump} --catalog-stall {faults.catalog_stall} --trace")
+              f"--clock-jump {faults.clock_jump} --catalog-stall {faults.catalog_stall} "
+              f"--node-catalog {faults.node_catalog} --node-objects {faults.node_objects} --trace")
     return ok, stats
 
 
@@ -156,6 +157,10 @@ def main(argv=None) -> int:
     ap.add_argument("--slow-node", type=float, default=Faults.slow_node, help="slow nodes per virtual second")
     ap.add_argument("--pause", type=float, default=Faults.pause, help="processes stopped (SIGSTOP) per virtual second")
     ap.add_argument("--clock-jump", type=float, default=Faults.clock_jump, help="wall-clock jumps per virtual second")
+    ap.add_argument("--node-catalog", type=float, default=Faults.node_catalog,
+                    help="one node's catalog calls stall, fail or lose their answers (0.2-2 s), per virtual second")
+    ap.add_argument("--node-objects", type=float, default=Faults.node_objects,
+                    help="one node's object-store calls fail (0.2-2 s), per virtual second")
     ap.add_argument("--catalog-stall", type=float, default=Faults.catalog_stall,
                     help="catalog stalls (0.2-1.5 s, a Raft election) per virtual second")
     ap.add_argument("--stop", action="store_true", help="stop at the first failing seed")
@@ -174,7 +179,9 @@ def main(argv=None) -> int:
     for seed in seeds:
         ok, st = run_seed(seed, a.seconds, a.trace, Faults(crash=a.crash, slow=a.slow, slow_node=a.slow_node,
                                                            pause=a.pause, clock_jump=a.clock_jump,
-                                                           catalog_stall=a.catalog_stall), a.parts)
+                                                           catalog_stall=a.catalog_stall,
+                                                           node_catalog=a.node_catalog,
+                                                           node_objects=a.node_objects), a.parts)
         acked += st["acked"]
         elections += st["elections"]
         if a.hashes:

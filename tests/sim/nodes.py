@@ -9,6 +9,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from catalog.errors import CatalogError
 from rowstore.db.database import Database, TablesConfig
 from rowstore.errors import RowstoreError
 from rowstore.replication.follower import SegmentPiece
@@ -16,9 +17,10 @@ from rowstore.replication.leader import Transport
 from rowstore.segments.position import Position
 from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice
-from terrafs.errors import TerrafsError
+from terrafs.errors import TerrafsError, TransientStorageError
 from terrafs.fs import FsConfig, TerrascaleFS
 from tests.sim.loop import in_process
+from tests.sim.views import NodeCatalog, NodeObjects
 
 if TYPE_CHECKING:
     from tests.sim.world import World
@@ -56,6 +58,10 @@ class Faults:
     # (``--catalog-stall``), drawn from a generator of its own: the seeds kept for earlier bugs
     # replay as they did.
     catalog_stall: float = 0.0
+    # per second: one node's own path to the catalog stalls, fails or loses answers for 0.2-2 s,
+    # and to the object store fails (tests/sim/views.py). Off unless asked, likewise.
+    node_catalog: float = 0.0
+    node_objects: float = 0.0
 
 
 @dataclass
@@ -126,6 +132,8 @@ class Node:
     def __init__(self, world: "World", name: str):
         self.w, self.name = world, name
         self.block, self.volatile = MemoryBlockDevice(), MemoryBlockDevice(durable=False)
+        self.catalog = NodeCatalog(world.catalog, world.loop, name)  # its own path to them: faults of its own
+        self.objects = NodeObjects(world.objects, world.loop, name)
         self.inc, self.up, self.down_at, self.skew_ms = 0, False, 0.0, 0
         self.paused_at = 0.0  # when its process was last stopped (SIGSTOP)
         self.db: Database | None = None
@@ -148,7 +156,12 @@ class Node:
         self._starting = asyncio.Event()  # no task or future of its own: the seeds' schedules stay as they were
         try:
             self.inc += 1
-            await in_process(self.process, self._open())
+            try:
+                await in_process(self.process, self._open())
+            except (CatalogError, TransientStorageError):  # its process exits: nothing of it runs on
+                self.w.loop.kill(self.process)
+                self.db = None
+                raise
             self.up = True
         finally:
             self._starting.set()
@@ -157,7 +170,7 @@ class Node:
         in_process(self.process, self._maintain(random.Random(self.w.rng.randrange(1 << 30))))
 
     async def _open(self) -> None:
-        fs = TerrascaleFS(self.w.catalog, self.block, self.volatile, self.w.objects,
+        fs = TerrascaleFS(self.catalog, self.block, self.volatile, self.objects,
                           config=FsConfig(node_id=self.name, flush=ActiveConfig(flush_ms=0.5), page_size=0))
         await fs.open()
         cfg = TablesConfig(partitions=PARTS, ack_timeout_s=2.0, replica_lease_s=LEASE_S,
@@ -189,7 +202,7 @@ class Node:
             for job in jobs:
                 try:
                     await job()
-                except (RowstoreError, TerrafsError, ConnectionError) as e:
+                except (RowstoreError, TerrafsError, ConnectionError, CatalogError) as e:
                     self.w.log("job_failed", node=self.name, job=job.__name__, error=repr(e)[:100])
 
     async def _reconcile(self) -> None:

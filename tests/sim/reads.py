@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from catalog.errors import CatalogError
 from rowstore.errors import FutureTimestampError, RowstoreError
 from terrafs.errors import TerrafsError
 from tests.history.batches import Read, Region
@@ -21,7 +22,7 @@ from tests.sim.nodes import ROWS, Violation
 if TYPE_CHECKING:
     from tests.sim.world import World
 
-ERRORS = (ConnectionError, RowstoreError, TerrafsError)
+ERRORS = (ConnectionError, RowstoreError, TerrafsError, CatalogError)
 PAGE = 16  # rows per page of a key-range scan (several pages, one T)
 
 

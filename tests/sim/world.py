@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.abc import Check, Delete, Put
+from catalog.errors import CatalogError
 from catalog.memory import MemoryCatalog
 from node.cluster.controller import choose_leader
 from rowstore.db.write.two_phase import COMMITTED, txn_key
@@ -44,7 +45,7 @@ from rowstore.segments.position import NOTHING, Position
 from rowstore.segments.wal import DECIDED, SPANS_NODES
 from terrafs.backends.memory import MemoryObjectStore
 from terrafs.catalog_ops import commit
-from terrafs.errors import MirrorError, TerrafsError
+from terrafs.errors import MirrorError, TerrafsError, TransientStorageError
 from tests.history.batches import History as ClientHistory, Layout, Region, Write
 from tests.sim.checks import Checks, _held_end, _rows
 from tests.sim.loop import in_process
@@ -52,7 +53,7 @@ from tests.sim.reads import SimReader
 from tests.sim.nodes import (LEASE_S, PARTS, ROWS, SCHEMA, FAILURE_S, Faults, Net, Node, Place, SimTransport,
                              Violation)
 
-CLIENT_ERRORS = (ConnectionError, RowstoreError, TerrafsError)
+CLIENT_ERRORS = (ConnectionError, RowstoreError, TerrafsError, CatalogError)  # as a client meets them (503s)
 HEALED = 4  # batches written once every fault healed: each must be acknowledged
 
 
@@ -104,6 +105,7 @@ class World(Checks):
         self.faults, self.seconds, self.writers = faults or Faults(), seconds, writers
         self.catalog, self.objects = StallingCatalog(loop), MemoryObjectStore()
         self.stall_rng = random.Random(seed ^ 0xCA7A106)  # catalog stalls: apart from the other faults' draws
+        self.view_rng = random.Random(seed ^ 0x71E3)  # one node's catalog or object store faults: likewise
         self.nodes = {n: Node(self, n) for n in ("n1", "n2", "n3")}
         self.net, self.ledger, self.trace = Net(self), Ledger(), []
         # every write and read as the clients saw it (tests/history): checked once all healed
@@ -162,6 +164,8 @@ class World(Checks):
         self.catalog.stalled_until = 0.0
         for n in self.nodes.values():
             n.block.broken, n.block.capacity = False, None
+            n.catalog.heal()
+            n.objects.window.failing_until = 0.0
         self.faults.drop = self.faults.duplicate = 0.0
         for n in self.nodes.values():
             if not n.up:
@@ -494,11 +498,32 @@ class World(Checks):
                 until = self.loop.time() + self.stall_rng.uniform(0.2, 1.5)
                 self.catalog.stalled_until = max(self.catalog.stalled_until, until)
                 self.log("catalog_stall", until=f"{until:.3f}")
+            self._node_views(f, step)
+
+    def _node_views(self, f: Faults, step: float) -> None:
+        """One node's own path to the catalog or to the object store fails for a while."""
+        v = self.view_rng
+        if f.node_catalog and v.random() < f.node_catalog * step:
+            n = self.nodes[v.choice(sorted(self.nodes))]
+            how = v.choice(["stalled_until", "failing_until", "losing_until"])
+            until = self.loop.time() + v.uniform(0.2, 2.0)
+            setattr(n.catalog, how, max(getattr(n.catalog, how), until))
+            self.log("node_catalog", node=n.name, fault=how.removesuffix("_until"), until=f"{until:.3f}")
+        if f.node_objects and v.random() < f.node_objects * step:
+            n = self.nodes[v.choice(sorted(self.nodes))]
+            until = self.loop.time() + v.uniform(0.2, 2.0)
+            n.objects.window.failing_until = max(n.objects.window.failing_until, until)
+            self.log("node_objects", node=n.name, until=f"{until:.3f}")
 
     async def _restart_later(self, n: Node, after: float) -> None:
         await asyncio.sleep(after)
-        if not n.up:
-            await n.start()
+        while not n.up:
+            try:
+                await n.start()
+            except (CatalogError, TransientStorageError) as e:  # its own path to the catalog or the
+                self.log("start_failed", node=n.name, error=repr(e)[:100])  # objects failed (views.py):
+                await asyncio.sleep(1.0)  # its process exited; systemd starts it again
+                continue
             self.log("restart", node=n.name, inc=n.inc)
 
     async def _resume_later(self, process: str, after: float) -> None:

@@ -35,3 +35,22 @@ async def test_lost_before_apply_is_retried_once():
     c = LossyCatalog(lose=1, apply_first=False)
     r = await commit(c, [Check("k", 0)], [Put("k", b"v")])
     assert r.committed and await c.revision() == 1 and (await c.get("k")).value == b"v"
+
+
+async def test_a_timed_out_transaction_is_never_reported_as_not_applied():
+    """Applied, its reply lost; then the catalog is unavailable for a while (no quorum): the
+    outcome poll must not pass "unavailable" — which callers take for "not applied", and may
+    undo — up to the caller; it waits, and learns that the transaction committed."""
+    from catalog.errors import CatalogUnavailableError
+
+    c = LossyCatalog(lose=1, apply_first=True)
+    outages = [CatalogUnavailableError("no quorum")] * 3
+    outcome = c.outcome
+
+    async def outcome_after_outages(rid):
+        if outages:
+            raise outages.pop()
+        return await outcome(rid)
+    c.outcome = outcome_after_outages
+    r = await commit(c, [Check("k", 0)], [Put("k", b"v")])
+    assert r.committed and not outages and (await c.get("k")).value == b"v" and c.calls == 1
