@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.abc import Catalog, Check, Put
+from catalog.errors import CatalogUnavailableError
 from rowstore.db.write.committer import Committer
 from rowstore.db.write.two_phase import ABORTED, COMMITTED, txn_key
 from rowstore.db.registry import Table
@@ -277,8 +278,16 @@ class Participant:
                 except Exception as err:  # noqa: BLE001 - cannot tell: wait for the timeout
                     log.warning("event=coordinator_check_failed txn=%s error=%r", txn_key(txn), err)
         key = txn_key(txn)
-        res = await commit(self.catalog, [Check(key, 0)], [Put(key, ABORTED)])
-        e = None if res.committed else await self.catalog.get(key)
+        delay = 0.05
+        while True:  # until the catalog answers: a share left held, undecided, holds its locks for ever
+            try:
+                res = await commit(self.catalog, [Check(key, 0)], [Put(key, ABORTED)])
+                e = None if res.committed else await self.catalog.get(key)
+                break
+            except CatalogUnavailableError as err:  # a timeout too: the write may have landed (a
+                log.warning("event=decision_unknown txn=%s error=%r", key, err)  # retry's
+                await asyncio.sleep(delay)  # compare-and-set then fails, and the decision is read)
+                delay = min(delay * 2, 1.0)
         if e is not None and e.value == COMMITTED:
             log.warning("event=prepared_resolved txn=%s outcome=committed", key)
             await self.commit(txn)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar, cast
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import numpy as np
 
 from catalog.abc import Catalog, Check, Delete, Put
+from catalog.errors import CatalogUnavailableError
 from rowstore.codec.rows import Encoded, EncodedParts
 from rowstore.db.changes import CommitTail
 from rowstore.db.partition import Partition
@@ -28,6 +30,8 @@ from rowstore.tables.conform import PartitionShare, stamp
 from rowstore.timeline import Timeline
 from terrafs.catalog_ops import commit
 from terrafs.failpoints import failpoint
+
+log = logging.getLogger("rowstore.db.two_phase")
 
 T = TypeVar("T")
 TXN_PREFIX = "txn/"
@@ -238,13 +242,28 @@ class TwoPhaseCommit:
             self.timeline.end(m.ts)
 
     async def _decide(self, txn: int, want: bool) -> bool:
-        """The commit point: ``txn/X`` = committed (or aborted), by compare-and-set."""
+        """The commit point: ``txn/X`` = committed (or aborted), by compare-and-set. Until the
+        catalog answers, this waits, and the shares stay prepared, each its segment's last
+        batch: the partitions' locks are held. An outcome this node cannot learn may still be
+        "committed", and a share that is then neither committed nor rolled back loses its place
+        in the log. Recovery decides only a trailing prepared batch, and a later batch took the
+        localids that a reader of the file gives to the committed batches (index entries past
+        a segment's end, and acknowledged rows lost: the simulation with per-node catalog
+        faults, RFC 0010). Retrying is safe: the first attempt's write, if it landed, makes the
+        compare-and-set fail, and the decision is then read."""
         key = txn_key(txn)
-        res = await commit(self.catalog, [Check(key, 0)], [Put(key, COMMITTED if want else ABORTED)])
-        if res.committed:
-            return want
-        e = await self.catalog.get(key)
-        return e is not None and e.value == COMMITTED
+        delay = 0.05
+        while True:
+            try:
+                res = await commit(self.catalog, [Check(key, 0)], [Put(key, COMMITTED if want else ABORTED)])
+                if res.committed:
+                    return want
+                e = await self.catalog.get(key)
+                return e is not None and e.value == COMMITTED
+            except CatalogUnavailableError as err:  # a timeout too: its outcome unknown
+                log.warning("event=decision_unknown txn=%s error=%r", key, err)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     async def _forget_decision(self, txn: int, commits: list[asyncio.Task[None]]) -> None:
         """Once every participant's COMMIT X is durable, nobody needs ``txn/X`` again."""

@@ -206,3 +206,33 @@ async def test_a_read_of_the_present_waits_for_a_prepared_share():
     got, T = await waiting
     assert T >= r.ts and sorted(got.column("id").to_pylist()) == [0, 1, 2, 100, 101]
     assert (await db.get("m", 101))["id"] == 101
+
+
+async def test_a_share_whose_coordinator_went_silent_is_decided_once_the_catalog_answers():
+    """The coordinator went silent; this node decides from the catalog (aborted by
+    compare-and-set) — and its catalog is unreachable for a while. Before, the expiry gave up at
+    the first failure: the share stayed prepared, holding its partition's lock for ever (the
+    simulation with per-node catalog faults, seed 11). Now it tries again until it knows."""
+    from catalog.errors import CatalogUnavailableError
+
+    w = TablesWorld(partitions=1, prepare_timeout_s=0.2)
+    db = await w.start()
+    d = await db.create_table("m", SCHEMA)
+    txn_call, outages = w.cat.txn, [CatalogUnavailableError("no quorum")] * 3
+
+    async def unreachable_for_a_while(checks=(), ops=(), *, request_id=None):
+        if outages and any(isinstance(o, Put) and o.key == txn_key(txn) for o in ops):
+            raise outages.pop()
+        return await txn_call(checks, ops, request_id=request_id)
+    w.cat.txn = unreachable_for_a_while
+    txn = DECIDED | SPANS_NODES | secrets.randbits(60)
+    r = await db.participant.reserve("m", d.table_id, d.schema.version, rows(range(100, 105)), 0, txn)
+    await db.participant.prepare(txn, r.ts)
+    for _ in range(200):  # the expiry: 0.2 s, then the catalog's outages, each waited out
+        if db.participant.held == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert db.participant.held == 0 and not outages
+    await asyncio.wait_for(db.upsert("m", rows(range(5), v=3.0)), 5)  # the partition takes writes
+    assert await db.get("m", 100) is None and (await db.get("m", 4))["v"] == 3.0
+    await db.close()
