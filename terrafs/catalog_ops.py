@@ -31,7 +31,9 @@ async def commit(catalog: Catalog, checks: Sequence[Check], ops: Sequence[Op]) -
                 return got
             # Unknown: retrying with the same id is safe (applied at most once).
             return await catalog.txn(checks, ops, request_id=rid)
-        except CatalogUnavailableError:  # a timeout, or "unavailable" now: the timed-out attempt
-            await asyncio.sleep(delay)  # may still have applied, so it never reaches a caller as
-            delay = min(delay * 2, 1.0)  # "not applied" (which may undo what did apply)
+        except CatalogTimeoutError:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        except CatalogUnavailableError as e:  # unavailable now, not "not applied": the timed-out
+            raise CatalogTimeoutError(f"transaction {rid}: outcome unknown ({e})") from e  # attempt may have
     raise CatalogTimeoutError(f"transaction {rid}: outcome still unknown")
