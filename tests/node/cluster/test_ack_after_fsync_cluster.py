@@ -17,7 +17,7 @@ import pytest
 
 from bench.node_proc import raft_cluster
 from rowstore.tables.keys import encode_keys, partition_of
-from tests.node.http.test_ack_after_fsync import FD_PATH, _syscalls, post_rows
+from tests.node.http.test_ack_after_fsync import FD_PATH, _syscalls, post_rows, socket_of
 from tests.node.cluster.test_replication_faults import caught_up
 from tests.node.proc import FAST_CLUSTER, eventually
 
@@ -53,15 +53,15 @@ def _acks(calls: list[dict], keys: set[int]) -> dict[int, float]:
     acks: dict[int, float] = {}
     for c in sorted(calls, key=lambda c: c["start"]):
         fd = FD_PATH.match(c["args"])
-        if fd is None or not fd.group(2).startswith("TCP"):
+        conn = socket_of(fd) if fd else None
+        if conn is None:
             continue
-        path = fd.group(2)
         if c["name"] in ("read", "recvfrom"):
             m = re.findall(r'\\"id\\": (\d+)', c["args"])
             if m and int(m[-1]) in keys:
-                last[path] = int(m[-1])
-        elif c["name"] in ("write", "writev", "sendto", "sendmsg") and "commit_ts" in c["args"] and path in last:
-            acks[last.pop(path)] = c["start"]
+                last[conn] = int(m[-1])
+        elif c["name"] in ("write", "writev", "sendto", "sendmsg") and "commit_ts" in c["args"] and conn in last:
+            acks[last.pop(conn)] = c["start"]
     return acks
 
 
@@ -105,7 +105,8 @@ def test_no_acknowledgement_before_the_leader_and_a_follower_fdatasync(tmp_path)
     for pid, leader in place.items():
         mine = {k: acks[k] for k, p in zip(sorted(acks), pids) if p == pid}
         checked += _check(mine, calls[leader], [calls[m] for m in calls if m != leader])
-    assert checked == len(keys), f"matched {checked} of {len(keys)} acknowledgements in the traces"
+    assert checked == len(keys), \
+        f"matched {checked} of {len(keys)} acknowledgements in the traces; unmatched: {sorted(set(keys) - set(acks))}"
 
 
 def test_the_check_catches_an_ack_before_the_followers_fdatasync():

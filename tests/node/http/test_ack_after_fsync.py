@@ -22,6 +22,12 @@ DURATION = re.compile(r"<(\d+\.\d+)>$")
 FD_PATH = re.compile(r"^(\d+)<((?:TCP|TCPv6):\[[^\]]*\]|[^>]*)>")  # "->" inside a socket's name
 
 
+def socket_of(fd: re.Match) -> str | None:
+    """The connection a call's fd names: its number, not strace's text for it, which is
+    ``TCP:[inode]`` instead of the addresses when a socket lookup fails now and then."""
+    return fd.group(1) if fd.group(2).startswith(("TCP", "socket:")) else None
+
+
 def _syscalls(text: str) -> list[dict]:
     """strace -f -ttt -T -yy lines as calls: pid, name, start, end, the text of their arguments."""
     calls: list[dict] = []
@@ -102,19 +108,19 @@ def _check(calls: list[dict], keys: set[int]) -> int:
         fd = FD_PATH.match(c["args"])
         if fd is None:
             continue
-        path = fd.group(2)
+        path, conn = fd.group(2), socket_of(fd)
         if c["name"] in ("pwritev", "pwritev2", "pwrite64") and "/block/" in path:
             for k in re.findall(r"mk(\d{8})zz", c["args"]):
                 writes.setdefault(int(k), (path, c["end"]))
         elif c["name"] == "fdatasync" and "/block/" in path:
             syncs.append((path, c["start"], c["end"]))
-        elif path.startswith("TCP") and c["name"] in ("read", "recvfrom"):
+        elif conn and c["name"] in ("read", "recvfrom"):
             m = re.findall(r'\\"id\\": (\d+)', c["args"])
             if m:
-                last_key[path] = int(m[-1])
-        elif path.startswith("TCP") and c["name"] in ("write", "writev", "sendto", "sendmsg") \
-                and "commit_ts" in c["args"] and path in last_key:
-            acks.append((last_key.pop(path), c["start"]))
+                last_key[conn] = int(m[-1])
+        elif conn and c["name"] in ("write", "writev", "sendto", "sendmsg") \
+                and "commit_ts" in c["args"] and conn in last_key:
+            acks.append((last_key.pop(conn), c["start"]))
     checked = 0
     for key, t_ack in acks:
         if key not in keys:
@@ -142,3 +148,7 @@ def test_the_check_catches_an_ack_before_its_fdatasync():
         _check(_syscalls(trace), {5})
     ok = trace.replace("10.002500 write", "10.003500 write")
     assert _check(_syscalls(ok), {5}) == 1
+    # strace names a socket it failed to look up by its inode only: the fd still ties the answer
+    # to its request
+    unnamed = ok.replace("10.003500 write(9<TCP:[127.0.0.1:1->127.0.0.1:2]>", "10.003500 write(9<TCP:[4242]>")
+    assert _check(_syscalls(unnamed), {5}) == 1
