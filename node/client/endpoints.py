@@ -176,13 +176,14 @@ class Endpoints(abc.ABC, Generic[R]):
     # tables
     def create_table(self, name: str, columns: Columns, primary_key: str | list[str], indexes: Iterable[str] = (),
                      partitions: int | None = None, cluster_by: str | None = None, replicas: int | None = None,
-                     partition_key: str | list[str] | None = None) -> R:
+                     partition_key: str | list[str] | None = None, retention: dict[str, str] | None = None) -> R:
         """``primary_key``: a column, or the columns of a composite key in key order;
-        ``partition_key``: a leading run of them (default: the first)."""
+        ``partition_key``: a leading run of them (default: the first); ``retention``:
+        ``{"column": c, "keep": "30d"}``."""
         cols = [c if isinstance(c, dict) else {"name": c[0], "type": c[1]} for c in columns]
         doc: dict[str, Any] = {"name": name, "columns": cols, "primary_key": primary_key, "indexes": list(indexes)}
         for k, v in (("partitions", partitions), ("cluster_by", cluster_by), ("replicas", replicas),
-                     ("partition_key", partition_key)):
+                     ("partition_key", partition_key), ("retention", retention)):
             if v is not None:
                 doc[k] = v
         return self._call("POST", "/v1/tables", doc)
@@ -195,6 +196,10 @@ class Endpoints(abc.ABC, Generic[R]):
 
     def drop_table(self, table: str) -> R:
         return self._call("DELETE", f"/v1/tables/{_seg(table)}")
+
+    def set_retention(self, table: str, retention: dict[str, str] | None) -> R:
+        """``{"column": c, "keep": "30d"}``, or None to keep every row."""
+        return self._call("PATCH", f"/v1/tables/{_seg(table)}", {"retention": retention})
 
     def add_column(self, table: str, name: str, type: str) -> R:
         return self._call("POST", f"/v1/tables/{_seg(table)}/columns", {"name": name, "type": type})

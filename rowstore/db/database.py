@@ -50,6 +50,7 @@ from rowstore.db.registry import Owns, TableRegistry
 from rowstore.db.tasks import BackgroundTasks
 from rowstore.hlc import HybridClock
 from rowstore.reads.plan import ReadPlan, SegmentSlice
+from rowstore.reads.retention import parse_retention
 from rowstore.replication.follower import ReplicaStore
 from rowstore.schema import SchemaVersion
 from rowstore.segments.records import SegmentRecord
@@ -173,11 +174,18 @@ class Database:
     # -- tables -------------------------------------------------------------------------------
 
     async def create_table(self, name: str, schema: str | SchemaVersion, indexes: Sequence[str] = (),
-                           partitions: int | None = None, cluster_by: str | None = None) -> TableDef:
+                           partitions: int | None = None, cluster_by: str | None = None,
+                           retention: object = None) -> TableDef:
+        """``retention``: ``{"column": c, "keep": "30d"}`` or None (RFC 0016 §5)."""
         d = await self.catalog_tables.create(name, schema, list(indexes), partitions or self.cfg.partitions,
-                                             cluster_by)
+                                             cluster_by, lambda sv: parse_retention(sv, retention))
         await self.tables.table(d)
         return d
+
+    async def set_retention(self, name: str, retention: object) -> TableDef:
+        """A new definition version with this retention (None: none); reads as of before it
+        keep the old setting."""
+        return await self.catalog_tables.set_retention(name, lambda sv: parse_retention(sv, retention))
 
     async def alter_table(self, name: str, change: Callable[[SchemaVersion], SchemaVersion]) -> TableDef:
         d = await self.catalog_tables.alter(name, change)

@@ -13,6 +13,7 @@ re-created table gets a new table id and its own schema versions.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from bisect import bisect_right
 import uuid
@@ -30,6 +31,24 @@ MAX_PARTITIONS = 256
 
 
 @dataclass(frozen=True)
+class Retention:
+    """A table's retention (docs/rfcs/0016-time-series-aggregates.md §5): at read timestamp T,
+    a row whose ``column`` (a not-null timestamp or date) is older than T's wall time minus
+    ``keep_us`` is invisible. Part of the versioned definition, so a read as of T applies the
+    setting of T."""
+
+    column: int  # column id
+    keep_us: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"column": self.column, "keep_us": self.keep_us}
+
+    @classmethod
+    def from_json(cls, d: dict[str, int] | None) -> "Retention | None":
+        return None if d is None else cls(int(d["column"]), int(d["keep_us"]))
+
+
+@dataclass(frozen=True)
 class TableDef:
     name: str
     table_id: str
@@ -39,6 +58,7 @@ class TableDef:
     ts: int
     history: tuple[int, ...] = ()  # every schema version id this table id has had, oldest first
     cluster_by: int | None = None  # column id whose order the garbage collector writes rows in (RFC 0009)
+    retention: Retention | None = None  # rows older than this are invisible (RFC 0016 §5)
 
     @property
     def cluster_column(self) -> Column | None:
@@ -56,6 +76,7 @@ class TableDef:
         return json.dumps({"table_id": self.table_id, "partitions": self.partitions,
                            "indexes": list(self.indexes), "history": list(self.history),
                            "cluster_by": self.cluster_by,
+                           "retention": self.retention.to_json() if self.retention else None,
                            "schema": self.schema.to_json() if self.schema else None}).encode()
 
     @classmethod
@@ -63,7 +84,7 @@ class TableDef:
         d = json.loads(raw)
         schema = SchemaVersion.from_json(d["schema"]) if d["schema"] else None
         return cls(name, d["table_id"], d["partitions"], tuple(d["indexes"]), schema, ts,
-                   tuple(d.get("history", ())), d.get("cluster_by"))
+                   tuple(d.get("history", ())), d.get("cluster_by"), Retention.from_json(d.get("retention")))
 
 
 def _vkey(name: str, ts: int) -> str:
@@ -136,7 +157,9 @@ class TableCatalog:
         return out
 
     async def create(self, name: str, schema: str | SchemaVersion, indexes: Sequence[str] = (),
-                     partitions: int = 8, cluster_by: str | None = None) -> TableDef:
+                     partitions: int = 8, cluster_by: str | None = None,
+                     retention: Callable[[SchemaVersion], Retention | None] | None = None) -> TableDef:
+        """``retention``: the table's retention from its schema (checked there), or None."""
         _check_name(name)
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise SchemaError(f"partitions must be 1..{MAX_PARTITIONS}")
@@ -147,8 +170,16 @@ class TableCatalog:
         cur = await self._at(name, None)
         if cur is not None and not cur.dropped:
             raise TableExistsError(f"table {name!r} exists")
-        d = TableDef(name, uuid.uuid4().hex, partitions, idx, sv, 0, (sv.version,), cluster)
+        keep = retention(sv) if retention is not None else None
+        d = TableDef(name, uuid.uuid4().hex, partitions, idx, sv, 0, (sv.version,), cluster, keep)
         return await self._write(name, d, head)
+
+    async def set_retention(self, name: str, retention: Callable[[SchemaVersion], Retention | None]) -> TableDef:
+        """A new definition version with the retention ``retention(current schema)`` (None: none)."""
+        head = await self.catalog.get(f"tbl/{name}/head")
+        cur = await self.describe(name)
+        assert cur.schema is not None  # describe() never returns a dropped table
+        return await self._write(name, dataclasses.replace(cur, retention=retention(cur.schema)), head)
 
     async def alter(self, name: str, change: Callable[[SchemaVersion], SchemaVersion]) -> TableDef:
         """A new schema version from ``change(current)`` (add/drop/rename column)."""
@@ -158,18 +189,23 @@ class TableCatalog:
         sv = change(cur.schema)
         idx = tuple(i for i in cur.indexes if sv.by_id(i) is not None)  # a dropped column leaves its index
         cluster = cur.cluster_by if cur.cluster_by is not None and sv.by_id(cur.cluster_by) is not None else None
-        d = TableDef(name, cur.table_id, cur.partitions, idx, sv, 0, cur.history + (sv.version,), cluster)
+        if cur.retention is not None and sv.by_id(cur.retention.column) is None:
+            col = cur.schema.by_id(cur.retention.column)
+            raise SchemaError(f"column {col.name if col else cur.retention.column!r} holds table {name!r}'s "
+                              "retention: remove the retention first")
+        d = TableDef(name, cur.table_id, cur.partitions, idx, sv, 0, cur.history + (sv.version,), cluster,
+                     cur.retention)
         return await self._write(name, d, head)
 
     async def drop(self, name: str) -> TableDef:
         head = await self.catalog.get(f"tbl/{name}/head")
         cur = await self.describe(name)
-        d = TableDef(name, cur.table_id, cur.partitions, (), None, 0, cur.history, cur.cluster_by)
+        d = TableDef(name, cur.table_id, cur.partitions, (), None, 0, cur.history, cur.cluster_by, cur.retention)
         return await self._write(name, d, head)
 
     async def _write(self, name: str, d: TableDef, head: Entry | None) -> TableDef:
         ts = await self.clock.now()
-        d = TableDef(d.name, d.table_id, d.partitions, d.indexes, d.schema, ts, d.history, d.cluster_by)
+        d = dataclasses.replace(d, ts=ts)
         res = await commit(self.catalog, [Check(f"tbl/{name}/head", head.version if head else 0)],
                            [Put(f"tbl/{name}/head", str(ts).encode()), Put(_vkey(name, ts), d.to_bytes())])
         self.forget(name)

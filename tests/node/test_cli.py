@@ -67,6 +67,13 @@ def test_table_commands_and_outputs(node):
     r = ts(node, "table", "alter", "t1", "drop-column", "c2", "-o", "csv", check=0)
     assert "c2" not in r.stdout and r.stdout.startswith("column,type,nullable,indexed")
     ts(node, "table", "describe", "t1", "--as-of", str(d["ts"]), check=0)
+    r = ts(node, "table", "alter", "t1", "retention", "id", "30d", check=1)  # not a time column
+    assert "invalid_schema" in r.stderr and "not a timestamp or date" in r.stderr
+    ts(node, "table", "create", "t2", "--schema", "id int64 primary key, ts timestamp not null",
+       "--retention", "ts=30d", check=0)
+    assert "older than 2.592e+06 s" in ts(node, "table", "describe", "t2", check=0).stdout
+    assert json.loads(ts(node, "table", "alter", "t2", "retention", "off", "-o", "json", check=0).stdout)[
+        "retention"] is None
     assert json.loads(ts(node, "table", "drop", "t1", "-o", "json", check=0).stdout)["dropped"] == "t1"
     assert "t1" not in ts(node, "table", "list", "-o", "json", check=0).stdout
 
@@ -139,6 +146,7 @@ def test_admin_commands(node):
     (["query", "x", "--where", "no operator"], 2, "col op value"),
     (["query", "x", "--bbox", "loc:1,2,3"], 2, "XMIN,YMIN,XMAX,YMAX"),
     (["table", "alter", "x", "rename-column", "only-one"], 2, "OLD NEW"),
+    (["table", "alter", "x", "retention", "ts"], 2, "ts=30d"),
     (["table", "frobnicate"], 2, "invalid choice"),
     (["query", "x", "--output", "xml"], 2, "invalid choice"),
     (["get", "x"], 2, "required"),

@@ -16,6 +16,7 @@ from node.http.ports import HandlerApi
 from node.wire import schema_to_json
 from rowstore.db.database import Database
 from rowstore.errors import TableNotFoundError
+from rowstore.reads.retention import parse_retention, retention_json
 from rowstore.schema import _check_name
 from rowstore.tables.definitions import TableDef
 from node.http.answers import json_answer
@@ -28,6 +29,7 @@ def add_table_routes(api: HandlerApi, router: web.UrlDispatcher) -> None:
     router.add_get("/v1/tables", bound(api, list_tables))
     router.add_get("/v1/tables/{table}", bound(api, describe))
     router.add_delete("/v1/tables/{table}", bound(api, drop_table))
+    router.add_patch("/v1/tables/{table}", bound(api, change_table))
     router.add_post("/v1/tables/{table}/columns", bound(api, add_column))
     router.add_delete("/v1/tables/{table}/columns/{column}", bound(api, drop_column))
     router.add_patch("/v1/tables/{table}/columns/{column}", bound(api, rename_column))
@@ -35,7 +37,7 @@ def add_table_routes(api: HandlerApi, router: web.UrlDispatcher) -> None:
 
 async def create_table(api: HandlerApi, request: web.Request) -> web.Response:
     doc = await json_object(request, {"name", "columns", "primary_key", "partition_key", "indexes", "partitions",
-                                       "replicas", "cluster_by"},
+                                       "replicas", "cluster_by", "retention"},
                              required=("name", "columns", "primary_key"))
     name = doc["name"]
     if not isinstance(name, str):
@@ -58,11 +60,13 @@ async def create_table(api: HandlerApi, request: web.Request) -> web.Response:
     cluster_by = doc.get("cluster_by")
     if cluster_by is not None and not isinstance(cluster_by, str):
         raise ApiError(400, "invalid_schema", '"cluster_by" must be a column name')
+    parse_retention(schema, doc.get("retention"))  # refused before the placement is written
     db = api.db
     if api.multi:
         db.forget_cached_definitions(name)
         await api.cluster.place(name, partitions or db.cfg.partitions, lambda: _exists(db, name), replicas)
-    d = await db.create_table(name, schema, indexes=indexes, partitions=partitions, cluster_by=cluster_by)
+    d = await db.create_table(name, schema, indexes=indexes, partitions=partitions, cluster_by=cluster_by,
+                              retention=doc.get("retention"))
     if replicas > 1:
         await api.replication.started(d)  # each leader takes its partitions at epoch 1
     log.info("event=table_created table=%s partitions=%d", name, d.partitions)
@@ -92,6 +96,15 @@ async def drop_table(api: HandlerApi, request: web.Request) -> web.Response:
     await _announce(api, d.name)
     log.info("event=table_dropped table=%s", d.name)
     return json_answer({"dropped": d.name, "commit_ts": d.ts})
+
+
+async def change_table(api: HandlerApi, request: web.Request) -> web.Response:
+    """``{"retention": {"column", "keep"} | null}``: a new definition version (RFC 0016 §5)."""
+    doc = await json_object(request, {"retention"}, required=("retention",))
+    d = await api.db.set_retention(request.match_info["table"], doc["retention"])
+    await _announce(api, d.name)
+    log.info("event=table_changed table=%s retention=%s", d.name, retention_json(d))
+    return json_answer(_table_json(d))
 
 
 async def add_column(api: HandlerApi, request: web.Request) -> web.Response:
@@ -154,4 +167,4 @@ def _table_json(d: TableDef) -> dict[str, Any]:
             "primary_key": key, "partition_key": pk.partition_names, "indexes": d.index_names(),
             "partitions": d.partitions,
             "cluster_by": d.cluster_column.name if d.cluster_column is not None else key,
-            "schema_version": schema.version, "ts": d.ts}
+            "retention": retention_json(d), "schema_version": schema.version, "ts": d.ts}

@@ -30,7 +30,7 @@ from rowstore.reads.agg_special import KEY, pick_rows
 from rowstore.reads.agg_spec import AggSpec, cname, parse_spec
 from rowstore.reads.grids import Grid, cell_counts, cell_edges, parse_grid
 from rowstore.reads.picks import key_order
-from rowstore.reads.predicates import BBox, Term, batch_mask, fold_ranges, parse_bbox, parse_where
+from rowstore.reads.predicates import BBox, Term, batch_mask, fold_ranges, parse_bbox
 from rowstore.schema import Column
 from rowstore.types import Kind
 from rowstore.segments.fetch import fetch
@@ -62,7 +62,7 @@ class Aggregator:
         c = await self.reader.context(name, as_of, trusted)
         assert c.d.schema is not None  # describe() refuses a dropped table
         spec = parse_spec(c.d.schema, group_by, aggregates, nan)
-        terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
+        terms, box = c.terms(where), parse_bbox(c.d.schema, bbox)
         parts = self._parts(c, partitions)
         keyed = [spec.pk is not None and not all(gatherable(p.columns, x) for x in spec.pk.columns) for p in parts]
         # a keyed partition's keys are decoded for the picks' candidates alone (_with_keys): a key
@@ -111,7 +111,7 @@ class Aggregator:
         c = await self.reader.context(name, as_of, trusted)
         assert c.d.schema is not None  # describe() refuses a dropped table
         grid = parse_grid(c.d.schema, column, bbox, cells)
-        terms = parse_where(c.d.schema, where)
+        terms = c.terms(where)
         parts = self._parts(c, partitions)
         works: list[tuple[Callable[[], np.ndarray | pa.Table], Stats]]
         if grid.box.column.type.kind == Kind.POINT and all(gatherable(p.columns, grid.box.column) for p in parts):

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from rowstore.errors import ConflictError, HistoryPurgedError, QueryError, UnavailableError
 from rowstore.reads.plan import ReadPlan, SegmentSlice, visible_bitmap
-from rowstore.reads.predicates import batch_mask, key_bounds, parse_bbox, parse_where
+from rowstore.reads.predicates import batch_mask, key_bounds, parse_bbox
 from rowstore.rowids import split_rowids
 from rowstore.schema import SchemaVersion
 from rowstore.tables.keys import partition_of_key
@@ -49,7 +49,7 @@ class ExternalReads:
         (``Leases.acquire``), so a client may repeat a plan whose answer it lost."""
         c = await self.reader.context(name, as_of, trusted)
         assert c.d.schema is not None  # describe() refuses a dropped table
-        terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
+        terms, box = c.terms(where), parse_bbox(c.d.schema, bbox)
         preds = terms + ([box] if box is not None else [])
         by_seg: dict[int, list[np.ndarray]] = {}
         parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
@@ -70,6 +70,8 @@ class ExternalReads:
             keep = await self.reader.zone_mask(c, ids, terms, box)  # segments the window misses (RFC 0009)
             if keep is not None:
                 ids = ids[keep]
+            if c.kept:  # readers take the bitmaps as they are (a count is their cardinality)
+                ids = ids[await self.reader.retained(c, part, ids)]
             segs, locs = split_rowids(ids)
             cuts = np.flatnonzero(np.diff(segs)) + 1
             for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(segs)]):
@@ -111,7 +113,7 @@ class ExternalReads:
         their objects alone (as :meth:`plan_without_leader`)."""
         c = await self.reader.context(name, T, trusted=True, leased=False)
         assert c.d.schema is not None  # describe() refuses a dropped table
-        terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
+        terms, box = c.terms(where), parse_bbox(c.d.schema, bbox)
         rows = await query_offloaded(self.store, c.d, c.schemas, pids, c.T, terms, box)
         return finish(rows, c.d.schema, None, limit)
 
@@ -126,7 +128,7 @@ class ExternalReads:
         assert c.d.schema is not None  # describe() refuses a dropped table
         if not 0 <= partition < len(c.table.parts):
             raise QueryError(f"table {name!r} has partitions 0..{len(c.table.parts) - 1}")
-        terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
+        terms, box = c.terms(where), parse_bbox(c.d.schema, bbox)
         ids = (await c.table.parts[partition].index.scan(c.T)).rowids
         if sealed is not None:
             offloaded = set(sealed)
@@ -160,6 +162,8 @@ class ExternalReads:
                 continue  # empty, or nothing in (after, T]
             async for dec in self.store.scan(rec.segid, c.d.schema, c.schemas):
                 m = (dec.commit_ts > np.uint64(after)) & (dec.commit_ts <= np.uint64(c.T))
+                if c.kept:  # an upsert of a row older than the retention at T is not shown
+                    m &= dec.deleted | batch_mask(dec.batch, list(c.kept), None)
                 if m.any():
                     idx = np.flatnonzero(m)
                     b = dec.batch.take(pa.array(idx))

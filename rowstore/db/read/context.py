@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rowstore.errors import QueryError
+from rowstore.reads.predicates import Term, parse_where
 from rowstore.schema import SchemaVersion
 from rowstore.tables.definitions import TableDef
 from rowstore.db.partition import Partition
@@ -22,6 +23,12 @@ class ReadContext:
     d: TableDef
     table: Table
     schemas: Callable[[int], SchemaVersion]  # version id -> SchemaVersion
+    kept: tuple[Term, ...] = ()  # the table's retention at T: added to every read's terms
+
+    def terms(self, where: object) -> list[Term]:
+        """A request's ``where`` parsed against the schema at T, with the retention's term."""
+        assert self.d.schema is not None  # describe() refuses a dropped table
+        return parse_where(self.d.schema, where) + list(self.kept)
 
 
 def where_of(c: ReadContext, part: Partition) -> str:

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from catalog.abc import Catalog, Check, Put
 from rowstore.errors import UnavailableError
 from rowstore.reads.plan import SegmentSlice, visible_bitmap
+from rowstore.reads.retention import kept_terms
 from rowstore.reads.predicates import BBox, Term, batch_mask
 from rowstore.rowids import rowids, split_rowids
 from rowstore.schema import SchemaVersion
@@ -161,8 +162,12 @@ async def plan_offloaded(store: SegmentStore, fs: TerrascaleFS, d: TableDef, sch
     listed = await store.list(table=d.table_id)
     recs = {r.segid: r for r in listed}
     out = []
+    kept = kept_terms(d, T)  # the retention's term: a plan's bitmaps are exact
     for pid in pids:
-        ids, _ = await visible_offloaded(store, d, schemas, pid, T, listed)
+        ids, got = await visible_offloaded(store, d, schemas, pid, T, listed,
+                                           (lambda b: batch_mask(b, kept, None)) if kept else None)
+        if kept:
+            ids = np.intersect1d(ids, np.concatenate([rid for _, rid in got]) if got else ids[:0])
         segs, locs = split_rowids(ids)
         for segid in np.unique(segs).tolist():
             f = await fs.stat(recs[segid].inode)

@@ -17,6 +17,7 @@ from rowstore.db.tasks import BackgroundTasks
 from rowstore.errors import UnavailableError
 from rowstore.segments.store import SegmentStore
 from rowstore.tables.definitions import TableCatalog, TableDef
+from rowstore.reads.retention import oldest_kept
 from rowstore.tables.key_check import INT64_MAX, INT64_MIN, check_key_tuple
 from rowstore.tables.keys import encode_one, key_and_partition, partition_one
 from rowstore.timeline import Timeline
@@ -83,8 +84,9 @@ class PointReads:
             return None
         schema = pt.d.schema
         assert schema is not None  # describe() refuses a dropped table
-        return self.store.row_cached(rowid, schema, pt.decode) or await self.store.row(
+        row = self.store.row_cached(rowid, schema, pt.decode) or await self.store.row(
             rowid, schema, pt.decode, f"table {name!r} partition {pid}")
+        return None if pt.d.retention is not None and _aged(row, pt.d, T) else row
 
     async def get_dicts(self, name: str, keys: Sequence[object], as_of: int | None = None,
                         columns: list[str] | None = None) -> tuple[int, list[dict[str, Any] | None]]:
@@ -110,7 +112,7 @@ class PointReads:
             hit = self.store.row_cached(rowid, schema, pt.decode) if rowid else None
             if rowid is None or (rowid and hit is None):
                 cold.append(i)
-            elif hit is not None:
+            elif hit is not None and not (pt.d.retention is not None and _aged(hit, pt.d, T)):
                 out[i] = _project(hit, columns)
 
         async def read(i: int, gate: asyncio.Semaphore) -> None:
@@ -119,7 +121,8 @@ class PointReads:
                 rowid = await pt.parts[pid].index.get(k, T)
                 if rowid:
                     row = await self.store.row(rowid, schema, pt.decode, f"table {name!r} partition {pid}")
-                    out[i] = _project(row, columns)
+                    if not (pt.d.retention is not None and _aged(row, pt.d, T)):
+                        out[i] = _project(row, columns)
         if cold:  # their reads overlap: each waits on an object or the disk cache, off the loop
             gate = asyncio.Semaphore(_COLD_READS)
             async with asyncio.TaskGroup() as tg:
@@ -140,6 +143,12 @@ class PointReads:
         if as_of is None and await self.definitions.describe(name) is d:
             self._points[name] = pt
         return T, pt
+
+
+def _aged(row: dict[str, Any], d: TableDef, T: int) -> bool:
+    """Whether the table's retention hides ``row`` at T."""
+    oldest = oldest_kept(d, T)
+    return oldest is not None and row[oldest[0]] < oldest[1]
 
 
 def _project(row: dict[str, Any], columns: list[str] | None) -> dict[str, Any]:

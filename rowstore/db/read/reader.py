@@ -17,7 +17,8 @@ from rowstore.errors import FutureTimestampError, HistoryPurgedError, QueryError
 from rowstore.hlc import MAX_TS, HybridClock, ms_of, ts_from_ms
 from rowstore.tables.keys import encode_columns, key_arrays, partitions_of
 from rowstore.reads.zones import group_keep, keep_mask, segments_of
-from rowstore.reads.predicates import BBox, Term, batch_mask, fold_ranges, parse_bbox, parse_where
+from rowstore.reads.predicates import BBox, Term, batch_mask, fold_ranges, parse_bbox
+from rowstore.reads.retention import kept_terms
 from rowstore.schema import SchemaVersion
 from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegmentStore
@@ -113,7 +114,7 @@ class Reader(PointReads, Scans):
         table = await self.tables.table(d)
         if leased and (wait := self.leases_of(d.table_id, table.owned, T)) is not None:
             await wait
-        return ReadContext(T, d, table, await self.tables.schemas_of(d))
+        return ReadContext(T, d, table, await self.tables.schemas_of(d), tuple(kept_terms(d, T)))
 
     async def get_many(self, name: str, keys: Sequence[object] | pa.Array, as_of: int | None = None) -> pa.Table:
         """Rows for many keys at once (vectorized lookups and reads), in key order; absent
@@ -133,8 +134,10 @@ class Reader(PointReads, Scans):
             if index.consolidation_due:
                 self.tasks.spawn(index.merge_memtable())
         rowids = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.uint64)
-        return finish([(await fetch(self.store, rowids, c.schemas, c.d.schema, f"table {name!r}")).batch],
-                      c.d.schema, None, None)
+        rows = (await fetch(self.store, rowids, c.schemas, c.d.schema, f"table {name!r}")).batch
+        if c.kept:  # a version older than the retention is not there
+            rows = rows.filter(pa.array(batch_mask(rows, list(c.kept), None)))
+        return finish([rows], c.d.schema, None, None)
 
     async def get_rows(self, name: str, keys: Sequence[object], as_of: int | None = None,
                        columns: list[str] | None = None, partitions: list[int] | None = None,
@@ -159,6 +162,9 @@ class Reader(PointReads, Scans):
         pos = np.flatnonzero(found)
         ids = np.unique(found[pos])
         rows = (await fetch(self.store, ids, c.schemas, c.d.schema, f"table {name!r}")).batch
+        if c.kept:  # a version older than the retention is not there: its key has no row
+            old = ids[~batch_mask(rows, list(c.kept), None)]
+            pos = pos[~np.isin(found[pos], old)]
         t = pa.Table.from_batches([rows]).take(pa.array(np.searchsorted(ids, found[pos])))
         if columns is not None:
             t = t.select(columns)
@@ -171,7 +177,7 @@ class Reader(PointReads, Scans):
         ``partitions``: only those (a read across nodes asks each node for its own)."""
         c = await self.context(name, as_of, trusted)
         assert c.d.schema is not None  # describe() refuses a dropped table
-        terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
+        terms, box = c.terms(where), parse_bbox(c.d.schema, bbox)
         check_columns(c.d.schema, columns)
         check_limit(limit)
         parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
@@ -239,6 +245,23 @@ class Reader(PointReads, Scans):
         groups = group_keep(ids, await self.store.columnar_segments(segids), terms, box)
         if groups is not None:
             keep = groups if keep is None else keep & groups
+        return keep
+
+    async def retained(self, c: ReadContext, part: Partition, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` (visible rowids of ``part``) the table's retention keeps, exactly —
+        for a plan whose bitmaps readers take as they are. Rows the zone maps show to be newer
+        than the cutoff are kept unread; the others' retention column is read."""
+        keep = np.ones(len(ids), bool)
+        if not c.kept or len(ids) == 0:
+            return keep
+        assert c.d.schema is not None  # describe() refuses a dropped table
+        t = c.kept[0]
+        maybe = await self.zone_mask(c, ids, [Term(t.column, "<", t.value)], None)  # may hold older rows
+        at = np.arange(len(ids)) if maybe is None else np.flatnonzero(maybe)
+        if len(at):
+            rows = await fetch(self.store, ids[at], c.schemas, narrowed(c.d.schema, [], list(c.kept), None),
+                               where_of(c, part))  # in rowid order, as ids
+            keep[at] = batch_mask(rows.batch, list(c.kept), None)
         return keep
 
 

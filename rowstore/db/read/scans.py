@@ -15,7 +15,7 @@ from rowstore.db.read.context import ReadContext, check_columns, check_limit, wh
 from rowstore.db.partition import Partition
 from rowstore.db.registry import Table
 from rowstore.errors import UnavailableError
-from rowstore.reads.predicates import BBox, Term, batch_mask, parse_bbox, parse_where
+from rowstore.reads.predicates import BBox, Term, batch_mask, parse_bbox
 from rowstore.schema import SchemaVersion
 from rowstore.segments.fetch import fetch
 from rowstore.segments.store import SegmentStore
@@ -49,7 +49,7 @@ class Scans:
         c = await self.context(name, as_of, trusted)
         assert c.d.schema is not None  # describe() refuses a dropped table
         pk = c.d.schema.pk
-        terms, box = parse_where(c.d.schema, where), parse_bbox(c.d.schema, bbox)
+        terms, box = c.terms(where), parse_bbox(c.d.schema, bbox)
         check_columns(c.d.schema, columns)
         check_limit(limit)
         pre = check_prefix(prefix, pk, "prefix")

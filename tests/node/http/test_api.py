@@ -142,6 +142,31 @@ def test_table_catalog_and_schema_evolution_as_of(c):
     assert ei.value.status == 404 and ei.value.code == "table_not_found"
 
 
+def test_a_tables_retention_through_the_api(c):
+    """Set at creation and by PATCH, shown by describe, applied to reads; a bad one is a 400
+    that writes no definition (RFC 0016 §5)."""
+    cols = [{"name": "id", "type": "int64"}, {"name": "ts", "type": "timestamp", "nullable": False}]
+    c.create_table("ret", cols, "id", retention={"column": "ts", "keep": "1h"})
+    now = dt.datetime.now(dt.timezone.utc)
+    w = c.upsert("ret", [{"id": 1, "ts": now.isoformat()}, {"id": 2, "ts": (now - dt.timedelta(hours=2)).isoformat()}])
+    assert c.describe("ret")["retention"] == {"column": "ts", "keep_s": 3600.0}
+    assert [x["id"] for x in c.query_json("ret")["rows"]] == [1]
+    assert c.get("ret", 2) is None
+    for bad in ({"column": "id", "keep": "1h"}, {"column": "ts", "keep": "0s"}, {"column": "ts"}, "1h"):
+        with pytest.raises(ApiError) as ei:
+            c.set_retention("ret", bad)
+        assert ei.value.status == 400 and ei.value.code == "invalid_schema", bad
+        with pytest.raises(ApiError) as ei:
+            c.create_table("ret_bad", cols, "id", retention=bad)
+        assert ei.value.status == 400 and ei.value.code == "invalid_schema", bad
+    assert "ret_bad" not in [t["name"] for t in c.list_tables()["tables"]]
+    assert c.describe("ret")["ts"] < w["commit_ts"]  # no new definition version
+    off = c.set_retention("ret", None)
+    assert off["retention"] is None
+    assert [x["id"] for x in c.query_json("ret")["rows"]] == [1, 2]
+    assert [x["id"] for x in c.query_json("ret", as_of=off["ts"] - 1)["rows"]] == [1]  # the setting of T
+
+
 def test_arrow_ingest_queries_limits_and_time_travel(c):
     make_points(c, "pts")
     first = c.upsert("pts", points(range(0, 30_000)))

@@ -1,0 +1,150 @@
+"""Per-table retention (docs/rfcs/0016-time-series-aggregates.md §5): a row whose retention
+column is older than wall(T) − keep is invisible to every read at T — get, query, scan,
+aggregate, histogram, the change feed and read plans (whose bitmaps readers count as they
+are) — on active, sealed and offloaded (row and columnar) segments; a read as of before the
+setting keeps the old one; the clock is the test's, so rows fall out when it says."""
+import numpy as np
+import pyarrow as pa
+import pytest
+from pyroaring import BitMap
+
+from rowstore.reads.agg_spec import parse_spec
+from rowstore.errors import SchemaError
+from rowstore.hlc import ms_of
+from rowstore.reads.aggregates import finish
+from tests.rowstore.tables_world import TablesWorld
+
+SCHEMA = "id int64 primary key, ts timestamp not null, day date not null, p point, v float64, at timestamp"
+N = 200
+
+
+def _rows(now_ms: int, ids: range) -> pa.Table:
+    """Row i was measured i seconds before ``now_ms`` (and i hours before, by day)."""
+    ids_ = np.asarray(ids, np.int64)
+    ts = (now_ms - ids_ * 1000) * 1000
+    return pa.table({
+        "id": pa.array(ids_),
+        "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
+        "day": pa.array(((now_ms // 1000 - ids_ * 3600) // 86_400).astype(np.int32), pa.date32()),
+        "p": pa.StructArray.from_arrays([pa.array(ids_ % 10, pa.float64()), pa.array(ids_ % 7, pa.float64())],
+                                        names=["x", "y"]),
+        "v": pa.array(ids_.astype(float)),
+        "at": pa.array(ts, pa.timestamp("us", tz="UTC")),
+    })
+
+
+def _expected(tbl: pa.Table, T: int, keep_s: int) -> set[int]:
+    cut = ms_of(T) * 1000 - keep_s * 1_000_000
+    ts = tbl.column("ts").cast(pa.int64()).to_numpy()
+    return set(tbl.column("id").to_numpy()[ts >= cut].tolist())
+
+
+async def _every_read(db, T: int) -> dict[str, set[int] | int]:
+    """What each read path sees at T: ids, or a count."""
+    ids = list(range(N))
+    q, _ = await db.query("r", as_of=T, limit=None)
+    page = await db.scan("r", as_of=T, limit=10 * N)
+    many = await db.get_many("r", ids, as_of=T)
+    got, _ = await db.get_rows("r", ids, as_of=T)
+    one = {i for i in ids if await db.get("r", i, as_of=T) is not None}
+    _, dicts = await db.get_dicts("r", ids, as_of=T)
+    p, _, _ = await db.aggregate("r", [], [{"fn": "count"}], as_of=T)
+    d = await db.describe("r", T)
+    count = finish(p, parse_spec(d.schema, [], [{"fn": "count"}])).column(0)[0].as_py()
+    cells, _, _ = await db.histogram("r", "p", {"xmin": 0, "ymin": 0, "xmax": 10, "ymax": 10}, [2, 2], as_of=T)
+    feed, _ = await db.changes("r", 0, T)
+    plan = await db.read_plan("r", T)
+    planned = sum(len(BitMap.deserialize(s.visible)) for s in plan.sealed)
+    for t in plan.tail:
+        planned += (await db.tail("r", t, T, sealed=plan.sealed_segids)).num_rows
+    return {"query": set(q.column("id").to_pylist()), "scan": set(page.rows.column("id").to_pylist()),
+            "get_many": set(many.column("id").to_pylist()), "get_rows": set(got.column("id").to_pylist()),
+            "get": one, "get_dicts": {r["id"] for r in dicts if r is not None},
+            "feed": set(feed.column("id").to_pylist()), "count": count, "histogram": int(np.sum(cells)),
+            "plan": planned}
+
+
+def _check(seen: dict, want: set[int]) -> None:
+    for path, got in seen.items():
+        assert got == (len(want) if isinstance(got, int) else want), path
+
+
+@pytest.mark.parametrize("columnar", [False, True])
+async def test_rows_fall_out_of_every_read_as_the_clock_moves(columnar):
+    w = TablesWorld(2, columnar=columnar, seal_bytes=8 << 10)
+    db = await w.start()
+    await db.create_table("r", SCHEMA, indexes=["ts"])
+    data = _rows(w.clock.now_ms(), range(N))
+    await db.upsert("r", data.slice(0, N // 2))
+    await db.seal()
+    await db.offload()  # older rows in offloaded segments (columnar: with zone maps), the rest active
+    await db.upsert("r", data.slice(N // 2))
+    before = db.timeline.closed
+    assert (await db.read_plan("r", before)).sealed  # some rows are read from objects
+    d = await db.set_retention("r", {"column": "ts", "keep": "150s"})
+    assert d.retention is not None
+    for step in range(3):
+        w.clock.advance(7 if step else 0)
+        _, T = await db.query("r", limit=1)
+        want = _expected(data, T, 150)
+        assert 0 < len(want) < N
+        _check(await _every_read(db, T), want)
+    _check(await _every_read(db, before), set(range(N)))  # as of before the setting: every row
+
+
+async def test_a_date_column_keeps_a_day_while_any_of_it_is_within():
+    w = TablesWorld(2)
+    db = await w.start()
+    await db.create_table("r", SCHEMA, retention={"column": "day", "keep": "2d"})
+    data = _rows(w.clock.now_ms(), range(N))  # days: up to 200 h back
+    await db.upsert("r", data)
+    q, T = await db.query("r", limit=None)
+    first_kept = (ms_of(T) - 2 * 86_400_000) // 86_400_000
+    days = data.column("day").cast(pa.int32()).to_numpy()
+    assert set(q.column("id").to_pylist()) == set(data.column("id").to_numpy()[days >= first_kept].tolist())
+
+
+async def test_removing_or_lengthening_the_retention_shows_rows_not_yet_collected():
+    w = TablesWorld(2)
+    db = await w.start()
+    await db.create_table("r", SCHEMA, retention={"column": "ts", "keep": "10s"})
+    data = _rows(w.clock.now_ms(), range(N))
+    await db.upsert("r", data)
+    q, T = await db.query("r", limit=None)
+    assert set(q.column("id").to_pylist()) == _expected(data, T, 10)  # ages 0..10 s
+    await db.set_retention("r", None)
+    q, _ = await db.query("r", limit=None)
+    assert q.num_rows == N
+
+
+@pytest.mark.parametrize("doc, match", [
+    ({"column": "v", "keep": "1d"}, "not a timestamp or date"),
+    ({"column": "at", "keep": "1d"}, "nullable"),
+    ({"column": "nope", "keep": "1d"}, "no column"),
+    ({"column": "ts", "keep": "0s"}, "above zero"),
+    ({"column": "ts", "keep": "-1d"}, "above zero"),
+    ({"column": "ts", "keep": 30}, "above zero"),
+    ({"column": "ts"}, "retention"),
+    ({"column": "ts", "keep": "1d", "extra": 1}, "retention"),
+    ("30d", "retention"),
+])
+async def test_a_bad_retention_is_refused_and_changes_nothing(doc, match):
+    w = TablesWorld(2)
+    db = await w.start()
+    with pytest.raises(SchemaError, match=match):
+        await db.create_table("bad", SCHEMA, retention=doc)
+    assert [t.name for t in await db.list_tables()] == []
+    d = await db.create_table("r", SCHEMA)
+    with pytest.raises(SchemaError, match=match):
+        await db.set_retention("r", doc)
+    assert (await db.describe("r")).ts == d.ts  # no new definition version
+
+
+async def test_the_retention_column_cannot_be_dropped_while_it_holds_the_retention():
+    w = TablesWorld(2)
+    db = await w.start()
+    await db.create_table("r", SCHEMA, retention={"column": "ts", "keep": "1d"})
+    with pytest.raises(SchemaError, match="remove the retention first"):
+        await db.alter_table("r", lambda s: s.drop_column("ts"))
+    d = await db.alter_table("r", lambda s: s.rename_column("ts", "measured"))  # by column id: follows it
+    assert d.retention is not None and d.schema.by_id(d.retention.column).name == "measured"
