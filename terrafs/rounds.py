@@ -8,8 +8,9 @@ Here the groups that files hand over while a hop is in flight wait, and the next
 them all: it encodes and writes each, then makes them durable with one device flush, and
 the loop hears back once.
 
-The rule that keeps a failed flush honest (fsyncgate, ``LogDevice.flush_sync``) is the
-device's: a flush that fails fails every group of the hop, since it covered all of them.
+The rule that keeps a failed flush honest (fsyncgate, ``GroupCommit.flush`` in
+terrafs/backends/logdev_commit.py) is the device's: a flush that fails fails every group of
+the hop, since it covered all of them.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The log device's on-disk structures (docs/format/logdev.md): the superblock, extent headers,
 and the file chains a device's headers describe. Pure functions of bytes; the device that
-reads and writes them is :mod:`terrafs.backends.logdev`. Every constant marked "format" is
+reads and writes them is :mod:`terrafs.backends.logdev_core`. Every constant marked "format" is
 part of the format; never change one, add a version."""
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from terrafs.active import ActiveFile
-from terrafs.backends.logdev import PAGE, LogDevice
+from terrafs.backends.logdev import LogDevice
+from terrafs.backends.logdev_format import PAGE
 from terrafs.blocks import Codec
 from terrafs.errors import FileCorruptionError, FileNotFoundInDeviceError
 from terrafs.params import new_params
@@ -271,7 +272,7 @@ def failing_fdatasync(monkeypatch) -> list:
     append True to the list returned to fail one more."""
     import errno
 
-    import terrafs.backends.logdev as ld
+    import terrafs.backends.logdev_core as ld
 
     real, fail = os.fdatasync, [True]
 
@@ -360,7 +361,7 @@ async def test_a_burst_gives_its_space_back_once_deleted(tmp_path):
     extent beyond the spare ones goes back to the host — a free tail cut off the file, free
     extents below a live file punched out — the files left read what they hold, before and
     after a reopen, and extents given back are taken again as zeros."""
-    from terrafs.backends.logdev import SPARE
+    from terrafs.backends.logdev_core import SPARE
 
     dev = LogDevice(str(tmp_path / "logdev"), extent_size=SMALL)
     keep = await dev.create("keep")

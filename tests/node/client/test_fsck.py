@@ -200,7 +200,7 @@ def test_fsck_reads_active_files_on_the_log_device_and_names_a_flipped_byte_in_i
     """A node's data folder as `terrascale node run` makes it (active files in the log device,
     docs/format/logdev.md): fsck passes it and changes nothing; a flipped byte inside an
     active file's first group, or in an extent header, is damage named with its offset."""
-    from terrafs.backends.logdev import PAGE
+    from terrafs.backends.logdev_format import PAGE
     from terrafs.uri import open_block_device
 
     d = tmp_path / "data"
