@@ -105,6 +105,10 @@ class Metrics:
                                         "their copies (freed once deleted)", registry=r)
         self.gc_seconds = Gauge("terrascale_gc_run_seconds_total", "Time spent in GC passes", registry=r)
         self.gc_deleted = Gauge("terrascale_gc_segments_deleted_total", "Retired segments deleted", registry=r)
+        self.retention_segments = Gauge("terrascale_retention_segments_dropped_total", "Segments retired "
+                                        "unread because a table's retention left no row of them live", registry=r)
+        self.retention_bytes = Gauge("terrascale_retention_bytes_dropped_total", "Bytes of those segments",
+                                     registry=r)
         self.gc_garbage_ratio = Gauge("terrascale_gc_garbage_ratio", "1 - live bytes / bytes over sealed, "
                                       "offloaded and retired segments", registry=r)
         self.ready = Gauge("terrascale_ready", "1 once recovery finished and the node serves", registry=r)

@@ -101,6 +101,8 @@ class Views:
         m.gc_bytes_reclaimed.set(tot["bytes_reclaimed"])
         m.gc_seconds.set(tot["run_seconds"])
         m.gc_deleted.set(tot["segments_deleted"])
+        m.retention_segments.set(tot["retention_segments_dropped"])
+        m.retention_bytes.set(tot["retention_bytes_dropped"])
         m.gc_garbage_ratio.set(await db.gc.garbage_ratio())
 
     async def _placement_metrics(self, o: _Stores) -> None:

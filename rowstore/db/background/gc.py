@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from catalog.abc import Check, Delete, Entry, Op, Put
+from rowstore.db.background.aging import Aging, floor_of
 from rowstore.db.read.leases import Leases
 from rowstore.db.registry import TableRegistry
 from rowstore.errors import ConflictError, UnavailableError
@@ -91,7 +92,9 @@ class GarbageCollector:
         # after a pass found no victim there: an idle partition is not re-read every interval
         self._idle: dict[tuple[str, int], tuple[tuple[bytes, frozenset[int], int | None, float], int]] = {}
         self.totals: dict[str, float] = {"runs": 0, "rows_copied": 0, "bytes_reclaimed": 0, "run_seconds": 0.0,
-                       "segments_collected": 0, "segments_deleted": 0, "bytes_copied": 0}
+                       "segments_collected": 0, "segments_deleted": 0, "bytes_copied": 0,
+                       "retention_segments_dropped": 0, "retention_bytes_dropped": 0}
+        self.aging = Aging(store)  # the retention's step of the mark pass, with the ranges it learned
         self.phases = dict.fromkeys(("checkpoint", "mark", "read", "order", "write", "publish", "delete"), 0.0)
 
     async def recover(self) -> list[int]:
@@ -172,9 +175,15 @@ class GarbageCollector:
             counted = {r.segid: r for r in recs if r.state == SegState.OFFLOADED}
             state = (p.index.manifest.to_bytes(), frozenset(counted), d.cluster_by, self.cfg.min_garbage)
             idle = self._idle.get((p.table_id, p.pid))
-            if not res.dry_run and idle is not None and idle[0] == state and H < idle[1]:
+            floor = floor_of(await self.definitions.history(d.name), d, H)  # retention: rows age as time passes
+            if not res.dry_run and idle is not None and idle[0] == state and H < idle[1] and floor is None:
                 return  # nothing changed since a pass found no victim, and nothing turned to garbage since
             merged = await p.index.gc_view(H, with_memtable=res.dry_run)
+            aged: dict[int, int] = {}
+            if floor is not None:  # the versions no read at or after H sees: not live (RFC 0016 §5)
+                assert d.schema is not None  # the registry's newest definition with a schema
+                merged, aged = await self.aging.without_aged(merged, floor, H, set(counted), d.schema,
+                                                             await self.tables.schemas_of(d))
             marks = await asyncio.to_thread(mark_live, merged.rowids, {s: r.rows for s, r in counted.items()})
             for segid, r in counted.items():  # deletion rows above the horizon: live, unreferenced
                 if r.deletions and r.deletions_max_ts > H:
@@ -189,7 +198,8 @@ class GarbageCollector:
                 return
             if not victims:
                 await self._update_live(counted, marks)
-                self._idle[(p.table_id, p.pid)] = (state, _next_garbage(merged, counted, H))
+                if floor is None:
+                    self._idle[(p.table_id, p.pid)] = (state, _next_garbage(merged, counted, H))
                 return
             new, old_ids, new_ids = await self._copy(d, p, victims, marks, H)
             top = max((r.seq for r in recs), default=0)
@@ -212,6 +222,10 @@ class GarbageCollector:
             res.rows_copied += len(old_ids)
             res.bytes_reclaimed += sum(r.bytes for r in victims) - sum(r.bytes for r in new)
             res.retired += [r.segid for r in victims]
+            for r in victims:
+                if aged.get(r.segid) and marks[r.segid][0] == 0:  # emptied by the retention: dropped unread
+                    self.totals["retention_segments_dropped"] += 1
+                    self.totals["retention_bytes_dropped"] += r.bytes
             log.info("event=gc_relocated table=%s partition=%d victims=%s copies=%s rows=%d", d.name, p.pid,
                      [r.segid for r in victims], [r.segid for r in new], len(old_ids))
         await p.index.collect()  # the replaced index runs

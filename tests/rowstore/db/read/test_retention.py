@@ -9,6 +9,7 @@ import pytest
 from pyroaring import BitMap
 
 from rowstore.reads.agg_spec import parse_spec
+from rowstore.db.background.gc import GcConfig
 from rowstore.errors import SchemaError
 from rowstore.hlc import ms_of
 from rowstore.reads.aggregates import finish
@@ -148,3 +149,63 @@ async def test_the_retention_column_cannot_be_dropped_while_it_holds_the_retenti
         await db.alter_table("r", lambda s: s.drop_column("ts"))
     d = await db.alter_table("r", lambda s: s.rename_column("ts", "measured"))  # by column id: follows it
     assert d.retention is not None and d.schema.by_id(d.retention.column).name == "measured"
+
+
+async def _aged_world(columnar: bool):
+    """Old readings (1,000 s and more) in segments of their own, fresh ones in others, all
+    offloaded; a retention of 500 s; the horizon past every commit."""
+    w = TablesWorld(2, columnar=columnar, seal_bytes=8 << 10, retention_ms=0,
+                    gc=GcConfig(min_garbage=0.5, grace_s=0.0))
+    db = await w.start()
+    await db.create_table("r", SCHEMA, retention={"column": "ts", "keep": "500s"})
+    now = w.clock.now_ms()
+    old = _rows(now - 1_000_000, range(N // 2))  # measured 1,000 s to 1,100 s ago
+    fresh = _rows(now, range(N // 2, N))  # 100 s to 200 s ago
+    for part in (old, fresh):
+        await db.upsert("r", part)
+        await db.seal()
+        await db.offload()
+    w.clock.advance(db.cfg.purge_lag_ms / 1000 + 1)  # the horizon passes the commits
+    return w, db, fresh
+
+
+@pytest.mark.parametrize("columnar", [False, True])
+async def test_segments_of_aged_rows_are_retired_whole_without_moving_a_row(columnar):
+    w, db, fresh = await _aged_world(columnar)
+    before = {s["segid"]: s for s in await _segments(db)}
+    out = await db.collect_garbage()
+    assert out["rows_copied"] == 0 and out["segments_collected"] >= 1
+    retired = set(out["retired"])
+    assert db.gc.totals["retention_segments_dropped"] == len(retired)
+    assert db.gc.totals["retention_bytes_dropped"] == sum(before[s]["bytes"] for s in retired)
+    q, _ = await db.query("r", limit=None)
+    assert set(q.column("id").to_pylist()) == set(fresh.column("id").to_pylist())
+    w.clock.advance(1)
+    again = await db.collect_garbage()  # nothing else to do
+    assert set(out["deleted"]) | set(again["deleted"]) >= retired and again["rows_copied"] == 0  # grace 0
+    assert db.gc.totals["retention_segments_dropped"] == len(retired)  # the ranges learned: no second count
+    q, _ = await db.query("r", limit=None)
+    assert set(q.column("id").to_pylist()) == set(fresh.column("id").to_pylist())
+
+
+async def test_a_segment_partly_aged_is_rewritten_with_its_kept_rows_only():
+    w = TablesWorld(1, seal_bytes=1 << 20, retention_ms=0, gc=GcConfig(min_garbage=0.5, grace_s=0.0))
+    db = await w.start()
+    await db.create_table("r", SCHEMA, retention={"column": "ts", "keep": "150s"})
+    data = _rows(w.clock.now_ms(), range(N))  # ages 0..199 s: 150 of them kept, at first
+    await db.upsert("r", data)
+    await db.seal()
+    await db.offload()
+    w.clock.advance(80 + db.cfg.purge_lag_ms / 1000)  # now ages 85..284 s: most are past 150 s
+    out = await db.collect_garbage()
+    q, T2 = await db.query("r", limit=None)
+    kept = _expected(data, T2, 150)
+    assert set(q.column("id").to_pylist()) == kept
+    # the copy holds what reads at the horizon (purge_lag behind) still see: one row a second
+    assert out["segments_collected"] == 1
+    assert len(kept) <= out["rows_copied"] <= len(kept) + db.cfg.purge_lag_ms // 1000 + 1
+    assert db.gc.totals["retention_segments_dropped"] == 0  # rewritten, not dropped unread
+
+
+async def _segments(db) -> list[dict]:
+    return [{"segid": r.segid, "bytes": r.bytes} for r in await db.store.list() if r.state.name == "OFFLOADED"]
