@@ -1,6 +1,7 @@
 """The cluster's admin endpoints (docs/REFERENCE.md §3: `GET /v1/admin/cluster`, `terrascale admin cluster
 add|remove`): the view, and Raft membership changes — a removal first moves the partitions
-the node holds the only copy of (RFC 0010 §7, ``node/cluster/handoff.py``)."""
+the node holds the only copy of (RFC 0010 §7, ``node/cluster/handoff.py``) and hands over the
+leaderships it holds."""
 from __future__ import annotations
 
 import asyncio
@@ -86,6 +87,7 @@ async def remove_member(api: Api, request: web.Request) -> web.Response:
         if leaving:
             await cluster.leaving(leaving, True)  # nothing is moved onto it from now on
             await _move_only_copies(api, leaving)
+            await _hand_over_leaderships(api, leaving)
         await _membership(api, "remove", address)
     finally:
         if leaving:  # once out of the membership it is not placeable anyway
@@ -117,6 +119,26 @@ async def _move_only_copies(api: Api, leaving: set[str]) -> None:
             log.warning("event=member_leaving_partition_moved table=%s partition=%d to=%s", table, pid, to)
         await asyncio.sleep(0.2)
     raise ApiError(409, "membership_refused", f"partitions of {sorted(leaving)} kept arriving; nothing removed")
+
+
+async def _hand_over_leaderships(api: Api, leaving: set[str]) -> None:
+    """Each replicated partition a leaving node leads gets another leader first, by a planned
+    election (the leader fenced first, no lease to wait out): its writes pause for one election
+    instead of the failure timeout and a forced election once the node is out of the catalog.
+    Best effort: a hand-over refused (another replica down) is left to that forced election."""
+    repl = api.replication
+    for d, pl in await repl._placed():
+        for pid, p in enumerate(pl.partitions):
+            if p.leader not in leaving or len(p.replicas) < 2:
+                continue
+            try:
+                moved = await repl.elect(d, pid, exclude=set(), handoff=p.leader)
+            except (RemoteError, RowstoreError, CatalogError, ConnectionError, asyncio.TimeoutError) as e:
+                moved, why = False, one_line(e)
+            else:
+                why = "" if moved else "refused"
+            log.warning("event=member_leaving_leader_handed_over table=%s partition=%d from=%s moved=%s %s",
+                        d.name, pid, p.leader, moved, why)
 
 
 async def _membership(api: Api, op: str, address: object) -> None:

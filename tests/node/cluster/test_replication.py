@@ -126,10 +126,14 @@ def test_removed_member_replicas_move_under_load_nothing_lost(tmp_path):
         leader = c1.cluster()["leader"]  # the catalog's Raft leader cannot remove itself
         gone = next(n for n in reversed(nodes[1:]) if n.node_id != leader)
         assert any(gone.node_id in p["replicas"] for p in place)
+        assert any(gone.node_id == p["leader"] for p in place)  # 4 partitions on 4 nodes: one each
         acked = {}
         for bid in range(1, 11):
             acked[bid] = upsert_retrying(c1, bid)
         c1._call("DELETE", f"/v1/admin/cluster/members/{gone.raft_address}")
+        # its leaderships were handed over before it left (a planned election each), not left
+        # to a forced one after the failure timeout
+        assert not [p["partition"] for p in c1.describe("t")["placement"] if p["leader"] == gone.node_id]
         deadline = time.monotonic() + 90
         bid = 100
         while time.monotonic() < deadline:
