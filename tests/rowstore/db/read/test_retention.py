@@ -71,10 +71,11 @@ def _check(seen: dict, want: set[int]) -> None:
 
 
 @pytest.mark.parametrize("columnar", [False, True])
-async def test_rows_fall_out_of_every_read_as_the_clock_moves(columnar):
+@pytest.mark.parametrize("indexes", [[], ["ts", "p", "v"]])  # the scan paths, and the column index's
+async def test_rows_fall_out_of_every_read_as_the_clock_moves(columnar, indexes):
     w = TablesWorld(2, columnar=columnar, seal_bytes=8 << 10)
     db = await w.start()
-    await db.create_table("r", SCHEMA, indexes=["ts"])
+    await db.create_table("r", SCHEMA, indexes=indexes)
     data = _rows(w.clock.now_ms(), range(N))
     await db.upsert("r", data.slice(0, N // 2))
     await db.seal()
