@@ -259,8 +259,9 @@ class Reader(PointReads, Scans):
         maybe = await self.zone_mask(c, ids, [Term(t.column, "<", t.value)], None)  # may hold older rows
         at = np.arange(len(ids)) if maybe is None else np.flatnonzero(maybe)
         if len(at):
+            at = at[np.argsort(ids[at], kind="stable")]  # fetch answers in rowid order; ids may be in key order
             rows = await fetch(self.store, ids[at], c.schemas, narrowed(c.d.schema, [], list(c.kept), None),
-                               where_of(c, part))  # in rowid order, as ids
+                               where_of(c, part))
             keep[at] = batch_mask(rows.batch, list(c.kept), None)
         return keep
 
