@@ -103,7 +103,7 @@ def revert(name: str) -> None:
 
 def run_seed(seed: int, seconds: float, show_trace: bool, faults: Faults, parts: int = PARTS) -> tuple[bool, dict]:
     _determinism(seed)
-    loop = SimLoop()
+    loop = SimLoop((faults.threads, random.Random(seed * 7919 + 17)) if faults.threads else None)
     w = World(seed, loop, dataclasses.replace(faults), seconds, parts=parts)
     ok, why = True, ""
     try:
@@ -134,7 +134,8 @@ def run_seed(seed: int, seconds: float, show_trace: bool, faults: Faults, parts:
         print(f"replay: PYTHONHASHSEED=0 python -m tests.sim --seeds {seed} --seconds {seconds} --parts {parts} "
               f"--crash {faults.crash} --slow {faults.slow} --slow-node {faults.slow_node} --pause {faults.pause} "
               f"--clock-jump {faults.clock_jump} --catalog-stall {faults.catalog_stall} "
-              f"--node-catalog {faults.node_catalog} --node-objects {faults.node_objects} --trace")
+              f"--node-catalog {faults.node_catalog} --node-objects {faults.node_objects} "
+              f"--threads {faults.threads} --trace")
     return ok, stats
 
 
@@ -163,6 +164,8 @@ def main(argv=None) -> int:
                     help="one node's object-store calls fail (0.2-2 s), per virtual second")
     ap.add_argument("--catalog-stall", type=float, default=Faults.catalog_stall,
                     help="catalog stalls (0.2-1.5 s, a Raft election) per virtual second")
+    ap.add_argument("--threads", type=float, default=Faults.threads,
+                    help="share of thread-pool jobs that complete late, out of order")
     ap.add_argument("--stop", action="store_true", help="stop at the first failing seed")
     ap.add_argument("--parts", type=int, default=PARTS, help="the table's partitions (each led on its own)")
     ap.add_argument("--hashes", action="store_true", help="print each seed's trace hash (replays must agree)")
@@ -181,7 +184,7 @@ def main(argv=None) -> int:
                                                            pause=a.pause, clock_jump=a.clock_jump,
                                                            catalog_stall=a.catalog_stall,
                                                            node_catalog=a.node_catalog,
-                                                           node_objects=a.node_objects), a.parts)
+                                                           node_objects=a.node_objects, threads=a.threads), a.parts)
         acked += st["acked"]
         elections += st["elections"]
         if a.hashes:

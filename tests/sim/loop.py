@@ -1,12 +1,16 @@
 """A deterministic event loop on virtual time (FoundationDB's simulator, TigerBeetle's VOPR):
 no real I/O, no threads — a timer that is due runs when nothing else is ready, and time jumps
 to it — so a run is a function of its seed alone, and seconds of cluster time take
-milliseconds. Work the code hands to threads (``asyncio.to_thread``, any executor) runs inline."""
+milliseconds. Work the code hands to threads (``asyncio.to_thread``, any executor) runs inline —
+or, with ``threads`` (a rate and a generator of its own), a share of it runs a little later in
+virtual time, as a pool's threads finish in an order of their own: jobs handed over in one
+order complete in another, never while their process is stopped, never after it is killed."""
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import contextvars
+import random
 import selectors
 
 
@@ -86,12 +90,15 @@ PROCESS: contextvars.ContextVar[str] = contextvars.ContextVar("sim_process", def
 
 
 class SimLoop(asyncio.SelectorEventLoop):
-    def __init__(self):
+    def __init__(self, threads: tuple[float, random.Random] | None = None):
         self.now = 0.0
         super().__init__(_VirtualSelector(self))
         self._default_executor = _Inline(max_workers=1)
         self.tasks: dict[str, set[asyncio.Task]] = {}
         self.paused: dict[str, list[asyncio.Handle]] = {}  # process -> its steps held until resumed
+        self.threads = threads  # (share of executor jobs run late, its generator)
+        self.late_jobs = 0
+        self._incarnation: dict[str, int] = {}  # process -> kills so far (a job of a killed one never runs)
         _Task._made = _Future._made = 0
         self.set_task_factory(self._task)
 
@@ -103,8 +110,31 @@ class SimLoop(asyncio.SelectorEventLoop):
 
     def run_in_executor(self, _executor, func, *args):
         """Inline whatever executor the code names (``terrafs.iopool``'s threads too): a real
-        thread would finish at a real moment, and the run would depend on the machine."""
-        return super().run_in_executor(self._default_executor, func, *args)
+        thread would finish at a real moment, and the run would depend on the machine. With
+        ``threads``, a share of jobs runs 0.5-20 ms of virtual time later instead."""
+        if self.threads is None or self.threads[1].random() >= self.threads[0]:
+            return super().run_in_executor(self._default_executor, func, *args)
+        self.late_jobs += 1
+        fut = self.create_future()
+        owner = contextvars.copy_context().get(PROCESS)
+        born = self._incarnation.get(owner, 0)
+
+        def run() -> None:
+            if self._incarnation.get(owner, 0) != born:
+                return  # its process was killed: the thread died with it
+            if owner in self.paused:
+                self.call_later(0.005, run)  # a stopped process's threads are stopped too
+                return
+            try:  # a thread runs its job even when the coroutine that waited for it gave up
+                res = func(*args)
+            except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+                if not fut.cancelled():
+                    fut.set_exception(e)
+                return
+            if not fut.cancelled():
+                fut.set_result(res)
+        self.call_later(self.threads[1].uniform(0.0005, 0.02), run)
+        return fut
 
     def call_soon(self, callback, *args, context=None):
         """Every step of every task passes here: one of a paused process waits for its resume."""
@@ -137,6 +167,7 @@ class SimLoop(asyncio.SelectorEventLoop):
     def kill(self, process: str) -> int:
         """Cancel every task of ``process`` (kill -9: nothing of it runs any more)."""
         self.resume(process)  # a stopped process is killed all the same
+        self._incarnation[process] = self._incarnation.get(process, 0) + 1
         group = self.tasks.pop(process, set())
         for t in group:
             t.cancel()

@@ -62,6 +62,9 @@ class Faults:
     # and to the object store fails (tests/sim/views.py). Off unless asked, likewise.
     node_catalog: float = 0.0
     node_objects: float = 0.0
+    # the share of work handed to threads that completes late, out of the order it was handed
+    # over (tests/sim/loop.py). Off unless asked, likewise.
+    threads: float = 0.0
 
 
 @dataclass

@@ -114,6 +114,15 @@ def test_every_invariant_holds_with_per_node_catalog_and_object_store_faults():
 
 
 @pytest.mark.slow
+def test_every_invariant_holds_with_thread_pool_jobs_completing_out_of_order():
+    """Half of the work handed to threads (device writes and syncs, encoding, index builds)
+    completes 0.5-20 ms late in virtual time, in an order of its own (tests/sim/loop.py)."""
+    out = sim("--seeds", "0-14", "--threads", "0.5")
+    print(out.stdout[-2000:])
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("fix, seed, world", [("s1", 98, ()), ("s2", 0, ()),
                                                ("s2-early", 70, ("--catalog-stall", "0.3"))])
 def test_it_finds_each_fixed_bug_when_its_fix_is_reverted(fix, seed, world):
