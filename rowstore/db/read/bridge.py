@@ -2,7 +2,7 @@
 a read plan pinning a snapshot, the unsealed tail of one partition, and the change feed."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,7 @@ from rowstore.tables.keys import partition_of_key
 from rowstore.segments.fetch import fetch
 from rowstore.segments.records import SegmentRecord, SegState
 from rowstore.segments.store import SegmentStore
+from rowstore.db.read.feed import feed_segments, read_window, windows
 from rowstore.db.read.leases import Leases
 from rowstore.db.registry import TableRegistry
 from rowstore.db.read.leaderless import plan_offloaded, query_offloaded, read_watermarks
@@ -152,29 +153,23 @@ class ExternalReads:
                                    "are not served by this node")
         if after < (self.reader.purge_horizon() if trusted else self.reader.horizon()) and after != 0:
             raise HistoryPurgedError(f"changes after {after} reach before the retention horizon")
-        parts = []
-        for rec in await self._live_records(c.d.table_id):
-            if partitions is not None and rec.partition not in partitions:
-                continue
-            if rec.state == SegState.RETIRED:
-                continue  # its live rows are in the copies that replaced it (RFC 0009)
-            if rec.max_ts <= after or rec.min_ts > c.T:
-                continue  # empty, or nothing in (after, T]
-            async for dec in self.store.scan(rec.segid, c.d.schema, c.schemas):
-                m = (dec.commit_ts > np.uint64(after)) & (dec.commit_ts <= np.uint64(c.T))
-                if c.kept:  # an upsert of a row older than the retention at T is not shown
-                    m &= dec.deleted | batch_mask(dec.batch, list(c.kept), None)
-                if m.any():
-                    idx = np.flatnonzero(m)
-                    b = dec.batch.take(pa.array(idx))
-                    ops = np.where(dec.deleted[idx], "delete", "upsert")
-                    parts.append(b.append_column("commit_ts", pa.array(dec.commit_ts[idx].astype(np.int64)))
-                                 .append_column("op", pa.array(ops)))
-        if not parts:
-            schema = c.d.schema.arrow().append(pa.field("commit_ts", pa.int64())).append(pa.field("op", pa.string()))
-            return schema.empty_table(), c.T
-        t = pa.Table.from_batches(parts)
-        return t.sort_by([("commit_ts", "ascending"), *((k, "ascending") for k in c.d.schema.pk.names)]), c.T
+        recs = feed_segments(await self._live_records(c.d.table_id), after, c.T, partitions)
+        return await read_window(self.store, c, recs, after, c.T), c.T
+
+    async def change_windows(self, name: str, after: int, upto: int, partitions: list[int], rows: int,
+                             ) -> AsyncIterator[tuple[pa.Table, int, int]]:
+        """The change feed of ``(after, upto]`` (a T another node chose, as a subscription's
+        catch-up's) in consecutive windows of about ``rows`` changes: (the window's changes, as
+        :meth:`changes` answers them, its lower and upper bound). One window is held at a time."""
+        c = await self.reader.context(name, upto, trusted=True)
+        if set(partitions) - c.table.owned:
+            raise UnavailableError(f"table {name!r}: partitions {sorted(set(partitions) - c.table.owned)} "
+                                   "are not served by this node")
+        if after < self.reader.purge_horizon() and after != 0:
+            raise HistoryPurgedError(f"changes after {after} reach before the retention horizon")
+        recs = feed_segments(await self._live_records(c.d.table_id), after, c.T, partitions)
+        for a, b in windows(recs, after, c.T, rows):
+            yield await read_window(self.store, c, recs, a, b), a, b
 
     async def _live_records(self, table_id: str) -> list[SegmentRecord]:
         """The table's segments with their commit timestamps as of now, all taken before the

@@ -37,6 +37,7 @@ log = logging.getLogger("rowstore.subscribe")
 ROUND_GAP_S = 0.005
 DECODE_IN_THREAD = 4096  # rows of a round decoded in a worker thread beyond this
 CATCH_UP_ROWS = 4096  # changes per catch-up item (each waits for room in the subscriber's buffer)
+CATCH_UP_WINDOW = 65_536  # changes a catch-up reads from the segments at a time (about: by their estimates)
 _ROW_OVERHEAD = 48  # bytes a queued change is counted for beyond its share of the round's columns
 
 
@@ -359,11 +360,13 @@ class Subscriptions:
                 sub.end("schema_changed", f"table {sub.name!r} changed its schema; resume for the new columns")
                 return
             mine = sorted(c.table.owned if sub.pids is None else sub.pids)
-            t, _ = await self.external.changes(sub.name, from_ts, sub.after, mine, trusted=True)
-            if t.num_rows:
+            # window by window: a catch-up over a long interval holds one window's changes at a time
+            async for t, a, _ in self.external.change_windows(sub.name, from_ts, sub.after, mine, CATCH_UP_WINDOW):
+                if not t.num_rows:
+                    continue
                 r, pids = _feed_round(t, schema, len(c.table.parts))
-                [idx] = await select(r, pids, [sub.filter], schema, c.table.parts, self.reader.store, c.schemas,
-                                     from_ts)
+                # a key's old version: its previous change in the window, or the one visible at its start
+                [idx] = await select(r, pids, [sub.filter], schema, c.table.parts, self.reader.store, c.schemas, a)
                 for at in range(0, len(idx), CATCH_UP_ROWS):
                     await sub.put(changes(r, idx[at : at + CATCH_UP_ROWS], sub.filter.columns))
             sub.go_live(sub.after)
