@@ -86,11 +86,14 @@ class Cluster:
         self._forget, self._leads = forget, leads
 
     async def register(self) -> None:
-        """Publish this node's addresses (a restart with a new address overwrites the old)."""
+        """Publish this node's addresses (a restart with a new address overwrites the old), and
+        drop a leaving mark an earlier removal left (a node started again is placeable once it
+        is in the Raft membership)."""
         if not self.multi:
             return
         doc = {"http": self.http_url, "raft": self.raft_addr}
-        await commit(self.catalog, [], [Put(MEMBER + self.node_id, json.dumps(doc).encode())])
+        await commit(self.catalog, [], [Put(MEMBER + self.node_id, json.dumps(doc).encode()),
+                                        Delete(LEAVING + self.node_id)])
 
     async def close(self) -> None:
         if self._session is not None:
