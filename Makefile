@@ -112,6 +112,7 @@ test: $(STAMP) java17 strace chromium jvm jvm-test
 
 bench: $(STAMP) chromium
 	$(PY) -m bench
+	$(PY) -m bench.readme
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis $(JVM_DIR)/build

@@ -31,7 +31,7 @@ def _named(text: str):
 
 
 def _ignored() -> set[str]:
-    """Outputs the project writes and git ignores (``bench/results/``): named, absent in a clone."""
+    """Outputs the project writes and git ignores (``/data/``, ``/build/``): named, absent in a clone."""
     lines = (ROOT / ".gitignore").read_text().splitlines()
     return {ln.strip().strip("/") for ln in lines if ln.strip() and not ln.startswith("#")}
 
