@@ -264,7 +264,8 @@ def test_only_the_daemon_and_the_cli_name_the_daemon():
 # ``bench/`` stands alone: it imports the packages and nothing of ``tests/``, no private name of
 # another benchmark module, and its modules import each other in no circle. The tests take from it
 # only the harness of real processes on loopback, which imports no benchmark (docs/ARCHITECTURE.md).
-BENCH_HARNESS = {"bench.ports", "bench.node_proc"}
+# the harness of real processes, and the README's table generator (it reads results, runs nothing)
+BENCH_HARNESS = {"bench.ports", "bench.node_proc", "bench.readme"}
 
 
 def _private(name: str) -> bool:
