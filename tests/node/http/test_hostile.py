@@ -63,6 +63,14 @@ def _flood(port: int, n: int) -> list[socket.socket]:
     return out
 
 
+def _around(log: str, needles: tuple[str, ...], lines: int = 30) -> str:
+    """The log's lines around the first line holding any of ``needles`` (a failure's context
+    in full: pytest cuts a long assertion's text)."""
+    rows = log.splitlines()
+    at = next((i for i, r in enumerate(rows) if any(n in r for n in needles)), 0)
+    return "\n".join(rows[max(0, at - 5): at + lines])
+
+
 def _until(fn, timeout: float, what: str):
     return eventually(lambda: holds(fn(), what), timeout, 0.2)
 
@@ -96,7 +104,8 @@ def test_open_file_exhaustion_on_both_ports_is_survived(tmp_path):
             assert c.upsert("after", [{"id": 1}])["committed"] == 1
         dead.wait_ready(60)
         log = victim.log()
-        assert "event=raft_replica_stopped" not in log and "Traceback" not in log
+        assert "event=raft_replica_stopped" not in log and "Traceback" not in log, _around(log, ("Traceback",
+                                                                                                "raft_replica_stopped"))
         assert "event=raft_listener_rebound" not in log  # paused and resumed, never closed
         assert metric(victim, "terrascale_connections_refused_total", port="raft", reason="accept_emfile") > 0
         assert metric(victim, "terrascale_connections_refused_total", port="http", reason="accept_emfile") > 0
