@@ -63,12 +63,14 @@ class Aging:
     """The mark pass's retention step, with what it learned of segments' ranges."""
 
     store: SegmentStore
-    ranges: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # (segid, column id) -> min, max
+    # (table id, partition) -> (segid, column id) -> min, max: pruned per partition, to its own segments
+    ranges: dict[tuple[str, int], dict[tuple[int, int], tuple[int, int]]] = field(default_factory=dict)
 
-    async def without_aged(self, merged: Run, floor: Floor, H: int, counted: set[int], schema: SchemaVersion,
+    async def without_aged(self, part: tuple[str, int], merged: Run, floor: Floor, H: int, counted: set[int],
+                           schema: SchemaVersion,
                            schemas: Callable[[int], SchemaVersion]) -> tuple[Run, dict[int, int]]:
-        """``merged`` without the entries of versions the floor hides, and how many were dropped
-        per segment. Only offloaded segments (``counted``) are looked at."""
+        """``merged`` (partition ``part``'s) without the entries of versions the floor hides, and
+        how many were dropped per segment. Only offloaded segments (``counted``) are looked at."""
         ids = merged.rowids
         segs = (ids >> np.uint64(32)).astype(np.uint32)
         cand = (merged.ts <= np.uint64(H)) & (ids != TOMBSTONE) & np.isin(segs, np.fromiter(counted, np.uint32))
@@ -86,18 +88,19 @@ class Aging:
             if older is not None:
                 unknown &= older  # some row of its group may be below it
             unknown &= ~aged
+        ranges = self.ranges.setdefault(part, {})
+        for key in [k for k in ranges if k[0] not in counted]:
+            del ranges[key]  # retired meanwhile
         for s in np.unique(segs[at][unknown]).tolist():
-            rng = self.ranges.get((s, floor.column.id))
+            rng = ranges.get((s, floor.column.id))
             sel = np.flatnonzero(unknown & (segs[at] == s))
             if rng is not None and rng[1] < floor.value:
                 aged[sel] = True
             elif rng is None or rng[0] < floor.value:
                 vals = await self._values(ids[at][sel], floor.column, schema, schemas)
                 if rng is None and len(vals):
-                    self.ranges[(s, floor.column.id)] = (int(vals.min()), int(vals.max()))
+                    ranges[(s, floor.column.id)] = (int(vals.min()), int(vals.max()))
                 aged[sel] = vals < floor.value
-        for key in [k for k in self.ranges if k[0] not in counted]:
-            del self.ranges[key]  # retired meanwhile
         if not aged.any():
             return merged, {}
         keep = np.ones(len(merged), bool)

@@ -182,7 +182,8 @@ class GarbageCollector:
             aged: dict[int, int] = {}
             if floor is not None:  # the versions no read at or after H sees: not live (RFC 0016 §5)
                 assert d.schema is not None  # the registry's newest definition with a schema
-                merged, aged = await self.aging.without_aged(merged, floor, H, set(counted), d.schema,
+                merged, aged = await self.aging.without_aged((p.table_id, p.pid), merged, floor, H, set(counted),
+                                                             d.schema,
                                                              await self.tables.schemas_of(d))
             marks = await asyncio.to_thread(mark_live, merged.rowids, {s: r.rows for s, r in counted.items()})
             for segid, r in counted.items():  # deletion rows above the horizon: live, unreferenced
