@@ -108,6 +108,7 @@ class Subscription:
         self.name, self.table_id, self.schema, self.filter, self.limit = name, table_id, schema, filt, limit
         self.pids = pids  # only these partitions' changes (None: every partition served here)
         self.after = 0  # C1: changes at or below it come from the catch-up (RFC 0015 §4)
+        self.seamed = False  # C1 is fixed: until then the pump's rounds (all at or below C1) pass it by
         self.live = False  # the catch-up is done (pump items are queued, not held)
         self.handed = 0  # the last closed timestamp handed on by next()
         self.progress_at = 0.0  # loop time of the last Closed offered
@@ -236,7 +237,7 @@ class Subscriptions:
         self._join(sub)
         try:  # the seam (RFC 0015 §4): every batch applied before _join is at or below C1
             await self.timeline.wait_closed(self.timeline.clock.last)
-            sub.after = self.timeline.closed
+            sub.after, sub.seamed = self.timeline.closed, True
         except BaseException:
             self.close(sub)
             raise
@@ -294,7 +295,7 @@ class Subscriptions:
             if C <= base:  # wait_closed timed out: a write holds the closed timestamp back
                 continue
             got = self.tail.take(tid, C)
-            subs = [s for s in self._subs.get(tid, ()) if s.ended is None]
+            subs = [s for s in self._subs.get(tid, ()) if s.ended is None and s.seamed]
             try:
                 changed = await self._round(tid, name, subs, got, base, C) if subs else set()
             except TableNotFoundError:

@@ -280,3 +280,42 @@ async def test_a_catch_up_in_small_windows_sends_the_models_changes(seed, monkey
         db.unsubscribe(sub)
     assert cut and min(cut) > 3, cut  # the catch-ups were read in windows
     await db.close()
+
+
+@pytest.mark.parametrize("catch_up", [True, False])
+async def test_a_round_of_the_pump_during_the_seam_is_neither_repeated_nor_closed_backwards(catch_up):
+    """While a subscription waits for its seam C1 (RFC 0015 §4) the table's pump, started by
+    another subscriber, runs rounds; their changes are at or below C1, so the catch-up has them
+    and the subscriber must not get them again, nor a closed timestamp below C1 after it (a
+    fresh-clone CI run saw ``closed`` move down over HTTP)."""
+    rng = random.Random(7)
+    w = TablesWorld(partitions=2, progress_every_s=0.02)
+    db = await w.start()
+    await db.create_table("t", SCHEMA)
+    model = Model()
+    await _write(db, model, rng, 10)
+    start = db.closed_ts
+    other = await db.subscribe("t", None)  # the pump runs
+    tl = db.subscriptions.timeline
+    plain = tl.wait_closed
+    seams: list[int] = []
+
+    async def slow(ts, *a):
+        if not a:  # the seam's wait (the pump's passes a timeout): rounds of the pump run meanwhile
+            seams.append(ts)
+            await asyncio.sleep(0.3)
+        return await plain(ts, *a)
+    tl.wait_closed = slow
+    writing = asyncio.ensure_future(_write(db, model, random.Random(8), 40))
+    await asyncio.sleep(0.05)
+    sub = await db.subscribe("t", start if catch_up else None)
+    frm = start if catch_up else sub.after
+    tl.wait_closed = plain
+    await writing
+    end = db.closed_ts
+    got, last = await _drain(sub, end)
+    assert seams and sub.after > start
+    assert _upto(got, last) == model.expected({}, frm, last)
+    db.unsubscribe(sub)
+    db.unsubscribe(other)
+    await db.close()
