@@ -73,14 +73,17 @@ class ActiveSegment:
             if batch.num_rows > 4096 else encode_rows(batch, schema, commit_ts, deleted)
         return await self.append_encoded(enc, commit_ts)
 
-    async def append_encoded(self, enc: Encoded | EncodedParts, commit_ts: int, txn: int | None = None) -> np.ndarray:
+    async def append_encoded(self, enc: Encoded | EncodedParts, commit_ts: int, txn: int | None = None,
+                             piece: bool = False) -> np.ndarray:
         """One ``BATCH … COMMIT``; with a decided ``txn`` (RFC 0003) only the ``BATCH`` — the
         caller then calls :meth:`commit_prepared` or :meth:`abort_prepared`, and appends nothing
-        else to this segment in between."""
+        else to this segment in between; with ``piece`` too, a ``PIECE`` of it (log version 2:
+        more pieces of the txn may follow before its ``COMMIT``)."""
         n = len(enc.starts)
         prepare = txn is not None
+        assert prepare or not piece, "only a prepared batch comes in pieces"
         txn = next(self._txns) if txn is None else txn
-        payload, first = batch_parts(txn, commit_ts, n, enc.bufs, commit=not prepare)
+        payload, first = batch_parts(txn, commit_ts, n, enc.bufs, commit=not prepare, piece=piece)
         base = self._next  # reserved before the await: localid order = file order
         self._next += n
         try:
@@ -101,8 +104,9 @@ class ActiveSegment:
         await self.file.append(commit_bytes(txn), lazy=lazy)
 
     def abort_prepared(self, ids: np.ndarray) -> None:
-        """Forget a prepared batch: its localids go to the next batch, and a reader drops its
-        ``BATCH`` (no ``COMMIT`` before the next ``BATCH`` or the end of the file)."""
+        """Forget a prepared batch (every piece: ``ids`` from the first): its localids go to the
+        next batch, and a reader drops its ``BATCH`` or ``PIECE`` records (no ``COMMIT`` before
+        the next batch or the end of the file)."""
         base = int(split_rowids(ids[:1])[1][0]) if len(ids) else self._next
         self._next = self.durable_rows = base
 
@@ -171,12 +175,13 @@ class ActiveSegment:
             for b in reader.feed(data):
                 seg._replayed(b)
         reader.finish()
-        tail = reader.state.trailing
-        if tail is not None and tail.txn & DECIDED and decide is not None and await decide(tail.txn):
-            await seg.commit_prepared(tail.txn)
-            seg._replayed(tail)
+        tail = reader.state.trailing  # a BATCH, or every PIECE of one txn
+        if tail and tail[0].txn & DECIDED and decide is not None and await decide(tail[0].txn):
+            await seg.commit_prepared(tail[0].txn)
+            for b in tail:
+                seg._replayed(b)
             reader.state.dropped -= 1
-            reader.state.trailing = None
+            reader.state.trailing = []
         seg.durable_rows = seg._next
         seg.wal = reader.state
         return seg

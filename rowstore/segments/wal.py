@@ -1,7 +1,8 @@
 """Write-ahead records of an active segment (docs/format/segment.md §2).
 
 A batch is framed ``BATCH … COMMIT`` and written as one TerrascaleFS append
-(an atomic write group). :class:`WalReader` parses the file's logical bytes
+(an atomic write group); a prepared batch too large to hold is ``PIECE X``… then
+``COMMIT X`` (log version 2). :class:`WalReader` parses the file's logical bytes
 as they stream in (records may span blocks) and yields only committed
 batches; a batch without its COMMIT is dropped.
 """
@@ -29,6 +30,7 @@ class RecordKind(enum.IntEnum):
     PROGRESS = 3
     CHECKPOINT = 4
     OPAQUE = 5
+    PIECE = 6  # one piece of a prepared batch written in pieces (log version 2)
 
 
 def frame(kind: RecordKind, body: bytes | memoryview) -> bytes:
@@ -42,12 +44,15 @@ SPANS_NODES = 1 << 62
 
 
 def batch_parts(txn: int, commit_ts: int, nrows: int, bufs: list[np.ndarray],
-                commit: bool = True) -> tuple[list[Buffer], int]:
-    """``BATCH`` (+ ``COMMIT`` unless a prepare) for one append, as buffers to write one after
-    the other (the rows are not copied here); also the offset of the first row."""
+                commit: bool = True, piece: bool = False) -> tuple[list[Buffer], int]:
+    """``BATCH`` (+ ``COMMIT`` unless a prepare; ``piece``: a ``PIECE``, never with its
+    ``COMMIT``) for one append, as buffers to write one after the other (the rows are not
+    copied here); also the offset of the first row."""
     head = BATCH_HEAD.pack(txn, commit_ts, nrows)
     size = sum(b.shape[0] for b in bufs)
-    parts: list[Buffer] = [REC.pack(int(RecordKind.BATCH), 0, 0, len(head) + size) + head,
+    kind = RecordKind.PIECE if piece else RecordKind.BATCH
+    commit = commit and not piece
+    parts: list[Buffer] = [REC.pack(int(kind), 0, 0, len(head) + size) + head,
                           *(np.ascontiguousarray(b).data for b in bufs)]
     if commit:
         parts.append(commit_bytes(txn))
@@ -93,8 +98,9 @@ class WalState:
 
     closed_ts: int = 0
     checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (id, file offset)
-    dropped: int = 0  # batches without COMMIT
-    trailing: CommittedBatch | None = None  # the last batch, if it has no COMMIT (recovery decides)
+    dropped: int = 0  # batches without COMMIT (a batch in pieces counts once)
+    # the last batch, if it has no COMMIT (recovery decides): one BATCH, or every PIECE of one txn
+    trailing: list[CommittedBatch] = field(default_factory=list)
 
 
 class WalReader:
@@ -104,7 +110,10 @@ class WalReader:
         self.where = where
         self._buf = bytearray()
         self._base = 0  # file offset of _buf[0]
-        self._open: tuple[int, int, int, bytes, int] | None = None  # txn, ts, n, rows, offset
+        # the open batch: one BATCH, or the PIECEs of one txn so far (``_pieced``); each
+        # (txn, ts, n, rows, offset)
+        self._open: list[tuple[int, int, int, bytes, int]] = []
+        self._pieced = False
         self.state = WalState()
 
     def feed(self, data: bytes) -> list[CommittedBatch]:
@@ -115,37 +124,42 @@ class WalReader:
                 kind, _a, _b, blen = REC.unpack_from(mv, pos)
                 if len(mv) - pos - REC.size < blen:
                     break
-                got = self._record(kind, mv[pos + REC.size : pos + REC.size + blen], self._base + pos)
-                if got is not None:
-                    out.append(got)
+                out += self._record(kind, mv[pos + REC.size : pos + REC.size + blen], self._base + pos)
                 pos += REC.size + blen
         del self._buf[:pos]
         self._base += pos
         return out
 
-    def _record(self, kind: int, body: memoryview, at: int) -> CommittedBatch | None:
-        if kind == RecordKind.BATCH:
-            if self._open is not None:
-                self.state.dropped += 1  # the previous batch never committed
+    def _record(self, kind: int, body: memoryview, at: int) -> list[CommittedBatch]:
+        if kind in (RecordKind.BATCH, RecordKind.PIECE):
             txn, ts, n = BATCH_HEAD.unpack_from(body, 0)
-            self._open = (txn, ts, n, bytes(body[BATCH_HEAD.size :]), at + REC.size + BATCH_HEAD.size)
+            piece = kind == RecordKind.PIECE
+            if self._open and not (piece and self._pieced and self._open[0][0] == txn):
+                self.state.dropped += 1  # the previous batch never committed
+                self._open = []
+            if self._open and self._open[0][1] != ts:
+                raise RowCorruptionError(self.where, at, f"pieces of txn {txn} at two commit timestamps")
+            self._pieced = piece
+            self._open.append((txn, ts, n, bytes(body[BATCH_HEAD.size :]), at + REC.size + BATCH_HEAD.size))
         elif kind == RecordKind.COMMIT:
             (txn,) = U64.unpack_from(body, 0)
-            if self._open is None or self._open[0] != txn:
+            if not self._open or self._open[0][0] != txn:
                 raise RowCorruptionError(self.where, at, f"COMMIT of txn {txn} without its BATCH")
-            return self._commit(at)
+            return self._take_open()
         elif kind == RecordKind.PROGRESS:
             self.state.closed_ts = max(self.state.closed_ts, U64.unpack_from(body, 0)[0])
         elif kind == RecordKind.CHECKPOINT:
             self.state.checkpoints.append((U64.unpack_from(body, 0)[0], at))
         elif kind != RecordKind.OPAQUE:
             raise RowCorruptionError(self.where, at, f"unknown write-ahead record kind {kind}")
-        return None
+        return []
 
-    def _commit(self, at: int | None) -> CommittedBatch:
-        assert self._open is not None  # callers have a BATCH open
-        txn, ts, n, rows, off = self._open
-        self._open = None
+    def _take_open(self) -> list[CommittedBatch]:
+        out = [self._batch(*o) for o in self._open]
+        self._open = []
+        return out
+
+    def _batch(self, txn: int, ts: int, n: int, rows: bytes, off: int) -> CommittedBatch:
         arr = np.frombuffer(rows, np.uint8)
         starts = row_offsets(arr, 0, n, arr.shape[0]) if n else np.zeros(0, np.int64)
         if n and starts[0] < 0:
@@ -155,8 +169,8 @@ class WalReader:
     def finish(self) -> None:
         """End of file: an open batch never committed (kept in ``state.trailing`` so recovery can
         ask the catalog about a decided txn); a partial record is corruption."""
-        if self._open is not None:
+        if self._open:
             self.state.dropped += 1
-            self.state.trailing = self._commit(None)
+            self.state.trailing = self._take_open()
         if self._buf:
             raise RowCorruptionError(self.where, self._base, "partial write-ahead record at the end")

@@ -67,6 +67,45 @@ async def test_append_get_and_recover():
     assert split_rowids(ids)[1].tolist() == [1000]
 
 
+@pytest.mark.parametrize("decision", [True, False, None])
+async def test_a_batch_prepared_in_pieces_recovers_whole_or_not_at_all(decision):
+    """Log version 2: a prepared batch written as three ``PIECE`` records; after a crash,
+    recovery asks the decision (None: committed before the crash) and replays every piece or
+    none, with localids in file order; a batch after it takes the next localid."""
+    from rowstore.codec.rows import encode_rows
+    from rowstore.segments.wal import DECIDED
+    w = await new_world()
+    af = await w.fs.create()
+    seg = ActiveSegment(5, af, af.where)
+    await seg.append(batch(0, 10), S1, 100)
+    txn = DECIDED | 77
+    pieces = [await seg.append_encoded(encode_rows(batch(lo, lo + 4), S1, 101), 101, txn, piece=True)
+              for lo in (10, 14, 18)]
+    assert split_rowids(np.concatenate(pieces))[1].tolist() == list(range(10, 22))
+    if decision is None:
+        await seg.commit_prepared(txn)
+    w.block.crash()
+    await w.fs.close()
+    fs2 = TerrascaleFS(w.cat, w.block, MemoryBlockDevice(durable=False), w.objects, config=w.fs.cfg)
+    await fs2.open()
+    asked = []
+
+    async def decide(t):
+        asked.append(t)
+        return bool(decision)
+    seg2 = await ActiveSegment.recover(5, await fs2.open_active(af.inode), decide)
+    kept = decision is not False
+    assert asked == ([] if decision is None else [txn])
+    assert seg2.durable_rows == (22 if kept else 10) and seg2.wal.dropped == (0 if kept else 1)
+    if kept:
+        got = await seg2.get(np.arange(10, 22), SCHEMAS.__getitem__, S1)
+        assert got.batch.column("id").to_pylist() == list(range(10, 22))
+    ids = await seg2.append(batch(50, 51), S1, 200)
+    assert split_rowids(ids)[1].tolist() == [22 if kept else 10]
+    replayed = [b.txn async for b in seg2.batches()]
+    assert replayed == ([1, txn, txn, txn, 2] if kept else [1, 2])
+
+
 async def test_seal_offload_and_paged_reads():
     w = await new_world()
     af = await w.fs.create()
