@@ -41,6 +41,10 @@ class CommitTail:
             return
         del self._watchers[table_id], self._held[table_id], self._arrived[table_id]
 
+    def watching(self, table_id: str) -> bool:
+        """Whether a subscription holds the table's batches (a writer keeps their rows for it)."""
+        return table_id in self._held
+
     def committed(self, table_id: str, pid: int, rows: Encoded | EncodedParts, ts: int) -> None:
         """A batch of the table was applied (it is durable and visible once ``ts`` closes).
         Called by every commit path right after ``Partition.apply``, before the batch's

@@ -43,6 +43,7 @@ from rowstore.db.serving.leadership import Leadership
 from rowstore.db.read.leases import Leases
 from rowstore.db.background.maintenance import Maintenance
 from rowstore.db.write.participant import Participant
+from rowstore.db.write.by_predicate import delete_where
 from rowstore.db.read.reader import MAX_LIMIT, PURGE_LAG_MS, Reader
 from rowstore.db.read.scans import ScanPage
 from rowstore.db.read.subscribe import Subscription, Subscriptions
@@ -126,11 +127,11 @@ class Database:
         self.commit_tail = CommitTail()  # committed batches of watched tables, until closed (RFC 0015)
         self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks,
                                    self.leadership.demote, self.commit_tail, cfg.ack_timeout_s)
-        self.participant = Participant(self.catalog, self.catalog_tables, self.committer, self.timeline,
-                                       self.tasks, cfg.prepare_timeout_s, coordinator_gone)
         # read/
         self.reader = Reader(self.store, self.catalog_tables, self.tables, self.clock, self.timeline, self.tasks,
                              self.leadership.check_lease, cfg.retention_ms, cfg.closed_wait_s, cfg.purge_lag_ms)
+        self.participant = Participant(self.catalog, self.catalog_tables, self.committer, self.timeline,
+                                       self.tasks, self.reader, cfg.prepare_timeout_s, coordinator_gone)
         self.leases = Leases(self.catalog, self.clock.now_ms)
         self.aggregator = Aggregator(self.reader)
         self.external = ExternalReads(fs, self.store, self.tables, self.reader, self.leases)
@@ -218,6 +219,12 @@ class Database:
     async def delete(self, name: str, keys: Sequence[object] | pa.Array) -> WriteResult:
         """Delete rows by primary key (absent keys are fine); ``count`` = keys that existed."""
         return await self.committer.delete(name, keys)
+
+    async def delete_where(self, name: str, where: object = None, bbox: object = None,
+                           prefix: object = None) -> WriteResult:
+        """Delete every row matching the query's terms at one commit timestamp T, atomically
+        across the partitions served here (RFC 0016 §6); ``count`` = rows deleted."""
+        return await delete_where(self.participant, self.catalog, self.clock, self.tasks, name, where, bbox, prefix)
 
     @overload
     async def write_pieces(self, d: TableDef, pieces: list[PartitionShare], sizes: None = None) -> list[int]: ...

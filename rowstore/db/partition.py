@@ -110,6 +110,11 @@ class Partition:
                 self.columns.insert(ids if live is None else ids[live],
                                     batch if live is None else batch.filter(pa.array(live)), schema)
 
+    def apply_deletions(self, keys: np.ndarray, ts: int) -> None:
+        """Make durable deletions of ``keys`` (encoded) visible: key index entries only (a
+        deletion puts nothing in the column index)."""
+        self.index.insert(keys, ts, np.full(len(keys), TOMBSTONE, np.uint64))
+
     async def current(self) -> ActiveSegment:
         if self.retired:
             raise UnavailableError(f"partition {self.pid} is no longer led by this node; retry")
@@ -125,21 +130,28 @@ class Partition:
             self._drained.set()
 
     async def append(self, seg: ActiveSegment, enc: Encoded | EncodedParts, ts: int,
-                     txn: int | None = None) -> asyncio.Task[np.ndarray]:
-        """Enqueue a batch now (call order = log order); the task returns its rowids once durable.
-        A partition this node stopped leading (or a node shutting down) closes its files under
-        a writer that took the segment before: that write failed whole and may be retried."""
-        task = asyncio.ensure_future(self._append(seg, enc, ts, txn))
+                     txn: int | None = None, piece: bool = False) -> asyncio.Task[np.ndarray]:
+        """Enqueue a batch (``piece``: a piece of prepared ``txn``) now (call order = log order);
+        the task returns its rowids once durable. A partition this node stopped leading (or a
+        node shutting down) closes its files under a writer that took the segment before: that
+        write failed whole and may be retried."""
+        task = asyncio.ensure_future(self._append(seg, enc, ts, txn, piece))
         await asyncio.sleep(0)  # let the task take its localids and enqueue its bytes under our lock
         return task
 
-    async def _append(self, seg: ActiveSegment, enc: Encoded | EncodedParts, ts: int, txn: int | None) -> np.ndarray:
+    async def _append(self, seg: ActiveSegment, enc: Encoded | EncodedParts, ts: int, txn: int | None,
+                      piece: bool) -> np.ndarray:
         if self.retired:  # in the task, so the caller's in-flight accounting sees the failure
             raise UnavailableError(f"partition {self.pid} is no longer led by this node; retry")
         try:
-            return await seg.append_encoded(enc, ts, txn)
+            return await seg.append_encoded(enc, ts, txn, piece)
         except ClosedError as e:
             raise UnavailableError(f"partition {self.pid} stopped taking writes here ({e}); retry") from e
+
+    async def settled(self) -> None:
+        """Until every batch in flight is applied (or failed); the caller holds the writer lock,
+        so none starts meanwhile."""
+        await self._drained.wait()
 
     async def drain(self) -> None:
         """Wait until no batch is in flight (appended but not yet applied, or failed)."""

@@ -94,11 +94,8 @@ class Committer(TwoPhaseCommit):
         T = self.timeline.closed
         for p in np.unique(pids):
             existed += int(np.count_nonzero(await table.parts[p].index.get_many(enc[pids == p], T)))
-        by_id = dict(zip(pk.ids, karrs))
-        n = len(karrs[0])
-        cols = [by_id[c.id] if c.id in by_id else _filler(c, n) for c in d.schema.columns]
-        batch = pa.RecordBatch.from_arrays(cols, schema=d.schema.arrow())
-        return batch, np.ones(n, bool), existed
+        batch = tombstone_batch(d.schema, karrs)
+        return batch, np.ones(batch.num_rows, bool), existed
 
     async def write(self, d: TableDef, batch: pa.RecordBatch, deleted: np.ndarray | None) -> WriteResult:
         table, pieces, n = await self.split(d, batch, deleted)
@@ -250,12 +247,20 @@ def served(table: Table, pids: np.ndarray) -> None:
         raise UnavailableError(f"table {table.name!r}: partitions {sorted(foreign)} are not served by this node")
 
 
+def tombstone_batch(schema: SchemaVersion, karrs: Sequence[pa.Array]) -> pa.RecordBatch:
+    """Deletion rows of the keys ``karrs`` (one array per key column): the key, and fillers."""
+    by_id = dict(zip(schema.pk.ids, karrs))
+    n = len(karrs[0])
+    cols = [by_id[c.id] if c.id in by_id else _filler(c, n) for c in schema.columns]
+    return pa.RecordBatch.from_arrays(cols, schema=schema.arrow())
+
+
 def _filler(col: Column, n: int) -> pa.Array:
     """Values for a tombstone's non-key columns: null, or zeros where nulls are refused."""
     t = col.type.arrow()
     if col.nullable:
         return pa.nulls(n, t)
-    return pa.array([_zero(t)] * n, t)
+    return pa.repeat(pa.scalar(_zero(t), t), n)
 
 
 def _zero(t: pa.DataType) -> object:

@@ -28,7 +28,9 @@ import pyarrow as pa
 
 from catalog.abc import Catalog, Check, Put
 from catalog.errors import CatalogUnavailableError
-from rowstore.db.write.committer import Committer
+from rowstore.db.read.reader import Reader
+from rowstore.db.write.by_predicate import Found, Selection, prepare_found
+from rowstore.db.write.committer import Committer, served
 from rowstore.db.write.two_phase import ABORTED, COMMITTED, txn_key
 from rowstore.db.registry import Table
 from rowstore.db.tasks import BackgroundTasks
@@ -39,7 +41,7 @@ from rowstore.schema import SchemaVersion
 from rowstore.segments.active import ActiveSegment
 from rowstore.segments.wal import DECIDED
 from rowstore.tables.conform import PartitionShare, conform, stamp
-from rowstore.tables.definitions import TableCatalog
+from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.timeline import Timeline
 from terrafs.catalog_ops import commit
 
@@ -64,7 +66,11 @@ class _Prepared:
     expiry: asyncio.Task[None] | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     aborted: bool = False  # aborted while the prepare ran: the prepare rolls back at its next step
-    preparing: asyncio.Future[None] | None = None  # the one prepare's outcome (a repeated prepare waits for it)
+    preparing: asyncio.Future[int] | None = None  # the one prepare's outcome (a repeated prepare waits for it)
+    # a delete by predicate (RFC 0016 §6): its terms and table, and per partition what it found
+    selection: Selection | None = None
+    definition: TableDef | None = None
+    found: list[Found] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -79,9 +85,9 @@ class Reserved:
 
 class Participant:
     def __init__(self, catalog: Catalog, definitions: TableCatalog, committer: Committer, timeline: Timeline,
-                 tasks: BackgroundTasks, timeout_s: float = 10.0,
+                 tasks: BackgroundTasks, reader: Reader, timeout_s: float = 10.0,
                  gone: Callable[[Coordinator], Awaitable[bool]] | None = None):
-        self.catalog, self.definitions, self.committer = catalog, definitions, committer
+        self.catalog, self.definitions, self.committer, self.reader = catalog, definitions, committer, reader
         self.timeline, self.tasks, self.timeout_s = timeline, tasks, timeout_s
         self._held: dict[int, _Prepared] = {}
         self._committing = 0  # batches taken out of _held by a commit still applying them
@@ -119,10 +125,44 @@ class Participant:
             batch, deleted = conform(rows, d.schema), None
         table, pieces, n = await self.committer.split(d, batch, deleted)
         parts = [table.parts[p.pid] for p in pieces]
+        locks, ts = await self._lock(txn, parts, floor)
+        await self._hold(_Prepared(txn, ts, table, d.schema, pieces, parts, [], [], locks, coordinator))
+        return Reserved(ts, n, existed)
+
+    async def reserve_where(self, name: str, table_id: str, schema_version: int, where: object, bbox: object,
+                            prefix: object, pids: list[int] | None, floor: int, txn: int,
+                            coordinator: Coordinator | None = None) -> Reserved:
+        """First phase of a delete by predicate (RFC 0016 §6): the terms checked, the writer
+        locks of partitions ``pids`` (None: every one served here the terms can match) and a
+        timestamp taken. Which rows match is found at the prepare, under these locks."""
+        if not txn & DECIDED or txn in self._held:
+            raise ConflictError(f"transaction {txn_key(txn)} is not a new decided transaction id")
+        self._unless_aborted_early(txn)
+        d = await self.definitions.describe(name)
+        assert d.schema is not None  # describe() refuses a dropped table
+        if d.table_id != table_id or d.schema.version != schema_version:
+            raise ConflictError(f"table {name!r} changed while the delete was on its way; retry")
+        sel = Selection.parse(d.schema, where, bbox, prefix)
+        table = await self.committer.tables.table(d)
+        if pids is None:
+            pids = sel.partitions(d.schema, d.partitions, table.owned)
+        served(table, np.asarray(sorted(pids), np.int64))
+        parts = [table.parts[p] for p in sorted(set(pids))]
+        locks, ts = await self._lock(txn, parts, floor, settle=True)
+        await self._hold(_Prepared(txn, ts, table, d.schema, [], parts, [], [], locks, coordinator, selection=sel,
+                                   definition=d, found=[Found() for _ in parts]))
+        return Reserved(ts, 0, 0)
+
+    async def _lock(self, txn: int, parts: list[Partition], floor: int,
+                    settle: bool = False) -> tuple[contextlib.AsyncExitStack, int]:
+        """The partitions' writer locks, in partition order, and a timestamp at least ``floor``;
+        ``settle``: and every batch appended before applied (what a delete by predicate reads)."""
         locks = contextlib.AsyncExitStack()
         try:
             for part in parts:
                 await locks.enter_async_context(part.lock)
+                if settle:
+                    await part.settled()
             self._unless_aborted_early(txn)  # aborted while it waited for the locks
             ts = self.timeline.begin_above(floor)
         except BaseException:
@@ -130,18 +170,22 @@ class Participant:
             raise
         for part in parts:
             part.enter()
-        p = self._held[txn] = _Prepared(txn, ts, table, d.schema, pieces, parts, [], [], locks, coordinator)
-        p.expiry = self.tasks.spawn(self._expire(txn))
-        try:
-            await self.timeline.clock.observe_durably(ts)
-        except BaseException:
-            await self.abort(txn)
-            raise
-        return Reserved(ts, n, existed)
+        return locks, ts
 
-    async def prepare(self, txn: int, ts: int) -> None:
+    async def _hold(self, p: _Prepared) -> None:
+        self._held[p.txn] = p
+        p.expiry = self.tasks.spawn(self._expire(p.txn))
+        try:
+            await self.timeline.clock.observe_durably(p.ts)
+        except BaseException:
+            await self.abort(p.txn)
+            raise
+
+    async def prepare(self, txn: int, ts: int) -> int:
         """Second phase: ``BATCH X`` at the batch's timestamp ``ts`` (the largest any
-        participant reserved) in every partition, durable on return; the locks stay held."""
+        participant reserved) in every partition — for a delete by predicate, ``PIECE X``
+        records of the rows it finds — durable on return; the locks stay held. Returns the
+        rows prepared here."""
         p = self._held.get(txn)
         if p is None:
             raise UnavailableError(f"transaction {txn_key(txn)} is not reserved here (it timed out); retry")
@@ -152,22 +196,25 @@ class Participant:
         p.preparing = asyncio.get_running_loop().create_future()
         p.preparing.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no noise
         try:
-            await self._prepare(p, txn, ts)
+            n = await self._prepare(p, txn, ts)
         except BaseException as e:
             p.preparing.set_exception(e)
             raise
         # prepared, the batch may commit and show on other nodes before this share is decided:
         # no read of the present here goes below it meanwhile (rowstore/timeline.py, ``floor``)
         self.timeline.hold(ts)
-        p.preparing.set_result(None)
+        p.preparing.set_result(n)
+        return n
 
-    async def _prepare(self, p: _Prepared, txn: int, ts: int) -> None:
+    async def _prepare(self, p: _Prepared, txn: int, ts: int) -> int:
         if ts != p.ts:
             self.timeline.move(p.ts, ts)
             p.ts = ts
             await self.timeline.clock.observe_durably(ts)
         p.segs = [await part.current() for part in p.parts]
         await self._unless_aborted(p)  # before BATCH X: an abort meanwhile released nothing yet
+        if p.selection is not None:
+            return await self._prepare_found(p)
         for pc in p.pieces:
             stamp(pc.enc, ts)
         tasks = [await part.append(seg, pc.enc, ts, txn) for part, seg, pc in zip(p.parts, p.segs, p.pieces)]
@@ -178,6 +225,23 @@ class Participant:
             self._forget(p)
             await self._roll_back(p)
             raise failed
+        return sum(pc.rows for pc in p.pieces)
+
+    async def _prepare_found(self, p: _Prepared) -> int:
+        """A delete by predicate's pieces, found and appended partition by partition; a failure
+        or an abort meanwhile rolls back every piece appended (the rowids of each partition's
+        first piece are all ``_roll_back`` needs)."""
+        assert p.selection is not None and p.definition is not None  # a delete by predicate's
+        p.got = [np.zeros(0, np.uint64) for _ in p.parts]
+        try:
+            n = await prepare_found(self.reader, self.committer.tail, p.definition, p.table, p.selection, p.parts,
+                                    p.segs, p.found, p.ts, p.txn, p.got, lambda: p.aborted)
+        except BaseException:
+            self._forget(p)
+            await self._roll_back(p)
+            raise
+        await self._unless_aborted(p)
+        return n
 
     async def _unless_aborted(self, p: _Prepared) -> None:
         """Raise if ``p`` was aborted while its prepare ran, after rolling back what it appended."""
@@ -200,10 +264,17 @@ class Participant:
             p.expiry.cancel()
         self._committing += 1
         try:
-            commits = [asyncio.ensure_future(seg.commit_prepared(txn)) for seg in p.segs]
+            commits = [asyncio.ensure_future(seg.commit_prepared(txn)) for seg, ids in zip(p.segs, p.got)
+                       if not isinstance(ids, BaseException) and len(ids)]  # a partition it found nothing in: none
             await asyncio.sleep(0)  # COMMIT X enqueued before the locks are released
             await p.locks.aclose()
             try:
+                for part, f in zip(p.parts, p.found):  # a delete by predicate's deletions
+                    for i, keys in enumerate(f.keys):
+                        part.apply_deletions(keys, p.ts)
+                        if f.encs:
+                            self.committer.tail.committed(part.table_id, part.pid, f.encs[i], p.ts)
+                    self.committer.merge_if_due(part)
                 for part, seg, pc, ids in zip(p.parts, p.segs, p.pieces, p.got):
                     assert not isinstance(ids, BaseException)  # a failed prepare is forgotten: never committed
                     part.apply(split_rowids(ids)[1], seg.segid, pc.batch, p.ts,
@@ -254,7 +325,7 @@ class Participant:
 
     async def _roll_back(self, p: _Prepared) -> None:
         for seg, g in zip(p.segs, p.got):
-            if not isinstance(g, BaseException):
+            if not isinstance(g, BaseException) and len(g):
                 seg.abort_prepared(g)
         for part in p.parts:
             part.leave()
@@ -269,6 +340,9 @@ class Participant:
             p = self._held.get(txn)
             if p is None:
                 return
+            if p.preparing is not None and not p.preparing.done():  # a delete by predicate finding its rows:
+                t0 = asyncio.get_running_loop().time()  # its coordinator waits for it; time counts from its end
+                continue
             if asyncio.get_running_loop().time() - t0 >= self.timeout_s:
                 break
             if p.coordinator is not None and self.gone is not None:

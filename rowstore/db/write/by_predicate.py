@@ -1,0 +1,141 @@
+"""Deletes by predicate (docs/rfcs/0016-time-series-and-lifecycle.md §6): every row that
+matches the query's terms at T − 1 is deleted at one commit timestamp T, atomically across
+partitions, as a cross-partition batch whose shares carry the terms instead of keys.
+
+Each participant takes its partitions' writer locks at the reservation, as for any batch, so
+nothing commits in them until the decision: the rows visible now are those visible at T − 1.
+At the prepare it finds them partition by partition (``selection.selected_keys``, a piece of
+at most ``PIECE_ROWS`` rows at a time) and appends each piece's deletions as a ``PIECE X``
+record (docs/format/segment.md §2, log version 2), durable before the next is read. What it
+keeps until the decision is each piece's encoded keys (for the key index at the commit) —
+the rows themselves are never held beyond a piece — and, only while a subscription watches
+the table, each piece's encoded deletions for its pump."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from catalog.abc import Catalog, Check, Delete, Put
+from rowstore.codec.rows import Encoded, encode_rows
+from rowstore.db.changes import CommitTail
+from rowstore.db.partition import Partition
+from rowstore.db.read.context import ReadContext
+from rowstore.db.read.reader import Reader
+from rowstore.db.read.selection import selected_keys
+from rowstore.db.read.subscribe import parse_filter, prefix_partition
+from rowstore.db.registry import Table
+from rowstore.db.tasks import BackgroundTasks
+from rowstore.db.write.committer import WriteResult, tombstone_batch
+from rowstore.db.write.two_phase import COMMITTED, txn_key
+from rowstore.errors import QueryError, UnavailableError
+from rowstore.hlc import HybridClock, ts_from_ms
+from rowstore.reads.predicates import BBox, Term
+from rowstore.reads.retention import kept_terms
+from rowstore.schema import SchemaVersion
+from rowstore.segments.active import ActiveSegment
+from rowstore.segments.wal import DECIDED
+from rowstore.tables.definitions import TableDef
+from terrafs.catalog_ops import commit
+
+if TYPE_CHECKING:  # the participant imports this module
+    from rowstore.db.write.participant import Participant
+
+log = logging.getLogger("rowstore.by_predicate")
+ENCODE_IN_THREAD = 4096  # deletions of a piece encoded in a worker thread beyond this
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A delete's terms, parsed as a query's (``prefix``: equality terms on the leading key
+    columns, as a scan's); at least one term or a bounding box."""
+
+    terms: list[Term]
+    box: BBox | None
+    prefix: object
+
+    @classmethod
+    def parse(cls, schema: SchemaVersion, where: object, bbox: object, prefix: object) -> Selection:
+        if where is None and bbox is None and prefix is None:
+            raise QueryError("a delete takes keys, or where, bbox or prefix (at least one)")
+        f = parse_filter(schema, where, bbox, prefix, None)
+        if not f.terms and f.box is None:
+            raise QueryError("a delete by predicate needs at least one term (an empty where would delete every row)")
+        return cls(f.terms, f.box, prefix)
+
+    def partitions(self, schema: SchemaVersion, nparts: int, owned: set[int]) -> list[int]:
+        """The partitions it can match among ``owned`` (a prefix covering the partition key: one)."""
+        pick = prefix_partition(schema, self.prefix, nparts)
+        return sorted(owned) if pick is None else [pick]
+
+
+@dataclass
+class Found:
+    """One partition's share, as prepared: each piece's encoded keys, and its encoded
+    deletions while a subscription watches the table."""
+
+    keys: list[np.ndarray] = field(default_factory=list)
+    encs: list[Encoded] = field(default_factory=list)
+
+
+async def prepare_found(reader: Reader, tail: CommitTail, d: TableDef, table: Table, sel: Selection,
+                        parts: list[Partition], segs: list[ActiveSegment], found: list[Found], ts: int, txn: int,
+                        got: list[np.ndarray | BaseException], aborted: Callable[[], bool]) -> int:
+    """Find and append every partition's deletions at ``ts`` as ``PIECE txn`` records (the
+    writer locks held); ``got[i]``: the rowids of partition i's first piece. Returns the rows."""
+    schema = d.schema
+    assert schema is not None  # describe() refuses a dropped table
+    T = ts - 1
+    c = ReadContext(T, d, table, await reader.tables.schemas_of(d), tuple(kept_terms(d, T)))
+    terms = sel.terms + list(c.kept)  # a row the retention hides is not there to delete
+    watching = tail.watching(d.table_id)
+    n = 0
+    for i, (part, seg) in enumerate(zip(parts, segs)):
+        async for kb, keys in selected_keys(reader, c, part, terms, sel.box):
+            if aborted():
+                raise UnavailableError(f"transaction {txn_key(txn)} was aborted here while it was being prepared; "
+                                       "retry")
+            dead = tombstone_batch(schema, kb.columns)
+            args = (dead, schema, ts, np.ones(dead.num_rows, bool))
+            enc = await asyncio.to_thread(encode_rows, *args) if dead.num_rows > ENCODE_IN_THREAD \
+                else encode_rows(*args)
+            ids = await (await part.append(seg, enc, ts, txn, piece=True))
+            if not found[i].keys:
+                got[i] = ids
+            found[i].keys.append(keys)
+            if watching:
+                found[i].encs.append(enc)
+            n += len(keys)
+    return n
+
+
+async def delete_where(participant: Participant, catalog: Catalog, clock: HybridClock, tasks: BackgroundTasks,
+                       name: str, where: object = None, bbox: object = None, prefix: object = None) -> WriteResult:
+    """A delete by predicate of the partitions served here (every one, on a node alone): this
+    node coordinates, as ``node/cluster/commit.py`` does across nodes — reserve, prepare, the
+    decision ``txn/X`` in the catalog (the commit point), commit. ``count``: rows deleted."""
+    d = await participant.definitions.describe(name)
+    assert d.schema is not None  # describe() refuses a dropped table
+    txn = DECIDED | secrets.randbits(62)  # every share on this node: recovery may drop the decision
+    floor = max(ts_from_ms(clock.now_ms()), clock.last + 1)
+    r = await participant.reserve_where(name, d.table_id, d.schema.version, where, bbox, prefix, None, floor, txn)
+    try:
+        n = await participant.prepare(txn, r.ts)
+    except BaseException:
+        await participant.abort(txn)
+        raise
+    key = txn_key(txn)
+    res = await commit(catalog, [Check(key, 0)], [Put(key, COMMITTED)])
+    if not res.committed:
+        e = await catalog.get(key)
+        if e is None or e.value != COMMITTED:  # its prepare outlived the timeout and was aborted
+            await participant.abort(txn)
+            raise UnavailableError(f"table {name!r}: the delete was aborted (its prepare timed out); retry")
+    ts = await participant.commit(txn)
+    tasks.spawn(commit(catalog, [], [Delete(key)]))
+    return WriteResult(n, ts)
