@@ -18,6 +18,7 @@ from typing import Any
 from catalog.errors import CatalogError
 from node import config as config_mod
 from node.client.client import Client
+from node.client.export import typed_key
 from node.client.output import cell, emit, emit_arrow_table, print_table
 from node.client.tables import add_table_parser, table_cmd
 from node.client.watch import add_watch_parser, watch
@@ -57,9 +58,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("name")
     g.add_argument("key", nargs="+", help="the key; a key of several columns: its components in key order")
     g.add_argument("--as-of", type=int)
-    dl = sub.add_parser("delete", parents=[out], help="delete one row by primary key (its components in order)")
+    dl = sub.add_parser("delete", parents=[out], help="delete one row by primary key (its components in order), "
+                                                      "or every row matching --where/--bbox/--prefix at one T")
     dl.add_argument("name")
-    dl.add_argument("key", nargs="+")
+    dl.add_argument("key", nargs="*")
+    dl.add_argument("--where", action="append", default=[], help="'col op value', op in = != < <= > >=")
+    dl.add_argument("--bbox", help="COL:XMIN,YMIN,XMAX,YMAX")
+    dl.add_argument("--prefix", action="append", help="a leading key component (repeat for more)")
     sc = sub.add_parser("scan", parents=[out], help="rows in key order: a key prefix, a range [start, end)")
     ex = sub.add_parser("export", help="one scan at one snapshot to .parquet, .csv or .arrow; restartable")
     for sp in (sc, ex):
@@ -223,7 +228,16 @@ def _key(parts: list[str]) -> object:
 
 def _get(c: Client, args: argparse.Namespace) -> int:
     if args.cmd == "delete":
-        emit(c.delete(args.name, [_key(args.key)]), args.output)
+        where = [t for w in args.where for t in _parse_where(w)] or None
+        bbox = _parse_bbox(args.bbox) if args.bbox else None
+        if (where or bbox or args.prefix) and args.key:
+            raise UsageError("delete takes a key, or --where/--bbox/--prefix, not both")
+        if args.key:
+            emit(c.delete(args.name, [_key(args.key)]), args.output)
+        elif where or bbox or args.prefix:
+            emit(c.delete_where(args.name, where, bbox, typed_key(c, args.name, args.prefix)), args.output)
+        else:
+            raise UsageError("delete takes a key, or --where/--bbox/--prefix")
         return 0
     args.key = _key(args.key)
     row = c.get(args.name, args.key, args.as_of)

@@ -219,6 +219,13 @@ class Endpoints(abc.ABC, Generic[R]):
     def delete(self, table: str, keys: Iterable[Any]) -> R:
         return self._call("POST", f"/v1/tables/{_seg(table)}/delete", {"keys": [_key_doc(k) for k in keys]})
 
+    def delete_where(self, table: str, where: list[Any] | None = None, bbox: dict[str, Any] | None = None,
+                     prefix: list[Any] | None = None) -> R:
+        """Delete every row matching the terms (a query's; at least one) at one commit
+        timestamp T: ``{"deleted": n, "commit_ts": T}`` (RFC 0016 §6)."""
+        doc = {k: v for k, v in (("where", where), ("bbox", bbox), ("prefix", prefix)) if v is not None}
+        return self._call("POST", f"/v1/tables/{_seg(table)}/delete", doc)
+
     def get(self, table: str, key: object, as_of: int | None = None) -> R:
         """The row as a dict (the JSON forms of the column types), or None if absent at T.
         A key of several columns is a list or tuple of its components, in key order."""

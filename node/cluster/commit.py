@@ -13,9 +13,13 @@ decision, any failure aborts; after it, the outcome is committed whatever answer
 a participant that does not confirm finishes it at recovery (the catalog says
 committed) — but the caller gets 503, not an acknowledgement it cannot back.
 
+A delete by predicate (RFC 0016 §6) runs the same phases with the terms as each share: the
+participant finds its rows at the prepare, under the locks its reservation took.
+
 Wire messages (docs/format/placement.md): ``POST /v1/internal/txn/reserve`` (Arrow IPC
-body, the rest in the query string), ``/prepare`` (``{"txn", "ts"}``), ``/commit``,
-``/abort`` (``{"txn"}``).
+body — or, for a delete by predicate, JSON ``{"where", "bbox", "prefix", "partitions"}`` —
+the rest in the query string), ``/prepare`` (``{"txn", "ts"}``; answers the rows prepared),
+``/commit``, ``/abort`` (``{"txn"}``).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import asyncio
 import json
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,15 +67,39 @@ async def commit_across(sv: Serving, d: TableDef, batch: pa.RecordBatch, pids: n
     me = sv.cluster.node_id
     bodies = dict(zip([w for w in shares if w != me], await asyncio.gather(*(
         asyncio.to_thread(write_arrow_stream, pa.Table.from_batches([shares[w]])) for w in shares if w != me))))
+
+    async def reserve(who: str, floor: int, txn: int) -> dict[str, Any]:
+        return await _reserve(sv, who, d, shares[who], bodies.get(who), floor, txn, delete)
+    out, _ = await _two_phases(sv, d, sorted(shares), reserve)
+    return out
+
+
+async def delete_across(sv: Serving, d: TableDef, spec: dict[str, Any], pids: list[int],
+                        placement: Placement) -> Outcome:
+    """Delete by predicate (RFC 0016 §6) across the nodes leading ``pids``: each share is the
+    terms ``spec`` (``where``, ``bbox``, ``prefix``) and its partitions; each participant finds
+    its rows at its prepare. ``existed``: the rows deleted."""
+    shares = placement.by_node(sorted(set(pids)))
+
+    async def reserve(who: str, floor: int, txn: int) -> dict[str, Any]:
+        return await _reserve_where(sv, who, d, spec, shares[who], floor, txn)
+    out, found = await _two_phases(sv, d, sorted(shares), reserve)
+    return Outcome(found, found, out.commit_ts)
+
+
+async def _two_phases(sv: Serving, d: TableDef, whos: list[str],
+                      reserve: Callable[[str, int, int], Awaitable[dict[str, Any]]]) -> tuple[Outcome, int]:
+    """Reserve ``whos`` one at a time (locks in one global order), prepare every share, then
+    decide and commit; also the rows the prepares wrote."""
     clock = sv.db.clock
     txn = DECIDED | SPANS_NODES | secrets.randbits(62)
     floor = max(ts_from_ms(clock.now_ms()), clock.last + 1)
     got: list[tuple[str, dict[str, Any]]] = []
     sent: list[str] = []  # the nodes a reserve went to (one that failed or timed out may still reserve)
     try:
-        for who in sorted(shares):  # one node at a time: locks in one global order
+        for who in whos:  # one node at a time: locks in one global order
             sent.append(who)
-            ans = await _reserve(sv, who, d, shares[who], bodies.get(who), floor, txn, delete)
+            ans = await reserve(who, floor, txn)
             got.append((who, ans))
             floor = max(floor, int(ans["ts"]))
         ts = max(int(a["ts"]) for _, a in got)
@@ -81,7 +110,7 @@ async def commit_across(sv: Serving, d: TableDef, batch: pa.RecordBatch, pids: n
     except BaseException:
         await _abort_all(sv, sent, txn)
         raise
-    return await _decide_and_commit(sv, d, got, txn, ts)
+    return await _decide_and_commit(sv, d, got, txn, ts), sum(a for a in answers if isinstance(a, int))
 
 
 async def _decide_and_commit(sv: Serving, d: TableDef, got: list[tuple[str, dict[str, Any]]], txn: int,
@@ -126,13 +155,29 @@ async def _reserve(sv: Serving, who: str, d: TableDef, rows: pa.RecordBatch, bod
     return ans
 
 
-async def _prepare(sv: Serving, who: str, txn: int, ts: int) -> None:
+async def _reserve_where(sv: Serving, who: str, d: TableDef, spec: dict[str, Any], pids: list[int], floor: int,
+                         txn: int) -> dict[str, Any]:
     if who == sv.cluster.node_id:
-        await sv.db.participant.prepare(txn, ts)
-        return
+        r = await sv.db.participant.reserve_where(d.name, d.table_id, schema_of(d).version, spec.get("where"),
+                                                  spec.get("bbox"), spec.get("prefix"), pids, floor, txn)
+        return {"ts": r.ts}
+    q = (f"/v1/internal/txn/reserve?table={d.name}&table_id={d.table_id}&schema_version={schema_of(d).version}"
+         f"&floor={floor}&txn={txn}")
+    status, _, payload = await sv.cluster.call(who, "POST", q, doc=dict(spec, partitions=pids))
+    if status != 200:
+        raise_remote(status, payload, who)
+    ans: dict[str, Any] = json.loads(payload)
+    return ans
+
+
+async def _prepare(sv: Serving, who: str, txn: int, ts: int) -> int:
+    """The rows the share prepared (a delete by predicate learns its count here)."""
+    if who == sv.cluster.node_id:
+        return await sv.db.participant.prepare(txn, ts)
     status, _, payload = await sv.cluster.call(who, "POST", "/v1/internal/txn/prepare", doc={"txn": txn, "ts": ts})
     if status != 200:
         raise_remote(status, payload, who)
+    return int(json.loads(payload).get("rows", 0))
 
 
 async def _commit(sv: Serving, who: str, txn: int) -> int:

@@ -28,12 +28,13 @@ from aiohttp import web
 from node.cluster.members import FORWARDED, RemoteError, raise_remote
 from node.wire import read_arrow_stream
 from node.errors import ApiError, NodeError
-from node.cluster.commit import Outcome, commit_across
+from node.cluster.commit import Outcome, commit_across, delete_across
 from node.cluster.serving import Serving
 from node.metrics import Metrics
 from node.phase import Readiness
 from node.cluster.placement import Placement, key_partitions as _pids, schema_of
 from rowstore.db.database import Database
+from rowstore.db.write.by_predicate import Selection
 from rowstore.db.write.committer import WriteResult
 from rowstore.errors import UnavailableError
 from rowstore.tables.conform import conform
@@ -215,6 +216,33 @@ class Router:
         karrs = check_key_lists(keys, pk)
         return await self.write(request, d, _pids(d, karrs), lambda: self.db.delete(table, keys),
                                 lambda: pa.RecordBatch.from_arrays(karrs, names=pk.names), True)
+
+    async def delete_where(self, request: web.Request, table: str,
+                           spec: dict[str, Any]) -> tuple[web.Response | None, tuple[int, int] | None]:
+        """A delete by predicate (RFC 0016 §6), refused here if its terms are bad, then run where
+        the partitions it can match are led: here, forwarded to the one node leading them all,
+        or across every leader."""
+        d = await self.db.describe(table)
+        if not self.multi:
+            res = await self.db.delete_where(table, **spec)
+            return None, (res.count, res.commit_ts)
+        schema = schema_of(d)
+        sel = Selection.parse(schema, spec.get("where"), spec.get("bbox"), spec.get("prefix"))
+        pids = np.asarray(sel.partitions(schema, d.partitions, set(range(d.partitions))), np.int64)
+
+        async def here() -> tuple[int, int]:
+            res = await self.db.delete_where(table, **spec)
+            return res.count, res.commit_ts
+
+        async def across() -> tuple[int, int]:
+            try:
+                out = await delete_across(self.sv, d, spec, pids.tolist(), await self.placement(d, fresh=True))
+            except BaseException:
+                self.metrics.txn_across.labels("failed").inc()
+                raise
+            self.metrics.txn_across.labels("committed").inc()
+            return out.existed, out.commit_ts
+        return await self.dispatch(request, d, pids, here, across)
 
     async def write(self, request: web.Request, d: TableDef, pids: list[int] | np.ndarray,
                     commit: Callable[[], Awaitable[WriteResult]], batch_of: Callable[[], pa.RecordBatch],

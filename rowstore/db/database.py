@@ -43,7 +43,7 @@ from rowstore.db.serving.leadership import Leadership
 from rowstore.db.read.leases import Leases
 from rowstore.db.background.maintenance import Maintenance
 from rowstore.db.write.participant import Participant
-from rowstore.db.write.by_predicate import delete_where
+from rowstore.db.write.local_delete import delete_where
 from rowstore.db.read.reader import MAX_LIMIT, PURGE_LAG_MS, Reader
 from rowstore.db.read.scans import ScanPage
 from rowstore.db.read.subscribe import Subscription, Subscriptions

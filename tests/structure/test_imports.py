@@ -157,7 +157,8 @@ DB_PARTS = {
     "rowstore.db.registry": {"rowstore.db.partition"},
     "rowstore.db.tasks": set(),
     "rowstore.db.changes": set(),
-    "rowstore.db.write": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks", "rowstore.db.changes"},
+    "rowstore.db.write": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks", "rowstore.db.changes",
+                          "rowstore.db.read"},  # a delete by predicate reads what it deletes (RFC 0016 §6)
     "rowstore.db.read": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks", "rowstore.db.changes"},
     "rowstore.db.background": {"rowstore.db.partition", "rowstore.db.registry", "rowstore.db.tasks",
                                "rowstore.db.read"},

@@ -108,23 +108,41 @@ async def reserve(api: Api, request: web.Request) -> web.Response:
     for k in ("table", "table_id", "schema_version", "floor", "txn"):
         if k not in q:
             raise ApiError(400, "bad_request", f"missing {k}")
+    by, incarnation = request.headers.get(FORWARDED), request.headers.get(INCARNATION)
+    coordinator = (by, incarnation) if by and incarnation else None
+    if request.content_type == "application/json":  # a delete by predicate's share: its terms
+        return await _reserve_where(api, request, coordinator)
     if request.content_type != ARROW_STREAM:
         raise ApiError(415, "unsupported_media_type", f"rows come as {ARROW_STREAM}")
     body = await request.read()
     rows = await off_loop_if_big(len(body), read_arrow_stream, body)
     delete = q.get("delete") == "1"
     await api.router.served_here(q["table"], rows, delete)
-    by, incarnation = request.headers.get(FORWARDED), request.headers.get(INCARNATION)
     r = await api.db.participant.reserve(q["table"], q["table_id"], int_arg(q["schema_version"], "schema_version"),
                                          rows, ts_arg(q["floor"], "floor"), int_arg(q["txn"], "txn"), delete,
-                                         (by, incarnation) if by and incarnation else None)
+                                         coordinator)
     return json_answer({"ts": r.ts, "rows": r.rows, "existed": r.existed})
+
+
+async def _reserve_where(api: Api, request: web.Request, coordinator: tuple[str, str] | None) -> web.Response:
+    q = request.query
+    doc = await json_object(request, {"where", "bbox", "prefix", "partitions"}, ("partitions",))
+    pids = doc["partitions"]
+    if not isinstance(pids, list) or not pids:
+        raise ApiError(400, "bad_request", '"partitions" is a list of partition numbers')
+    pids = [int_arg(p, "a partition") for p in pids]
+    await api.router.mine(q["table"], pids)
+    version = int_arg(q["schema_version"], "schema_version")
+    r = await api.db.participant.reserve_where(q["table"], q["table_id"], version, doc.get("where"), doc.get("bbox"),
+                                               doc.get("prefix"), pids, ts_arg(q["floor"], "floor"),
+                                               int_arg(q["txn"], "txn"), coordinator)
+    return json_answer({"ts": r.ts, "rows": 0, "existed": 0})
 
 
 async def prepare(api: Api, request: web.Request) -> web.Response:
     doc = await json_object(request, {"txn", "ts"}, ("txn", "ts"))
-    await api.db.participant.prepare(int_arg(doc["txn"], "txn"), ts_arg(doc["ts"], "ts"))
-    return json_answer({"prepared": True})
+    n = await api.db.participant.prepare(int_arg(doc["txn"], "txn"), ts_arg(doc["ts"], "ts"))
+    return json_answer({"prepared": True, "rows": n})
 
 
 async def commit(api: Api, request: web.Request) -> web.Response:

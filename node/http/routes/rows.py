@@ -25,6 +25,9 @@ from rowstore.tables.key_check import check_key_lists, show
 from node.http.answers import json_answer, json_text
 
 
+_PREDICATE = ("where", "bbox", "prefix")  # a delete by predicate's terms, as a query's
+
+
 def add_row_routes(api: HandlerApi, router: web.UrlDispatcher) -> None:
     router.add_post("/v1/tables/{table}/rows", bound(api, upsert))
     router.add_post("/v1/tables/{table}/delete", bound(api, delete_rows))
@@ -76,7 +79,15 @@ async def upsert(api: HandlerApi, request: web.Request) -> web.StreamResponse:
 
 
 async def delete_rows(api: HandlerApi, request: web.Request) -> web.StreamResponse:
-    doc = await json_object(request, {"keys"}, required=("keys",))
+    """By key (``keys``), or by predicate (``where``, ``bbox``, ``prefix``: RFC 0016 §6)."""
+    doc = await json_object(request, {"keys", *_PREDICATE})
+    terms = {k: doc[k] for k in _PREDICATE if doc.get(k) is not None}
+    if "keys" in doc and terms:
+        raise ApiError(400, "bad_request", "a delete takes keys or where/bbox/prefix, not both")
+    if "keys" not in doc:
+        if not terms:
+            raise ApiError(400, "bad_request", "a delete takes keys, or where, bbox or prefix (at least one)")
+        return await _delete_where(api, request, terms)
     if not isinstance(doc["keys"], list):
         raise ApiError(400, "invalid_rows", '"keys" must be a list')
     table, db = request.match_info["table"], api.db
@@ -98,6 +109,15 @@ async def delete_rows(api: HandlerApi, request: web.Request) -> web.StreamRespon
             return forwarded
     assert res is not None  # not forwarded: committed
     api.metrics.rows_written.labels("delete").inc(len(doc["keys"]))
+    return json_answer({"deleted": res[0], "commit_ts": res[1]})
+
+
+async def _delete_where(api: HandlerApi, request: web.Request, terms: dict[str, object]) -> web.StreamResponse:
+    forwarded, res = await api.router.delete_where(request, request.match_info["table"], terms)
+    if forwarded is not None:
+        return forwarded
+    assert res is not None  # not forwarded: committed
+    api.metrics.rows_written.labels("delete").inc(res[0])
     return json_answer({"deleted": res[0], "commit_ts": res[1]})
 
 

@@ -1,5 +1,5 @@
 """The keys a predicate selects in one partition, piece by piece (a delete by predicate,
-docs/rfcs/0016-time-series-and-lifecycle.md §6): every key whose version visible at T matches
+docs/rfcs/0016-time-series-aggregates.md §6): every key whose version visible at T matches
 the terms and the bounding box. The rows are fetched ``piece`` rowids at a time — only the key
 and the terms' columns — so what is held at once is one piece's rows, beside the rowids the
 partition's index gives (8 bytes a candidate, as a query's plan holds)."""

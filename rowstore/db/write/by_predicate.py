@@ -1,4 +1,4 @@
-"""Deletes by predicate (docs/rfcs/0016-time-series-and-lifecycle.md §6): every row that
+"""Deletes by predicate (docs/rfcs/0016-time-series-aggregates.md §6): every row that
 matches the query's terms at T − 1 is deleted at one commit timestamp T, atomically across
 partitions, as a cross-partition batch whose shares carry the terms instead of keys.
 
@@ -13,15 +13,11 @@ the table, each piece's encoded deletions for its pump."""
 from __future__ import annotations
 
 import asyncio
-import logging
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from catalog.abc import Catalog, Check, Delete, Put
 from rowstore.codec.rows import Encoded, encode_rows
 from rowstore.db.changes import CommitTail
 from rowstore.db.partition import Partition
@@ -30,23 +26,15 @@ from rowstore.db.read.reader import Reader
 from rowstore.db.read.selection import selected_keys
 from rowstore.db.read.subscribe import parse_filter, prefix_partition
 from rowstore.db.registry import Table
-from rowstore.db.tasks import BackgroundTasks
-from rowstore.db.write.committer import WriteResult, tombstone_batch
-from rowstore.db.write.two_phase import COMMITTED, txn_key
+from rowstore.db.write.committer import tombstone_batch
+from rowstore.db.write.two_phase import txn_key
 from rowstore.errors import QueryError, UnavailableError
-from rowstore.hlc import HybridClock, ts_from_ms
 from rowstore.reads.predicates import BBox, Term
 from rowstore.reads.retention import kept_terms
 from rowstore.schema import SchemaVersion
 from rowstore.segments.active import ActiveSegment
-from rowstore.segments.wal import DECIDED
 from rowstore.tables.definitions import TableDef
-from terrafs.catalog_ops import commit
 
-if TYPE_CHECKING:  # the participant imports this module
-    from rowstore.db.write.participant import Participant
-
-log = logging.getLogger("rowstore.by_predicate")
 ENCODE_IN_THREAD = 4096  # deletions of a piece encoded in a worker thread beyond this
 
 
@@ -112,30 +100,3 @@ async def prepare_found(reader: Reader, tail: CommitTail, d: TableDef, table: Ta
                 found[i].encs.append(enc)
             n += len(keys)
     return n
-
-
-async def delete_where(participant: Participant, catalog: Catalog, clock: HybridClock, tasks: BackgroundTasks,
-                       name: str, where: object = None, bbox: object = None, prefix: object = None) -> WriteResult:
-    """A delete by predicate of the partitions served here (every one, on a node alone): this
-    node coordinates, as ``node/cluster/commit.py`` does across nodes — reserve, prepare, the
-    decision ``txn/X`` in the catalog (the commit point), commit. ``count``: rows deleted."""
-    d = await participant.definitions.describe(name)
-    assert d.schema is not None  # describe() refuses a dropped table
-    txn = DECIDED | secrets.randbits(62)  # every share on this node: recovery may drop the decision
-    floor = max(ts_from_ms(clock.now_ms()), clock.last + 1)
-    r = await participant.reserve_where(name, d.table_id, d.schema.version, where, bbox, prefix, None, floor, txn)
-    try:
-        n = await participant.prepare(txn, r.ts)
-    except BaseException:
-        await participant.abort(txn)
-        raise
-    key = txn_key(txn)
-    res = await commit(catalog, [Check(key, 0)], [Put(key, COMMITTED)])
-    if not res.committed:
-        e = await catalog.get(key)
-        if e is None or e.value != COMMITTED:  # its prepare outlived the timeout and was aborted
-            await participant.abort(txn)
-            raise UnavailableError(f"table {name!r}: the delete was aborted (its prepare timed out); retry")
-    ts = await participant.commit(txn)
-    tasks.spawn(commit(catalog, [], [Delete(key)]))
-    return WriteResult(n, ts)

@@ -1,4 +1,4 @@
-"""Deletes by predicate in the engine (docs/rfcs/0016-time-series-and-lifecycle.md §6)
+"""Deletes by predicate in the engine (docs/rfcs/0016-time-series-aggregates.md §6)
 against a model: random upserts, deletes, seals, offloads, checkpoints and GC passes, with
 and without column indexes, in pieces of a few rows; writers racing the delete. At its T the
 rows that matched at T − 1 are gone and every other row is as it was; a read as of T − 1
@@ -128,7 +128,7 @@ async def test_a_crash_between_prepare_and_decision_keeps_the_delete_whole_or_dr
     """The delete's pieces are durable in every partition's log when the node dies; recovery
     asks ``txn/X``: committed (the decision had landed), every piece replays; absent, the
     recovery aborts it and every row is back."""
-    import rowstore.db.write.by_predicate as bp
+    import rowstore.db.write.local_delete as bp
     from terrafs.catalog_ops import commit
 
     monkeypatch.setattr(selection, "PIECE_ROWS", 4)
