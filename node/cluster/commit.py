@@ -160,7 +160,7 @@ async def _reserve_where(sv: Serving, who: str, d: TableDef, spec: dict[str, Any
     if who == sv.cluster.node_id:
         r = await sv.db.participant.reserve_where(d.name, d.table_id, schema_of(d).version, spec.get("where"),
                                                   spec.get("bbox"), spec.get("prefix"), pids, floor, txn)
-        return {"ts": r.ts}
+        return {"ts": r.ts, "rows": 0, "existed": 0}
     q = (f"/v1/internal/txn/reserve?table={d.name}&table_id={d.table_id}&schema_version={schema_of(d).version}"
          f"&floor={floor}&txn={txn}")
     status, _, payload = await sv.cluster.call(who, "POST", q, doc=dict(spec, partitions=pids))

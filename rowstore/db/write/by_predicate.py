@@ -84,6 +84,7 @@ async def prepare_found(reader: Reader, tail: CommitTail, d: TableDef, table: Ta
     watching = tail.watching(d.table_id)
     n = 0
     for i, (part, seg) in enumerate(zip(parts, segs)):
+        await _leased(reader, d, part, ts)
         async for kb, keys in selected_keys(reader, c, part, terms, sel.box):
             if aborted():
                 raise UnavailableError(f"transaction {txn_key(txn)} was aborted here while it was being prepared; "
@@ -99,4 +100,18 @@ async def prepare_found(reader: Reader, tail: CommitTail, d: TableDef, table: Ta
             if watching:
                 found[i].encs.append(enc)
             n += len(keys)
+        await _leased(reader, d, part, ts)
     return n
+
+
+async def _leased(reader: Reader, d: TableDef, part: Partition, ts: int) -> None:
+    """This node still leads ``part`` (the very object the reservation locked) with a lease, as a
+    read of the present needs it, before and after the partition's rows are found: a deposed
+    leader (the log fences its appends, but a partition where it finds nothing appends nothing)
+    refuses rather than miss what its successor committed. And a majority of the replicas took this leader's clock up to ``ts``,
+    so that no later leader commits below the delete in a partition it left unwritten."""
+    if part.retired:  # demoted since the reservation (and perhaps led here again, by a new object)
+        raise UnavailableError(f"partition {part.pid} is no longer led by this node; retry")
+    wait = reader.leases_of(d.table_id, [part.pid], ts)
+    if wait is not None:
+        await wait
