@@ -108,8 +108,9 @@ async def _leased(reader: Reader, d: TableDef, part: Partition, ts: int) -> None
     """This node still leads ``part`` (the very object the reservation locked) with a lease, as a
     read of the present needs it, before and after the partition's rows are found: a deposed
     leader (the log fences its appends, but a partition where it finds nothing appends nothing)
-    refuses rather than miss what its successor committed. And a majority of the replicas took this leader's clock up to ``ts``,
-    so that no later leader commits below the delete in a partition it left unwritten."""
+    refuses rather than miss what its successor committed. And a majority of the replicas took
+    this leader's clock up to ``ts``, so that no later leader commits below the delete in a
+    partition it left unwritten."""
     if part.retired:  # demoted since the reservation (and perhaps led here again, by a new object)
         raise UnavailableError(f"partition {part.pid} is no longer led by this node; retry")
     wait = reader.leases_of(d.table_id, [part.pid], ts)

@@ -1,6 +1,6 @@
-"""Deletes by predicate on three real nodes with R = 3 (RFC 0016 §6), every segment job turned up
-(the collector excepted: see ``NO_GC``), writers adding rows through random nodes, deletes by a random threshold on ``v``
-sent through random nodes, and a node killed with SIGKILL and restarted every few seconds
+"""Deletes by predicate on three real nodes with R = 3 (RFC 0016 §6), every segment job turned
+up (the collector excepted: see ``NO_GC``), writers adding rows through random nodes, deletes
+by a random threshold on ``v`` sent through random nodes, and a node killed with SIGKILL and restarted every few seconds
 (so deletes lose participants, coordinators and leaders in the middle). Checked from the
 history: each acknowledged delete's count is the rows matching at T − 1 and none matches at
 T; at the end every acknowledged row is there unless a delete that may have committed after it
@@ -121,7 +121,8 @@ def _check_final(node, h: History, acked, unknown) -> int:
 
 @pytest.mark.slow
 def test_deletes_by_predicate_on_three_nodes_with_kills(tmp_path):
-    nodes = raft_cluster(tmp_path, 3, extra=FAST_CLUSTER + JOBS.replace(NO_GC, 'interval = "1h"').replace('[history]\nretention = "2s"\n', HISTORY))
+    jobs = JOBS.replace(NO_GC, 'interval = "1h"').replace('[history]\nretention = "2s"\n', HISTORY)
+    nodes = raft_cluster(tmp_path, 3, extra=FAST_CLUSTER + jobs)
     rng = random.Random(5)
     try:
         start_all(nodes)
