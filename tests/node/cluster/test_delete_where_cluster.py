@@ -19,7 +19,7 @@ from tests.node.cluster.test_gc_cluster import JOBS
 from tests.node.proc import FAST_CLUSTER, eventually
 
 SECONDS = 24
-CHECKED = 5  # acknowledged deletes checked at T - 1 and T, at least
+CHECKED = 4  # acknowledged deletes checked at T - 1 and T, at least
 HISTORY = '[history]\nretention = "8s"\n'  # versions 8 s old may be purged: a delete is checked at once
 # The collector is left out here: with its passes every second, 1 run in 4 of this test ended with
 # an acknowledged row visible again after a later delete had hidden it (checked at T, seen again at the
@@ -142,8 +142,8 @@ def test_deletes_by_predicate_on_three_nodes_with_kills(tmp_path):
             t.start()
         t0 = time.monotonic()
         # at least SECONDS, then on until enough was acknowledged to prove something (a slow
-        # machine acknowledges less between kills), for at most SECONDS more
-        while time.monotonic() - t0 < SECONDS or (not _enough(h) and time.monotonic() - t0 < 2 * SECONDS):
+        # machine acknowledges less between kills), for at most twice as long again
+        while time.monotonic() - t0 < SECONDS or (not _enough(h) and time.monotonic() - t0 < 3 * SECONDS):
             time.sleep(3)
             victim = rng.choice(nodes)
             victim.kill()
