@@ -111,13 +111,8 @@ class Participant:
         """First phase: validate and split this node's rows of txn ``txn``, take their
         partitions' writer locks and a timestamp at least ``floor`` (``delete``: ``rows``
         holds the keys to delete, in the key column). Nothing is written yet."""
-        if not txn & DECIDED or txn in self._held:
-            raise ConflictError(f"transaction {txn_key(txn)} is not a new decided transaction id")
-        self._unless_aborted_early(txn)
-        d = await self.definitions.describe(name)
-        assert d.schema is not None  # describe() refuses a dropped table
-        if d.table_id != table_id or d.schema.version != schema_version:
-            raise ConflictError(f"table {name!r} changed while the batch was on its way; retry")
+        d = await self._checked(txn, name, table_id, schema_version)
+        assert d.schema is not None  # _checked() refuses a dropped table
         existed = 0
         if delete:
             batch, deleted, existed = await self.committer.tombstones(d, rows)
@@ -135,13 +130,8 @@ class Participant:
         """First phase of a delete by predicate (RFC 0016 §6): the terms checked, the writer
         locks of partitions ``pids`` (None: every one served here the terms can match) and a
         timestamp taken. Which rows match is found at the prepare, under these locks."""
-        if not txn & DECIDED or txn in self._held:
-            raise ConflictError(f"transaction {txn_key(txn)} is not a new decided transaction id")
-        self._unless_aborted_early(txn)
-        d = await self.definitions.describe(name)
-        assert d.schema is not None  # describe() refuses a dropped table
-        if d.table_id != table_id or d.schema.version != schema_version:
-            raise ConflictError(f"table {name!r} changed while the delete was on its way; retry")
+        d = await self._checked(txn, name, table_id, schema_version)
+        assert d.schema is not None  # _checked() refuses a dropped table
         sel = Selection.parse(d.schema, where, bbox, prefix)
         table = await self.committer.tables.table(d)
         if pids is None:
@@ -152,6 +142,18 @@ class Participant:
         await self._hold(_Prepared(txn, ts, table, d.schema, [], parts, [], [], locks, coordinator, selection=sel,
                                    definition=d, found=[Found() for _ in parts]))
         return Reserved(ts, 0, 0)
+
+    async def _checked(self, txn: int, name: str, table_id: str, schema_version: int) -> TableDef:
+        """A reservation's checks: a new decided txn id not aborted already, and the table the
+        coordinator saw (same id, same schema version)."""
+        if not txn & DECIDED or txn in self._held:
+            raise ConflictError(f"transaction {txn_key(txn)} is not a new decided transaction id")
+        self._unless_aborted_early(txn)
+        d = await self.definitions.describe(name)
+        assert d.schema is not None  # describe() refuses a dropped table
+        if d.table_id != table_id or d.schema.version != schema_version:
+            raise ConflictError(f"table {name!r} changed while the batch was on its way; retry")
+        return d
 
     async def _lock(self, txn: int, parts: list[Partition], floor: int,
                     settle: bool = False) -> tuple[contextlib.AsyncExitStack, int]:
