@@ -58,11 +58,18 @@ def _writer(nodes, w: Written, stop: threading.Event, errors: list, seed: int) -
             time.sleep(0.05)
 
 
-def _check(node, w: Written) -> int:
-    """The node's rows at its T against what was written; how many it holds."""
+def _read(node) -> tuple[dict, int]:
+    """The node's ids at its T and its count at that T."""
     with node.client(timeout=60) as c:
         doc = c.query_json("m", columns=["id"], limit=10_000_000)
-        count = c.aggregate("m", [{"fn": "count"}], as_of=doc["as_of"])["rows"][0]["count"]
+        return doc, c.aggregate("m", [{"fn": "count"}], as_of=doc["as_of"])["rows"][0]["count"]
+
+
+def _check(node, w: Written) -> int:
+    """The node's rows at its T against what was written; how many it holds. The read is
+    retried on an error answer only (a node may briefly not serve a partition while the
+    cluster map follows a late heartbeat on a loaded machine: a 503, not a wrong answer)."""
+    doc, count = eventually(lambda: _read(node), 60, every=1.0)
     cut = ms_of(doc["as_of"]) * 1000 - KEEP_S * 1_000_000
     got = {r["id"] for r in doc["rows"]}
     old = sorted(i for i in got if w.ts[i] < cut)
