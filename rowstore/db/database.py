@@ -221,10 +221,12 @@ class Database:
         return await self.committer.delete(name, keys)
 
     async def delete_where(self, name: str, where: object = None, bbox: object = None,
-                           prefix: object = None) -> WriteResult:
+                           prefix: object = None, pids: list[int] | None = None) -> WriteResult:
         """Delete every row matching the query's terms at one commit timestamp T, atomically
-        across the partitions served here (RFC 0016 §6); ``count`` = rows deleted."""
-        return await delete_where(self.participant, self.catalog, self.clock, self.tasks, name, where, bbox, prefix)
+        across partitions ``pids`` (None: those served here), each served here (RFC 0016 §6);
+        ``count`` = rows deleted."""
+        return await delete_where(self.participant, self.catalog, self.clock, self.tasks, name, where, bbox, prefix,
+                                  pids)
 
     @overload
     async def write_pieces(self, d: TableDef, pieces: list[PartitionShare], sizes: None = None) -> list[int]: ...

@@ -18,14 +18,19 @@ from terrafs.catalog_ops import commit
 
 
 async def delete_where(participant: Participant, catalog: Catalog, clock: HybridClock, tasks: BackgroundTasks,
-                       name: str, where: object = None, bbox: object = None, prefix: object = None) -> WriteResult:
-    """Delete what the terms match in the partitions served here (every one, on a node alone);
-    ``count``: the rows deleted."""
+                       name: str, where: object = None, bbox: object = None, prefix: object = None,
+                       pids: list[int] | None = None) -> WriteResult:
+    """Delete what the terms match in partitions ``pids``, each of which must be served here
+    (None: every one served here — a node alone serves them all); ``count``: the rows deleted.
+
+    A cluster node passes the partitions it routed here: one it stopped leading since is
+    refused (503) by the reservation, never skipped — a delete that skipped it would be
+    acknowledged with that partition's rows still there."""
     d = await participant.definitions.describe(name)
     assert d.schema is not None  # describe() refuses a dropped table
     txn = DECIDED | secrets.randbits(62)  # every share on this node: recovery may drop the decision
     floor = max(ts_from_ms(clock.now_ms()), clock.last + 1)
-    r = await participant.reserve_where(name, d.table_id, d.schema.version, where, bbox, prefix, None, floor, txn)
+    r = await participant.reserve_where(name, d.table_id, d.schema.version, where, bbox, prefix, pids, floor, txn)
     try:
         n = await participant.prepare(txn, r.ts)
     except BaseException:

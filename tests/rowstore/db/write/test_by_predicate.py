@@ -123,6 +123,38 @@ async def test_a_delete_with_no_term_or_a_bad_term_is_refused_and_changes_nothin
     await db.close()
 
 
+async def test_a_delete_routed_here_is_refused_when_a_partition_is_no_longer_served_here():
+    """A cluster node routes a delete here for the partitions it leads; one it stopped leading
+    since is refused (503), not skipped: the delete changes nothing and is not acknowledged
+    (before, it deleted in the partitions still served and answered — the 3-node test with
+    kills and the collector on saw its skipped rows at the end)."""
+    from rowstore.errors import UnavailableError
+
+    w = TablesWorld(partitions=3)
+    db = await w.start()
+    await db.create_table("t", SCHEMA)
+    model = Model()
+    await _write(db, model, random.Random(8), 60)
+    f = {"where": [["v", "<", 100.0]]}
+
+    async def part(p: int, as_of: int | None = None) -> dict[int, dict]:
+        t, _ = await db.query("t", limit=None, partitions=[p], as_of=as_of)
+        return {r["id"]: r for r in t.to_pylist()}
+    before = [await part(p) for p in (0, 1)]
+    assert all(before) and any(_holds(r, f) for b in before for r in b.values())
+    table = await db.committer.tables.table(await db.describe("t"))
+    table.unserve(2)  # demoted meanwhile
+    with pytest.raises(UnavailableError, match=r"partitions \[2\] are not served"):
+        await db.delete_where("t", **f, pids=[0, 1, 2])
+    assert db.participant.held == 0
+    assert [await part(p) for p in (0, 1)] == before  # nothing deleted in the partitions still served
+    res = await db.delete_where("t", **f, pids=[0, 1])  # the partitions it serves: deleted there
+    assert res.count == sum(1 for b in before for r in b.values() if _holds(r, f))
+    after = [await part(p, res.commit_ts) for p in (0, 1)]
+    assert not any(_holds(r, f) for a in after for r in a.values())
+    await db.close()
+
+
 @pytest.mark.parametrize("decided", [True, False])
 async def test_a_crash_between_prepare_and_decision_keeps_the_delete_whole_or_drops_it(decided, monkeypatch):
     """The delete's pieces are durable in every partition's log when the node dies; recovery
