@@ -1,10 +1,11 @@
 """Deletes by predicate on three real nodes with R = 3 (RFC 0016 §6), every segment job and the
-collector turned up, writers adding rows through random nodes, deletes
-by a random threshold on ``v`` sent through random nodes, and a node killed with SIGKILL and restarted every few seconds
-(so deletes lose participants, coordinators and leaders in the middle). Checked from the
-history: each acknowledged delete's count is the rows matching at T − 1 and none matches at
-T; at the end every acknowledged row is there unless a delete that may have committed after it
-matches it, and no row is there that an acknowledged later delete matches."""
+collector turned up, writers adding rows through random nodes, deletes by a random threshold
+on ``v`` and keyed deletes of a few ids sent through random nodes, and a node killed with
+SIGKILL and restarted every few seconds (so deletes lose participants, coordinators and
+leaders in the middle). Checked from the history: each acknowledged delete's count is the rows
+matching at T − 1 and none matches (or of a keyed delete, is there) at T; at the end every
+acknowledged row is there unless a delete that may have committed after it matches it, and no
+row is there that an acknowledged later delete matches."""
 from __future__ import annotations
 
 import random
@@ -29,6 +30,7 @@ class History:
         self.next = 0
         self.rows: dict[int, tuple[float, int | None]] = {}  # id -> (v, commit_ts when acknowledged)
         self.deletes: list[tuple[float, int | None, int | None]] = []  # (threshold, T, count); T None: unknown
+        self.keyed: list[tuple[frozenset[int], int | None]] = []  # keyed deletes: (ids, T); T None: unknown
         self.checked = 0
         self.ok: set[int] = set()  # acknowledged deletes checked at T - 1 and T (a check cut off by a kill is skipped)
 
@@ -62,6 +64,35 @@ def _writer(nodes, h: History, stop: threading.Event, errors: list, seed: int) -
         except (ApiError, ConnectionError, OSError) as e:
             _fails_well(e, errors)
             time.sleep(0.05)
+
+
+def _keyed_deleter(nodes, h: History, stop: threading.Event, errors: list) -> None:
+    """Keyed deletes of a few rows written so far (acknowledged or not), each checked at its T."""
+    rng = random.Random(77)
+    while not stop.is_set():
+        time.sleep(0.3)
+        with h.lock:
+            if h.next < 100:
+                continue
+            ids = frozenset(rng.randrange(h.next) for _ in range(8))
+        try:
+            with _call(nodes, rng) as c:
+                T = c.delete("d", sorted(ids))["commit_ts"]
+        except (ApiError, ConnectionError, OSError) as e:
+            _fails_well(e, errors)
+            with h.lock:
+                h.keyed.append((ids, None))
+            continue
+        with h.lock:
+            h.keyed.append((ids, T))
+        try:
+            with _call(nodes, rng) as c:
+                at = c.get_many("d", sorted(ids), columns=["id"], as_of=T)["rows"]
+        except (ApiError, ConnectionError, OSError) as e:
+            _fails_well(e, errors)
+            continue
+        if any(at):
+            errors.append(f"keyed delete of {sorted(ids)} at {T}: {[r['id'] for r in at if r]} there at T")
 
 
 def _deleter(nodes, h: History, stop: threading.Event, errors: list) -> None:
@@ -104,10 +135,14 @@ def _check_final(node, h: History, acked, unknown) -> int:
     with node.client(timeout=60) as c:
         final = {r["id"] for r in c.query_json("d", columns=["id"], limit=None)["rows"]}
     for i, (v, ts) in h.rows.items():
+        keyed = [T for ids, T in h.keyed if i in ids]  # T None: may have committed
         if ts is not None and i not in final:
-            assert any(v < x and T > ts for x, T, _ in acked) or any(v < x for x in unknown), \
+            assert any(v < x and T > ts for x, T, _ in acked) or any(v < x for x in unknown) or \
+                any(T is None or T > ts for T in keyed), \
                 f"{node.node_id}: acknowledged row {i} (v {v:.2f}, at {ts}) is gone and no delete after it matches it"
         if i in final:
+            gone = [T for T in keyed if T is not None and ts is not None and T > ts]
+            assert not gone, f"{node.node_id}: row {i} (at {ts}) survives later keyed deletes at {gone}"
             later = [(x, T) for x, T, _ in acked if v < x and ts is not None and T > ts]
             assert not later, (f"{node.node_id}: row {i} (v {v:.2f}, at {ts}) survives later deletes {later[:3]} "
                                f"(checked at T: {[T in h.ok for _, T in later[:3]]})")
@@ -132,6 +167,7 @@ def test_deletes_by_predicate_on_three_nodes_with_kills(tmp_path):
         h, stop, errors = History(), threading.Event(), []
         threads = [threading.Thread(target=_writer, args=(nodes, h, stop, errors, s)) for s in range(2)]
         threads.append(threading.Thread(target=_deleter, args=(nodes, h, stop, errors)))
+        threads.append(threading.Thread(target=_keyed_deleter, args=(nodes, h, stop, errors)))
         for t in threads:
             t.start()
         t0 = time.monotonic()
@@ -157,6 +193,7 @@ def test_deletes_by_predicate_on_three_nodes_with_kills(tmp_path):
         print(f"deletes by predicate R=3 with kills: {len(h.rows)} rows sent, "
               f"{sum(1 for r in h.rows.values() if r[1])} acknowledged; {len(acked)} deletes acknowledged "
               f"({sum(n for *_, n in acked)} rows, {h.checked} checked at T - 1 and T), {len(unknown)} unanswered; "
+              f"{sum(1 for _, T in h.keyed if T)} keyed deletes acknowledged; "
               f"{finals} rows at the end on each node")
     finally:
         for n in nodes:
