@@ -23,17 +23,20 @@ PIECE_ROWS = 65_536  # candidates fetched at a time (and keys per piece of a del
 
 
 async def selected_keys(reader: Reader, c: ReadContext, part: Partition, terms: list[Term], box: BBox | None,
-                        piece: int | None = None) -> AsyncIterator[tuple[pa.RecordBatch, np.ndarray]]:
+                        piece: int | None = None, rng: KeyRange[int] | KeyRange[bytes] | None = None
+                        ) -> AsyncIterator[tuple[pa.RecordBatch, np.ndarray]]:
     """The key columns of ``part``'s rows visible at ``c.T`` that match, with their encoded
-    keys, in pieces of about ``piece`` rows (none empty). The caller holds the partition's
-    writer lock or reads a closed T: either way nothing commits at or below T meanwhile."""
+    keys, in pieces of about ``piece`` rows (none empty). ``rng``: the keys a prefix covers —
+    only those are read, through the key index (the terms hold no key outside it). The caller
+    holds the partition's writer lock or reads a closed T: either way nothing commits at or
+    below T meanwhile."""
     schema = c.d.schema
     assert schema is not None  # describe() refuses a dropped table
     piece = piece or PIECE_ROWS
     target = narrowed(schema, [], terms, box)
-    cands, srcs = candidates(part, terms + ([box] if box is not None else []))
-    if cands is None:  # no index applies: the key index's visible entries, a round at a time
-        async for ids in _visible_rounds(part, c.T, 4 * piece):  # fewer, bigger rounds: 24 B an entry
+    cands, srcs = (None, None) if rng is not None else candidates(part, terms + ([box] if box is not None else []))
+    if cands is None:  # no index applies (or a prefix's range): the key index's visible entries, a round at a time
+        async for ids in _visible_rounds(part, c.T, 4 * piece, rng):  # fewer, bigger rounds: 24 B an entry
             keep = await reader.zone_mask(c, ids, terms, box)
             got = await _matching(reader, c, part, ids if keep is None else ids[keep], None, terms, box, target)
             if got is not None:
@@ -49,10 +52,12 @@ async def selected_keys(reader: Reader, c: ReadContext, part: Partition, terms: 
             yield got
 
 
-async def _visible_rounds(part: Partition, T: int, entries: int) -> AsyncIterator[np.ndarray]:
-    """The rowids visible at T (each its key's newest version), in rounds of about ``entries``
-    entries of each index source (``scan_chunk``): memory bounded by a round, not the partition."""
-    rest: KeyRange[int] | KeyRange[bytes] | None = KeyRange()
+async def _visible_rounds(part: Partition, T: int, entries: int,
+                          rng: KeyRange[int] | KeyRange[bytes] | None = None) -> AsyncIterator[np.ndarray]:
+    """The rowids visible at T in ``rng`` (None: every key; each its key's newest version), in
+    rounds of about ``entries`` entries of each index source (``scan_chunk``): memory bounded by
+    a round, not the partition."""
+    rest: KeyRange[int] | KeyRange[bytes] | None = KeyRange() if rng is None else rng
     while rest is not None:
         vis, nxt = await part.index.scan_chunk(rest, T, entries)
         if nxt is not None and not len(vis) and (nxt.lo, nxt.lo_inc) == (rest.lo, rest.lo_inc):

@@ -34,6 +34,8 @@ from rowstore.reads.retention import kept_terms
 from rowstore.schema import SchemaVersion
 from rowstore.segments.active import ActiveSegment
 from rowstore.tables.definitions import TableDef
+from rowstore.tables.key_check import check_prefix
+from rowstore.tables.keys import KeyRange, key_range
 
 ENCODE_IN_THREAD = 4096  # deletions of a piece encoded in a worker thread beyond this
 
@@ -55,6 +57,12 @@ class Selection:
         if not f.terms and f.box is None:
             raise QueryError("a delete by predicate needs at least one term (an empty where would delete every row)")
         return cls(f.terms, f.box, prefix)
+
+    def key_range(self, schema: SchemaVersion) -> KeyRange[int] | KeyRange[bytes] | None:
+        """The encoded keys a ``prefix`` covers (None without one): the only keys read."""
+        if self.prefix is None:
+            return None
+        return key_range(schema.pk, check_prefix(self.prefix, schema.pk, "prefix", text=True))
 
     def partitions(self, schema: SchemaVersion, nparts: int, owned: set[int]) -> list[int]:
         """The partitions it can match among ``owned`` (a prefix covering the partition key: one)."""
@@ -85,7 +93,7 @@ async def prepare_found(reader: Reader, tail: CommitTail, d: TableDef, table: Ta
     n = 0
     for i, (part, seg) in enumerate(zip(parts, segs)):
         await _leased(reader, d, part, ts)
-        async for kb, keys in selected_keys(reader, c, part, terms, sel.box):
+        async for kb, keys in selected_keys(reader, c, part, terms, sel.box, rng=sel.key_range(schema)):
             if aborted():
                 raise UnavailableError(f"transaction {txn_key(txn)} was aborted here while it was being prepared; "
                                        "retry")

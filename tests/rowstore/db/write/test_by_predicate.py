@@ -123,6 +123,32 @@ async def test_a_delete_with_no_term_or_a_bad_term_is_refused_and_changes_nothin
     await db.close()
 
 
+async def test_a_prefix_delete_reads_only_the_prefixs_keys(monkeypatch):
+    """A ``prefix`` names a key range: the participant reads the key index in that range alone
+    (a sensor's readings, not the partition's), whatever the other terms, and deletes the same
+    rows as the terms would."""
+    w = TablesWorld(partitions=2)
+    db = await w.start()
+    await db.create_table("t", SCHEMA)
+    model = Model()
+    await _write(db, model, random.Random(13), 80)
+    fetched: list[int] = []
+    real = selection.fetch
+
+    async def counting(store, ids, *a, **k):
+        fetched.append(len(ids))
+        return await real(store, ids, *a, **k)
+    monkeypatch.setattr(selection, "fetch", counting)
+    now = await _table(db, None)
+    target = next(i for i in sorted(now))
+    for f in ({"prefix": [target]}, {"prefix": [target], "where": [["v", ">", -1e9]]}):
+        fetched.clear()
+        await _delete(db, model, f)
+        assert sum(fetched) <= 1, fetched  # one key's visible version, not the partition's rows
+    assert target not in await _table(db, None) and len(now) > 10
+    await db.close()
+
+
 async def test_a_delete_routed_here_is_refused_when_a_partition_is_no_longer_served_here():
     """A cluster node routes a delete here for the partitions it leads; one it stopped leading
     since is refused (503), not skipped: the delete changes nothing and is not acknowledged
