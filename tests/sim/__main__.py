@@ -130,7 +130,9 @@ def run_seed(seed: int, seconds: float, show_trace: bool, faults: Faults, parts:
              "trace": trace_hash(w.trace)}
     if not ok:
         print(f"seed {seed}: VIOLATION {why}")
+    if not ok or show_trace:  # ``--trace``: the whole trace, of a clean seed too
         print("\n".join(w.trace[-60:] if not show_trace else w.trace))
+    if not ok:
         print(f"replay: PYTHONHASHSEED=0 python -m tests.sim --seeds {seed} --seconds {seconds} --parts {parts} "
               f"--crash {faults.crash} --slow {faults.slow} --slow-node {faults.slow_node} --pause {faults.pause} "
               f"--clock-jump {faults.clock_jump} --catalog-stall {faults.catalog_stall} "
@@ -152,7 +154,7 @@ def main(argv=None) -> int:
     ap.add_argument("--revert", action="append", default=[], help="put a fixed bug back (s1, s2, s2-early)")
     ap.add_argument("--mutate", action="append", default=[], choices=MUTATIONS,
                     help="turn a deliberate bug on (terrafs/failpoints.py): the checks must find it")
-    ap.add_argument("--trace", action="store_true", help="print the whole trace of a failing seed")
+    ap.add_argument("--trace", action="store_true", help="print the whole trace of each seed (a clean one too)")
     ap.add_argument("--crash", type=float, default=Faults.crash, help="kills per virtual second")
     ap.add_argument("--slow", type=float, default=Faults.slow, help="slow links per virtual second")
     ap.add_argument("--slow-node", type=float, default=Faults.slow_node, help="slow nodes per virtual second")

@@ -167,6 +167,17 @@ def test_the_history_checks_find_each_mutation(mutation, seed, world, found):
     assert sim("--seeds", str(seed), *world).returncode == 0
 
 
+@pytest.mark.slow
+def test_a_schedule_that_left_no_moment_to_read_is_topped_up_after_healing():
+    """Seed 40226 of ``--pause 1 --clock-jump 0.5`` pauses or kills the nodes by turns for the
+    whole run: 6 reads of the present answered in 30 s, which the not-vacuous check failed. Now
+    reads after healing, each retried until answered, top the run up to ``MIN_READS`` (a change
+    that fails every read still fails the run: those reads are never answered)."""
+    out = sim("--seeds", "40226", "--pause", "1", "--clock-jump", "0.5", "--trace")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "reads_topped_up" in out.stdout, out.stdout[-3000:]
+
+
 def _hashes(out: subprocess.CompletedProcess) -> dict[str, str]:
     return {line.split()[1]: line.split()[3] for line in out.stdout.splitlines() if line.startswith("seed ")
             and " trace " in line}

@@ -47,7 +47,7 @@ from terrafs.backends.memory import MemoryObjectStore
 from terrafs.catalog_ops import commit
 from terrafs.errors import MirrorError, TerrafsError, TransientStorageError
 from tests.history.batches import History as ClientHistory, Layout, Region, Write
-from tests.sim.checks import Checks, _held_end, _rows
+from tests.sim.checks import MIN_READS, Checks, _held_end, _rows
 from tests.sim.loop import in_process
 from tests.sim.reads import SimReader
 from tests.sim.nodes import (LEASE_S, PARTS, ROWS, SCHEMA, FAILURE_S, Faults, Net, Node, Place, SimTransport,
@@ -146,6 +146,7 @@ class World(Checks):
         await asyncio.gather(*jobs, return_exceptions=True)
         await self._settle()
         await self._write_healed()
+        await self.reader.read_healed(MIN_READS)
         for _ in range(3):
             await self._settle()
             try:
