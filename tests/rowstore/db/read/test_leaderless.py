@@ -3,10 +3,11 @@
 equal to the key index's answer at every T at or below it; above it, refused."""
 import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 from pyroaring import BitMap
 
 from rowstore.db.background.gc import GcConfig
-from rowstore.db.read.leaderless import read_watermark
+from rowstore.db.read.leaderless import _among, read_watermark
 from rowstore.errors import UnavailableError
 from tests.rowstore.tables_world import SCHEMA, TablesWorld, rows
 
@@ -142,3 +143,11 @@ async def test_an_idle_partitions_watermark_follows_the_closed_timestamp():
     db.maintenance._marked.clear()  # as WATERMARK_EVERY_S later
     await db.offload()
     await same_as_index(db, T1)
+
+
+@given(st.lists(st.integers(0, 60), max_size=40), st.lists(st.integers(0, 60), max_size=40))
+def test_among_is_membership_in_the_sorted_rowids(rid, ids):
+    """The query's per-batch membership test equals ``np.isin`` (which re-sorted the partition's
+    visible rowids for every batch)."""
+    r, i = np.asarray(rid, np.uint64), np.unique(np.asarray(ids, np.uint64))
+    assert (_among(r, i) == np.isin(r, i)).all()
