@@ -13,13 +13,15 @@ from rowstore.reads.picks import at_best, key_order, pick
 from rowstore.reads.sketches import hll_partials, kll_partials
 
 KEY = "_key"  # rows may bring their keys' order (picks.key_order), null where no pick can take the row
+GID = "_gid"  # rows may bring their group numbers (pick_rows's: the same rows, so the same numbering)
 
 
 def special(rows: pa.Table, cols: pa.Table, keys: list[str], ops: list[tuple[str | list[str], str]],
             spec: AggSpec) -> tuple[pa.Table, dict[str, pa.Array | pa.ChunkedArray]]:
     """(Arrow's aggregates, the keys and the sketches and picks) with the groups numbered first:
     Arrow's aggregation then groups by that number, so its rows line up with the sketches'."""
-    gid, groups = group_ids(cols, keys)
+    gid, groups = group_ids(cols, keys) if GID not in rows.column_names else \
+        _groups(cols, keys, rows.column(GID).to_numpy())
     n = groups.num_rows
     got = cols.append_column("_gid", pa.array(gid, pa.int64())).group_by(["_gid"], use_threads=False) \
         .aggregate(ops).sort_by("_gid")
@@ -40,10 +42,11 @@ def special(rows: pa.Table, cols: pa.Table, keys: list[str], ops: list[tuple[str
     return got, out
 
 
-def pick_rows(rows: pa.Table, spec: AggSpec) -> np.ndarray:
-    """Which rows a first/last may take (at their group's least/greatest ``by``): an engine
-    finds the keys of these alone and hands them to :func:`rowstore.reads.aggregates.partial` as
-    ``KEY``."""
+def pick_rows(rows: pa.Table, spec: AggSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Which rows a first/last may take (at their group's least/greatest ``by``), and every
+    row's group number: an engine finds the keys of those rows alone and hands them to
+    :func:`rowstore.reads.aggregates.partial` as ``KEY``, the numbers as ``GID`` (not numbered
+    twice)."""
     cols = pa.table({f"g{j}": key_values(rows, k) for j, k in enumerate(spec.group_by)} or
                     {"_k": pa.nulls(rows.num_rows, pa.int8())})
     gid, groups = group_ids(cols, [f"g{j}" for j in range(len(spec.group_by))])
@@ -52,7 +55,7 @@ def pick_rows(rows: pa.Table, spec: AggSpec) -> np.ndarray:
         if a.fn in PICKS:
             assert a.by is not None  # parse_spec
             out |= at_best(rows.column(cname(a.by)), gid, groups.num_rows, a.fn == "last")
-    return out
+    return out, gid
 
 
 def group_ids(P: pa.Table, keys: list[str]) -> tuple[np.ndarray, pa.Table]:
@@ -67,6 +70,13 @@ def group_ids(P: pa.Table, keys: list[str]) -> tuple[np.ndarray, pa.Table]:
         code, m = _codes(P.column(k))
         gid = code if gid is None else _codes(pa.array(gid * m + code))[0]
     assert gid is not None  # keys is not empty
+    return _groups(P, keys, gid)
+
+
+def _groups(P: pa.Table, keys: list[str], gid: np.ndarray) -> tuple[np.ndarray, pa.Table]:
+    """(``gid``, the groups' keys in that numbering): each group's first row's."""
+    if not keys:
+        return gid, pa.table({"_": pa.nulls(1 if P.num_rows else 0, pa.int8())})
     n = int(gid.max()) + 1 if len(gid) else 0
     first = np.empty(n, np.int64)
     first[gid[::-1]] = np.arange(len(gid) - 1, -1, -1)  # each group's first row: the last write wins

@@ -26,7 +26,7 @@ from rowstore.index.column_structures import ids_of
 from rowstore.index.column_values import gather, gatherable, sources
 from rowstore.index.rowid_kernels import Positions, RowidSet, bin_points
 from rowstore.reads.aggregates import merge, partial
-from rowstore.reads.agg_special import KEY, pick_rows
+from rowstore.reads.agg_special import GID, KEY, pick_rows
 from rowstore.reads.agg_spec import AggSpec, cname, parse_spec
 from rowstore.reads.grids import Grid, cell_counts, cell_edges, parse_grid
 from rowstore.reads.picks import key_order
@@ -92,7 +92,7 @@ class Aggregator:
         rows alone: a key the column index does not hold costs a decode, and a group's last
         value needs one row's (RFC 0016)."""
         assert spec.pk is not None and c.d.schema is not None  # a first/last's; a live table
-        maybe = await asyncio.to_thread(pick_rows, rows, spec)
+        maybe, gid = await asyncio.to_thread(pick_rows, rows, spec)
         pos = np.flatnonzero(maybe)
         ids = rows.column("_rowid").to_numpy()[pos]
         order = np.argsort(ids, kind="stable")  # fetch answers in rowid order
@@ -102,7 +102,7 @@ class Aggregator:
         keys = key_order(spec.pk, [got.column(x.name) for x in spec.pk.columns])
         where = np.full(rows.num_rows, -1, np.int64)
         where[pos[order]] = np.arange(len(pos))
-        return rows.append_column(KEY, keys.take(pa.array(where, mask=where < 0)))
+        return rows.append_column(KEY, keys.take(pa.array(where, mask=where < 0))).append_column(GID, pa.array(gid))
 
     async def histogram(self, name: str, column: str, bbox: dict[str, Any], cells: list[int],
                         where: list[Any] | None = None, as_of: int | None = None, partitions: list[int] | None = None,
