@@ -189,7 +189,7 @@ async def main() -> list[Result]:
     t0 = time.perf_counter()
     for r in REPLICAS:
         with tempfile.TemporaryDirectory(prefix="gc-cluster-", dir=os.environ.get("BENCH_DIR", ".")) as root:
-            results += await asyncio.to_thread(run_cluster, Path(root), r)
+            results += await asyncio.to_thread(run_cluster, Path(root).resolve(), r)  # nodes run in their own dirs
     print_table("Garbage collection on three nodes (RFC 0009, who collects)", results)
     for r in results:
         if r.extra:
