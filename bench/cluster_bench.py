@@ -30,7 +30,8 @@ default ``[cluster]`` timings (heartbeat 500 ms, failure_timeout 2 s, ack_timeou
    it was down (only the suffix it lacks is shipped; the table's unoffloaded log in ``extra``).
 6. **The seeded simulation** (``python -m tests.sim``): seeds of 30 virtual seconds (three
    nodes, two partitions, every fault) per wall second, one process, against the rate
-   ``make test``'s budget needs (60 seeds within two minutes: 0.5/s).
+   ``make test``'s budget needs (60 seeds within two minutes: 0.5/s) — printed, not kept as a
+   row (no peer runs it).
 4. **Catch-up**: kill -9 of a node that does not lead the catalog, write
    ``CLUSTER_BENCH_CATCHUP_BATCHES`` (60) 10k-row batches to an R=3 table (every partition
    has it as a replica), restart it and time until every leader reports its position equal
@@ -176,7 +177,10 @@ async def _syncs(http, urls: list[str], name: str) -> float:
 
 # -- 6. the seeded simulation ------------------------------------------------------------------------
 
-def simulation() -> list[Result]:
+def simulation() -> None:
+    """Printed, not kept: no peer runs this simulation, so it is no comparison row (a
+    constant as its "peer" made a ratio that compared nothing; make test's budget is a test's
+    concern, not a benchmark's)."""
     import re
     import subprocess
     import sys
@@ -187,13 +191,7 @@ def simulation() -> list[Result]:
     m = re.search(r"(\d+) seeds in ([\d.]+) s \(([\d.]+) seeds/s\): (\d+) failed", out.stdout)
     if m is None or out.returncode != 0:
         raise RuntimeError(f"the simulation failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
-    rate = float(m.group(3))
-    print(f"  simulation: {m.group(1)} seeds in {m.group(2)} s ({rate:.2f} seeds/s)", flush=True)
-    # No peer runs this simulation: the row reports the rate (a constant as its "peer" made a
-    # ratio that compared nothing; make test's budget is a test's concern, not a benchmark's).
-    return [Result("seeded simulation: seeds of 30 virtual s per wall second (3 nodes, 2 partitions, every fault, "
-                   "one process)", rate, "none (no peer)", 0.0, "seeds/s",
-                   "report", {"seeds": int(m.group(1)), "seconds": float(m.group(2))})]
+    print(f"  simulation: {m.group(1)} seeds in {m.group(2)} s ({float(m.group(3)):.2f} seeds/s)", flush=True)
 
 
 # -- the run -----------------------------------------------------------------------------------------
@@ -231,7 +229,7 @@ async def main() -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="cluster-bench-", dir=os.environ.get("BENCH_DIR")) as root:
         results = await run(root)
     print("cluster bench: the seeded simulation", flush=True)
-    results += simulation()  # after the nodes are gone: it has the machine to itself
+    simulation()  # after the nodes are gone: it has the machine to itself
     print_table("Cluster: replicated partitions on 3 nodes (RFC 0010 §5)", results)
     print(f"\nJSON: {write_json('cluster', results)}  ({time.perf_counter() - t0:.0f} s)")
     return results
