@@ -209,11 +209,20 @@ class Participant:
         return n
 
     async def _prepare(self, p: _Prepared, txn: int, ts: int) -> int:
-        if ts != p.ts:
-            self.timeline.move(p.ts, ts)
-            p.ts = ts
-            await self.timeline.clock.observe_durably(ts)
-        p.segs = [await part.current() for part in p.parts]
+        try:
+            if ts != p.ts:
+                self.timeline.move(p.ts, ts)
+                p.ts = ts
+                await self.timeline.clock.observe_durably(ts)  # the catalog: may stall, fail, time out
+            p.segs = [await part.current() for part in p.parts]
+        except BaseException:
+            # nothing appended yet. An abort that came meanwhile left the roll-back to this
+            # prepare (and forgot the batch): done here, or its timestamp stays in flight for
+            # ever — no commit on this node acknowledged again (simulation seed 41116, catalog
+            # stalls). Not aborted: the batch stays held, and its abort or expiry rolls it back.
+            if p.aborted:
+                await self._roll_back(p)
+            raise
         await self._unless_aborted(p)  # before BATCH X: an abort meanwhile released nothing yet
         if p.selection is not None:
             return await self._prepare_found(p)

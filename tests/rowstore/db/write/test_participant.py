@@ -236,3 +236,36 @@ async def test_a_share_whose_coordinator_went_silent_is_decided_once_the_catalog
     await asyncio.wait_for(db.upsert("m", rows(range(5), v=3.0)), 5)  # the partition takes writes
     assert await db.get("m", 100) is None and (await db.get("m", 4))["v"] == 3.0
     await db.close()
+
+
+async def test_an_abort_while_the_prepare_waits_for_the_catalog_releases_the_timestamp():
+    """The prepare moves the batch's timestamp up and waits for the clock's mark in the catalog;
+    the coordinator gives up meanwhile and aborts (the abort leaves the roll-back to the
+    prepare); then the catalog fails that wait. The prepare rolls back: its timestamp leaves
+    the in-flight set and the partition's lock is free. Before, nothing did: ``closed`` stayed
+    below that timestamp for ever and no commit on the node was acknowledged again
+    (simulation seed 41116, catalog stalls)."""
+    w = TablesWorld(partitions=1)
+    db = await w.start()
+    d = await db.create_table("m", SCHEMA)
+    await db.upsert("m", rows(range(10)))
+    clock, held, real = db.participant.timeline.clock, asyncio.Event(), db.participant.timeline.clock.observe_durably
+
+    async def stalled(ts):  # the catalog stalls, then the write of the clock's mark fails
+        await held.wait()
+        raise UnavailableError("the catalog did not answer")
+    txn = DECIDED | SPANS_NODES | secrets.randbits(60)
+    r = await db.participant.reserve("m", d.table_id, d.schema.version, rows(range(100, 105)), 0, txn)
+    clock.observe_durably = stalled
+    prep = asyncio.ensure_future(db.participant.prepare(txn, r.ts + 1000))  # another participant's larger ts
+    await asyncio.sleep(0.01)
+    await db.participant.abort(txn)  # the coordinator's timeout
+    held.set()
+    with pytest.raises(UnavailableError):
+        await prep
+    clock.observe_durably = real
+    assert db.participant.timeline.in_flight == 0 and db.participant.held == 0
+    res = await asyncio.wait_for(db.upsert("m", rows(range(20, 25))), 10)  # the lock is free, closed moves on
+    assert await db.get("m", 20) is not None and await db.get("m", 100) is None
+    assert res.commit_ts > r.ts
+    await db.close()
