@@ -64,7 +64,7 @@ def group_ids(P: pa.Table, keys: list[str]) -> tuple[np.ndarray, pa.Table]:
     a value of their own) and the codes combined column by column, renumbered densely after
     each so that they stay below the row count."""
     if not keys:
-        return np.zeros(P.num_rows, np.int64), pa.table({"_": pa.nulls(1 if P.num_rows else 0, pa.int8())})
+        return _groups(P, keys, np.zeros(P.num_rows, np.int64))
     gid: np.ndarray | None = None
     for k in keys:
         code, m = _codes(P.column(k))

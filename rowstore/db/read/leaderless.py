@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from catalog.abc import Catalog, Check, Put
 from rowstore.errors import UnavailableError
+from rowstore.index.rowid_kernels import match_sorted
 from rowstore.reads.plan import SegmentSlice, visible_bitmap
 from rowstore.reads.retention import kept_terms
 from rowstore.reads.predicates import BBox, Term, batch_mask
@@ -188,11 +189,8 @@ async def query_offloaded(store: SegmentStore, d: TableDef, schemas: Callable[[i
 
 
 def _among(rid: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Which of ``rid`` are in ``ids`` (sorted): a binary search of each, without sorting
-    ``ids`` again for every batch as ``np.isin`` does (a partition's objects scan as many
-    small batches)."""
-    if not len(ids):
-        return np.zeros(len(rid), bool)
-    pos = np.minimum(np.searchsorted(ids, rid), len(ids) - 1)
-    hit: np.ndarray = ids[pos] == rid
+    """Which of the sorted ``rid`` (a batch's, in scan order) are in the sorted ``ids``: one
+    galloping pass (``np.isin`` sorted ``ids`` again for every batch, and the objects scan as
+    many small batches)."""
+    hit: np.ndarray = match_sorted(ids, rid) >= 0
     return hit

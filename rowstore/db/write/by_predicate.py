@@ -90,10 +90,10 @@ async def prepare_found(reader: Reader, tail: CommitTail, d: TableDef, table: Ta
     c = ReadContext(T, d, table, await reader.tables.schemas_of(d), tuple(kept_terms(d, T)))
     terms = sel.terms + list(c.kept)  # a row the retention hides is not there to delete
     watching = tail.watching(d.table_id)
-    n = 0
+    n, rng = 0, sel.key_range(schema)
     for i, (part, seg) in enumerate(zip(parts, segs)):
         await _leased(reader, d, part, ts)
-        async for kb, keys in selected_keys(reader, c, part, terms, sel.box, rng=sel.key_range(schema)):
+        async for kb, keys in selected_keys(reader, c, part, terms, sel.box, rng=rng):
             if aborted():
                 raise UnavailableError(f"transaction {txn_key(txn)} was aborted here while it was being prepared; "
                                        "retry")

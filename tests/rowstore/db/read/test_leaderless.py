@@ -149,5 +149,5 @@ async def test_an_idle_partitions_watermark_follows_the_closed_timestamp():
 def test_among_is_membership_in_the_sorted_rowids(rid, ids):
     """The query's per-batch membership test equals ``np.isin`` (which re-sorted the partition's
     visible rowids for every batch)."""
-    r, i = np.asarray(rid, np.uint64), np.unique(np.asarray(ids, np.uint64))
+    r, i = np.sort(np.asarray(rid, np.uint64)), np.unique(np.asarray(ids, np.uint64))
     assert (_among(r, i) == np.isin(r, i)).all()
