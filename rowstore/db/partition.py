@@ -203,7 +203,7 @@ class Partition:
                 rec, _ = await self.store.record(seg.segid)
                 mark = [seg.segid, seg.durable_rows, rec.seq]
             else:  # between segments: the next one starts the replay
-                mark = [0, 0, 1 + max((r.seq for r in await self.segments()), default=0)]
+                mark = [0, 0, await self.store.next_seq(self.table_id, self.pid)]
             if self.index.mem.entries == 0:
                 return False
             token = self.index.begin_checkpoint()

@@ -59,3 +59,10 @@ class SegmentRecord:
 
 _FIELDS = set(SegmentRecord.__dataclass_fields__)
 PENDING_PREFIX = "gc/pending/"  # a copy written by the garbage collector, not yet published
+SEQ_FLOOR_PREFIX = "rs/seqfloor/"  # a partition's highest seq once no segment row holds it
+
+
+def seq_floor_key(table: str, partition: int) -> str:
+    """The row keeping partition ``partition``'s highest segment ``seq`` after the garbage
+    collector retired the segment that held it (docs/format/segment.md §5)."""
+    return f"{SEQ_FLOOR_PREFIX}{table}/{partition:03d}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -34,6 +35,7 @@ from rowstore.segments.records import PENDING_PREFIX as PENDING_PREFIX  # re-exp
 from rowstore.segments.records import SEG_PREFIX as SEG_PREFIX
 from rowstore.segments.records import SegmentRecord as SegmentRecord
 from rowstore.segments.records import SegState as SegState
+from rowstore.segments.records import seq_floor_key
 from rowstore.segments.sealed import ClusterRange, sealed_bytes
 from rowstore.segments.store_gc import CopyForward
 from rowstore.segments.store_reads import SegmentReads
@@ -140,6 +142,18 @@ class SegmentStore(Handover, SegmentReads, CopyForward):
         recs = [SegmentRecord.from_bytes(e.value) for e in await self.catalog.scan(SEG_PREFIX)]
         return [r for r in recs if (owner is None or r.owner == owner) and (table is None or r.table == table)]
 
+    async def next_seq(self, table: str, partition: int) -> int:
+        """One above the partition's highest ``seq``: its segment rows', or the one the garbage
+        collector kept when it retired the segment that held it (RFC 0009, "Replay order").
+        The rows are read first: the retire that writes the floor precedes the row's delete."""
+        top = max((r.seq for r in await self.list(table=table) if r.partition == partition), default=0)
+        e = await self.catalog.get(seq_floor_key(table, partition))
+        return 1 + max(top, 0 if e is None else int(json.loads(e.value)["seq"]))
+
+    def seq_floor_op(self, table: str, partition: int, seq: int) -> Put:
+        """The write that keeps ``seq`` as the partition's highest once its segment row goes."""
+        return Put(seq_floor_key(table, partition), json.dumps({"seq": seq}).encode())
+
     async def record(self, segid: int) -> tuple[SegmentRecord, Entry]:
         e = await self.catalog.get(f"{SEG_PREFIX}{segid:08x}")
         if e is None:
@@ -152,7 +166,7 @@ class SegmentStore(Handover, SegmentReads, CopyForward):
         if (table, partition) in self.not_led:
             raise UnavailableError(f"partition {partition} is no longer led by this node; retry")
         if seq is None:
-            seq = 1 + max((r.seq for r in await self.list(table=table) if r.partition == partition), default=0)
+            seq = await self.next_seq(table, partition)
         sh = self.shippers.get((table, partition))
         for _ in range(100):
             guard = await sh.lead_checks() if sh is not None else []  # its epoch still the newest

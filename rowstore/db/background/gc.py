@@ -33,7 +33,7 @@ from rowstore.schema import SchemaVersion
 from rowstore.segments.relocate import ClusterSpec, Copy, VictimRows, mark_live, piece_stream, plan_copy, read_live
 from rowstore.db.read.leaderless import WATERMARK_PREFIX
 from rowstore.replication.epochs import EPOCHS_PREFIX
-from rowstore.segments.records import PENDING_PREFIX, SegmentRecord, SegState
+from rowstore.segments.records import PENDING_PREFIX, SEQ_FLOOR_PREFIX, SegmentRecord, SegState
 from rowstore.segments.store import SegmentStore
 from rowstore.tables.definitions import TableCatalog, TableDef
 from rowstore.db.partition import Partition
@@ -203,14 +203,12 @@ class GarbageCollector:
                     self._idle[(p.table_id, p.pid)] = (state, _next_garbage(merged, counted, H))
                 return
             new, old_ids, new_ids = await self._copy(d, p, victims, marks, H)
-            top = max((r.seq for r in recs), default=0)
-            if not new:  # no copy carries the highest seq on: keep its segment (RFC 0009, replay order)
-                victims = [r for r in victims if r.seq != top]
-            if not victims:
-                return
             failpoint("gc.after_copy")
             t0 = time.perf_counter()
             checks, ops = await self._publish_ops(counted, marks, victims, new)
+            top = await self.store.next_seq(p.table_id, p.pid) - 1
+            if not new and any(r.seq == top for r in victims):  # no copy carries the highest seq on
+                ops.append(self.store.seq_floor_op(p.table_id, p.pid, top))  # (RFC 0009, replay order)
             try:
                 await p.index.publish_relocation(merged, old_ids, new_ids, checks, ops)
             except ConflictError:
@@ -428,7 +426,8 @@ class GarbageCollector:
                 e = await self._drop_run(inode, e, [Put(e.key, left.to_bytes())])
                 m = left
             await commit(fs.catalog, [Check(e.key, e.version)], [Delete(e.key)])
-        for prefix in (WATERMARK_PREFIX, EPOCHS_PREFIX):  # what its partitions had offloaded, their epochs
+        for prefix in (WATERMARK_PREFIX, EPOCHS_PREFIX, SEQ_FLOOR_PREFIX):  # what its partitions had offloaded,
+            # their epochs, their highest seqs
             keys = [e.key for e in await self.store.catalog.scan(f"{prefix}{table_id}/")]
             if keys:
                 await commit(self.store.catalog, [], [Delete(k) for k in keys])

@@ -2,7 +2,8 @@
 turned up and a node killed with SIGKILL and restarted every few seconds while writers add
 readings of ages 0 to 20 s through random nodes: at the end every node answers, at its T,
 exactly the acknowledged rows not older than T's wall time − keep (and no row older, whether
-acknowledged or not); segments that aged whole were retired unread by the collector."""
+acknowledged or not); segments that aged whole were retired unread by the collector, and once
+every row has aged no segment of the table is left."""
 from __future__ import annotations
 
 import random
@@ -80,6 +81,11 @@ def _check(node, w: Written) -> int:
     return len(got)
 
 
+def _segments_left(node) -> list[int]:
+    with node.client(timeout=60) as c:
+        return [s["segid"] for s in c.segments("m")["segments"]]
+
+
 def _dropped(node) -> float:
     """The node's count of segments retired by the retention (0 when it does not answer)."""
     try:
@@ -125,6 +131,9 @@ def test_retention_on_three_nodes_with_kills(tmp_path):
         eventually(lambda: holds(dropped_before_kills + sum(_dropped(n) for n in nodes) > 0,
                                  "a segment dropped by the retention"), 120, 1.0)
         held = [_check(n, w) for n in nodes]
+        # once every row has aged, no segment of the table is left: each partition's last one
+        # goes too (it was kept for ever, for its seq — RFC 0009, "Replay order")
+        eventually(lambda: holds(not _segments_left(nodes[0]), "no segment left"), 120, 1.0)
         assert not errors, errors[:5]
         print(f"retention R=3 with kills: {len(w.ts)} rows sent, {len(w.acked)} acknowledged, "
               f"{held} visible at the end")
