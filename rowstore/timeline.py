@@ -37,6 +37,20 @@ class Timeline:
         heapq.heappush(self._heap, ts)
         return ts
 
+    async def begin_many(self, n: int) -> list[int]:
+        """``n`` new commit timestamps, increasing: all of them in flight, or — when the clock
+        fails midway (its mark not persisted: the catalog) — none. One left behind would hold
+        ``closed`` below it for ever, and no commit here would be acknowledged again."""
+        out: list[int] = []
+        try:
+            for _ in range(n):
+                out.append(await self.begin())
+        except BaseException:
+            for ts in out:
+                self.end(ts)
+            raise
+        return out
+
     def begin_above(self, floor: int) -> int:
         """A timestamp for a batch coordinated by another node (RFC 0010 §3): at least
         ``floor`` (the coordinator's clock), above everything this clock issued and above the

@@ -180,7 +180,7 @@ class Committer(TwoPhaseCommit):
         two-phase group's does), and the list of them is returned."""
         async with part.lock:
             seg = await part.current()
-            tss = [await self.timeline.begin() for _ in (sizes or (0,))]
+            tss = await self.timeline.begin_many(len(sizes or (0,)))
             ts = tss[-1]
             part.enter()
             if sizes is None:

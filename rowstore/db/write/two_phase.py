@@ -181,8 +181,8 @@ class TwoPhaseCommit:
             for part in parts:
                 await locks.enter_async_context(part.lock)
             segs = [await part.current() for part in parts]
-            for m in group:
-                m.ts = await self.timeline.begin()
+            for m, ts in zip(group, await self.timeline.begin_many(len(group))):
+                m.ts = ts
             for part in parts:
                 part.enter()
             try:
