@@ -31,10 +31,19 @@ from rowstore.tables.keys import key_arrays, partition_of_key, partitions_of
 from rowstore.timeline import Timeline
 
 log = logging.getLogger("rowstore.subscribe")
-# After a round with changes the pump waits this long before the next: a first change after a
-# quiet spell goes out at once, a stream of commits in rounds of several (each subscriber's
-# frames, and a closed frame, per round rather than per commit).
-ROUND_GAP_S = 0.005
+# After a round with changes the pump waits before the next: a first change after a quiet
+# spell goes out at once, a stream of commits in rounds of several (each subscriber's frames,
+# and a closed frame, per round rather than per commit). At least ROUND_GAP_S, and longer with
+# many subscribers: a round costs each of them its frames (a socket write each, on the node's
+# one event loop), so a table's rounds times its subscribers stay under ROUND_SENDS_PER_S — with
+# 100 subscribers a round every 50 ms, with 10 or fewer every 5 ms (RFC 0015 §6, "Measured").
+ROUND_GAP_S = 0.001
+ROUND_SENDS_PER_S = 2000
+
+
+def round_gap(subscribers: int) -> float:
+    """The pause after a round with changes, for a table with ``subscribers``."""
+    return max(ROUND_GAP_S, subscribers / ROUND_SENDS_PER_S)
 DECODE_IN_THREAD = 4096  # rows of a round decoded in a worker thread beyond this
 CATCH_UP_ROWS = 4096  # changes per catch-up item (each waits for room in the subscriber's buffer)
 CATCH_UP_WINDOW = 65_536  # changes a catch-up reads from the segments at a time (about: by their estimates)
@@ -314,7 +323,7 @@ class Subscriptions:
                     s.progress_at = now
             base = C
             if got:  # under a stream of commits, rounds (and every subscriber's frames) come at most this often
-                await asyncio.sleep(ROUND_GAP_S)
+                await asyncio.sleep(round_gap(len(subs)))
 
     async def _round(self, tid: str, name: str, subs: list[Subscription], got: list[Committed], base: int,
                      C: int) -> set[Subscription]:
