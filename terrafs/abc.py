@@ -15,6 +15,8 @@ import builtins
 from dataclasses import dataclass
 from typing import AsyncIterable, Callable, Protocol, Sequence, Union
 
+from terrafs.errors import NotFoundError
+
 Buffer = Union[bytes, bytearray, memoryview]
 
 
@@ -153,6 +155,17 @@ class BlockDevice(abc.ABC):
             return await f.pread(0, f.size())
         finally:
             await f.close()
+
+    async def read_files(self, names: builtins.list[str]) -> builtins.list[bytes | None]:
+        """``read_file`` of each name, None for one not found; a device may do them all in one
+        worker-thread hop (the block cache's disk tier: a row's pages in a columnar segment)."""
+        out: builtins.list[bytes | None] = []
+        for name in names:
+            try:
+                out.append(await self.read_file(name))
+            except NotFoundError:
+                out.append(None)
+        return out
 
     async def close(self) -> None:
         """Release resources."""

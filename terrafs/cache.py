@@ -126,6 +126,21 @@ class BlockCache:
         self.stats["disk_hits"] += 1
         return data
 
+    async def get_disk_many(self, keys: list[Key]) -> dict[Key, bytes]:
+        """``get_disk`` of many keys with one device call: {key: stored record} of those held."""
+        held = [k for k in keys if self._disk.get(k) is not None] if self._dev is not None else []
+        if not held:
+            return {}
+        assert self._dev is not None  # held is empty without a device
+        got: dict[Key, bytes] = {}
+        for key, data in zip(held, await self._dev.read_files([self._name(k) for k in held])):
+            if data is None:
+                self._disk.pop(key)
+            else:
+                got[key] = data
+        self.stats["disk_hits"] += len(got)
+        return got
+
     def put_disk(self, key: Key, record: bytes) -> None:
         """Write a stored record to the volatile device in the background: records queue up
         and one task writes them in batches (a full scan of a cold object fetches thousands

@@ -263,27 +263,26 @@ class SealedFile:
             if off < end:
                 need.update(range(bisect_right(self._starts, off) - 1, bisect_right(self._starts, end - 1)))
         have: dict[int, bytes] = {}
-        missing = []
-        for i in sorted(need):
+        for i in need:
             b = self._cache.get_mem((self.key, i))
-            if b is None:
-                rec = await self._cache.get_disk((self.key, i))
-                if rec is not None:
-                    try:
-                        b = self._decode(rec, i)
-                        self._cache.put_mem((self.key, i), b)
-                    except FileCorruptionError:
-                        self._cache.drop((self.key, i))
-            if b is None:
-                missing.append(i)
-            else:
+            if b is not None:
                 have[i] = b
+        on_disk = await self._cache.get_disk_many([(self.key, i) for i in sorted(need) if i not in have])
+        for (_, i), rec in on_disk.items():
+            try:
+                have[i] = self._decode(rec, i)
+                self._cache.put_mem((self.key, i), have[i])
+            except FileCorruptionError:
+                self._cache.drop((self.key, i))
+        missing = [i for i in sorted(need) if i not in have]
         runs = list(_runs(missing))
         ranges = [(int(self._blocks["physical"][lo]), int(self._blocks["physical"][hi]) + int(self._blocks["rec"][hi])
                    - int(self._blocks["physical"][lo])) for lo, hi in runs]
-        for (lo, hi), raw in zip(runs, await self._store.get_ranges(self.key, ranges) if runs else []):
-            for i, b in zip(range(lo, hi + 1), await self._take_run(lo, hi, raw)):
-                have[i] = b
+        if runs:  # every run verified and decoded in one thread hop (a row's pages: one run per column)
+            for (lo, hi), blocks in zip(runs, await self._take_runs(runs, await self._store.get_ranges(self.key,
+                                                                                                   ranges))):
+                for i, b in zip(range(lo, hi + 1), blocks):
+                    have[i] = b
         out = []
         for off, ln in spans:
             end = min(off + ln, self.size)
@@ -304,17 +303,27 @@ class SealedFile:
 
     async def _take_run(self, lo: int, hi: int, raw: bytes) -> list[bytes]:
         """Blocks ``lo..hi`` from the bytes of one ranged read: verified, decoded, cached."""
-        self._cache.stats["misses"] += hi - lo + 1
-        start = int(self._blocks["physical"][lo])
-        stop = int(self._blocks["physical"][hi]) + int(self._blocks["rec"][hi])
-        if len(raw) != stop - start:
-            raise FileCorruptionError(self.where, start, "object shorter than its block map says")
-        out = await asyncio.to_thread(self._decode_many, raw, start, lo, hi)  # zstd and AES-GCM free the GIL
-        for i, b in zip(range(lo, hi + 1), out):
-            a = int(self._blocks["physical"][i]) - start
-            self._cache.put_mem((self.key, i), b)
-            self._cache.put_disk((self.key, i), raw[a : a + int(self._blocks["rec"][i])])
-        return out
+        return (await self._take_runs([(lo, hi)], [raw]))[0]
+
+    async def _take_runs(self, runs: list[tuple[int, int]], raws: list[bytes]) -> list[list[bytes]]:
+        """Each run's blocks from the bytes of its ranged read: verified, decoded (in one thread
+        hop: zstd and AES-GCM free the GIL) and cached."""
+        starts = []
+        for (lo, hi), raw in zip(runs, raws):
+            self._cache.stats["misses"] += hi - lo + 1
+            start = int(self._blocks["physical"][lo])
+            stop = int(self._blocks["physical"][hi]) + int(self._blocks["rec"][hi])
+            if len(raw) != stop - start:
+                raise FileCorruptionError(self.where, start, "object shorter than its block map says")
+            starts.append(start)
+        outs = await asyncio.to_thread(lambda: [self._decode_many(raw, start, lo, hi)
+                                                for (lo, hi), raw, start in zip(runs, raws, starts)])
+        for (lo, hi), raw, start, out in zip(runs, raws, starts, outs):
+            for i, b in zip(range(lo, hi + 1), out):
+                a = int(self._blocks["physical"][i]) - start
+                self._cache.put_mem((self.key, i), b)
+                self._cache.put_disk((self.key, i), raw[a : a + int(self._blocks["rec"][i])])
+        return outs
 
     def _decode(self, rec: Buffer, i: int) -> bytes:
         phys = int(self._blocks["physical"][i])

@@ -86,6 +86,10 @@ class DecodedPages:
             self._d.move_to_end(key)
         return arr
 
+    def clear(self) -> None:
+        self._d.clear()
+        self.used = 0
+
     def put(self, key: tuple[str, int], arr: pa.Array) -> None:
         if key in self._d:
             return

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from terrafs.backends.local import LocalBlockDevice
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.blocks import Codec
 from terrafs.cache import BlockCache
@@ -143,3 +144,41 @@ async def test_empty_and_truncated_objects():
     await s.put("obj", raw[: FOOTER_LEN - 1])
     with pytest.raises(FileCorruptionError, match="too short"):
         await SealedFile.open(s, "obj")
+
+
+@pytest.mark.parametrize("device", ["memory", "local"])
+async def test_read_spans_takes_the_volatile_cache_in_one_batch_and_refetches_damage(device, tmp_path):
+    """A row's pages (several spans) from the volatile device with one ``read_files``: a
+    damaged record is dropped and refetched, one gone from the device (deleted behind the
+    cache's back) is fetched again; every span right either way."""
+    data = sample(100_000)
+    store, size = await build(data, block_size=4096)
+    vol = MemoryBlockDevice(durable=False) if device == "memory" else LocalBlockDevice(str(tmp_path / "vol"),
+                                                                                      durable=False)
+    cache = BlockCache(8192, vol, 1 << 20)
+    await cache.open()
+    faulty = FaultyObjectStore(store)
+    sf = await SealedFile.open(faulty, "obj", object_size=size, cache=cache)
+    spans = [(off, 100) for off in range(0, 100_000, 9000)]
+    assert await sf.read_spans(spans) == [data[o : o + n] for o, n in spans]
+    await cache.drain()
+    cache._mem = type(cache._mem)(cache._mem.capacity)  # memory tier evicted: the device answers
+    gets, calls = faulty.plan.counts["get"], []
+    real = vol.read_files
+
+    async def counted(names):
+        calls.append(len(names))
+        return await real(names)
+    vol.read_files = counted
+    assert await sf.read_spans(spans) == [data[o : o + n] for o, n in spans]
+    assert len(calls) == 1 and calls[0] >= len(spans) and faulty.plan.counts["get"] == gets  # one call, no fetch
+    names = sorted(await vol.list("cache/"))
+    f = await vol.open(names[1])
+    buf = bytearray(await f.pread(0, f.size()))
+    await f.close()
+    buf[40] ^= 0xFF
+    await vol.write_file(names[1], bytes(buf))
+    await vol.delete(names[2])
+    cache._mem = type(cache._mem)(cache._mem.capacity)
+    assert await sf.read_spans(spans) == [data[o : o + n] for o, n in spans]
+    assert cache.stats["disk_bad"] == 1
