@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from rowstore.index.key_manifest import Manifest
-from rowstore.index.key_memtable import MemTable, Run, merge_runs, visible
+from rowstore.index.key_memtable import MemTable, Run, merge_runs, newest_versions, visible
+from rowstore.index.key_picks import picks as pick_runs, runs_best
 from rowstore.index.key_run import IndexRun
 from rowstore.index.key_visible import RunsView, overlay
 from rowstore.rowids import TOMBSTONE
@@ -115,13 +116,7 @@ class KeyReads:
         read (:mod:`rowstore.index.key_visible`); while neither changed, the same array comes
         back (callers key their own caches on it)."""
         mem = tuple(mt.consolidated() for mt in [self.mem, *self._frozen])  # one instant with the runs
-        runs = tuple(r for _, r in self.runs)
-        view = self._view
-        if view is None or not view.serves(runs, as_of):
-            entries = [await r.range(None, None) if r.min_ts <= as_of else None for r in runs]
-            newest = max([r.max_ts for r in runs] + [0])
-            view = await asyncio.to_thread(RunsView.of, runs, [e for e in entries if e is not None], as_of, newest)
-            self._view = view
+        view = await self._runs_view(as_of)
         c = self._visible
         mem_newest = max([int(m.ts.max()) for m in mem if len(m)] + [0])
         if c is not None and c[0] is view and len(c[1]) == len(mem) and all(a is b for a, b in zip(c[1], mem)) \
@@ -133,6 +128,34 @@ class KeyReads:
             ids = overlay(view, list(mem), as_of)
         self._visible = (view, mem, as_of, ids)
         return ids
+
+    async def _runs_view(self, as_of: int) -> RunsView:
+        """The runs' newest entries at ``as_of`` (kept while the runs and the answer stay)."""
+        runs = tuple(r for _, r in self.runs)
+        view = self._view
+        if view is None or not view.serves(runs, as_of):
+            entries = [await r.range(None, None) if r.min_ts <= as_of else None for r in runs]
+            newest = max([r.max_ts for r in runs] + [0])
+            view = await asyncio.to_thread(RunsView.of, runs, [e for e in entries if e is not None], as_of, newest)
+            self._view = view
+        return view
+
+    async def picks(self, as_of: int, components: int, last: bool) -> Run:
+        """Each key prefix's (its first ``components``) greatest (``last``) or least key visible at ``as_of``
+        with its ts and rowid, sorted by key (:mod:`rowstore.index.key_picks`)."""
+        mem = [mt.consolidated() for mt in [self.mem, *self._frozen]]  # one instant with the runs
+        view = await self._runs_view(as_of)
+        parts = [r for r in mem if len(r)]
+
+        def work() -> Run:
+            best = view.memo.get(("picks", components, last))
+            if best is None:
+                best = view.memo[("picks", components, last)] = runs_best(view.latest, components, last)
+            m = newest_versions(merge_runs(parts), as_of) if parts else \
+                Run(np.zeros(0, view.latest.keys.dtype), np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+            heads, at = best
+            return pick_runs(view.latest, heads, at, m, components, last)
+        return await asyncio.to_thread(work)
 
     async def scan_chunk(self, rng: KeyRange[int] | KeyRange[bytes], as_of: int,
                          entries: int) -> tuple[Run, KeyRange[int] | KeyRange[bytes] | None]:

@@ -11,7 +11,8 @@ memtables instead of the table.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,7 @@ class RunsView:
     newest: int  # the largest commit timestamp in those runs
     latest: Run  # per key, the newest run entry at or below as_of (tombstones kept)
     live: np.ndarray  # the non-tombstone rowids of ``latest``, sorted
+    memo: dict[object, Any] = field(default_factory=dict, compare=False)  # what readers derived from it
 
     @classmethod
     def of(cls, runs: tuple[IndexRun, ...], entries: list[Run], as_of: int, newest: int) -> RunsView:

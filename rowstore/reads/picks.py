@@ -19,7 +19,11 @@ from rowstore.tables.keys import encode_columns
 def key_order(pk: PrimaryKey, arrays: list[pa.Array | pa.ChunkedArray]) -> pa.Array:
     """The rows' primary keys as an Arrow column whose order is the keys' order."""
     flat = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
-    enc = encode_columns(pk, flat)
+    return encoded_key_column(encode_columns(pk, flat))
+
+
+def encoded_key_column(enc: np.ndarray) -> pa.Array:
+    """The index's encoded keys (``u64`` or ``S``) as an Arrow column in the keys' order."""
     if enc.dtype.kind != "S":
         return pa.array(enc)  # uint64
     # bytes padded with NULs to the batch's widest (Arrow's numpy conversion would cut them at

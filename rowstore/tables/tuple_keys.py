@@ -159,6 +159,58 @@ def _put_end(out: np.ndarray, pos: np.ndarray) -> None:
         pos[i] += 1
 
 
+def prefix_heads(keys: np.ndarray, components: int) -> np.ndarray:
+    """The index of each run of keys sharing their first ``components`` components in sorted
+    encoded ``keys`` (``S``; every key has more components than that)."""
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    if components == 0:
+        return np.zeros(1, np.int64)
+    mat = np.ascontiguousarray(keys).view(np.uint8).reshape(n, keys.dtype.itemsize)
+    return _heads(mat, components, _WIDTH_OF_TAG)
+
+
+_WIDTH_OF_TAG = np.full(256, -1, np.int64)  # a component's value bytes after its tag (-1: escaped, terminated)
+for _k, _t in TAGS.items():
+    if _k in _FIXED:
+        _WIDTH_OF_TAG[_t] = _FIXED[_k][0]
+
+
+@numba.njit(cache=True, nogil=True)
+def _heads(mat: np.ndarray, components: int, widths: np.ndarray) -> np.ndarray:
+    n, w = mat.shape
+    out = np.empty(n, np.int64)
+    h, prev = 0, -1
+    for i in range(n):
+        p = 0
+        for _ in range(components):
+            width = widths[mat[i, p]]
+            p += 1
+            if width >= 0:
+                p += width
+                continue
+            while p < w:  # a string's bytes: 0x00 0xFF is an escaped zero, a lone 0x00 ends it
+                b = mat[i, p]
+                p += 1
+                if b == 0:
+                    if p < w and mat[i, p] == 0xFF:
+                        p += 1
+                    else:
+                        break
+        new = i == 0 or p != prev
+        if not new:
+            for k in range(p):
+                if mat[i, k] != mat[i - 1, k]:
+                    new = True
+                    break
+        if new:
+            out[h] = i
+            h += 1
+        prev = p
+    return out[:h]
+
+
 # -- one key (scalar: point reads, bounds, cursors, errors) ---------------------------------------
 
 def encode_tuple(values: Sequence[object], kinds: Sequence[Kind], end: bool = True) -> bytes:

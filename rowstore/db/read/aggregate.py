@@ -29,7 +29,7 @@ from rowstore.reads.aggregates import merge, partial
 from rowstore.reads.agg_special import GID, KEY, pick_rows
 from rowstore.reads.agg_spec import AggSpec, cname, parse_spec
 from rowstore.reads.grids import Grid, cell_counts, cell_edges, parse_grid
-from rowstore.reads.picks import key_order
+from rowstore.reads.picks import encoded_key_column, key_order
 from rowstore.reads.predicates import BBox, Term, batch_mask, fold_ranges, parse_bbox
 from rowstore.schema import Column
 from rowstore.types import Kind
@@ -64,6 +64,9 @@ class Aggregator:
         spec = parse_spec(c.d.schema, group_by, aggregates, nan)
         terms, box = c.terms(where), parse_bbox(c.d.schema, bbox)
         parts = self._parts(c, partitions)
+        walk = key_walk(spec, terms, box) if KEY_WALK else None
+        if walk is not None:  # first/last by the key's next column: one entry per group from the key index
+            return await self._walked(c, parts, spec, terms, walk)
         keyed = [spec.pk is not None and not all(gatherable(p.columns, x) for x in spec.pk.columns) for p in parts]
         # a keyed partition's keys are decoded for the picks' candidates alone (_with_keys): a key
         # column is read with the rows only when the request uses it otherwise too (a group key,
@@ -86,6 +89,30 @@ class Aggregator:
         rows = [r for r, _ in got]
         out = await asyncio.to_thread(merge, [p for _, p in got], spec) if got else _no_partial(spec)
         return out, c.T, _stats_of(works, [r.num_rows for r in rows])
+
+    async def _walked(self, c: ReadContext, parts: list[Partition], spec: AggSpec, terms: list[Term],
+                      walk: tuple[int, bool]) -> tuple[pa.Table, int, Stats]:
+        """The partial of a first/last per key prefix (:func:`key_walk`): each partition's
+        candidates are its prefixes' best keys from the key index, then their rows' columns as
+        any aggregate reads them — one row per group instead of every row's ``by``."""
+        assert spec.pk is not None  # key_walk: a first/last's
+        components, last = walk
+        picked = [await p.index.picks(c.T, components, last) for p in parts]
+        works = []
+        for part, best in zip(parts, picked):
+            order = np.argsort(best.rowids, kind="stable")  # the rows come in rowid order
+            ids = best.rowids[order]
+            w, st = await self._prepare(c, part, terms, None, spec.columns(), rowids=True, only=ids)
+            works.append((w, st, ids, encoded_key_column(best.keys[order])))
+
+        def run(w: Callable[[], pa.Table], ids: np.ndarray, key: pa.Array) -> tuple[pa.Table, pa.Table]:
+            rows = w()  # the terms (a retention's) may have left some out
+            at = np.searchsorted(ids, rows.column("_rowid").to_numpy())
+            rows = rows.append_column(KEY, key.take(pa.array(at)))
+            return rows, partial(rows, spec)
+        got = await asyncio.gather(*[asyncio.to_thread(run, w, ids, key) for w, _, ids, key in works])
+        out = await asyncio.to_thread(merge, [p for _, p in got], spec) if got else _no_partial(spec)
+        return out, c.T, _stats_of([(w, st) for w, st, _, _ in works], [r.num_rows for r, _ in got])
 
     async def _with_keys(self, c: ReadContext, part: Partition, rows: pa.Table, spec: AggSpec) -> pa.Table:
         """``rows`` with the keys of the rows a first/last may take (``KEY``), decoded for those
@@ -209,13 +236,14 @@ class Aggregator:
         return parts
 
     async def _prepare(self, c: ReadContext, part: Partition, terms: list[Term], box: BBox | None, need: list[Column],
-                       rowids: bool = False) -> tuple[Callable[[], pa.Table], Stats]:
+                       rowids: bool = False, only: np.ndarray | None = None) -> tuple[Callable[[], pa.Table], Stats]:
         """(work, stats): what a worker thread runs to get the filtered visible rows' ``need``
         columns (named by ``cname``; and their ``_rowid`` when ``rowids``), with everything it
-        reads taken here, on the loop, at one instant; and how they are read."""
+        reads taken here, on the loop, at one instant; and how they are read. ``only``: the
+        rows to read instead (sorted rowids, visible at T)."""
         assert c.d.schema is not None  # describe() refuses a dropped table
         with_rowids = rowids
-        ids = await part.index.visible_rowids(c.T)
+        ids = await part.index.visible_rowids(c.T) if only is None else only
         preds = terms + ([box] if box is not None else [])
         cols = {x.id: x for x in [*need, *(t.column for t in terms), *([box.column] if box else [])]}
         indexed = [x for x in cols.values() if gatherable(part.columns, x)]
@@ -336,3 +364,33 @@ def _no_partial(spec: AggSpec) -> pa.Table:
     """The partial of no partition (a node serving none of the asked ones)."""
     empty = pa.table({cname(x): pa.array([], x.type.arrow()) for x in spec.columns()})
     return partial(empty, spec)
+
+
+KEY_WALK = True  # first/last by the key's next column read from the key index (tests turn it off to compare)
+_WALK_BY = {Kind.INT8, Kind.INT16, Kind.INT32, Kind.INT64, Kind.UINT8, Kind.UINT16, Kind.UINT32, Kind.UINT64,
+            Kind.DATE, Kind.TIMESTAMP}
+
+
+def key_walk(spec: AggSpec, terms: list[Term], box: BBox | None) -> tuple[int, bool] | None:
+    """(group key columns, last) when the key index alone finds each group's pick: every
+    aggregate is ``last`` (or every one ``first``) by the key column right after the group
+    keys, the group keys are the key's leading columns, and every term only bounds that
+    column from below for ``last`` (a retention on the reading's time) or above for ``first``
+    — so each group's greatest (least) visible key is its pick, or the group has no row."""
+    pk = spec.pk
+    if pk is None or pk.kind != "tuple" or box is not None or not spec.aggs:
+        return None
+    j = len(spec.group_by)
+    if j >= len(pk.columns) or any(k.bucket is not None or k.column.id != pk.columns[i].id
+                                   for i, k in enumerate(spec.group_by)):
+        return None
+    by = pk.columns[j]
+    fns = {a.fn for a in spec.aggs}
+    if by.type.kind not in _WALK_BY or len(fns) != 1 or not fns <= {"first", "last"} or \
+            any(a.by is None or a.by.id != by.id for a in spec.aggs):
+        return None
+    last = fns == {"last"}
+    if any(t.column.id != by.id or t.op not in ((">=", ">") if last else ("<=", "<")) for t in terms):
+        return None
+    return j, last
+

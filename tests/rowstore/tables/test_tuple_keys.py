@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from rowstore.errors import InvalidKeyError
 from rowstore.tables.keys import partition_of
 from rowstore.tables.tuple_keys import (END, KINDS, MAX_KEY_BYTES, TAGS, decode_tuple, encode_tuple,
-                                        encode_tuple_and_head, encode_tuples, prefix_end)
+                                        encode_tuple_and_head, encode_tuples, prefix_end, prefix_heads)
 from rowstore.types import TS, Kind
 
 # (kinds, values, encoding): part of the format — a change here is a new format version
@@ -172,3 +172,16 @@ def test_a_key_and_its_head_encoded_once_are_the_two_encodings(table, n):
     n = min(n, len(kinds))
     for r in rows:
         assert encode_tuple_and_head(r, kinds, n) == (encode_tuple(r, kinds), encode_tuple(r[:n], kinds[:n]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_tables())
+def test_prefix_heads_start_each_run_of_equal_leading_components(table):
+    kinds, rows = table
+    rows = sorted(set(rows))
+    many = encode_tuples([_arrow([r[i] for r in rows], k) for i, k in enumerate(kinds)], kinds)
+    order = np.argsort(many, kind="stable")
+    keys, ordered = many[order], [rows[i] for i in order]
+    for n in range(len(kinds)):
+        want = [i for i in range(len(ordered)) if i == 0 or ordered[i][:n] != ordered[i - 1][:n]]
+        assert prefix_heads(keys, n).tolist() == want
