@@ -154,8 +154,17 @@ async def run(root: str) -> list[Result]:
         first_s = time.perf_counter() - t1
         keyed, keyed_s = await _timed(db, ["sensor"], LAST, "k")
         assert dict(zip(keyed.column("sensor").to_pylist(), keyed.column("last_v").to_pylist())) == got
-        print(f"  last, table keyed (sensor, ts): ours {keyed_s * 1e3:.1f} ms (the first request, which builds "
-              f"the runs' view: {first_s * 1e3:.0f} ms)", flush=True)
+        # the runs change (a checkpoint of rows of every sensor, rewritten: the same answer): the
+        # next request builds the runs' view again
+        again = pa.concat_tables([rows(s * PER_SENSOR, 1) for s in range(SENSORS)]).drop_columns(["id"])
+        await db.upsert("k", again)
+        await db.checkpoint()
+        t1 = time.perf_counter()
+        await db.aggregate("k", ["sensor"], LAST)
+        publish_s = time.perf_counter() - t1
+        print(f"  last, table keyed (sensor, ts): ours {keyed_s * 1e3:.1f} ms (the process's first request: "
+              f"{first_s * 1e3:.0f} ms; the first after a checkpoint changed every partition's runs: "
+              f"{publish_s * 1e3:.0f} ms)", flush=True)
     finally:
         await db.close()
     # what our side reads: row-format segments on the local block device (sealed at 64 MB, none
@@ -171,9 +180,10 @@ async def run(root: str) -> list[Result]:
         Result(f"last(v by ts) per sensor, {m}", 1 / last_s, "DuckDB arg_max(v, ts), in-memory Arrow", 1 / lm_s,
                "queries/s", "report", {"rows": n}),
         Result(f"last(v by ts) per sensor, {n / 1e6:g}M readings; ours: the table keyed (sensor, ts), each sensor's "
-               f"last key from the key index, its row read (first request, building the runs' view: "
-               f"{first_s * 1e3:.0f} ms)", 1 / keyed_s, "DuckDB arg_max(v, ts), zstd Parquet",
-               1 / lp_s, "queries/s", ">= 1x", {"rows": n, "first_request_s": first_s}),
+               f"last key from the key index, its row read (the first request after a checkpoint, which builds "
+               f"the runs' view again: {publish_s * 1e3:.0f} ms)", 1 / keyed_s, "DuckDB arg_max(v, ts), zstd Parquet",
+               1 / lp_s, "queries/s", ">= 1x",
+               {"rows": n, "first_request_s": first_s, "after_checkpoint_s": publish_s}),
         Result(f"last(v by ts) per sensor, {n / 1e6:g}M readings; ours: the table keyed (sensor, ts)", 1 / keyed_s,
                "DuckDB arg_max(v, ts), in-memory Arrow", 1 / lm_s, "queries/s", "report", {"rows": n}),
     ]

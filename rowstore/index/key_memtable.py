@@ -67,9 +67,47 @@ def merge_runs(runs: list[Run]) -> Run:
                      for a, b in zip(runs[0::2], runs[1::2])]
             runs = pairs + runs[len(pairs) * 2 :]
         return runs[0]
+    if all(r.keys.dtype.kind == "S" for r in runs):  # the same passes, each by searches and copies
+        while len(runs) > 1:
+            pairs = [_merge2_bytes(a, b) for a, b in zip(runs[0::2], runs[1::2])]
+            runs = pairs + runs[len(pairs) * 2 :]
+        return runs[0]
     width = max((r.keys.dtype.itemsize for r in runs), default=1)
     keys = np.concatenate([r.keys.astype(f"S{width}") if r.keys.dtype.kind == "S" else r.keys for r in runs])
     return sort_run(keys, np.concatenate([r.ts for r in runs]), np.concatenate([r.rowids for r in runs]))
+
+
+def _merge2_bytes(a: Run, b: Run) -> Run:
+    """Two (key asc, ts desc) runs of byte keys merged in that order (a's entry first on a
+    tie), as :func:`_merge2` does for integer keys: the smaller run's entries are placed in the
+    larger by binary search (among a key's versions, after those at least as new), then both
+    copied once — a checkpoint's small run over a large one costs a copy, not a sort."""
+    if len(b) > len(a):
+        return _merge2_bytes_into(b, a, a_first=False)
+    return _merge2_bytes_into(a, b, a_first=True)
+
+
+def _merge2_bytes_into(big: Run, small: Run, a_first: bool) -> Run:
+    """``small`` merged into ``big``; on a (key, ts) tie ``big``'s entry first when ``a_first``."""
+    width = max(big.keys.dtype.itemsize, small.keys.dtype.itemsize, 1)
+    bk, sk = big.keys.astype(f"S{width}", copy=False), small.keys.astype(f"S{width}", copy=False)
+    pos = np.searchsorted(bk, sk, "left")
+    hi = np.searchsorted(bk, sk, "right")
+    while True:  # past the big run's versions of the key that go first (newer, or as new and first)
+        at = np.minimum(pos, max(len(bk) - 1, 0))
+        ahead = big.ts[at] >= small.ts if a_first else big.ts[at] > small.ts
+        step = (pos < hi) & ahead
+        if not step.any():
+            break
+        pos = pos + step
+    n = len(big) + len(small)
+    into = pos + np.arange(len(small))
+    rest = np.ones(n, bool)
+    rest[into] = False
+    keys, ts, rowids = np.empty(n, f"S{width}"), np.empty(n, np.uint64), np.empty(n, np.uint64)
+    keys[rest], ts[rest], rowids[rest] = bk, big.ts, big.rowids
+    keys[into], ts[into], rowids[into] = sk, small.ts, small.rowids
+    return Run(keys, ts, rowids)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -91,8 +129,11 @@ def _merge2(ak: np.ndarray, ats: _U64, ar: _U64, bk: np.ndarray, bts: _U64,
 
 def newest_versions(run: Run, as_of: int) -> Run:
     """For each key, its newest entry with ts <= as_of, deletions included."""
-    m = run.ts <= np.uint64(as_of)
-    keys, ts, rowids = run.keys[m], run.ts[m], run.rowids[m]
+    if len(run) and int(run.ts.max()) <= as_of:  # nothing newer than as_of: no copy
+        keys, ts, rowids = run.keys, run.ts, run.rowids
+    else:
+        m = run.ts <= np.uint64(as_of)
+        keys, ts, rowids = run.keys[m], run.ts[m], run.rowids[m]
     first = np.ones(len(keys), bool)
     first[1:] = keys[1:] != keys[:-1]  # sorted ts desc: the first of a key is its newest
     return Run(keys[first], ts[first], rowids[first])

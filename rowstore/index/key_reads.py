@@ -134,9 +134,13 @@ class KeyReads:
         runs = tuple(r for _, r in self.runs)
         view = self._view
         if view is None or not view.serves(runs, as_of):
-            entries = [await r.range(None, None) if r.min_ts <= as_of else None for r in runs]
             newest = max([r.max_ts for r in runs] + [0])
-            view = await asyncio.to_thread(RunsView.of, runs, [e for e in entries if e is not None], as_of, newest)
+            added = view.added(runs, as_of) if view is not None else None
+            read = runs if added is None else added  # after a checkpoint: its new runs alone
+            entries = [await r.range(None, None) if r.min_ts <= as_of else None for r in read]
+            got = [e for e in entries if e is not None]
+            view = await asyncio.to_thread(RunsView.of, runs, got, as_of, newest) if view is None or added is None \
+                else await asyncio.to_thread(view.with_runs, runs, got, as_of, newest)
             self._view = view
         return view
 

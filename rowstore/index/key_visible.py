@@ -44,6 +44,28 @@ class RunsView:
         live = np.sort(latest.rowids[latest.rowids != TOMBSTONE])
         return cls(runs, as_of, newest, latest, live)
 
+    def added(self, runs: tuple[IndexRun, ...], as_of: int) -> tuple[IndexRun, ...] | None:
+        """The runs in front of this view's own in ``runs`` when the rest are this view's runs
+        and its answer holds at ``as_of`` (a checkpoint added runs and nothing else changed):
+        :meth:`with_runs` then lays only their entries over it. None otherwise."""
+        k = len(runs) - len(self.runs)
+        if k <= 0 or not all(a is b for a, b in zip(runs[k:], self.runs)):
+            return None
+        if not (as_of == self.as_of or self.newest <= min(as_of, self.as_of)):
+            return None
+        return runs[:k]
+
+    def with_runs(self, runs: tuple[IndexRun, ...], entries: list[Run], as_of: int, newest: int) -> RunsView:
+        """This view with the entries of :meth:`added`'s runs (newest first) laid over it:
+        what :meth:`of` would answer for ``runs`` (the newest entry per key; on a tie of key and
+        timestamp the newer run's, as the full merge orders them). CPU work, in a thread."""
+        parts = [e for e in entries if len(e)] + ([self.latest] if len(self.latest) else [])
+        if not parts:
+            return RunsView.of(runs, [], as_of, newest)
+        latest = newest_versions(merge_runs(parts), as_of)
+        live = overlay(self, [e for e in entries if len(e)], as_of)  # its live rowids, kept sorted: no sort
+        return RunsView(runs, as_of, newest, latest, live)
+
     def serves(self, runs: tuple[IndexRun, ...], as_of: int) -> bool:
         """Whether this view is the runs' answer at ``as_of`` too: the same runs, and no run
         entry between the two timestamps."""

@@ -104,3 +104,28 @@ def test_find_one_equals_vectorized_lookup_for_string_keys(entries, probes, as_o
     want_r, want_t = _lookup(run, encode_keys(pa.array(probes, pa.string()), "string"), as_of)
     got = [find_one(run, encode_one(p, "string"), as_of) for p in probes]
     assert got == list(zip(want_r.tolist(), want_t.tolist()))
+
+
+_KEY = st.binary(min_size=1, max_size=6).filter(lambda b: b[-1] != 0)  # a key never ends in NUL
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(_KEY, st.integers(1, 6)), max_size=40), min_size=2, max_size=5))
+def test_byte_key_runs_merge_as_one_stable_sort_of_them_all(runs_spec):
+    """Merging byte-key runs by searches and copies gives exactly the stable sort of their
+    concatenation in (key asc, ts desc) order — the earlier run's entry first on a tie —
+    whatever their sizes (the smaller goes into the larger) and widths."""
+    from rowstore.index.key_memtable import sort_run
+    runs, next_id = [], 1
+    for spec in runs_spec:
+        entries = sorted(set(spec), key=lambda e: (e[0], -e[1]))
+        keys = np.array([k for k, _ in entries], dtype=f"S{max([len(k) for k, _ in entries] + [1])}")
+        ts = np.array([t for _, t in entries], np.uint64)
+        runs.append(Run(keys, ts, np.arange(next_id, next_id + len(entries), dtype=np.uint64)))
+        next_id += len(entries)
+    got = merge_runs(runs)
+    width = max(r.keys.dtype.itemsize for r in runs)
+    want = sort_run(np.concatenate([r.keys.astype(f"S{width}") for r in runs]),
+                    np.concatenate([r.ts for r in runs]), np.concatenate([r.rowids for r in runs]))
+    assert got.keys.tolist() == want.keys.tolist() and got.ts.tolist() == want.ts.tolist()
+    assert got.rowids.tolist() == want.rowids.tolist()
