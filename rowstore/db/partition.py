@@ -204,8 +204,8 @@ class Partition:
                 mark = [seg.segid, seg.durable_rows, rec.seq]
             else:  # between segments: the next one starts the replay
                 mark = [0, 0, await self.store.next_seq(self.table_id, self.pid)]
-            if self.index.mem.entries == 0:
-                return False
+            if self.index.mem.entries == 0:  # every entry in runs: the mark alone may move on
+                return await self.index.advance_mark(mark)
             token = self.index.begin_checkpoint()
         return await self.index.finish_checkpoint(token, mark)
 

@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from catalog.abc import Check, Op
+from catalog.abc import Check, Op, Put
 from rowstore.index.column_index import MemPiece, PartitionColumns
 from rowstore.index.key_manifest import Manifest
 from rowstore.index.key_memtable import MemTable, Run, merge_runs
 from rowstore.index.key_purge import dropped_rowids, purge
 from rowstore.index.key_run import IndexRun
+from rowstore.errors import ConflictError
 from rowstore.rowids import TOMBSTONE
+from terrafs.catalog_ops import commit
 from terrafs.fs import TerrascaleFS
 from terrafs.records import FileRecord
 
@@ -44,6 +46,7 @@ class KeyMerges:
     manifest: Manifest
     publish_lock: asyncio.Lock
     moved: bool
+    _version: int  # the manifest row's catalog version
     on_purged: Callable[[np.ndarray], Awaitable[None]] | None
 
     if TYPE_CHECKING:  # the index's methods used here
@@ -103,6 +106,23 @@ class KeyMerges:
             self._frozen.remove(frozen)
         log.info("event=index_checkpoint manifest=%s entries=%d", self.key, frozen.entries)
         return True
+
+    async def advance_mark(self, mark: Sequence[int]) -> bool:
+        """With empty memtables and no checkpoint in flight — every entry already in runs — move
+        the replay mark to ``mark`` when it is ahead: the manifest row alone rewritten. Without
+        it a partition whose writes stopped right after a checkpoint kept its mark inside its
+        last segment, which the garbage collector then never takes (it takes only segments
+        below the mark). Whether it moved."""
+        async with self.publish_lock:
+            old = list(self.manifest.mark) + [0] * (3 - len(self.manifest.mark))
+            if self.moved or self._frozen or self.mem.entries or (mark[2], mark[1]) <= (old[2], old[1]):
+                return False
+            new = replace(self.manifest, mark=list(mark))
+            res = await commit(self.fs.catalog, [Check(self.key, self._version)], [Put(self.key, new.to_bytes())])
+            if not res.committed:
+                raise ConflictError(f"{self.key} changed under this partition's writer")
+            self.manifest, self._version = new, res.revision
+            return True
 
     async def maybe_merge(self, horizon: int) -> bool:
         """Leveled policy: more than L0_LIMIT L0 runs -> merge into L1; L1 too big -> into L2."""

@@ -239,3 +239,29 @@ async def test_a_partitions_last_segment_aged_whole_is_retired_and_replay_stays_
     db = await w.start()
     q, _ = await db.query("r", limit=None)
     assert set(q.column("id").to_pylist()) == set(range(N, 3 * N))
+
+
+async def test_a_segment_checkpointed_before_it_was_sealed_ages_out_too():
+    """Writes stop right after a checkpoint: the replay mark stays inside the last segment
+    (nothing new to checkpoint), and the collector takes only segments below the mark — so
+    that segment, aged whole, was kept for ever (the three-node retention test found it). A
+    checkpoint with empty memtables now moves the mark alone; a restart replays the rest."""
+    w = TablesWorld(1, seal_bytes=1 << 20, retention_ms=0, gc=GcConfig(min_garbage=0.5, grace_s=0.0))
+    db = await w.start()
+    await db.create_table("r", SCHEMA, retention={"column": "ts", "keep": "500s"})
+    await db.upsert("r", _rows(w.clock.now_ms() + N * 1000, range(N)))  # ages 0 to 200 s
+    await db.checkpoint()  # the mark: inside the current segment
+    await db.seal()
+    await db.offload()
+    (seg,) = [r for r in await db.store.list() if r.state.name == "OFFLOADED"]
+    w.clock.advance(1_000 + db.cfg.purge_lag_ms / 1000)  # every row aged
+    out = await db.collect_garbage()
+    assert out["retired"] == [seg.segid] and db.gc.totals["retention_segments_dropped"] == 1
+    q, _ = await db.query("r", limit=None)
+    assert q.num_rows == 0
+    fresh = _rows(w.clock.now_ms() + N * 1000, range(N, 2 * N))
+    await db.upsert("r", fresh)
+    w.crash()
+    db = await w.start()
+    q, _ = await db.query("r", limit=None)
+    assert set(q.column("id").to_pylist()) == set(range(N, 2 * N))
