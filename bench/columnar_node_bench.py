@@ -35,7 +35,7 @@ from bench.common import Result, print_table, write_json
 from bench.segment_formats_bench import SAMPLE_SCHEMA_TEXT, sample
 from catalog.memory import MemoryCatalog
 from rowstore.db.database import Database, TablesConfig
-from rowstore.segments.columnar import DECODED
+from rowstore.segments.decoded_pages import DECODED
 from rowstore.segments.store import SegState
 from terrafs.backends.local import LocalBlockDevice, LocalObjectStore
 from terrafs.fs import FsConfig, TerrascaleFS

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from bisect import bisect_right
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +35,7 @@ from rowstore.segments.columnar_layout import (
     unpack_trailer,
 )
 from rowstore.segments.columnar_stats import check_stats
+from rowstore.segments.decoded_pages import DECODED as DECODED, DecodedPages as DecodedPages  # re-exported
 from rowstore.segments.sealed import (
     ClusterRange,
     SealedSegment,
@@ -70,37 +71,6 @@ class ColumnarFooter:
     def max_key_len(self) -> int:
         return len(self.max_key)
 
-
-
-class DecodedPages:
-    """Decoded pages of point reads, least recently used first out, bounded in bytes: a hot
-    row's pages are decoded once, not at every read (scans never enter it)."""
-
-    def __init__(self, capacity: int):
-        self.capacity, self.used = capacity, 0
-        self._d: OrderedDict[tuple[str, int], pa.Array] = OrderedDict()
-
-    def get(self, key: tuple[str, int]) -> pa.Array | None:
-        arr = self._d.get(key)
-        if arr is not None:
-            self._d.move_to_end(key)
-        return arr
-
-    def clear(self) -> None:
-        self._d.clear()
-        self.used = 0
-
-    def put(self, key: tuple[str, int], arr: pa.Array) -> None:
-        if key in self._d:
-            return
-        self._d[key] = arr
-        self.used += arr.nbytes
-        while self.used > self.capacity and self._d:
-            _, old = self._d.popitem(last=False)
-            self.used -= old.nbytes
-
-
-DECODED = DecodedPages(32 << 20)  # a node's decoded pages of columnar segments (object key, page)
 
 
 class ColumnarSegment:
