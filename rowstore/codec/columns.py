@@ -134,6 +134,9 @@ def _width(top: int) -> int:
     return 0 if top == 0 else 1 if top < 1 << 8 else 2 if top < 1 << 16 else 4 if top < 1 << 32 else 8
 
 
+# Values sampled before trying a dictionary (the writer's choice): 1,000 sensors' names repeat
+# in 4,096 rows but hardly in 256.
+_DICT_SAMPLE = 4096
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -183,13 +186,13 @@ def _pack(off: np.ndarray, width: int) -> bytes:
 def _encode_var(arr: pa.Array) -> tuple[int, int, list[bytes]]:
     """Plain (u32 offsets, then the bytes) or a dictionary of the distinct values plus an
     index per row (1, 2 or 4 bytes), whichever is smaller (a dictionary is tried only when
-    the page's first values repeat)."""
+    at least half of the page's first ``_DICT_SAMPLE`` values repeat one another)."""
     if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type):
         raise ColumnCorruptionError("column page", None, "values over 2 GiB in one page")
     n = len(arr)
     offs, data = _var_parts(arr)
     plain = 4 * (n + 1) + len(data)
-    if n and pc.count_distinct(arr.slice(0, 256)).as_py() * 2 <= min(n, 256):  # values repeat: try a dictionary
+    if n and pc.count_distinct(arr.slice(0, _DICT_SAMPLE)).as_py() * 2 <= min(n, _DICT_SAMPLE):  # try a dictionary
         enc = pc.dictionary_encode(arr.cast(pa.binary()) if arr.null_count == 0 else
                                    pc.fill_null(arr.cast(pa.binary()), b""))
         dic = enc.dictionary

@@ -8,13 +8,12 @@ from itertools import accumulate
 from bisect import bisect_right
 from typing import Any, AsyncIterator, cast
 
-import numba
 import numpy as np
-import numpy.typing as npt
 
 from catalog.checksum import crc32c
 from rowstore.errors import RowCorruptionError
 from rowstore.index.key_memtable import Run, find_one, merge_runs
+from rowstore.index.key_pages import _fixed_width as _fixed_width, _parse_page, parse_pages  # _fixed_width: tests
 from rowstore.tables.keys import KeyRange, key_scalar
 from terrafs.sealed import SealedFile
 
@@ -260,8 +259,7 @@ class IndexRun:
         """Parse every page into one run: lookups of many keys then search it directly instead
         of concatenating the pages they need each time (only for runs within the parsed-page
         budget, so memory stays bounded by configuration)."""
-        whole = _concat(await self.pages(list(range(len(self._offs)))))
-        self._whole = whole
+        self._whole = await self._scan_all()
         self._pages.clear()
 
     async def range(self, lo: np.generic | None = None, hi: np.generic | None = None) -> Run:
@@ -316,10 +314,9 @@ class IndexRun:
         raw = await self.sf.read(start, self._fence_off - start)
         ends = [*self._offs[1:], self._fence_off]
 
-        def parse() -> Run:
-            return _concat([_parse_page(raw[a - start : b - start], self.kind, n, self.where, a)
-                            for a, b, n in zip(self._offs, ends, self._counts)])
-        return await asyncio.to_thread(parse)
+        offs = np.array(self._offs, np.int64) - start
+        return await asyncio.to_thread(parse_pages, raw, offs, np.array(ends, np.int64) - start,
+                                       np.array(self._counts, np.int64), self.kind, self.where, start)
 
     async def all(self) -> Run:
         """Every entry (merges, checks)."""
@@ -372,60 +369,3 @@ def _parse_fence(fence: bytes, kind: str, where: str, at: int) -> _Fence:
     if any(b < a for a, b in zip(firsts, firsts[1:])) or any(b <= a for a, b in zip(offs, offs[1:])):
         raise RowCorruptionError(where, at, "fence is not sorted")
     return offs, counts, firsts
-
-
-def _fixed_width(raw: bytes, pos: int, ends: npt.NDArray[np.int64], where: str, at: int) -> npt.NDArray[Any]:
-    """Variable-length keys (their end offsets after ``pos``) as one ``S{longest}`` array,
-    copied by one kernel (a page's entries are not sliced one by one)."""
-    if not len(ends):
-        return np.zeros(0, "S1")
-    w = int(ends[0])
-    if w and int(ends[-1]) == w * len(ends) and pos + w * len(ends) <= len(raw) and \
-            bool((np.diff(ends) == w).all()):  # keys of one length (a sensor name, a timestamp): no copy loop
-        return np.frombuffer(raw, f"S{w}", len(ends), pos).copy()
-    buf = np.frombuffer(raw, np.uint8)
-    out = _scatter(buf, pos, ends)
-    if out is None:
-        raise RowCorruptionError(where, at, "malformed index page: key offsets out of order or past the page")
-    return out.view(f"S{out.shape[1]}").ravel()
-
-
-@numba.njit(cache=True, nogil=True)
-def _scatter(buf: npt.NDArray[np.uint8], pos: int, ends: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8] | None:
-    width, start = 1, 0
-    for e in ends:
-        if e < start or pos + e > buf.shape[0]:
-            return None
-        width = max(width, e - start)
-        start = e
-    out = np.zeros((ends.shape[0], width), np.uint8)
-    start = 0
-    for i in range(ends.shape[0]):
-        for j in range(ends[i] - start):
-            out[i, j] = buf[pos + start + j]
-        start = ends[i]
-    return out
-
-
-def _parse_page(raw: bytes, kind: str, count: int, where: str, at: int) -> Run:
-    try:
-        (n,) = struct.unpack_from("<I", raw, 0)
-        if n != count:
-            raise RowCorruptionError(where, at, f"page holds {n} entries; the fence says {count}")
-        pos = 4
-        if kind == "int64":
-            keys = np.frombuffer(raw, "<u8", n, pos).astype(np.uint64)
-            pos += 8 * n
-        elif kind == "uuid":
-            keys = np.frombuffer(raw, "S16", n, pos).copy()
-            pos += 16 * n
-        else:
-            ends = np.frombuffer(raw, "<u4", n, pos).astype(np.int64)
-            pos += 4 * n
-            keys = _fixed_width(raw, pos, ends, where, at)
-            pos += int(ends[-1]) if n else 0
-        ts = np.frombuffer(raw, "<u8", n, pos).astype(np.uint64)
-        rowids = np.frombuffer(raw, "<u8", n, pos + 8 * n).astype(np.uint64)
-    except (struct.error, ValueError) as e:
-        raise RowCorruptionError(where, at, f"malformed index page: {e}") from e
-    return Run(keys, ts, rowids)

@@ -36,7 +36,9 @@ async def fetch(store: SegmentStore, rowids: np.ndarray, schemas: Callable[[int]
     """Rows for ``rowids`` (any order, no duplicates) decoded into ``target``, in rowid order.
     A rowid no segment has is corruption (DanglingRowidError, naming ``where``: the table and
     partition the rowids came from), never an IndexError or a bare "no segment"."""
-    rowids = np.sort(np.asarray(rowids, np.uint64))
+    rowids = np.asarray(rowids, np.uint64)
+    if len(rowids) > 1 and bool((rowids[1:] <= rowids[:-1]).any()):  # a scan's rowids are often sorted already
+        rowids = np.sort(rowids)
     if len(rowids) == 0:
         return _empty(target)
     segs, locs = split_rowids(rowids)
@@ -85,21 +87,27 @@ async def _segment_rows(store: SegmentStore, segid: int, locs: np.ndarray, schem
 
 async def _from_columnar(seg: ColumnarSegment, locs: np.ndarray, target: SchemaVersion) -> Decoded:
     """Rows of a columnar segment: groups of which a large share is wanted are read whole
-    (their chunks of the target's columns, sequentially), the others page by page."""
+    (their chunks of the target's columns, sequentially, two groups in flight), the others'
+    rows page by page in one read; a group wanted whole is taken as it is decoded."""
     gs = locs // seg.meta.group_rows
-    ids, counts = np.unique(gs, return_counts=True)
-    whole = {int(g) for g, n in zip(ids.tolist(), counts.tolist()) if n * _SCAN_SHARE > seg.group_len(int(g))}
-    if not whole:
+    ids, starts, counts = np.unique(gs, return_index=True, return_counts=True)
+    lens = np.minimum(seg.meta.group_rows, seg.footer.rows - ids * seg.meta.group_rows)
+    whole = counts * _SCAN_SHARE > lens
+    if not whole.any():
         return await seg.take(locs, target)
-    parts = []
-    for g in ids.tolist():
-        sel = locs[gs == g]
-        if g in whole:
-            d = await seg.read_group(g, target)
-            parts.append(take(d, sel - g * seg.meta.group_rows))
-        else:
-            parts.append(await seg.take(sel, target))
-    return concat(parts, target)
+    mask = np.zeros(seg.groups, bool)
+    mask[ids[whole]] = True
+    by_group: dict[int, Decoded] = {}
+    async for g, d in seg.scan_groups(target, mask):
+        i = int(np.searchsorted(ids, g))
+        sel = locs[starts[i] : starts[i] + counts[i]] - g * seg.meta.group_rows
+        by_group[g] = d if len(sel) == d.batch.num_rows else take(d, sel)  # sorted, unique: all of them
+    if not whole.all():
+        rest = ~whole[np.searchsorted(ids, gs)]
+        few, at = await seg.take(locs[rest], target), 0
+        for g, n in zip(ids[~whole].tolist(), counts[~whole].tolist()):
+            by_group[g], at = _slice(few, at, n), at + n
+    return concat([by_group[g] for g in ids.tolist()], target)
 
 
 async def _row_ends(sealed: SealedSegment) -> np.ndarray:

@@ -6,6 +6,7 @@ queries are vectorized, the column index narrowing candidates that are then re-c
 exactly; ordered scans are paged (``scans.py``)."""
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -39,6 +40,7 @@ MAX_LIMIT = 2**63 - 1  # any limit is fine (docs/REFERENCE.md §3)
 # later, and a read that passed the check goes on while merges and GC run. History younger
 # than retention + this is never purged, so such reads find every version they need.
 PURGE_LAG_MS = 5_000
+_FINISH_ON_LOOP = 20_000  # rows a query's merge handles on the event loop; more go to a worker thread
 LAGGING_MS = 300  # how far behind the mutation ``lagging_read`` serves a read of the present
 
 
@@ -186,7 +188,9 @@ class Reader(PointReads, Scans):
             raise UnavailableError(f"table {name!r}: partitions {sorted(set(partitions) - c.table.owned)} "
                                    "are not served by this node")
         target = narrowed(c.d.schema, columns, terms, box)
-        out = [widened(await self._query_part(c, part, terms, box, limit, target), c.d.schema) for part in parts]
+        out = await asyncio.gather(*[self._query_part(c, part, terms, box, limit, target) for part in parts])
+        if sum(p.num_rows for p in out) > _FINISH_ON_LOOP:  # a sort and a gather of many rows: off the loop
+            return await asyncio.to_thread(finish, out, c.d.schema, columns, limit), c.T
         return finish(out, c.d.schema, columns, limit), c.T
 
     async def _query_part(self, c: ReadContext, part: Partition, terms: list[Term], box: BBox | None,
@@ -222,7 +226,7 @@ class Reader(PointReads, Scans):
             chunk = ids[at : at + step] if limit is not None else ids
             at += len(chunk)
             rows = await fetch(self.store, chunk, c.schemas, target, where_of(c, part))  # rowid order
-            got.append(rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box))))
+            got.append(rows.batch.filter(pa.array(batch_mask(rows.batch, terms, box))) if terms or box else rows.batch)
             if limit is not None and sum(x.num_rows for x in got) >= limit:
                 break
             step *= 4
@@ -292,26 +296,31 @@ def narrowed(schema: SchemaVersion, columns: list[str] | None, terms: list[Term]
     return replace(schema, columns=tuple(x for x in schema.columns if x.name in keep))
 
 
-def widened(batch: pa.RecordBatch, schema: SchemaVersion) -> pa.RecordBatch:
-    """``batch`` with every column of ``schema`` (those it lacks: nulls, never returned)."""
-    if batch.num_columns == len(schema.columns):
-        return batch
-    return pa.RecordBatch.from_arrays(
-        [batch.column(x.name) if batch.schema.get_field_index(x.name) >= 0 else pa.nulls(batch.num_rows, x.type.arrow())
-         for x in schema.columns], schema=schema.arrow())
-
-
 def _empty_batch(schema: SchemaVersion) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array([], c.type.arrow()) for c in schema.columns], schema=schema.arrow())
 
 
 def finish(parts: list[pa.RecordBatch], schema: SchemaVersion, columns: list[str] | None,
            limit: int | None) -> pa.Table:
-    """Partitions' rows as one table in key order, cut to ``limit``, with ``columns``."""
-    t = pa.Table.from_batches([p for p in parts if p.num_rows], schema=schema.arrow()) if any(
-        p.num_rows for p in parts) else schema.arrow().empty_table()
+    """Partitions' rows as one table in key order, cut to ``limit``, with ``columns``. Only
+    the columns returned (and the key) are gathered; the order comes from a stable sort of the
+    encoded keys, which merges parts already in key order in linear time."""
+    names = [c.name for c in schema.columns] if columns is None else \
+        [*columns, *(k for k in schema.pk.names if k not in columns)]
+    arrow = schema.arrow()
+    out_schema = pa.schema([arrow.field(x) for x in names])
+    parts = [p for p in parts if p.num_rows]
+    if not parts:
+        return out_schema.empty_table().select(columns if columns is not None else names)
+    t = pa.Table.from_batches([p.select(names) for p in parts], schema=out_schema)
     if t.num_rows > 1:
-        t = t.sort_by([(k, "ascending") for k in schema.pk.names])
+        keys = encode_columns(schema.pk, key_arrays(schema.pk, t))
+        order = np.argsort(keys, kind="stable")
+        if limit is not None:
+            order = order[:limit]
+        own = not len(order) or (int(order[-1]) == len(order) - 1 and not bool((order[1:] < order[:-1]).any()))
+        if not own:  # not the rows' own order (or a prefix of it)
+            t = t.take(pa.array(order))
     if limit is not None:
         t = t.slice(0, limit)
     return t.select(list(columns)) if columns is not None else t
