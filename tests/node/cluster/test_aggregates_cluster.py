@@ -130,3 +130,74 @@ def test_a_dead_nodes_partitions_are_aggregated_from_their_objects(tmp_path):
         for n in nodes:
             if n.proc is not None:
                 n.stop()
+
+
+def _last_per_sensor(rows: pa.Table) -> dict[str, tuple[int, float]]:
+    """The model: per sensor, its newest ts and that row's v."""
+    out: dict[str, tuple[int, float]] = {}
+    for s, ts, v in zip(rows.column("sensor").to_pylist(), rows.column("ts").cast(pa.int64()).to_pylist(),
+                        rows.column("v").to_pylist()):
+        if s not in out or ts > out[s][0]:
+            out[s] = (ts, v)
+    return out
+
+
+def _readings(rng: np.random.Generator, n: int, sensors: int, t0_us: int) -> pa.Table:
+    s = rng.integers(0, sensors, n)
+    ts = t0_us + rng.integers(0, 600, n) * 1_000_000
+    key = {(int(a), int(b)): float(rng.integers(-100, 100)) for a, b in zip(s, ts)}
+    return pa.table({"sensor": [f"s{a:02d}" for a, _ in key], "ts": pa.array([b for _, b in key],
+                                                                          pa.timestamp("us", tz="UTC")),
+                     "v": list(key.values())})
+
+
+def test_last_per_sensor_from_the_key_index_on_three_nodes_with_jobs_and_a_kill(tmp_path):
+    """``last`` by the key's time column per sensor (a (sensor, ts) key, R = 3) is read from
+    each partition's key index — one row per sensor (stats.rows), not every row's ts — while
+    seal, offload, checkpoint, merges and GC run every second, overwrites and deletes of a
+    sensor's newest reading land after a checkpoint, and a partition's leader is killed -9:
+    every answer equals the newest readings of a query at its T on another node."""
+    from tests.node.cluster.test_gc_cluster import JOBS
+
+    nodes = raft_cluster(tmp_path, 3, extra=FAST_CLUSTER + JOBS)
+    rng = np.random.default_rng(5)
+    t0 = 1_767_225_600_000_000
+    aggs = [{"fn": "last", "column": "v", "by": "ts"}, {"fn": "last", "column": "ts", "by": "ts", "as": "at"}]
+
+    def agree(asked, other) -> None:
+        got = asked.aggregate("m", aggs, group_by=["sensor"])
+        want = _last_per_sensor(other.query("m", as_of=got["as_of"], limit=10**9))
+        assert {r["sensor"]: r["last_v"] for r in got["rows"]} == {s: v for s, (_, v) in want.items()}
+        assert got["stats"]["rows"] == len(want)  # one row read per sensor: the key index chose them
+    try:
+        start_all(nodes)
+        clients = [n.client(timeout=60) for n in nodes]
+        clients[0].create_table("m", [("sensor", "string"), ("ts", "timestamp"), ("v", "float64")],
+                                ["sensor", "ts"], partitions=4, replicas=3)
+        eventually(lambda: clients[1].describe("m"))
+        for i in range(6):
+            clients[i % 3].upsert("m", _readings(rng, 800, 40, t0 + i * 100_000_000))
+        for c in clients:
+            c.admin("checkpoint")
+            c.admin("seal")
+        agree(clients[0], clients[1])
+        newest = _last_per_sensor(clients[2].query("m", limit=10**9))
+        gone = sorted(newest)[:5]  # their newest readings deleted: the one before answers
+        clients[1].delete("m", [[s, newest[s][0]] for s in gone])
+        clients[2].upsert("m", pa.table({"sensor": sorted(newest)[5:10], "ts": pa.array(
+            [newest[s][0] for s in sorted(newest)[5:10]], pa.timestamp("us", tz="UTC")), "v": [1000.0] * 5}))
+        agree(clients[1], clients[2])
+        leader = clients[0].describe("m")["placement"][0]["leader"]
+        victim = next(n for n in nodes if n.node_id == leader)
+        victim.kill()
+        alive = [n.client(timeout=60) for n in nodes if n is not victim]
+        eventually(lambda: alive[0].upsert("m", _readings(rng, 400, 40, t0 + 900_000_000)), timeout=60)
+        eventually(lambda: agree(alive[1], alive[0]), timeout=60)
+        victim.start()
+        eventually(lambda: agree(victim.client(timeout=60), alive[1]), timeout=90)
+        for c in clients + alive:
+            c.close()
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.stop()
