@@ -242,7 +242,33 @@ def decode_page(page: bytes | memoryview | np.ndarray, t: ColumnType, where: str
         raise ColumnCorruptionError(where, base + e.offset, e.reason) from None
 
 
+def decode_page_rows(page: bytes | memoryview | np.ndarray, t: ColumnType, rows: np.ndarray,
+                     where: str = "column page", base: int = 0) -> pa.Array:
+    """``decode_page(page, t).take(rows)`` (``rows``: sorted positions in the page) without
+    decoding the other values where the encoding allows it: a point read wants one value of
+    a page of thousands (plain, frame of reference, byte-stream split, bits, strings)."""
+    try:
+        n, valid, streams = _page_parts(page, t)
+        rows = np.asarray(rows, np.int64)
+        if len(rows) and (rows[0] < 0 or rows[-1] >= n):
+            raise PageError(0, f"no row {int(rows[-1])} in a page of {n}")
+        if valid is not None:
+            valid = _bits(np.unpackbits(valid, count=n, bitorder="little")[rows].astype(bool))
+        return _array(t, len(rows), valid, [_stream_rows(*x, n, rows) for x in streams])
+    except PageError as e:
+        raise ColumnCorruptionError(where, base + e.offset, e.reason) from None
+
+
 def _decode_page(page: bytes | memoryview | np.ndarray, t: ColumnType) -> pa.Array:
+    n, valid, streams = _page_parts(page, t)
+    return _array(t, n, None if valid is None else pa.py_buffer(valid.tobytes()),
+                  [_decode_stream(kind, enc, width, body, n, at) for kind, enc, width, body, at in streams])
+
+
+def _page_parts(page: bytes | memoryview | np.ndarray, t: ColumnType,
+                ) -> tuple[int, np.ndarray | None, list[tuple[str, int, int, np.ndarray, int]]]:
+    """(rows, the validity bitmap's bytes or None, each stream's (kind, encoding, width, body,
+    offset in the page)), every length checked against the page."""
     buf = np.frombuffer(page, np.uint8) if not isinstance(page, np.ndarray) else page
     if buf.shape[0] < PAGE_HEAD.size:
         raise PageError(0, "page shorter than its header")
@@ -256,7 +282,7 @@ def _decode_page(page: bytes | memoryview | np.ndarray, t: ColumnType) -> pa.Arr
         nb = (n + 7) // 8
         if at + nb > buf.shape[0]:
             raise PageError(at, "validity bitmap past the end of the page")
-        valid = pa.py_buffer(buf[at : at + nb].tobytes())
+        valid = buf[at : at + nb]
         at += nb
     streams = []
     for kind in kinds:
@@ -266,11 +292,38 @@ def _decode_page(page: bytes | memoryview | np.ndarray, t: ColumnType) -> pa.Arr
         body = buf[at + STREAM_HEAD.size : at + STREAM_HEAD.size + ln]
         if body.shape[0] != ln:
             raise PageError(at, "stream past the end of the page")
-        streams.append(_decode_stream(kind, enc, width, body, n, at))
+        streams.append((kind, enc, width, body, at))
         at += STREAM_HEAD.size + ln
     if at != buf.shape[0]:
         raise PageError(at, f"{buf.shape[0] - at} bytes after the last stream")
-    return _array(t, n, valid, streams)
+    return n, valid, streams
+
+
+def _stream_rows(kind: str, enc: int, width: int, body: np.ndarray, at: int, n: int, rows: np.ndarray) -> object:
+    """The values of ``rows`` of one stream, as :func:`_decode_stream` gives all of them."""
+    if kind == "var":
+        return _decode_var(enc, width, body, n, at, rows)
+    dt = None if kind in ("bits", "b16") else np.dtype(kind)
+    if dt is not None and dt.kind == "f" and enc == BSS and width == dt.itemsize and body.shape[0] == n * width:
+        return np.ascontiguousarray(body.reshape(width, n)[:, rows].T).view(dt).ravel()
+    if dt is not None and dt.kind != "f" and enc == PLAIN and width == dt.itemsize and body.shape[0] == n * width:
+        return body.view(dt)[rows]
+    if dt is not None and dt.kind != "f" and enc == FOR and width in (1, 2, 4, 8) and body.shape[0] == 8 + width * n:
+        return _narrow(body[8:].view(_UINT[width])[rows].astype(np.uint64) + body[:8].view("<u8")[0], dt)
+    got = _decode_stream(kind, enc, width, body, n, at)  # the rest: whole, then the rows
+    if kind == "bits":
+        return np.packbits(np.unpackbits(np.asarray(got), count=n, bitorder="little")[rows], bitorder="little")
+    if kind == "b16":
+        return np.asarray(got).reshape(n, 16)[rows].ravel()
+    return np.asarray(got)[rows]
+
+
+def _var_rows(offs: np.ndarray, data: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 offsets, bytes) of ``rows`` of the values at ``offs`` in ``data``."""
+    starts, lens = offs[rows], offs[rows + 1] - offs[rows]
+    out = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(lens, out=out[1:])
+    return out.astype(np.int32), data[np.repeat(starts - out[:-1], lens) + np.arange(int(out[-1]))]
 
 
 def _decode_stream(kind: str, enc: int, width: int, body: np.ndarray, n: int, at: int) -> object:
@@ -321,14 +374,17 @@ def _narrow(u: np.ndarray, dt: np.dtype) -> np.ndarray:
     return u.view(np.int64).astype(dt) if dt.kind == "i" else u.astype(dt)
 
 
-def _decode_var(enc: int, width: int, body: np.ndarray, n: int, at: int) -> tuple[np.ndarray, np.ndarray]:
-    """(int32 offsets, bytes) of the values."""
+def _decode_var(enc: int, width: int, body: np.ndarray, n: int, at: int,
+                rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 offsets, bytes) of the values (``rows``: of those rows only)."""
     if enc == PLAIN_VAR:
         if body.shape[0] < 4 * (n + 1):
             raise PageError(at, "offsets past the end of the stream")
         offs = body[: 4 * (n + 1)].view("<u4")
         data = body[4 * (n + 1) :]
         _check_offsets(offs, data.shape[0], at)
+        if rows is not None:
+            return _var_rows(offs.astype(np.int64), data, rows)
         return offs.astype(np.int32), data
     if enc == DICT:
         if width not in (1, 2, 4) or body.shape[0] < 4:
@@ -343,6 +399,8 @@ def _decode_var(enc: int, width: int, body: np.ndarray, n: int, at: int) -> tupl
             raise PageError(at, "dictionary indices past the end of the stream")
         _check_offsets(doffs, ddata.shape[0], at)
         idx = body[body.shape[0] - width * n :].view(_UINT[width]).astype(np.int64)
+        if rows is not None:
+            idx, n = idx[rows], len(rows)
         if n and int(idx.max()) >= m:
             raise PageError(at, "a dictionary index past the dictionary")
         lens = (doffs[1:] - doffs[:-1])[idx]

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.checksum import crc32c
-from rowstore.codec.columns import decode_page
+from rowstore.codec.columns import decode_page, decode_page_rows
 from rowstore.codec.rows import Decoded, encode_rows
 from rowstore.errors import ColumnCorruptionError, RowCorruptionError
 from rowstore.schema import Column, SchemaVersion
@@ -71,6 +71,16 @@ class ColumnarFooter:
     def max_key_len(self) -> int:
         return len(self.max_key)
 
+
+
+_WHOLE_PAGE = 8  # a page read for at most 1/8 of its rows decodes those rows alone
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Some rows of a page, decoded without the others (``ColumnarSegment._pages``)."""
+
+    values: pa.Array
 
 
 class ColumnarSegment:
@@ -132,10 +142,12 @@ class ColumnarSegment:
             raise ColumnCorruptionError(self.column_where(ci), e.offset, e.reason) from e
         return decode_page(raw, self.meta.types[ci], self.column_where(ci), off)
 
-    async def _pages(self, need: list[tuple[int, int]]) -> list[pa.Array]:
+    async def _pages(self, need: list[tuple[int, int]],
+                     rows_of: dict[tuple[int, int], np.ndarray]) -> list[pa.Array | _Rows]:
         """Pages (index, column index): decoded ones from ``DECODED``, the others read at once
-        (``SealedFile.read_spans``), decoded and kept there."""
-        got: dict[int, pa.Array] = {}
+        (``SealedFile.read_spans``) — decoded whole and kept there, or, when few of their rows
+        are wanted (``rows_of``: positions in the page), those rows alone (``_Rows``)."""
+        got: dict[int, pa.Array | _Rows] = {}
         for p, _ in need:
             hit = DECODED.get((self.where, p))
             if hit is not None:
@@ -147,6 +159,13 @@ class ColumnarSegment:
         except FileCorruptionError:  # a damaged block: read page by page, so the error names its column
             raws = None
         for i, (p, ci) in enumerate(todo):
+            rows, n = rows_of[(p, ci)], int(self.meta.pages["rows"][p])
+            if raws is not None and len(rows) * _WHOLE_PAGE <= n:
+                if len(raws[i]) >= 4 and int.from_bytes(raws[i][:4], "little") != n:
+                    raise ColumnCorruptionError(self.column_where(ci), spans[i][0], f"page does not hold {n} rows")
+                got[p] = _Rows(decode_page_rows(raws[i], self.meta.types[ci], rows, self.column_where(ci),
+                                                spans[i][0]))
+                continue
             arr = await self._page(p, ci) if raws is None else \
                 decode_page(raws[i], self.meta.types[ci], self.column_where(ci), spans[i][0])
             DECODED.put((self.where, p), arr)
@@ -264,8 +283,10 @@ class ColumnarSegment:
         want = self._wanted(target)
         plan = [(g, ci, *self._pages_for(g, ci, locs[(locs // self.meta.group_rows) == g]))
                 for g in np.unique(locs // self.meta.group_rows).tolist() for ci in want]
-        need = sorted({(p, ci) for _, ci, _, which in plan for p in np.unique(which).tolist() if p >= 0})
-        got = dict(zip(need, await self._pages(need)))
+        rows_of = {(p, ci): sel[which == p] - int(self.meta.pages["first"][p])
+                   for _, ci, sel, which in plan for p in np.unique(which).tolist() if p >= 0}
+        need = sorted(rows_of)
+        got = dict(zip(need, await self._pages(need, rows_of)))
         parts: list[Decoded] = []
         for i in range(0, len(plan), len(want)):
             arrays = {ci: self._pick(ci, sel, which, got) for _, ci, sel, which in plan[i : i + len(want)]}
@@ -286,13 +307,17 @@ class ColumnarSegment:
         firsts = self.meta.pages["first"][a:b].astype(np.int64)
         return locs, np.searchsorted(firsts, locs, "right") - 1 + a
 
-    def _pick(self, ci: int, locs: np.ndarray, which: np.ndarray, pages: dict[tuple[int, int], pa.Array]) -> pa.Array:
-        """The values of ``locs`` from their decoded pages."""
+    def _pick(self, ci: int, locs: np.ndarray, which: np.ndarray,
+              pages: dict[tuple[int, int], pa.Array | _Rows]) -> pa.Array:
+        """The values of ``locs`` from their decoded pages (or the rows decoded of them)."""
         if len(which) and which[0] < 0:
             return pa.nulls(len(locs), self.meta.types[ci].arrow())
         out = []
         for p in np.unique(which).tolist():
             page, rows = pages[(p, ci)], int(self.meta.pages["rows"][p])
+            if isinstance(page, _Rows):  # exactly the rows of locs in this page, in order
+                out.append(page.values)
+                continue
             if len(page) != rows:
                 raise ColumnCorruptionError(self.column_where(ci), int(self.meta.pages["off"][p]),
                                             f"page holds {len(page)} rows, not {rows}")
@@ -395,10 +420,7 @@ class ColumnarSegment:
     async def row(self, localid: int, target: SchemaVersion) -> dict[str, Any]:
         """``row_cached``, reading what it needs."""
         got = self.row_cached(localid, target)
-        if got is None:
-            await self.take(np.array([localid]), target)  # its pages read and decoded at once
-            got = self.row_cached(localid, target)
-        if got is None:  # evicted in between by other reads: decode from the batch
+        if got is None:  # its pages read at once, its values decoded (a page read again is decoded whole)
             got = (await self.take(np.array([localid]), target)).batch.to_pylist()[0]
         return got
 

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rowstore.codec.columns import BITS, BSS, DELTA, DICT, FOR, PLAIN, PLAIN_VAR, decode_page, encode_page
+from rowstore.codec.columns import (BITS, BSS, DELTA, DICT, FOR, PLAIN, PLAIN_VAR, decode_page, decode_page_rows,
+                                   encode_page)
 from rowstore.errors import ColumnCorruptionError
 from rowstore.types import ColumnType
 
@@ -69,6 +70,32 @@ def test_every_type_round_trips_against_arrow(rows, cut):
         arr = arr.slice(min(cut, len(arr)))  # an offset into the buffers
         got = decode_page(encode_page(arr, col.type), col.type)
         assert got.type == arr.type and got.to_pylist() == arr.to_pylist(), col.name
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(_values(SCHEMA), max_size=60), pick=st.lists(st.integers(0, 59), max_size=12),
+       repeat=st.booleans())
+def test_some_rows_of_a_page_equal_the_page_taken(rows, pick, repeat):
+    """``decode_page_rows`` (a point read's one value) equals the whole page decoded and taken,
+    for every column type and encoding (repeated values: dictionaries, frames of reference)."""
+    if repeat:
+        rows = (rows * 8)[:60]
+    batch = pa.Table.from_pylist(rows, schema=SCHEMA.arrow()).combine_chunks()
+    want = np.array(sorted({i for i in pick if i < batch.num_rows}), np.int64)
+    for col in SCHEMA.columns:
+        arr = batch.column(col.name).combine_chunks() if batch.num_rows else pa.array([], col.type.arrow())
+        page = encode_page(arr, col.type)
+        got = decode_page_rows(page, col.type, want)
+        assert got.type == arr.type and got.to_pylist() == decode_page(page, col.type).take(want).to_pylist(), col.name
+
+
+def test_a_row_past_the_page_or_a_damaged_page_is_corruption():
+    raw, t = _page(list(range(100)), "int32")
+    with pytest.raises(ColumnCorruptionError, match="no row 100"):
+        decode_page_rows(raw, t, np.array([3, 100]))
+    with pytest.raises(ColumnCorruptionError):
+        decode_page_rows(raw[:-3], t, np.array([3]))
+    assert decode_page_rows(raw, t, np.array([0, 99])).to_pylist() == [0, 99]
 
 
 def test_nan_and_negative_zero_keep_their_bits():
