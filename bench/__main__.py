@@ -6,12 +6,13 @@ from bench import (aggregate_bench, cluster_bench, columnar_node_bench, console_
                    gc_bench,
                    gc_cluster_bench, keys_bench, leaderless_bench, membership_bench, node_bench, raft_bench,
                    retention_bench, rowcodec_bench, rowstore_bench, rowstore_read_bench, segment_formats_bench,
-                   spark_bench, subscribe_bench, table_bench, terrafs_bench, tsagg_bench)
+                   spark_bench, spark_floor_bench, subscribe_bench, table_bench, terrafs_bench, tsagg_bench)
 
 SUITES = {"terrafs": terrafs_bench.main, "rowcodec": rowcodec_bench.main,
           "rowstore": rowstore_bench.main, "rowstore_read": rowstore_read_bench.main,
           "table": table_bench.main, "raft": raft_bench.main,
           "node": node_bench.main, "node_points": node_bench.main_points, "spark": spark_bench.main,
+          "spark_floor": spark_floor_bench.main,
           "gc": gc_bench.main, "gc_cluster": gc_cluster_bench.main, "cluster": cluster_bench.main,
           "leaderless": leaderless_bench.main, "durability": durability_bench.main,
           "console": console_bench.main, "aggregates": aggregate_bench.main, "keys": keys_bench.main,
