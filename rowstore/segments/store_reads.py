@@ -20,6 +20,7 @@ from rowstore.segments.active import ActiveSegment
 from rowstore.segments.columnar import ColumnarSegment, SealedReader, open_segment
 from rowstore.segments.records import SegmentRecord, SegState
 from rowstore.segments.sealed import ClusterRange
+from rowstore.segments.wal import CommittedBatch
 from terrafs.errors import ClosedError, TerrafsError
 from terrafs.fs import TerrascaleFS
 
@@ -61,8 +62,14 @@ class SegmentReads:
         seg = self.active.get(segid)
         if seg is not None:
             try:
+                group: list[CommittedBatch] = []  # small commits decoded together: one decode per ~_SCAN_ROWS
                 async for b in seg.batches():
-                    yield decode_rows(b.rows, b.starts, schemas, target, seg.where)
+                    group.append(b)
+                    if sum(len(x.starts) for x in group) >= _SCAN_ROWS:
+                        yield _decoded(group, schemas, target, seg.where)
+                        group = []
+                if group:
+                    yield _decoded(group, schemas, target, seg.where)
             except ClosedError as e:  # released meanwhile: its partition moved to another leader
                 raise UnavailableError(f"segment {segid} is no longer open here (its partition moved); "
                                        "retry") from e
@@ -212,3 +219,17 @@ class SegmentReads:
             back[order] = np.arange(len(order))
             return Decoded(d.batch.take(pa.array(back)), d.commit_ts[back], d.deleted[back], d.schema_ver[back])
         return await sealed.get(locs, schemas, target)
+
+
+_SCAN_ROWS = 8192  # rows of an active segment's commits decoded at once by a scan
+
+
+def _decoded(group: list[CommittedBatch], schemas: Callable[[int], SchemaVersion], target: SchemaVersion,
+             where: str) -> Decoded:
+    """Consecutive committed batches' rows decoded in one call (a replay of many small commits
+    pays the decoder's fixed cost once, not per commit)."""
+    if len(group) == 1:
+        return decode_rows(group[0].rows, group[0].starts, schemas, target, where)
+    offs = np.cumsum([0] + [len(b.rows) for b in group[:-1]])
+    return decode_rows(np.concatenate([b.rows for b in group]),
+                       np.concatenate([b.starts + o for b, o in zip(group, offs)]), schemas, target, where)

@@ -2,6 +2,7 @@
 import asyncio
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from catalog.memory import MemoryCatalog
@@ -205,10 +206,12 @@ async def test_a_seal_or_offload_of_a_segment_released_on_its_way_is_unavailable
 
 
 async def test_a_scan_of_a_segment_released_and_closed_midway_is_unavailable(monkeypatch):
+    import rowstore.segments.store_reads
     import terrafs.active
     from rowstore.errors import UnavailableError
 
     monkeypatch.setattr(terrafs.active, "_SCAN_RUN", 1)  # a read per block: the next one finds the file closed
+    monkeypatch.setattr(rowstore.segments.store_reads, "_SCAN_ROWS", 1)  # and a decode per commit
     st = await World().start()
     seg = await st.create("t", 0)
     for i in range(3):
@@ -301,3 +304,32 @@ async def test_a_failure_that_is_not_the_segment_moving_is_raised_not_read_aroun
             await st.row_bytes(int(ids[7]))
         else:
             await fetch(st, ids[[3, 7]], SCHEMAS.__getitem__, S1)
+
+
+async def test_a_scan_of_many_small_commits_decodes_them_together_and_equals_each_decoded():
+    """An active segment's scan decodes runs of small commits in one call (a replay's cost):
+    the rows, commit timestamps, deletions and schema versions equal each commit decoded on
+    its own, across both schema versions and every chunk boundary."""
+    import rowstore.segments.store_reads as store_reads
+    from rowstore.codec.rows import decode_rows
+    from tests.rowstore.segments.test_segments import S2
+
+    st = await World().start()
+    seg = await st.create("t", 0)
+    rng = np.random.default_rng(3)
+    for i in range(60):
+        schema = S1 if i < 35 else S2
+        n = int(rng.integers(1, 40))
+        await seg.append(batch(i * 100, i * 100 + n, schema), schema, 10 + i, deleted=rng.random(n) < 0.2)
+    want = [decode_rows(b.rows, b.starts, SCHEMAS.__getitem__, S2, seg.where) async for b in seg.batches()]
+    for chunk in (1, 50, 8192):
+        store_reads._SCAN_ROWS = chunk
+        try:
+            got = [d async for d in st.scan(seg.segid, S2)]
+        finally:
+            store_reads._SCAN_ROWS = 8192
+        assert len(got) == (60 if chunk == 1 else 1 if chunk == 8192 else len(got)) and 1 <= len(got) <= 60
+        for f in ("commit_ts", "deleted", "schema_ver"):
+            assert np.concatenate([getattr(d, f) for d in got]).tolist() == \
+                np.concatenate([getattr(d, f) for d in want]).tolist()
+        assert pa.Table.from_batches([d.batch for d in got]).equals(pa.Table.from_batches([d.batch for d in want]))
