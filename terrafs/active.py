@@ -120,7 +120,10 @@ class ActiveFile(GroupRecovery):
         """Create the file with its header, durable (with the directory) on return."""
         where = f"{dev.uri}/{name}"
         cipher = params.cipher(kek, where)
-        f = await dev.create(name)
+        try:
+            f = await dev.create(name)
+        except OSError as e:
+            raise no_space(e) or StorageIOError(f"{where}: cannot create the file: {e}") from e
         head = encode_active_header(params)
         af = cls(f, params, cipher, len(head), cfg, where, cache)
         try:
@@ -130,6 +133,8 @@ class ActiveFile(GroupRecovery):
             full = no_space(e)
             if full is None:
                 await f.close()
+                if isinstance(e, OSError):
+                    raise StorageIOError(f"{where}: cannot write the file's header: {e}") from e
                 raise
             # A full device: the file exists without its header. It fails like after a group
             # that hit the full device, and is born again when it is revived (open_active

@@ -13,10 +13,11 @@ placement row, so a crash anywhere leaves a row the next driver continues from:
    replica leader;
 4. **drop**: the leaving replica leaves the set; its node drops its copies at its next pass.
 
-A move whose newcomer or third replica leaves the membership meanwhile, or whose leaving
-replica leaves it and dies, or whose leader left and cannot be replaced with four replicas, is
-**given up**: one follower of
-the four leaves the set, and the steps above start a new move if one is still needed.
+A move whose newcomer leaves the membership meanwhile, or whose leader left and cannot be
+replaced with four replicas, is **given up** by dropping the newcomer; one whose third replica
+leaves (or whose leaving replica leaves and dies) drops that one once the newcomer caught up —
+never earlier: a write acknowledged before the move may be on two of the first three only. The
+steps above start a new move if one is still needed.
 
 Writes and reads go on throughout: a leader change is answered 421 / 503 once and retried.
 """
@@ -26,7 +27,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from node.cluster.members import Cluster
 from node.cluster.placement import PartitionPlace, Placement
@@ -74,7 +75,7 @@ class Rebalancer:
                     if await repl.elect(d, pid, exclude={p.leader}, force=True):
                         return True
                     if p.leaving:  # four replicas, one gone, too few of the rest answer
-                        return await self._give_up(d, pid, p, self._spare(p, live))
+                        return await self._give_up(d, pid, p, p.replicas[-1])
         for d, pl in tables:  # moves in progress
             for pid, p in enumerate(pl.partitions):
                 if p.leaving:
@@ -137,10 +138,16 @@ class Rebalancer:
         # The newcomer or a third replica left while the move ran; the leaving one stays until
         # its successor caught up (a copy more meanwhile), unless it is dead too.
         gone = [r for r in p.replicas[1:] if r not in members and (r != p.leaving or r in repl.dead)]
-        if gone:
-            return await self._give_up(d, pid, p, gone[-1])
         newcomer = p.replicas[-1]
-        if not await self._caught_up(d, pid, p.leader, [newcomer]):
+        if newcomer in gone:
+            return await self._give_up(d, pid, p, newcomer)
+        at_end = await self._at_end(d, pid, p)
+        if gone:  # one of the first three: once another follower that stays holds the whole log
+            drop = gone[-1]
+            if not at_end - {drop}:
+                return False
+            return await self._give_up(d, pid, p, drop)
+        if newcomer not in at_end:
             return False
         if p.leader == p.leaving:
             if await repl.elect(d, pid, exclude=set(), handoff=p.leaving):
@@ -159,9 +166,14 @@ class Rebalancer:
     async def _give_up(self, d: TableDef, pid: int, p: PartitionPlace, drop: str) -> bool:
         """End a move that cannot finish as planned (a replica left the membership, or the
         leader left and the others cannot elect with four): ``drop`` (a follower) leaves the
-        set and ``leaving`` is cleared. Safe from any of the four (RFC 0010 §7): an acknowledged
-        write is on three of them, so on two of the three that stay — a majority of the set
-        that elects from now on. The next steps start a move again if the placement needs one."""
+        set and ``leaving`` is cleared. The callers keep the invariant of RFC 0010 §7: ``drop``
+        is the newcomer (every acknowledged write is on two of the first three: acknowledged
+        before the move, by a majority of them; after it, by three of the four), or one of the
+        first three once the leader, shipping to all four, reported another follower that stays
+        at its log end (every write acknowledged before is on the leader and on that follower,
+        two of the three that stay; every later one on three of the four). Dropping one of the
+        first three earlier lost acknowledged writes (the nemesis suite's seed 140). The next
+        steps start a move again if the placement needs one."""
         new = PartitionPlace(tuple(r for r in p.replicas if r != drop), p.epoch, p.base, p.start)
         if drop == p.leader or not await self.repl._write_place(d.name, pid, p, new):
             return False
@@ -170,22 +182,29 @@ class Rebalancer:
                     p.leaving, drop)
         return True
 
-    @staticmethod
-    def _spare(p: PartitionPlace, live: set[str]) -> str:
-        """The follower a move given up drops: one that is not live, else the newest."""
-        return next((r for r in reversed(p.replicas[1:]) if r not in live), p.replicas[-1])
+    async def _at_end(self, d: TableDef, pid: int, p: PartitionPlace) -> set[str]:
+        """The followers the leader of a move reports at its log end — none unless it ships to
+        all of ``p``'s followers (it counts its majority over the four: a write acknowledged
+        from then on is on three of them)."""
+        fs = await self._followers(d, pid, p.leader)
+        if fs is None or not set(p.replicas[1:]) <= set(fs):
+            return set()
+        return {n for n, f in fs.items() if f["lag_bytes"] == 0}
 
     async def _caught_up(self, d: TableDef, pid: int, leader: str, followers: list[str]) -> bool:
         """Whether the leader reports every one of ``followers`` at its own log end."""
+        fs = await self._followers(d, pid, leader)
+        return fs is not None and all(n in fs and fs[n]["lag_bytes"] == 0 for n in followers)
+
+    async def _followers(self, d: TableDef, pid: int, leader: str) -> dict[str, dict[str, Any]] | None:
+        """The leader's followers of the partition as its status reports them; None when it
+        does not answer or does not lead it."""
         try:
             status, _, payload = await asyncio.wait_for(
                 self.repl.cluster.call(leader, "GET", "/v1/admin/status"), self.repl.cfg.failure_timeout_s)
         except (ConnectionError, asyncio.TimeoutError):
-            return False
+            return None
         if status != 200:
-            return False
+            return None
         led = ((json.loads(payload).get("replication") or {}).get("led") or {}).get(f"{d.name}/{pid}")
-        if not led:
-            return False
-        fs = led["followers"]
-        return all(n in fs and fs[n]["lag_bytes"] == 0 for n in followers)
+        return led["followers"] if led else None

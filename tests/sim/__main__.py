@@ -97,6 +97,14 @@ def revert(name: str) -> None:
                 p.appending = False
         Participant.abort = abort_now_unless_appending
         Participant._prepare = prepare_marking_appends
+    elif name == "mark":  # a checkpoint with no segment current moves the replay mark past an
+        import rowstore.db.partition as partition  # active segment, and the replay skips it
+
+        async def mark_between(self) -> list[int]:
+            return [0, 0, await self.store.next_seq(self.table_id, self.pid)]
+        partition.Partition._mark_between = mark_between
+        partition.replay_from = lambda rec, mark: None if rec.seq < mark[2] else (
+            mark[1] if rec.seq == mark[2] else 0)
     else:
         raise SystemExit(f"nothing to revert called {name!r}")
 
@@ -151,7 +159,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.sim")
     ap.add_argument("--seeds", default="0-19", help="a seed, or a range a-b (inclusive)")
     ap.add_argument("--seconds", type=float, default=30.0, help="virtual seconds of faults per seed")
-    ap.add_argument("--revert", action="append", default=[], help="put a fixed bug back (s1, s2, s2-early)")
+    ap.add_argument("--revert", action="append", default=[], help="put a fixed bug back (s1, s2, s2-early, mark)")
     ap.add_argument("--mutate", action="append", default=[], choices=MUTATIONS,
                     help="turn a deliberate bug on (terrafs/failpoints.py): the checks must find it")
     ap.add_argument("--trace", action="store_true", help="print the whole trace of each seed (a clean one too)")

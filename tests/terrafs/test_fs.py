@@ -8,7 +8,7 @@ from catalog.memory import MemoryCatalog
 from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.crypto import KeyEncryptionKey
-from terrafs.errors import FileStateError, InodeNotFoundError
+from terrafs.errors import FileStateError, InodeNotFoundError, StorageIOError
 from terrafs.failpoints import FailPointCrash, armed
 from terrafs.faults import FaultyObjectStore, InjectedFault
 from terrafs.fs import FsConfig, TerrascaleFS
@@ -190,7 +190,7 @@ async def test_a_file_whose_creation_failed_at_the_disk_opens_empty_without_a_re
     promotion (found by the simulation, seed 242)."""
     fs = await world.start()
     world.block.broken = True
-    with pytest.raises(OSError):
+    with pytest.raises(StorageIOError, match="cannot create the file"):  # a TerrafsError: a 503, not a 500
         await fs.create()
     world.block.broken = False
     (rec,) = await fs.list()
