@@ -22,6 +22,7 @@ from terrafs.blocks import (
     HEADER_LEN,
     Codec,
     decode_payload,
+    read_run,
     encode_block_parts,
     encode_pad,
     parse_header,
@@ -42,6 +43,7 @@ log = logging.getLogger("terrafs.active")
 Mirror = Callable[[int, list[bytes | memoryview]], Awaitable[None]]
 DEFAULT_CONFIG = ActiveConfig()  # frozen: one shared default
 
+_SCAN_RUN = 4 << 20  # bytes of blocks a scan reads at once
 _RECENT_BLOCKS = 256  # decoded blocks kept per open active file (16 MiB at 64 KiB)
 # Zero bytes kept ahead of the next group on local disks (docs/format/terrafs.md §2): a group
 # that grows the file carries zeros up to the first multiple of PREALLOC at least PREALLOC
@@ -398,21 +400,27 @@ class ActiveFile(GroupRecovery):
 
     async def _read_block(self, i: int) -> bytes:
         """Decoded block ``i``; blocks never change once durable, so recent ones are kept."""
+        hit = self._kept(i)
+        if hit is None:
+            hit = await self._load_block(i)
+            self._keep(i, hit)
+        return hit
+
+    def _kept(self, i: int) -> bytes | None:
         if self.cache is not None:
-            hit = self.cache.get_mem((self.where, i))
-            if hit is None:
-                hit = await self._load_block(i)
-                self.cache.put_mem((self.where, i), hit)
-            return hit
+            return self.cache.get_mem((self.where, i))
         hit = self._recent.get(i)
         if hit is not None:
             self._recent.move_to_end(i)
-            return hit
-        data = await self._load_block(i)
+        return hit
+
+    def _keep(self, i: int, data: bytes) -> None:
+        if self.cache is not None:
+            self.cache.put_mem((self.where, i), data)
+            return
         self._recent[i] = data
         if len(self._recent) > _RECENT_BLOCKS:
             self._recent.popitem(last=False)
-        return data
 
     async def _load_block(self, i: int) -> bytes:
         phys = int(self.index.physical[i])
@@ -423,15 +431,27 @@ class ActiveFile(GroupRecovery):
                               where=self.where, pos=phys)
 
     async def scan(self, start: int = 0) -> AsyncIterator[tuple[int, bytes]]:
-        """Yield ``(logical_offset, bytes)`` per block from ``start`` to the durable end."""
-        i = max(self.index.find(start), 0)
+        """Yield ``(logical_offset, bytes)`` per block from ``start`` to the durable end. Blocks
+        not kept are read a run at a time (one read, decoded in one worker-thread hop): a
+        recovery or a promotion replays a segment without two loop hops per block."""
+        i, phys = max(self.index.find(start), 0), self.index.physical
         while i < self.index.n:
-            data = await self._read_block(i)
-            lo = int(self.index.logical[i])
-            if lo + len(data) > start:
-                cut = max(start - lo, 0)
-                yield lo + cut, data[cut:]
-            i += 1
+            j, hit = i + 1, self._kept(i)
+            while hit is None and j < self.index.n and int(phys[j] - phys[i]) < _SCAN_RUN and self._kept(j) is None:
+                j += 1  # a run of blocks not kept, starting within _SCAN_RUN bytes
+            for k, data in zip(range(i, j), [hit] if hit is not None else await self._load_run(i, j)):
+                lo = int(self.index.logical[k])
+                if lo + len(data) > start:
+                    cut = max(start - lo, 0)
+                    yield lo + cut, data[cut:]
+            i = j
+
+    async def _load_run(self, i: int, j: int) -> list[bytes]:
+        got = await read_run(self._f, self.index.physical[i:j], int(self.index.physical[j]) if j < self.index.n
+                             else None, cipher=self._cipher, inode=self.inode, where=self.where)
+        for k, data in zip(range(i, j), got):
+            self._keep(k, data)
+        return got
 
     # -- lifecycle ---------------------------------------------------------------
 

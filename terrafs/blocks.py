@@ -5,17 +5,20 @@ here is part of the file format; never change one, add a version.
 """
 from __future__ import annotations
 
+import asyncio
 import enum
 import struct
 import threading
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+import numpy.typing as npt
 import zstandard
 from cryptography.exceptions import InvalidTag
 
 from catalog.checksum import crc32c
-from terrafs.abc import Buffer
+from terrafs.abc import Buffer, DeviceFile
 from terrafs.crypto import NONCE_LEN, TAG_LEN, DataCipher
 from terrafs.errors import FileCorruptionError, EncryptionKeyError
 
@@ -186,3 +189,33 @@ def decode_block(buf: Buffer, pos: int, *, cipher: DataCipher | None = None, ino
     start = pos + HEADER_LEN
     return h, decode_payload(h, buf[start : start + h.stored_len], cipher=cipher,
                              inode=inode, where=where, pos=pos)
+
+
+async def read_run(f: DeviceFile, physical: npt.NDArray[np.int64], end: int | None, *,
+                   cipher: DataCipher | None, inode: int, where: str) -> list[bytes]:
+    """The blocks of ``f`` at ``physical`` (ascending, back to back but for records between
+    them) by one read up to ``end`` (None: the last block's end, from its header), verified and
+    decoded in one worker-thread hop."""
+    base, last = int(physical[0]), int(physical[-1])
+    if end is None:
+        end = last + HEADER_LEN + parse_header(await f.pread(last, HEADER_LEN), 0, where).stored_len
+    buf = await f.pread(base, end - base)
+    return await asyncio.to_thread(decode_run, buf, base, physical.tolist(), cipher=cipher, inode=inode, where=where)
+
+
+def decode_run(buf: Buffer, base: int, physical: Sequence[int], *, cipher: DataCipher | None, inode: int,
+               where: str) -> list[bytes]:
+    """The blocks at file offsets ``physical`` (ascending), all inside ``buf`` (the file's
+    bytes from ``base``): verified and decoded in one call (a sequential scan's worker-thread
+    hop), corruption named at its offset in the file."""
+    view = memoryview(buf).cast("B")
+    out = []
+    for p in physical:
+        pos = int(p) - base
+        try:
+            h = parse_header(view, pos, where)
+        except FileCorruptionError as e:
+            raise FileCorruptionError(where, int(p), e.reason) from None
+        body = view[pos + HEADER_LEN : pos + HEADER_LEN + h.stored_len]
+        out.append(decode_payload(h, body, cipher=cipher, inode=inode, where=where, pos=int(p)))
+    return out

@@ -7,7 +7,7 @@ import pytest
 from terrafs.active import ActiveConfig, ActiveFile
 from terrafs.backends.local import LocalBlockDevice
 from terrafs.backends.memory import MemoryBlockDevice
-from terrafs.blocks import Codec
+from terrafs.blocks import HEADER_LEN, Codec
 from terrafs.crypto import KeyEncryptionKey
 from terrafs.errors import FileCorruptionError, EncryptionKeyError, FileStateError
 from terrafs.faults import FaultyBlockDevice
@@ -174,3 +174,43 @@ async def test_local_device_round_trip(tmp_path):
     again = await ActiveFile.recover(dev, "wal/f.act", None, CFG)
     for o, c in zip(offs, chunks):
         assert await again.read(o, 5000) == c
+
+
+@pytest.mark.parametrize("run", [1, 4096, 4 << 20])
+@pytest.mark.parametrize("codec,encrypted", [(Codec.NONE, False), (Codec.ZSTD, True)])
+async def test_a_scan_reads_runs_of_blocks_at_once_and_names_a_damaged_one(monkeypatch, run, codec, encrypted):
+    """A recovered file keeps no block: its scan reads runs of them (one read, decoded in one
+    hop), equal to the bytes appended at any run size, from any start; a byte flipped under
+    the open file is corruption naming that block's offset, never other bytes."""
+    import terrafs.active as active
+
+    monkeypatch.setattr(active, "_SCAN_RUN", run)
+    kek = KeyEncryptionKey(os.urandom(32)) if encrypted else None
+    dev = MemoryBlockDevice()
+    af = await ActiveFile.create(dev, "f", params(codec=codec, block_size=1024, kek=kek), kek, CFG)
+    chunks = [os.urandom(300 + 17 * i) for i in range(40)]
+    await write_groups(af, [chunks[i : i + 3] for i in range(0, 40, 3)])
+    whole = b"".join(chunks)
+    await af.close()
+    again = await ActiveFile.recover(dev, "f", kek, CFG)
+    reads = []
+    pread = again._f.pread
+
+    async def counted(off, n):
+        reads.append(n)
+        return await pread(off, n)
+    monkeypatch.setattr(again._f, "pread", counted)
+    for start in (0, 1, 5000, len(whole) - 1):
+        got = [(off, b) async for off, b in again.scan(start)]
+        assert b"".join(b for _, b in got) == whole[start:] and got[0][0] == start
+        if start == 0:
+            assert len(reads) == (2 if run == 4 << 20 else again.index.n + 1 if run == 1 else len(reads))
+    again = await ActiveFile.recover(dev, "f", kek, CFG)
+    k = again.index.n // 2
+    at = int(again.index.physical[k])
+    raw = (await dev.open("f"))._d.buf
+    raw[at + HEADER_LEN + 2] ^= 0x40  # the payload of block k, under the open file
+    with pytest.raises(FileCorruptionError) as ei:
+        async for _ in again.scan():
+            pass
+    assert ei.value.offset == at and ei.value.where.endswith("/f")

@@ -207,9 +207,11 @@ async def test_a_seal_or_offload_of_a_segment_released_on_its_way_is_unavailable
 
 async def test_a_scan_of_a_segment_released_and_closed_midway_is_unavailable(monkeypatch):
     import rowstore.segments.store_reads
+    import terrafs.active
     from rowstore.errors import UnavailableError
 
-    monkeypatch.setattr(rowstore.segments.store_reads, "_SCAN_ROWS", 1)  # a decode per commit: reads continue
+    monkeypatch.setattr(terrafs.active, "_SCAN_RUN", 1)  # a read per block: the next one finds the file closed
+    monkeypatch.setattr(rowstore.segments.store_reads, "_SCAN_ROWS", 1)  # and a decode per commit
     st = await World().start()
     seg = await st.create("t", 0)
     for i in range(3):
