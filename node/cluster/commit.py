@@ -27,21 +27,21 @@ import asyncio
 import json
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
-from catalog.abc import Check, Delete, Put
+from catalog.abc import Catalog, Check, Delete, Put
 from node.cluster.members import raise_remote
 from node.cluster.placement import Placement, schema_of
 from node.cluster.serving import Serving
 from node.wire import ARROW_STREAM, write_arrow_stream
 from rowstore.db.write.two_phase import COMMITTED, txn_key
 from rowstore.errors import UnavailableError
-from rowstore.hlc import ts_from_ms
+from rowstore.hlc import HybridClock, ts_from_ms
 from rowstore.segments.wal import DECIDED, SPANS_NODES
 from rowstore.tables.definitions import TableDef
 from terrafs.catalog_ops import commit
@@ -54,6 +54,90 @@ class Outcome:
     rows: int
     existed: int
     commit_ts: int
+
+
+class Participants(Protocol):
+    """What the coordinator asks of each participant node: over HTTP (or in process for its
+    own share) in the node layer, over the simulated network in tests/sim — the phases below
+    are the same code in both."""
+
+    async def reserve(self, who: str, floor: int, txn: int) -> dict[str, Any]:
+        """``who``'s share: its locks and a timestamp ≥ ``floor``; ``{"ts", "rows", "existed"}``."""
+
+    async def prepare(self, who: str, txn: int, ts: int) -> int:
+        """``BATCH X`` at ``ts``, durable; the rows prepared."""
+
+    async def commit(self, who: str, txn: int) -> int:
+        """``COMMIT X``; the commit timestamp (0: the node found X decided at its recovery)."""
+
+    async def abort(self, who: str, txn: int) -> None: ...
+
+
+@dataclass
+class Coordinator:
+    """The coordinator's two phases over ``Participants``. What they need of the node is
+    passed in: the catalog the decision goes to, the node's clock, how a background task is
+    spawned, and where a transaction id's random bits come from."""
+
+    catalog: Catalog
+    clock: HybridClock
+    spawn: Callable[[Coroutine[Any, Any, Any]], Any]
+    randbits: Callable[[int], int] = secrets.randbits
+
+    async def run(self, name: str, whos: list[str], parts: Participants) -> tuple[Outcome, int]:
+        """Reserve ``whos`` one at a time (locks in one global order), prepare every share,
+        then decide and commit; also the rows the prepares wrote. ``name``: the table's."""
+        txn = DECIDED | SPANS_NODES | self.randbits(62)
+        floor = max(ts_from_ms(self.clock.now_ms()), self.clock.last + 1)
+        got: list[tuple[str, dict[str, Any]]] = []
+        sent: list[str] = []  # the nodes a reserve went to (one that failed or timed out may still reserve)
+        try:
+            for who in whos:  # one node at a time: locks in one global order
+                sent.append(who)
+                ans = await parts.reserve(who, floor, txn)
+                got.append((who, ans))
+                floor = max(floor, int(ans["ts"]))
+            ts = max(int(a["ts"]) for _, a in got)
+            answers = await asyncio.gather(*(parts.prepare(who, txn, ts) for who, _ in got), return_exceptions=True)
+            failed = next((a for a in answers if isinstance(a, BaseException)), None)
+            if failed is not None:
+                raise failed
+        except BaseException:
+            await _abort_all(parts, sent, txn)
+            raise
+        return await self._decide_and_commit(name, parts, got, txn, ts), \
+            sum(a for a in answers if isinstance(a, int))
+
+    async def _decide_and_commit(self, name: str, parts: Participants, got: list[tuple[str, dict[str, Any]]],
+                                 txn: int, ts: int) -> Outcome:
+        key = txn_key(txn)
+        # A failure here leaves the outcome to the catalog: each participant resolves it after
+        # its prepare timeout, and the caller got no acknowledgement.
+        res = await commit(self.catalog, [Check(key, 0)], [Put(key, COMMITTED)])
+        if not res.committed:
+            e = await self.catalog.get(key)
+            if e is None or e.value != COMMITTED:  # a participant gave up on us and aborted
+                await _abort_all(parts, [w for w, _ in got], txn)
+                raise UnavailableError(f"table {name!r}: the batch was aborted by a participant that timed out; "
+                                       "retry")
+        self.clock.observe(ts)
+        answers = await asyncio.gather(*(parts.commit(who, txn) for who, _ in got), return_exceptions=True)
+        failed = [(who, a) for (who, _), a in zip(got, answers) if isinstance(a, BaseException)]
+        if failed:
+            who, err = failed[0]
+            log.warning("event=txn_commit_unconfirmed txn=%s node=%s error=%r", key, who, err)
+            raise UnavailableError(f"the batch is committed (txn {key}) but node {who} did not confirm it: {err}; "
+                                   "it is applied when that node recovers")
+        # Every share has its COMMIT X — unless a participant answered 0: it had restarted and
+        # found X decided by its recovery, which for a replicated partition is one copy of the
+        # log; the copy leading it next may hold BATCH X alone and must still find the decision.
+        if all(answers):
+            self.spawn(commit(self.catalog, [], [Delete(key)]))
+        return Outcome(sum(a["rows"] for _, a in got), sum(a["existed"] for _, a in got), ts)
+
+
+def coordinator(sv: Serving) -> Coordinator:
+    return Coordinator(sv.catalog, sv.db.clock, sv.db.tasks.spawn)
 
 
 async def commit_across(sv: Serving, d: TableDef, batch: pa.RecordBatch, pids: np.ndarray, placement: Placement,
@@ -70,7 +154,7 @@ async def commit_across(sv: Serving, d: TableDef, batch: pa.RecordBatch, pids: n
 
     async def reserve(who: str, floor: int, txn: int) -> dict[str, Any]:
         return await _reserve(sv, who, d, shares[who], bodies.get(who), floor, txn, delete)
-    out, _ = await _two_phases(sv, d, sorted(shares), reserve)
+    out, _ = await coordinator(sv).run(d.name, sorted(shares), _Nodes(sv, reserve))
     return out
 
 
@@ -83,62 +167,43 @@ async def delete_across(sv: Serving, d: TableDef, spec: dict[str, Any], pids: li
 
     async def reserve(who: str, floor: int, txn: int) -> dict[str, Any]:
         return await _reserve_where(sv, who, d, spec, shares[who], floor, txn)
-    out, found = await _two_phases(sv, d, sorted(shares), reserve)
+    out, found = await coordinator(sv).run(d.name, sorted(shares), _Nodes(sv, reserve))
     return Outcome(found, found, out.commit_ts)
 
 
-async def _two_phases(sv: Serving, d: TableDef, whos: list[str],
-                      reserve: Callable[[str, int, int], Awaitable[dict[str, Any]]]) -> tuple[Outcome, int]:
-    """Reserve ``whos`` one at a time (locks in one global order), prepare every share, then
-    decide and commit; also the rows the prepares wrote."""
-    clock = sv.db.clock
-    txn = DECIDED | SPANS_NODES | secrets.randbits(62)
-    floor = max(ts_from_ms(clock.now_ms()), clock.last + 1)
-    got: list[tuple[str, dict[str, Any]]] = []
-    sent: list[str] = []  # the nodes a reserve went to (one that failed or timed out may still reserve)
-    try:
-        for who in whos:  # one node at a time: locks in one global order
-            sent.append(who)
-            ans = await reserve(who, floor, txn)
-            got.append((who, ans))
-            floor = max(floor, int(ans["ts"]))
-        ts = max(int(a["ts"]) for _, a in got)
-        answers = await asyncio.gather(*(_prepare(sv, who, txn, ts) for who, _ in got), return_exceptions=True)
-        failed = next((a for a in answers if isinstance(a, BaseException)), None)
-        if failed is not None:
-            raise failed
-    except BaseException:
-        await _abort_all(sv, sent, txn)
-        raise
-    return await _decide_and_commit(sv, d, got, txn, ts), sum(a for a in answers if isinstance(a, int))
+class _Nodes:
+    """The participants as the node layer reaches them: this node's own share in process, the
+    others over HTTP (``/v1/internal/txn/…``)."""
 
+    def __init__(self, sv: Serving, reserve: Callable[[str, int, int], Awaitable[dict[str, Any]]]):
+        self.sv, self._reserve = sv, reserve
 
-async def _decide_and_commit(sv: Serving, d: TableDef, got: list[tuple[str, dict[str, Any]]], txn: int,
-                             ts: int) -> Outcome:
-    key = txn_key(txn)
-    # A failure here leaves the outcome to the catalog: each participant resolves it after
-    # its prepare timeout, and the caller got no acknowledgement.
-    res = await commit(sv.catalog, [Check(key, 0)], [Put(key, COMMITTED)])
-    if not res.committed:
-        e = await sv.catalog.get(key)
-        if e is None or e.value != COMMITTED:  # a participant gave up on us and aborted
-            await _abort_all(sv, [w for w, _ in got], txn)
-            raise UnavailableError(f"table {d.name!r}: the batch was aborted by a participant that timed out; "
-                                   "retry")
-    sv.db.clock.observe(ts)
-    answers = await asyncio.gather(*(_commit(sv, who, txn) for who, _ in got), return_exceptions=True)
-    failed = [(who, a) for (who, _), a in zip(got, answers) if isinstance(a, BaseException)]
-    if failed:
-        who, err = failed[0]
-        log.warning("event=txn_commit_unconfirmed txn=%s node=%s error=%r", key, who, err)
-        raise UnavailableError(f"the batch is committed (txn {key}) but node {who} did not confirm it: {err}; it is "
-                               "applied when that node recovers")
-    # Every share has its COMMIT X — unless a participant answered 0: it had restarted and
-    # found X decided by its recovery, which for a replicated partition is one copy of the
-    # log; the copy leading it next may hold BATCH X alone and must still find the decision.
-    if all(answers):
-        sv.db.tasks.spawn(commit(sv.catalog, [], [Delete(key)]))
-    return Outcome(sum(a["rows"] for _, a in got), sum(a["existed"] for _, a in got), ts)
+    async def reserve(self, who: str, floor: int, txn: int) -> dict[str, Any]:
+        return await self._reserve(who, floor, txn)
+
+    async def prepare(self, who: str, txn: int, ts: int) -> int:
+        sv = self.sv
+        if who == sv.cluster.node_id:
+            return await sv.db.participant.prepare(txn, ts)
+        status, _, payload = await sv.cluster.call(who, "POST", "/v1/internal/txn/prepare", doc={"txn": txn, "ts": ts})
+        if status != 200:
+            raise_remote(status, payload, who)
+        return int(json.loads(payload).get("rows", 0))
+
+    async def commit(self, who: str, txn: int) -> int:
+        sv = self.sv
+        if who == sv.cluster.node_id:
+            return await sv.db.participant.commit(txn)
+        status, _, payload = await sv.cluster.call(who, "POST", "/v1/internal/txn/commit", doc={"txn": txn})
+        if status != 200:
+            raise_remote(status, payload, who)
+        return int(json.loads(payload)["commit_ts"])
+
+    async def abort(self, who: str, txn: int) -> None:
+        if who == self.sv.cluster.node_id:
+            await self.sv.db.participant.abort(txn)
+            return
+        await self.sv.cluster.call(who, "POST", "/v1/internal/txn/abort", doc={"txn": txn})
 
 
 async def _reserve(sv: Serving, who: str, d: TableDef, rows: pa.RecordBatch, body: bytes | None, floor: int,
@@ -170,33 +235,9 @@ async def _reserve_where(sv: Serving, who: str, d: TableDef, spec: dict[str, Any
     return ans
 
 
-async def _prepare(sv: Serving, who: str, txn: int, ts: int) -> int:
-    """The rows the share prepared (a delete by predicate learns its count here)."""
-    if who == sv.cluster.node_id:
-        return await sv.db.participant.prepare(txn, ts)
-    status, _, payload = await sv.cluster.call(who, "POST", "/v1/internal/txn/prepare", doc={"txn": txn, "ts": ts})
-    if status != 200:
-        raise_remote(status, payload, who)
-    return int(json.loads(payload).get("rows", 0))
-
-
-async def _commit(sv: Serving, who: str, txn: int) -> int:
-    if who == sv.cluster.node_id:
-        return await sv.db.participant.commit(txn)
-    status, _, payload = await sv.cluster.call(who, "POST", "/v1/internal/txn/commit", doc={"txn": txn})
-    if status != 200:
-        raise_remote(status, payload, who)
-    return int(json.loads(payload)["commit_ts"])
-
-
-async def _abort_all(sv: Serving, whos: list[str], txn: int) -> None:
+async def _abort_all(parts: Participants, whos: list[str], txn: int) -> None:
     """Best effort: a participant that misses this aborts by itself after its prepare timeout."""
-    async def one(who: str) -> None:
-        if who == sv.cluster.node_id:
-            await sv.db.participant.abort(txn)
-            return
-        await sv.cluster.call(who, "POST", "/v1/internal/txn/abort", doc={"txn": txn})
-
-    for who, r in zip(whos, await asyncio.gather(*(one(w) for w in whos), return_exceptions=True)):
+    answers = await asyncio.gather(*(parts.abort(w, txn) for w in whos), return_exceptions=True)
+    for who, r in zip(whos, answers):
         if isinstance(r, BaseException):
             log.warning("event=txn_abort_unsent txn=%s node=%s error=%r", txn_key(txn), who, r)

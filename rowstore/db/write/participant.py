@@ -195,17 +195,18 @@ class Participant:
             if ts != p.ts:
                 raise ConflictError(f"transaction {txn_key(txn)} is prepared at {p.ts}, not {ts}")
             return await asyncio.shield(p.preparing)
-        p.preparing = asyncio.get_running_loop().create_future()
+        # A task of its own: a caller that goes away (cancelled) must not stop it half-way —
+        # BATCH X enqueued and its rows unaccounted for, so that no abort could roll it back
+        # (simulation seed 26 with the node's own coordinator: index entries past a segment's end).
+        p.preparing = asyncio.ensure_future(self._prepare_held(p, txn, ts))
         p.preparing.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no noise
-        try:
-            n = await self._prepare(p, txn, ts)
-        except BaseException as e:
-            p.preparing.set_exception(e)
-            raise
+        return await asyncio.shield(p.preparing)
+
+    async def _prepare_held(self, p: _Prepared, txn: int, ts: int) -> int:
+        n = await self._prepare(p, txn, ts)
         # prepared, the batch may commit and show on other nodes before this share is decided:
         # no read of the present here goes below it meanwhile (rowstore/timeline.py, ``floor``)
         self.timeline.hold(ts)
-        p.preparing.set_result(n)
         return n
 
     async def _prepare(self, p: _Prepared, txn: int, ts: int) -> int:

@@ -40,8 +40,9 @@ async def test_a_reserve_that_timed_out_is_aborted_on_its_node_too():
             raise ConnectionError(f"node {who}: no answer within the deadline")
         return 200, {}, b"{}"
 
-    node = SimpleNamespace(cluster=SimpleNamespace(node_id="a", call=call),
-                           db=SimpleNamespace(clock=Clock(), participant=SimpleNamespace(reserve=reserve, abort=abort)))
+    node = SimpleNamespace(cluster=SimpleNamespace(node_id="a", call=call), catalog=None,
+                           db=SimpleNamespace(clock=Clock(), tasks=SimpleNamespace(spawn=None),
+                                              participant=SimpleNamespace(reserve=reserve, abort=abort)))
     d = SimpleNamespace(name="t", table_id="T", schema=SimpleNamespace(version=1))
     batch = pa.record_batch({"id": pa.array([1, 2], pa.int64())})
     with pytest.raises(ConnectionError):

@@ -53,6 +53,44 @@ async def test_an_abort_during_an_inflight_prepare_rolls_back_when_the_append_la
     assert pa.compute.all(pa.compute.equal(got.column("v").slice(10), 7.0)).as_py()
 
 
+async def test_a_prepare_whose_caller_is_cancelled_finishes_and_is_then_aborted_whole():
+    """The caller of a prepare goes away midway (a coordinator's own share whose request was
+    cancelled, say): the prepare must not stop half-way — its BATCH X enqueued, the rows not
+    accounted for — but finish, so that the abort that follows rolls it back; a cancelled one
+    left index entries past a segment's end (found by the simulation running the node's own
+    coordinator, seed 26)."""
+    w = TablesWorld(partitions=1)
+    db = await w.start()
+    d = await db.create_table("m", SCHEMA)
+    await db.upsert("m", rows(range(10)))
+    part = (await db.tables.table(d)).parts[0]
+    seg = await part.current()
+    held, real = asyncio.Event(), seg.append_encoded
+
+    async def slow_append(*a, **k):  # the disk (or the majority) is slow
+        await held.wait()
+        return await real(*a, **k)
+    seg.append_encoded = slow_append
+    txn = DECIDED | SPANS_NODES | secrets.randbits(60)
+    r = await db.participant.reserve("m", d.table_id, d.schema.version, rows(range(100, 105)), 0, txn)
+    prep = asyncio.ensure_future(db.participant.prepare(txn, r.ts))
+    await asyncio.sleep(0.01)  # BATCH X enqueued, waiting for the disk
+    prep.cancel()
+    held.set()
+    with pytest.raises(asyncio.CancelledError):
+        await prep
+    seg.append_encoded = real
+    assert await db.participant.prepare(txn, r.ts) == 5  # it finished: sent again, it answers as prepared
+    await db.participant.abort(txn)
+    await db.upsert("m", rows(range(20, 25), v=7.0))  # numbered right after the 10 committed rows
+    assert seg.durable_rows == 15
+    assert await db.get("m", 100) is None
+    w.crash()
+    db = await w.start()
+    got, _ = await db.read_all("m")
+    assert got.column("id").to_pylist() == list(range(10)) + list(range(20, 25))
+
+
 async def test_a_prepare_sent_twice_appends_its_batch_once():
     """The network may deliver a prepare twice (a retry, a duplicate): the second waits for the
     first's outcome instead of appending BATCH X again. Appended twice, replay dropped the
