@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
 from catalog.abc import Check, Put
 from catalog.errors import CatalogError
@@ -33,12 +33,12 @@ from node.tasks import cancel_all
 from node.cluster.placement import PLACE, PartitionPlace, Placement
 from node.cluster.rebalance import Rebalancer
 from node.cluster.serving import Serving
-from node.cluster import suspicion
+from node.cluster import election, suspicion
 from node.cluster.transport import PROMISED, HttpTransport
 from rowstore.errors import FencedError, RowstoreError, TableNotFoundError
 from rowstore.replication.epochs import Epoch, History, epochs_key, replica_lasts
 from rowstore.segments.position import NOTHING, REP_PREFIX, Position
-from rowstore.replication.leader import Shipper, clock_floor, lease_wait
+from rowstore.replication.leader import Shipper
 from rowstore.tables.definitions import TableDef
 from terrafs.catalog_ops import commit
 from terrafs.errors import TerrafsError
@@ -46,19 +46,6 @@ from terrafs.errors import TerrafsError
 log = logging.getLogger("terrascale.node.driver")
 ALIVE = "node/alive/"
 PRUNE_EVERY_S = 5.0
-
-
-def choose_leader(answers: dict[str, dict[str, Any]], need: int, prefer: str | None, was: str) -> str:
-    """The longest log among a majority of promises (it holds every acknowledged write). A node
-    that cannot take writes (its block device is full) is passed over while the others still
-    make a majority: the longest log among *them* holds every acknowledged write too."""
-    able = {n: a for n, a in answers.items() if a.get("writable", True)}
-    pool = able if len(able) >= need else answers
-    return max(pool, key=lambda n: (answers[n]["last"], tuple(answers[n]["pos"]), n == prefer, n == was, n))
-
-
-def majority(n: int) -> int:
-    return n // 2 + 1
 
 
 class NodeReplication:
@@ -320,16 +307,12 @@ class NodeReplication:
     async def elect(self, d: TableDef, pid: int, exclude: set[str], handoff: str | None = None, force: bool = False,
                     prefer: str | None = None) -> bool:
         """Fence ``pid``'s live replicas at the next epoch, choose the longest log among a
-        majority, write the placement (CAS) and tell the chosen node to lead. ``handoff``: a
-        planned change (rebalancing) — that live leader is fenced first, so it has stopped
-        before the followers are told to stop waiting for it, and is not chosen. ``force``: the
-        followers promise even while they hear from the leader (it left the membership, and may
-        still ship and hold its read lease): the placement is written only once that lease has
-        run out (:func:`lease_wait`), so two leases never overlap."""
+        majority, write the placement (CAS) and tell the chosen node to lead
+        (:func:`node.cluster.election.elect`; ``handoff``, ``force`` and ``prefer`` as there)."""
         pl = await self.cluster.placement(d.name, d.partitions, fresh=True)
         p = pl.partitions[pid]
         voters = [n for n in p.replicas if n not in exclude]
-        need = majority(len(p.replicas))
+        need = election.majority(len(p.replicas))
         if len(voters) < need:
             self.elections["failed"] += 1
             return False
@@ -338,58 +321,20 @@ class NodeReplication:
             # cannot succeed, and fencing the leader first would leave the partition unled.
             log.info("event=handoff_deferred table=%s partition=%d dead=%s", d.name, pid, sorted(self.dead))
             return False
-        epoch = p.epoch + 1
-        for _ in range(3):
-            won = await self._elect_at(d, pid, p, voters, need, epoch, handoff, force, prefer)
-            if isinstance(won, bool):
-                return won
-            epoch = won + 1  # a replica promised a later epoch (an election that failed): go above it
-        self.elections["failed"] += 1
-        return False
-
-    async def _elect_at(self, d: TableDef, pid: int, p: PartitionPlace, voters: list[str], need: int, epoch: int,
-                        handoff: str | None, force: bool, prefer: str | None) -> bool | int:
-        """One election at ``epoch``: True / False, or the highest epoch a replica had
-        already promised (≥ ``epoch``) when that is why too few answered."""
-        if handoff is not None:
-            try:
-                await self._fence(handoff, d.table_id, pid, epoch)
-            except (ConnectionError, asyncio.TimeoutError, ValueError, FencedError) as e:
-                log.info("event=handoff_refused table=%s partition=%d node=%s error=%r", d.name, pid, handoff, e)
-                self.elections["failed"] += 1
-                return False
-        rest = [n for n in voters if n != handoff]
-        got = await asyncio.gather(*[self._fence(n, d.table_id, pid, epoch, force=force or handoff is not None)
-                                     for n in rest],
-                                   return_exceptions=True)
-        ok = {n: g for n, g in zip(rest, got) if isinstance(g, dict)}
-        # Every acknowledged write is on a majority: the longest log among a majority of
-        # answers holds them all. A planned hand-over counts only the others' answers (the old
-        # leader's own tail may hold writes no majority acknowledged: dropped, as after a crash).
-        if len(ok) < need:
-            log.info("event=election_failed table=%s partition=%d epoch=%d answers=%d need=%d why=%s", d.name, pid,
-                     epoch, len(ok), need, [repr(g)[:120] for g in got if not isinstance(g, dict)])
-            promised = [g.promised for g in got if isinstance(g, FencedError) and g.promised >= epoch]
-            if promised and len(ok) + len(promised) >= need:
-                return max(promised)
-            self.elections["failed"] += 1
-            return False
-        if force and handoff is None and p.leader not in ok:
-            await asyncio.sleep(lease_wait(ok.values(), self.lease_s))
-        chosen = choose_leader(ok, need, prefer, p.leader)
-        new = PartitionPlace((chosen, *[n for n in p.replicas if n != chosen]), epoch, int(ok[chosen]["last"]),
-                             cast(tuple[int, int], tuple(Position.of(ok[chosen]["pos"]))), p.leaving)  # (seq, offset)
-        if not await self._write_place(d.name, pid, p, new, d.table_id, clock_floor(ok.values(), self.lease_s)):
+        won = await election.elect(p, voters, need, _Ballot(self, d, pid), self.lease_s, handoff=handoff,
+                                   force=force, prefer=prefer, where=f"{d.name}/{pid}")
+        if won is None:
             self.elections["failed"] += 1
             return False
         self.elections["won"] += 1
+        new = won.place
         log.warning("event=partition_elected table=%s partition=%d epoch=%d leader=%s was=%s last=%d pos=%s",
-                    d.name, pid, epoch, chosen, p.leader, new.base, list(new.start))
-        if chosen == self.me:
+                    d.name, pid, new.epoch, new.leader, p.leader, new.base, list(new.start))
+        if new.leader == self.me:
             await self.take(d, pid, await self.cluster.placement(d.name, d.partitions, fresh=True))
         else:
             with contextlib.suppress(ConnectionError, asyncio.TimeoutError, RemoteError):
-                await self._tell(chosen, d.name, pid)  # else it takes it at its next reconcile
+                await self._tell(new.leader, d.name, pid)  # else it takes it at its next reconcile
         return True
 
     async def _fence(self, node: str, table_id: str, pid: int, epoch: int, force: bool = False) -> dict[str, Any]:
@@ -441,3 +386,16 @@ class NodeReplication:
 
 
 __all__ = ["NodeReplication", "NOTHING"]
+
+
+class _Ballot:
+    """An election's fences and placement write, as the driver sends them (HTTP, the catalog)."""
+
+    def __init__(self, repl: NodeReplication, d: TableDef, pid: int):
+        self.repl, self.d, self.pid = repl, d, pid
+
+    async def fence(self, node: str, epoch: int, force: bool) -> dict[str, Any]:
+        return await self.repl._fence(node, self.d.table_id, self.pid, epoch, force)
+
+    async def write(self, was: PartitionPlace, new: PartitionPlace, floor: int) -> bool:
+        return await self.repl._write_place(self.d.name, self.pid, was, new, self.d.table_id, floor)

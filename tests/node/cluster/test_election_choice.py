@@ -1,7 +1,7 @@
 """Which replica an election names (node/cluster/controller.py, ``choose_leader``): the longest
 log among the promises; a node whose block device is full only when the others do not make
 a majority without it (then the longest of theirs still holds every acknowledged write)."""
-from node.cluster.controller import choose_leader
+from node.cluster.election import choose_leader
 
 
 def a(last, seq, off, writable=True):
