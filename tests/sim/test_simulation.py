@@ -92,7 +92,7 @@ def test_every_invariant_holds_for_every_seed():
 #         row; the next promotion adopted the segment and appended to it, and the leader's
 #         restart skipped those rows in the replay. The mark never passes an active segment now
 #         (tests/rowstore/db/test_disk_error.py); 53719 replays another schedule since (the disk
-#         error is a StorageIOError now), and ``--revert mark`` is found at seed 121 (below).
+#         error is a StorageIOError now), and ``--revert mark`` is found at seed 171 (below).
 # (Seeds found in an older world replay another schedule now; the tests named guard the fixes.)
 REGRESSIONS = "111,171,207,216,242,298,440,4051,5199,5784,4747,4332,5147,6482,8851,9919,9007,860"
 REGRESSIONS_IN_WORLDS = [("17", ("--clock-jump", "0.5")), ("36", ("--pause", "1")), ("208", ("--pause", "1")),
@@ -136,9 +136,9 @@ def test_every_invariant_holds_with_thread_pool_jobs_completing_out_of_order():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fix, seed, world", [("s1", 98, ()), ("s2", 0, ()),
-                                               ("s2-early", 70, ("--catalog-stall", "0.3")),
-                                               ("mark", 121, ("--node-catalog", "0.3", "--node-objects", "0.3"))])
+@pytest.mark.parametrize("fix, seed, world", [("s1", 318, ()), ("s2", 0, ()),
+                                               ("s2-early", 3, ("--catalog-stall", "0.3")),
+                                               ("mark", 171, ("--node-catalog", "0.3", "--node-objects", "0.3"))])
 def test_it_finds_each_fixed_bug_when_its_fix_is_reverted(fix, seed, world):
     """S1 reverted (a diverged follower discards its whole log): index entries name rows a
     replica no longer holds, or acknowledged batches lost (the 456th seed; earlier worlds of
@@ -157,7 +157,10 @@ def test_it_finds_each_fixed_bug_when_its_fix_is_reverted(fix, seed, world):
     since a new leader serves once a majority holds its log, 1013 became 98 and 89 became 70 — an
     index entry past its segment's 23 rows). The replay mark moved past an active segment
     (``mark``, seed 53719's bug): acknowledged batches lost, with per-node catalog and object
-    store faults, at the 122nd seed."""
+    store faults. Since the simulation runs the node's own coordinator and
+    election rounds (stop 50) every schedule moved: S1 is found at seed 318 (an index entry
+    naming a segment no replica holds), S2 at seed 0, its early window at seed 3 with catalog
+    stalls (index entries past a segment's end), ``mark`` at seed 171 (six acknowledged batches lost)."""
     out = sim("--seeds", str(seed), *world, "--revert", fix)
     assert out.returncode == 1 and "VIOLATION" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
     assert sim("--seeds", str(seed), *world).returncode == 0
@@ -166,8 +169,8 @@ def test_it_finds_each_fixed_bug_when_its_fix_is_reverted(fix, seed, world):
 @pytest.mark.slow
 @pytest.mark.parametrize("mutation, seed, world, found", [
     ("lagging_read", 0, (), "problems in the history"),
-    ("lease_outlives_term", 35, ("--pause", "1"), "problems in the history"),
-    ("commit_below_read", 21, ("--clock-jump", "0.5"), "as of its T now")])
+    ("lease_outlives_term", 11, ("--pause", "1"), "problems in the history"),
+    ("commit_below_read", 27, ("--clock-jump", "0.5"), "at or below the read's T")])
 def test_the_history_checks_find_each_mutation(mutation, seed, world, found):
     """A deliberate bug switched on (terrafs/failpoints.py): a read of the present served 300 ms
     behind, as a lagging replica would (every seed of 0-29 fails); a leader serving reads without
@@ -177,7 +180,10 @@ def test_the_history_checks_find_each_mutation(mutation, seed, world, found):
     21: a read at T, read again as of T at the end, refused as in the future — C broken). Rarer
     since replicas take a round's clock durably (RFC 0010 §5, "Clocks"): a new leader's clock is
     above what it took from the old one, so only the lease's margin is left for the mutation to
-    break. The first seed that shows each, caught by the history checks; clean without it."""
+    break. The first seed that shows each, caught by the history checks; clean without it.
+    Since the simulation runs the node's own coordinator and election rounds (stop 50): seed 0,
+    seed 11 with ``--pause 1`` (11 and 18 of 0-49), seed 27 with ``--clock-jump 0.5`` (1 of 0-49:
+    a write called after a read returned committed at or below the read's T)."""
     out = sim("--seeds", str(seed), *world, "--mutate", mutation)
     assert out.returncode == 1 and found in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
     assert sim("--seeds", str(seed), *world).returncode == 0
@@ -185,11 +191,13 @@ def test_the_history_checks_find_each_mutation(mutation, seed, world, found):
 
 @pytest.mark.slow
 def test_a_schedule_that_left_no_moment_to_read_is_topped_up_after_healing():
-    """Seed 40226 of ``--pause 1 --clock-jump 0.5`` pauses or kills the nodes by turns for the
+    """Seed 40226 of ``--pause 1 --clock-jump 0.5`` paused or killed the nodes by turns for the
     whole run: 6 reads of the present answered in 30 s, which the not-vacuous check failed. Now
     reads after healing, each retried until answered, top the run up to ``MIN_READS`` (a change
-    that fails every read still fails the run: those reads are never answered)."""
-    out = sim("--seeds", "40226", "--pause", "1", "--clock-jump", "0.5", "--trace")
+    that fails every read still fails the run: those reads are never answered). Since the
+    simulation runs the node's own coordinator and election rounds, seed 40150 is the first of
+    40000-40150 whose run is topped up (8 reads answered of 10)."""
+    out = sim("--seeds", "40150", "--pause", "1", "--clock-jump", "0.5", "--trace")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "reads_topped_up" in out.stdout, out.stdout[-3000:]
 

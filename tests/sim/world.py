@@ -31,22 +31,22 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from catalog.abc import Check, Delete, Put
+from catalog.abc import Check, Put
+from rowstore.db.write.two_phase import COMMITTED
 from catalog.errors import CatalogError
 from catalog.memory import MemoryCatalog
-from node.cluster.controller import choose_leader
-from rowstore.db.write.two_phase import COMMITTED, txn_key
+from node.cluster import election
+from node.cluster.placement import PartitionPlace
 from rowstore.db.database import Database
-from rowstore.errors import FencedError, RowstoreError, UnavailableError
+from rowstore.errors import RowstoreError, UnavailableError
 from rowstore.tables.keys import encode_keys, partition_of
 from rowstore.replication.epochs import Epoch, History, epochs_key, replica_lasts
-from rowstore.replication.leader import clock_floor
 from rowstore.segments.position import NOTHING, Position
-from rowstore.segments.wal import DECIDED, SPANS_NODES
 from terrafs.backends.memory import MemoryObjectStore
 from terrafs.catalog_ops import commit
 from terrafs.errors import MirrorError, TerrafsError, TransientStorageError
 from tests.history.batches import History as ClientHistory, Layout, Region, Write
+from tests.sim.coordinator import coordinate
 from tests.sim.checks import MIN_READS, Checks, _held_end, _rows
 from tests.sim.loop import in_process
 from tests.sim.reads import SimReader
@@ -61,6 +61,9 @@ HEALED = 4  # batches written once every fault healed: each must be acknowledged
 class Ledger:
     acked: dict[int, int] = field(default_factory=dict)  # batch -> commit_ts
     maybe: set[int] = field(default_factory=set)  # answered with an error: may or may not be there
+    # batch -> every txn id its coordinators used (a request to the coordinator delivered twice
+    # runs two transactions of the batch)
+    txns: dict[int, set[int]] = field(default_factory=dict)
 
 
 class StallingCatalog(MemoryCatalog):
@@ -70,6 +73,7 @@ class StallingCatalog(MemoryCatalog):
     def __init__(self, loop):
         super().__init__()
         self._loop, self.stalled_until = loop, 0.0
+        self.committed_txns: set[str] = set()  # every txn/X ever written committed (its row goes once applied)
 
     async def _through(self) -> None:
         while self._loop.time() < self.stalled_until:
@@ -93,14 +97,17 @@ class StallingCatalog(MemoryCatalog):
 
     async def txn(self, checks=(), ops=(), *, request_id=None):
         await self._through()
-        return await super().txn(checks, ops, request_id=request_id)
+        res = await super().txn(checks, ops, request_id=request_id)
+        if res.committed:
+            self.committed_txns |= {op.key for op in ops if isinstance(op, Put) and op.key.startswith("txn/")
+                                    and op.value == COMMITTED}
+        return res
 
 
 class World(Checks):
     def __init__(self, seed: int, loop, faults: Faults | None = None, seconds: float = 30.0, writers: int = 3,
                  parts: int = PARTS):
         self.seed, self.loop, self.rng = seed, loop, random.Random(seed)
-        self.abort_rng = random.Random(seed ^ 0x5EED)  # the aborts of failed reserves (World._transaction)
         self.parts = parts  # the table's partitions, each with its own leader
         self.faults, self.seconds, self.writers = faults or Faults(), seconds, writers
         self.catalog, self.objects = StallingCatalog(loop), MemoryObjectStore()
@@ -224,32 +231,20 @@ class World(Checks):
                 await self.elect(pid, exclude=dead)  # restarted, or stepped down: it takes it through an election
 
     async def elect(self, pid: int, exclude: set[str]) -> bool:
-        p, tid = self.place[pid], self.table.table_id
-        voters, need = [n for n in p.replicas if n not in exclude], 2
-        if len(voters) < need:
+        """The node layer's election rounds (node/cluster/election.py) over the simulated
+        network; then the chosen node is told to lead."""
+        p = self.place[pid]
+        voters = [n for n in p.replicas if n not in exclude]
+        if len(voters) < 2:
             return False
-        epoch = p.epoch + 1
-        for _ in range(3):
-            # each fence given up after the failure timeout, as the controller's (a stopped
-            # voter would hold the election, and every other partition's, for a whole request)
-            got = await asyncio.gather(*[asyncio.wait_for(self.net.call("driver", n, lambda n=n, e=epoch: _fence(
-                self.nodes[n].db, tid, pid, e)), FAILURE_S) for n in voters], return_exceptions=True)
-            ok = {n: g for n, g in zip(voters, got) if isinstance(g, dict)}
-            if len(ok) >= need:
-                break
-            promised = [g.promised for g in got if isinstance(g, FencedError) and g.promised >= epoch]
-            if not promised or len(ok) + len(promised) < need:
-                return False
-            epoch = max(promised) + 1
-        else:
+        was = PartitionPlace(tuple(p.replicas), p.epoch, p.base, tuple(p.start))
+        won = await election.elect(was, voters, 2, _SimBallot(self, pid), LEASE_S, where=f"t/{pid}")
+        if won is None:
             return False
-        chosen = choose_leader(ok, need, None, p.leader)
-        base, start = int(ok[chosen]["last"]), Position.of(ok[chosen]["pos"])
-        if not await self._record(pid, epoch, base, start, clock_floor(ok.values(), LEASE_S)):
-            return False
+        new, ok = won.place, won.answers
+        chosen, epoch, base, start = new.leader, new.epoch, new.base, Position(*new.start)
         node = self.nodes[chosen]
-        self.place[pid] = Place(chosen, [chosen, *[n for n in p.replicas if n != chosen]], epoch, base, start,
-                                node.inc)
+        self.place[pid] = Place(chosen, list(new.replicas), epoch, base, start, node.inc)
         self.elections += 1
         self.log("elected", pid=pid, leader=chosen, epoch=epoch, base=base, start=list(start),
                  answers={n: (a["last"], a["pos"]) for n, a in ok.items()})
@@ -363,67 +358,21 @@ class World(Checks):
 
     async def _transaction(self, src: str, b: int, rows: pa.Table, pids: np.ndarray, rng: random.Random,
                            op: Write) -> int | None:
-        """One batch through the participants' two phases (node/cluster/commit.py's steps): its
-        timestamp once every participant committed it, else None (aborted, or its outcome left
-        to the participants: the client got an error). ``op``: the write in the history, which
-        learns the decision row's name (txn/X) — what resolves it once the faults healed."""
-        d = self.table
-        txn = DECIDED | SPANS_NODES | rng.getrandbits(60)
-        op.txn = txn
+        """One batch through the node layer's coordinator (node/cluster/commit.py), run on the
+        node the client sent it to (tests/sim/coordinator.py): its timestamp once every
+        participant committed it, else None (aborted, or its outcome left to the participants:
+        the client got an error). ``op`` learns the decision row's name (txn/X) — what resolves
+        it once the faults healed."""
         mine: dict[str, list[int]] = {}
         for pid in np.unique(pids).tolist():
             mine.setdefault(self.place[pid].leader, []).append(pid)
         shares = {who: rows.filter(pa.array(np.isin(pids, ps))) for who, ps in mine.items()}
-
-        def part(who: str):
-            return self.nodes[who].db.participant  # called on arrival: the node's present incarnation
-        got: list[str] = []
-        sent: list[str] = []  # a reserve that failed or timed out may still take its locks later
-        floor = 0
+        me = rng.choice(sorted(self.nodes))  # any node routes a batch: the one the client reached
         try:
-            for who in sorted(shares):  # one node at a time: locks in one global order
-                sent.append(who)
-                r = await self.net.call(src, who, lambda who=who, floor=floor: part(who).reserve(
-                    "t", d.table_id, d.schema.version, shares[who], floor, txn))
-                got.append(who)
-                floor = max(floor, r.ts)
-            ts = floor
-            await asyncio.wait_for(asyncio.gather(*[self.net.call(src, who, lambda who=who: part(who).prepare(
-                txn, ts)) for who in got]), 0.4)
-        except (asyncio.TimeoutError, *CLIENT_ERRORS) as e:
-            self.log("txn_aborted", batch=b, error=repr(e)[:150])
-            await self._abort_all(src, got, txn)
-            if len(sent) > len(got):  # the node whose reserve failed may still take its locks later:
-                # it hears the abort too — on randomness of its own, in the background, so the
-                # seeds' schedules stay as they were where it changes nothing
-                asyncio.ensure_future(self._abort_all(src, sent[len(got):], txn, self.abort_rng))
+            return await self.net.call(src, me, lambda: coordinate(self, me, shares, op, rng))
+        except CLIENT_ERRORS as e:
+            self.log("txn_aborted", batch=b, via=me, error=repr(e)[:150])
             return None
-        if rng.random() < 0.03:
-            self.log("coordinator_vanished", batch=b, txn=txn, decided=False, shares={w: mine[w] for w in got})
-            return None  # the participants time out and decide from the catalog: aborted
-        key = txn_key(txn)
-        res = await commit(self.catalog, [Check(key, 0)], [Put(key, COMMITTED)])
-        if not res.committed:
-            e = await self.catalog.get(key)
-            if e is None or e.value != COMMITTED:  # a participant gave up on it and aborted first
-                await self._abort_all(src, got, txn)
-                return None
-        if rng.random() < 0.03:
-            self.log("coordinator_vanished", batch=b, txn=txn, decided=True, shares={w: mine[w] for w in got})
-            return None  # decided: the participants find it committed
-        answers = await asyncio.gather(*[self.net.call(src, who, lambda who=who: part(who).commit(txn))
-                                         for who in got], return_exceptions=True)
-        if any(isinstance(a, BaseException) for a in answers):
-            self.log("txn_unconfirmed", batch=b, answers=[repr(a)[:80] for a in answers])
-            return None  # committed, but a participant did not confirm: the client got 503
-        if all(answers):  # every share has its COMMIT X: the decision row goes
-            await commit(self.catalog, [], [Delete(key)])
-        return ts
-
-    async def _abort_all(self, src: str, whos: list[str], txn: int, rng=None) -> None:
-        """Best effort: a participant that misses it aborts by itself after its timeout."""
-        await asyncio.gather(*[self.net.call(src, who, lambda who=who: self.nodes[who].db.participant.abort(txn),
-                                             rng) for who in whos], return_exceptions=True)
 
     async def _read(self) -> None:
         """A writer's read of a partition at the present, through its leader."""
@@ -550,6 +499,24 @@ class World(Checks):
         await asyncio.sleep(after)
         self.net.cut -= links
         self.log("heal", links=sorted(links))
+
+
+class _SimBallot:
+    """An election's fences over the simulated network (each given up after the failure
+    timeout, as the driver's: a stopped voter would hold the election, and every other
+    partition's, for a whole request) and its record: the epoch history in the catalog (the
+    placement itself is the world's, ``World.place``)."""
+
+    def __init__(self, world: World, pid: int):
+        self.w, self.pid = world, pid
+
+    async def fence(self, node: str, epoch: int, force: bool) -> dict:
+        w, tid = self.w, self.w.table.table_id
+        answer = w.net.call("driver", node, lambda: _fence(w.nodes[node].db, tid, self.pid, epoch))
+        return await asyncio.wait_for(answer, FAILURE_S)
+
+    async def write(self, was: PartitionPlace, new: PartitionPlace, floor: int) -> bool:
+        return await self.w._record(self.pid, new.epoch, new.base, Position(*new.start), floor)
 
 
 async def _fence(db: Database, tid: str, pid: int, epoch: int) -> dict:
