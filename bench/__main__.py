@@ -3,10 +3,10 @@ import asyncio
 import sys
 
 from bench import (aggregate_bench, cluster_bench, columnar_node_bench, console_bench, delete_bench, durability_bench,
-                   gc_bench,
-                   gc_cluster_bench, keys_bench, leaderless_bench, membership_bench, node_bench, raft_bench,
-                   retention_bench, rowcodec_bench, rowstore_bench, rowstore_read_bench, segment_formats_bench,
-                   spark_bench, spark_floor_bench, subscribe_bench, table_bench, terrafs_bench, tsagg_bench)
+                   gc_bench, gc_cluster_bench, keys_bench, leaderless_bench, membership_bench, memory_bench,
+                   node_bench, raft_bench, retention_bench, rowcodec_bench, rowstore_bench, rowstore_read_bench,
+                   segment_formats_bench, spark_bench, spark_floor_bench, subscribe_bench, table_bench, terrafs_bench,
+                   tsagg_bench)
 
 SUITES = {"terrafs": terrafs_bench.main, "rowcodec": rowcodec_bench.main,
           "rowstore": rowstore_bench.main, "rowstore_read": rowstore_read_bench.main,
@@ -19,7 +19,7 @@ SUITES = {"terrafs": terrafs_bench.main, "rowcodec": rowcodec_bench.main,
           "segment_formats": segment_formats_bench.main, "columnar": columnar_node_bench.main,
           "subscribe": subscribe_bench.main, "tsagg": tsagg_bench.main,
           "retention": retention_bench.main, "membership": membership_bench.main,
-          "delete": delete_bench.main}
+          "delete": delete_bench.main, "memory": memory_bench.main}
 
 
 def main(argv: list[str]) -> int:

@@ -75,6 +75,7 @@ class NodeConfig:
     partitions: int = 8
     replicas: int = 1
     memtable_bytes: int = 64 << 20
+    column_cache_bytes: int = 256 << 20  # built column-index runs kept in memory (all partitions)
     checkpoint_every_s: float = 1.0
     offload_every_s: float = 5.0
     seal_every_s: float = 0.0  # 0: segments seal only when they reach seal_bytes
@@ -190,7 +191,8 @@ _SCHEMA: dict[str, dict[str, tuple[str, Callable[[str, object], object]]]] = {
                  "tls_cert": ("tls_cert", _readable), "tls_key": ("tls_key", _readable)},
     "history": {"retention": ("retention_s", parse_duration), "purge_lag": ("purge_lag_s", parse_duration)},
     "tables": {"partitions": ("partitions", _partitions), "replicas": ("replicas", _replicas),
-               "memtable_bytes": ("memtable_bytes", parse_size)},
+               "memtable_bytes": ("memtable_bytes", parse_size),
+               "column_cache_bytes": ("column_cache_bytes", parse_size)},
     "jobs": {"checkpoint_every": ("checkpoint_every_s", parse_duration),
              "offload_every": ("offload_every_s", parse_duration),
              "seal_every": ("seal_every_s", parse_duration)},

@@ -65,6 +65,9 @@ class Metrics:
                                   ["outcome"], registry=r)
         self.memtable_bytes = Gauge("terrascale_memtable_bytes", "Key and column memtables, all partitions",
                                     registry=r)
+        self.column_cache_bytes = Gauge("terrascale_column_cache_bytes",
+                                        "Built column-index runs held in memory (tables.column_cache_bytes)",
+                                        registry=r)
         self.closed_ts = Gauge("terrascale_closed_timestamp", "The closed timestamp (reads see up to it)",
                                registry=r)
         self.job_seconds = Histogram("terrascale_job_seconds", "Background job duration", ["job"],

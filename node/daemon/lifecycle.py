@@ -111,6 +111,7 @@ class Node:
         self._stack.push_async_callback(cluster.close)
         db = self.db = Database(fs, TablesConfig(partitions=c.partitions, seal_bytes=c.seal_bytes, columnar=c.columnar,
                                                  memtable_bytes=c.memtable_bytes,
+                                                 column_cache_bytes=c.column_cache_bytes,
                                                  retention_ms=int(c.retention_s * 1000),
                                                  purge_lag_ms=int(c.purge_lag_s * 1000),
                                                  gc=GcConfig(c.gc_min_garbage, c.gc_grace_s, c.gc_max_bytes_per_run),

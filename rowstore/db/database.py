@@ -31,6 +31,8 @@ from typing import Any, overload
 import numpy as np
 import pyarrow as pa
 
+from rowstore.db.partition import RUN_CACHES
+from rowstore.index.column_cache import RunCache
 from rowstore.db.changes import CommitTail
 from rowstore.db.write.committer import Committer, WriteResult
 from rowstore.db.write.two_phase import decided
@@ -75,6 +77,7 @@ class TablesConfig:
     # config (segments.columnar) turns it on by default, the engine alone (tests, tools) does not
     columnar: bool = False
     memtable_bytes: int = 64 << 20  # all partitions' key memtables together
+    column_cache_bytes: int = 256 << 20  # built column-index runs kept in memory, all partitions together
     retention_ms: int = 7 * 86_400_000
     closed_wait_s: float = 2.0
     purge_lag_ms: int = PURGE_LAG_MS  # how far purges trail the retention horizon (reads.py)
@@ -115,6 +118,8 @@ class Database:
         self.catalog_tables = TableCatalog(self.catalog, self.clock)
         # each read passes its table's schemas
         self.store = SegmentStore(fs, seal_bytes=cfg.seal_bytes, lost=lost, columnar=cfg.columnar)
+        self.column_runs = RunCache(cfg.column_cache_bytes)
+        RUN_CACHES[self.store] = self.column_runs  # every partition over this store shares it
         self.tables = TableRegistry(self.catalog_tables, self.store, self.clock.observe)
         # serving/
         self.replicas = ReplicaStore(fs, cfg.replica_lease_s, monotonic, cfg.resume_free_bytes, lost)

@@ -10,6 +10,7 @@ its decision, which is what keeps ``BATCH X`` the log's last batch until decided
 from __future__ import annotations
 
 import asyncio
+import weakref
 import logging
 from collections.abc import Callable
 
@@ -20,6 +21,7 @@ from rowstore.errors import UnavailableError
 from terrafs.errors import ClosedError
 from rowstore.segments.active import ActiveSegment
 from rowstore.rowids import rowids as make_rowids, TOMBSTONE
+from rowstore.index.column_cache import RunCache
 from rowstore.index.column_index import PartitionColumns
 from rowstore.tables.keys import encode_columns, key_arrays
 from rowstore.index.key_index import PartitionIndex
@@ -33,6 +35,11 @@ from rowstore.segments.wal import U64, RecordKind
 log = logging.getLogger("rowstore.db.partition")
 
 
+# a node's cache of built column-index runs, by its segment store (set by Database): the
+# partitions of one node share one budget, whichever part of the node made them
+RUN_CACHES: weakref.WeakKeyDictionary[SegmentStore, RunCache] = weakref.WeakKeyDictionary()
+
+
 def manifest_key(table_id: str, pid: int) -> str:
     return f"idx/{table_id}/{pid:03d}/manifest"
 
@@ -40,7 +47,7 @@ def manifest_key(table_id: str, pid: int) -> str:
 class Partition:
     def __init__(self, store: SegmentStore, table_id: str, pid: int, key_kind: str, indexed: list[Column]):
         self.store, self.table_id, self.pid, self.kind = store, table_id, pid, key_kind
-        self.columns = PartitionColumns(store.fs, manifest_key(table_id, pid), indexed)
+        self.columns = PartitionColumns(store.fs, manifest_key(table_id, pid), indexed, RUN_CACHES.get(store))
         # live counts move as merges purge versions
         self.index = PartitionIndex(store.fs, manifest_key(table_id, pid), key_kind, self.columns, store.superseded)
         self.lock = asyncio.Lock()

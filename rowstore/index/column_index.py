@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Iterable, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap64
 
 from catalog.abc import Put
+from rowstore.index.column_cache import RunCache, nbytes
 from rowstore.index.column_structures import AxisIndex, GridIndex, ValueIndex, bitmap, ids_of
 from rowstore.reads.predicates import Interval, BBox, Term, bbox_mask, numeric_values, term_mask, NUMERIC
 from rowstore.errors import RowCorruptionError, SchemaError
@@ -120,7 +121,10 @@ class ColumnRun:
 class PartitionColumns:
     """Memtable and runs of every indexed column of one partition."""
 
-    def __init__(self, fs: TerrascaleFS, manifest_key: str, columns: list[Column]) -> None:
+    def __init__(self, fs: TerrascaleFS, manifest_key: str, columns: list[Column],
+                 cache: RunCache | None = None) -> None:
+        """``cache``: where built runs are kept (the node's, shared by its partitions; by
+        default one of this partition's own)."""
         self.fs, self.key = fs, manifest_key
         self.columns = {c.id: c for c in columns}
         for c in columns:
@@ -128,7 +132,11 @@ class PartitionColumns:
         self.mem: list[MemPiece] = []
         self.frozen: list[list[MemPiece]] = []
         self._mem_bytes = 0
-        self.runs: dict[int, dict[int, ColumnRun]] = {}  # primary-key run inode -> column id -> run
+        self.cache = cache if cache is not None else RunCache()
+        # primary-key run inode -> column id -> its run, named only: built when a read needs it
+        self.runs: dict[int, dict[int, _Ref]] = {}
+        self._written: dict[int, str] = {}  # inode -> object key of runs this node just wrote
+        self.version = 0  # moves whenever the runs named change (a checkpoint, a merge, a GC pass)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -177,6 +185,9 @@ class PartitionColumns:
             body = await asyncio.to_thread(_ipc_bytes, col, index_kind(col), rowids, values)
             rec = await self.fs.create_sealed(_one(body), extra=lambda r: ([], [Put(self.pending_key(r.inode), b"")]))
             out[str(cid)] = rec.inode
+            # built now, while its values are at hand: the first read after a checkpoint finds it
+            self.cache.put(rec.location, *await asyncio.to_thread(_build, col, rowids, values, rec.inode))
+            self._written[rec.inode] = rec.location
         return out
 
     def pending_key(self, inode: int) -> str:
@@ -188,19 +199,54 @@ class PartitionColumns:
         return await asyncio.to_thread(parse_column_run, raw, sf.where)
 
     async def attach(self, pk_inode: int, cols: dict[str, int]) -> None:
-        """Open (and build) the column runs named with a primary-key run."""
-        runs = {}
-        for cid_s, inode in cols.items():
-            col = self.columns.get(int(cid_s))
-            if col is None:
-                continue  # the column was dropped since: its index with it
-            rowids, values = await self.run_data(inode)
-            runs[col.id] = await asyncio.to_thread(ColumnRun, col, rowids, values, inode)
-        await asyncio.to_thread(_share_rowids, list(runs.values()))
-        self.runs[pk_inode] = runs
+        """Name the column runs of a primary-key run: nothing is read until a read needs one."""
+        self.runs[pk_inode] = {int(c): _Ref(inode, self._written.pop(inode, None)) for c, inode in cols.items()
+                               if int(c) in self.columns}  # a column dropped since: its index with it
+        self.version += 1
 
     def detach(self, pk_inode: int) -> None:
-        self.runs.pop(pk_inode, None)
+        for ref in self.runs.pop(pk_inode, {}).values():
+            if ref.key is not None:
+                self.cache.drop(ref.key)
+        self.version += 1
+
+    async def build(self, cids: Iterable[int]) -> None:
+        """Every run of columns ``cids`` built (in the cache), so that what a read then takes
+        of them is taken without waiting (at one instant, with the visible rows)."""
+        for cid in cids:
+            if cid in self.columns:
+                await self._runs_of(cid)
+
+    async def _run(self, pk_inode: int, cid: int) -> ColumnRun:
+        """Column ``cid``'s run of primary-key run ``pk_inode``, built (or found in the cache)."""
+        ref, col = self.runs[pk_inode][cid], self.columns[cid]
+        if ref.key is None:
+            ref.key = (await self.fs.open_sealed(ref.inode)).key
+        run = self.cache.peek(ref.key)
+        if run is not None:
+            self.cache.stats["hits"] += 1
+            return cast(ColumnRun, run)
+
+        async def build() -> tuple[ColumnRun, int]:
+            rowids, values = await self.run_data(ref.inode)
+            return await asyncio.to_thread(_build, col, rowids, values, ref.inode)
+        run = cast(ColumnRun, await self.cache.get(ref.key, build))
+        built = [self.cache.peek(r.key) for c, r in self.runs.get(pk_inode, {}).items() if c != cid and r.key]
+        await asyncio.to_thread(_share_rowids, [*(x for x in built if x is not None), run])  # one rowid array
+        return run
+
+    async def _runs_of(self, cid: int) -> list[tuple[int, ColumnRun]]:
+        """(primary-key run inode, run) of every run holding column ``cid``, as named at one
+        instant: the runs built meanwhile, a checkpoint or a merge may rename them (then they
+        are taken again; when every one is built already nothing waits)."""
+        while True:
+            named = [pk for pk, refs in list(self.runs.items()) if cid in refs]
+            try:
+                out = [(pk, await self._run(pk, cid)) for pk in named]
+            except KeyError:  # detached while another was built
+                continue
+            if named == [pk for pk, refs in self.runs.items() if cid in refs]:
+                return out
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -209,7 +255,7 @@ class PartitionColumns:
         for cid in [c for c in self.columns if schema.by_id(c) is None]:
             del self.columns[cid]
 
-    def candidates(self, pred: Pred) -> tuple[np.ndarray, np.ndarray] | None:
+    async def candidates(self, pred: Pred) -> tuple[np.ndarray, np.ndarray] | None:
         """Sorted rowids of row versions whose value may satisfy ``pred``, with the source
         of each (the inode of the key-index run holding its entry; 0: a memtable); None if
         the column is not indexed or its index cannot answer this predicate."""
@@ -217,10 +263,7 @@ class PartitionColumns:
         if cid not in self.columns:
             return None
         parts, srcs = [], []
-        for pk_inode, run_cols in self.runs.items():
-            run = run_cols.get(cid)
-            if run is None:
-                continue
+        for pk_inode, run in await self._runs_of(cid):
             got = run.candidates(pred)
             if got is None:
                 return None
@@ -238,17 +281,17 @@ class PartitionColumns:
         order = np.argsort(ids, kind="stable")
         return ids[order], src[order]
 
-    def bitmap_of(self, pred: Pred) -> BitMap64 | None:
+    async def bitmap_of(self, pred: Pred) -> BitMap64 | None:
         """Like :meth:`candidates`, as one roaring bitmap without sources: for aggregates,
         which take visibility from the visible set instead of checking each source."""
         cid = pred.column.id
-        return None if cid not in self.columns else bitmap_from(self.columns[cid], *self.pieces_of(cid), pred)
+        return None if cid not in self.columns else bitmap_from(self.columns[cid], *await self.pieces_of(cid), pred)
 
-    def pieces_of(self, cid: int) -> tuple[list[ColumnRun], list[tuple[np.ndarray, pa.Array]]]:
+    async def pieces_of(self, cid: int) -> tuple[list[ColumnRun], list[tuple[np.ndarray, pa.Array]]]:
         """The runs and memtable pieces (values taken) holding column ``cid``, as they are now:
         taken on the event loop, then read in a thread (runs are immutable once built, and a
         piece's arrays are not written after insert)."""
-        runs = [r[cid] for r in list(self.runs.values()) if cid in r]
+        runs = [run for _, run in await self._runs_of(cid)]  # then the memtables, at the instant they were named
         mem = [(ids, _values(v.get(cid))) for ids, v in [*self.mem, *(p for tok in self.frozen for p in tok)]]
         return runs, [(ids, v) for ids, v in mem if v is not None]
 
@@ -260,6 +303,21 @@ class PartitionColumns:
 # -- helpers ----------------------------------------------------------------------------------
 
 
+class _Ref:
+    """A column run named in the manifest: its inode, and its object key once known."""
+
+    __slots__ = ("inode", "key")
+
+    def __init__(self, inode: int, key: str | None = None) -> None:
+        self.inode, self.key = inode, key
+
+
+def _build(col: Column, rowids: np.ndarray, values: pa.Array, inode: int) -> tuple[ColumnRun, int]:
+    """A run's structure and about the bytes it holds (worker thread)."""
+    run = ColumnRun(col, rowids, values, inode)
+    return run, nbytes(run)
+
+
 def _share_rowids(runs: list[ColumnRun]) -> None:
     """Let the runs of one primary-key run whose side tables hold the same rowids (columns
     without nulls) hold one array: aggregates then find the wanted rows once for all of them
@@ -269,7 +327,8 @@ def _share_rowids(runs: list[ColumnRun]) -> None:
         holder = run.values if run.kind == "value" else run.axis if run.kind == "axis" else None
         if holder is None:
             continue
-        same = next((s for s in seen if len(s) == len(holder.rowids) and np.array_equal(s, holder.rowids)), None)
+        same = next((s for s in seen if s is holder.rowids or (len(s) == len(holder.rowids)
+                                                               and np.array_equal(s, holder.rowids))), None)
         if same is None:
             seen.append(holder.rowids)
         else:

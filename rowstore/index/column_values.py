@@ -31,9 +31,9 @@ def gatherable(cols: PartitionColumns, col: Column) -> bool:
     return col.id in cols.columns and index_kind(col) in _GATHERED
 
 
-def sources(cols: PartitionColumns, col: Column) -> list[Source]:
+async def sources(cols: PartitionColumns, col: Column) -> list[Source]:
     """The runs and memtable pieces holding ``col``, as they are now."""
-    runs, pieces = cols.pieces_of(col.id)
+    runs, pieces = await cols.pieces_of(col.id)
     return runs + pieces
 
 

@@ -168,9 +168,14 @@ class Aggregator:
         is binned once, by one kernel pass over the grid cells the box touches — no rowid is
         sorted or searched (:mod:`rowstore.index.rowid_kernels`)."""
         col, box = grid.box.column, grid.box
-        ids = await part.index.visible_rowids(c.T)
-        narrow = (await self._prepare(c, part, terms, None, [], rowids=True))[0] if terms else None
-        srcs = sources(part.columns, col)
+        while True:  # the visible rows and the runs at one instant (a merge or a GC pass renames runs)
+            await part.columns.build([col.id])
+            v = part.columns.version
+            ids = await part.index.visible_rowids(c.T)
+            narrow = (await self._prepare(c, part, terms, None, [], rowids=True))[0] if terms else None
+            srcs = await sources(part.columns, col)
+            if part.columns.version == v:
+                break
         edges = cell_edges(box.xmin, box.xmax, grid.nx), cell_edges(box.ymin, box.ymax, grid.ny)
         corners = np.array([box.xmin, box.ymin, box.xmax, box.ymax], np.float64)
 
@@ -193,13 +198,13 @@ class Aggregator:
         return _kept(self._sets, id(part.index), ids, RowidSet, 1024)  # bound: indexes of partitions long gone
 
     @staticmethod
-    def _candidates(part: Partition, preds: list[Pred], every: bool) -> Callable[[], BitMap64 | None] | None:
+    async def _candidates(part: Partition, preds: list[Pred], every: bool) -> Callable[[], BitMap64 | None] | None:
         """What computes, in a thread, what the column index allows for the predicates worth
         a bitmap (``every``: all it can answer — rows about to be decoded cost more than any
         bitmap), intersected (the candidates a query takes, reader.candidates, without their
         sources; None when no index applies) — from the runs and memtable pieces taken here,
         on the loop; None when no predicate's column is indexed."""
-        taken = [(p, part.columns.columns[p.column.id], part.columns.pieces_of(p.column.id))
+        taken = [(p, part.columns.columns[p.column.id], await part.columns.pieces_of(p.column.id))
                  for p in fold_ranges(preds) if p.column.id in part.columns.columns]
         if not taken:
             return None
@@ -243,13 +248,18 @@ class Aggregator:
         rows to read instead (sorted rowids, visible at T)."""
         assert c.d.schema is not None  # describe() refuses a dropped table
         with_rowids = rowids
-        ids = await part.index.visible_rowids(c.T) if only is None else only
         preds = terms + ([box] if box is not None else [])
         cols = {x.id: x for x in [*need, *(t.column for t in terms), *([box.column] if box else [])]}
         indexed = [x for x in cols.values() if gatherable(part.columns, x)]
         decode = [x for x in cols.values() if x.id not in {i.id for i in indexed}]
-        cands = self._candidates(part, preds, every=bool(decode))  # computed in a thread
-        srcs = {x.id: sources(part.columns, x) for x in indexed}
+        while True:  # the visible rows and the runs at one instant (a merge or a GC pass renames runs)
+            await part.columns.build(cols)  # built first: taken below without waiting, as a rule
+            v = part.columns.version
+            ids = await part.index.visible_rowids(c.T) if only is None else only
+            cands = await self._candidates(part, preds, every=bool(decode))  # computed in a thread
+            srcs = {x.id: await sources(part.columns, x) for x in indexed}
+            if part.columns.version == v:
+                break
         decoded = None
         if decode:
             if cands is not None:

@@ -65,7 +65,7 @@ class ExternalReads:
                                    "are not served by this node")
         for part in parts:
             ids = (await part.index.scan(c.T, keys)).rowids
-            cands, _ = candidates(part, preds)
+            cands, _ = await candidates(part, preds)
             if cands is not None:
                 ids = np.intersect1d(ids, cands, assume_unique=True)
             keep = await self.reader.zone_mask(c, ids, terms, box)  # segments the window misses (RFC 0009)

@@ -198,7 +198,7 @@ class Reader(PointReads, Scans):
         """The partition's matching rows with ``target``'s columns (the key and the terms'
         columns among them): a columnar segment reads only those."""
         assert c.d.schema is not None  # describe() refuses a dropped table
-        cands, srcs = candidates(part, terms + ([box] if box is not None else []))
+        cands, srcs = await candidates(part, terms + ([box] if box is not None else []))
         if cands is None:  # no index applies: the partition's visible rows, in key order
             return await self._scan_part(c, part, terms, box, limit, target)
         assert srcs is not None  # set with cands
@@ -270,12 +270,12 @@ class Reader(PointReads, Scans):
         return keep
 
 
-def candidates(part: Partition, preds: list[Term | BBox]) -> tuple[np.ndarray | None, np.ndarray | None]:
+async def candidates(part: Partition, preds: list[Term | BBox]) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Sorted rowids every usable column index allows, with each one's source run (RFC 0002);
     (None, None) when no predicate can use an index."""
     cands = srcs = None
     for pred in fold_ranges(preds):
-        got = part.columns.candidates(pred)
+        got = await part.columns.candidates(pred)
         if got is None:
             continue
         if cands is None:

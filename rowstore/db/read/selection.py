@@ -34,7 +34,8 @@ async def selected_keys(reader: Reader, c: ReadContext, part: Partition, terms: 
     assert schema is not None  # describe() refuses a dropped table
     piece = piece or PIECE_ROWS
     target = narrowed(schema, [], terms, box)
-    cands, srcs = (None, None) if rng is not None else candidates(part, terms + ([box] if box is not None else []))
+    preds = terms + ([box] if box is not None else [])
+    cands, srcs = (None, None) if rng is not None else await candidates(part, preds)
     if cands is None:  # no index applies (or a prefix's range): the key index's visible entries, a round at a time
         async for ids in _visible_rounds(part, c.T, 4 * piece, rng):  # fewer, bigger rounds: 24 B an entry
             keep = await reader.zone_mask(c, ids, terms, box)

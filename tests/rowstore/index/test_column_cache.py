@@ -1,0 +1,85 @@
+"""Column-index runs built on demand, within the node's budget (rowstore/index/column_cache.py,
+issue 37 item 4): a partition opens without reading its column runs; reads build the runs they
+need; with a budget smaller than one run every answer is the same, the least recently used run
+dropped and built again."""
+import numpy as np
+import pytest
+
+from rowstore.index.column_cache import RunCache
+from rowstore.index.column_index import PartitionColumns
+from tests.rowstore.tables_world import SCHEMA, TablesWorld, rows
+
+N = 3_000
+
+
+async def _loaded(w: TablesWorld):
+    db = await w.start()
+    await db.create_table("m", SCHEMA, indexes=["name", "v", "loc"])
+    for a in range(0, N, 500):  # several checkpoints: several runs a column
+        await db.upsert("m", rows(range(a, a + 500), seed=a))
+        await db.checkpoint()
+    return db
+
+
+async def _answers(db) -> tuple:
+    eq, _ = await db.query("m", where=[["name", "=", "name-3"]], columns=["id"], limit=None)
+    rng, _ = await db.query("m", where=[["v", ">", 40.0]], columns=["id"], limit=None)
+    box, _ = await db.query("m", bbox={"column": "loc", "xmin": 10, "ymin": 10, "xmax": 30, "ymax": 40},
+                            columns=["id"], limit=None)
+    agg, _, _ = await db.aggregate("m", None, [{"fn": "count"}, {"fn": "mean", "column": "v"}],
+                                where=[["name", "=", "name-5"]])
+    return (sorted(eq.column("id").to_pylist()), sorted(rng.column("id").to_pylist()),
+            sorted(box.column("id").to_pylist()), agg.to_pylist())
+
+
+async def test_a_partition_opens_without_reading_its_column_runs(monkeypatch):
+    w = TablesWorld(2, column_cache_bytes=64 << 20)
+    db = await _loaded(w)
+    want = await _answers(db)
+    reads = []
+    real = PartitionColumns.run_data
+
+    async def counted(self, inode):
+        reads.append(inode)
+        return await real(self, inode)
+    monkeypatch.setattr(PartitionColumns, "run_data", counted)
+    w.crash()
+    db = await w.start()  # a restart: the runs are named, not read
+    assert reads == []
+    assert db.column_runs.bytes == 0
+    assert await _answers(db) == want
+    assert reads  # built once a read needed them
+    built = len(reads)
+    assert await _answers(db) == want
+    assert len(reads) == built  # and kept
+
+
+@pytest.mark.parametrize("budget", [1, 64 << 10])
+async def test_answers_are_the_same_within_any_budget(budget):
+    w = TablesWorld(2)
+    db = await _loaded(w)
+    want = await _answers(db)
+    w.crash()
+    w.cfg = type(w.cfg)(**{**w.cfg.__dict__, "column_cache_bytes": budget})
+    db = await w.start()
+    for _ in range(2):
+        assert await _answers(db) == want
+        assert len(db.column_runs) == 1 if budget == 1 else db.column_runs.bytes <= budget
+    assert db.column_runs.stats["evicted"] > 0
+    await db.upsert("m", rows(range(N, N + 400), seed=9))  # and through a checkpoint and a merge
+    await db.checkpoint()
+    await db.checkpoint()
+    want2, _ = await db.query("m", where=[["name", "=", "name-3"]], columns=["id"], limit=None)
+    assert sorted(want2.column("id").to_pylist()) == sorted(
+        [i for i in range(N + 400) if f"name-{i % 13}" == "name-3"])
+
+
+async def test_concurrent_misses_of_one_run_build_it_once():
+    cache, calls = RunCache(1 << 20), []
+
+    async def build():
+        calls.append(1)
+        return np.zeros(10), 80
+    import asyncio
+    got = await asyncio.gather(*[cache.get("k", build) for _ in range(5)])
+    assert len(calls) == 1 and all(g is got[0] for g in got) and cache.bytes == 80
