@@ -1,5 +1,5 @@
 """`python -m bench memory`: a node's resident memory and restart time as its indexed history
-grows (issue 37 item 4), this code against the code before column-index runs were built on
+grows (RFC 0014, "What is left"), this code against the code before column-index runs were built on
 demand (``BEFORE``, a commit of this repository, run from an exported copy), in the same run.
 
 Each side: a node process (embedded catalog, local object store), one table of

@@ -1,5 +1,5 @@
 """Column-index runs built on demand, within the node's budget (rowstore/index/column_cache.py,
-issue 37 item 4): a partition opens without reading its column runs; reads build the runs they
+RFC 0014, "What is left"): a partition opens without reading its column runs; reads build the runs they
 need; with a budget smaller than one run every answer is the same, the least recently used run
 dropped and built again."""
 import numpy as np
