@@ -91,7 +91,7 @@ class _Node:
 async def _call(http, url: str, body: bytes | None = None, ctype: str = "application/json") -> bytes:
     async with http.post(url, data=body, headers={"Content-Type": ctype}) as r:
         out = await r.read()
-        if r.status != 200:
+        if r.status // 100 != 2:
             raise RuntimeError(f"{url}: {r.status} {out[:300]!r}")
         return out
 

@@ -144,9 +144,12 @@ def _setup_logging() -> None:
 def _node_run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    import faulthandler
+
     from node.daemon.lifecycle import run
 
     _setup_logging()
+    faulthandler.enable()  # a crash in native code (a fatal signal) prints every thread's stack to the log
     cfg = config_mod.load(args.config) if args.config else config_mod.defaults(args.data_dir)
     if args.listen:
         cfg = replace(cfg, listen=config_mod.parse_listen("--listen", args.listen))
