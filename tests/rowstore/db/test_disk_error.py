@@ -9,6 +9,7 @@ import errno
 import pytest
 
 from rowstore.errors import RowstoreError
+from rowstore.segments.store import SegmentStore
 from terrafs.backends.memory import MemoryDeviceFile
 from terrafs.errors import TerrafsError
 from tests.rowstore.tables_world import SCHEMA, TablesWorld, rows
@@ -104,12 +105,16 @@ async def test_a_seal_that_fails_at_the_disk_leaves_nothing_behind_once_the_disk
     assert await values(db) == want and await feed(db) == set(range(50))
 
 
-async def test_rows_in_a_segment_whose_create_failed_at_the_disk_survive_a_checkpoint_and_two_crashes():
-    """The first segment's row is committed, its file's creation fails at the disk: the
-    partition has no current segment, and a checkpoint then must not move the replay mark past
-    that active row — a restart takes it up, rows land in it, and after a crash before the
-    next checkpoint the replay would skip them (simulation seed 53719, where a promotion
-    adopted such a segment: three acknowledged batches lost a partition's share)."""
+async def test_rows_in_a_segment_whose_create_failed_at_the_disk_survive_a_checkpoint_and_two_crashes(monkeypatch):
+    """The first segment's row is committed, its file's creation fails at the disk (and the
+    row stays: its removal failed too): the partition has no current segment, and a checkpoint
+    then must not move the replay mark past that active row — a restart takes it up, rows land
+    in it, and after a crash before the next checkpoint the replay would skip them (simulation
+    seed 53719, where a promotion adopted such a segment: three acknowledged batches lost a
+    partition's share)."""
+    async def left(*a):
+        return None
+    monkeypatch.setattr(SegmentStore, "_forget_created", left)
     w = TablesWorld(1)
     db = await w.start()
     await db.create_table("m", SCHEMA)
@@ -124,3 +129,21 @@ async def test_rows_in_a_segment_whose_create_failed_at_the_disk_survive_a_check
     w.crash()  # before any checkpoint: the replay is all that indexes these rows
     db = await w.start()
     assert await values(db) == {k: 1.0 for k in range(20)}
+
+
+async def test_a_disk_that_fails_every_create_leaves_no_segment_rows():
+    """Each write while the disk fails creates a segment: its row is committed, its file is
+    refused. The rows go again, so a failing disk does not pile up active rows — simulation
+    seed 70455 left 164, and every promotion's adoption (one transaction over the partition's
+    active rows) went past the catalog's 256 parts, for ever."""
+    w = TablesWorld(1)
+    db = await w.start()
+    await db.create_table("m", SCHEMA)
+    w.block.broken = True
+    for _ in range(5):
+        with pytest.raises((RowstoreError, TerrafsError)):
+            await db.upsert("m", rows(range(10), v=-1.0))
+    assert await db.store.list() == []
+    w.block.broken = False
+    await db.upsert("m", rows(range(10), v=1.0))
+    assert len(await db.store.list()) == 1 and await values(db) == {k: 1.0 for k in range(10)}
