@@ -160,7 +160,9 @@ def test_it_finds_each_fixed_bug_when_its_fix_is_reverted(fix, seed, world):
     store faults. Since the simulation runs the node's own coordinator and
     election rounds (stop 50) every schedule moved: S1 is found at seed 318 (an index entry
     naming a segment no replica holds), S2 at seed 0, its early window at seed 3 with catalog
-    stalls (index entries past a segment's end), ``mark`` at seed 171 (six acknowledged batches lost)."""
+    stalls (index entries past a segment's end), ``mark`` at seed 171 (six acknowledged batches
+    lost; the revert also leaves a failed create's rows in place, as when their removal fails:
+    with them removed the hole the mark rule guards is not reached)."""
     out = sim("--seeds", str(seed), *world, "--revert", fix)
     assert out.returncode == 1 and "VIOLATION" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
     assert sim("--seeds", str(seed), *world).returncode == 0
@@ -170,7 +172,7 @@ def test_it_finds_each_fixed_bug_when_its_fix_is_reverted(fix, seed, world):
 @pytest.mark.parametrize("mutation, seed, world, found", [
     ("lagging_read", 0, (), "problems in the history"),
     ("lease_outlives_term", 11, ("--pause", "1"), "problems in the history"),
-    ("commit_below_read", 27, ("--clock-jump", "0.5"), "at or below the read's T")])
+    ("commit_below_read", 95, ("--clock-jump", "0.5"), "at or below the read's T")])
 def test_the_history_checks_find_each_mutation(mutation, seed, world, found):
     """A deliberate bug switched on (terrafs/failpoints.py): a read of the present served 300 ms
     behind, as a lagging replica would (every seed of 0-29 fails); a leader serving reads without
@@ -182,8 +184,9 @@ def test_the_history_checks_find_each_mutation(mutation, seed, world, found):
     above what it took from the old one, so only the lease's margin is left for the mutation to
     break. The first seed that shows each, caught by the history checks; clean without it.
     Since the simulation runs the node's own coordinator and election rounds (stop 50): seed 0,
-    seed 11 with ``--pause 1`` (11 and 18 of 0-49), seed 27 with ``--clock-jump 0.5`` (1 of 0-49:
-    a write called after a read returned committed at or below the read's T)."""
+    seed 11 with ``--pause 1`` (11 and 18 of 0-49), seed 95 with ``--clock-jump 0.5`` (1 of 0-99
+    since the column index is built on demand, 27 before: a write called after a read returned
+    committed at or below the read's T)."""
     out = sim("--seeds", str(seed), *world, "--mutate", mutation)
     assert out.returncode == 1 and found in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
     assert sim("--seeds", str(seed), *world).returncode == 0
