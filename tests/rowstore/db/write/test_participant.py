@@ -17,7 +17,10 @@ from terrafs.catalog_ops import commit
 from tests.rowstore.tables_world import SCHEMA, TablesWorld, rows
 
 
-async def test_an_abort_during_an_inflight_prepare_rolls_back_when_the_append_lands():
+async def _prepare_held_at_the_disk():
+    """Ten rows committed, then a reserved batch whose prepare waits at a slow disk (BATCH X
+    enqueued): (world, db, segment, its real append, the event releasing the disk, txn,
+    reservation, the prepare's future)."""
     w = TablesWorld(partitions=1)
     db = await w.start()
     d = await db.create_table("m", SCHEMA)
@@ -34,6 +37,11 @@ async def test_an_abort_during_an_inflight_prepare_rolls_back_when_the_append_la
     r = await db.participant.reserve("m", d.table_id, d.schema.version, rows(range(100, 105)), 0, txn)
     prep = asyncio.ensure_future(db.participant.prepare(txn, r.ts))
     await asyncio.sleep(0.01)  # BATCH X enqueued, waiting for the disk
+    return w, db, seg, real, held, txn, r, prep
+
+
+async def test_an_abort_during_an_inflight_prepare_rolls_back_when_the_append_lands():
+    w, db, seg, real, held, txn, r, prep = await _prepare_held_at_the_disk()
     await db.participant.abort(txn)  # the coordinator's timeout: aborted here
     held.set()
     with pytest.raises(UnavailableError):  # 503 at the edge: a timeout, retry (RFC 0010 §3)
@@ -59,22 +67,7 @@ async def test_a_prepare_whose_caller_is_cancelled_finishes_and_is_then_aborted_
     accounted for — but finish, so that the abort that follows rolls it back; a cancelled one
     left index entries past a segment's end (found by the simulation running the node's own
     coordinator, seed 26)."""
-    w = TablesWorld(partitions=1)
-    db = await w.start()
-    d = await db.create_table("m", SCHEMA)
-    await db.upsert("m", rows(range(10)))
-    part = (await db.tables.table(d)).parts[0]
-    seg = await part.current()
-    held, real = asyncio.Event(), seg.append_encoded
-
-    async def slow_append(*a, **k):  # the disk (or the majority) is slow
-        await held.wait()
-        return await real(*a, **k)
-    seg.append_encoded = slow_append
-    txn = DECIDED | SPANS_NODES | secrets.randbits(60)
-    r = await db.participant.reserve("m", d.table_id, d.schema.version, rows(range(100, 105)), 0, txn)
-    prep = asyncio.ensure_future(db.participant.prepare(txn, r.ts))
-    await asyncio.sleep(0.01)  # BATCH X enqueued, waiting for the disk
+    w, db, seg, real, held, txn, r, prep = await _prepare_held_at_the_disk()
     prep.cancel()
     held.set()
     with pytest.raises(asyncio.CancelledError):
