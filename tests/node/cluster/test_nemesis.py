@@ -83,6 +83,7 @@ class Nemesis:
         self.trace: list[str] = []
         self.reads: list[tuple[int, dict[int, int]]] = []
         self.bad_reads: list[str] = []  # answers no fault excuses (a 500, a 4xx other than 421)
+        self.died: list[str] = []  # members that exited on their own (no round killed them)
         self.history = History(time.monotonic)
 
     def log(self, what: str) -> None:
@@ -168,7 +169,17 @@ class Nemesis:
             if os.path.exists(ballast):
                 os.unlink(ballast)
         self.read_present()
+        self.check_alive()
         time.sleep(0.3)
+
+    def check_alive(self) -> None:
+        """Every member no round has stopped still runs: a node that exits on its own fails the
+        seed by name (not a minute later as writes left without an outcome)."""
+        for n in self.nodes:
+            rc = n.proc.poll() if n.proc is not None else None
+            if rc is not None and n.node_id not in {d.split()[0] for d in self.died}:
+                self.died.append(f"{n.node_id} exited with status {rc}")
+                self.log(self.died[-1])
 
     def join(self) -> None:
         """A new node joins (`admin cluster add`); the driver moves replicas to it while the
@@ -357,6 +368,8 @@ def test_nemesis_rounds_lose_nothing_and_agree(tmp_path):
         reader.join(30)
         w.stop(finish_s=60)  # each writer's last batch acknowledged: no outcome left unknown
         nem.log("writers stopped")
+        nem.check_alive()
+        assert not nem.died, f"members exited with no round stopping them: {nem.died}"
         assert not w.bad, f"answers no fault excuses: {w.bad[:5]}"
         assert not nem.bad_reads, f"reads answered what no fault excuses: {nem.bad_reads[:5]}"
         assert not w.unacked(), f"batches left with no outcome a minute after healing: {sorted(w.unacked())[:10]}"
