@@ -19,6 +19,7 @@ Model (etcd-like):
 from __future__ import annotations
 
 import abc
+import uuid
 from dataclasses import dataclass
 from typing import Sequence, Union
 
@@ -127,6 +128,11 @@ class Catalog(abc.ABC):
         request_id: str | None = None,
     ) -> TxnResult:
         """Apply ``ops`` atomically if every check holds. Durable on return."""
+
+    def request_id(self) -> str:
+        """A fresh id for a transaction whose outcome its caller may have to ask for
+        (``outcome``); a catalog built for a seeded replay gives seeded ones."""
+        return uuid.uuid4().hex
 
     @abc.abstractmethod
     async def outcome(self, request_id: str) -> TxnResult | None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Sequence
+from typing import Callable, Sequence
 
 from catalog.abc import Catalog, Check, Entry, Op, TxnResult
 from catalog.errors import CatalogUnavailableError
@@ -35,10 +35,14 @@ class StateReads(Catalog):
 
 
 class MemoryCatalog(StateReads):
-    def __init__(self, uri: str = "memory://catalog"):
-        self.uri = uri
+    def __init__(self, uri: str = "memory://catalog", request_ids: Callable[[], str] | None = None):
+        """``request_ids``: where ``request_id`` draws (default: random UUIDs)."""
+        self.uri, self._request_ids = uri, request_ids
         self.state = CatalogState()
         self._closed = False
+
+    def request_id(self) -> str:
+        return self._request_ids() if self._request_ids is not None else super().request_id()
 
     def _st(self) -> CatalogState:
         if self._closed:

@@ -7,7 +7,6 @@ a transaction that did commit is never applied twice nor reported failed.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Sequence
 
 from catalog.abc import Catalog, Check, Op, TxnResult
@@ -18,7 +17,7 @@ _OUTCOME_POLLS = 50
 
 async def commit(catalog: Catalog, checks: Sequence[Check], ops: Sequence[Op]) -> TxnResult:
     """Run one transaction; on a timeout, learn its outcome by request id."""
-    rid = uuid.uuid4().hex
+    rid = catalog.request_id()
     try:
         return await catalog.txn(checks, ops, request_id=rid)
     except CatalogTimeoutError:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
-import os
-import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import AsyncIterable, AsyncIterator, Callable, Sequence
@@ -37,6 +35,7 @@ from terrafs.errors import (
 )
 from terrafs.failpoints import failpoint
 from terrafs.params import new_params
+from terrafs.entropy import SYSTEM, Entropy
 from terrafs.ranges import RangeAllocator
 from terrafs.records import (
     FILE_PREFIX,
@@ -82,10 +81,12 @@ class RecoveryReport:
 class TerrascaleFS:
     def __init__(self, catalog: Catalog, block: BlockDevice, volatile: BlockDevice,
                  objects: ObjectStore, *, kek: KeyEncryptionKey | None = None,
-                 config: FsConfig = FsConfig()):
+                 config: FsConfig = FsConfig(), entropy: Entropy = SYSTEM):
+        """``entropy``: this node's ids and random draws (generations, staging names); the
+        layers above draw theirs from it too (``rowstore.db.Database``)."""
         self.catalog, self.block, self.volatile, self.objects = catalog, block, volatile, objects
-        self.kek, self.cfg = kek, config
-        self.inodes = RangeAllocator(catalog, "fs", 1, 2**32 - 1)
+        self.kek, self.cfg, self.entropy = kek, config, entropy
+        self.inodes = RangeAllocator(catalog, "fs", 1, 2**32 - 1, rng=entropy.jitter())
         self.cache = BlockCache(config.cache_memory_bytes, volatile, config.cache_volatile_bytes)
         self._active: dict[int, ActiveFile] = {}
         self._sealed: dict[int, SealedFile] = {}
@@ -127,7 +128,7 @@ class TerrascaleFS:
         return [r for r in recs if owner is None or r.owner == owner]
 
     def _new_record(self, inode: int, state: FileState, tier: FileTier, codec: Codec) -> FileRecord:
-        gen = int.from_bytes(os.urandom(8), "little") >> 1
+        gen = self.entropy.bits(63)
         loc = active_name(inode, gen) if tier == FileTier.BLOCK else object_key(inode, gen)
         return FileRecord(inode, gen, state, tier, self.cfg.node_id, loc, codec, self.kek is not None)
 
@@ -294,7 +295,7 @@ class TerrascaleFS:
         """Write the sealed object on the volatile device's staging area, then upload it."""
         params = new_params(rec.inode, rec.gen, codec=self.cfg.sealed_codec,
                             block_size=block_size or self.cfg.sealed_block_size, kek=self.kek)
-        name = f"{STAGING}/{rec.inode:08x}-{uuid.uuid4().hex}"
+        name = f"{STAGING}/{rec.inode:08x}-{self.entropy.token()}"
         out = await self.volatile.create(name)
         try:
             w = SealedWriter(out, params, self.kek)

@@ -33,9 +33,11 @@ class DoubleFreeError(TerrafsError):
 
 
 class RangeAllocator:
-    def __init__(self, catalog: Catalog, prefix: str, lo: int, hi: int, stripes: int = 64):
+    def __init__(self, catalog: Catalog, prefix: str, lo: int, hi: int, stripes: int = 64,
+                 rng: random.Random | None = None):
+        """``rng``: the picks and backoff delays (default: unseeded)."""
         self.catalog, self.prefix, self.lo, self.hi, self.stripes = catalog, prefix, lo, hi, stripes
-        self._rng = random.Random()
+        self._rng = rng or random.Random()
 
     def _key(self, lo: int) -> str:
         return f"{self.prefix}/free/{lo:08x}"

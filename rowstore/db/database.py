@@ -115,7 +115,7 @@ class Database:
         self.clock = HybridClock(self.catalog, fs.cfg.node_id, now_ms)
         self.timeline = Timeline(self.clock)
         self.tasks = BackgroundTasks()
-        self.catalog_tables = TableCatalog(self.catalog, self.clock)
+        self.catalog_tables = TableCatalog(self.catalog, self.clock, fs.entropy)
         # each read passes its table's schemas
         self.store = SegmentStore(fs, seal_bytes=cfg.seal_bytes, lost=lost, columnar=cfg.columnar)
         self.column_runs = RunCache(cfg.column_cache_bytes)
@@ -131,13 +131,13 @@ class Database:
         # write/
         self.commit_tail = CommitTail()  # committed batches of watched tables, until closed (RFC 0015)
         self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks,
-                                   self.leadership.demote, self.commit_tail, cfg.ack_timeout_s)
+                                   self.leadership.demote, self.commit_tail, cfg.ack_timeout_s, fs.entropy)
         # read/
         self.reader = Reader(self.store, self.catalog_tables, self.tables, self.clock, self.timeline, self.tasks,
                              self.leadership.check_lease, cfg.retention_ms, cfg.closed_wait_s, cfg.purge_lag_ms)
         self.participant = Participant(self.catalog, self.catalog_tables, self.committer, self.timeline,
                                        self.tasks, self.reader, cfg.prepare_timeout_s, coordinator_gone)
-        self.leases = Leases(self.catalog, self.clock.now_ms)
+        self.leases = Leases(self.catalog, self.clock.now_ms, fs.entropy)
         self.aggregator = Aggregator(self.reader)
         self.external = ExternalReads(fs, self.store, self.tables, self.reader, self.leases)
         self.subscriptions = Subscriptions(self.reader, self.external, self.commit_tail, self.timeline, self.tasks,
@@ -231,7 +231,7 @@ class Database:
         across partitions ``pids`` (None: those served here), each served here (RFC 0016 §6);
         ``count`` = rows deleted."""
         return await delete_where(self.participant, self.catalog, self.clock, self.tasks, name, where, bbox, prefix,
-                                  pids)
+                                  pids, self.fs.entropy)
 
     @overload
     async def write_pieces(self, d: TableDef, pieces: list[PartitionShare], sizes: None = None) -> list[int]: ...

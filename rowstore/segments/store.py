@@ -83,7 +83,7 @@ class SegmentStore(Handover, SegmentReads, CopyForward):
         self._current: dict[tuple[str, int], ActiveSegment] = {}
         self._rolling: dict[tuple[str, int], asyncio.Lock] = {}
         self.node = fs.cfg.node_id
-        self.segids = RangeAllocator(self.catalog, "rs", 1, 2**32 - 1)
+        self.segids = RangeAllocator(self.catalog, "rs", 1, 2**32 - 1, rng=fs.entropy.jitter())
         self.active: dict[int, ActiveSegment] = {}
         self._sealed: dict[int, SealedReader] = {}
         self._clusters: dict[int, ClusterRange | None] = {}  # segid -> cluster range (immutable per segid)

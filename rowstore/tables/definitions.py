@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from bisect import bisect_right
-import uuid
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -26,6 +25,7 @@ from rowstore.hlc import HybridClock
 from rowstore.schema import Column, SchemaVersion, _check_name, parse_schema
 from rowstore.types import CLUSTERABLE
 from terrafs.catalog_ops import commit
+from terrafs.entropy import SYSTEM, Entropy
 
 MAX_PARTITIONS = 256
 
@@ -92,8 +92,8 @@ def _vkey(name: str, ts: int) -> str:
 
 
 class TableCatalog:
-    def __init__(self, catalog: Catalog, clock: HybridClock):
-        self.catalog, self.clock = catalog, clock
+    def __init__(self, catalog: Catalog, clock: HybridClock, entropy: Entropy = SYSTEM):
+        self.catalog, self.clock, self.entropy = catalog, clock, entropy  # table ids drawn from entropy
         self._versions: dict[tuple[str, int], SchemaVersion] = {}  # (table id, version) -> schema
         self._hist: dict[str, list[TableDef]] = {}  # name -> versions, oldest first
         self.generation = 0  # bumped whenever cached versions are forgotten (any table changed)
@@ -171,7 +171,7 @@ class TableCatalog:
         if cur is not None and not cur.dropped:
             raise TableExistsError(f"table {name!r} exists")
         keep = retention(sv) if retention is not None else None
-        d = TableDef(name, uuid.uuid4().hex, partitions, idx, sv, 0, (sv.version,), cluster, keep)
+        d = TableDef(name, self.entropy.uuid_hex(), partitions, idx, sv, 0, (sv.version,), cluster, keep)
         return await self._write(name, d, head)
 
     async def set_retention(self, name: str, retention: Callable[[SchemaVersion], Retention | None]) -> TableDef:

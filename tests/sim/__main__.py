@@ -10,14 +10,10 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
-import os
 import random
-import secrets
 import sys
 import time
 import traceback
-import types
-import uuid
 
 from terrafs.failpoints import MUTATIONS, mutate
 from tests.sim.loop import SimLoop
@@ -28,19 +24,6 @@ from tests.sim.world import Faults, Violation, World
 # seed (seeds 0-59 acknowledge 45 on average, the fewest 6; each seed on its own must
 # acknowledge the batches it writes once every fault healed).
 FLOOR_SEEDS, FLOOR_PER_SEED = 20, 20
-
-
-def _determinism(seed: int) -> None:
-    """Every source of randomness the code under test draws from, seeded by the run's seed."""
-    rng = random.Random(seed ^ 0x5EED)
-    random.seed(seed)
-    os.urandom = rng.randbytes
-    import terrafs.ranges
-    terrafs.ranges.random = types.SimpleNamespace(Random=lambda x=None: random.Random(
-        rng.getrandbits(64) if x is None else x))
-    secrets.randbits = rng.getrandbits
-    secrets.token_hex = lambda n=16: rng.randbytes(n).hex()
-    uuid.uuid4 = lambda: uuid.UUID(int=rng.getrandbits(128), version=4)
 
 
 def scale() -> None:
@@ -115,7 +98,6 @@ def revert(name: str) -> None:
 
 
 def run_seed(seed: int, seconds: float, show_trace: bool, faults: Faults, parts: int = PARTS) -> tuple[bool, dict]:
-    _determinism(seed)
     loop = SimLoop((faults.threads, random.Random(seed * 7919 + 17)) if faults.threads else None)
     w = World(seed, loop, dataclasses.replace(faults), seconds, parts=parts)
     ok, why = True, ""

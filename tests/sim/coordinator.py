@@ -111,6 +111,9 @@ class Deciding(Catalog):
             raise Vanished(f"{p.me}: the coordinator vanished before its decision")
         return await self.inner.txn(checks, ops, request_id=request_id)
 
+    def request_id(self) -> str:
+        return self.inner.request_id()
+
     async def outcome(self, request_id: str) -> TxnResult | None:
         return await self.inner.outcome(request_id)
 

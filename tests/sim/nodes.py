@@ -17,6 +17,7 @@ from rowstore.replication.leader import Transport
 from rowstore.segments.position import Position
 from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice
+from terrafs.entropy import Entropy
 from terrafs.errors import TerrafsError, TransientStorageError
 from terrafs.fs import FsConfig, TerrascaleFS
 from tests.sim.loop import in_process
@@ -135,7 +136,9 @@ class Node:
     def __init__(self, world: "World", name: str):
         self.w, self.name = world, name
         self.block, self.volatile = MemoryBlockDevice(), MemoryBlockDevice(durable=False)
-        self.catalog = NodeCatalog(world.catalog, world.loop, name)  # its own path to them: faults of its own
+        # its process's ids and random draws: seeded, apart from every other draw of the world
+        self.entropy = Entropy(f"{world.seed}/{name}")
+        self.catalog = NodeCatalog(world.catalog, world.loop, name, self.entropy)  # its own path: faults of its own
         self.objects = NodeObjects(world.objects, world.loop, name)
         self.inc, self.up, self.down_at, self.skew_ms = 0, False, 0.0, 0
         self.paused_at = 0.0  # when its process was last stopped (SIGSTOP)
@@ -174,7 +177,8 @@ class Node:
 
     async def _open(self) -> None:
         fs = TerrascaleFS(self.catalog, self.block, self.volatile, self.objects,
-                          config=FsConfig(node_id=self.name, flush=ActiveConfig(flush_ms=0.5), page_size=0))
+                          config=FsConfig(node_id=self.name, flush=ActiveConfig(flush_ms=0.5), page_size=0),
+                          entropy=self.entropy)
         await fs.open()
         cfg = TablesConfig(partitions=PARTS, ack_timeout_s=2.0, replica_lease_s=LEASE_S,
                            prepare_timeout_s=2.0)  # a coordinator silent this long: decided from the catalog

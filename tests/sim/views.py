@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from catalog.abc import Catalog, Check, Entry, Op, TxnResult
 from catalog.errors import CatalogTimeoutError, CatalogUnavailableError
 from terrafs.abc import ObjectStore
+from terrafs.entropy import Entropy
 from terrafs.errors import TransientStorageError
 from terrafs.faults import FaultyObjectStore
 
@@ -24,8 +25,9 @@ from terrafs.faults import FaultyObjectStore
 class NodeCatalog(Catalog):
     """``shared`` as node ``name`` sees it."""
 
-    def __init__(self, shared: Catalog, loop: asyncio.AbstractEventLoop, name: str):
-        self.shared, self._loop, self.name = shared, loop, name
+    def __init__(self, shared: Catalog, loop: asyncio.AbstractEventLoop, name: str, entropy: Entropy):
+        """``entropy``: the node's, which its request ids are drawn from."""
+        self.shared, self._loop, self.name, self.entropy = shared, loop, name, entropy
         self.stalled_until = self.failing_until = self.losing_until = 0.0
 
     def heal(self) -> None:
@@ -63,6 +65,9 @@ class NodeCatalog(Catalog):
         if self._loop.time() < self.losing_until:
             raise CatalogTimeoutError(f"{self.name}: the catalog's answer was lost (injected; applied)")
         return res
+
+    def request_id(self) -> str:
+        return self.entropy.uuid_hex()
 
     async def outcome(self, request_id: str) -> TxnResult | None:
         await self._through()

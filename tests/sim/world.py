@@ -44,6 +44,7 @@ from rowstore.replication.epochs import Epoch, History, epochs_key, replica_last
 from rowstore.segments.position import NOTHING, Position
 from terrafs.backends.memory import MemoryObjectStore
 from terrafs.catalog_ops import commit
+from terrafs.entropy import Entropy
 from terrafs.errors import MirrorError, TerrafsError, TransientStorageError
 from tests.history.batches import History as ClientHistory, Layout, Region, Write
 from tests.sim.coordinator import coordinate
@@ -70,8 +71,8 @@ class StallingCatalog(MemoryCatalog):
     """The in-memory catalog, answering nothing while stalled (until ``stalled_until`` on the
     loop's virtual clock): what every caller sees of a Raft catalog during an election."""
 
-    def __init__(self, loop):
-        super().__init__()
+    def __init__(self, loop, request_ids):
+        super().__init__(request_ids=request_ids)
         self._loop, self.stalled_until = loop, 0.0
         self.committed_txns: set[str] = set()  # every txn/X ever written committed (its row goes once applied)
 
@@ -110,7 +111,9 @@ class World(Checks):
         self.seed, self.loop, self.rng = seed, loop, random.Random(seed)
         self.parts = parts  # the table's partitions, each with its own leader
         self.faults, self.seconds, self.writers = faults or Faults(), seconds, writers
-        self.catalog, self.objects = StallingCatalog(loop), MemoryObjectStore()
+        # the world's own catalog transactions (the driver's) draw their ids apart from the nodes'
+        self.catalog = StallingCatalog(loop, Entropy(f"{seed}/world").uuid_hex)
+        self.objects = MemoryObjectStore()
         self.stall_rng = random.Random(seed ^ 0xCA7A106)  # catalog stalls: apart from the other faults' draws
         self.view_rng = random.Random(seed ^ 0x71E3)  # one node's catalog or object store faults: likewise
         self.nodes = {n: Node(self, n) for n in ("n1", "n2", "n3")}

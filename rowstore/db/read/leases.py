@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 import time
 from collections.abc import Callable
 
 from catalog.abc import Catalog, Check, Delete, Put
 from rowstore.errors import ConflictError, ReadLeaseExpiredError
 from terrafs.catalog_ops import commit
+from terrafs.entropy import SYSTEM, Entropy
 
 LEASE_PREFIX = "lease/"
 
 
 class Leases:
-    def __init__(self, catalog: Catalog, now_ms: Callable[[], int] | None = None):
-        self.catalog = catalog
+    def __init__(self, catalog: Catalog, now_ms: Callable[[], int] | None = None, entropy: Entropy = SYSTEM):
+        """``entropy``: where a lease without a request id draws its name."""
+        self.catalog, self.entropy = catalog, entropy
         self.now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)  # the wall clock (injectable)
 
     async def acquire(self, segids: list[int], ttl_s: float, request_id: str | None = None) -> str:
@@ -26,7 +27,7 @@ class Leases:
         a plan whose answer it lost — extends it to ``ttl_s`` from now and adds its segments,
         so a retried plan leaves no second lease behind."""
         if request_id is None:
-            lease = secrets.token_hex(8)
+            lease = self.entropy.token(8)
             key = LEASE_PREFIX + lease
             await commit(self.catalog, [Check(key, 0)], [Put(key, self._body(segids, ttl_s))])
             return lease

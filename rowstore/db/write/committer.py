@@ -28,6 +28,7 @@ from rowstore.timeline import Timeline
 from rowstore.db.registry import Table, TableRegistry
 from rowstore.db.tasks import BackgroundTasks
 from rowstore.db.write.two_phase import TwoPhaseCommit, deleted_of
+from terrafs.entropy import SYSTEM, Entropy
 
 T = TypeVar("T")
 # Bigger batches are sorted, split and encoded in a worker thread. Up to this size that is
@@ -49,11 +50,13 @@ class Committer(TwoPhaseCommit):
 
     def __init__(self, catalog: Catalog, definitions: TableCatalog, tables: TableRegistry, timeline: Timeline,
                  tasks: BackgroundTasks, step_down: Callable[[str, int], Coroutine[Any, Any, bool]],
-                 tail: CommitTail, ack_timeout_s: float = 10.0):
+                 tail: CommitTail, ack_timeout_s: float = 10.0, entropy: Entropy = SYSTEM):
         """``step_down(table id, pid)``: the leader of a replicated partition whose write missed
         its ack timeout steps down (started in the background, :meth:`_bounded`). ``tail``: every
-        applied batch is handed to it before its timestamp ends (subscriptions, RFC 0015)."""
+        applied batch is handed to it before its timestamp ends (subscriptions, RFC 0015).
+        ``entropy``: where transaction ids are drawn."""
         self.catalog, self.definitions, self.tables, self.tail = catalog, definitions, tables, tail
+        self.entropy = entropy
         self.timeline, self.tasks, self.step_down = timeline, tasks, step_down
         self._decided = []  # txn keys decided committed at recovery
         self._groups = {}  # table id -> multi-partition batches waiting to commit

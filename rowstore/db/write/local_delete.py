@@ -4,7 +4,6 @@
 share. A node alone, or a cluster node leading every partition the terms can match."""
 from __future__ import annotations
 
-import secrets
 
 from catalog.abc import Catalog, Check, Delete, Put
 from rowstore.db.tasks import BackgroundTasks
@@ -15,11 +14,12 @@ from rowstore.errors import UnavailableError
 from rowstore.hlc import HybridClock, ts_from_ms
 from rowstore.segments.wal import DECIDED
 from terrafs.catalog_ops import commit
+from terrafs.entropy import SYSTEM, Entropy
 
 
 async def delete_where(participant: Participant, catalog: Catalog, clock: HybridClock, tasks: BackgroundTasks,
                        name: str, where: object = None, bbox: object = None, prefix: object = None,
-                       pids: list[int] | None = None) -> WriteResult:
+                       pids: list[int] | None = None, entropy: Entropy = SYSTEM) -> WriteResult:
     """Delete what the terms match in partitions ``pids``, each of which must be served here
     (None: every one served here — a node alone serves them all); ``count``: the rows deleted.
 
@@ -28,7 +28,7 @@ async def delete_where(participant: Participant, catalog: Catalog, clock: Hybrid
     acknowledged with that partition's rows still there."""
     d = await participant.definitions.describe(name)
     assert d.schema is not None  # describe() refuses a dropped table
-    txn = DECIDED | secrets.randbits(62)  # every share on this node: recovery may drop the decision
+    txn = DECIDED | entropy.bits(62)  # every share on this node: recovery may drop the decision
     floor = max(ts_from_ms(clock.now_ms()), clock.last + 1)
     r = await participant.reserve_where(name, d.table_id, d.schema.version, where, bbox, prefix, pids, floor, txn)
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar, cast
 
@@ -30,6 +29,7 @@ from rowstore.tables.conform import PartitionShare, stamp
 from rowstore.timeline import Timeline
 from terrafs.catalog_ops import commit
 from terrafs.failpoints import failpoint
+from terrafs.entropy import Entropy
 
 log = logging.getLogger("rowstore.db.two_phase")
 
@@ -97,6 +97,7 @@ class TwoPhaseCommit:
     timeline: Timeline
     tasks: BackgroundTasks
     tail: CommitTail
+    entropy: Entropy  # transaction ids
     _decided: list[str]  # txn keys decided committed at recovery
     _groups: dict[str, list[_Member]]  # table id -> multi-partition batches waiting to commit
     _leading: set[str]  # table ids whose group committer is running
@@ -176,7 +177,7 @@ class TwoPhaseCommit:
                 by_pid.setdefault(part.pid, []).append((i, part, piece))
         pids = sorted(by_pid)
         parts = [by_pid[p][0][1] for p in pids]
-        txn = DECIDED | secrets.randbits(62)  # SPANS_NODES clear: every share is here
+        txn = DECIDED | self.entropy.bits(62)  # SPANS_NODES clear: every share is here
         async with contextlib.AsyncExitStack() as locks:
             for part in parts:
                 await locks.enter_async_context(part.lock)
