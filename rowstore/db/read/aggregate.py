@@ -11,6 +11,7 @@ needed columns otherwise. Each partition yields a partial; this node merges its 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -51,8 +52,8 @@ class Aggregator:
         self.reader = reader
         # id(partition index) -> (visible rowids, their RowidSet)
         self._sets: dict[int, tuple[np.ndarray, RowidSet]] = {}
-        # id(side-table rowids) -> (that array, its Positions)
-        self._maps: dict[int, tuple[np.ndarray, Positions]] = {}
+        # a run's side-table rowids -> their Positions, while the run lives (weakly: RunCache evicts)
+        self._maps = PositionsOf()
 
     async def aggregate(self, name: str, group_by: list[Any] | None, aggregates: list[Any],
                         where: list[Any] | None = None, bbox: dict[str, Any] | None = None,
@@ -230,7 +231,7 @@ class Aggregator:
 
     def _positions(self, ids: np.ndarray) -> Positions:
         """The :class:`Positions` of a run's side-table rowids, kept (runs are immutable)."""
-        return _kept(self._maps, id(ids), ids, Positions, 512)  # bound: runs long merged away
+        return self._maps(ids)
 
     def _parts(self, c: ReadContext, partitions: list[int] | None) -> list[Partition]:
         parts = c.table.served() if partitions is None else [c.table.parts[p] for p in partitions]
@@ -308,6 +309,29 @@ def _worth_a_bitmap(taken: list[_IndexedPred]) -> list[_IndexedPred]:
         return sum(r.share(pred) * r.rows for r in runs) / n if n else 1.0
     ranked = sorted(((share(t), i, t) for i, t in enumerate(taken)), key=lambda x: x[:2])
     return [t for j, (sh, _, t) in enumerate(ranked) if j == 0 or sh <= BITMAP_SHARE]
+
+
+class PositionsOf:
+    """The :class:`Positions` of side-table rowid arrays, each kept while its array lives and
+    no longer: a run the column cache evicted takes its entry with it (a strong reference here
+    would pin the evicted runs' rowids and positions, ``tables.column_cache_bytes`` not counting
+    them)."""
+
+    def __init__(self) -> None:
+        self._got: dict[int, tuple[weakref.ref[np.ndarray], Positions]] = {}
+
+    def __len__(self) -> int:
+        return len(self._got)
+
+    def __call__(self, ids: np.ndarray) -> Positions:
+        key = id(ids)
+        kept = self._got.get(key)
+        if kept is not None and kept[0]() is ids:
+            return kept[1]
+        got = Positions(ids)
+        self._got[key] = (weakref.ref(ids), got)
+        weakref.finalize(ids, self._got.pop, key, None)  # runs before ``key`` can name another array
+        return got
 
 
 def _kept(cache: dict[int, tuple[np.ndarray, T]], key: int, ids: np.ndarray, build: Callable[[np.ndarray], T],

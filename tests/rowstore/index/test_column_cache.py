@@ -2,9 +2,12 @@
 RFC 0014, "What is left"): a partition opens without reading its column runs; reads build the runs they
 need; with a budget smaller than one run every answer is the same, the least recently used run
 dropped and built again."""
+import gc
+
 import numpy as np
 import pytest
 
+from rowstore.db.read.aggregate import PositionsOf
 from rowstore.index.column_cache import RunCache
 from rowstore.index.column_index import PartitionColumns
 from tests.rowstore.tables_world import SCHEMA, TablesWorld, rows
@@ -66,6 +69,8 @@ async def test_answers_are_the_same_within_any_budget(budget):
         assert await _answers(db) == want
         assert len(db.column_runs) == 1 if budget == 1 else db.column_runs.bytes <= budget
     assert db.column_runs.stats["evicted"] > 0
+    gc.collect()  # nor do the aggregates' positions of a run's rowids outlive its eviction
+    assert len(db.aggregator._maps) <= (1 if budget == 1 else len(db.column_runs))
     await db.upsert("m", rows(range(N, N + 400), seed=9))  # and through a checkpoint and a merge
     await db.checkpoint()
     await db.checkpoint()
@@ -83,3 +88,15 @@ async def test_concurrent_misses_of_one_run_build_it_once():
     import asyncio
     got = await asyncio.gather(*[cache.get("k", build) for _ in range(5)])
     assert len(calls) == 1 and all(g is got[0] for g in got) and cache.bytes == 80
+
+
+def test_positions_are_kept_while_their_rowids_live_and_no_longer():
+    maps = PositionsOf()
+    ids = np.array([3, 5, 9, 40], np.uint64)
+    p = maps(ids)
+    assert maps(ids) is p and p.of(np.array([5, 6, 40], np.uint64)).tolist() == [1, -1, 3]
+    other = np.array([1, 2], np.uint64)
+    assert maps(other) is not p and len(maps) == 2
+    del ids
+    gc.collect()
+    assert len(maps) == 1
