@@ -2,7 +2,8 @@
 import asyncio
 import sys
 
-from bench import (aggregate_bench, cluster_bench, columnar_node_bench, console_bench, delete_bench, durability_bench,
+from bench import (aggregate_bench, cluster_bench, column_pages_bench, columnar_node_bench, console_bench,
+                   delete_bench, durability_bench,
                    gc_bench, gc_cluster_bench, keys_bench, leaderless_bench, membership_bench, memory_bench,
                    node_bench, raft_bench, retention_bench, rowcodec_bench, rowstore_bench, rowstore_read_bench,
                    segment_formats_bench, spark_bench, spark_floor_bench, subscribe_bench, table_bench, terrafs_bench,
@@ -19,7 +20,8 @@ SUITES = {"terrafs": terrafs_bench.main, "rowcodec": rowcodec_bench.main,
           "segment_formats": segment_formats_bench.main, "columnar": columnar_node_bench.main,
           "subscribe": subscribe_bench.main, "tsagg": tsagg_bench.main,
           "retention": retention_bench.main, "membership": membership_bench.main,
-          "delete": delete_bench.main, "memory": memory_bench.main}
+          "delete": delete_bench.main, "memory": memory_bench.main,
+          "column_pages": column_pages_bench.main}
 
 
 def main(argv: list[str]) -> int:
