@@ -172,6 +172,19 @@ class Nemesis:
         self.check_alive()
         time.sleep(0.3)
 
+    def snapshot(self) -> None:
+        """Each member's placement and what it leads, into the trace (best effort)."""
+        for n in self.nodes:
+            try:
+                with n.client(timeout=10) as c:
+                    place = [(p["leader"], p["epoch"], p["replicas"]) for p in c.describe("t")["placement"]]
+                    led = {k: (st.get("epoch"), st.get("end"), {f: fs.get("lag_bytes") for f, fs in
+                                                                st.get("followers", {}).items()})
+                           for k, st in ((c.status()["replication"] or {}).get("led") or {}).items()}
+                self.log(f"state via {n.node_id}: placement {place}; leads {led}")
+            except Exception as e:  # noqa: BLE001 - a snapshot of a failing cluster: any answer is news
+                self.log(f"state via {n.node_id}: {e!r}"[:300])
+
     def check_alive(self) -> None:
         """Every member no round has stopped still runs: a node that exits on its own fails the
         seed by name (not a minute later as writes left without an outcome)."""
@@ -372,6 +385,8 @@ def test_nemesis_rounds_lose_nothing_and_agree(tmp_path):
         assert not nem.died, f"members exited with no round stopping them: {nem.died}"
         assert not w.bad, f"answers no fault excuses: {w.bad[:5]}"
         assert not nem.bad_reads, f"reads answered what no fault excuses: {nem.bad_reads[:5]}"
+        if w.unacked():  # what each member leads and sees then, for the trace: a liveness failure's state
+            nem.snapshot()
         assert not w.unacked(), f"batches left with no outcome a minute after healing: {sorted(w.unacked())[:10]}"
         acked = w.acked_ids()
         members = nem.nodes
