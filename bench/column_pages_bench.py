@@ -21,7 +21,8 @@ import zstandard
 
 from bench.common import Result, print_table, write_json
 from rowstore.index.column_cache import nbytes
-from rowstore.index.column_index import ColumnRun, _ipc_bytes, index_kind, parse_column_run
+from rowstore.index.column_index import ColumnRun, _ipc_bytes, parse_column_run
+from rowstore.index.column_kinds import index_kind
 from rowstore.index.column_pages import PAGE_ENTRIES, PagedRun, encode_run
 from rowstore.index.column_values import gather
 from rowstore.reads.predicates import BBox, Term

@@ -19,8 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rowstore.errors import RowCorruptionError
-from rowstore.index.column_index import (FORMAT, Pred, _f, _range_bounds, _value_key, _value_keys,
-                                         index_kind)
+from rowstore.index.column_kinds import FORMAT, Pred, _f, _range_bounds, _value_key, _value_keys, index_kind
 from rowstore.index.rowid_kernels import match_sorted
 from rowstore.reads.predicates import BBox, numeric_values
 from rowstore.schema import Column

@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from rowstore.index.column_index import ColumnRun, PartitionColumns, _values, index_kind
+from rowstore.index.column_index import ColumnRun, PartitionColumns, _values
+from rowstore.index.column_kinds import index_kind
 from rowstore.index.rowid_kernels import Positions, match_sorted
 from rowstore.schema import Column
 from rowstore.types import Kind

@@ -22,7 +22,8 @@ from pyroaring import BitMap64
 
 from rowstore.errors import UnavailableError
 from rowstore.db.partition import Partition
-from rowstore.index.column_index import ColumnRun, Pred, bitmap_from
+from rowstore.index.column_index import ColumnRun, bitmap_from
+from rowstore.index.column_kinds import Pred
 from rowstore.index.column_structures import ids_of
 from rowstore.index.column_values import gather, gatherable, sources
 from rowstore.index.rowid_kernels import Positions, RowidSet, bin_points

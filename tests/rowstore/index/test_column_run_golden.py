@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rowstore.index.column_index import ColumnRun, _ipc_bytes, index_kind, parse_column_run
+from rowstore.index.column_index import ColumnRun, _ipc_bytes, parse_column_run
+from rowstore.index.column_kinds import index_kind
 from rowstore.index.column_pages import PagedRun, encode_run, is_paged
 from rowstore.reads.predicates import BBox, Term
 from rowstore.schema import Column
