@@ -21,6 +21,7 @@ from pyroaring import BitMap64
 
 from catalog.abc import Put
 from rowstore.index.column_cache import RunCache, nbytes
+from rowstore.index.column_pages import MAGIC, TRAILER, PagedRun, decode_whole, encode_run, is_paged
 from rowstore.index.column_kinds import FORMAT, Pred, _f, _range_bounds, _value_key, _value_keys, index_kind
 from rowstore.index.column_structures import AxisIndex, GridIndex, ValueIndex, bitmap, ids_of
 from rowstore.reads.predicates import Interval, BBox, bbox_mask, numeric_values, term_mask
@@ -161,11 +162,11 @@ class PartitionColumns:
                 rowids, values = rowids[m], values.filter(pa.array(m))
             order = np.argsort(rowids, kind="stable")
             rowids, values = rowids[order], values.take(pa.array(order))
-            body = await asyncio.to_thread(_ipc_bytes, col, index_kind(col), rowids, values)
+            body = await asyncio.to_thread(encode_run, col, rowids, values)
             rec = await self.fs.create_sealed(_one(body), extra=lambda r: ([], [Put(self.pending_key(r.inode), b"")]))
             out[str(cid)] = rec.inode
-            # built now, while its values are at hand: the first read after a checkpoint finds it
-            self.cache.put(rec.location, *await asyncio.to_thread(_build, col, rowids, values, rec.inode))
+            # its entries kept now, while they are at hand: the first aggregate after a checkpoint finds them
+            self.cache.put(_entries_key(rec.location), (rowids, values), rowids.nbytes + values.nbytes)
             self._written[rec.inode] = rec.location
         return out
 
@@ -173,6 +174,7 @@ class PartitionColumns:
         return f"{self.key}/pending/{inode:08x}"
 
     async def run_data(self, inode: int) -> tuple[np.ndarray, pa.Array]:
+        """A run's whole (rowids, values), either version (merges and GC rewrite runs whole)."""
         sf = await self.fs.open_sealed(inode)
         raw = await sf.read(0, sf.size)
         return await asyncio.to_thread(parse_column_run, raw, sf.where)
@@ -187,6 +189,7 @@ class PartitionColumns:
         for ref in self.runs.pop(pk_inode, {}).values():
             if ref.key is not None:
                 self.cache.drop(ref.key)
+                self.cache.drop(_entries_key(ref.key))
         self.version += 1
 
     async def build(self, cids: Iterable[int]) -> None:
@@ -196,25 +199,41 @@ class PartitionColumns:
             if cid in self.columns:
                 await self._runs_of(cid)
 
-    async def _run(self, pk_inode: int, cid: int) -> ColumnRun:
-        """Column ``cid``'s run of primary-key run ``pk_inode``, built (or found in the cache)."""
+    async def _run(self, pk_inode: int, cid: int) -> AnyRun:
+        """Column ``cid``'s run of primary-key run ``pk_inode``: a version-2 run opened by its
+        fence, a version-1 run built whole (or either found in the cache)."""
         ref, col = self.runs[pk_inode][cid], self.columns[cid]
         if ref.key is None:
             ref.key = (await self.fs.open_sealed(ref.inode)).key
         run = self.cache.peek(ref.key)
         if run is not None:
             self.cache.stats["hits"] += 1
-            return cast(ColumnRun, run)
+            return cast(AnyRun, run)
 
-        async def build() -> tuple[ColumnRun, int]:
+        async def build() -> tuple[AnyRun, int]:
+            sf = await self.fs.open_sealed(ref.inode)
+            if sf.size >= TRAILER.size and is_paged(await sf.read(sf.size - TRAILER.size, TRAILER.size)):
+                paged = await PagedRun.open(col, sf.read, sf.size, sf.where)
+                return paged, paged.fence_bytes + 1024
             rowids, values = await self.run_data(ref.inode)
             return await asyncio.to_thread(_build, col, rowids, values, ref.inode)
-        run = cast(ColumnRun, await self.cache.get(ref.key, build))
-        built = [self.cache.peek(r.key) for c, r in self.runs.get(pk_inode, {}).items() if c != cid and r.key]
-        await asyncio.to_thread(_share_rowids, [*(x for x in built if x is not None), run])  # one rowid array
+        run = cast(AnyRun, await self.cache.get(ref.key, build))
+        if isinstance(run, ColumnRun):
+            built = [self.cache.peek(r.key) for c, r in self.runs.get(pk_inode, {}).items() if c != cid and r.key]
+            await asyncio.to_thread(_share_rowids, [*(x for x in built if isinstance(x, ColumnRun)), run])
         return run
 
-    async def _runs_of(self, cid: int) -> list[tuple[int, ColumnRun]]:
+    async def _entries(self, pk_inode: int, cid: int, run: PagedRun) -> tuple[np.ndarray, pa.Array]:
+        """A version-2 run's entries in rowid order (what aggregates gather values from and
+        take bitmaps of), kept in the cache beside its fence."""
+        key = _entries_key(cast(str, self.runs[pk_inode][cid].key))
+
+        async def decode() -> tuple[tuple[np.ndarray, pa.Array], int]:
+            ids, vals = await run.whole()
+            return (ids, vals), ids.nbytes + vals.nbytes
+        return cast(tuple[np.ndarray, pa.Array], await self.cache.get(key, decode))
+
+    async def _runs_of(self, cid: int) -> list[tuple[int, AnyRun]]:
         """(primary-key run inode, run) of every run holding column ``cid``, as named at one
         instant: the runs built meanwhile, a checkpoint or a merge may rename them (then they
         are taken again; when every one is built already nothing waits)."""
@@ -243,7 +262,7 @@ class PartitionColumns:
             return None
         parts, srcs = [], []
         for pk_inode, run in await self._runs_of(cid):
-            got = run.candidates(pred)
+            got = await run.candidates(pred) if isinstance(run, PagedRun) else run.candidates(pred)
             if got is None:
                 return None
             parts.append(got)
@@ -266,13 +285,24 @@ class PartitionColumns:
         cid = pred.column.id
         return None if cid not in self.columns else bitmap_from(self.columns[cid], *await self.pieces_of(cid), pred)
 
+    async def share(self, pred: Pred) -> float:
+        """About which share of the runs' entries ``pred`` selects (1.0 when unknown), from
+        what the runs keep (a version-1 structure's buckets, a version-2 fence): nothing read."""
+        runs = [run for _, run in await self._runs_of(pred.column.id)] if pred.column.id in self.columns else []
+        n = sum(r.rows for r in runs)
+        return sum(r.share(pred) * r.rows for r in runs) / n if n else 1.0
+
     async def pieces_of(self, cid: int) -> tuple[list[ColumnRun], list[tuple[np.ndarray, pa.Array]]]:
         """The runs and memtable pieces (values taken) holding column ``cid``, as they are now:
         taken on the event loop, then read in a thread (runs are immutable once built, and a
         piece's arrays are not written after insert)."""
-        runs = [run for _, run in await self._runs_of(cid)]  # then the memtables, at the instant they were named
+        named = await self._runs_of(cid)  # then the memtables, at the instant they were named
         mem = [(ids, _values(v.get(cid))) for ids, v in [*self.mem, *(p for tok in self.frozen for p in tok)]]
-        return runs, [(ids, v) for ids, v in mem if v is not None]
+        runs = [run for _, run in named if isinstance(run, ColumnRun)]
+        # a version-2 run's entries, as a piece: read whole (a histogram or a gather of
+        # scattered rows touches every page anyway), kept in the cache within its budget
+        entries = [await self._entries(pk, cid, run) for pk, run in named if isinstance(run, PagedRun)]
+        return runs, entries + [(ids, v) for ids, v in mem if v is not None]
 
     @property
     def mem_bytes(self) -> int:
@@ -393,7 +423,9 @@ def _ipc_bytes(col: Column, kind: str, rowids: np.ndarray, values: pa.Array) -> 
 
 
 def parse_column_run(raw: bytes, where: str) -> tuple[np.ndarray, pa.Array]:
-    """A column-index run's bytes -> (rowids, values), checked (also used by fsck)."""
+    """A column-index run's bytes, either version -> (rowids, values), checked (also used by fsck)."""
+    if is_paged(raw[-len(MAGIC):]):
+        return decode_whole(raw, where)
     try:
         t = pa.ipc.open_file(pa.py_buffer(raw)).read_all()
     except (pa.ArrowInvalid, OSError) as e:
@@ -409,3 +441,12 @@ def parse_column_run(raw: bytes, where: str) -> tuple[np.ndarray, pa.Array]:
 
 async def _one(body: bytes) -> AsyncIterator[bytes]:
     yield body
+
+
+AnyRun = ColumnRun | PagedRun  # a run of either version, as the cache holds it
+
+
+def _entries_key(key: str) -> str:
+    """The cache key of a version-2 run's decoded entries (beside its fence's, ``key``)."""
+    return key + "#entries"
+

@@ -5,13 +5,15 @@ A run is by-key pages (every entry once, sorted by its kind's key), by-rowid pag
 entry again, sorted by rowid: values of given rowids), a fence (one row per page: where it is,
 its rowids and a summary of its keys) and a fixed trailer. A predicate selects pages by a
 vectorized comparison against the fence and is refined exactly on the entries of those pages,
-so its answer equals version 1's (``ColumnRun.candidates``). Everything here is synchronous
-over ``read(offset, length)`` callbacks; the caller runs it where blocking is allowed."""
+so its answer equals version 1's (``ColumnRun.candidates``). Pages are read through an async
+``read(offset, length)`` (a sealed file's, through the block cache) and decoded off the loop
+when there are many."""
 from __future__ import annotations
 
+import asyncio
 import struct
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import crc32c
 import numpy as np
@@ -23,6 +25,7 @@ from rowstore.index.column_kinds import FORMAT, Pred, _f, _range_bounds, _value_
 from rowstore.index.rowid_kernels import match_sorted
 from rowstore.reads.predicates import BBox, numeric_values
 from rowstore.schema import Column
+from rowstore.types import ColumnType
 
 VERSION = 2
 MAGIC = b"TSCRUN"
@@ -209,59 +212,117 @@ def _fence_batch(col: Column, kind: str, keys: Keys, rows: list[FenceRow]) -> pa
 
 # -- reading ----------------------------------------------------------------------------------
 
-Read = Callable[[int, int], bytes]
+Read = Callable[[int, int], Awaitable[bytes]]
+_THREAD_PAGES = 8  # more pages than this are decoded in a worker thread
 
 
-class PagedRun:
-    """A version-2 run opened by its fence; pages are read through ``read(offset, length)``
-    (a sealed file's ranged read, through the block cache) when a predicate needs them."""
+class Fence:
+    """A run's trailer and fence, parsed and checked: where each page is and what it holds."""
 
-    def __init__(self, col: Column, fence: pa.RecordBatch, read: Read, where: str, fence_off: int):
-        self.col, self.kind, self.read, self.where = col, index_kind(col), read, where
-        self.fence, self.fence_off = fence, fence_off
-        sec = fence.column("section").to_numpy()
+    def __init__(self, batch: pa.RecordBatch, where: str, fence_off: int):
+        self.batch, self.where, self.fence_off = batch, where, fence_off
+        sec = batch.column("section").to_numpy()
         self.key_pages, self.rowid_pages = np.flatnonzero(sec == BY_KEY), np.flatnonzero(sec == BY_ROWID)
-        self.offset = fence.column("offset").to_numpy().astype(np.int64)
-        self.length = fence.column("length").to_numpy().astype(np.int64)
-        self.count = fence.column("count").to_numpy().astype(np.int64)
-        self.first = fence.column("first_rowid").to_numpy()
-        self.last = fence.column("last_rowid").to_numpy()
+        self.offset = batch.column("offset").to_numpy().astype(np.int64)
+        self.length = batch.column("length").to_numpy().astype(np.int64)
+        self.count = batch.column("count").to_numpy().astype(np.int64)
+        self.first = batch.column("first_rowid").to_numpy()
+        self.last = batch.column("last_rowid").to_numpy()
         self.rows = int(self.count[self.key_pages].sum())
-        self.pages_read = 0  # pages decoded since opened (what a bench or a test counts)
+        ends = self.offset + self.length
+        if len(ends) and (self.offset[0] != 0 or (ends[:-1] != self.offset[1:]).any() or ends[-1] != fence_off):
+            raise RowCorruptionError(where, fence_off, "the fence's pages do not tile the run")
+        if self.rows != int(self.count[self.rowid_pages].sum()):
+            raise RowCorruptionError(where, fence_off, "the two sections hold different entries")
 
-    @classmethod
-    def open(cls, col: Column, read: Read, size: int, where: str) -> PagedRun:
-        if size < TRAILER.size:
+    @staticmethod
+    def where_in(tail: bytes, size: int, where: str) -> tuple[int, int, int]:
+        """(fence offset, length, crc32c) from a run's last ``TRAILER.size`` bytes, checked."""
+        if size < TRAILER.size or len(tail) != TRAILER.size:
             raise RowCorruptionError(where, 0, f"a column run of {size} bytes: shorter than its trailer")
-        off, n, crc, version, magic = TRAILER.unpack(read(size - TRAILER.size, TRAILER.size))
+        off, n, crc, version, magic = TRAILER.unpack(tail)
         if magic != MAGIC:
             raise RowCorruptionError(where, size - TRAILER.size, "not a version-2 column run (trailer magic)")
         if version != VERSION:
             raise RowCorruptionError(where, size - TRAILER.size, f"unsupported column-run version {version}")
         if off + n != size - TRAILER.size:
             raise RowCorruptionError(where, size - TRAILER.size, f"fence at {off}+{n} does not end at the trailer")
-        raw = read(off, n)
+        return off, n, crc
+
+    @classmethod
+    def parse(cls, raw: bytes, off: int, crc: int, where: str, column_id: int | None) -> Fence:
         if crc32c.crc32c(raw) != crc:
             raise RowCorruptionError(where, off, "column run fence checksum mismatch")
-        fence = _one_batch(raw, where, off, "fence")
-        meta = fence.schema.metadata or {}
-        if meta.get(b"terrascale.format") != FORMAT or meta.get(b"terrascale.column_id") != str(col.id).encode():
+        batch = _one_batch(raw, where, off, "fence")
+        meta = batch.schema.metadata or {}
+        if meta.get(b"terrascale.format") != FORMAT or (
+                column_id is not None and meta.get(b"terrascale.column_id") != str(column_id).encode()):
             raise RowCorruptionError(where, off, "the fence names another format or column")
-        run = cls(col, fence, read, where, off)
-        run._check_fence()
-        return run
+        return cls(batch, where, off)
 
-    def _check_fence(self) -> None:
-        ends = self.offset + self.length
-        if len(ends) and (self.offset[0] != 0 or (ends[:-1] != self.offset[1:]).any() or ends[-1] != self.fence_off):
-            raise RowCorruptionError(self.where, self.fence_off, "the fence's pages do not tile the run")
-        if self.rows != int(self.count[self.rowid_pages].sum()):
-            raise RowCorruptionError(self.where, self.fence_off, "the two sections hold different entries")
+    def decode(self, raw: bytes | memoryview, i: int, value_type: pa.DataType | None) -> pa.RecordBatch:
+        """Fence row ``i``'s page from its bytes, checked against the fence (and its values'
+        type, when known)."""
+        off = int(self.offset[i])
+        b = _one_batch(raw, self.where, off, f"page {i}")
+        if b.num_rows != self.count[i] or b.schema.names != ["rowid", "value"] or (
+                value_type is not None and b.schema.field(1).type != value_type):
+            raise RowCorruptionError(self.where, off, f"page {i} does not match the fence")
+        r = b.column(0).to_numpy(zero_copy_only=False)
+        if len(r) and (r.min() != self.first[i] or r.max() != self.last[i]):
+            raise RowCorruptionError(self.where, off, f"page {i}'s rowids are not the fence's")
+        return b
+
+
+def decode_whole(raw: bytes, where: str) -> tuple[np.ndarray, pa.Array]:
+    """A whole version-2 run's (rowids, values) in rowid order, checked — every page of both
+    sections decoded, and both holding the same rowids (merges, GC, fsck)."""
+    off, n, crc = Fence.where_in(raw[-TRAILER.size:], len(raw), where)
+    f = Fence.parse(raw[off:off + n], off, crc, where, None)
+    pages = [f.decode(memoryview(raw)[f.offset[i]:f.offset[i] + f.length[i]], int(i), None) for i in f.rowid_pages]
+    if not pages:
+        return np.zeros(0, np.uint64), pa.array([], _key_value_type(f))
+    t = pa.Table.from_batches(pages)
+    rowids = t.column(0).combine_chunks().to_numpy(zero_copy_only=False).astype(np.uint64)
+    if len(rowids) > 1 and not (rowids[1:] > rowids[:-1]).all():
+        raise RowCorruptionError(where, 0, "the by-rowid pages are not in rowid order")
+    typ = t.schema.field(1).type
+    keyed = [f.decode(memoryview(raw)[f.offset[i]:f.offset[i] + f.length[i]], int(i), typ) for i in f.key_pages]
+    by_key = np.sort(np.concatenate([b.column(0).to_numpy(zero_copy_only=False) for b in keyed]))
+    if not np.array_equal(by_key, rowids):
+        raise RowCorruptionError(where, 0, "the by-key pages hold other rowids than the by-rowid pages")
+    return rowids, t.column(1).combine_chunks()
+
+
+def _key_value_type(f: Fence) -> pa.DataType:
+    meta = f.batch.schema.metadata or {}  # the pages' value type, from the metadata every page carries
+    return ColumnType.parse(meta[b"terrascale.column_type"].decode()).arrow()
+
+
+class PagedRun:
+    """A version-2 run opened by its fence; pages are read through ``read(offset, length)``
+    (a sealed file's ranged read, through the block cache) when a predicate needs them."""
+
+    def __init__(self, col: Column, fence: Fence, read: Read):
+        self.col, self.kind, self.read, self.f = col, index_kind(col), read, fence
+        self.where, self.rows = fence.where, fence.rows
+        self.key_pages, self.rowid_pages = fence.key_pages, fence.rowid_pages
+        self.pages_read = 0  # pages decoded since opened (what a bench or a test counts)
+
+    @classmethod
+    async def open(cls, col: Column, read: Read, size: int, where: str) -> PagedRun:
+        off, n, crc = Fence.where_in(await read(size - TRAILER.size, TRAILER.size) if size >= TRAILER.size
+                                     else b"", size, where)
+        return cls(col, Fence.parse(await read(off, n), off, crc, where, col.id), read)
+
+    @property
+    def fence_bytes(self) -> int:
+        return int(self.f.batch.nbytes)
 
     def pages_for(self, pred: Pred) -> np.ndarray | None:
         """The by-key pages whose summary may hold an entry satisfying ``pred`` (fence rows);
         None if this kind cannot answer it (as version 1)."""
-        f, pages = self.fence, self.key_pages
+        f, pages = self.f.batch, self.key_pages
         if isinstance(pred, BBox):
             if self.kind not in ("grid", "box"):
                 return None
@@ -281,15 +342,24 @@ class PagedRun:
             return pages[pred.interval().overlaps(_np(f.column("lo"), pages), _np(f.column("hi"), pages))]
         return None
 
-    def candidates(self, pred: Pred) -> np.ndarray | None:
+    def share(self, pred: Pred) -> float:
+        """About which share of the entries ``pred`` selects, from the pages it selects (1.0
+        when this kind cannot answer it): nothing is read."""
+        pages = self.pages_for(pred)
+        return 1.0 if pages is None or not self.rows else float(self.f.count[pages].sum()) / self.rows
+
+    async def candidates(self, pred: Pred) -> np.ndarray | None:
         """Sorted rowids whose value satisfies ``pred`` (equal to version 1's answer); None if
         this kind cannot answer it."""
         pages = self.pages_for(pred)
         if pages is None:
             return None
-        got = [self._match(self.page(int(i)), pred) for i in pages]
-        out = np.concatenate(got) if got else np.zeros(0, np.uint64)
-        return np.sort(out)
+        got = await self.pages(pages)
+
+        def match() -> np.ndarray:
+            parts = [self._match(b, pred) for b in got]
+            return np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+        return await asyncio.to_thread(match) if len(got) > _THREAD_PAGES else match()
 
     def _match(self, page: pa.RecordBatch, pred: Pred) -> np.ndarray:
         rowids = page.column(0).to_numpy(zero_copy_only=False)
@@ -308,16 +378,17 @@ class PagedRun:
         out: np.ndarray = rowids[m]
         return out
 
-    def values_of(self, rowids: np.ndarray) -> tuple[np.ndarray, pa.Array]:
+    async def values_of(self, rowids: np.ndarray) -> tuple[np.ndarray, pa.Array]:
         """(positions in the sorted ``rowids`` found in this run, their values), from the
         by-rowid pages that hold any of them."""
         rowids = np.asarray(rowids, np.uint64)
         pages = self.rowid_pages
-        a = np.searchsorted(rowids, self.first[pages], "left")
-        b = np.searchsorted(rowids, self.last[pages], "right")
+        a = np.searchsorted(rowids, self.f.first[pages], "left")
+        b = np.searchsorted(rowids, self.f.last[pages], "right")
+        use = a < b
+        got = await self.pages(pages[use])
         at, vals = [], []
-        for i, lo, hi in zip(pages[a < b], a[a < b], b[a < b]):
-            page = self.page(int(i))
+        for page, lo, hi in zip(got, a[use], b[use]):
             pos = match_sorted(page.column(0).to_numpy(zero_copy_only=False), rowids[lo:hi])
             hit = pos >= 0
             at.append(np.flatnonzero(hit) + lo)
@@ -326,21 +397,39 @@ class PagedRun:
             return np.zeros(0, np.int64), pa.array([], self.col.type.arrow())
         return np.concatenate(at), pa.concat_arrays(vals)
 
-    def page(self, i: int) -> pa.RecordBatch:
-        """Fence row ``i``'s page, decoded and checked against the fence."""
-        off, n = int(self.offset[i]), int(self.length[i])
-        b = _one_batch(self.read(off, n), self.where, off, f"page {i}")
-        self.pages_read += 1
-        if b.num_rows != self.count[i] or b.schema.names != ["rowid", "value"] or \
-                b.schema.field(1).type != self.col.type.arrow():
-            raise RowCorruptionError(self.where, off, f"page {i} does not match the fence")
-        r = b.column(0).to_numpy(zero_copy_only=False)
-        if len(r) and (r.min() != self.first[i] or r.max() != self.last[i]):
-            raise RowCorruptionError(self.where, off, f"page {i}'s rowids are not the fence's")
-        return b
+    async def whole(self) -> tuple[np.ndarray, pa.Array]:
+        """Every entry, (rowids, values) in rowid order: the by-rowid pages, concatenated."""
+        got = await self.pages(self.rowid_pages)
+        if not got:
+            return np.zeros(0, np.uint64), pa.array([], self.col.type.arrow())
+        t = pa.Table.from_batches(got)
+        return t.column(0).combine_chunks().to_numpy(zero_copy_only=False), t.column(1).combine_chunks()
+
+    async def pages(self, idx: np.ndarray) -> list[pa.RecordBatch]:
+        """Fence rows ``idx`` (ascending)'s pages, decoded and checked: each stretch of
+        neighbouring pages by one read; decoded in a worker thread when there are many."""
+        f, spans = self.f, list[list[int]]()
+        for i in (int(x) for x in idx):
+            if spans and spans[-1][1] == i:
+                spans[-1][1] = i + 1
+            else:
+                spans.append([i, i + 1])
+        raws: list[tuple[int, memoryview]] = []
+        for lo, hi in spans:
+            start = int(f.offset[lo])
+            raw = await self.read(start, int(f.offset[hi - 1] + f.length[hi - 1]) - start)
+            raws.extend((i, memoryview(raw)[f.offset[i] - start:f.offset[i] - start + f.length[i]])
+                        for i in range(lo, hi))
+        typ = self.col.type.arrow()
+
+        def decode() -> list[pa.RecordBatch]:
+            return [f.decode(r, i, typ) for i, r in raws]
+        out = await asyncio.to_thread(decode) if len(raws) > _THREAD_PAGES else decode()
+        self.pages_read += len(out)
+        return out
 
 
-def _one_batch(raw: bytes, where: str, off: int, what: str) -> pa.RecordBatch:
+def _one_batch(raw: bytes | memoryview, where: str, off: int, what: str) -> pa.RecordBatch:
     try:
         batches = list(pa.ipc.open_stream(pa.py_buffer(raw)))
     except (pa.ArrowInvalid, OSError) as e:

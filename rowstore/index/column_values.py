@@ -21,7 +21,7 @@ from rowstore.schema import Column
 from rowstore.types import Kind
 
 _GATHERED = {"axis", "value", "grid"}  # kinds whose structures keep every value exactly
-Source = ColumnRun | tuple[np.ndarray, pa.Array]  # a run, or a memtable piece (rowids, values)
+Source = ColumnRun | tuple[np.ndarray, pa.Array]  # a run, or a piece (rowids, values): memtable, version-2 run
 # where a source's side table holds the wanted rowids: (its rowid array, the span [a, b) of the
 # wanted rowids in its range, the position of each of those in it or -1; None when a == b)
 _Found = tuple[np.ndarray, np.intp, np.intp, np.ndarray | None]
@@ -90,6 +90,9 @@ def _side_table(src: Source, col: Column) -> tuple[np.ndarray, Callable[[np.ndar
         assert arr is not None  # pieces_of keeps the pieces that hold the column
         if isinstance(arr, pa.ChunkedArray):
             arr = arr.combine_chunks()
+        ids = np.asarray(ids, np.uint64)
+        if len(ids) < 2 or bool((ids[1:] > ids[:-1]).all()):  # in rowid order (a version-2 run's entries)
+            return ids, lambda pos: arr.take(pa.array(pos))
         order = np.argsort(ids, kind="stable")
         return np.asarray(ids, np.uint64)[order], lambda pos: arr.take(pa.array(order[pos]))
     if src.kind == "value":

@@ -206,11 +206,12 @@ class Aggregator:
         bitmap), intersected (the candidates a query takes, reader.candidates, without their
         sources; None when no index applies) — from the runs and memtable pieces taken here,
         on the loop; None when no predicate's column is indexed."""
-        taken = [(p, part.columns.columns[p.column.id], await part.columns.pieces_of(p.column.id))
-                 for p in fold_ranges(preds) if p.column.id in part.columns.columns]
-        if not taken:
+        indexed = [p for p in fold_ranges(preds) if p.column.id in part.columns.columns]
+        if not indexed:
             return None
-        taken = taken if every else _worth_a_bitmap(taken)
+        if not every:  # chosen by the runs' shares (nothing read), then only their runs taken
+            indexed = _worth_a_bitmap(indexed, [await part.columns.share(p) for p in indexed])
+        taken = [(p, part.columns.columns[p.column.id], await part.columns.pieces_of(p.column.id)) for p in indexed]
 
         def compute() -> BitMap64 | None:
             out = None
@@ -296,20 +297,14 @@ class Aggregator:
 BITMAP_SHARE = 0.25  # a predicate selecting more of the rows than this is checked by value instead
 
 
-_IndexedPred = tuple[Pred, Column, tuple[list[ColumnRun], list[tuple[np.ndarray, pa.Array]]]]  # (pred, column, sources)
-
-
-def _worth_a_bitmap(taken: list[_IndexedPred]) -> list[_IndexedPred]:
-    """The predicates whose bitmaps an aggregate builds: the most selective one, and any other
+def _worth_a_bitmap(preds: list[Pred], shares: list[float]) -> list[Pred]:
+    """The predicates whose bitmaps an aggregate builds (``shares``: about which share of the
+    rows each selects, ``PartitionColumns.share``): the most selective one, and any other
     that selects at most ``BITMAP_SHARE`` of the rows. A wide one (``v > 0``: a union of half
     the buckets and a refine) costs more as a bitmap than checking its column's values on the
     few candidates left, which the exact re-check of every term does anyway."""
-    def share(t: _IndexedPred) -> float:
-        pred, _, (runs, _) = t
-        n = sum(r.rows for r in runs)
-        return sum(r.share(pred) * r.rows for r in runs) / n if n else 1.0
-    ranked = sorted(((share(t), i, t) for i, t in enumerate(taken)), key=lambda x: x[:2])
-    return [t for j, (sh, _, t) in enumerate(ranked) if j == 0 or sh <= BITMAP_SHARE]
+    ranked = sorted(zip(shares, range(len(preds)), preds), key=lambda x: x[:2])
+    return [p for j, (sh, _, p) in enumerate(ranked) if j == 0 or sh <= BITMAP_SHARE]
 
 
 class PositionsOf:

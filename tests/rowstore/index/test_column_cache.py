@@ -10,6 +10,7 @@ import pytest
 from rowstore.db.read.aggregate import PositionsOf
 from rowstore.index.column_cache import RunCache
 from rowstore.index.column_index import PartitionColumns
+from rowstore.index.column_pages import PagedRun
 from tests.rowstore.tables_world import SCHEMA, TablesWorld, rows
 
 N = 3_000
@@ -39,22 +40,27 @@ async def test_a_partition_opens_without_reading_its_column_runs(monkeypatch):
     w = TablesWorld(2, column_cache_bytes=64 << 20)
     db = await _loaded(w)
     want = await _answers(db)
-    reads = []
-    real = PartitionColumns.run_data
+    reads, opens = [], []
+    real, real_open = PartitionColumns.run_data, PagedRun.open.__func__
 
     async def counted(self, inode):
         reads.append(inode)
         return await real(self, inode)
+
+    async def opened(cls, col, read, size, where):
+        opens.append(where)
+        return await real_open(cls, col, read, size, where)
     monkeypatch.setattr(PartitionColumns, "run_data", counted)
+    monkeypatch.setattr(PagedRun, "open", classmethod(opened))
     w.crash()
     db = await w.start()  # a restart: the runs are named, not read
-    assert reads == []
+    assert reads == [] and opens == []
     assert db.column_runs.bytes == 0
     assert await _answers(db) == want
-    assert reads  # built once a read needed them
-    built = len(reads)
+    assert opens and reads == []  # each run's fence read once a read needed it; no run read whole
+    built = len(opens)
     assert await _answers(db) == want
-    assert len(reads) == built  # and kept
+    assert len(opens) == built  # and kept
 
 
 @pytest.mark.parametrize("budget", [1, 64 << 10])
@@ -100,3 +106,28 @@ def test_positions_are_kept_while_their_rowids_live_and_no_longer():
     del ids
     gc.collect()
     assert len(maps) == 1
+
+
+async def test_runs_of_version_1_still_answer_beside_version_2(monkeypatch):
+    """A partition whose runs were written as version 1 (by the code before version 2) opens
+    and answers as before; the runs written since are version 2; both answer together."""
+    import rowstore.index.column_index as ci
+    from rowstore.index.column_index import ColumnRun, _ipc_bytes
+    from rowstore.index.column_kinds import index_kind
+    w = TablesWorld(2)
+    with monkeypatch.context() as m:  # the version-1 writer
+        m.setattr(ci, "encode_run", lambda col, rowids, values: _ipc_bytes(col, index_kind(col), rowids, values))
+        db = await _loaded(w)
+        want = await _answers(db)
+    w.crash()
+    db = await w.start()
+    assert await _answers(db) == want
+    kinds = {type(r) for r, _ in db.column_runs._runs.values()}
+    assert ColumnRun in kinds and PagedRun not in kinds  # version 1 read, built whole
+    await db.upsert("m", rows(range(N, N + 500), seed=11))
+    await db.checkpoint()  # a version-2 run beside them
+    eq, _ = await db.query("m", where=[["name", "=", "name-3"]], columns=["id"], limit=None)
+    assert sorted(eq.column("id").to_pylist()) == [i for i in range(N + 500) if f"name-{i % 13}" == "name-3"]
+    assert {ColumnRun, PagedRun} <= {type(r) for r, _ in db.column_runs._runs.values()}
+    agg, _, _ = await db.aggregate("m", None, [{"fn": "count"}], where=[["name", "=", "name-5"]])
+    assert agg.to_pylist()[0]["p0"] == sum(1 for i in range(N + 500) if i % 13 == 5)

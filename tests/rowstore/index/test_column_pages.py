@@ -3,6 +3,7 @@ in-memory structures' (``ColumnRun``, version 1) on random data, predicates and 
 values by rowid equal the entries; a predicate reads only the pages its fence selects; the
 trailer's constants and the Morton order are fixed; damage is a corruption error, never a
 wrong answer."""
+import asyncio
 import struct
 
 import numpy as np
@@ -25,7 +26,13 @@ def col(t: str) -> Column:
 
 
 def opened(c: Column, raw: bytes) -> PagedRun:
-    return PagedRun.open(c, lambda off, n: raw[off : off + n], len(raw), "run 9")
+    async def read(off: int, n: int) -> bytes:
+        return raw[off : off + n]
+    return asyncio.run(PagedRun.open(c, read, len(raw), "run 9"))
+
+
+def cands(run: PagedRun, p) -> np.ndarray | None:
+    return asyncio.run(run.candidates(p))
 
 
 def ids(n: int) -> np.ndarray:
@@ -37,13 +44,13 @@ def same(c: Column, values: pa.Array, preds: list, page: int) -> PagedRun:
     run = opened(c, encode_run(c, r, values, page))
     v1 = ColumnRun(c, r, values)
     for p in preds:
-        want, got = v1.candidates(p), run.candidates(p)
+        want, got = v1.candidates(p), cands(run, p)
         assert (want is None) == (got is None), p
         if want is not None:
             assert got.tolist() == want.tolist(), p
     # values of any rowids (some not in the run) are the entries'
     probe = np.sort(np.concatenate([r[::2], r[:3] + np.uint64(1)])) if len(r) else r
-    at, vals = run.values_of(probe)
+    at, vals = asyncio.run(run.values_of(probe))
     hit = np.isin(probe, r)
     assert at.tolist() == np.flatnonzero(hit).tolist()
     assert repr(vals.to_pylist()) == repr(values.take(pa.array(np.searchsorted(r, probe[hit]))).to_pylist())  # NaN too
@@ -120,12 +127,12 @@ def test_a_selective_predicate_reads_only_its_pages():
     v = np.random.default_rng(1).random(n) * 1000
     run = same(c, pa.array(v), [], 4096)
     run.pages_read = 0
-    got = run.candidates(Term(c, "<", 10.0))  # 1% of the values: one or two of 25 by-key pages
+    got = cands(run, Term(c, "<", 10.0))  # 1% of the values: one or two of 25 by-key pages
     assert len(got) == (v < 10).sum() and run.pages_read <= 2
     p = col("point")
     x, y = np.random.default_rng(2).random((2, n)) * 1000
     pts = opened(p, encode_run(p, ids(n), pa.StructArray.from_arrays([pa.array(x), pa.array(y)], ["x", "y"])))
-    got = pts.candidates(BBox(p, 100, 100, 200, 200))  # 1% of the points, Morton pages around it
+    got = cands(pts, BBox(p, 100, 100, 200, 200))  # 1% of the points, Morton pages around it
     assert len(got) == ((x >= 100) & (x <= 200) & (y >= 100) & (y <= 200)).sum()
     assert pts.pages_read <= 8
 
@@ -145,28 +152,31 @@ def test_known_answers_trailer_and_morton():
 def test_empty_run():
     c = col("string")
     run = opened(c, encode_run(c, np.zeros(0, np.uint64), pa.array([], pa.string())))
-    assert run.rows == 0 and run.candidates(Term(c, "=", "a")).tolist() == []
-    assert run.values_of(ids(3))[0].tolist() == []
+    assert run.rows == 0 and cands(run, Term(c, "=", "a")).tolist() == []
+    assert asyncio.run(run.values_of(ids(3)))[0].tolist() == [] and asyncio.run(run.whole())[0].tolist() == []
 
 
 def test_damage_is_a_corruption_error_never_a_wrong_answer():
     c = col("int64")
     raw = encode_run(c, ids(2000), pa.array(np.arange(2000) % 97), 256)
-    want = opened(c, raw).candidates(Term(c, "=", 5)).tolist()
+    want = cands(opened(c, raw), Term(c, "=", 5)).tolist()
     rng = np.random.default_rng(0)
     caught = 0
     for at in rng.choice(len(raw), 300, replace=False):
         bad = bytearray(raw)
         bad[at] ^= 1 << int(rng.integers(8))
         try:
-            got = opened(c, bytes(bad)).candidates(Term(c, "=", 5)).tolist()
+            run = opened(c, bytes(bad))
+            got = cands(run, Term(c, "=", 5)).tolist()
+            whole = asyncio.run(run.whole())
         except RowCorruptionError as e:
             assert "run 9" in str(e)
             caught += 1
             continue
         # a flip inside a page's values the sealed file's block checksum catches (every byte
         # of a run is in a checksummed block); here, below it, a flip may only change a value
-        assert got == want or at < opened(c, raw).fence_off
+        assert got == want or at < opened(c, raw).f.fence_off
+        assert len(whole[0]) == 2000
     assert caught > 0
     with pytest.raises(RowCorruptionError, match="version"):
         opened(c, raw[:-8] + struct.pack("<H6s", 3, MAGIC))
