@@ -165,8 +165,8 @@ class PartitionColumns:
             body = await asyncio.to_thread(encode_run, col, rowids, values)
             rec = await self.fs.create_sealed(_one(body), extra=lambda r: ([], [Put(self.pending_key(r.inode), b"")]))
             out[str(cid)] = rec.inode
-            # its entries kept now, while they are at hand: the first aggregate after a checkpoint finds them
-            self.cache.put(_entries_key(rec.location), (rowids, values), rowids.nbytes + values.nbytes)
+            # built now, while its entries are at hand: the first aggregate after a checkpoint finds it
+            self.cache.put(_entries_key(rec.location), *await asyncio.to_thread(_build, col, rowids, values, rec.inode))
             self._written[rec.inode] = rec.location
         return out
 
@@ -223,15 +223,20 @@ class PartitionColumns:
             await asyncio.to_thread(_share_rowids, [*(x for x in built if isinstance(x, ColumnRun)), run])
         return run
 
-    async def _entries(self, pk_inode: int, cid: int, run: PagedRun) -> tuple[np.ndarray, pa.Array]:
-        """A version-2 run's entries in rowid order (what aggregates gather values from and
-        take bitmaps of), kept in the cache beside its fence."""
-        key = _entries_key(cast(str, self.runs[pk_inode][cid].key))
+    async def _built(self, pk_inode: int, cid: int, run: PagedRun) -> ColumnRun:
+        """A version-2 run's structure (what aggregates take bitmaps of, gather values from
+        and count grid cells with), built from its entries and kept in the cache beside its
+        fence, as a version-1 run's is."""
+        ref = self.runs[pk_inode][cid]
 
-        async def decode() -> tuple[tuple[np.ndarray, pa.Array], int]:
+        async def build() -> tuple[ColumnRun, int]:
             ids, vals = await run.whole()
-            return (ids, vals), ids.nbytes + vals.nbytes
-        return cast(tuple[np.ndarray, pa.Array], await self.cache.get(key, decode))
+            return await asyncio.to_thread(_build, self.columns[cid], ids, vals, ref.inode)
+        built = cast(ColumnRun, await self.cache.get(_entries_key(cast(str, ref.key)), build))
+        sibs = [self.cache.peek(_entries_key(r.key)) for c, r in self.runs.get(pk_inode, {}).items()
+                if c != cid and r.key]
+        await asyncio.to_thread(_share_rowids, [*(x for x in sibs if isinstance(x, ColumnRun)), built])  # one array
+        return built
 
     async def _runs_of(self, cid: int) -> list[tuple[int, AnyRun]]:
         """(primary-key run inode, run) of every run holding column ``cid``, as named at one
@@ -296,13 +301,13 @@ class PartitionColumns:
         """The runs and memtable pieces (values taken) holding column ``cid``, as they are now:
         taken on the event loop, then read in a thread (runs are immutable once built, and a
         piece's arrays are not written after insert)."""
-        named = await self._runs_of(cid)  # then the memtables, at the instant they were named
+        named = await self._runs_of(cid)
+        # a version-2 run's structure, built from its entries read whole (a histogram or a
+        # gather of scattered rows touches every page anyway), kept within the cache's budget
+        runs = [run if isinstance(run, ColumnRun) else await self._built(pk, cid, run) for pk, run in named]
+        # then the memtables, at the instant they were named
         mem = [(ids, _values(v.get(cid))) for ids, v in [*self.mem, *(p for tok in self.frozen for p in tok)]]
-        runs = [run for _, run in named if isinstance(run, ColumnRun)]
-        # a version-2 run's entries, as a piece: read whole (a histogram or a gather of
-        # scattered rows touches every page anyway), kept in the cache within its budget
-        entries = [await self._entries(pk, cid, run) for pk, run in named if isinstance(run, PagedRun)]
-        return runs, entries + [(ids, v) for ids, v in mem if v is not None]
+        return runs, [(ids, v) for ids, v in mem if v is not None]
 
     @property
     def mem_bytes(self) -> int:
@@ -447,6 +452,7 @@ AnyRun = ColumnRun | PagedRun  # a run of either version, as the cache holds it
 
 
 def _entries_key(key: str) -> str:
-    """The cache key of a version-2 run's decoded entries (beside its fence's, ``key``)."""
+    """The cache key of a version-2 run's structure built from its entries (beside its
+    fence's, ``key``)."""
     return key + "#entries"
 
