@@ -182,3 +182,4 @@ def test_damage_is_a_corruption_error_never_a_wrong_answer():
         opened(c, raw[:-8] + struct.pack("<H6s", 3, MAGIC))
     with pytest.raises(RowCorruptionError, match="shorter"):
         opened(c, raw[:10])
+
