@@ -1,5 +1,5 @@
 """`python -m bench column_pages`: what a paged column run (version 2, docs/format/column-run.md;
-RFC 0014 "Step (2)") costs against version 1 on the same entries, before partitions use it.
+RFC 0014 "Step (2)") costs against version 1 on the same entries, run by run (partitions write it).
 
 For each indexed kind, one run of ``TERRASCALE_BENCH_PAGES_ROWS`` entries (default 2,000,000;
 rowids of 8 segments): a string of 1,000 sensors, a float64 uniform on [0, 1000), a point
