@@ -56,6 +56,8 @@ class Rebalancer:
     def __init__(self, repl: Driver) -> None:
         self.repl = repl
         self.moves = {"started": 0, "handed_over": 0, "finished": 0, "given_up": 0, "leaders_moved": 0}
+        self._waits: dict[tuple[str, int], tuple[object, ...]] = {}  # what each waiting move last logged
+        self._seen = ""  # what the last leader asked about a move's followers answered (for the log)
 
     async def step(self, tables: Placed) -> bool:
         """At most one step of one move over ``tables`` (the replicated ones with their
@@ -145,10 +147,10 @@ class Rebalancer:
         if gone:  # one of the first three: once another follower that stays holds the whole log
             drop = gone[-1]
             if not at_end - {drop}:
-                return False
+                return self._waiting(d, pid, p, f"{drop} gone; no follower that stays is at the log end", at_end)
             return await self._give_up(d, pid, p, drop)
         if newcomer not in at_end:
-            return False
+            return self._waiting(d, pid, p, f"newcomer {newcomer} not at the log end", at_end)
         if p.leader == p.leaving:
             if await repl.elect(d, pid, exclude=set(), handoff=p.leaving):
                 self.moves["handed_over"] += 1
@@ -162,6 +164,17 @@ class Rebalancer:
         log.warning("event=replica_move_finished table=%s partition=%d from=%s to=%s", d.name, pid, p.leaving,
                     newcomer)
         return True
+
+    def _waiting(self, d: TableDef, pid: int, p: PartitionPlace, why: str, at_end: set[str]) -> bool:
+        """A move that cannot take its next step yet: logged when what it waits for changes
+        (a move stuck for good shows why once, not every tick). Nothing was done: False."""
+        state = (d.table_id, pid, p.replicas, p.epoch, why, tuple(sorted(at_end)))
+        if self._waits.get((d.table_id, pid)) != state:
+            self._waits[(d.table_id, pid)] = state
+            log.warning("event=replica_move_waiting table=%s partition=%d replicas=%s leaving=%s why=%r at_end=%s "
+                        "leader_says=%r", d.name, pid, ",".join(p.replicas), p.leaving, why,
+                        ",".join(sorted(at_end)) or "-", self._seen)
+        return False
 
     async def _give_up(self, d: TableDef, pid: int, p: PartitionPlace, drop: str) -> bool:
         """End a move that cannot finish as planned (a replica left the membership, or the
@@ -187,7 +200,11 @@ class Rebalancer:
         all of ``p``'s followers (it counts its majority over the four: a write acknowledged
         from then on is on three of them)."""
         fs = await self._followers(d, pid, p.leader)
-        if fs is None or not set(p.replicas[1:]) <= set(fs):
+        if fs is None:
+            self._seen = f"leader {p.leader} did not answer, or leads it no more"
+            return set()
+        self._seen = "lag bytes " + ",".join(f"{n}={f['lag_bytes']}" for n, f in sorted(fs.items()))
+        if not set(p.replicas[1:]) <= set(fs):
             return set()
         return {n for n, f in fs.items() if f["lag_bytes"] == 0}
 

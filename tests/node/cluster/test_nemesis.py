@@ -242,7 +242,11 @@ class Nemesis:
             with via.client(timeout=60) as c:
                 place = c.describe("t")["placement"]
             assert all(gone.node_id not in p["replicas"] for p in place), place
-        eventually(unplaced, 120, 0.5)
+        try:
+            eventually(unplaced, 120, 0.5)
+        except AssertionError:
+            self.snapshot()  # what each member leads and sees: why the move did not finish
+            raise
         self.w.remove(gone)
         self.nodes.remove(gone)
         self.log(f"{gone.node_id} placed nowhere: stopping it")

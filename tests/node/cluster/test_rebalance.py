@@ -6,6 +6,7 @@ the first three early: writes acknowledged before the move were on two of the fi
 only (the dropped one and the leaving one, which then went silent), and the three that stayed
 elected a log without them."""
 import json
+import logging
 
 from node.cluster.placement import PartitionPlace, Placement
 from node.cluster.rebalance import Rebalancer
@@ -51,14 +52,20 @@ def table(p: PartitionPlace) -> list[tuple[TableDef, Placement]]:
 MOVING = PartitionPlace(("n1", "n2", "n3", "n5"), 1, leaving="n3")
 
 
-async def test_a_third_replica_that_left_is_dropped_only_once_a_follower_that_stays_holds_the_log():
+async def test_a_third_replica_that_left_is_dropped_only_once_a_follower_that_stays_holds_the_log(caplog):
     """n2 left (dead): {n1, n2} may be all that holds a write acknowledged before the move, so
-    n2 goes only once the leader, shipping to all four, reports n3 or n5 at its log end."""
+    n2 goes only once the leader, shipping to all four, reports n3 or n5 at its log end. A move
+    that waits says why, once while nothing changes."""
+    caplog.set_level(logging.WARNING, "terrascale.node.rebalance")
     for lag in ({"n2": 0, "n3": 512, "n5": 4096},  # neither that stays at the end
                 {"n2": 0, "n3": 0}):  # the leader does not ship to n5 yet: it counts over three
         drv = Driver({"n1", "n3", "n5"}, {"n2"}, lag)
-        assert await Rebalancer(drv).step(table(MOVING)) is False
+        r = Rebalancer(drv)
+        caplog.clear()
+        assert await r.step(table(MOVING)) is False and await r.step(table(MOVING)) is False
         assert drv.written == []
+        waits = [m for m in caplog.messages if "event=replica_move_waiting" in m]
+        assert len(waits) == 1 and "n2 gone" in waits[0] and "n3=" in waits[0], waits
     for lag in ({"n2": 0, "n3": 0, "n5": 4096}, {"n2": 4096, "n3": 512, "n5": 0}):
         drv = Driver({"n1", "n3", "n5"}, {"n2"}, lag)
         assert await Rebalancer(drv).step(table(MOVING)) is True
