@@ -29,7 +29,7 @@ from catalog.errors import CatalogError
 from catalog.raft import RaftCatalog
 from node.cluster.members import RemoteError
 from node.cluster.handoff import call_hand_off, hand_off, reconcile as take_placed, single_copy_moves
-from node.tasks import cancel_all
+from node.tasks import cancel_all, watched
 from node.cluster.placement import PLACE, PartitionPlace, Placement
 from node.cluster.rebalance import Rebalancer
 from node.cluster.serving import Serving
@@ -91,8 +91,8 @@ class NodeReplication:
 
     async def _loop(self, step: Callable[[], Awaitable[None]]) -> None:
         while True:
-            try:
-                await step()
+            try:  # a step stuck (behind a partition it should fix, say) logs where it waits
+                await watched(step(), step.__name__, max(10 * self.cfg.heartbeat_s, 5.0), log)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - logged; the next beat tries again
