@@ -1,6 +1,8 @@
 """Aggregates and histograms on 3 real node processes (RFC 0012), R=1 and R=3: whichever node
 receives the request merges every node's partials at one T, and the answer equals a model of
 the rows /query returns at that T through another node."""
+import time
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -201,3 +203,49 @@ def test_last_per_sensor_from_the_key_index_on_three_nodes_with_jobs_and_a_kill(
         for n in nodes:
             if n.proc is not None:
                 n.stop()
+
+
+def test_indexed_reads_on_three_nodes_with_every_job_and_a_kill(tmp_path):
+    """Paged column-index runs (docs/format/column-run.md, version 2) written by checkpoints,
+    merges and GC on every node every second, R = 3; the leader of partition 0 killed -9 and
+    restarted: queries through the column index (a string, a number, a box) and an aggregate
+    answer exactly what the rows written say, through every member."""
+    from tests.node.cluster.test_gc_cluster import JOBS
+    nodes = raft_cluster(tmp_path, 3, extra=FAST_CLUSTER + JOBS)
+    try:
+        start_all(nodes)
+        c1 = nodes[0].client(timeout=60)
+        c1.create_table("t", COLUMNS, "id", indexes=["g", "v", "p"], partitions=3, replicas=3)
+        model: dict[int, dict] = {}
+        for b in range(6):  # batches between checkpoints and merges of the jobs
+            t = rows(range(b * 300, b * 300 + 400), seed=b)  # overlapping ids: overwrites
+            eventually(lambda t=t: c1.upsert("t", t))
+            model.update({r["id"]: r for r in t.to_pylist()})
+            time.sleep(0.6)
+        victim = next(n for n in nodes if n.node_id == c1.describe("t")["placement"][0]["leader"])
+        victim.kill()
+        rest = [n for n in nodes if n is not victim]
+
+        def check(c) -> None:
+            got = c.query("t", where=[["g", "=", "g3"]], columns=["id"], limit=10**6)
+            assert sorted(got.column("id").to_pylist()) == sorted(i for i, r in model.items() if r["g"] == "g3")
+            got = c.query("t", where=[["v", ">", 15.0]], columns=["id"], limit=10**6)
+            assert sorted(got.column("id").to_pylist()) == sorted(i for i, r in model.items() if r["v"] > 15.0)
+            got = c.query("t", bbox={"column": "p", "xmin": 5, "ymin": 5, "xmax": 20, "ymax": 30}, columns=["id"],
+                          limit=10**6)
+            assert sorted(got.column("id").to_pylist()) == sorted(
+                i for i, r in model.items() if 5 <= r["p"]["x"] <= 20 and 5 <= r["p"]["y"] <= 30)
+            agg = c.aggregate("t", [{"fn": "count"}], where=[["g", "=", "g1"]])
+            assert list(agg["rows"][0].values()) == [sum(1 for r in model.values() if r["g"] == "g1")]
+        for n in rest:
+            with n.client(timeout=60) as c:
+                eventually(lambda c=c: check(c), 90)
+        victim.start(wait=True)
+        for n in nodes:
+            with n.client(timeout=60) as c:
+                eventually(lambda c=c: check(c), 90)
+        c1.close()
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.ensure_stopped()
