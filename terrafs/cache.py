@@ -71,6 +71,7 @@ class _LRU(Generic[V]):
 
 
 WRITE_BATCH = 64  # disk-tier records written per worker-thread hop
+PENDING_BYTES = 32 << 20  # disk-tier records waiting for the writer, at most; beyond, not cached
 
 
 class BlockCache:
@@ -83,8 +84,9 @@ class BlockCache:
         self._disk: _LRU[bool] = _LRU(volatile_bytes)  # what the device holds
         self._writes: set[asyncio.Task[None]] = set()
         self._pending: list[tuple[Key, bytes]] = []  # (key, record) waiting for the writer task
+        self._pending_bytes = 0
         self._writer: asyncio.Task[None] | None = None
-        self.stats = {"mem_hits": 0, "disk_hits": 0, "misses": 0, "disk_bad": 0}
+        self.stats = {"mem_hits": 0, "disk_hits": 0, "misses": 0, "disk_bad": 0, "disk_skipped": 0}
 
     async def open(self) -> None:
         """Empty the volatile cache: nothing on it is trusted across restarts."""
@@ -144,10 +146,16 @@ class BlockCache:
     def put_disk(self, key: Key, record: bytes) -> None:
         """Write a stored record to the volatile device in the background: records queue up
         and one task writes them in batches (a full scan of a cold object fetches thousands
-        of blocks; a task and five thread hops each filled the worker pool that requests use)."""
+        of blocks; a task and five thread hops each filled the worker pool that requests use).
+        A read faster than the device leaves the records past ``PENDING_BYTES`` uncached: what
+        waits is memory, and a cache must not hold a whole cold scan in it."""
         if self._dev is None:
             return
+        if self._pending_bytes + len(record) > PENDING_BYTES:
+            self.stats["disk_skipped"] += 1
+            return
         self._pending.append((key, record))
+        self._pending_bytes += len(record)
         if self._writer is None:
             self._writer = asyncio.ensure_future(self._write_pending())
             self._writes.add(self._writer)
@@ -159,6 +167,7 @@ class BlockCache:
             assert dev is not None  # put_disk starts the writer only with a device
             while self._pending:
                 batch, self._pending = self._pending[:WRITE_BATCH], self._pending[WRITE_BATCH:]
+                self._pending_bytes -= sum(len(r) for _, r in batch)
                 try:
                     await dev.write_files([(self._name(k), r) for k, r in batch])
                 except Exception as e:  # noqa: BLE001 - a cache write failure only costs a refetch

@@ -74,6 +74,7 @@ class ColumnarFooter:
 
 
 _WHOLE_PAGE = 8  # a page read for at most 1/8 of its rows decodes those rows alone
+_TAKE_BYTES = 8 << 20  # a take's pages read at once, at most (about): rows of more groups go in batches
 
 
 @dataclass(frozen=True)
@@ -276,11 +277,41 @@ class ColumnarSegment:
 
     async def take(self, localids: np.ndarray, target: SchemaVersion) -> Decoded:
         """Rows by localid (sorted, no duplicates) with ``target``'s columns: only the pages
-        holding wanted rows of the wanted columns, read at once through the block cache."""
+        holding wanted rows of the wanted columns, read through the block cache — at once, or
+        for rows spread over many groups a batch of groups at a time, so what a read holds is
+        bounded by ``_TAKE_BYTES`` and not by the segment (a sparse query touches every page)."""
         locs = np.asarray(localids, np.int64)
         if len(locs) and (locs[0] < 0 or locs[-1] >= self.footer.rows):
             raise RowCorruptionError(self.where, None, f"no row {int(locs[-1])} in segment {self.segid}")
         want = self._wanted(target)
+        cuts = self._take_batches(locs, want)
+        if len(cuts) <= 2:
+            return await self._take(locs, target, want)
+        parts = [await self._take(locs[a:b], target, want) for a, b in zip(cuts[:-1], cuts[1:])]
+        t = pa.Table.from_batches([p.batch for p in parts]).combine_chunks()
+        return Decoded(t.to_batches()[0], np.concatenate([p.commit_ts for p in parts]),
+                       np.concatenate([p.deleted for p in parts]), np.concatenate([p.schema_ver for p in parts]))
+
+    def _take_batches(self, locs: np.ndarray, want: list[int]) -> list[int]:
+        """Cuts of ``locs`` (at group boundaries) into batches whose groups' chunks of the
+        ``want`` columns hold about ``_TAKE_BYTES`` at most (a chunk's bytes bound its pages')."""
+        gs = locs // self.meta.group_rows
+        ids, starts = np.unique(gs, return_index=True)
+        if len(ids) <= 1:
+            return [0, len(locs)]
+        ch = self.meta.chunks[ids][:, want]
+        first = ch["first"].astype(np.int64)
+        cum = np.r_[0, np.cumsum(self.meta.pages["len"].astype(np.int64))]
+        size = (cum[first + ch["pages"].astype(np.int64)] - cum[first]).sum(axis=1)
+        cuts, acc = [0], 0
+        for i, n in enumerate(size.tolist()):
+            if acc and acc + n > _TAKE_BYTES:
+                cuts.append(int(starts[i]))
+                acc = 0
+            acc += n
+        return cuts + [len(locs)]
+
+    async def _take(self, locs: np.ndarray, target: SchemaVersion, want: list[int]) -> Decoded:
         plan = [(g, ci, *self._pages_for(g, ci, locs[(locs // self.meta.group_rows) == g]))
                 for g in np.unique(locs // self.meta.group_rows).tolist() for ci in want]
         rows_of = {(p, ci): sel[which == p] - int(self.meta.pages["first"][p])

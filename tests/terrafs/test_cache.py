@@ -63,3 +63,23 @@ async def test_a_failed_disk_batch_costs_only_a_refetch(tmp_path):
     c.put_disk(("a", 2), b"y" * 10)
     await c.drain()
     assert await c.get_disk(("a", 2)) == b"y" * 10
+
+
+async def test_records_waiting_for_the_device_are_bounded(tmp_path):
+    """A read faster than the device (a cold scan) leaves the records past the bound uncached
+    rather than holding them all in memory; once written, the room is there again."""
+    from unittest import mock
+
+    import terrafs.cache as cache
+    from terrafs.backends.local import LocalBlockDevice
+
+    c = BlockCache(volatile=LocalBlockDevice(str(tmp_path), durable=False))
+    await c.open()
+    with mock.patch.object(cache, "PENDING_BYTES", 5000):
+        for i in range(10):
+            c.put_disk(("obj", i), bytes(1000))
+        assert len(c._pending) == 5 and c.stats["disk_skipped"] == 5
+        await c.drain()
+        c.put_disk(("obj", 10), bytes(1000))
+        await c.drain()
+    assert [await c.get_disk(("obj", i)) is not None for i in (0, 4, 5, 9, 10)] == [True, True, False, False, True]

@@ -22,7 +22,7 @@ async def test_equals_read_and_leaves_the_cache_alone(data, codec, bs, reads):
     sf = await SealedFile.open(store, "obj", object_size=size, cache=cache)
     for off, n in reads:
         assert bytes(await sf.read_sequential(off, n)) == data[off : off + n]
-    assert cache.stats == {"mem_hits": 0, "disk_hits": 0, "misses": 0, "disk_bad": 0}
+    assert cache.stats == {"mem_hits": 0, "disk_hits": 0, "misses": 0, "disk_bad": 0, "disk_skipped": 0}
     assert len(cache._mem) == 0
 
 

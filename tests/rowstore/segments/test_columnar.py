@@ -94,6 +94,34 @@ async def test_same_rows_as_row_wise():
     await check_sealed_segment(cols)
 
 
+async def test_a_take_across_many_groups_reads_a_batch_of_groups_at_a_time():
+    """Rows spread over every group (a sparse query touches every page): the pages are read a
+    batch of groups at a time, so a take holds a bounded share of the segment; the answer is
+    the one read at once."""
+    w = await new_world()
+    n = 2 * GROUP_ROWS + 1234
+    rows, cols, _, _, _ = await _both(w, n)
+    locs = np.sort(np.random.default_rng(2).choice(n, 900, replace=False))
+    want = await rows.get(locs, ALL_SCHEMAS.__getitem__, S3)
+    spans: list[list[tuple[int, int]]] = []
+    real = cols.sf.read_spans
+
+    async def spy(s):
+        spans.append(s)
+        return await real(s)
+    for budget, calls in ((1 << 40, 1), (1, 3)):
+        spans.clear()
+        columnar.DECODED.clear()
+        with mock.patch.object(columnar, "_TAKE_BYTES", budget), mock.patch.object(cols.sf, "read_spans", spy):
+            got = await cols.take(locs, S3)
+        assert got.batch.to_pylist() == want.batch.to_pylist()
+        assert (got.commit_ts.tolist(), got.deleted.tolist()) == (want.commit_ts.tolist(), want.deleted.tolist())
+        assert len(spans) == calls
+        firsts = cols.meta.pages["off"][cols.meta.chunks["first"][:, 0]].tolist()  # where each group starts
+        for s in spans if calls > 1 else []:  # each call reads the pages of one group
+            assert len({int(np.searchsorted(firsts, off, "right")) for off, _ in s}) == 1
+
+
 async def test_an_empty_segment():
     w = await new_world()
     chunks = [c async for c in columnar_bytes(4, _gen(), SCHEMAS.__getitem__, KEYS)]
