@@ -196,7 +196,9 @@ class Reader(PointReads, Scans):
     async def _query_part(self, c: ReadContext, part: Partition, terms: list[Term], box: BBox | None,
                           limit: int | None, target: SchemaVersion) -> pa.RecordBatch:
         """The partition's matching rows with ``target``'s columns (the key and the terms'
-        columns among them): a columnar segment reads only those."""
+        columns among them): a columnar segment reads only those. When more rows may match
+        than ``limit``, the key and the terms' columns are read first, and the other columns
+        only of the first ``limit`` matches by key (no other row can be in the answer)."""
         assert c.d.schema is not None  # describe() refuses a dropped table
         cands, srcs = await candidates(part, terms + ([box] if box is not None else []))
         if cands is None:  # no index applies: the partition's visible rows, in key order
@@ -205,12 +207,21 @@ class Reader(PointReads, Scans):
         keep = await self.zone_mask(c, cands, terms, box)
         if keep is not None:
             cands, srcs = cands[keep], srcs[keep]
-        rows = await fetch(self.store, cands, c.schemas, target, where_of(c, part))  # in rowid order, as cands
+        tested = narrowed(c.d.schema, [], terms, box)
+        keys_first = limit is not None and len(cands) > limit and len(tested.columns) < len(target.columns)
+        rows = await fetch(self.store, cands, c.schemas, tested if keys_first else target,
+                           where_of(c, part))  # in rowid order, as cands
         keys = encode_columns(c.d.schema.pk, key_arrays(c.d.schema.pk, rows.batch))
         visible = (rows.commit_ts <= np.uint64(c.T)) & ~rows.deleted
         idx = np.flatnonzero(visible)
         visible[idx] = ~await part.index.superseded(keys[idx], rows.commit_ts[idx], srcs[idx], c.T)
-        return rows.batch.filter(pa.array(visible & batch_mask(rows.batch, terms, box)))
+        match = visible & batch_mask(rows.batch, terms, box)
+        if not keys_first:
+            return rows.batch.filter(pa.array(match))
+        at = np.flatnonzero(match)
+        if len(at) > (limit or 0):
+            at = np.sort(at[np.argsort(keys[at], kind="stable")[:limit]])
+        return (await fetch(self.store, cands[at], c.schemas, target, where_of(c, part))).batch
 
     async def _scan_part(self, c: ReadContext, part: Partition, terms: list[Term], box: BBox | None,
                          limit: int | None, target: SchemaVersion) -> pa.RecordBatch:

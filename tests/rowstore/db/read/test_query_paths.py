@@ -107,8 +107,42 @@ async def _agree(seed, rounds, queries):
         m = batch_mask(everything.combine_chunks().to_batches()[0], parse_where(d.schema, where),
                        parse_bbox(d.schema, bbox)) if everything.num_rows else np.zeros(0, bool)
         assert ta.column("id").to_pylist() == everything.column("id").filter(pa.array(m)).to_pylist()
+        lim = int(rng.integers(1, 12))  # a limit: the first rows by key (the index path reads keys first)
+        assert _norm((await db.query("a", where=where, bbox=bbox, limit=lim))[0]) == _norm(ta)[:lim]
 
 
 def _norm(t: pa.Table) -> list:
     """Rows with NaN made comparable (NaN != NaN)."""
     return [{k: ("NaN" if isinstance(v, float) and v != v else v) for k, v in r.items()} for r in t.to_pylist()]
+
+
+def test_a_limited_query_reads_other_columns_only_of_its_answer():
+    """Many indexed matches and a small limit: the key and the terms' columns are read for
+    every candidate, the other columns only for the ``limit`` rows answered (in key order);
+    the answer is the unlimited one's first rows."""
+    asyncio.run(_limited())
+
+
+async def _limited():
+    from unittest import mock
+
+    import rowstore.db.read.reader as reader
+
+    rng = np.random.default_rng(7)
+    db = await TablesWorld(partitions=2).start()
+    await db.create_table("a", SCHEMA, indexes=INDEXED)
+    await db.upsert("a", make_rows(rng, rng.permutation(600)))
+    await db.checkpoint()
+    await db.upsert("a", make_rows(rng, rng.choice(600, 100, replace=False)))  # newer versions: superseded ones
+    everything, _ = await db.query("a", where=[["s", "!=", "v3"]], limit=None)
+    calls = []
+    real = reader.fetch
+
+    async def spy(store, rowids, schemas, target, where=""):
+        calls.append((len(rowids), len(target.columns)))
+        return await real(store, rowids, schemas, target, where)
+    with mock.patch.object(reader, "fetch", spy):
+        got, _ = await db.query("a", where=[["s", "!=", "v3"]], limit=7)
+    assert _norm(got) == _norm(everything)[:7]
+    assert calls and all(n <= 7 for n, cols in calls if cols == 12)  # every column: the answer's rows only
+    assert any(n > 7 and cols == 2 for n, cols in calls)  # the key and s: every candidate
