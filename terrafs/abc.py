@@ -148,6 +148,15 @@ class BlockDevice(abc.ABC):
         for name, data in items:
             await self.write_file(name, data)
 
+    async def delete_files(self, names: builtins.list[str]) -> None:
+        """``delete`` of each name, one not found skipped; a device may do them all in one
+        worker-thread hop (the block cache empties its disk tier at start: thousands of files)."""
+        for name in names:
+            try:
+                await self.delete(name)
+            except NotFoundError:
+                pass
+
     async def read_file(self, name: str) -> bytes:
         """Whole contents of ``name``."""
         f = await self.open(name)

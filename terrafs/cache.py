@@ -92,8 +92,7 @@ class BlockCache:
         """Empty the volatile cache: nothing on it is trusted across restarts."""
         if self._dev is None:
             return
-        for name in await self._dev.list(CACHE_DIR + "/"):
-            await self._dev.delete(name)
+        await self._dev.delete_files(await self._dev.list(CACHE_DIR + "/"))
 
     def get_mem(self, key: Key) -> bytes | None:
         hit = self._mem.get(key)

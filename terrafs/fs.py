@@ -98,8 +98,7 @@ class TerrascaleFS:
         """Initialise the inode table, empty the volatile areas, recover this node's files."""
         await self.inodes.init()
         await self.cache.open()
-        for name in await self.volatile.list(STAGING + "/"):
-            await self.volatile.delete(name)
+        await self.volatile.delete_files(await self.volatile.list(STAGING + "/"))
         return await self.recover()
 
     async def close(self) -> None:

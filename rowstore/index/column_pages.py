@@ -105,18 +105,43 @@ def _centres(keys: Keys) -> tuple[np.ndarray, np.ndarray]:
 
 
 def key_order(col: Column, rowids: np.ndarray, keys: Keys) -> np.ndarray:
-    """The by-key order of the entries: by the kind's key, ties by rowid."""
+    """The by-key order of the entries: by the kind's key, ties by rowid. Entries in rowid
+    order (as runs are written) need only a stable sort by the key (about twice as fast as
+    sorting by both)."""
     kind = index_kind(col)
+    by_rowid = len(rowids) < 2 or bool((rowids[1:] > rowids[:-1]).all())
     if kind == "value":
-        t = pa.table({"k": keys.lo if isinstance(keys.lo, (pa.Array, pa.ChunkedArray)) else pa.array(keys.lo),
-                      "r": pa.array(rowids, pa.uint64())})
-        order: np.ndarray = pc.sort_indices(t, [("k", "ascending"), ("r", "ascending")]).to_numpy()
-    elif kind in ("grid", "box"):
+        k = keys.lo if isinstance(keys.lo, (pa.Array, pa.ChunkedArray)) else pa.array(keys.lo)
+        if by_rowid:  # Arrow's sort_indices is stable
+            return _few_values_order(k) if _few_values(k) else np.asarray(pc.sort_indices(k).to_numpy())
+        t = pa.table({"k": k, "r": pa.array(rowids, pa.uint64())})
+        return np.asarray(pc.sort_indices(t, [("k", "ascending"), ("r", "ascending")]).to_numpy())
+    if kind in ("grid", "box"):
         cx, cy = _centres(keys)
-        order = np.lexsort((rowids, morton(cx, cy, _extent(keys))))
+        key = morton(cx, cy, _extent(keys))
     else:
-        order = np.lexsort((rowids, np.asarray(keys.lo)))  # numpy puts NaN last
-    return order
+        key = np.asarray(keys.lo)  # numpy puts NaN last
+    return np.argsort(key, kind="stable") if by_rowid else np.lexsort((rowids, key))
+
+
+def _few_values(k: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether ``k`` (strings or binaries, no nulls) repeats few values, judged on a sample:
+    sorting its dictionary's ranks is then ~3x faster than sorting it (and ~2x slower when
+    most values are distinct)."""
+    if len(k) < 65536 or k.null_count or not (pa.types.is_string(k.type) or pa.types.is_binary(k.type)
+                                              or pa.types.is_fixed_size_binary(k.type)):
+        return False
+    sample = k.take(pa.array(np.linspace(0, len(k) - 1, 8192).astype(np.int64)))
+    return len(pc.unique(sample)) * 8 <= len(sample)
+
+
+def _few_values_order(k: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A stable sort of ``k`` through its dictionary: each entry's rank among the distinct
+    values, sorted stably as integers (ties keep their order, as ``sort_indices`` does)."""
+    d = pc.dictionary_encode(k.combine_chunks() if isinstance(k, pa.ChunkedArray) else k)
+    rank = np.empty(len(d.dictionary), np.int64)
+    rank[pc.sort_indices(d.dictionary).to_numpy()] = np.arange(len(d.dictionary))
+    return np.argsort(rank[d.indices.to_numpy()], kind="stable")
 
 
 # -- writing ----------------------------------------------------------------------------------

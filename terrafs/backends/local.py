@@ -169,6 +169,22 @@ class LocalBlockDevice(BlockDevice):
 
         await asyncio.to_thread(_delete)
 
+    async def delete_files(self, names: list[str]) -> None:
+        """Every file removed in one worker-thread hop, each directory synced once."""
+        def _all() -> None:
+            dirs = set()
+            for name in names:
+                path = self._path(name)
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue
+                dirs.add(path)
+            for path in {os.path.dirname(p): p for p in dirs}.values():
+                self._sync_dir(path)
+
+        await asyncio.to_thread(_all)
+
     async def rename(self, src: str, dst: str) -> None:
         ps, pd = self._path(src), self._path(dst)
 

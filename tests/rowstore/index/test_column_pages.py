@@ -183,3 +183,19 @@ def test_damage_is_a_corruption_error_never_a_wrong_answer():
     with pytest.raises(RowCorruptionError, match="shorter"):
         opened(c, raw[:10])
 
+
+
+@pytest.mark.parametrize("distinct", [7, 1000, 200_000])
+def test_the_by_key_order_is_by_key_then_rowid_however_it_is_sorted(distinct):
+    """Many string entries, few or many distinct values (the few are sorted through their
+    dictionary): the order is the (key, rowid) sort's; entries not in rowid order too."""
+    from rowstore.index.column_pages import Keys, key_order
+    import pyarrow.compute as pc
+
+    rng = np.random.default_rng(distinct)
+    n = 200_000
+    vals = pa.array([f"v{x:06d}" for x in rng.integers(0, distinct, n)])
+    for rowids in (np.arange(n, dtype=np.uint64) * 5, rng.permutation(n).astype(np.uint64)):
+        want = pc.sort_indices(pa.table({"k": vals, "r": pa.array(rowids)}), [("k", "ascending"),
+                                                                            ("r", "ascending")]).to_numpy()
+        assert np.array_equal(key_order(col("string"), rowids, Keys(vals, vals)), want)
