@@ -65,6 +65,9 @@ class Metrics:
                                   ["outcome"], registry=r)
         self.memtable_bytes = Gauge("terrascale_memtable_bytes", "Key and column memtables, all partitions",
                                     registry=r)
+        self.write_stalls = Gauge("terrascale_write_stalls_total",
+                                  "Writes that waited for a checkpoint: memtables at 4x tables.memtable_bytes",
+                                  registry=r)
         self.column_cache_bytes = Gauge("terrascale_column_cache_bytes",
                                         "Built column-index runs held in memory (tables.column_cache_bytes)",
                                         registry=r)

@@ -92,6 +92,7 @@ class Views:
             m.device_rounds.set(hops)
             m.device_round_groups.set(groups)
         m.memtable_bytes.set(db.memtable_bytes())
+        m.write_stalls.set(db.maintenance.stalls)
         m.column_cache_bytes.set(db.column_runs.bytes)
         m.closed_ts.set(db.closed_ts)
         m.txn_held.set(db.participant.held)

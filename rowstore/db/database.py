@@ -145,6 +145,7 @@ class Database:
         # background/
         self.maintenance = Maintenance(self.store, self.catalog_tables, self.tables, self.timeline,
                                        cfg.memtable_bytes, self.reader.purge_horizon, monotonic)
+        self.committer.room = self.maintenance.room
         self.gc = GarbageCollector(self.store, self.catalog_tables, self.tables, self.timeline, self.leases,
                                    self.reader.purge_horizon, self.maintenance.offload, cfg.gc)
 

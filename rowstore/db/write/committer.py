@@ -5,7 +5,7 @@ is one catalog transaction (``txn/<id>``; :mod:`rowstore.db.write.two_phase`).""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
@@ -65,6 +65,9 @@ class Committer(TwoPhaseCommit):
         # A write to a replicated partition waits this long for a majority of its replicas, then
         # answers "unavailable" (the batch may still become durable and visible later).
         self.ack_timeout_s = ack_timeout_s
+        # awaited before every write: returns at once unless the memtables are far over their
+        # budget (Maintenance.room: the write then waits for a checkpoint)
+        self.room: Callable[[], Awaitable[None]] | None = None
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -101,6 +104,8 @@ class Committer(TwoPhaseCommit):
         return batch, np.ones(batch.num_rows, bool), existed
 
     async def write(self, d: TableDef, batch: pa.RecordBatch, deleted: np.ndarray | None) -> WriteResult:
+        if self.room is not None:
+            await self.room()
         table, pieces, n = await self.split(d, batch, deleted)
         if n == 0:
             return WriteResult(0, self.timeline.closed)
@@ -151,6 +156,8 @@ class Committer(TwoPhaseCommit):
         per piece the list of them — or the exception that failed that piece (the others
         are committed all the same)."""
         assert d.schema is not None  # the pieces were encoded with its schema
+        if self.room is not None:
+            await self.room()
         table = await self.tables.table(d)
         served(table, np.array([p.pid for p in pieces]))
         work = [(table.parts[p.pid], p) for p in pieces]
