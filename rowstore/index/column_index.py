@@ -31,6 +31,10 @@ from terrafs.fs import TerrascaleFS
 
 log = logging.getLogger("rowstore.index.column_index")
 VERSION = b"1"  # of the version-1 layout (part of the format; version 2: column_pages)
+# A run written with at most this many entries is built for aggregates at once; a larger one
+# (a bulk load's checkpoint) when an aggregate first needs it: building took a third of a big
+# checkpoint's time, and an ingest waits for checkpoints once memtables pass the write stall.
+EAGER_BUILD = 1 << 16
 
 
 def exact(col: Column, values: pa.Array, pred: Pred) -> np.ndarray:
@@ -165,8 +169,9 @@ class PartitionColumns:
             body = await asyncio.to_thread(encode_run, col, rowids, values)
             rec = await self.fs.create_sealed(_one(body), extra=lambda r: ([], [Put(self.pending_key(r.inode), b"")]))
             out[str(cid)] = rec.inode
-            # built now, while its entries are at hand: the first aggregate after a checkpoint finds it
-            self.cache.put(_entries_key(rec.location), *await asyncio.to_thread(_build, col, rowids, values, rec.inode))
+            if len(rowids) <= EAGER_BUILD:  # built now, while its entries are at hand: the next aggregate finds it
+                self.cache.put(_entries_key(rec.location),
+                               *await asyncio.to_thread(_build, col, rowids, values, rec.inode))
             self._written[rec.inode] = rec.location
         return out
 
