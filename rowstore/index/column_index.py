@@ -157,16 +157,12 @@ class PartitionColumns:
 
     async def write_runs(self, pieces: Sequence[MemPiece], keep: np.ndarray | None = None) -> dict[str, int]:
         """Write one run file per indexed column from memtable ``pieces`` (or merged data);
-        ``keep``: sorted rowids to keep (a merge drops what the key index purged)."""
+        ``keep``: the rowids to keep (a merge drops what the key index purged). A column's
+        entries are gathered, kept, sorted and encoded in one worker-thread hop: a merge of
+        millions of entries held the event loop for seconds in ``np.isin`` alone."""
         out = {}
         for cid, col in self.columns.items():
-            rowids, values = _gather(pieces, cid, col)
-            if keep is not None and len(rowids):
-                m = np.isin(rowids, keep, assume_unique=False)
-                rowids, values = rowids[m], values.filter(pa.array(m))
-            order = np.argsort(rowids, kind="stable")
-            rowids, values = rowids[order], values.take(pa.array(order))
-            body = await asyncio.to_thread(encode_run, col, rowids, values)
+            rowids, values, body = await asyncio.to_thread(_run_of, pieces, cid, col, keep)
             rec = await self.fs.create_sealed(_one(body), extra=lambda r: ([], [Put(self.pending_key(r.inode), b"")]))
             out[str(cid)] = rec.inode
             if len(rowids) <= EAGER_BUILD:  # built now, while its entries are at hand: the next aggregate finds it
@@ -400,6 +396,19 @@ def _piece_bytes(piece: MemPiece) -> int:
     rowids, vals = piece
     total: int = rowids.nbytes + sum(a.nbytes for a in vals.values())
     return total
+
+
+def _run_of(pieces: Sequence[MemPiece], cid: int, col: Column,
+            keep: np.ndarray | None) -> tuple[np.ndarray, pa.Array, bytes]:
+    """Column ``cid``'s entries of ``pieces`` (those of ``keep`` when given), by rowid, and
+    their version-2 run (worker thread)."""
+    rowids, values = _gather(pieces, cid, col)
+    if keep is not None and len(rowids):
+        m = np.isin(rowids, keep)
+        rowids, values = rowids[m], values.filter(pa.array(m))
+    order = np.argsort(rowids, kind="stable")
+    rowids, values = rowids[order], values.take(pa.array(order))
+    return rowids, values, encode_run(col, rowids, values)
 
 
 def _gather(pieces: Sequence[MemPiece], cid: int, col: Column) -> tuple[np.ndarray, pa.Array]:

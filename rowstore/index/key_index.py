@@ -207,8 +207,7 @@ class PartitionIndex(KeyReads, KeyMerges):
                 if int(cid_s) in self.columns.columns:
                     rowids, values = await self.columns.run_data(inode)
                     pieces.append((remap(rowids, old, new), {int(cid_s): values}))
-        keep = np.sort(run.rowids[run.rowids != TOMBSTONE])
-        return await self.columns.write_runs(pieces, keep)
+        return await self.columns.write_runs(pieces, run.rowids[run.rowids != TOMBSTONE])
 
     async def collect(self) -> None:
         """Delete the runs a merge or a relocation replaced (named in the manifest's garbage)."""

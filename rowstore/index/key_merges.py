@@ -182,8 +182,7 @@ class KeyMerges:
                 if int(cid_s) in self.columns.columns:
                     rowids, values = await self.columns.run_data(inode)
                     pieces.append((rowids, {int(cid_s): values}))
-        keep = np.sort(merged.rowids[merged.rowids != TOMBSTONE])
-        return await self.columns.write_runs(pieces, keep)
+        return await self.columns.write_runs(pieces, merged.rowids[merged.rowids != TOMBSTONE])
 
 
 def _prepend(older: MemTable, newer: MemTable, kind: str) -> MemTable:
