@@ -208,7 +208,20 @@ class TerrascaleFS:
         """A file whose write group failed (at the device, or refused by its mirror), cut back
         to its last durable group and recovered from the device: what it holds is then exactly
         what was acknowledged, and it takes appends again. Raises, the file left as it is,
-        while the device still fails."""
+        while the device still fails. ``af`` may be closed already — an earlier reopen closed
+        it and then failed (its catalog unreachable), or a close could not cut it back: it is
+        cut back through a new handle then (simulation seed 136398: the cut through the closed
+        handle failed at every promotion, and its partition never had a leader again)."""
+        if af.closed:
+            live = self._active.get(af.inode)
+            if live is not None:  # reopened since: that handle recovered what is durable
+                return live if live.failure is None else await self.reopen_failed(live)
+            f = await self.block.open((await self.stat(af.inode)).location)
+            try:
+                await af.cut_back(through=f)
+            finally:
+                await f.close()
+            return await self.open_active(af.inode)
         await af.cut_back()
         await self.close_active(af.inode)
         return await self.open_active(af.inode)

@@ -280,3 +280,58 @@ async def test_an_active_file_whose_header_never_reached_the_log_device_opens_em
     assert again.durable_size == 0
     assert await again.append(b"hello") == 0
     await fs2.close()
+
+
+async def test_a_failed_file_already_closed_is_cut_back_through_a_new_handle(world, monkeypatch):
+    """``reopen_failed`` of a file closed already: by an earlier reopen whose recovery then
+    failed (its catalog unreachable), or by a close that could not cut it back (the device
+    still failing). The cut goes through a new handle, so the retry works — through the closed
+    one it failed at every promotion and the partition never had a leader again (simulation
+    seed 136398) — and the group whose fdatasync failed is not counted either way."""
+    import errno
+
+    from catalog.errors import CatalogUnavailableError
+    from terrafs.backends.memory import MemoryDeviceFile
+    from terrafs.errors import TerrafsError
+
+    fs = await world.start()
+
+    async def failing_sync(self):
+        raise OSError(errno.EIO, "Input/output error")
+
+    async def failed_file():
+        af = await fs.create()
+        await af.append(b"a" * 1000)
+        with monkeypatch.context() as m:
+            m.setattr(MemoryDeviceFile, "sync", failing_sync)  # the group lands, its fdatasync fails
+            with pytest.raises(TerrafsError):
+                await af.append(b"b" * 500)
+        assert af.failure is not None
+        return af
+
+    async def exact(af):
+        assert af.failure is None and af.durable_size == 1000
+        assert await fs.read(af.inode, 0, 2000) == b"a" * 1000
+        await af.append(b"c" * 10)
+        assert await fs.read(af.inode, 990, 100) == b"a" * 10 + b"c" * 10
+
+    af = await failed_file()  # 1: a reopen closes it, then cannot recover it
+    real = fs.open_active
+
+    async def unreachable(inode):
+        raise CatalogUnavailableError("injected: no catalog leader reachable")
+    monkeypatch.setattr(fs, "open_active", unreachable)
+    with pytest.raises(CatalogUnavailableError):
+        await fs.reopen_failed(af)
+    monkeypatch.setattr(fs, "open_active", real)
+    assert af.closed
+    await exact(await fs.reopen_failed(af))
+
+    af = await failed_file()  # 2: a close cannot cut it back
+    world.block.broken = True
+    await fs.close_active(af.inode)
+    world.block.broken = False
+    assert af.closed
+    again = await fs.reopen_failed(af)
+    await exact(again)
+    assert await fs.reopen_failed(af) is again  # reopened since: that handle
