@@ -128,13 +128,17 @@ class Database:
                                      present=self.clock.present, hold_present=self.timeline.hold,
                                      monotonic=monotonic, spawn=self.tasks.spawn)
         self.handoffs = Handoffs(self.store, self.tables, observe=self.clock.observe)
-        # write/
-        self.commit_tail = CommitTail()  # committed batches of watched tables, until closed (RFC 0015)
-        self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks,
-                                   self.leadership.demote, self.commit_tail, cfg.ack_timeout_s, fs.entropy)
         # read/
         self.reader = Reader(self.store, self.catalog_tables, self.tables, self.clock, self.timeline, self.tasks,
                              self.leadership.check_lease, cfg.retention_ms, cfg.closed_wait_s, cfg.purge_lag_ms)
+        # background/ (the maintenance first: a write waits on it past the memtables' stall)
+        self.maintenance = Maintenance(self.store, self.catalog_tables, self.tables, self.timeline,
+                                       cfg.memtable_bytes, self.reader.purge_horizon, monotonic)
+        # write/
+        self.commit_tail = CommitTail()  # committed batches of watched tables, until closed (RFC 0015)
+        self.committer = Committer(self.catalog, self.catalog_tables, self.tables, self.timeline, self.tasks,
+                                   self.leadership.demote, self.commit_tail, cfg.ack_timeout_s, fs.entropy,
+                                   room=self.maintenance.room)
         self.participant = Participant(self.catalog, self.catalog_tables, self.committer, self.timeline,
                                        self.tasks, self.reader, cfg.prepare_timeout_s, coordinator_gone)
         self.leases = Leases(self.catalog, self.clock.now_ms, fs.entropy)
@@ -142,10 +146,7 @@ class Database:
         self.external = ExternalReads(fs, self.store, self.tables, self.reader, self.leases)
         self.subscriptions = Subscriptions(self.reader, self.external, self.commit_tail, self.timeline, self.tasks,
                                            cfg.progress_every_s, cfg.subscriber_bytes)
-        # background/
-        self.maintenance = Maintenance(self.store, self.catalog_tables, self.tables, self.timeline,
-                                       cfg.memtable_bytes, self.reader.purge_horizon, monotonic)
-        self.committer.room = self.maintenance.room
+        # background/ (the collector)
         self.gc = GarbageCollector(self.store, self.catalog_tables, self.tables, self.timeline, self.leases,
                                    self.reader.purge_horizon, self.maintenance.offload, cfg.gc)
 

@@ -50,11 +50,13 @@ class Committer(TwoPhaseCommit):
 
     def __init__(self, catalog: Catalog, definitions: TableCatalog, tables: TableRegistry, timeline: Timeline,
                  tasks: BackgroundTasks, step_down: Callable[[str, int], Coroutine[Any, Any, bool]],
-                 tail: CommitTail, ack_timeout_s: float = 10.0, entropy: Entropy = SYSTEM):
+                 tail: CommitTail, ack_timeout_s: float = 10.0, entropy: Entropy = SYSTEM,
+                 room: Callable[[], Awaitable[None]] | None = None):
         """``step_down(table id, pid)``: the leader of a replicated partition whose write missed
         its ack timeout steps down (started in the background, :meth:`_bounded`). ``tail``: every
         applied batch is handed to it before its timestamp ends (subscriptions, RFC 0015).
-        ``entropy``: where transaction ids are drawn."""
+        ``entropy``: where transaction ids are drawn. ``room()``: awaited before each write (the
+        memtables' write stall, ``Maintenance.room``)."""
         self.catalog, self.definitions, self.tables, self.tail = catalog, definitions, tables, tail
         self.entropy = entropy
         self.timeline, self.tasks, self.step_down = timeline, tasks, step_down
@@ -67,7 +69,7 @@ class Committer(TwoPhaseCommit):
         self.ack_timeout_s = ack_timeout_s
         # awaited before every write: returns at once unless the memtables are far over their
         # budget (Maintenance.room: the write then waits for a checkpoint)
-        self.room: Callable[[], Awaitable[None]] | None = None
+        self.room = room
 
     # -- writes -------------------------------------------------------------------------------
 
