@@ -110,7 +110,10 @@ class Participant:
                       floor: int, txn: int, delete: bool = False, coordinator: Coordinator | None = None) -> Reserved:
         """First phase: validate and split this node's rows of txn ``txn``, take their
         partitions' writer locks and a timestamp at least ``floor`` (``delete``: ``rows``
-        holds the keys to delete, in the key column). Nothing is written yet."""
+        holds the keys to delete, in the key column). Nothing is written yet. Past the
+        memtables' write stall it waits first, holding nothing (``Committer.room``)."""
+        if self.committer.room is not None:
+            await self.committer.room()
         d = await self._checked(txn, name, table_id, schema_version)
         assert d.schema is not None  # _checked() refuses a dropped table
         existed = 0
@@ -130,6 +133,8 @@ class Participant:
         """First phase of a delete by predicate (RFC 0016 §6): the terms checked, the writer
         locks of partitions ``pids`` (None: every one served here the terms can match) and a
         timestamp taken. Which rows match is found at the prepare, under these locks."""
+        if self.committer.room is not None:
+            await self.committer.room()
         d = await self._checked(txn, name, table_id, schema_version)
         assert d.schema is not None  # _checked() refuses a dropped table
         sel = Selection.parse(d.schema, where, bbox, prefix)
