@@ -39,8 +39,8 @@ class Maintenance:
 
     async def room(self) -> None:
         """Wait, before a write, while the memtables hold ``STALL`` times their budget: a
-        sustained ingest outruns the scheduled checkpoints (50M rows at 190k rows/s held
-        1.8 GB of memtables against 64 MiB), so the write checkpoints the largest ones itself —
+        sustained ingest outruns the scheduled checkpoints (at 190k rows/s, 1.8 GB of memtables
+        after 28M rows against a budget of 64 MiB), so the write checkpoints the largest itself —
         one writer at a time, the others wait for it — and goes on once they are under.
         Returns at once (no await) under the limit. A checkpoint that frees nothing (its
         object store failing) ends the wait with its error: the write is refused, not queued."""
