@@ -17,13 +17,15 @@ import numpy as np
 import pyarrow as pa
 
 from rowstore.codec.rows import Decoded, decode_rows
-from rowstore.errors import DanglingRowidError, RowstoreError, SegmentNotFoundError
+from rowstore.errors import DanglingRowidError, RowstoreError, SegmentNotFoundError, UnavailableError
 from rowstore.rowids import split_rowids
 from rowstore.schema import SchemaVersion
 from rowstore.segments.active import ActiveSegment
 from rowstore.segments.columnar import ColumnarSegment
 from rowstore.segments.sealed import SealedSegment
+from rowstore.segments.records import SegState
 from rowstore.segments.store import SegmentStore
+from terrafs.errors import ObjectNotFoundError
 
 _SCAN_SHARE = 8  # scan the segment when more than 1/8 of its rows are wanted
 _FEW = 16  # fewer rows than this from a sealed segment: walk the tree for each
@@ -45,8 +47,25 @@ async def fetch(store: SegmentStore, rowids: np.ndarray, schemas: Callable[[int]
     cuts = np.flatnonzero(np.diff(segs)) + 1
     parts = []
     for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(rowids)]):
-        parts.append(await _segment_rows(store, int(segs[a]), locs[a:b], schemas, target, where))
+        segid = int(segs[a])
+        try:
+            parts.append(await _segment_rows(store, segid, locs[a:b], schemas, target, where))
+        except ObjectNotFoundError as e:
+            raise await _collected_meanwhile(store, segid, e) from e
     return concat(parts, target)
+
+
+async def _collected_meanwhile(store: SegmentStore, segid: int, e: ObjectNotFoundError) -> Exception:
+    """A segment's object gone mid-read: retryable when the collector retired or deleted the
+    segment meanwhile (with ``gc.grace`` 0 s its object goes at once; the index names its copies
+    now), corruption otherwise (its row still names the object)."""
+    try:
+        rec, _ = await store.record(segid)
+    except SegmentNotFoundError:
+        rec = None
+    if rec is None or rec.state == SegState.RETIRED:
+        return UnavailableError(f"segment {segid} was collected during the read; retry")
+    return e
 
 
 def _dangling(where: str, segid: int, loc: int, reason: str) -> DanglingRowidError:

@@ -330,3 +330,42 @@ async def test_the_store_gives_rows_of_a_columnar_segment_in_the_order_asked():
     ids = (np.uint64(seg.segid) << np.uint64(32)) | np.array([400, 3, 250, 3 + 1], np.uint64)
     got = await st.get(ids, S2)
     assert got.batch.column("id").to_pylist() == [400, 3, 250, 4]
+
+
+async def test_a_segment_collected_during_a_read_is_a_retry_and_a_lost_object_an_error():
+    """A read that opened a segment whose object then goes: when the collector retired or
+    deleted the segment meanwhile (``gc.grace`` 0 s deletes at once) the read answers
+    "unavailable, retry" (the index names its copies by then); while the segment's row still
+    names the object it is an error, not a retry (a lost object)."""
+    from catalog.abc import Check, Delete
+    from terrafs.catalog_ops import commit
+    from rowstore.errors import UnavailableError
+    from rowstore.segments.fetch import fetch
+    from rowstore.segments.store import SegmentStore
+    from terrafs.errors import ObjectNotFoundError
+
+    w = await new_world()
+    st = SegmentStore(w.fs, ALL_SCHEMAS.__getitem__, columnar=True)
+    await st.open()
+    seg = await st.create("t", 0)
+    await seg.append(_batch(0, 500, S2), S2, 7)
+    await st.seal(seg.segid)
+    await st.offload(seg.segid, KEYS)
+    ids = (np.uint64(seg.segid) << np.uint64(32)) | np.arange(0, 500, 7).astype(np.uint64)
+    assert (await st.get(ids, S2)).batch.num_rows == len(ids)  # opened
+    key = (await w.fs.stat((await st.record(seg.segid))[0].inode)).location
+    await w.objects.delete(key)  # the object lost, its segment row still there
+
+    async def cold():  # no block of it in either tier of the cache, no decoded page
+        await w.fs.cache.drain()
+        await w.fs.cache.open()
+        w.fs.cache.forget_object(key)
+        columnar.DECODED.clear()
+    await cold()
+    with pytest.raises(ObjectNotFoundError):
+        await fetch(st, ids, ALL_SCHEMAS.__getitem__, S2)
+    _, e = await st.record(seg.segid)
+    await commit(w.cat, [Check(e.key, e.version)], [Delete(e.key)])  # as the collector's delete leaves it
+    await cold()
+    with pytest.raises(UnavailableError, match="collected during the read"):
+        await fetch(st, ids, ALL_SCHEMAS.__getitem__, S2)
