@@ -460,17 +460,6 @@ class ActiveFile(GroupRecovery):
         await self.flush()
         self._sealed = True
 
-    async def cut_back(self, through: DeviceFile | None = None) -> None:
-        """Cut a file whose group failed at the device back to its last durable group (a
-        reopen then recovers exactly that); StorageIOError or NoSpaceError while the device
-        still fails. ``through``: another handle of the same file, when this one is closed."""
-        f = through or self._f
-        try:
-            await f.truncate(self._physical_end)  # 0: the header never became durable
-            await f.sync()
-        except OSError as e:
-            raise no_space(e) or StorageIOError(f"{self.where}: cannot cut back a failed file: {e}") from e
-
     @property
     def closed(self) -> bool:
         return self._closed

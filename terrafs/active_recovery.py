@@ -1,6 +1,7 @@
 """Recovery of an active file after a restart (docs/format/terrafs.md §2): every group
 verified from the header on, a torn tail cut, a damaged group followed by a later one
-refused as corruption. Mixed into :class:`terrafs.active.ActiveFile`."""
+refused as corruption; and the cut of a file whose group failed at the device back to its
+last durable group. Mixed into :class:`terrafs.active.ActiveFile`."""
 from __future__ import annotations
 
 import logging
@@ -12,7 +13,7 @@ from catalog.checksum import crc32c
 from terrafs.abc import DeviceFile
 from terrafs.active_layout import SCAN_WINDOW, BlockIndex, ScanWindow
 from terrafs.blocks import BLOCK_MAGIC, HEADER_LEN, BlockHeader, Flags, parse_header
-from terrafs.errors import FileCorruptionError
+from terrafs.errors import FileCorruptionError, StorageIOError, no_space
 
 log = logging.getLogger("terrafs.active")
 
@@ -32,6 +33,17 @@ class GroupRecovery:
     _group: int
     _read_only: bool
     _sealed: bool
+
+    async def cut_back(self, through: DeviceFile | None = None) -> None:
+        """Cut a file whose group failed at the device back to its last durable group (a
+        reopen then recovers exactly that); StorageIOError or NoSpaceError while the device
+        still fails. ``through``: another handle of the same file, when this one is closed."""
+        f = through or self._f
+        try:
+            await f.truncate(self._physical_end)  # 0: the header never became durable
+            await f.sync()
+        except OSError as e:
+            raise no_space(e) or StorageIOError(f"{self.where}: cannot cut back a failed file: {e}") from e
 
     async def _recover_groups(self) -> None:
         """Scan every group from the header on (see docs/format/terrafs.md §2)."""

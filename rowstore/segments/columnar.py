@@ -25,6 +25,7 @@ from rowstore.codec.rows import Decoded, encode_rows
 from rowstore.errors import ColumnCorruptionError, RowCorruptionError
 from rowstore.schema import Column, SchemaVersion
 from rowstore.segments.columnar_layout import (
+    ColumnarFooter,
     COL_VERSION,
     TRAILER_LEN,
     Meta,
@@ -37,7 +38,6 @@ from rowstore.segments.columnar_layout import (
 from rowstore.segments.columnar_stats import check_stats
 from rowstore.segments.decoded_pages import DECODED as DECODED, DecodedPages as DecodedPages  # re-exported
 from rowstore.segments.sealed import (
-    ClusterRange,
     SealedSegment,
     key_bytes,
 )
@@ -46,30 +46,6 @@ from terrafs.errors import FileCorruptionError
 from terrafs.sealed import SealedFile
 
 # -- reading ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ColumnarFooter:
-    """What a version-2 segment's trailer and metadata say of it as a whole (the names are
-    those of the row-wise ``Footer`` where they mean the same)."""
-
-    segid: int
-    rows: int
-    rows_len: int  # bytes of the page section
-    min_ts: int
-    max_ts: int
-    versions: tuple[int, ...]
-    min_key: bytes
-    max_key: bytes
-    cluster: ClusterRange | None
-
-    @property
-    def min_key_len(self) -> int:
-        return len(self.min_key)
-
-    @property
-    def max_key_len(self) -> int:
-        return len(self.max_key)
 
 
 

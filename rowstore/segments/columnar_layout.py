@@ -178,3 +178,25 @@ def union_schema(meta: Meta) -> SchemaVersion:
     return SchemaVersion(0, tuple(cols.values()), pk, max(cols) + 1, pkey)
 
 
+@dataclass(frozen=True)
+class ColumnarFooter:
+    """What a version-2 segment's trailer and metadata say of it as a whole (the names are
+    those of the row-wise ``Footer`` where they mean the same)."""
+
+    segid: int
+    rows: int
+    rows_len: int  # bytes of the page section
+    min_ts: int
+    max_ts: int
+    versions: tuple[int, ...]
+    min_key: bytes
+    max_key: bytes
+    cluster: ClusterRange | None
+
+    @property
+    def min_key_len(self) -> int:
+        return len(self.min_key)
+
+    @property
+    def max_key_len(self) -> int:
+        return len(self.max_key)
