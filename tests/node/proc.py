@@ -28,6 +28,20 @@ def eventually(fn, timeout: float = 30.0, every: float = 0.1, proc=None):
             time.sleep(every)
 
 
+def on_every(nodes, check, timeout: float = 90.0) -> None:
+    """``check(client)`` holds through each of ``nodes`` (each waited for as ``eventually``)."""
+    for n in nodes:
+        with n.client(timeout=60) as c:
+            eventually(lambda c=c: check(c), timeout)
+
+
+def stop_all(nodes) -> None:
+    """Every node still running stopped (a test's ``finally``)."""
+    for n in nodes:
+        if n.proc is not None:
+            n.ensure_stopped()
+
+
 def metric(node, name: str, **labels) -> float:
     """One sample of the node's ``/metrics`` (0.0 when absent): ``name`` with exactly ``labels``."""
     with node.client() as c:

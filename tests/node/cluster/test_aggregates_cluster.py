@@ -11,7 +11,7 @@ from bench.node_proc import raft_cluster, start_all
 from node.errors import ApiError
 from tests.fixtures.aggregate_model import grouped, same
 from tests.fixtures.ts_model import check
-from tests.node.proc import FAST_CLUSTER, eventually
+from tests.node.proc import FAST_CLUSTER, eventually, on_every, stop_all
 
 COLUMNS = [("id", "int64"), ("g", "string"), ("k", "int64"), ("v", "float64"), ("p", "point")]
 
@@ -238,15 +238,9 @@ def test_indexed_reads_on_three_nodes_with_every_job_and_a_kill(tmp_path):
                 i for i, r in model.items() if 5 <= r["p"]["x"] <= 20 and 5 <= r["p"]["y"] <= 30)
             agg = c.aggregate("t", [{"fn": "count"}], where=[["g", "=", "g1"]])
             assert list(agg["rows"][0].values()) == [sum(1 for r in model.values() if r["g"] == "g1")]
-        for n in rest:
-            with n.client(timeout=60) as c:
-                eventually(lambda c=c: check(c), 90)
+        on_every(rest, check)
         victim.start(wait=True)
-        for n in nodes:
-            with n.client(timeout=60) as c:
-                eventually(lambda c=c: check(c), 90)
+        on_every(nodes, check)
         c1.close()
     finally:
-        for n in nodes:
-            if n.proc is not None:
-                n.ensure_stopped()
+        stop_all(nodes)

@@ -6,7 +6,7 @@ alike), and every acknowledged batch is read back through every member."""
 from bench.node_proc import raft_cluster, start_all
 from tests.node.cluster.test_aggregates_cluster import COLUMNS, rows
 from tests.node.cluster.test_gc_cluster import JOBS
-from tests.node.proc import FAST_CLUSTER, eventually, metric
+from tests.node.proc import FAST_CLUSTER, eventually, on_every, stop_all, metric
 
 TINY = '[tables]\nmemtable_bytes = "8KiB"\n'
 
@@ -39,11 +39,7 @@ def test_writes_stall_for_checkpoints_and_lose_nothing_on_three_nodes(tmp_path):
             got = c.query("t", where=[["g", "=", "g2"]], columns=["id"], limit=10**6)
             assert sorted(got.column("id").to_pylist()) == sorted(i for i, r in model.items() if r["g"] == "g2")
         victim.start(wait=True)
-        for n in nodes:
-            with n.client(timeout=60) as c:
-                eventually(lambda c=c: check(c), 90)
+        on_every(nodes, check)
         c1.close()
     finally:
-        for n in nodes:
-            if n.proc is not None:
-                n.ensure_stopped()
+        stop_all(nodes)

@@ -316,7 +316,8 @@ async def test_a_point_read_from_decoded_pages_equals_the_batch():
                 assert fresh.row_cached(loc, target) == want == await fresh.row(loc, target)
 
 
-async def test_the_store_gives_rows_of_a_columnar_segment_in_the_order_asked():
+async def _offloaded_store():
+    """A columnar store holding one offloaded segment of 500 rows: (world, store, segment, record)."""
     from rowstore.segments.store import SegmentStore
 
     w = await new_world()
@@ -325,7 +326,11 @@ async def test_the_store_gives_rows_of_a_columnar_segment_in_the_order_asked():
     seg = await st.create("t", 0)
     await seg.append(_batch(0, 500, S2), S2, 7)
     await st.seal(seg.segid)
-    rec = await st.offload(seg.segid, KEYS)
+    return w, st, seg, await st.offload(seg.segid, KEYS)
+
+
+async def test_the_store_gives_rows_of_a_columnar_segment_in_the_order_asked():
+    _, st, seg, rec = await _offloaded_store()
     assert rec.format == 2
     ids = (np.uint64(seg.segid) << np.uint64(32)) | np.array([400, 3, 250, 3 + 1], np.uint64)
     got = await st.get(ids, S2)
@@ -341,16 +346,9 @@ async def test_a_segment_collected_during_a_read_is_a_retry_and_a_lost_object_an
     from terrafs.catalog_ops import commit
     from rowstore.errors import UnavailableError
     from rowstore.segments.fetch import fetch
-    from rowstore.segments.store import SegmentStore
     from terrafs.errors import ObjectNotFoundError
 
-    w = await new_world()
-    st = SegmentStore(w.fs, ALL_SCHEMAS.__getitem__, columnar=True)
-    await st.open()
-    seg = await st.create("t", 0)
-    await seg.append(_batch(0, 500, S2), S2, 7)
-    await st.seal(seg.segid)
-    await st.offload(seg.segid, KEYS)
+    w, st, seg, _ = await _offloaded_store()
     ids = (np.uint64(seg.segid) << np.uint64(32)) | np.arange(0, 500, 7).astype(np.uint64)
     assert (await st.get(ids, S2)).batch.num_rows == len(ids)  # opened
     key = (await w.fs.stat((await st.record(seg.segid))[0].inode)).location
