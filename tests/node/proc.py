@@ -28,6 +28,20 @@ def eventually(fn, timeout: float = 30.0, every: float = 0.1, proc=None):
             time.sleep(every)
 
 
+def unavailable_retried(fn, timeout: float = 60.0):
+    """``fn()``'s result, retried only while it answers 503 ``unavailable`` (a partition moving
+    to a new leader while jobs run on a slow machine): any other error, a wrong answer among
+    them, fails at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except ApiError as e:
+            if e.code != "unavailable" or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def on_every(nodes, check, timeout: float = 90.0) -> None:
     """``check(client)`` holds through each of ``nodes`` (each waited for as ``eventually``)."""
     for n in nodes:

@@ -11,7 +11,7 @@ from bench.node_proc import raft_cluster, start_all
 from node.errors import ApiError
 from tests.fixtures.aggregate_model import grouped, same
 from tests.fixtures.ts_model import check
-from tests.node.proc import FAST_CLUSTER, eventually, on_every, stop_all
+from tests.node.proc import FAST_CLUSTER, eventually, on_every, stop_all, unavailable_retried
 
 COLUMNS = [("id", "int64"), ("g", "string"), ("k", "int64"), ("v", "float64"), ("p", "point")]
 
@@ -183,13 +183,13 @@ def test_last_per_sensor_from_the_key_index_on_three_nodes_with_jobs_and_a_kill(
         for c in clients:
             c.admin("checkpoint")
             c.admin("seal")
-        agree(clients[0], clients[1])
+        unavailable_retried(lambda: agree(clients[0], clients[1]))
         newest = _last_per_sensor(clients[2].query("m", limit=10**9))
         gone = sorted(newest)[:5]  # their newest readings deleted: the one before answers
         clients[1].delete("m", [[s, newest[s][0]] for s in gone])
         clients[2].upsert("m", pa.table({"sensor": sorted(newest)[5:10], "ts": pa.array(
             [newest[s][0] for s in sorted(newest)[5:10]], pa.timestamp("us", tz="UTC")), "v": [1000.0] * 5}))
-        agree(clients[1], clients[2])
+        unavailable_retried(lambda: agree(clients[1], clients[2]))
         leader = clients[0].describe("m")["placement"][0]["leader"]
         victim = next(n for n in nodes if n.node_id == leader)
         victim.kill()
