@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from bisect import bisect_right
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +31,8 @@ MAP_ENTRY = struct.Struct("<QQII")  # logical_off, physical_off, record_len, raw
 _MAP_DTYPE = np.dtype([("logical", "<u8"), ("physical", "<u8"), ("rec", "<u4"), ("raw", "<u4")])
 _ENCODE_BATCH = 1 << 20  # logical bytes encoded per worker-thread hop
 _SCAN_RANGE = 8 << 20  # bytes per ranged read of a sequential scan
+R = TypeVar("R")
+_JOIN_OFF_LOOP = 4 << 20  # a read at least this long is joined off the event loop
 
 assert FOOTER_LEN == 96 and _MAP_DTYPE.itemsize == MAP_ENTRY.size == 24
 
@@ -198,8 +200,10 @@ class SealedFile:
         if first == last:  # the common point read: one block
             block = self._cache.get_mem((self.key, first)) or (await self._fetch(first, first))[0]
             return block[lo : lo + (end - offset)]
-        data = b"".join(await self._fetch(first, last))
-        return data[lo : lo + (end - offset)]
+        blocks = await self._fetch(first, last)
+        if end - offset >= _JOIN_OFF_LOOP:  # a whole run's bytes: copied in a worker thread
+            return await asyncio.to_thread(_joined, blocks, lo, end - offset)
+        return _joined(blocks, lo, end - offset)
 
     def read_cached(self, offset: int, length: int) -> bytes | None:
         """``read`` without I/O: the bytes if they lie in one block the memory cache holds,
@@ -374,6 +378,40 @@ class SealedFile:
             fetched.append((lo, hi, start, raw))
         return await asyncio.to_thread(self._assemble, cached, fetched, offset, end)
 
+    async def read_sequential_spans(self, spans: Sequence[tuple[int, int]], then: Callable[[list[memoryview]], R]) -> R:
+        """``read_sequential`` of several stretches at once (a group's column chunks): the
+        blocks not in the memory cache fetched in one request of ranged reads, then verified,
+        decoded, assembled and handed to ``then`` in one worker-thread hop."""
+        cuts = [(off, max(off, min(off + n, self.size))) for off, n in spans]
+        want = sorted({k for a, b in cuts if a < b
+                       for k in range(bisect_right(self._starts, a) - 1, bisect_right(self._starts, b - 1))})
+        blocks = {k: b for k in want if (b := self._cache.get_mem((self.key, k))) is not None}
+        runs = list(_runs([k for k in want if k not in blocks]))
+        phys, rec = self._blocks["physical"], self._blocks["rec"]
+        ranges = [(int(phys[lo]), int(phys[hi]) + int(rec[hi]) - int(phys[lo])) for lo, hi in runs]
+        raws = await self._store.get_ranges(self.key, ranges) if ranges else []
+        for (start, n), raw in zip(ranges, raws):
+            if len(raw) != n:
+                raise FileCorruptionError(self.where, start, "object shorter than its block map says")
+
+        def work() -> R:
+            for (lo, hi), (start, _), raw in zip(runs, ranges, raws):
+                view = memoryview(raw)
+                for k in range(lo, hi + 1):
+                    blocks[k] = self._decode(view[int(phys[k]) - start : int(phys[k]) - start + int(rec[k])], k)
+            return then([self._stretch(blocks, a, b) for a, b in cuts])
+        return await asyncio.to_thread(work)
+
+    def _stretch(self, blocks: dict[int, bytes], offset: int, end: int) -> memoryview:
+        """Logical bytes ``[offset, end)`` copied out of decoded ``blocks`` (which hold them)."""
+        out = np.empty(end - offset, np.uint8).data.cast("B")
+        if end > offset:
+            for k in range(bisect_right(self._starts, offset) - 1, bisect_right(self._starts, end - 1)):
+                lo, data = int(self._logical[k]), blocks[k]
+                take_lo, take_hi = max(offset - lo, 0), min(end - lo, len(data))
+                out[lo + take_lo - offset : lo + take_hi - offset] = memoryview(data)[take_lo:take_hi]
+        return out
+
     def _assemble(self, cached: dict[int, bytes], fetched: list[tuple[int, int, int, bytes]], offset: int,
                   end: int) -> memoryview:
         out = np.empty(end - offset, np.uint8).data.cast("B")
@@ -432,3 +470,9 @@ def _runs(idx: list[int]) -> Iterator[tuple[int, int]]:
             lo = i
         prev = i
     yield lo, prev
+
+
+def _joined(blocks: list[bytes], lo: int, n: int) -> bytes:
+    """``n`` bytes from ``lo`` in the first of consecutive ``blocks``, copied once."""
+    last = lo + n - sum(len(b) for b in blocks[:-1])  # how much of the last block
+    return b"".join([blocks[0][lo:], *blocks[1:-1], blocks[-1][:last]])

@@ -18,6 +18,7 @@ from rowstore.rowids import TOMBSTONE
 from rowstore.tables.keys import KeyRange
 
 _TOMB = int(TOMBSTONE)
+_MERGE_ON_LOOP = 1 << 16  # entries a full scan merges and filters on the event loop
 
 
 class KeyReads:
@@ -198,8 +199,10 @@ class KeyReads:
             for _, run in self.runs:
                 if run.min_ts <= as_of:  # a run made only of later versions holds nothing visible at T
                     parts.append(await run.range())
-            merged = merge_runs([p for p in parts if len(p)]) if any(len(p) for p in parts) else parts[0]
-            return visible(merged, as_of)
+            parts = [p for p in parts if len(p)] or parts[:1]
+            if sum(len(p) for p in parts) > _MERGE_ON_LOOP:  # a merge and two passes over millions: off the loop
+                return await asyncio.to_thread(lambda: visible(merge_runs(parts), as_of))
+            return visible(merge_runs(parts), as_of)
         got: list[Run] = []
         rest: KeyRange[int] | KeyRange[bytes] | None = rng
         while rest is not None:

@@ -161,18 +161,24 @@ class ColumnarSegment:
         DECODED.put((self.where, p), arr)
         return arr
 
-    async def chunk_bytes(self, g: int, ci: int) -> tuple[memoryview, int]:
-        """A chunk's pages with one sequential read (not cached): (bytes, their offset)."""
+    def _chunk_span(self, g: int, ci: int) -> tuple[int, int]:
+        """(offset, length) of a chunk's pages; (0, 0) for a chunk without pages."""
         a, b = self._page_span(g, ci)
         if a == b:
-            return memoryview(b""), 0
+            return 0, 0
         lo = int(self.meta.pages["off"][a])
-        hi = int(self.meta.pages["off"][b - 1]) + int(self.meta.pages["len"][b - 1])
+        return lo, int(self.meta.pages["off"][b - 1]) + int(self.meta.pages["len"][b - 1]) - lo
+
+    async def chunk_bytes(self, g: int, ci: int) -> tuple[memoryview, int]:
+        """A chunk's pages with one sequential read (not cached): (bytes, their offset)."""
+        lo, n = self._chunk_span(g, ci)
+        if n == 0:
+            return memoryview(b""), 0
         try:
-            data = await self.sf.read_sequential(lo, hi - lo)
+            data = await self.sf.read_sequential(lo, n)
         except FileCorruptionError as e:
             raise ColumnCorruptionError(self.column_where(ci), e.offset, e.reason) from e
-        if len(data) != hi - lo:
+        if len(data) != n:
             raise ColumnCorruptionError(self.column_where(ci), lo, "pages past the end of the segment")
         return data, lo
 
@@ -201,8 +207,16 @@ class ColumnarSegment:
         return [0, 1, 2] + sorted({ci for c in target.columns if (ci := self.index_of(c)) >= 0})
 
     async def read_group(self, g: int, target: SchemaVersion) -> Decoded:
-        """Every row of group ``g`` with ``target``'s columns (only those are read)."""
+        """Every row of group ``g`` with ``target``'s columns (only those are read): their
+        chunks in one request, decoded in one worker-thread hop."""
         want = self._wanted(target)
+        spans = [self._chunk_span(g, ci) for ci in want]
+        if all(lo + n <= self.sf.size for lo, n in spans):
+            try:
+                return await self.sf.read_sequential_spans(spans, lambda views: self._assemble(
+                    g, target, want, [(v, lo) for v, (lo, _) in zip(views, spans)]))
+            except FileCorruptionError:
+                pass  # a damaged block: read chunk by chunk below, so that the error names its column
         got = [await self.chunk_bytes(g, ci) for ci in want]
         return await asyncio.to_thread(self._assemble, g, target, want, got)
 

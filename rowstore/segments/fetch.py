@@ -10,6 +10,7 @@ whole groups of rows when a large share of a group is wanted.
 """
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -30,6 +31,7 @@ from terrafs.errors import ObjectNotFoundError
 _SCAN_SHARE = 8  # scan the segment when more than 1/8 of its rows are wanted
 _FEW = 16  # fewer rows than this from a sealed segment: walk the tree for each
 _OFFSET_SEGMENTS = 64
+_CONCAT_ON_LOOP = 1 << 16  # rows gathered into one batch on the event loop
 _OFFSETS: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()  # (where, segid) -> row ends
 
 
@@ -52,6 +54,13 @@ async def fetch(store: SegmentStore, rowids: np.ndarray, schemas: Callable[[int]
             parts.append(await _segment_rows(store, segid, locs[a:b], schemas, target, where))
         except ObjectNotFoundError as e:
             raise await _collected_meanwhile(store, segid, e) from e
+    return await _concat_big(parts, target)
+
+
+async def _concat_big(parts: list[Decoded], target: SchemaVersion) -> Decoded:
+    """``concat``, in a worker thread when it copies many rows (a scan's every row)."""
+    if len(parts) > 1 and sum(p.batch.num_rows for p in parts) > _CONCAT_ON_LOOP:
+        return await asyncio.to_thread(concat, parts, target)
     return concat(parts, target)
 
 
@@ -108,8 +117,9 @@ async def _from_columnar(seg: ColumnarSegment, locs: np.ndarray, target: SchemaV
     """Rows of a columnar segment: groups of which a large share is wanted are read whole
     (their chunks of the target's columns, sequentially, two groups in flight), the others'
     rows page by page in one read; a group wanted whole is taken as it is decoded."""
-    gs = locs // seg.meta.group_rows
-    ids, starts, counts = np.unique(gs, return_index=True, return_counts=True)
+    gs = locs // seg.meta.group_rows  # sorted (as locs): each group's stretch found by its edges, not a sort
+    starts = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]])
+    ids, counts = gs[starts], np.diff(np.r_[starts, len(gs)])
     lens = np.minimum(seg.meta.group_rows, seg.footer.rows - ids * seg.meta.group_rows)
     whole = counts * _SCAN_SHARE > lens
     if not whole.any():
@@ -126,7 +136,7 @@ async def _from_columnar(seg: ColumnarSegment, locs: np.ndarray, target: SchemaV
         few, at = await seg.take(locs[rest], target), 0
         for g, n in zip(ids[~whole].tolist(), counts[~whole].tolist()):
             by_group[g], at = _slice(few, at, n), at + n
-    return concat([by_group[g] for g in ids.tolist()], target)
+    return await _concat_big([by_group[g] for g in ids.tolist()], target)
 
 
 async def _row_ends(sealed: SealedSegment) -> np.ndarray:

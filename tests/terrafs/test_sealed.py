@@ -45,6 +45,17 @@ async def test_round_trip_and_ranges(data, codec, bs, reads):
     assert b"".join([b async for _, b in sf.scan()]) == data
 
 
+async def test_a_long_read_is_joined_off_the_loop_with_the_same_bytes():
+    """A read of a whole run's bytes (at least ``_JOIN_OFF_LOOP``) is copied in a worker
+    thread: the same bytes, from unaligned ends in the middle of blocks."""
+    from terrafs.sealed import _JOIN_OFF_LOOP
+    data = sample(_JOIN_OFF_LOOP + 300_000)
+    store, size = await build(data, block_size=64 << 10)
+    sf = await SealedFile.open(store, "obj", object_size=size)
+    for off, n in ((0, _JOIN_OFF_LOOP), (12_345, _JOIN_OFF_LOOP + 1_000), (70_000, len(data))):
+        assert await sf.read(off, n) == data[off : off + n]
+
+
 async def test_paged_reads_fetch_only_needed_blocks():
     data = sample(200_000)
     store, size = await build(data, block_size=4096)

@@ -67,3 +67,45 @@ async def test_flipped_byte_is_never_returned(codec):
         with pytest.raises(FileCorruptionError) as ei:
             await sf.read_sequential(0, len(data))
         assert ei.value.where.endswith("obj") and ei.value.offset is not None
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.binary(max_size=20_000), codec=st.sampled_from(list(Codec)), bs=st.sampled_from([512, 4096]),
+       spans=st.lists(st.tuples(st.integers(0, 21_000), st.integers(0, 9000)), max_size=6),
+       warm=st.lists(st.integers(0, 20_000), max_size=3))
+async def test_spans_equal_reads_in_one_request_and_one_hop(data, codec, bs, spans, warm):
+    """Several stretches (overlapping, empty, past the end, some blocks in the memory cache)
+    read at once equal ``read``, with one request of ranged reads, and reach ``then`` as given."""
+    store, size = await build(data, codec=codec, block_size=bs)
+
+    class Requests(FaultyObjectStore):
+        calls = 0
+
+        async def get_ranges(self, key, ranges):
+            self.calls += 1
+            return await super().get_ranges(key, ranges)
+
+    counted = Requests(store)
+    sf = await SealedFile.open(counted, "obj", object_size=size, cache=BlockCache(1 << 20))
+    for off in warm:
+        await sf.read(off, 1)  # its block now in the memory cache
+    gets = counted.plan.counts.get("get", 0)
+    got = await sf.read_sequential_spans(spans, lambda views: [bytes(v) for v in views])
+    assert got == [data[off : off + n] for off, n in spans]
+    assert counted.calls <= 1 and (counted.calls == 1 or counted.plan.counts.get("get", 0) == gets)
+
+
+async def test_a_flipped_byte_in_one_span_fails_the_read():
+    data = sample(60_000)
+    store, size = await build(data, block_size=4096)
+    raw = await store.get("obj")
+    for pos in range(0, size - 200, 997):  # every part of every block record in the data section
+        bad = bytearray(raw)
+        bad[pos] ^= 0x10
+        await store.put("obj", bytes(bad))
+        try:
+            sf = await SealedFile.open(store, "obj", object_size=size)
+        except FileCorruptionError:
+            continue  # the damage hit the map or the footer
+        with pytest.raises(FileCorruptionError):
+            await sf.read_sequential_spans([(0, 100), (100, 30_000), (30_100, len(data))], lambda views: views)
