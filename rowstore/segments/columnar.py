@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from catalog.checksum import crc32c
 from rowstore.codec.columns import decode_page, decode_page_rows
-from rowstore.codec.rows import Decoded, encode_rows
+from rowstore.codec.rows import Decoded
 from rowstore.errors import ColumnCorruptionError, RowCorruptionError
 from rowstore.schema import Column, SchemaVersion
 from rowstore.segments.columnar_layout import (
@@ -35,6 +35,7 @@ from rowstore.segments.columnar_layout import (
     union_schema,
     unpack_trailer,
 )
+from rowstore.segments.columnar_rows import version_rows
 from rowstore.segments.columnar_stats import check_stats
 from rowstore.segments.decoded_pages import DECODED as DECODED, DecodedPages as DecodedPages  # re-exported
 from rowstore.segments.sealed import (
@@ -364,35 +365,7 @@ class ColumnarSegment:
     # -- rows as row bytes (point reads, the garbage collector) --
 
     def _version_rows(self, dec: Decoded) -> tuple[np.ndarray, np.ndarray]:
-        """Rows decoded into the union schema re-encoded as row bytes, each in its own schema
-        version (docs/format/segment.md §1), with its commit_ts and flags: (bytes, starts)."""
-        n = dec.batch.num_rows
-        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        for v in np.unique(dec.schema_ver).tolist():
-            s = self.meta.versions.get(int(v))
-            if s is None:
-                raise ColumnCorruptionError(f"{self.where} segment {self.segid}", None,
-                                            f"a row names schema version {v}, which the metadata lacks")
-            sel = np.flatnonzero(dec.schema_ver == v)
-            enc = encode_rows(dec.batch.take(pa.array(sel)), s, 0, dec.deleted[sel])
-            buf = enc.buf
-            if len(sel):  # each row's own commit timestamp (encode_rows writes one for all)
-                ts = dec.commit_ts[sel].astype("<u8").view(np.uint8).reshape(-1, 8)
-                buf[enc.starts[:, None] + np.arange(8, 16)] = ts
-            parts.append((buf, enc.starts, sel))
-        if len(parts) == 1 and np.array_equal(parts[0][2], np.arange(n)):
-            return parts[0][0], parts[0][1]
-        lens = np.zeros(n, np.int64)
-        for buf, starts, sel in parts:
-            lens[sel] = np.diff(np.append(starts, len(buf)))
-        out_starts = np.zeros(n, np.int64)
-        np.cumsum(lens[:-1], out=out_starts[1:])
-        out = np.empty(int(lens.sum()), np.uint8)
-        for buf, starts, sel in parts:
-            ln = np.diff(np.append(starts, len(buf)))
-            idx = np.repeat(out_starts[sel] - starts, ln) + np.arange(len(buf))
-            out[idx] = buf
-        return out, out_starts
+        return version_rows(dec, self.meta.versions, f"{self.where} segment {self.segid}")
 
     async def row_bytes(self, localid: int) -> bytes:
         dec = await self.take(np.array([localid]), self.union)
