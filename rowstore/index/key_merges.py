@@ -26,7 +26,7 @@ from terrafs.records import FileRecord
 
 log = logging.getLogger("rowstore.index.key_index")
 L0_LIMIT = 4  # the 5th L0 run triggers an L0 -> L1 merge
-LEVEL_RATIO = 10
+LEVEL_RATIO = 10  # L1 merges into L2 when it holds a tenth of L2's entries
 # What begin_checkpoint froze: the key memtable and the column index's token (None: no columns).
 CheckpointToken = tuple[MemTable, list[MemPiece] | None]
 
@@ -125,13 +125,17 @@ class KeyMerges:
             return True
 
     async def maybe_merge(self, horizon: int) -> bool:
-        """Leveled policy: more than L0_LIMIT L0 runs -> merge into L1; L1 too big -> into L2."""
+        """Leveled policy: more than L0_LIMIT L0 runs -> merge into L1; L1 holding at least
+        1/LEVEL_RATIO of L2's entries -> into L2. L2 is rewritten only once L1 has grown by a
+        tenth of it, so the entries rewritten over a history stay a small multiple of it (RFC
+        0001: the bound once followed L0's run size and, L0 just merged away, sent every L1
+        into L2 — each merge rewrote the whole history)."""
         l0 = [r for lv, r in self.runs if lv == 0]
         if len(l0) > L0_LIMIT:
             await self.merge(0, horizon)
             return True
         l1 = sum(r.entries for lv, r in self.runs if lv == 1)
-        if l1 > LEVEL_RATIO * L0_LIMIT * max([r.entries for r in l0] or [1]):
+        if l1 and l1 * LEVEL_RATIO >= sum(r.entries for lv, r in self.runs if lv == 2):
             await self.merge(1, horizon)
             return True
         return False
