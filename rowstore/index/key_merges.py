@@ -16,7 +16,7 @@ from catalog.abc import Check, Op, Put
 from rowstore.index.column_index import MemPiece, PartitionColumns
 from rowstore.index.key_manifest import Manifest
 from rowstore.index.key_memtable import MemTable, Run, merge_runs
-from rowstore.index.key_purge import dropped_rowids, purge
+from rowstore.index.key_purge import dropped_rowids, purged
 from rowstore.index.key_run import IndexRun
 from rowstore.errors import ConflictError
 from rowstore.rowids import TOMBSTONE
@@ -150,7 +150,7 @@ class KeyMerges:
         src = [(m, lr) for m, lr in zip(self.manifest.runs, self.runs) if lr[0] in (level, level + 1)]
         bottom = not any(lv > level + 1 for lv, _ in self.runs)
         parts = [await r.all() for _, (_, r) in src]
-        merged = await asyncio.to_thread(lambda: purge(merge_runs(parts), horizon, bottom))
+        merged, dropped = await asyncio.to_thread(lambda: purged(merge_runs(parts), horizon, bottom))
         cols = await self._merge_columns([m for m, _ in src], merged)
         gone = [m["inode"] for m, _ in src] + [i for m, _ in src for i in m.get("cols", {}).values()]
         rest = [m for m in self.manifest.runs if m["inode"] not in gone]
@@ -171,10 +171,10 @@ class KeyMerges:
                 self.columns.detach(m["inode"])
         await self._collect()
         log.info("event=index_merge manifest=%s level=%d runs=%d entries=%d", self.key, level, len(src), len(merged))
-        if self.on_purged is not None:  # under the publish lock: ordered with a GC pass's own count
-            dropped = await asyncio.to_thread(dropped_rowids, parts, merged)  # two sorts of the level: off the loop
-            if len(dropped):
-                await self.on_purged(dropped)
+        if self.on_purged is not None and len(dropped):  # under the publish lock: ordered with a GC pass's count
+            dead = await asyncio.to_thread(dropped_rowids, dropped, merged)  # a sort of the level: off the loop
+            if len(dead):
+                await self.on_purged(dead)
 
     async def _merge_columns(self, src: list[dict[str, Any]], merged: Run) -> dict[str, int]:
         """Column runs for a merged key run: the sources' pairs minus what the purge dropped."""

@@ -16,8 +16,14 @@ def purge(run: Run, horizon: int, bottom: bool) -> Run:
     when it is a deletion — but only at the bottom level, where nothing older
     could resurface from a lower level.
     """
+    return purged(run, horizon, bottom)[0]
+
+
+def purged(run: Run, horizon: int, bottom: bool) -> tuple[Run, np.ndarray]:
+    """``purge``, and the rowids of the rows it dropped (tombstones aside): what a merge's
+    sources named and its run no longer does, found without comparing the two."""
     if len(run) == 0:
-        return run
+        return run, run.rowids
     old = run.ts <= np.uint64(horizon)
     new_key = np.ones(len(run), bool)
     new_key[1:] = run.keys[1:] != run.keys[:-1]
@@ -27,10 +33,11 @@ def purge(run: Run, horizon: int, bottom: bool) -> Run:
     keep = ~old | first_old
     if bottom:
         keep &= ~(first_old & (run.rowids == TOMBSTONE))
-    return Run(run.keys[keep], run.ts[keep], run.rowids[keep])
+    gone = run.rowids[~keep]
+    return Run(run.keys[keep], run.ts[keep], run.rowids[keep]), gone[gone != TOMBSTONE]
 
 
-def dropped_rowids(parts: list[Run], merged: Run) -> np.ndarray:
-    """The rowids of the merge's sources that the merged run no longer names (purged)."""
-    old = np.concatenate([p.rowids for p in parts]) if parts else np.zeros(0, np.uint64)
-    return np.setdiff1d(old[old != TOMBSTONE], merged.rowids[merged.rowids != TOMBSTONE])
+def dropped_rowids(dropped: np.ndarray, merged: Run) -> np.ndarray:
+    """Of the rowids a merge's purge ``dropped``, those its ``merged`` run no longer names
+    (all of them, unless a source named a row twice)."""
+    return np.setdiff1d(dropped, merged.rowids[merged.rowids != TOMBSTONE])
