@@ -236,6 +236,11 @@ class Partition:
     def mem_bytes(self) -> int:
         return self.index.mem.nbytes + self.columns.mem_bytes
 
+    @property
+    def busy(self) -> bool:
+        """A merge or a checkpoint holds the index's manifest: a checkpoint now would wait for it."""
+        return self.index.publish_lock.locked()
+
 
 def replay_from(rec: SegmentRecord, mark: list[int]) -> int | None:
     """How many of ``rec``'s rows the runs cover, by the manifest's ``mark`` (the replay

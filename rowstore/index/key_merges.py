@@ -151,6 +151,9 @@ class KeyMerges:
         bottom = not any(lv > level + 1 for lv, _ in self.runs)
         parts = [await r.all() for _, (_, r) in src]
         merged, dropped = await asyncio.to_thread(lambda: purged(merge_runs(parts), horizon, bottom))
+        if len(src) == 1 and len(merged) == len(parts[0]):  # a lone run the purge leaves whole: moved as it is
+            await self._move_down(src[0][0], level + 1)
+            return
         cols = await self._merge_columns([m for m, _ in src], merged)
         gone = [m["inode"] for m, _ in src] + [i for m, _ in src for i in m.get("cols", {}).values()]
         rest = [m for m in self.manifest.runs if m["inode"] not in gone]
@@ -175,6 +178,19 @@ class KeyMerges:
             dead = await asyncio.to_thread(dropped_rowids, dropped, merged)  # a sort of the level: off the loop
             if len(dead):
                 await self.on_purged(dead)
+
+    async def _move_down(self, entry: dict[str, Any], level: int) -> None:
+        """A run to ``level`` by the manifest alone (LevelDB's trivial move): its rewrite would
+        hold the same entries and column runs (the first L1 run of a partition into an empty
+        L2: millions of entries rewritten for nothing, a writer stalled behind it)."""
+        new = replace(self.manifest, runs=[{**m, "level": level} if m["inode"] == entry["inode"] else m
+                                           for m in self.manifest.runs])
+        res = await commit(self.fs.catalog, [Check(self.key, self._version)], [Put(self.key, new.to_bytes())])
+        if not res.committed:
+            raise ConflictError(f"{self.key} changed under this partition's writer")
+        self.manifest, self._version = new, res.revision
+        self.runs = [(m["level"], r) for m, (_, r) in zip(self.manifest.runs, self.runs)]
+        log.info("event=index_move manifest=%s level=%d entries=%s", self.key, level, entry.get("entries"))
 
     async def _merge_columns(self, src: list[dict[str, Any]], merged: Run) -> dict[str, int]:
         """Column runs for a merged key run: the sources' pairs minus what the purge dropped."""

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rowstore.db.partition import Partition
 from rowstore.db.read.leaderless import advance_from
 from rowstore.errors import UnavailableError
 from rowstore.segments.records import SegmentRecord
@@ -79,17 +80,26 @@ class Maintenance:
         return {"checkpointed": done, "merged": merged}
 
     async def _checkpoint(self, force: bool) -> int:
+        """Every partition's memtables (``force``), or the largest until the budget is met —
+        of the partitions no merge holds, when they free any: a merge of millions of entries
+        holds its partition's manifest for a minute, and that partition's memtable, which no
+        checkpoint can take meanwhile, grows to be the largest (a stalled write chose it and
+        waited out the merge: 37–83 s stalls at 50M rows)."""
         parts = self.tables.partitions()
         if not force:
-            parts.sort(key=lambda p: p.mem_bytes, reverse=True)
-            total, chosen = sum(p.mem_bytes for p in parts), []
-            for p in parts:
-                if total <= self.memtable_budget:
-                    break
-                chosen.append(p)
-                total -= p.mem_bytes
-            parts = chosen
+            free = [p for p in parts if not p.busy and p.mem_bytes]
+            parts = self._largest(free or parts)
         return len([p for p in parts if await p.checkpoint()])
+
+    def _largest(self, parts: list[Partition]) -> list[Partition]:
+        """The largest memtables of ``parts`` that bring the node's total to the budget."""
+        total, chosen = self.memtable_bytes(), []
+        for p in sorted(parts, key=lambda p: p.mem_bytes, reverse=True):
+            if total <= self.memtable_budget:
+                break
+            chosen.append(p)
+            total -= p.mem_bytes
+        return chosen
 
     async def seal(self) -> dict[str, Any]:
         sealed = [s for p in self.tables.partitions() if (s := await p.roll()) is not None]

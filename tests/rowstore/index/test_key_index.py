@@ -120,6 +120,33 @@ async def test_merges_rewrite_a_history_a_bounded_number_of_times():
     assert len(await idx.scan(2000)) == n
 
 
+async def test_a_lone_run_the_purge_leaves_whole_moves_down_unwritten():
+    """The first L1 run into an empty L2 keeps its file and column runs (a trivial move: its
+    manifest entry alone changes level); one the purge would cut is rewritten."""
+    fs, rng, model = await world(), random.Random(3), Model()
+    idx = PartitionIndex(fs, "idx/t/0/manifest", "int64")
+    await idx.open()
+    ts = 1000
+    for i in range(5):
+        ts = await fill(idx, model, rng, 4, ts)
+        await idx.checkpoint((1, i))
+    await idx.merge(0, horizon=0)  # five L0 runs into one L1 run
+    [(level, run)] = idx.runs
+    inode, files = idx.manifest.runs[0]["inode"], len(await fs.list())
+    assert level == 1 and await idx.maybe_merge(horizon=0)
+    assert [lv for lv, _ in idx.runs] == [2] and idx.runs[0][1] is run
+    assert idx.manifest.runs[0]["inode"] == inode and len(await fs.list()) == files
+    await check(idx, model, [1005, ts])
+    again = PartitionIndex(fs, "idx/t/0/manifest", "int64")
+    assert [m["level"] for m in (await again.open()).runs] == [2]
+    ts = await fill(idx, model, rng, 4, ts)  # keys written again within the run
+    await idx.checkpoint((1, 9))
+    l0 = idx.manifest.runs[0]["inode"]
+    await idx.merge(0, horizon=ts)  # its purge at a horizon past every version cuts the lone L0 run
+    assert [lv for lv, _ in idx.runs] == [1, 2] and idx.manifest.runs[0]["inode"] != l0
+    await check(idx, model, [ts])
+
+
 async def test_merge_purge_keeps_reads_after_the_horizon():
     fs, rng, model = await world(), random.Random(9), Model()
     idx = PartitionIndex(fs, "idx/t/1/manifest", "int64")

@@ -45,3 +45,25 @@ async def test_a_checkpoint_that_cannot_run_refuses_the_write_and_changes_nothin
     await db.upsert("t", rows(np.arange(lo, lo + 500)))  # the store back: the write checkpoints and goes on
     assert db.memtable_bytes() <= STALL * BUDGET + 2 * 500 * 120
     assert (await db.read_all("t"))[0].num_rows == lo + 500
+
+
+async def test_a_stalled_write_does_not_wait_for_a_partition_a_merge_holds():
+    """A merge holds its partition's manifest (its publish lock) for as long as it runs; a
+    write past the stall limit checkpoints the other partitions and goes on meanwhile (it
+    once chose the held one — no checkpoint could take its memtable, so it grew to be the
+    largest — and waited out the merge)."""
+    import asyncio
+    db = await TablesWorld(partitions=2, memtable_bytes=BUDGET).start()
+    await db.create_table("t", SCHEMA)
+    held = db.tables.partitions()[0]
+    await held.index.publish_lock.acquire()  # a merge of the held partition, running
+    try:
+        lo = 0
+        while db.memtable_bytes() <= STALL * BUDGET:
+            await db.upsert("t", rows(np.arange(lo, lo + 500)))
+            lo += 500
+        await asyncio.wait_for(db.upsert("t", rows(np.arange(lo, lo + 500))), 30)
+        assert db.maintenance.stalls > 0 and held.mem_bytes > 0
+    finally:
+        held.index.publish_lock.release()
+    assert (await db.read_all("t"))[0].num_rows == lo + 500
