@@ -395,10 +395,8 @@ class SealedFile:
                 raise FileCorruptionError(self.where, start, "object shorter than its block map says")
 
         def work() -> R:
-            for (lo, hi), (start, _), raw in zip(runs, ranges, raws):
-                view = memoryview(raw)
-                for k in range(lo, hi + 1):
-                    blocks[k] = self._decode(view[int(phys[k]) - start : int(phys[k]) - start + int(rec[k])], k)
+            fetched = [(lo, hi, start, raw) for (lo, hi), (start, _), raw in zip(runs, ranges, raws)]
+            blocks.update(self._decoded_runs(fetched))
             return then([self._stretch(blocks, a, b) for a, b in cuts])
         return await asyncio.to_thread(work)
 
@@ -414,21 +412,13 @@ class SealedFile:
 
     def _assemble(self, cached: dict[int, bytes], fetched: list[tuple[int, int, int, bytes]], offset: int,
                   end: int) -> memoryview:
-        out = np.empty(end - offset, np.uint8).data.cast("B")
+        """Logical bytes ``[offset, end)`` from cached blocks and fetched runs (verified, decoded)."""
+        return self._stretch({**cached, **self._decoded_runs(fetched)}, offset, end)
 
-        def put(k: int, data: Buffer) -> None:
-            lo = int(self._logical[k])
-            take_lo, take_hi = max(offset - lo, 0), min(end - lo, len(data))
-            out[lo + take_lo - offset : lo + take_hi - offset] = memoryview(data)[take_lo:take_hi]
-
-        for k, data in cached.items():
-            put(k, data)
-        for lo, hi, base, raw in fetched:
-            view = memoryview(raw)
-            for k in range(lo, hi + 1):
-                a = int(self._blocks["physical"][k]) - base
-                put(k, self._decode(view[a : a + int(self._blocks["rec"][k])], k))
-        return out
+    def _decoded_runs(self, fetched: list[tuple[int, int, int, bytes]]) -> dict[int, bytes]:
+        """Each fetched run's blocks (first, last, their offset, their bytes) verified and decoded."""
+        return {k: b for lo, hi, base, raw in fetched
+                for k, b in zip(range(lo, hi + 1), self._decode_many(raw, base, lo, hi))}
 
     def _decode_many(self, raw: bytes, base: int, i: int, j: int) -> list[bytes]:
         out: list[bytes] = []
