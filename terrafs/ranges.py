@@ -93,9 +93,11 @@ class RangeAllocator:
             res = await commit(self.catalog, checks + list(ec), ops + list(eo))
             if res.committed:
                 return lo
-            if any(k != row_key for k in res.conflicts):
+            if row_key not in res.conflicts:  # the range row was as picked: the caller's own checks failed
                 raise CatalogConflictError(f"allocation of {self.prefix} id {lo}: "
                                            f"caller's checks failed on {res.conflicts}")
+            # another allocation took the row first — and with it, often, what the caller's
+            # checks guard for this id (its file row): try another pick
             await asyncio.sleep(self._rng.random() * min(0.001 * 2**attempt, 0.05))
         raise CatalogConflictError(f"could not allocate from {self.prefix} after {_MAX_ATTEMPTS} tries")
 

@@ -4,11 +4,12 @@ import os
 
 import pytest
 
+from catalog.abc import Check, Put
 from catalog.memory import MemoryCatalog
 from terrafs.active import ActiveConfig
 from terrafs.backends.memory import MemoryBlockDevice, MemoryObjectStore
 from terrafs.crypto import KeyEncryptionKey
-from terrafs.errors import FileStateError, InodeNotFoundError, StorageIOError
+from terrafs.errors import CatalogConflictError, FileStateError, InodeNotFoundError, StorageIOError
 from terrafs.failpoints import FailPointCrash, armed
 from terrafs.faults import FaultyObjectStore, InjectedFault
 from terrafs.fs import FsConfig, TerrascaleFS
@@ -130,6 +131,29 @@ async def test_free_ranges_merge_back(world):
     for i in [6, 8, 7, 10, 9]:
         await alloc.free(i)
     assert await alloc.free_ranges() == [(1, 1001)]
+
+
+async def test_allocations_racing_for_one_range_row_both_get_an_id(world):
+    """Two allocations that picked the same free range row before either committed: the second
+    fails its check of that row and of the id's own row (which the first just wrote) — a race,
+    retried, not the caller's checks failing (a GC pass on three nodes failed on it)."""
+    class Yielding(MemoryCatalog):
+        async def txn(self, *a, **k):
+            await asyncio.sleep(0)  # both reserve before either commits
+            return await super().txn(*a, **k)
+
+    cat = Yielding()
+    await cat.open()
+    alloc = RangeAllocator(cat, "t", 1, 1001, stripes=1)
+    await alloc.init()
+
+    def row(i):
+        return [Check(f"t/row/{i}", 0)], [Put(f"t/row/{i}", b"x")]
+
+    got = await asyncio.gather(alloc.allocate(row), alloc.allocate(row))
+    assert sorted(got) == [1, 2]
+    with pytest.raises(CatalogConflictError):  # a check of the caller's that fails on its own still fails
+        await alloc.allocate(lambda i: ([Check("t/row/1", 0)], []))
 
 
 async def test_encrypted_fs_has_no_plaintext_anywhere(world):
