@@ -4,13 +4,15 @@ Memory holds decoded block bytes (the hot path of a cached read touches no
 thread and no disk). The volatile device holds block records exactly as
 stored in the object — still checksummed and, with a key, still encrypted —
 so the cache disk never holds plaintext and a damaged cache entry is caught
-by the block checksum and refetched. The volatile cache is emptied at open:
-its contents are re-creatable and nothing on it is trusted across restarts.
+by the block checksum and refetched. The volatile cache starts empty at open, in
+a directory of its own: its contents are re-creatable and nothing on it is trusted
+across restarts (what earlier runs left is deleted in the background).
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import secrets
 import logging
 from collections import OrderedDict, deque
 from itertools import compress
@@ -21,6 +23,7 @@ from terrafs.errors import NotFoundError
 
 log = logging.getLogger("terrafs.cache")
 CACHE_DIR = "cache"
+SWEEP_BATCH = 4096  # old cache files deleted per worker-thread hop
 Key = tuple[str, int]  # (object key, or an active file's name; block index)
 V = TypeVar("V")
 
@@ -86,13 +89,38 @@ class BlockCache:
         self._pending: list[tuple[Key, bytes]] = []  # (key, record) waiting for the writer task
         self._pending_bytes = 0
         self._writer: asyncio.Task[None] | None = None
+        self._gen = "0"  # this run's directory on the volatile device (``open``)
+        self._sweeper: asyncio.Task[None] | None = None  # deleting what earlier runs left
         self.stats = {"mem_hits": 0, "disk_hits": 0, "misses": 0, "disk_bad": 0, "disk_skipped": 0}
 
-    async def open(self) -> None:
-        """Empty the volatile cache: nothing on it is trusted across restarts."""
+    async def open(self, generation: str | None = None) -> None:
+        """Start the volatile tier empty, under a directory of its own (``cache/<generation>/``,
+        a name no earlier run used): nothing an earlier run left is trusted across restarts,
+        and it is deleted in the background (``_sweep``) while the node serves. Deleting a full
+        tier at open, tens of thousands of files whose pages were still being written back,
+        took 3–19 s of a restart at 30–50M rows."""
         if self._dev is None:
             return
-        await self._dev.delete_files(await self._dev.list(CACHE_DIR + "/"))
+        self._gen = generation or secrets.token_hex(8)
+        self._sweeper = asyncio.ensure_future(self._sweep(self._dev, f"{CACHE_DIR}/{self._gen}/"))
+
+    async def _sweep(self, dev: BlockDevice, mine: str) -> None:
+        """Delete every cache file not under ``mine``, ``SWEEP_BATCH`` per worker-thread hop."""
+        try:
+            old = [n for n in await dev.list(CACHE_DIR + "/") if not n.startswith(mine)]
+            for i in range(0, len(old), SWEEP_BATCH):
+                await dev.delete_files(old[i : i + SWEEP_BATCH])
+            if old:
+                log.info("event=cache_swept files=%d", len(old))
+        except Exception as e:  # noqa: BLE001 - what is left is swept at the next open
+            log.warning("event=cache_sweep_failed error=%r", e)
+
+    async def close(self) -> None:
+        """Stop sweeping (the next open sweeps what is left) and finish the pending writes."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        await self.drain()
 
     def get_mem(self, key: Key) -> bytes | None:
         hit = self._mem.get(key)
@@ -110,10 +138,9 @@ class BlockCache:
     def put_mem(self, key: Key, data: bytes) -> None:
         self._mem.put(key, data, len(data) + 64)
 
-    @staticmethod
-    def _name(key: Key) -> str:
+    def _name(self, key: Key) -> str:
         obj, idx = key
-        return f"{CACHE_DIR}/{hashlib.sha1(obj.encode()).hexdigest()[:20]}/{idx:08x}"
+        return f"{CACHE_DIR}/{self._gen}/{hashlib.sha1(obj.encode()).hexdigest()[:20]}/{idx:08x}"
 
     async def get_disk(self, key: Key) -> bytes | None:
         """Stored record bytes from the volatile device, or None."""

@@ -97,7 +97,7 @@ class TerrascaleFS:
     async def open(self) -> RecoveryReport:
         """Initialise the inode table, empty the volatile areas, recover this node's files."""
         await self.inodes.init()
-        await self.cache.open()
+        await self.cache.open(self.entropy.token(8))
         await self.volatile.delete_files(await self.volatile.list(STAGING + "/"))
         return await self.recover()
 
@@ -110,7 +110,7 @@ class TerrascaleFS:
                 errors.append(e)
         self._active.clear()
         self._sealed.clear()
-        await self.cache.drain()
+        await self.cache.close()
         if errors:
             raise errors[0]
 

@@ -1,4 +1,6 @@
-"""The block cache's many-key lookup: same answers and recency as one ``get_mem`` per key."""
+"""The block cache: the many-key lookups, the disk tier's bounds, its fresh start."""
+import asyncio
+
 from terrafs.cache import BlockCache
 
 
@@ -17,8 +19,6 @@ async def test_disk_tier_writes_go_in_batches_and_read_back(tmp_path):
     """Many blocks put at once (a cold full scan) are written by one task in batches — each batch
     one worker-thread hop on a local device — and every one reads back; the tier's budget still
     evicts the oldest files."""
-    import asyncio
-
     from terrafs.backends.local import LocalBlockDevice
     from terrafs.cache import WRITE_BATCH
 
@@ -85,17 +85,41 @@ async def test_records_waiting_for_the_device_are_bounded(tmp_path):
     assert [await c.get_disk(("obj", i)) is not None for i in (0, 4, 5, 9, 10)] == [True, True, False, False, True]
 
 
-async def test_the_disk_tier_is_emptied_at_start_in_one_hop(tmp_path):
-    """Thousands of cached blocks left by the last run go at start in one worker-thread hop
-    (one ``delete`` each took seconds at 50M rows); other files stay."""
-    from unittest import mock
-
+async def test_a_start_does_not_wait_for_the_last_runs_cache_files(tmp_path, monkeypatch):
+    """The last run's cached blocks are never read again and are deleted in the background,
+    a batch per worker-thread hop, while this run caches its own under a new directory (the
+    deletion at open, tens of thousands of files, took 3–19 s of a restart at 30–50M rows);
+    other files of the device stay; a close stops the sweep and the next open finishes it."""
+    from terrafs import cache as cache_mod
     from terrafs.backends.local import LocalBlockDevice
     from terrafs.cache import CACHE_DIR
 
+    monkeypatch.setattr(cache_mod, "SWEEP_BATCH", 64)
     dev = LocalBlockDevice(str(tmp_path), durable=False)
     await dev.write_files([(f"{CACHE_DIR}/{i % 7:02d}/{i:08x}", b"x") for i in range(300)] + [("keep/me", b"y")])
-    with mock.patch.object(dev, "delete", side_effect=AssertionError("one delete a file")):
-        await BlockCache(volatile=dev).open()
-        await dev.delete_files(["keep/gone-already"])  # a name not there: skipped
-    assert await dev.list("") == ["keep/me"]
+    gate, hops = asyncio.Event(), []
+    delete_files = dev.delete_files
+
+    async def counted(names):
+        hops.append(len(names))
+        await gate.wait()
+        await delete_files(names)
+
+    monkeypatch.setattr(dev, "delete_files", counted)
+    c = BlockCache(volatile=dev)
+    await c.open("g1")  # returns before the sweep deletes anything
+    c.put_disk(("obj", 0), b"new block")
+    await c.drain()
+    assert await c.get_disk(("obj", 0)) == b"new block"
+    await c.close()  # stops the sweep in its first hop
+    assert hops == [64] and len(await dev.list("")) == 302
+    gate.set()
+    again = BlockCache(volatile=dev)
+    await again.open("g2")
+
+    async def swept():
+        while await dev.list("") != ["keep/me"]:
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(swept(), 10)  # the last run's block too
+    assert hops == [64, 64, 64, 64, 64, 45] and await again.get_disk(("obj", 0)) is None
+    await again.close()
