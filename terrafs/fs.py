@@ -56,6 +56,14 @@ _UPLOAD_CHUNK = 8 << 20
 
 
 @dataclass(frozen=True)
+class Built:
+    """A sealed file built and uploaded but not yet published (``TerrascaleFS.build_sealed``)."""
+
+    rec: FileRecord  # as it will be published (SEALED)
+    entry: Entry  # its BUILDING row, checked by the publish
+
+
+@dataclass(frozen=True)
 class FsConfig:
     node_id: str = "n1"
     active_block_size: int = 64 * 1024
@@ -295,12 +303,29 @@ class TerrascaleFS:
         ``extra(record)`` joins the transaction that publishes the file, so a
         caller's reference to it (an index manifest, say) appears atomically with it.
         """
+        return await self.publish_built(await self.build_sealed(content, block_size), extra)
+
+    async def build_sealed(self, content: AsyncIterable[bytes], block_size: int | None = None) -> Built:
+        """The first half of :meth:`create_sealed`: the object built and uploaded, its file row
+        ``BUILDING`` (a restart rolls it back). A caller that must not hold a lock while the
+        bytes go up (an index merge) builds first and publishes under its lock."""
         rec = await self._allocate(FileState.BUILDING, FileTier.OBJECT, self.cfg.sealed_codec)
         e = await self._entry(rec.inode)
-        key, size, logical = await self._build_and_upload(rec, content, block_size)
-        new = rec.evolve(state=FileState.SEALED, object_size=size, size=logical)
-        await self._switch(e, new, extra)
-        return new
+        _, size, logical = await self._build_and_upload(rec, content, block_size)
+        return Built(rec.evolve(state=FileState.SEALED, object_size=size, size=logical), e)
+
+    async def publish_built(self, built: Built, extra: Extra | None = None) -> FileRecord:
+        """The second half: the file row turns ``SEALED`` in one transaction with ``extra``'s.
+        CatalogConflictError when a check of ``extra`` fails (the file is then still built)."""
+        await self._switch(built.entry, built.rec, extra)
+        return built.rec
+
+    async def discard_built(self, built: Built) -> None:
+        """A built file that will not be published: its row and object go, as a restart's
+        recovery would roll them back."""
+        await self.inodes.free(built.rec.inode, [Check(built.entry.key, built.entry.version)],
+                               [Delete(built.entry.key)])
+        await self.objects.delete(built.rec.location)
 
     async def _build_and_upload(self, rec: FileRecord, content: AsyncIterable[bytes],
                                 block_size: int | None = None) -> tuple[str, int, int]:

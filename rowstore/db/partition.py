@@ -238,7 +238,8 @@ class Partition:
 
     @property
     def busy(self) -> bool:
-        """A merge or a checkpoint holds the index's manifest: a checkpoint now would wait for it."""
+        """A checkpoint, a merge's swap or a GC pass holds the index's manifest: a checkpoint now
+        would wait for it (a merge's reads and writes hold only ``rewrite_lock``)."""
         return self.index.publish_lock.locked()
 
 

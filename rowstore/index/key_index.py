@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from catalog.abc import Check, Delete, Op, Put
+from catalog.abc import Check, Delete, Entry, Op, Put
 from catalog.errors import CatalogError
 from rowstore.errors import ConflictError, FencedError
 from rowstore.index.column_index import PartitionColumns
@@ -34,7 +34,7 @@ from rowstore.index.key_reads import KeyReads
 from rowstore.index.key_visible import RunsView
 from terrafs.catalog_ops import commit
 from terrafs.errors import CatalogConflictError, InodeNotFoundError, TerrafsError
-from terrafs.fs import TerrascaleFS
+from terrafs.fs import Built, TerrascaleFS
 from terrafs.records import FileRecord
 
 log = logging.getLogger("rowstore.index.key_index")
@@ -60,6 +60,10 @@ class PartitionIndex(KeyReads, KeyMerges):
         self.manifest = Manifest()
         self._version = 0
         self.publish_lock = asyncio.Lock()  # one manifest change at a time: checkpoint, merge, GC
+        # one rewrite of the runs at a time — a level merge or a GC relocation — taken before
+        # publish_lock: a merge reads and writes its runs without the publish lock, which it
+        # takes only to swap the manifest (checkpoints go on meanwhile)
+        self.rewrite_lock = asyncio.Lock()
         self.moved = False  # set under publish_lock when another node took the partition: publish nothing more
         self.on_purged = on_purged
 
@@ -104,14 +108,18 @@ class PartitionIndex(KeyReads, KeyMerges):
         its row to drop; any other failure keeps both (the next open tries again) — dropping
         the row then would leave the file with nothing that names it."""
         for e in await self.fs.catalog.scan(f"{self.key}/pending/"):
-            inode = int(e.key.rsplit("/", 1)[1], 16)
-            try:
-                await self.fs.delete(inode, [Check(e.key, e.version)], [Delete(e.key)])
-            except InodeNotFoundError:
-                log.info("event=index_pending_gone inode=%d", inode)
-                await commit(self.fs.catalog, [Check(e.key, e.version)], [Delete(e.key)])
-            except (TerrafsError, CatalogError) as err:
-                log.warning("event=index_pending_kept inode=%d error=%r", inode, err)
+            await self._drop_pending(e)
+
+    async def _drop_pending(self, e: Entry) -> None:
+        """One unpublished column run and its pending row (``_drop_unpublished``)."""
+        inode = int(e.key.rsplit("/", 1)[1], 16)
+        try:
+            await self.fs.delete(inode, [Check(e.key, e.version)], [Delete(e.key)])
+        except InodeNotFoundError:
+            log.info("event=index_pending_gone inode=%d", inode)
+            await commit(self.fs.catalog, [Check(e.key, e.version)], [Delete(e.key)])
+        except (TerrafsError, CatalogError) as err:
+            log.warning("event=index_pending_kept inode=%d error=%r", inode, err)
     def insert(self, keys: np.ndarray, ts: int | np.ndarray, rowids: np.ndarray) -> None:
         self.mem.insert(keys, ts, rowids)
 
@@ -220,6 +228,15 @@ class PartitionIndex(KeyReads, KeyMerges):
                        more: tuple[Sequence[Check], Sequence[Op]] = ([], [])) -> FileRecord:
         """Create the run's file; its publishing transaction also swaps the manifest (and
         clears the pending marks of the column runs it names), with ``more`` checks/ops."""
+        return await self._publish_built(await self._build(run, level), make_manifest, cols, more)
+
+    async def _build(self, run: Run, level: int) -> Built:
+        return await self.fs.build_sealed(run_bytes(run, self.kind, level))
+
+    async def _publish_built(self, built: Built, make_manifest: Callable[[FileRecord], Manifest],
+                             cols: dict[str, int] | None = None,
+                             more: tuple[Sequence[Check], Sequence[Op]] = ([], [])) -> FileRecord:
+        """``_publish`` of a run file built already (``_build``); a failed check discards it."""
         box = {}
         pending: list[Op] = []
         if cols:
@@ -232,14 +249,22 @@ class PartitionIndex(KeyReads, KeyMerges):
                                                               *more[1]]
 
         try:
-            rec = await self.fs.create_sealed(run_bytes(run, self.kind, level), extra=extra)
+            rec = await self.fs.publish_built(built, extra=extra)
         except CatalogConflictError as e:
+            await self._discard(built)
             raise ConflictError(f"{self.key} changed under this partition's writer") from e
         self.manifest = box["m"]
         row = await self.fs.catalog.get(self.key)
         assert row is not None  # the transaction that created the run wrote it
         self._version = row.version
         return rec
+
+    async def _discard(self, built: Built) -> None:
+        """A built run that will not be published: gone now (else a restart rolls it back)."""
+        try:
+            await self.fs.discard_built(built)
+        except (TerrafsError, CatalogError) as e:
+            log.warning("event=index_run_discard_failed inode=%d error=%r", built.rec.inode, e)
 
     async def _collect(self) -> None:
         """Delete the replaced runs named in ``garbage``, each in ONE transaction with the

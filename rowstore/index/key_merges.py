@@ -7,21 +7,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from catalog.abc import Check, Op, Put
+from catalog.abc import Check, Entry, Op, Put
 from rowstore.index.column_index import MemPiece, PartitionColumns
 from rowstore.index.key_manifest import Manifest
 from rowstore.index.key_memtable import MemTable, Run, merge_runs
 from rowstore.index.key_purge import dropped_rowids, purged
 from rowstore.index.key_run import IndexRun
-from rowstore.errors import ConflictError
+from catalog.errors import CatalogError
+from rowstore.errors import ConflictError, RowstoreError
 from rowstore.rowids import TOMBSTONE
 from terrafs.catalog_ops import commit
-from terrafs.fs import TerrascaleFS
+from terrafs.errors import TerrafsError
+from terrafs.fs import Built, TerrascaleFS
 from terrafs.records import FileRecord
 
 log = logging.getLogger("rowstore.index.key_index")
@@ -31,9 +33,20 @@ LEVEL_RATIO = 10  # L1 merges into L2 when it holds a tenth of L2's entries
 CheckpointToken = tuple[MemTable, list[MemPiece] | None]
 
 
+@dataclass
+class _Merged:
+    """What a merge wrote before it publishes: the merged run, its file (None: the lone source
+    run moves down as it is), its column runs (column id -> inode) and the dropped rowids."""
+
+    run: Run
+    built: Built | None
+    cols: dict[str, int]
+    dead: np.ndarray
+
+
 class KeyMerges:
     """Checkpoint and merge (state: the index's ``fs``, ``key``, ``kind``, ``columns``, ``mem``,
-    ``_frozen``, ``runs``, ``manifest``, ``publish_lock``, ``moved``, ``on_purged``)."""
+    ``_frozen``, ``runs``, ``manifest``, ``publish_lock``, ``rewrite_lock``, ``moved``, ``on_purged``)."""
 
     # the index's state read and set here (rowstore.index.key_index.PartitionIndex)
     fs: TerrascaleFS
@@ -45,6 +58,7 @@ class KeyMerges:
     runs: list[tuple[int, IndexRun]]
     manifest: Manifest
     publish_lock: asyncio.Lock
+    rewrite_lock: asyncio.Lock
     moved: bool
     _version: int  # the manifest row's catalog version
     on_purged: Callable[[np.ndarray], Awaitable[None]] | None
@@ -55,6 +69,16 @@ class KeyMerges:
                            more: tuple[Sequence[Check], Sequence[Op]] = ([], [])) -> FileRecord: ...
 
         async def _collect(self) -> None: ...
+
+        async def _build(self, run: Run, level: int) -> Built: ...
+
+        async def _publish_built(self, built: Built, make_manifest: Callable[[FileRecord], Manifest],
+                                 cols: dict[str, int] | None = None,
+                                 more: tuple[Sequence[Check], Sequence[Op]] = ([], [])) -> FileRecord: ...
+
+        async def _discard(self, built: Built) -> None: ...
+
+        async def _drop_pending(self, e: Entry) -> None: ...
 
     async def checkpoint(self, mark: Sequence[int]) -> bool:
         """Write the memtable as an L0 run (and the column runs of the same rows); the files
@@ -129,55 +153,118 @@ class KeyMerges:
         1/LEVEL_RATIO of L2's entries -> into L2. L2 is rewritten only once L1 has grown by a
         tenth of it, so the entries rewritten over a history stay a small multiple of it (RFC
         0001: the bound once followed L0's run size and, L0 just merged away, sent every L1
-        into L2 — each merge rewrote the whole history)."""
-        l0 = [r for lv, r in self.runs if lv == 0]
-        if len(l0) > L0_LIMIT:
-            await self.merge(0, horizon)
+        into L2 — each merge rewrote the whole history). Decided under ``rewrite_lock``, so
+        two callers do not both merge what one merge already took."""
+        async with self.rewrite_lock:
+            level = self._due()
+            if level is None:
+                return False
+            await self._merge(level, horizon)
             return True
+
+    def _due(self) -> int | None:
+        """The level the policy merges down now, or None."""
+        if sum(1 for lv, _ in self.runs if lv == 0) > L0_LIMIT:
+            return 0
         l1 = sum(r.entries for lv, r in self.runs if lv == 1)
         if l1 and l1 * LEVEL_RATIO >= sum(r.entries for lv, r in self.runs if lv == 2):
-            await self.merge(1, horizon)
-            return True
-        return False
+            return 1
+        return None
 
     async def merge(self, level: int, horizon: int) -> None:
         """Merge every run of ``level`` and ``level + 1`` into one run at ``level + 1``."""
-        async with self.publish_lock:
-            if not self.moved:
-                await self._merge(level, horizon)
+        async with self.rewrite_lock:
+            await self._merge(level, horizon)
 
     async def _merge(self, level: int, horizon: int) -> None:
-        src = [(m, lr) for m, lr in zip(self.manifest.runs, self.runs) if lr[0] in (level, level + 1)]
-        bottom = not any(lv > level + 1 for lv, _ in self.runs)
-        parts = [await r.all() for _, (_, r) in src]
+        """The runs are read, merged, purged and written — key run and column runs — without
+        ``publish_lock``: the runs it reads are immutable and ``rewrite_lock`` keeps every other
+        rewrite of them out, so checkpoints (a stalled writer's among them) publish meanwhile; a
+        merge of millions of entries held the lock for a minute and writers waited it out
+        (RFC 0001, "Locks"). The lock is taken to swap the manifest only: the new L0 runs
+        checkpoints published meanwhile stay above the merged run."""
+        async with self.publish_lock:
+            if self.moved:
+                return
+            src = [(m, r) for m, (lv, r) in zip(self.manifest.runs, self.runs) if lv in (level, level + 1)]
+            bottom = not any(lv > level + 1 for lv, _ in self.runs)
+        try:
+            out = await self._merged(src, level, horizon, bottom)
+        except (RowstoreError, TerrafsError, CatalogError):
+            if self.moved:  # its runs are another node's now, which may have merged and deleted them
+                log.info("event=index_merge_dropped manifest=%s level=%d reason=moved", self.key, level)
+                return
+            raise
+        async with self.publish_lock:
+            if self.moved or not self._holds([m for m, _ in src]):
+                log.info("event=index_merge_dropped manifest=%s level=%d moved=%s", self.key, level, self.moved)
+                await self._drop_outputs(out)
+                return
+            if out.built is None:  # a lone run the purge leaves whole: moved as it is
+                await self._move_down(src[0][0], level + 1)
+                return
+            await self._swap(level, [m for m, _ in src], out)
+
+    async def _merged(self, src: list[tuple[dict[str, Any], IndexRun]], level: int, horizon: int,
+                      bottom: bool) -> _Merged:
+        """The merge's work, no lock held: the merged run written (``BUILDING``, its column runs
+        pending) and the rowids its purge dropped."""
+        parts = [await r.all() for _, r in src]
         merged, dropped = await asyncio.to_thread(lambda: purged(merge_runs(parts), horizon, bottom))
-        if len(src) == 1 and len(merged) == len(parts[0]):  # a lone run the purge leaves whole: moved as it is
-            await self._move_down(src[0][0], level + 1)
-            return
+        if len(src) == 1 and len(merged) == len(parts[0]):
+            return _Merged(merged, None, {}, np.zeros(0, np.uint64))
         cols = await self._merge_columns([m for m, _ in src], merged)
-        gone = [m["inode"] for m, _ in src] + [i for m, _ in src for i in m.get("cols", {}).values()]
+        try:
+            built = await self._build(merged, level + 1)
+        except Exception:  # not on a cancel (the process ending): the next open drops them
+            await self._drop_outputs(_Merged(merged, None, cols, dropped))
+            raise
+        dead = dropped
+        if self.on_purged is not None and len(dropped):
+            dead = await asyncio.to_thread(dropped_rowids, dropped, merged)  # a sort of the level: off the loop
+        return _Merged(merged, built, cols, dead)
+
+    def _holds(self, src: list[dict[str, Any]]) -> bool:
+        """Whether the manifest still names every run a merge read, at its level."""
+        now = {m["inode"]: m["level"] for m in self.manifest.runs}
+        return all(now.get(m["inode"]) == m["level"] for m in src)
+
+    async def _drop_outputs(self, out: _Merged) -> None:
+        """A merge's files that will not be published: its run and its pending column runs."""
+        if out.built is not None:
+            await self._discard(out.built)
+        for inode in out.cols.values():
+            assert self.columns is not None  # column runs are written by self.columns
+            e = await self.fs.catalog.get(self.columns.pending_key(inode))
+            if e is not None:
+                await self._drop_pending(e)
+
+    async def _swap(self, level: int, src: list[dict[str, Any]], out: _Merged) -> None:
+        """Publish a merge (under ``publish_lock``): the manifest names the merged run in place
+        of ``src``; runs checkpointed since stay above it; the replaced runs are collected."""
+        merged, cols = out.run, out.cols
+        gone = [m["inode"] for m in src] + [i for m in src for i in m.get("cols", {}).values()]
         rest = [m for m in self.manifest.runs if m["inode"] not in gone]
 
         def manifest(rec: FileRecord) -> Manifest:
             entry = {"inode": rec.inode, "level": level + 1, "entries": len(merged), "cols": cols,
                      "unique": unique_keys(merged)}
-            return replace(self.manifest, runs=[m for m in rest if m["level"] < level] + [entry] +
+            return replace(self.manifest, runs=[m for m in rest if m["level"] <= level] + [entry] +
                            [m for m in rest if m["level"] > level + 1], garbage=self.manifest.garbage + gone)
 
         by_inode = {m["inode"]: r for m, (_, r) in zip(self.manifest.runs, self.runs)}  # before the swap
-        rec = await self._publish(merged, level + 1, manifest, cols)
+        assert out.built is not None  # a merge that moved its run down publishes no file
+        rec = await self._publish_built(out.built, manifest, cols)
         by_inode[rec.inode] = await IndexRun.open(await self.fs.open_sealed(rec.inode))
         self.runs = [(m["level"], by_inode[m["inode"]]) for m in self.manifest.runs]
         if self.columns is not None:
             await self.columns.attach(rec.inode, cols)
-            for m, _ in src:
+            for m in src:
                 self.columns.detach(m["inode"])
         await self._collect()
         log.info("event=index_merge manifest=%s level=%d runs=%d entries=%d", self.key, level, len(src), len(merged))
-        if self.on_purged is not None and len(dropped):  # under the publish lock: ordered with a GC pass's count
-            dead = await asyncio.to_thread(dropped_rowids, dropped, merged)  # a sort of the level: off the loop
-            if len(dead):
-                await self.on_purged(dead)
+        if self.on_purged is not None and len(out.dead):  # under the publish lock: ordered with a GC pass's count
+            await self.on_purged(out.dead)
 
     async def _move_down(self, entry: dict[str, Any], level: int) -> None:
         """A run to ``level`` by the manifest alone (LevelDB's trivial move): its rewrite would

@@ -167,7 +167,7 @@ class GarbageCollector:
         if not res.dry_run:
             await p.checkpoint()  # every entry of a sealed segment into the runs
         self.phases["checkpoint"] += time.perf_counter() - t0
-        async with p.index.publish_lock:
+        async with p.index.rewrite_lock, p.index.publish_lock:  # no merge rewrites the runs meanwhile
             if not self._serves(p):
                 return  # another node took the partition meanwhile (leadership, handoff)
             t0 = time.perf_counter()

@@ -81,10 +81,10 @@ class Maintenance:
 
     async def _checkpoint(self, force: bool) -> int:
         """Every partition's memtables (``force``), or the largest until the budget is met —
-        of the partitions no merge holds, when they free any: a merge of millions of entries
-        holds its partition's manifest for a minute, and that partition's memtable, which no
-        checkpoint can take meanwhile, grows to be the largest (a stalled write chose it and
-        waited out the merge: 37–83 s stalls at 50M rows)."""
+        of the partitions whose manifest nothing holds, when they free any: a GC pass holds
+        its partition's manifest while it relocates, and that memtable, which no checkpoint can
+        take meanwhile, grows to be the largest (a stalled write chose it and waited: 37–83 s
+        stalls at 50M rows, when a merge held the manifest for its whole run too)."""
         parts = self.tables.partitions()
         if not force:
             free = [p for p in parts if not p.busy and p.mem_bytes]
