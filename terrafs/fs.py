@@ -222,8 +222,10 @@ class TerrascaleFS:
         handle failed at every promotion, and its partition never had a leader again)."""
         if af.closed:
             live = self._active.get(af.inode)
-            if live is not None:  # reopened since: that handle recovered what is durable
+            if live is not None and not live.closed:  # reopened since: that handle recovered what is durable
                 return live if live.failure is None else await self.reopen_failed(live)
+            if live is not None:  # a closed handle still held for it (``af`` itself, say): forgotten, or it
+                del self._active[af.inode]  # was reopened through itself for ever (simulation seed 979)
             f = await self.block.open((await self.stat(af.inode)).location)
             try:
                 await af.cut_back(through=f)

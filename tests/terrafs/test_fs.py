@@ -359,3 +359,11 @@ async def test_a_failed_file_already_closed_is_cut_back_through_a_new_handle(wor
     again = await fs.reopen_failed(af)
     await exact(again)
     assert await fs.reopen_failed(af) is again  # reopened since: that handle
+
+    af = await failed_file()  # 3: closed, and still the handle the file system holds for the file
+    world.block.broken = True
+    with pytest.raises(TerrafsError):
+        await af.close()
+    world.block.broken = False
+    assert af.closed
+    await exact(await fs.reopen_failed(af))  # it reopened itself through itself for ever (seed 979)
