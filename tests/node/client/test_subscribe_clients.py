@@ -105,9 +105,10 @@ async def test_the_async_client_resumes_after_the_node_drops_it_for_falling_behi
                 got.append((item["commit_ts"], item["row"]["id"], item["op"]))
                 continue
             closed = item["closed"]
-            if writer is None:  # ~20 MB of changes while this reader looks away for longer than the node waits
+            if writer is None:  # ~20 MB of changes while this reader looks away for longer than the node waits:
                 writer = asyncio.ensure_future(asyncio.to_thread(_writes, node, 10, 4, log, 2000, 1000, 5000))
-                await asyncio.sleep(7)
+                # all of them written first (a loaded machine wrote too few of them in a fixed 7 s)
+                await asyncio.gather(asyncio.sleep(7), asyncio.wait([writer], timeout=180))
             elif writer.done() and not until:
                 until = (await c.status())["closed_ts"]
             if until and closed >= until:
