@@ -34,6 +34,7 @@ from node.cluster.placement import PLACE, PartitionPlace, Placement
 from node.cluster.rebalance import Rebalancer
 from node.cluster.serving import Serving
 from node.cluster import election, suspicion
+from node.cluster.leading import Step, Take, reconcile_step, take_step
 from node.cluster.transport import PROMISED, HttpTransport
 from rowstore.errors import FencedError, RowstoreError, TableNotFoundError
 from rowstore.replication.epochs import Epoch, History, epochs_key, replica_lasts
@@ -199,12 +200,13 @@ class NodeReplication:
                 key = (d.table_id, pid)
                 seen.add(key)
                 sh = self.db.leadership.shipper(d.table_id, pid)
-                if p.leader == self.me:
-                    if sh is None or sh.epoch < p.epoch or sh.fenced is not None:
-                        await self.take(d, pid, pl)
-                    elif sh.followers != list(p.replicas[1:]):
-                        sh.set_followers(list(p.replicas[1:]))  # rebalancing added or dropped one
-                elif sh is not None:
+                step = reconcile_step(self.me, p.leader, p.epoch, p.replicas, sh)
+                if step is Step.TAKE:
+                    await self.take(d, pid, pl)
+                elif step is Step.FOLLOWERS:
+                    assert sh is not None  # a partition this node leads on
+                    sh.set_followers(list(p.replicas[1:]))  # rebalancing added or dropped one
+                elif step is Step.DEMOTE:
                     await self.db.leadership.demote(d.table_id, pid)
         for key in set(self.db.leadership.led()) - seen:
             await self.db.leadership.demote(*key)
@@ -257,14 +259,12 @@ class NodeReplication:
         try:
             p = pl.partitions[pid]
             recs = [r for r in await self.db.store.list(table=d.table_id) if r.partition == pid]
-            fenced = self.db.leadership.fenced_at.get(key)
-            # led at this epoch before, or fenced beyond it since (an election that did not
-            # finish left a later epoch promised: taking it again at this one would only be
-            # fenced again, for ever)
-            beyond = max(self._outvoted.get(key, 0), self.db.leadership.fenced_epoch.get(key, 0)) > p.epoch
-            if beyond or any(r.epoch == p.epoch for r in recs if r.owner == self.me):
-                if fenced is not None and time.monotonic() - fenced < self.cfg.failure_timeout_s:
-                    return  # someone's election fenced this node just now: let it finish
+            how = take_step(p.epoch, any(r.epoch == p.epoch for r in recs if r.owner == self.me),
+                            max(self._outvoted.get(key, 0), self.db.leadership.fenced_epoch.get(key, 0)),
+                            self.db.leadership.fenced_at.get(key), time.monotonic(), self.cfg.failure_timeout_s)
+            if how is Take.WAIT:
+                return
+            if how is Take.ELECT:
                 await self.elect(d, pid, exclude=set())  # its take() of this node is refused: busy
                 was, p = p.epoch, (await self.cluster.placement(d.name, d.partitions, fresh=True)).partitions[pid]
                 if p.leader != self.me or p.epoch == was:

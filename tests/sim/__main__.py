@@ -35,7 +35,10 @@ def scale() -> None:
 
 def revert(name: str) -> None:
     """Put a fixed bug back, to show the simulation finds it."""
-    if name == "s1":  # a follower that diverged discards its whole log instead of cutting it
+    if name == "promise":  # a promise from before a restart is not counted: the node promotes for ever
+        from rowstore.db.serving.leadership import Leadership
+        Leadership._promised_before = lambda self, key, promised: None
+    elif name == "s1":  # a follower that diverged discards its whole log instead of cutting it
         import rowstore.replication.follower as follower
         follower.cut_point = lambda *a, **k: None
     elif name == "s2":  # an abort while the prepare's append is in flight rolls back nothing
@@ -146,7 +149,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.sim")
     ap.add_argument("--seeds", default="0-19", help="a seed, or a range a-b (inclusive)")
     ap.add_argument("--seconds", type=float, default=30.0, help="virtual seconds of faults per seed")
-    ap.add_argument("--revert", action="append", default=[], help="put a fixed bug back (s1, s2, s2-early, mark)")
+    ap.add_argument("--revert", action="append", default=[],
+                    help="put a fixed bug back (s1, s2, s2-early, mark, promise)")
     ap.add_argument("--mutate", action="append", default=[], choices=MUTATIONS,
                     help="turn a deliberate bug on (terrafs/failpoints.py): the checks must find it")
     ap.add_argument("--trace", action="store_true", help="print the whole trace of each seed (a clean one too)")

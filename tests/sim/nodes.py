@@ -20,6 +20,7 @@ from terrafs.backends.memory import MemoryBlockDevice
 from terrafs.entropy import Entropy
 from terrafs.errors import TerrafsError, TransientStorageError
 from terrafs.fs import FsConfig, TerrascaleFS
+from node.cluster.leading import Step, Take, reconcile_step, take_step
 from tests.sim.loop import in_process
 from tests.sim.views import NodeCatalog, NodeObjects
 
@@ -75,7 +76,6 @@ class Place:
     epoch: int
     base: int
     start: Position
-    inc: int  # the leader's incarnation when elected
 
 
 class Net:
@@ -144,6 +144,8 @@ class Node:
         self.paused_at = 0.0  # when its process was last stopped (SIGSTOP)
         self.db: Database | None = None
         self._starting: asyncio.Event | None = None
+        self._busy: set[int] = set()  # partitions being taken (its process's, as NodeReplication's)
+        self._outvoted: dict[int, int] = {}  # pid -> the epoch a follower fenced its leadership with
 
     @property
     def process(self) -> str:
@@ -162,6 +164,7 @@ class Node:
         self._starting = asyncio.Event()  # no task or future of its own: the seeds' schedules stay as they were
         try:
             self.inc += 1
+            self._busy, self._outvoted = set(), {}  # a new process knows nothing of the last one's
             try:
                 await in_process(self.process, self._open())
             except (CatalogError, TransientStorageError):  # its process exits: nothing of it runs on
@@ -213,14 +216,60 @@ class Node:
                     self.w.log("job_failed", node=self.name, job=job.__name__, error=repr(e)[:100])
 
     async def _reconcile(self) -> None:
-        """Stop leading what the placement gives to another epoch (the node's reconcile): every
-        0.2 s, the placement read from the catalog — a round trip, during which the node goes on
-        serving (a process resumed after SIGSTOP answers what waited for it meanwhile)."""
+        """The node's reconcile (``NodeReplication.reconcile``, by the rules of
+        ``node/cluster/leading.py``): every 0.2 s, the placement read from the catalog — a round
+        trip, during which the node goes on serving (a process resumed after SIGSTOP answers
+        what waited for it meanwhile) — then it takes each partition the placement names it
+        leader of and stops leading the others."""
         while True:
             await asyncio.sleep(0.2)
             await asyncio.sleep(CATALOG_RTT_S)
             d = self.w.table
-            for pid, p in self.w.place.items():
+            for pid, p in list(self.w.place.items()):
                 sh = self.db.leadership.shipper(d.table_id, pid)
-                if sh is not None and (p.leader != self.name or p.epoch != sh.epoch):
-                    await self.db.leadership.demote(d.table_id, pid)
+                step = reconcile_step(self.name, p.leader, p.epoch, p.replicas, sh)
+                try:
+                    if step is Step.TAKE:
+                        await self.take(pid, p)
+                    elif step is Step.DEMOTE:
+                        await self.db.leadership.demote(d.table_id, pid)
+                except Exception as e:  # noqa: BLE001 - as the controller's loop: logged, tried again next time
+                    self.w.log("reconcile_failed", node=self.name, pid=pid, error=repr(e)[:100])
+
+    async def take(self, pid: int, p: Place | None = None) -> None:
+        """Lead ``pid`` as placement ``p`` says (``NodeReplication.take``; the one the decision
+        was made on — read now when told by an election, as ``take_if_mine`` reads it): at once
+        when its epoch came from an election naming this node, after an election of its own when
+        it led at that epoch before (a restart) or was fenced beyond it, not yet when fenced
+        just now. Never at an epoch placed with another leader: two leaders of one epoch."""
+        p = p or self.w.place[pid]
+        if pid in self._busy or p.leader != self.name:
+            return
+        self._busy.add(pid)
+        try:
+            d = self.w.table
+            key = (d.table_id, pid)
+            recs = [r for r in await self.db.store.list(table=d.table_id) if r.partition == pid]
+            how = take_step(p.epoch, any(r.epoch == p.epoch for r in recs if r.owner == self.name),
+                            max(self._outvoted.get(pid, 0), self.db.leadership.fenced_epoch.get(key, 0)),
+                            self.db.leadership.fenced_at.get(key), self.w.loop.time(), FAILURE_S)
+            if how is Take.WAIT:
+                return
+            if how is Take.ELECT:
+                was = p.epoch
+                await self.w.elect(pid, exclude=set(), src=self.name)
+                p = self.w.place[pid]
+                if p.leader != self.name or p.epoch == was:
+                    return
+            sh = self.db.leadership.shipper(d.table_id, pid)
+            if sh is not None and sh.fenced is not None:
+                await self.db.leadership.demote(d.table_id, pid)
+            await self.db.leadership.promote(d, pid, p.epoch, p.base, p.start, list(p.replicas[1:]),
+                                             SimTransport(self.w, self.name), LEASE_S, on_fenced=self._fenced)
+        finally:
+            self._busy.discard(pid)
+
+    def _fenced(self, sh) -> None:
+        """A follower fenced this leader with a later epoch: step down, and remember the epoch."""
+        self._outvoted[sh.pid] = max(self._outvoted.get(sh.pid, 0), sh.fenced or 0)
+        asyncio.ensure_future(self.db.leadership.demote(sh.table_id, sh.pid))

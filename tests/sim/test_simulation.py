@@ -98,11 +98,21 @@ def test_every_invariant_holds_for_every_seed():
 #         closed it, then could not recover it (its catalog failing), and every later promotion
 #         cut it back through the closed handle and failed. A closed failed file is cut back
 #         through a new handle now (tests/terrafs/test_fs.py).
+#   22 (stop 54, once the nodes reconciled by the controller's rules) — a partition without a
+#         leader after healing: its placed leader, fenced by an election that did not finish,
+#         restarted and promoted at the placed epoch for ever, its own durable promise refusing
+#         it. Such a promise counts as a fence now, so the node elects (``--revert promise``).
+#   979 with --node-catalog 0.3 --node-objects 0.3 (stop 54, likewise) — a partition without a
+#         leader: every promotion of its placed leader failed with RecursionError — the failed
+#         active file, closed, was still the handle the file system held for it, and
+#         ``reopen_failed`` reopened it through itself. A closed handle is forgotten there now
+#         (tests/terrafs/test_fs.py).
 # (Seeds found in an older world replay another schedule now; the tests named guard the fixes.)
-REGRESSIONS = "111,171,207,216,242,298,440,4051,5199,5784,4747,4332,5147,6482,8851,9919,9007,860"
+REGRESSIONS = "111,171,207,216,242,298,440,4051,5199,5784,4747,4332,5147,6482,8851,9919,9007,860,22"
 REGRESSIONS_IN_WORLDS = [("17", ("--clock-jump", "0.5")), ("36", ("--pause", "1")), ("208", ("--pause", "1")),
                          ("41116", ("--catalog-stall", "0.3", "--threads", "0.3")),
-                         ("136398", ("--node-catalog", "0.3", "--node-objects", "0.3"))]
+                         ("136398", ("--node-catalog", "0.3", "--node-objects", "0.3")),
+                         ("979", ("--node-catalog", "0.3", "--node-objects", "0.3"))]
 
 
 @pytest.mark.slow
@@ -142,9 +152,9 @@ def test_every_invariant_holds_with_thread_pool_jobs_completing_out_of_order():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fix, seed, world", [("s1", 318, ()), ("s2", 0, ()),
-                                               ("s2-early", 3, ("--catalog-stall", "0.3")),
-                                               ("mark", 171, ("--node-catalog", "0.3", "--node-objects", "0.3"))])
+@pytest.mark.parametrize("fix, seed, world", [("s1", 193, ()), ("s2", 0, ()),
+                                               ("s2-early", 6, ("--catalog-stall", "0.3")),
+                                               ("promise", 22, ())])
 def test_it_finds_each_fixed_bug_when_its_fix_is_reverted(fix, seed, world):
     """S1 reverted (a diverged follower discards its whole log): index entries name rows a
     replica no longer holds, or acknowledged batches lost (the 456th seed; earlier worlds of
@@ -168,7 +178,16 @@ def test_it_finds_each_fixed_bug_when_its_fix_is_reverted(fix, seed, world):
     naming a segment no replica holds), S2 at seed 0, its early window at seed 3 with catalog
     stalls (index entries past a segment's end), ``mark`` at seed 171 (six acknowledged batches
     lost; the revert also leaves a failed create's rows in place, as when their removal fails:
-    with them removed the hole the mark rule guards is not reached)."""
+    with them removed the hole the mark rule guards is not reached). Since every node reconciles
+    by the controller's own rules (stop 54, ``node/cluster/leading.py``): S1 at seed 193 (four
+    acknowledged batches lost), S2 still at seed 0, its early window at seed 6 with catalog
+    stalls (a batch written after healing never acknowledged: locks an aborted prepare kept),
+    and ``promise`` — a promotion refused by a promise made before a restart not counted as a
+    fence, so the node tries the same promotion for ever — at seed 22 (no leader 60 s after
+    healing). ``mark`` is not found on these schedules in seeds 0-999 with per-node faults, 0-524
+    of the plain world or 0-474 with ``--threads 0.5`` (it needs a create whose file fails after
+    its catalog row, then a checkpoint and a promotion in that order); its fix stays guarded by
+    ``tests/rowstore/db/test_disk_error.py``, and ``--revert mark`` stays for a longer search."""
     out = sim("--seeds", str(seed), *world, "--revert", fix)
     assert out.returncode == 1 and "VIOLATION" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
     assert sim("--seeds", str(seed), *world).returncode == 0
@@ -177,8 +196,8 @@ def test_it_finds_each_fixed_bug_when_its_fix_is_reverted(fix, seed, world):
 @pytest.mark.slow
 @pytest.mark.parametrize("mutation, seed, world, found", [
     ("lagging_read", 0, (), "problems in the history"),
-    ("lease_outlives_term", 11, ("--pause", "1"), "problems in the history"),
-    ("commit_below_read", 95, ("--clock-jump", "0.5"), "at or below the read's T")])
+    ("lease_outlives_term", 72, ("--pause", "1"), "problems in the history"),
+    ("commit_below_read", 72, ("--clock-jump", "0.5"), "at or below the read's T")])
 def test_the_history_checks_find_each_mutation(mutation, seed, world, found):
     """A deliberate bug switched on (terrafs/failpoints.py): a read of the present served 300 ms
     behind, as a lagging replica would (every seed of 0-29 fails); a leader serving reads without
@@ -192,7 +211,9 @@ def test_the_history_checks_find_each_mutation(mutation, seed, world, found):
     Since the simulation runs the node's own coordinator and election rounds (stop 50): seed 0,
     seed 11 with ``--pause 1`` (11 and 18 of 0-49), seed 95 with ``--clock-jump 0.5`` (1 of 0-99
     since the column index is built on demand, 27 before: a write called after a read returned
-    committed at or below the read's T)."""
+    committed at or below the read's T). Since the nodes reconcile by the controller's rules
+    (stop 54): seed 72 with ``--pause 1`` (the first of 0-72), seed 72 with ``--clock-jump 0.5``
+    (the first of 0-72)."""
     out = sim("--seeds", str(seed), *world, "--mutate", mutation)
     assert out.returncode == 1 and found in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
     assert sim("--seeds", str(seed), *world).returncode == 0
@@ -204,9 +225,10 @@ def test_a_schedule_that_left_no_moment_to_read_is_topped_up_after_healing():
     whole run: 6 reads of the present answered in 30 s, which the not-vacuous check failed. Now
     reads after healing, each retried until answered, top the run up to ``MIN_READS`` (a change
     that fails every read still fails the run: those reads are never answered). Since the
-    simulation runs the node's own coordinator and election rounds, seed 40150 is the first of
-    40000-40150 whose run is topped up (8 reads answered of 10)."""
-    out = sim("--seeds", "40150", "--pause", "1", "--clock-jump", "0.5", "--trace")
+    simulation runs the node's own coordinator and election rounds, seed 40150 was the first of
+    40000-40150 whose run is topped up (8 reads answered of 10); since the nodes reconcile by the
+    controller's rules (stop 54), seed 40065 is the first of 40000-40065."""
+    out = sim("--seeds", "40065", "--pause", "1", "--clock-jump", "0.5", "--trace")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "reads_topped_up" in out.stdout, out.stdout[-3000:]
 

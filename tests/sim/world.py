@@ -51,8 +51,7 @@ from tests.sim.coordinator import coordinate
 from tests.sim.checks import MIN_READS, Checks, _held_end, _rows
 from tests.sim.loop import in_process
 from tests.sim.reads import SimReader
-from tests.sim.nodes import (LEASE_S, PARTS, ROWS, SCHEMA, FAILURE_S, Faults, Net, Node, Place, SimTransport,
-                             Violation)
+from tests.sim.nodes import (LEASE_S, PARTS, ROWS, SCHEMA, FAILURE_S, Faults, Net, Node, Place, Violation)
 
 CLIENT_ERRORS = (ConnectionError, RowstoreError, TerrafsError, CatalogError)  # as a client meets them (503s)
 HEALED = 4  # batches written once every fault healed: each must be acknowledged
@@ -141,7 +140,7 @@ class World(Checks):
         names = sorted(self.nodes)
         for pid in range(self.parts):
             first = names[pid % len(names)]
-            self.place[pid] = Place(first, [first, *[n for n in names if n != first]], 0, 0, NOTHING, 0)
+            self.place[pid] = Place(first, [first, *[n for n in names if n != first]], 0, 0, NOTHING)
             await self.elect(pid, exclude=set())
         stop = asyncio.Event()
         jobs = [in_process("driver", self._driver(stop)), in_process("nemesis", self._nemesis(stop)),
@@ -226,47 +225,45 @@ class World(Checks):
 
     async def _drive_once(self, dead: set[str]) -> None:
         for pid in range(self.parts):
-            p, leader = self.place[pid], self.nodes[self.place[pid].leader]
-            sh = self._shipper(pid)
-            if p.leader in dead:
+            if self.place[pid].leader in dead:  # a leader alive but not leading takes it itself (Node.take)
                 await self.elect(pid, exclude=dead)
-            elif leader.up and (leader.inc != p.inc or sh is None or sh.fenced is not None):
-                await self.elect(pid, exclude=dead)  # restarted, or stepped down: it takes it through an election
 
-    async def elect(self, pid: int, exclude: set[str]) -> bool:
+    async def elect(self, pid: int, exclude: set[str], src: str = "driver") -> bool:
         """The node layer's election rounds (node/cluster/election.py) over the simulated
-        network; then the chosen node is told to lead."""
+        network, run by the driver or by a node taking a partition (``src``); then the chosen
+        node is told to take it — unless it ran the election itself (it takes it then, as
+        ``NodeReplication.take`` does after its own ``elect``)."""
         p = self.place[pid]
         voters = [n for n in p.replicas if n not in exclude]
         if len(voters) < 2:
             return False
         was = PartitionPlace(tuple(p.replicas), p.epoch, p.base, tuple(p.start))
-        won = await election.elect(was, voters, 2, _SimBallot(self, pid), LEASE_S, where=f"t/{pid}")
+        won = await election.elect(was, voters, 2, _SimBallot(self, pid, src), LEASE_S, where=f"t/{pid}")
         if won is None:
             return False
         new, ok = won.place, won.answers
         chosen, epoch, base, start = new.leader, new.epoch, new.base, Position(*new.start)
-        node = self.nodes[chosen]
-        self.place[pid] = Place(chosen, list(new.replicas), epoch, base, start, node.inc)
+        self.place[pid] = Place(chosen, list(new.replicas), epoch, base, start)
         self.elections += 1
-        self.log("elected", pid=pid, leader=chosen, epoch=epoch, base=base, start=list(start),
+        self.log("elected", pid=pid, leader=chosen, epoch=epoch, base=base, start=list(start), by=src,
                  answers={n: (a["last"], a["pos"]) for n, a in ok.items()})
-        followers = self.place[pid].replicas[1:]
-
-        def fenced(sh, node=node):
-            asyncio.ensure_future(node.db.leadership.demote(sh.table_id, sh.pid))
-        try:
-            await self.net.call("driver", chosen, lambda: node.db.leadership.promote(
-                self.table, pid, epoch, base, start, followers, SimTransport(self, chosen), LEASE_S, on_fenced=fenced))
-        except CLIENT_ERRORS as e:
-            self.log("promote_failed", pid=pid, node=chosen, error=repr(e)[:120])
+        if chosen != src:
+            node = self.nodes[chosen]
+            try:
+                await self.net.call(src, chosen, lambda: node.take(pid))
+            except CLIENT_ERRORS as e:  # it takes it at its next reconcile
+                self.log("promote_failed", pid=pid, node=chosen, error=repr(e)[:120])
         return True
 
     async def _record(self, pid: int, epoch: int, base: int, start: Position, floor: int) -> bool:
-        """The epoch history, as the election writes it with the placement."""
+        """The epoch history, as the election writes it with the placement: refused when an
+        election of ``epoch`` or later was recorded first (the placement's compare-and-set in
+        the node layer; here elections run from the driver and from nodes at once)."""
         key = epochs_key(self.table.table_id, pid)
         e = await self.catalog.get(key)
         h = History.from_bytes(e.value, key) if e is not None else History([])
+        if any(x.epoch >= epoch for x in h.epochs):
+            return False
         res = await commit(self.catalog, [Check(key, e.version if e else 0)],
                            [Put(key, h.with_epoch(Epoch(epoch, base, start, floor), await replica_lasts(
                                self.catalog, self.table.table_id, pid)).to_bytes())])
@@ -510,15 +507,18 @@ class _SimBallot:
     partition's, for a whole request) and its record: the epoch history in the catalog (the
     placement itself is the world's, ``World.place``)."""
 
-    def __init__(self, world: World, pid: int):
-        self.w, self.pid = world, pid
+    def __init__(self, world: World, pid: int, src: str):
+        self.w, self.pid, self.src = world, pid, src
 
     async def fence(self, node: str, epoch: int, force: bool) -> dict:
         w, tid = self.w, self.w.table.table_id
-        answer = w.net.call("driver", node, lambda: _fence(w.nodes[node].db, tid, self.pid, epoch))
+        answer = w.net.call(self.src, node, lambda: _fence(w.nodes[node].db, tid, self.pid, epoch))
         return await asyncio.wait_for(answer, FAILURE_S)
 
     async def write(self, was: PartitionPlace, new: PartitionPlace, floor: int) -> bool:
+        p = self.w.place[self.pid]
+        if PartitionPlace(tuple(p.replicas), p.epoch, p.base, tuple(p.start)) != was:
+            return False  # another election placed it since
         return await self.w._record(self.pid, new.epoch, new.base, Position(*new.start), floor)
 
 

@@ -103,6 +103,7 @@ class Leadership:
         rec, version, files = await self.replicas.take(d.table_id, pid)
         if rec.promised > epoch:
             self.replicas.forget(d.table_id, pid)
+            self._promised_before(key, rec.promised)
             raise FencedError(f"partition {pid}: epoch {epoch} is older than the promised {rec.promised}",
                               rec.promised)
         try:
@@ -202,6 +203,14 @@ class Leadership:
         self.replicas.forget(table_id, pid)
         log.warning("event=partition_demoted table=%s partition=%d epoch=%d", table_id, pid, sh.epoch)
         return True
+
+    def _promised_before(self, key: tuple[str, int], promised: int) -> None:
+        """A promise found in the replica row that this process did not make (before a restart,
+        to an election that did not finish): counted as a fence, so the reconcile's next take
+        runs an election (``node/cluster/leading.py``) instead of promoting at the placed epoch
+        again — refused for ever (simulation seed 22, once the simulation ran the reconcile's
+        rules)."""
+        self.fenced_epoch[key] = max(self.fenced_epoch.get(key, 0), promised)
 
     async def fence(self, table_id: str, pid: int, epoch: int, force: bool = False) -> dict[str, Any]:
         """Promise ``epoch`` for a partition: a follower's copies answer through the replica
