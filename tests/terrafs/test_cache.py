@@ -111,6 +111,11 @@ async def test_a_start_does_not_wait_for_the_last_runs_cache_files(tmp_path, mon
     c.put_disk(("obj", 0), b"new block")
     await c.drain()
     assert await c.get_disk(("obj", 0)) == b"new block"
+
+    async def first_hop():
+        while not hops:  # the old files listed (a worker thread), the first batch held
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(first_hop(), 10)
     await c.close()  # stops the sweep in its first hop
     assert hops == [64] and len(await dev.list("")) == 302
     gate.set()
