@@ -34,7 +34,7 @@ from node.cluster.placement import PLACE, PartitionPlace, Placement
 from node.cluster.rebalance import Rebalancer
 from node.cluster.serving import Serving
 from node.cluster import election, suspicion
-from node.cluster.leading import Step, Take, reconcile_step, take_step
+from node.cluster.leading import Step, Take, how_to_take, lead, reconcile_step
 from node.cluster.transport import PROMISED, HttpTransport
 from rowstore.errors import FencedError, RowstoreError, TableNotFoundError
 from rowstore.replication.epochs import Epoch, History, epochs_key, replica_lasts
@@ -258,10 +258,8 @@ class NodeReplication:
         self._busy.add(key)
         try:
             p = pl.partitions[pid]
-            recs = [r for r in await self.db.store.list(table=d.table_id) if r.partition == pid]
-            how = take_step(p.epoch, any(r.epoch == p.epoch for r in recs if r.owner == self.me),
-                            max(self._outvoted.get(key, 0), self.db.leadership.fenced_epoch.get(key, 0)),
-                            self.db.leadership.fenced_at.get(key), time.monotonic(), self.cfg.failure_timeout_s)
+            how = await how_to_take(self.db, self.me, d.table_id, pid, p.epoch, self._outvoted.get(key, 0),
+                                    time.monotonic, self.cfg.failure_timeout_s)
             if how is Take.WAIT:
                 return
             if how is Take.ELECT:
@@ -269,11 +267,8 @@ class NodeReplication:
                 was, p = p.epoch, (await self.cluster.placement(d.name, d.partitions, fresh=True)).partitions[pid]
                 if p.leader != self.me or p.epoch == was:
                     return
-            sh = self.db.leadership.shipper(d.table_id, pid)
-            if sh is not None and sh.fenced is not None:
-                await self.db.leadership.demote(d.table_id, pid)
-            await self.db.leadership.promote(d, pid, p.epoch, p.base, Position(*p.start), list(p.replicas[1:]),
-                                             self.transport, self.lease_s, on_fenced=self._fenced)
+            await lead(self.db, d, pid, p.epoch, p.base, Position(*p.start), list(p.replicas[1:]),
+                       self.transport, self.lease_s, self._fenced)
         finally:
             self._busy.discard(key)
 

@@ -4,9 +4,15 @@ simulation (``tests/sim/nodes.py``) act on the same rules, not on two copies of 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from rowstore.replication.leader import Shipper
+from rowstore.replication.leader import Shipper, Transport
+from rowstore.segments.position import Position
+
+if TYPE_CHECKING:
+    from rowstore.db.database import Database
+    from rowstore.tables.definitions import TableDef
 
 
 class Step(enum.Enum):
@@ -34,6 +40,28 @@ def reconcile_step(me: str, leader: str, epoch: int, replicas: Sequence[str], sh
             return Step.TAKE
         return Step.FOLLOWERS if sh.followers != list(replicas[1:]) else None
     return Step.DEMOTE if sh is not None else None
+
+
+async def how_to_take(db: Database, me: str, table_id: str, pid: int, epoch: int, outvoted: int,
+                      clock: Callable[[], float], failure_timeout: float) -> Take:
+    """``take_step`` on what ``db`` knows of partition ``pid``: whether ``me`` owned a segment of
+    it at ``epoch``, the highest epoch it was fenced with (``outvoted``: by a follower's answer
+    while leading) and when — on ``clock`` read once the records are listed."""
+    key = (table_id, pid)
+    recs = [r for r in await db.store.list(table=table_id) if r.partition == pid]
+    return take_step(epoch, any(r.epoch == epoch for r in recs if r.owner == me),
+                     max(outvoted, db.leadership.fenced_epoch.get(key, 0)),
+                     db.leadership.fenced_at.get(key), clock(), failure_timeout)
+
+
+async def lead(db: Database, d: TableDef, pid: int, epoch: int, base: int, start: Position,
+               followers: list[str], transport: Transport, lease_s: float,
+               on_fenced: Callable[[Shipper], None]) -> None:
+    """Lead ``pid`` at ``epoch``, demoting first a shipper of it that was fenced."""
+    sh = db.leadership.shipper(d.table_id, pid)
+    if sh is not None and sh.fenced is not None:
+        await db.leadership.demote(d.table_id, pid)
+    await db.leadership.promote(d, pid, epoch, base, start, followers, transport, lease_s, on_fenced=on_fenced)
 
 
 def take_step(epoch: int, led_at_epoch: bool, beyond: int, fenced_at: float | None, now: float,

@@ -20,7 +20,7 @@ from terrafs.backends.memory import MemoryBlockDevice
 from terrafs.entropy import Entropy
 from terrafs.errors import TerrafsError, TransientStorageError
 from terrafs.fs import FsConfig, TerrascaleFS
-from node.cluster.leading import Step, Take, reconcile_step, take_step
+from node.cluster.leading import Step, Take, how_to_take, lead, reconcile_step
 from tests.sim.loop import in_process
 from tests.sim.views import NodeCatalog, NodeObjects
 
@@ -248,11 +248,8 @@ class Node:
         self._busy.add(pid)
         try:
             d = self.w.table
-            key = (d.table_id, pid)
-            recs = [r for r in await self.db.store.list(table=d.table_id) if r.partition == pid]
-            how = take_step(p.epoch, any(r.epoch == p.epoch for r in recs if r.owner == self.name),
-                            max(self._outvoted.get(pid, 0), self.db.leadership.fenced_epoch.get(key, 0)),
-                            self.db.leadership.fenced_at.get(key), self.w.loop.time(), FAILURE_S)
+            how = await how_to_take(self.db, self.name, d.table_id, pid, p.epoch, self._outvoted.get(pid, 0),
+                                    self.w.loop.time, FAILURE_S)
             if how is Take.WAIT:
                 return
             if how is Take.ELECT:
@@ -261,11 +258,8 @@ class Node:
                 p = self.w.place[pid]
                 if p.leader != self.name or p.epoch == was:
                     return
-            sh = self.db.leadership.shipper(d.table_id, pid)
-            if sh is not None and sh.fenced is not None:
-                await self.db.leadership.demote(d.table_id, pid)
-            await self.db.leadership.promote(d, pid, p.epoch, p.base, p.start, list(p.replicas[1:]),
-                                             SimTransport(self.w, self.name), LEASE_S, on_fenced=self._fenced)
+            await lead(self.db, d, pid, p.epoch, p.base, p.start, list(p.replicas[1:]),
+                       SimTransport(self.w, self.name), LEASE_S, self._fenced)
         finally:
             self._busy.discard(pid)
 
