@@ -38,6 +38,24 @@ def revert(name: str) -> None:
     if name == "promise":  # a promise from before a restart is not counted: the node promotes for ever
         from rowstore.db.serving.leadership import Leadership
         Leadership._promised_before = lambda self, key, promised: None
+    elif name == "reserve-twice":  # a reserve delivered again after its batch ended here holds a new,
+        from rowstore.db.write.participant import Participant  # empty reservation; its commit answers a ts
+        real_end, real_commit = Participant._end, Participant.commit
+
+        def end(self, txn: int, how: str) -> None:
+            if how.startswith("aborted by its coordinator"):  # only what came before
+                real_end(self, txn, how)
+
+        async def commit(self, txn: int) -> int:
+            p = self._held.get(txn)
+            if p is None or p.preparing is not None:
+                return await real_commit(self, txn)
+            self._held.pop(txn)
+            if p.expiry is not None and p.expiry is not asyncio.current_task():
+                p.expiry.cancel()
+            await self._roll_back(p)  # nothing prepared: nothing to apply
+            return p.ts
+        Participant._end, Participant.commit = end, commit
     elif name == "s1":  # a follower that diverged discards its whole log instead of cutting it
         import rowstore.replication.follower as follower
         follower.cut_point = lambda *a, **k: None

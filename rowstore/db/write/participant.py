@@ -48,7 +48,7 @@ from terrafs.catalog_ops import commit
 log = logging.getLogger("rowstore.participant")
 # a cross-node batch's coordinator: (node id, incarnation) of the process that sent it
 Coordinator = tuple[str, str]
-ABORTED_KEPT = 4096  # early aborts remembered (txn ids are random: an old one never comes back)
+ENDED_KEPT = 4096  # ended transactions remembered (txn ids are random: an old one never comes back)
 
 
 @dataclass
@@ -91,11 +91,15 @@ class Participant:
         self.timeline, self.tasks, self.timeout_s = timeline, tasks, timeout_s
         self._held: dict[int, _Prepared] = {}
         self._committing = 0  # batches taken out of _held by a commit still applying them
-        # Aborts that came before their reservation held its locks: a coordinator gives up on a
-        # reserve still queued for a partition's lock, and aborts it; without this the reserve
-        # took the locks later anyway and held the partition until its prepare timeout — one
-        # after another for every reserve queued behind it (simulation seed 4747).
-        self._aborted: collections.OrderedDict[int, None] = collections.OrderedDict()
+        # Transactions ended here — committed, aborted, or aborted before their reservation
+        # held its locks — with how. A coordinator gives up on a reserve still queued for a
+        # partition's lock and aborts it; without this the reserve took the locks later anyway
+        # and held the partition until its prepare timeout — one after another for every reserve
+        # queued behind it (simulation seed 4747). And a reserve delivered twice after its
+        # batch committed here would hold a new, empty reservation of the same txn, which the
+        # coordinator's commit then "committed" — its answer a timestamp, though this node's
+        # real share was still being committed and was lost with a failover (seed 212897).
+        self._ended: collections.OrderedDict[int, str] = collections.OrderedDict()
         # async (coordinator) -> True when it is gone (unreachable or restarted since): then a
         # held batch is resolved at once instead of after ``timeout_s`` (the node's cluster view)
         self.gone = gone
@@ -271,12 +275,19 @@ class Participant:
         """Second phase, decided committed: ``COMMIT X``, apply, answer once closed. A txn no
         longer held was resolved already: committed is fine, aborted is a conflict."""
         p = self._held.pop(txn, None)
+        if p is not None and p.preparing is None:  # a reservation never prepared: none a coordinator
+            self._end(txn, "aborted")  # decided on (a reserve delivered twice?): its commit commits nothing
+            if p.expiry is not None and p.expiry is not asyncio.current_task():
+                p.expiry.cancel()
+            await self._roll_back(p)
+            raise UnavailableError(f"transaction {txn_key(txn)} was reserved here but never prepared; retry")
         if p is None:
             e = await self.catalog.get(txn_key(txn))
             if e is not None and e.value == COMMITTED:
                 return 0
             raise UnavailableError(f"transaction {txn_key(txn)} was aborted here (its coordinator was too slow); "
                                    "retry")
+        self._end(txn, "committed")
         if p.expiry is not None and p.expiry is not asyncio.current_task():
             p.expiry.cancel()
         self._committing += 1
@@ -320,9 +331,8 @@ class Participant:
         never appended once the locks are gone)."""
         p = self._held.get(txn)
         if p is None:
-            self._aborted[txn] = None  # its reserve may still be on its way, or waiting for the locks
-            while len(self._aborted) > ABORTED_KEPT:
-                self._aborted.popitem(last=False)
+            if txn not in self._ended:  # its reserve may still be on its way, or waiting for the locks
+                self._end(txn, "aborted by its coordinator before its reservation held the locks")
             return
         self._forget(p)
         if p.preparing is not None and not p.preparing.done():
@@ -331,11 +341,19 @@ class Participant:
         await self._roll_back(p)
 
     def _unless_aborted_early(self, txn: int) -> None:
-        if txn in self._aborted:
-            raise UnavailableError(f"transaction {txn_key(txn)} was aborted by its coordinator before its "
-                                   "reservation held the locks; retry")
+        """Refuse a reservation of a transaction that ended here already: aborted before its
+        reserve came, or committed or aborted since an earlier reserve of it (sent twice)."""
+        how = self._ended.get(txn)
+        if how is not None:
+            raise UnavailableError(f"transaction {txn_key(txn)} was {how} here already; retry")
+
+    def _end(self, txn: int, how: str) -> None:
+        self._ended[txn] = how
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
 
     def _forget(self, p: _Prepared) -> None:
+        self._end(p.txn, "aborted")
         self._held.pop(p.txn, None)
         if p.expiry is not None and p.expiry is not asyncio.current_task():
             p.expiry.cancel()

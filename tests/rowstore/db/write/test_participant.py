@@ -300,3 +300,46 @@ async def test_an_abort_while_the_prepare_waits_for_the_catalog_releases_the_tim
     assert await db.get("m", 20) is not None and await db.get("m", 100) is None
     assert res.commit_ts > r.ts
     await db.close()
+
+
+async def test_a_reserve_delivered_again_after_its_batch_ended_holds_nothing():
+    """A reserve delivered twice — the second after this node's share was committed (its
+    commit still on its way to a majority) — took a new, empty reservation of the same txn; the
+    coordinator's commit then committed that one and answered a timestamp, so the coordinator
+    dropped the decision while this node's real share was still unconfirmed. A failover then
+    found ``BATCH X`` without ``COMMIT X`` or a decision and rolled it back: the batch half
+    applied (simulation seed 212897). A transaction that ended here is never reserved again,
+    and a commit of a reservation that was never prepared commits nothing and says so."""
+    w = TablesWorld(partitions=1, prepare_timeout_s=30.0)
+    db = await w.start()
+    d = await db.create_table("m", SCHEMA)
+    p = db.participant
+
+    async def reserve(txn, keys):
+        return await p.reserve("m", d.table_id, d.schema.version, rows(keys), 0, txn)
+
+    txn = DECIDED | SPANS_NODES | secrets.randbits(60)
+    r = await reserve(txn, range(5))
+    await p.prepare(txn, r.ts)
+    await commit(db.catalog, [Check(txn_key(txn), 0)], [Put(txn_key(txn), COMMITTED)])
+    assert await p.commit(txn) == r.ts
+    with pytest.raises(UnavailableError, match="committed here already"):
+        await reserve(txn, range(5))  # the first reserve, delivered again
+    assert p.held == 0 and await p.commit(txn) == 0  # the commit delivered again: decided, nothing to do
+
+    aborted = DECIDED | SPANS_NODES | secrets.randbits(60)
+    await reserve(aborted, range(10, 15))
+    await p.abort(aborted)
+    with pytest.raises(UnavailableError, match="aborted here already"):
+        await reserve(aborted, range(10, 15))
+
+    unprepared = DECIDED | SPANS_NODES | secrets.randbits(60)
+    await reserve(unprepared, range(20, 25))
+    await commit(db.catalog, [Check(txn_key(unprepared), 0)], [Put(txn_key(unprepared), COMMITTED)])
+    with pytest.raises(UnavailableError, match="never prepared"):
+        await p.commit(unprepared)
+    assert p.held == 0
+    await asyncio.wait_for(db.upsert("m", rows(range(30, 32))), 2.0)  # no lock left held
+    got, _ = await db.read_all("m")
+    assert sorted(got.column("id").to_pylist()) == [0, 1, 2, 3, 4, 30, 31]
+    await db.close()
