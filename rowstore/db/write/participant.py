@@ -276,9 +276,7 @@ class Participant:
         longer held was resolved already: committed is fine, aborted is a conflict."""
         p = self._held.pop(txn, None)
         if p is not None and p.preparing is None:  # a reservation never prepared: none a coordinator
-            self._end(txn, "aborted")  # decided on (a reserve delivered twice?): its commit commits nothing
-            if p.expiry is not None and p.expiry is not asyncio.current_task():
-                p.expiry.cancel()
+            self._forget(p)  # decided on (a reserve delivered twice?): its commit commits nothing
             await self._roll_back(p)
             raise UnavailableError(f"transaction {txn_key(txn)} was reserved here but never prepared; retry")
         if p is None:
@@ -287,9 +285,7 @@ class Participant:
                 return 0
             raise UnavailableError(f"transaction {txn_key(txn)} was aborted here (its coordinator was too slow); "
                                    "retry")
-        self._end(txn, "committed")
-        if p.expiry is not None and p.expiry is not asyncio.current_task():
-            p.expiry.cancel()
+        self._forget(p, "committed")
         self._committing += 1
         try:
             commits = [asyncio.ensure_future(seg.commit_prepared(txn)) for seg, ids in zip(p.segs, p.got)
@@ -352,8 +348,9 @@ class Participant:
         while len(self._ended) > ENDED_KEPT:
             self._ended.popitem(last=False)
 
-    def _forget(self, p: _Prepared) -> None:
-        self._end(p.txn, "aborted")
+    def _forget(self, p: _Prepared, how: str = "aborted") -> None:
+        """``p`` no longer held: it ended (``how``), and its expiry is not needed."""
+        self._end(p.txn, how)
         self._held.pop(p.txn, None)
         if p.expiry is not None and p.expiry is not asyncio.current_task():
             p.expiry.cancel()
